@@ -1,0 +1,30 @@
+# The two commands a user needs: `make test` and `make demo`. Both set up `.venv` first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Extra pip flags for torch, e.g. PIP_TORCH_FLAGS="--index-url https://download.pytorch.org/whl/cpu"
+# on a machine whose package index has no CPU build of torch 2.13.0.
+PIP_TORCH_FLAGS ?=
+
+.PHONY: venv test demo bench clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -c constraints-cpu.txt $(PIP_TORCH_FLAGS) "torch==2.13.0"
+	$(BIN)/pip install -q -c constraints-cpu.txt -e ".[train,serve,eval,dev]"
+	touch $@
+
+test: venv
+	$(BIN)/python -m pytest
+
+demo: venv
+	@echo "make demo: the end-to-end CPU demo is not built yet; see README.md (Status)." >&2
+	@exit 1
+
+bench: venv
+	$(BIN)/python bench/registry.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

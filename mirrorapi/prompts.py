@@ -1,0 +1,263 @@
+"""Every prompt format of the project, named and versioned, and the parsers of what models answer.
+
+The data builders and the server call the same functions, so a model is always served with the
+format it was trained on; the format name goes into the training data, the model card and the
+cache provenance (`simulated:<model>@<format>`).
+
+Simulator formats
+- `mirrorapi-v1` (ours, default): a fixed system prompt; the user message holds the API doc as
+  compact JSON (static part first, so a prefix cache can share it), optional real examples, then
+  the request as canonical JSON. The answer is one JSON object `{"error": str, "response": ...}`.
+- `stabletoolbench` / `stabletoolbench-cache`: the user-message layout of StableToolBench's
+  MirrorAPI servers (`API doc:` + Python repr of the doc, blank line, `Request:` + repr of the
+  arguments), with a system prompt read from a user's file, to serve released MirrorAPI weights.
+  `-cache` sends the normalised API name, like its `main_mirrorapi_cache.py`.
+
+Judge formats
+- `fac-v1`: query + final answer -> `Verdict: Solved|Unsolved` and `Reason: ...` on labelled lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+import json_repair
+
+from mirrorapi.cache import canonical_json
+from mirrorapi.names import api_key_name
+from mirrorapi.tools import ApiDoc
+
+SIMULATOR_FORMATS = ("mirrorapi-v1", "stabletoolbench", "stabletoolbench-cache")
+DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
+JUDGE_FORMATS = ("fac-v1",)
+DEFAULT_JUDGE_FORMAT = "fac-v1"
+
+# Responses longer than this are cut (and marked) both in training data and in what the server
+# stores, so the two never disagree. 2,048 characters is what StableToolBench's real server kept.
+RESPONSE_CHAR_BUDGET = 2048
+TRUNCATION_MARK = "..."
+# Doc fields are capped so one verbose RapidAPI description cannot eat the context.
+DESCRIPTION_CHAR_BUDGET = 1024
+PARAM_DESCRIPTION_CHAR_BUDGET = 256
+TEMPLATE_CHAR_BUDGET = 1024
+
+# JSON schema of an observation, for engines with structured output (vLLM `response_format`).
+OBSERVATION_SCHEMA = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}, "response": {}},
+    "required": ["error", "response"],
+    "additionalProperties": False,
+}
+
+SIMULATOR_SYSTEM_V1 = (
+    "You are the server behind a web API. You receive the API's documentation and one request, and you "
+    "answer exactly as the real API would. Reply with a single JSON object with two keys: \"error\" (an "
+    "empty string when the call succeeds, otherwise the error message the API returns) and \"response\" "
+    "(the API's output). Follow the documented response format when one is given. Reject a request the "
+    "real API would reject, such as one missing a required parameter or with an invalid value. "
+    "Output nothing but the JSON object."
+)
+
+
+def _cut(text: str, budget: int) -> str:
+    return text if len(text) <= budget else text[:budget] + TRUNCATION_MARK
+
+
+def truncate_response(response: Any) -> Any:
+    """Cut a string response to RESPONSE_CHAR_BUDGET characters (structured responses are left whole)."""
+    if isinstance(response, str) and len(response) > RESPONSE_CHAR_BUDGET:
+        return response[:RESPONSE_CHAR_BUDGET] + TRUNCATION_MARK
+    return response
+
+
+# ---------------------------------------------------------------------------------- simulator
+def _param_v1(p: dict) -> dict:
+    out = {"name": api_key_name(p["name"]), "type": p.get("type", ""),
+           "description": _cut(p.get("description") or "", PARAM_DESCRIPTION_CHAR_BUDGET)}
+    if p.get("default") not in ("", None):
+        out["default"] = p["default"]
+    return out
+
+
+def render_doc_v1(doc: ApiDoc) -> str:
+    """The API doc as compact JSON; parameter names are the wire names agents send (`is_id`, not `id`)."""
+    body: dict[str, Any] = {
+        "category": doc.category,
+        "tool": doc.tool_title,
+        "tool_description": _cut(doc.tool_description.strip(), DESCRIPTION_CHAR_BUDGET),
+        "api": doc.api_title,
+        "api_description": _cut(doc.description.strip(), DESCRIPTION_CHAR_BUDGET),
+        "method": doc.method,
+        "required_parameters": [_param_v1(p) for p in doc.required_parameters],
+        "optional_parameters": [_param_v1(p) for p in doc.optional_parameters],
+    }
+    if doc.template_response:
+        body["response_template"] = _cut(canonical_json(doc.template_response), TEMPLATE_CHAR_BUDGET)
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+def observation_text(error: str, response: Any) -> str:
+    """An observation as the simulator writes it: the training target of `mirrorapi-v1`."""
+    return json.dumps({"error": error, "response": response}, ensure_ascii=False, separators=(",", ":"))
+
+
+def _stabletoolbench_user(doc: ApiDoc, arguments: dict, normalised_api_name: bool) -> str:
+    # Same keys, order and Python-repr rendering as StableToolBench's MirrorAPI servers (notes §4).
+    api_doc = {
+        "api_name": doc.api if normalised_api_name else doc.api_title,
+        "api_description": doc.description,
+        "required_parameters": doc.required_parameters,
+        "optional_parameters": doc.optional_parameters,
+        "tool_description": doc.tool_description,
+        "tool_name": doc.tool,
+        "tool_category": doc.category,
+    }
+    request = {k: v for k, v in arguments.items() if k != "toolbench_key"}
+    return "API doc:\n" + str(api_doc) + "\n\nRequest:\n" + str(request)
+
+
+def simulator_messages(
+    doc: ApiDoc,
+    arguments: dict,
+    examples: list[tuple[dict, dict]] = (),
+    fmt: str = DEFAULT_SIMULATOR_FORMAT,
+    system_prompt: str | None = None,
+) -> list[dict]:
+    """Chat messages asking the simulator for the answer of `doc` to `arguments`.
+
+    `examples` are (arguments, observation) pairs of the same API, shown before the request
+    (`mirrorapi-v1` only). `system_prompt` is required for the `stabletoolbench` formats (the text
+    of the MirrorAPI model's system prompt, which we do not ship) and replaces ours otherwise.
+    """
+    if fmt == "mirrorapi-v1":
+        parts = ["API documentation:\n" + render_doc_v1(doc)]
+        if examples:
+            shots = [f"Request: {canonical_json(a)}\nResponse: {observation_text(o.get('error', ''), o.get('response', ''))}"
+                     for a, o in examples]
+            parts.append("Examples:\n" + "\n".join(shots))
+        parts.append("Request:\n" + canonical_json(arguments))
+        return [{"role": "system", "content": system_prompt or SIMULATOR_SYSTEM_V1},
+                {"role": "user", "content": "\n\n".join(parts)}]
+    if fmt in ("stabletoolbench", "stabletoolbench-cache"):
+        if not system_prompt:
+            raise ValueError(f"prompt format {fmt!r} needs a system prompt (the MirrorAPI model's own, from a file)")
+        return [{"role": "system", "content": system_prompt},
+                {"role": "user", "content": _stabletoolbench_user(doc, arguments, fmt == "stabletoolbench-cache")}]
+    raise ValueError(f"unknown simulator prompt format {fmt!r}; known: {', '.join(SIMULATOR_FORMATS)}")
+
+
+_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
+_ERROR_RESPONSE = re.compile(r'"error"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"response"\s*:\s*(.*)$', re.DOTALL)
+
+
+def _as_observation(obj: Any) -> dict | None:
+    if not isinstance(obj, dict) or ("error" not in obj and "response" not in obj):
+        return None
+    error = obj.get("error")
+    error = "" if error is None else error if isinstance(error, str) else json.dumps(error, ensure_ascii=False)
+    return {"error": error, "response": obj.get("response", "")}
+
+
+def parse_simulator_output(text: str) -> tuple[dict | None, str]:
+    """A model's answer -> (`{"error", "response"}` or None, how it was read).
+
+    Tried in order: strict JSON, fenced JSON, a Python-literal dict, the `"error": "...",
+    "response": ...` tail (also inside the `mechanism_of_the_api` variant), then JSON repair.
+    `mechanism_of_the_api` and other extra keys are dropped. `{"error": "", "response": ""}` is a
+    valid (empty) answer, not a failure. `how` is one of json, fenced, literal, regex, repaired, failed.
+    """
+    text = (text or "").strip()
+    match = _FENCE.match(text)
+    candidates = [(text, "json")] + ([(match.group(1).strip(), "fenced")] if match else [])
+    for candidate, how in candidates:
+        try:
+            obs = _as_observation(json.loads(candidate))
+        except ValueError:
+            continue
+        if obs is not None:
+            return obs, how
+    body = candidates[-1][0]
+    try:
+        obs = _as_observation(ast.literal_eval(body))
+        if obs is not None:
+            return obs, "literal"
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    found = _ERROR_RESPONSE.search(body)
+    if found:
+        error = json.loads('"' + found.group(1) + '"')
+        tail = found.group(2).strip()
+        if tail.endswith("}"):
+            tail = tail[:-1].rstrip()
+        try:
+            return {"error": error, "response": json.loads(tail)}, "regex"
+        except ValueError:
+            if tail.startswith('"'):
+                return {"error": error, "response": tail[1:-1] if tail.endswith('"') and len(tail) > 1 else tail[1:]}, "regex"
+    if "{" in body:
+        repaired = json_repair.loads(body[body.index("{"):])
+        obs = _as_observation(repaired)
+        if obs is not None:
+            return obs, "repaired"
+    return None, "failed"
+
+
+def is_strict_observation(text: str) -> bool:
+    """True when `text` is exactly one JSON object with `error` (a string) and `response`."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("error"), str) and "response" in obj
+
+
+# -------------------------------------------------------------------------------------- judge
+FAC_SYSTEM_V1 = (
+    "You decide whether an AI assistant's final answer solves a user's query. Judge the final answer "
+    "alone and do not check its facts against your own knowledge.\n"
+    "Solved: the answer genuinely addresses every part of the query and gives what was asked for; after "
+    "reasonable attempts, reporting that nothing could be found also counts.\n"
+    "Unsolved: a refusal, an apology or a promise instead of an answer, an answer that leaves a part of "
+    "the query unaddressed, or an answer about something else.\n"
+    "Reply in exactly this form:\n"
+    "Verdict: Solved or Unsolved\n"
+    "Reason: one short sentence"
+)
+
+VERDICTS = ("Solved", "Unsolved", "Unsure")
+_LABELLED = re.compile(r"^[\s*#>_-]*(?:verdict|answer status)[\s*_]*[:：]?[\s*_]*\n?[\s*_]*(unsolved|solved|unsure)\b",
+                       re.IGNORECASE | re.MULTILINE)
+_REASON = re.compile(r"^[\s*#>_-]*reason[\s*_]*[:：]?[\s*_]*(.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
+
+
+def judge_messages(query: str, answer: str, fmt: str = DEFAULT_JUDGE_FORMAT) -> list[dict]:
+    if fmt != "fac-v1":
+        raise ValueError(f"unknown judge prompt format {fmt!r}; known: {', '.join(JUDGE_FORMATS)}")
+    return [{"role": "system", "content": FAC_SYSTEM_V1},
+            {"role": "user", "content": f"Query:\n{query.strip()}\n\nFinal answer:\n{answer.strip()}"}]
+
+
+def judge_completion(verdict: str, reason: str = "") -> str:
+    """The judge's training target: the verdict line, and a reason line when one is known."""
+    return f"Verdict: {verdict}" + (f"\nReason: {reason.strip()}" if reason.strip() else "")
+
+
+def parse_verdict(text: str, allowed: tuple[str, ...] = ("Solved", "Unsolved")) -> tuple[str | None, str]:
+    """(verdict or None, reason) read from the label line (`Verdict:`, or StableToolBench's `Answer Status`).
+
+    Only the labelled line decides: a reason that mentions "unsolved" does not flip a Solved verdict.
+    A bare first line that is exactly a verdict word is accepted too. None when nothing matches.
+    """
+    text = text or ""
+    found = _LABELLED.search(text)
+    verdict = found.group(1).capitalize() if found else None
+    if verdict is None:
+        first = next((line.strip(" *#.:`") for line in text.splitlines() if line.strip()), "")
+        verdict = first.capitalize() if first.lower() in {v.lower() for v in VERDICTS} else None
+    if verdict not in allowed:
+        verdict = None
+    reason = _REASON.search(text[found.end():] if found else text)
+    return verdict, (reason.group(1).strip() if reason else "")

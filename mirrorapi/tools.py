@@ -1,0 +1,352 @@
+"""Tool documentation: `ToolRegistry` loads ToolBench tools folders once and resolves names in memory.
+
+Sources, merged in the order given (the first doc of an API wins; later sources only fill gaps):
+- a ToolBench tools folder `<Category>/<std_tool>.json` (StableToolBench's `tools_folder`);
+- a StableToolBench query file (a JSON list of queries whose `api_list` entries are partial docs);
+- an OpenAI function-calling file (a JSON list of `{name, description, parameters}` or
+  `{"type": "function", "function": {...}}`), loaded as one tool.
+
+Names are resolved the way StableToolBench's clients send them (see `ToolRegistry.resolve`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from mirrorapi.names import api_key_name, standardize, standardize_category
+
+logger = logging.getLogger(__name__)
+
+PARAM_KEYS = ("name", "type", "description", "default")
+
+
+class RegistryError(Exception):
+    """A source that cannot be used at all (a folder that does not exist, a file of the wrong shape)."""
+
+
+class UnknownName(LookupError):
+    """A category, tool or API that the registry does not know; carries the closest known names."""
+
+    def __init__(self, kind: str, name: str, where: str, suggestions: list[str]):
+        self.kind, self.name, self.where, self.suggestions = kind, name, where, suggestions
+        message = f"Unknown {kind} {name!r}{where}."
+        if suggestions:
+            message += " Closest known: " + ", ".join(suggestions) + "."
+        super().__init__(message)
+
+
+@dataclass(slots=True)
+class ApiDoc:
+    """One API's documentation, with both its normalised and its original names."""
+
+    category: str  # normalised category, the folder name (`Data`)
+    tool: str  # standardized tool name, the file stem (`theclique`)
+    api: str  # the name agents send: change_name(standardize(name)) (`transfermarkt_search`)
+    tool_title: str  # original names (`TheClique`, `Transfermarkt search`)
+    api_title: str
+    tool_description: str = ""
+    description: str = ""
+    method: str = "GET"
+    required_parameters: list[dict] = field(default_factory=list)  # {name, type, description, default[, schema]}
+    optional_parameters: list[dict] = field(default_factory=list)
+    template_response: Any = None  # ToolBench type skeleton, e.g. {"token": "str"}
+    response_schema: dict | None = None  # JSON schema of the response (ToolEnv2404 `schema`)
+    source: str = ""  # where the doc came from (file path)
+
+    def parameter_names(self) -> tuple[list[str], list[str]]:
+        """Wire names (as agents send them) of the required and optional parameters."""
+        return (
+            [api_key_name(p["name"]) for p in self.required_parameters],
+            [api_key_name(p["name"]) for p in self.optional_parameters],
+        )
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class Tool:
+    category: str
+    name: str  # standardized (file stem)
+    title: str  # original tool name
+    description: str = ""
+    apis: dict[str, ApiDoc] = field(default_factory=dict)  # keyed by the API's wire name
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def _maybe_json(value: Any) -> Any:
+    """`template_response` / `schema` come as objects, JSON strings, or `""`; normalise to an object or None."""
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value if value not in ({}, []) else None
+
+
+def _params(value: Any) -> list[dict]:
+    if not isinstance(value, list):
+        return []
+    out = []
+    for p in value:
+        if not isinstance(p, dict) or not p.get("name"):
+            continue
+        if all(isinstance(p.get(k), str) for k in ("name", "type", "description")) and "default" in p:
+            out.append(p)  # the common case: keep the parsed dict as is (load speed)
+            continue
+        clean = {"name": _text(p.get("name")), "type": _text(p.get("type")) or "STRING",
+                 "description": _text(p.get("description")), "default": p.get("default", "")}
+        if "schema" in p:
+            clean["schema"] = p["schema"]
+        out.append(clean)
+    return out
+
+
+def _closest(name: str, known: Iterable[str], n: int = 3) -> list[str]:
+    known = list(known)
+    found = difflib.get_close_matches(name, known, n=n, cutoff=0.6)
+    if not found:  # a prefix/substring hint is still better than nothing
+        found = [k for k in known if name and (name in k or k in name)][:n]
+    return found
+
+
+class ToolRegistry:
+    """All tool docs in memory, indexed by normalised names; lookups are dictionary lookups."""
+
+    def __init__(self) -> None:
+        self.categories: dict[str, dict[str, Tool]] = {}
+        self._aliases: dict[tuple[str, str], str] = {}  # (category, standardize(tool_name)) -> file stem
+        self.unreadable: list[tuple[str, str]] = []  # (file, reason): skipped, never fatal
+        self.load_seconds = 0.0
+
+    # ----------------------------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, sources: Iterable[str | os.PathLike]) -> "ToolRegistry":
+        """Load tools folders, query files and OpenAI function files (detected by shape)."""
+        registry = cls()
+        start = time.perf_counter()
+        for source in sources:
+            registry.add(source)
+        registry.load_seconds = time.perf_counter() - start
+        return registry
+
+    def add(self, source: str | os.PathLike) -> None:
+        path = Path(source)
+        if path.is_dir():
+            self.add_tools_folder(path)
+            return
+        if not path.exists():
+            raise RegistryError(f"tool source not found: {path} (expected a tools folder or a JSON file)")
+        data = self._read_json(path)
+        if data is None:
+            raise RegistryError(f"cannot read {path}: {self.unreadable[-1][1]}")
+        if isinstance(data, list) and data and all(isinstance(q, dict) and "api_list" in q for q in data):
+            self.add_query_list(data, source=str(path))
+        elif _looks_like_functions(data):
+            self.add_openai_functions(data, category="Custom", tool=standardize(path.stem), source=str(path))
+        else:
+            raise RegistryError(
+                f"{path}: not a tools folder, a StableToolBench query file (a list of queries with `api_list`) "
+                "or an OpenAI function list"
+            )
+
+    def add_tools_folder(self, folder: str | os.PathLike) -> None:
+        """Load `<folder>/<Category>/<tool>.json`; unreadable files are recorded in `unreadable`."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise RegistryError(f"tools folder not found: {folder}")
+        # os.scandir, not glob: glob skips the dotfile `.json` that ToolEnv2404 really contains.
+        for cat_entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if not cat_entry.is_dir():
+                continue
+            category = standardize_category(cat_entry.name)
+            for entry in sorted(os.scandir(cat_entry.path), key=lambda e: e.name):
+                if entry.name.endswith(".json") and entry.is_file():
+                    data = self._read_json(entry.path)
+                    if data is None:
+                        continue
+                    if not isinstance(data, dict):
+                        self.unreadable.append((entry.path, "not a JSON object"))
+                        continue
+                    self._add_tool_json(category, entry.name[: -len(".json")], data, entry.path)
+
+    def _read_json(self, path: str | os.PathLike) -> Any:
+        try:
+            with open(path, "rb") as fh:
+                return json.loads(fh.read())
+        except (OSError, ValueError) as exc:  # ValueError covers JSONDecodeError and bad UTF-8
+            reason = f"{type(exc).__name__}: {exc}"
+            logger.warning("skipping unreadable tool file %s (%s)", path, reason)
+            self.unreadable.append((str(path), reason))
+            return None
+
+    def _tool(self, category: str, stem: str, title: str, description: str) -> Tool:
+        tools = self.categories.setdefault(category, {})
+        tool = tools.get(stem)
+        if tool is None:
+            tool = tools[stem] = Tool(category, stem, title or stem, description)
+            alias = standardize(title) if title else stem
+            if alias != stem:
+                self._aliases.setdefault((category, alias), stem)
+        elif description and not tool.description:
+            tool.description = description
+        return tool
+
+    def _add_tool_json(self, category: str, stem: str, data: dict, source: str) -> None:
+        title = _text(data.get("tool_name") or data.get("name") or stem)
+        tool = self._tool(category, stem, title, _text(data.get("tool_description")))
+        api_list = data.get("api_list")
+        for api in api_list if isinstance(api_list, list) else []:
+            if not isinstance(api, dict) or not api.get("name"):
+                continue
+            self._add_api(tool, api, source)
+
+    def _add_api(self, tool: Tool, api: dict, source: str) -> None:
+        title = _text(api.get("name") or api.get("api_name"))
+        key = api_key_name(title)
+        doc = ApiDoc(
+            category=tool.category, tool=tool.name, api=key, tool_title=tool.title, api_title=title,
+            tool_description=tool.description,
+            description=_text(api.get("description", api.get("api_description"))),
+            method=_text(api.get("method")) or "GET",
+            required_parameters=_params(api.get("required_parameters")),
+            optional_parameters=_params(api.get("optional_parameters")),
+            template_response=_maybe_json(api.get("template_response")),
+            response_schema=_maybe_json(api.get("schema")) if isinstance(api.get("schema"), (dict, str)) else None,
+            source=source,
+        )
+        if not isinstance(doc.response_schema, dict):
+            doc.response_schema = None
+        existing = tool.apis.get(key)
+        if existing is None:
+            tool.apis[key] = doc
+            return
+        # First doc wins (upstream takes the first matching API); later sources only fill gaps.
+        for name in ("description", "template_response", "response_schema", "tool_description"):
+            if not getattr(existing, name) and getattr(doc, name):
+                setattr(existing, name, getattr(doc, name))
+        if not existing.required_parameters and not existing.optional_parameters:
+            existing.required_parameters, existing.optional_parameters = doc.required_parameters, doc.optional_parameters
+
+    def add_query_file(self, path: str | os.PathLike) -> None:
+        data = self._read_json(path)
+        if not isinstance(data, list):
+            raise RegistryError(f"{path}: expected a StableToolBench query file (a JSON list of queries)")
+        self.add_query_list(data, source=str(path))
+
+    def add_query_list(self, queries: list, source: str = "") -> None:
+        """Merge the partial docs of StableToolBench queries' `api_list` entries."""
+        for query in queries:
+            api_list = query.get("api_list") if isinstance(query, dict) else None
+            for api in api_list if isinstance(api_list, list) else []:
+                if not isinstance(api, dict) or not api.get("api_name") or not api.get("tool_name"):
+                    continue
+                category = standardize_category(_text(api.get("category_name")))
+                title = _text(api["tool_name"])
+                stem = self._aliases.get((category, standardize(title)), standardize(title))
+                tool = self._tool(category, stem, title, "")
+                self._add_api(tool, api, source)
+
+    def add_openai_functions(self, data: Any, category: str, tool: str, source: str = "") -> None:
+        """One tool made of OpenAI function-calling schemas; `required` decides required vs optional."""
+        functions = data if isinstance(data, list) else [data]
+        entry = self._tool(standardize_category(category), tool, tool, "")
+        for fn in functions:
+            if isinstance(fn, dict) and fn.get("type") == "function" and isinstance(fn.get("function"), dict):
+                fn = fn["function"]
+            if not isinstance(fn, dict) or not fn.get("name"):
+                continue
+            schema = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+            required = set(schema.get("required") or [])
+            props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+            params: dict[bool, list] = {True: [], False: []}
+            for name, prop in props.items():
+                prop = prop if isinstance(prop, dict) else {}
+                params[name in required].append({
+                    "name": name, "type": _JSON_TYPES.get(prop.get("type"), "STRING"),
+                    "description": _text(prop.get("description")), "default": prop.get("default", ""),
+                    "schema": prop,
+                })
+            self._add_api(entry, {"name": fn["name"], "description": fn.get("description"), "method": "POST",
+                                  "required_parameters": params[True], "optional_parameters": params[False]}, source)
+
+    # ----------------------------------------------------------------------------------- lookup
+    def find_tool(self, category: str, tool_name: str) -> Tool:
+        """(category, tool) as clients send them: normalised names, or `<tool>_for_<Category>`."""
+        cat = standardize_category(category)
+        tools = self.categories.get(cat)
+        if tools is None:
+            raise UnknownName("category", category, "", _closest(cat, self.categories))
+        name = standardize(tool_name)
+        # Exact name first: tools such as `usa_jobs_for_it` contain `_for_` themselves; then the
+        # `_for_<Category>` suffix is removed exactly (upstream cut at the first `_for_`: wrong for them).
+        candidates = [name]
+        suffix = "_for_" + standardize(cat)
+        if name.endswith(suffix):
+            candidates.append(name[: -len(suffix)])
+        for candidate in candidates:
+            stem = candidate if candidate in tools else self._aliases.get((cat, candidate))
+            if stem is not None:
+                return tools[stem]
+        raise UnknownName("tool", tool_name, f" in category {cat!r}", _closest(candidates[-1], tools))
+
+    def resolve(self, category: str, tool_name: str, api_name: str) -> ApiDoc:
+        """The doc of an API as StableToolBench clients name it; raises `UnknownName` with suggestions."""
+        tool = self.find_tool(category, tool_name)
+        name = api_key_name(api_name)
+        doc = tool.apis.get(name)
+        if doc is None:
+            suffix = "_for_" + tool.name  # a full function name `<api>_for_<tool>`
+            if name.endswith(suffix):
+                doc = tool.apis.get(name[: -len(suffix)])
+        if doc is None:
+            raise UnknownName("API", api_name, f" for tool {tool.name!r} in category {tool.category!r}",
+                              _closest(name, tool.apis) or sorted(tool.apis)[:5])
+        return doc
+
+    def get(self, category: str, tool: str, api: str) -> ApiDoc | None:
+        """Exact lookup by normalised names (no suffix handling, no suggestions)."""
+        found = self.categories.get(category, {}).get(tool)
+        return found.apis.get(api) if found else None
+
+    def __iter__(self):
+        for tools in self.categories.values():
+            for tool in tools.values():
+                yield from tool.apis.values()
+
+    def stats(self) -> dict:
+        return {
+            "categories": len(self.categories),
+            "tools": sum(len(tools) for tools in self.categories.values()),
+            "apis": sum(len(t.apis) for tools in self.categories.values() for t in tools.values()),
+            "apis_with_response_schema": sum(1 for d in self if d.response_schema or d.template_response),
+            "unreadable": len(self.unreadable),
+            "unreadable_files": [{"file": f, "reason": r} for f, r in self.unreadable],
+            "load_seconds": round(self.load_seconds, 3),
+        }
+
+
+_JSON_TYPES = {"string": "STRING", "integer": "NUMBER", "number": "NUMBER", "boolean": "BOOLEAN",
+               "array": "ARRAY", "object": "OBJECT"}
+
+
+def _looks_like_functions(data: Any) -> bool:
+    items = data if isinstance(data, list) else [data]
+    return bool(items) and all(
+        isinstance(f, dict) and (isinstance(f.get("function"), dict) or ("name" in f and "parameters" in f))
+        for f in items
+    )

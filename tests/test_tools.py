@@ -1,0 +1,172 @@
+"""ToolRegistry: loading real tools folders, resolving names as StableToolBench's clients send them."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mirrorapi.cli import main as cli_main
+from mirrorapi.names import api_key_name, standardize
+from mirrorapi.tools import RegistryError, ToolRegistry, UnknownName
+
+QUERY_GROUPS = ["G1_instruction", "G1_category", "G1_tool", "G2_instruction", "G2_category", "G3_instruction"]
+
+
+@pytest.fixture(scope="module")
+def toolenv(shared_data):
+    return ToolRegistry.load([shared_data / "toolenv/toolenv2404"])
+
+
+@pytest.fixture(scope="module")
+def toolenv_and_queries(shared_data):
+    queries = shared_data / "stabletoolbench/solvable_queries/test_instruction"
+    return ToolRegistry.load([shared_data / "toolenv/toolenv2404"] + [queries / f"{g}.json" for g in QUERY_GROUPS])
+
+
+def test_loads_the_whole_toolenv2404(toolenv):
+    stats = toolenv.stats()
+    assert stats["categories"] == 49
+    assert stats["tools"] == 12301  # the dotfile `.json` included
+    # 46,803 API entries; 197 repeat a standardized name inside their tool (the first one wins).
+    assert stats["apis"] == 46803 - 197
+    assert stats["unreadable"] == 0
+
+
+def test_resolves_every_test_query_api_as_the_agents_send_it(toolenv_and_queries, shared_data):
+    base = shared_data / "stabletoolbench/solvable_queries/test_instruction"
+    calls = set()
+    for group in QUERY_GROUPS:
+        for query in json.loads((base / f"{group}.json").read_text()):
+            for a in query["api_list"]:
+                calls.add((a["category_name"], a["tool_name"], a["api_name"]))
+    assert len(calls) == 2490
+    for category, tool, api in calls:
+        # What StableToolBench's client puts in the /virtual body (notes §6).
+        doc = toolenv_and_queries.resolve(category, standardize(tool), api_key_name(api))
+        assert doc.category == category and doc.api == api_key_name(api)
+        # The same call with the tool sent as `<tool>_for_<Category>`, and the API as `<api>_for_<tool>`.
+        assert toolenv_and_queries.resolve(category, f"{standardize(tool)}_for_{category}",
+                                           f"{api_key_name(api)}_for_{doc.tool}") is doc
+
+
+def test_tools_with_for_in_their_own_name(toolenv_and_queries):
+    # StableToolBench cuts at the first `_for_` and gets these six test-set tools wrong (notes §8.4).
+    for category, tool in [("Business", "realtor_data_api_for_real_estate"),
+                           ("Tools", "placeholder_text_api_for_your_application"), ("Tools", "usa_jobs_for_it"),
+                           ("Data", "realtor_api_for_real_estate_data"),
+                           ("Science", "materials_platform_for_data_science"), ("Weather", "testing_for_my_use")]:
+        found = toolenv_and_queries.find_tool(category, tool)
+        assert found.name == tool
+        assert toolenv_and_queries.find_tool(category, f"{tool}_for_{category}") is found
+        api = next(iter(found.apis))
+        assert toolenv_and_queries.resolve(category, f"{tool}_for_{category}", api).tool == tool
+
+
+def test_query_files_fill_response_templates(toolenv, toolenv_and_queries):
+    # Songkick concert has no `template_response` in ToolEnv2404; the G1 query file has one.
+    assert toolenv.resolve("Data", "theclique", "songkick_concert").template_response is None
+    merged = toolenv_and_queries.resolve("Data", "theclique", "songkick_concert")
+    assert merged.template_response["line_up"][0]["_list_length"] == 2
+    assert merged.tool_description == "API for TheClique company"  # the tools folder still wins
+
+
+def test_keeps_response_schemas(toolenv):
+    with_schema = [d for d in toolenv if d.response_schema]
+    assert len(with_schema) > 10000
+    assert all(isinstance(d.response_schema, dict) for d in with_schema)
+
+
+def test_tool_alias_for_names_the_crawler_shortened(toolenv):
+    # Stem `random_yesno`, but a client standardising `Random Yes/No` sends `random_yes_no`.
+    assert toolenv.find_tool("Entertainment", "random_yes_no").name == "random_yesno"
+
+
+def test_unknown_names_suggest_the_closest(toolenv):
+    with pytest.raises(UnknownName) as err:
+        toolenv.resolve("Dta", "theclique", "songkick_concert")
+    assert err.value.kind == "category" and "Data" in err.value.suggestions
+    with pytest.raises(UnknownName) as err:
+        toolenv.resolve("Data", "thecliqe", "songkick_concert")
+    assert err.value.kind == "tool" and "theclique" in err.value.suggestions
+    with pytest.raises(UnknownName) as err:
+        toolenv.resolve("Data", "theclique", "songkick_concrt")
+    assert err.value.kind == "API" and err.value.suggestions[0] == "songkick_concert"
+    assert "songkick_concert" in str(err.value)
+
+
+def test_tolerates_corrupt_and_odd_files(tmp_path):
+    cat = tmp_path / "tools" / "Misc"
+    cat.mkdir(parents=True)
+    (cat / "broken.json").write_text('{"tool_name": "Broken", "api_list": [')
+    (cat / "latin1.json").write_bytes(b'{"tool_name": "\xe9t\xe9"}')
+    (cat / "list.json").write_text("[1, 2, 3]")
+    (cat / "odd.json").write_text(json.dumps({
+        "tool_name": None, "tool_description": 42,
+        "api_list": [None, "x", {"name": "Get Thing", "description": None, "required_parameters": None,
+                                 "optional_parameters": [{"name": "id", "type": None}, "junk", {"type": "STRING"}],
+                                 "schema": ""},
+                     {"name": 7, "template_response": '{"a": "str"}'}],
+    }))
+    registry = ToolRegistry.load([tmp_path / "tools"])
+    unreadable = {path.split("/")[-1]: reason for path, reason in registry.unreadable}
+    assert set(unreadable) == {"broken.json", "latin1.json", "list.json"}
+    assert "JSONDecodeError" in unreadable["broken.json"]
+    doc = registry.resolve("Misc", "odd", "get_thing")
+    assert doc.tool_title == "odd" and doc.tool_description == "42" and doc.description == ""
+    assert doc.required_parameters == [] and [p["name"] for p in doc.optional_parameters] == ["id"]
+    assert doc.parameter_names() == ([], ["is_id"])
+    assert registry.resolve("Misc", "odd", "get_7").template_response == {"a": "str"}
+
+
+def test_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(RegistryError, match="not found"):
+        ToolRegistry.load([tmp_path / "nope"])
+
+
+def test_openai_function_files(tmp_path):
+    functions = [
+        {"name": "get_weather", "description": "Weather for a city.",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                        "required": ["city"]}},
+        {"type": "function", "function": {"name": "list_cities", "parameters": {"type": "object", "properties": {}}}},
+    ]
+    path = tmp_path / "weather_tools.json"
+    path.write_text(json.dumps(functions))
+    registry = ToolRegistry.load([path])
+    doc = registry.resolve("Custom", "weather_tools", "get_weather")
+    assert [p["name"] for p in doc.required_parameters] == ["city"]
+    assert [(p["name"], p["type"]) for p in doc.optional_parameters] == [("days", "NUMBER")]
+    assert registry.resolve("Custom", "weather_tools", "list_cities").description == ""
+
+
+def test_samples_resolve_every_bundled_pair(samples):
+    registry = ToolRegistry.load([samples / "tools"])
+    pairs = [json.loads(line) for line in open(samples / "pairs.jsonl", encoding="utf-8")]
+    assert len(pairs) > 300
+    for p in pairs:
+        registry.resolve(p["category"], p["tool_name"], p["api_name"])
+
+
+def test_cli_stats_json(samples, capsys):
+    assert cli_main(["tools", "stats", str(samples / "tools"), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert {"categories", "tools", "apis", "unreadable", "load_seconds"} <= set(stats)
+    assert stats["tools"] == 46 and stats["unreadable"] == 0
+
+
+def test_cli_show_and_errors_without_traceback(samples, tmp_path):
+    run = [sys.executable, "-m", "mirrorapi.cli"]
+    shown = subprocess.run(run + ["tools", "show", "APIBank", "apibank_account", "GetUserToken", "--json",
+                                  "--tools", str(samples / "tools")], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["api_title"] == "GetUserToken"
+    for args in (["tools", "stats", str(tmp_path / "missing")],
+                 ["tools", "show", "APIBank", "apibank_acount", "--tools", str(samples / "tools")]):
+        result = subprocess.run(run + args, capture_output=True, text=True)
+        assert result.returncode == 2
+        assert "Traceback" not in result.stderr
+        assert result.stderr.startswith("mirrorapi: error:")
+    unknown = subprocess.run(run + ["tools", "show", "APIBank", "apibank_acount", "--tools", str(samples / "tools")],
+                             capture_output=True, text=True)
+    assert "apibank_account" in unknown.stderr  # the closest known name
