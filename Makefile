@@ -19,12 +19,15 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 test: venv
 	$(BIN)/python -m pytest
 
+# DEMO_ARGS: e.g. --quick, --samples, --work-dir DIR (scripts/demo.py --help)
 demo: venv
-	@echo "make demo: the end-to-end CPU demo is not built yet; see README.md (Status)." >&2
-	@exit 1
+	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
 bench: venv
 	$(BIN)/python bench/registry.py
+	$(BIN)/python bench/sft_data.py
+	$(BIN)/python bench/train_tiny.py
+	$(BIN)/python bench/server.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from mirrorapi.tools import RegistryError, ToolRegistry, UnknownName
@@ -75,20 +76,131 @@ def add_tools_parser(sub) -> None:
     show.set_defaults(func=tools_show)
 
 
+# ------------------------------------------------------------------------------------------- cache
+def cache_import(args: argparse.Namespace) -> int:
+    from mirrorapi.cache import ResponseCache, import_pairs, import_stabletoolbench_cache
+
+    registry = ToolRegistry.load(args.tools) if args.tools else None
+    cache = ResponseCache(args.cache)
+    try:
+        if args.source.endswith(".jsonl"):
+            report = import_pairs(cache, args.source, registry=registry)
+        else:
+            report = import_stabletoolbench_cache(cache, args.source, registry=registry, origin=args.origin,
+                                                  force=args.force)
+    finally:
+        cache.close()
+    if args.json:
+        _print_json(report)
+    elif report["skipped"]:
+        print(f"{report['origin']}: imported before and unchanged, nothing done (--force imports it again)")
+    else:
+        print(f"{report['origin']}: {report['entries']:,} entries read, {report['stored']:,} stored, "
+              f"{len(report['unreadable']):,} unreadable, {report['skipped_placeholders']:,} failure placeholders "
+              f"skipped" + (f", {report['unresolved_apis']:,} APIs not in the tools" if registry else ""))
+        for reason in report["unreadable"][:20]:
+            print(f"  {reason}")
+    return 0
+
+
+def cache_export(args: argparse.Namespace) -> int:
+    from mirrorapi.cache import export_stabletoolbench_cache
+
+    cache = _existing_cache(args.cache)
+    try:
+        report = export_stabletoolbench_cache(cache, args.folder, provenance=args.provenance or ())
+    finally:
+        cache.close()
+    print(f"{report['entries']:,} entries written to {report['files']:,} files under {report['folder']}")
+    return 0
+
+
+def cache_stats(args: argparse.Namespace) -> int:
+    cache = _existing_cache(args.cache)
+    try:
+        stats = cache.stats()
+    finally:
+        cache.close()
+    if args.json:
+        _print_json(stats)
+        return 0
+    print(f"cache:      {stats['path']} ({stats['bytes'] / 1e6:.1f} MB)")
+    print(f"entries:    {stats['entries']:,} over {stats['apis']:,} APIs ({stats['errors']:,} errors)")
+    print(f"hits:       {stats['hits']:,}")
+    for provenance, n in sorted(stats["by_provenance"].items()):
+        print(f"  {provenance}: {n:,}")
+    for item in stats["imports"]:
+        print(f"imported:   {item['origin']} ({item['entries']:,} entries)")
+    return 0
+
+
+def _existing_cache(path: str):
+    from mirrorapi.cache import CacheError, ResponseCache
+
+    if not os.path.isfile(path):
+        raise CacheError(f"cache database not found: {path}")
+    return ResponseCache(path)
+
+
+def add_cache_parser(sub) -> None:
+    cache = sub.add_parser("cache", help="Import, export and inspect the response cache (SQLite).")
+    csub = cache.add_subparsers(dest="cache_command", required=True)
+    imp = csub.add_parser("import", help="Import a StableToolBench cache folder, or real pairs (.jsonl).")
+    imp.add_argument("source", help="<cache>/<cat>/<tool>_for_<cat>/<api>.json folder, or a pairs .jsonl file.")
+    imp.add_argument("--cache", required=True, help="The cache database (created if missing).")
+    imp.add_argument("--tools", nargs="+", metavar="SOURCE", help="Resolve names with these tools folders.")
+    imp.add_argument("--origin", help="Provenance suffix imported:<origin> (default: the folder's name).")
+    imp.add_argument("--force", action="store_true", help="Import again even if the folder is unchanged.")
+    imp.add_argument("--json", action="store_true", help="Print the report as JSON.")
+    imp.set_defaults(func=cache_import)
+    exp = csub.add_parser("export", help="Write the cache as a StableToolBench cache folder.")
+    exp.add_argument("folder")
+    exp.add_argument("--cache", required=True, help="The cache database.")
+    exp.add_argument("--provenance", nargs="+", metavar="PREFIX",
+                     help="Only entries whose provenance starts so (real, imported, simulated).")
+    exp.set_defaults(func=cache_export)
+    stats = csub.add_parser("stats", help="Entries, APIs, hits, provenance and imports of a cache.")
+    stats.add_argument("--cache", required=True, help="The cache database.")
+    stats.add_argument("--json", action="store_true", help="Print one JSON object.")
+    stats.set_defaults(func=cache_stats)
+
+
+# ------------------------------------------------------------------------------------------- serve
+def serve(args: argparse.Namespace) -> int:
+    from mirrorapi.config import settings_from_args
+    from mirrorapi.server import serve as run_server
+
+    run_server(settings_from_args(args))
+    return 0
+
+
+def add_serve_parser(sub) -> None:
+    from mirrorapi.config import add_server_arguments
+
+    parser = sub.add_parser("serve", help="Run the virtual API server (same as serving/main_mirrorapi.py).")
+    add_server_arguments(parser)
+    parser.set_defaults(func=serve)
+
+
 # -------------------------------------------------------------------------------------------- main
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mirrorapi", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_tools_parser(sub)
+    add_cache_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "mirrorapi") -> int:
+    from mirrorapi.cache import CacheError
+    from mirrorapi.config import ConfigError
+
     args = make_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RegistryError, UnknownName) as exc:
-        print(f"mirrorapi: error: {exc}", file=sys.stderr)
+    except (RegistryError, UnknownName, CacheError, ConfigError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,24 @@ def wait_until_answers(base_url: str, model: str, timeout: float, process: subpr
     raise TimeoutError(f"engine at {base_url} did not answer within {timeout:g} s (last error: {last})")
 
 
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) arriving inside the block is raised when the block ends. Around `Popen`: an
+    interrupt raised inside it, after the fork, would leave a child that nobody knows to stop."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):  # SIGINT ignored or handled
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
+
+
 def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
     if process.poll() is not None:
         return
@@ -78,11 +97,13 @@ def transformers_serve(model_dir: str | os.PathLike, port: int | None = None, lo
     env.setdefault("HF_HUB_CACHE", tempfile.mkdtemp(prefix="mirrorapi-hf-"))
     cli = Path(sys.executable).parent / "transformers"
     command = [str(cli), "serve", model, "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), *extra_args]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    engine = RunningEngine(f"http://127.0.0.1:{port}/v1", model, process, log_path)
+    process = None
     try:
+        with interrupts_deferred(), open(log_path, "wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        engine = RunningEngine(f"http://127.0.0.1:{port}/v1", model, process, log_path)
         wait_until_answers(engine.base_url, model, timeout, process, log_path)
         yield engine
     finally:
-        stop(process)
+        if process is not None:
+            stop(process)

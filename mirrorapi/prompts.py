@@ -15,6 +15,8 @@ Simulator formats
 
 Judge formats
 - `fac-v1`: query + final answer -> `Verdict: Solved|Unsolved` and `Reason: ...` on labelled lines.
+- `sopr-v1`: query + the trajectory's tool calls + final answer -> `Verdict: Solved|Unsolved|Unsure`
+  (StableToolBench's SoPR statuses; Unsure scores 0.5) and `Reason: ...`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from mirrorapi.tools import ApiDoc
 
 SIMULATOR_FORMATS = ("mirrorapi-v1", "stabletoolbench", "stabletoolbench-cache")
 DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
-JUDGE_FORMATS = ("fac-v1",)
+JUDGE_FORMATS = ("fac-v1", "sopr-v1")
 DEFAULT_JUDGE_FORMAT = "fac-v1"
 
 # Responses longer than this are cut (and marked) both in training data and in what the server
@@ -233,7 +235,28 @@ _LABELLED = re.compile(r"^[\s*#>_-]*(?:verdict|answer status)[\s*_]*[:：]?[\s*_
 _REASON = re.compile(r"^[\s*#>_-]*reason[\s*_]*[:：]?[\s*_]*(.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
 
 
-def judge_messages(query: str, answer: str, fmt: str = DEFAULT_JUDGE_FORMAT) -> list[dict]:
+SOPR_SYSTEM_V1 = (
+    "You decide whether an AI assistant solved a user's query, from the tool calls it made and its final "
+    "answer. Do not check facts against your own knowledge.\n"
+    "Solved: the final answer addresses every part of the query and agrees with the tool results.\n"
+    "Unsolved: a refusal, an apology or a promise instead of an answer, a part of the query left "
+    "unaddressed, an answer that contradicts the tool results, or tool calls that all failed.\n"
+    "Unsure: the answer looks complete, but the tool results neither confirm nor contradict it.\n"
+    "Reply in exactly this form:\n"
+    "Verdict: Solved, Unsolved or Unsure\n"
+    "Reason: one short sentence"
+)
+
+# The verdicts each judge format may give (what `parse_verdict` accepts for it).
+JUDGE_VERDICTS = {"fac-v1": ("Solved", "Unsolved"), "sopr-v1": ("Solved", "Unsolved", "Unsure")}
+
+
+def judge_messages(query: str, answer: str, fmt: str = DEFAULT_JUDGE_FORMAT, steps: str = "") -> list[dict]:
+    """The judge's chat messages; `steps` (the rendered tool calls) is used by `sopr-v1` only."""
+    if fmt == "sopr-v1":
+        return [{"role": "system", "content": SOPR_SYSTEM_V1},
+                {"role": "user", "content": f"Query:\n{query.strip()}\n\nTool calls:\n{steps.strip() or '(none)'}"
+                                            f"\n\nFinal answer:\n{answer.strip()}"}]
     if fmt != "fac-v1":
         raise ValueError(f"unknown judge prompt format {fmt!r}; known: {', '.join(JUDGE_FORMATS)}")
     return [{"role": "system", "content": FAC_SYSTEM_V1},

@@ -5,6 +5,13 @@
 - `tiny_model_dir`: a tiny Qwen2 model built from scratch once per run (~5 s).
 - `tiny_engine`: `transformers serve` on that model on a free 127.0.0.1 port, ready to answer
   chat completions; stopped after the session.
+- `simulator_sft_dir` / `judge_sft_dir`: SFT datasets built from `data/samples` by the data builders.
+- `trained_simulator_dir`: the tiny model trained by `training/sft.py` (tiny_cpu recipe, format
+  `mirrorapi-v1`) on the first 48 training records of `simulator_sft_dir` that fit in 512 tokens
+  (300 steps, ≈ 1 min on 2 idle cores); greedy answers to those
+  prompts are `{"error", "response"}` JSON objects. `simulator_engine`: `transformers serve` on it.
+- `trained_judge_dir`: the tiny model trained on `judge_sft_dir` (format `fac-v1`); it answers
+  `Verdict: Solved|Unsolved`. `judge_engine`: `transformers serve` on it.
 """
 
 from __future__ import annotations
@@ -49,4 +56,92 @@ def tiny_engine(tiny_model_dir, tmp_path_factory):
 
     log = tmp_path_factory.mktemp("engine") / "transformers-serve.log"
     with transformers_serve(tiny_model_dir, log_path=log, timeout=180) as engine:
+        yield engine
+
+
+# ------------------------------------------------------------------ trained tiny models (issue 4)
+# Trained in this process through the real recipe (`training/sft.py`'s `cli`), once per session.
+TINY_SIMULATOR_OVERRIDES = ["--max_train_samples", "48", "--max_length", "512", "--max_steps", "300",
+                            "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no",
+                            "--disable_tqdm", "true"]
+
+
+def script_module(relative_path: str):
+    """An entry script (`training/sft.py`) as a module: scripts are not package modules, so load by path."""
+    import importlib.util
+
+    name = "mirrorapi_script_" + relative_path.replace("/", "_").removesuffix(".py")
+    spec = importlib.util.spec_from_file_location(name, REPO / relative_path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.fixture(scope="session")
+def entry_script():
+    """`entry_script("training/sft.py").cli(argv)`: an entry script's functions, run in this process.
+    (A fixture, not an import: `from conftest import` is ambiguous once several conftest.py exist.)"""
+    return script_module
+
+
+def run_sft_recipe(argv: list[str]) -> None:
+    """`training/sft.py ARGV` in this process."""
+    if script_module("training/sft.py").cli(argv) != 0:
+        raise RuntimeError(f"training/sft.py {' '.join(argv)} failed")
+
+
+@pytest.fixture(scope="session")
+def simulator_sft_dir(tmp_path_factory) -> Path:
+    from mirrorapi.pair_sources import read_pairs_jsonl
+    from mirrorapi.sft_data import SimulatorDataOptions, build_simulator_records, write_sft_dataset
+    from mirrorapi.tools import ToolRegistry
+
+    splits, stats = build_simulator_records(read_pairs_jsonl(SAMPLES / "pairs.jsonl"),
+                                            ToolRegistry.load([SAMPLES / "tools"]), SimulatorDataOptions())
+    return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "simulator", splits, stats)
+
+
+@pytest.fixture(scope="session")
+def judge_sft_dir(tmp_path_factory) -> Path:
+    from mirrorapi.judge_data import JUDGE_COLUMNS, build_judge_records, read_labelled
+    from mirrorapi.sft_data import write_sft_dataset
+
+    splits, stats = build_judge_records(read_labelled(SAMPLES / "judge.jsonl", lambda reason: None))
+    return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "judge", splits, stats, JUDGE_COLUMNS)
+
+
+@pytest.fixture(scope="session")
+def trained_simulator_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trained") / "simulator"
+    run_sft_recipe(["--config", str(REPO / "training/configs/tiny_cpu.yaml"), "--model_name_or_path",
+                    str(tiny_model_dir), "--dataset_path", str(simulator_sft_dir), "--output_dir", str(out),
+                    *TINY_SIMULATOR_OVERRIDES])
+    return out
+
+
+@pytest.fixture(scope="session")
+def simulator_engine(trained_simulator_dir, tmp_path_factory):
+    from mirrorapi.launch import transformers_serve
+
+    log = tmp_path_factory.mktemp("engine") / "simulator-serve.log"
+    with transformers_serve(trained_simulator_dir, log_path=log, timeout=180) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trained") / "judge"
+    run_sft_recipe(["--config", str(REPO / "training/configs/tiny_judge_cpu.yaml"), "--model_name_or_path",
+                    str(tiny_model_dir), "--dataset_path", str(judge_sft_dir), "--output_dir", str(out),
+                    "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no",
+                    "--disable_tqdm", "true"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def judge_engine(trained_judge_dir, tmp_path_factory):
+    from mirrorapi.launch import transformers_serve
+
+    log = tmp_path_factory.mktemp("engine") / "judge-serve.log"
+    with transformers_serve(trained_judge_dir, log_path=log, timeout=180) as engine:
         yield engine

@@ -2,8 +2,9 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_round_trips_through_from_pretrained(tiny_model_dir):

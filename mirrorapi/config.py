@@ -1,0 +1,213 @@
+"""Settings of the virtual API server, and the only place that reads environment variables.
+
+Sources, later wins: the defaults below < a YAML file (`--config FILE`, or `MIRRORAPI_CONFIG`) <
+environment variables `MIRRORAPI_<KEY>` (e.g. `MIRRORAPI_PORT=8081`; lists comma-separated) <
+command-line flags `--<key> VALUE` (`--tools-folder A B`). Relative paths in a YAML file are taken
+from the file's folder; those from the environment or the command line from the working directory.
+
+StableToolBench's keys mean what they mean there (`api_key`, `api_base`, `model`, `temperature`,
+`tools_folder`, `port` of its `config_mirrorapi.yml`; `cache_folder`, `is_save`, `log_file` of its
+`config.yml`; `toolbench_url` is accepted and ignored: mirrorapi never calls real APIs). Everything is
+checked here, before the server starts: an unknown key, a wrong type or a missing folder is one
+`ConfigError` line, never a failure at the first request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import logging
+import os
+import typing
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mirrorapi.prompts import SIMULATOR_FORMATS
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "MIRRORAPI_"
+CONFIG_ENV = "MIRRORAPI_CONFIG"  # a config file to use when `--config` is not given
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message is one line that says what to change."""
+
+
+class ServerSettings(BaseModel):
+    """Everything `python serving/main_mirrorapi.py` / `mirrorapi serve` can be told (one field = one key)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # StableToolBench keys
+    api_key: str = Field("EMPTY", description="Key sent to the engine (vllm serve --api-key).")
+    api_base: list[str] = Field(["http://127.0.0.1:12345/v1"], description=(
+        "OpenAI-compatible engine URL(s) ending in /v1; several are replicas, used round-robin."))
+    model: str = Field("mirrorapi", description=(
+        "The request's `model`: vLLM's --served-model-name or a LoRA module name; for `transformers serve`, "
+        "the model folder's absolute path."))
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the simulator (0: greedy).")
+    tools_folder: list[Path] = Field(description=(
+        "ToolBench tools folder(s) <Category>/<tool>.json, or StableToolBench query files (required)."))
+    port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    cache_folder: Path | None = Field(None, description=(
+        "A StableToolBench cache folder (<cat>/<tool>_for_<cat>/<api>.json), imported into the cache "
+        "database at start-up (once; later starts skip an unchanged folder)."))
+    is_save: bool = Field(True, description="Store simulated responses in the cache (false: store nothing new).")
+    log_file: Path | None = Field(None, description="Also append the per-request log lines to this file.")
+    toolbench_url: str | None = Field(None, description="Accepted for StableToolBench configs; ignored.")
+    # ours
+    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 exposes the server).")
+    cache_path: Path = Field(Path("mirrorapi_cache.sqlite"), description="The SQLite cache database.")
+    mode: Literal["simulate", "replay"] = Field("simulate", description=(
+        "simulate: a cache miss asks the engine; replay: cache only, a miss is an error observation."))
+    missing_required: Literal["reject", "simulate"] = Field("reject", description=(
+        "A call without a required argument: reject it like a real API (no engine call), or simulate it."))
+    unknown_arguments: Literal["simulate", "reject"] = Field("simulate", description=(
+        "A call with arguments the doc does not list: simulate it, or reject it."))
+    engine_timeout: float = Field(60.0, gt=0, description="Seconds an engine call may take, retries included.")
+    engine_retries: int = Field(2, ge=0, description="Retries of a failed engine call (with backoff).")
+    max_tokens: int = Field(1024, gt=0, description="Most tokens the simulator may generate per response.")
+    prompt_format: Literal[SIMULATOR_FORMATS] = Field("mirrorapi-v1", description=(
+        "Simulator prompt format (mirrorapi/prompts.py): the one the model was trained with."))
+    system_prompt_file: Path | None = Field(None, description=(
+        "System prompt text file; required by the stabletoolbench formats (released MirrorAPI weights)."))
+    structured_output: bool = Field(True, description=(
+        "Ask the engine for JSON of the observation schema (response_format json_schema)."))
+    few_shot: int = Field(0, ge=0, description="Real cached examples of the same API shown to the simulator.")
+    few_shot_char_budget: int = Field(2048, gt=0, description="Most characters of examples per prompt.")
+    seed: int | None = Field(None, description="Sampling seed sent to the engine.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    @field_validator("api_base", "tools_folder", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, (str, os.PathLike)) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> "ServerSettings":
+        if not self.tools_folder:
+            raise ValueError("tools_folder: give at least one tools folder")
+        for folder in self.tools_folder:
+            if not folder.exists():
+                raise ValueError(f"tools_folder: {folder} does not exist")
+        if not self.api_base or any(not b.startswith(("http://", "https://")) for b in self.api_base):
+            raise ValueError(f"api_base: expected http(s) URL(s) ending in /v1, got {self.api_base}")
+        if self.cache_folder is not None and not self.cache_folder.is_dir():
+            raise ValueError(f"cache_folder: {self.cache_folder} is not a folder")
+        if self.prompt_format.startswith("stabletoolbench"):
+            if self.system_prompt_file is None:
+                raise ValueError(f"prompt_format {self.prompt_format} needs system_prompt_file "
+                                 "(the system prompt the MirrorAPI model was trained with)")
+        if self.system_prompt_file is not None and not self.system_prompt_file.is_file():
+            raise ValueError(f"system_prompt_file: {self.system_prompt_file} does not exist")
+        if self.cache_path.exists() and self.cache_path.is_dir():
+            raise ValueError(f"cache_path: {self.cache_path} is a folder, expected a database file")
+        return self
+
+    def system_prompt(self) -> str | None:
+        return self.system_prompt_file.read_text(encoding="utf-8") if self.system_prompt_file else None
+
+    def non_default(self) -> dict:
+        """Settings that differ from the defaults, as JSON values (logged at start-up)."""
+        fields = type(self).model_fields
+        return {k: v for k, v in self.model_dump(mode="json").items()
+                if fields[k].is_required() or v != fields[k].default and str(v) != str(fields[k].default)}
+
+
+FIELDS = ServerSettings.model_fields
+PATH_KEYS = {name for name, f in FIELDS.items() if "Path" in str(f.annotation)}
+LIST_KEYS = {name for name, f in FIELDS.items() if typing.get_origin(f.annotation) is list}
+
+
+def _relative_to(data: dict, base: Path) -> dict:
+    def fix(value):
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            return os.path.normpath(base / value)
+        return os.path.expanduser(value) if isinstance(value, str) else value
+    return {k: ([fix(v) for v in val] if isinstance(val, list) else fix(val)) if k in PATH_KEYS else val
+            for k, val in data.items()}
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of keys to values, got {type(data).__name__}")
+    return _relative_to(data, path.resolve().parent)
+
+
+def environment_overrides(environ: Mapping[str, str] | None = None) -> dict:
+    """`MIRRORAPI_<KEY>` for every settings key (strings; pydantic converts them)."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for name in FIELDS:
+        value = environ.get(ENV_PREFIX + name.upper())
+        if value is not None:
+            out[name] = [v.strip() for v in value.split(",") if v.strip()] if name in LIST_KEYS else value
+    return out
+
+
+def _one_line(error: ValidationError, source: str) -> str:
+    parts = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "settings"
+        if item["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, FIELDS, n=1)
+            parts.append(f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        elif item["type"] == "missing":
+            parts.append(f"{key} is required")
+        elif item["type"] == "value_error":
+            parts.append(str(item["msg"]).removeprefix("Value error, "))
+        else:
+            parts.append(f"{key}: {item['msg']} (got {item.get('input')!r})")
+    return f"{source}: " + "; ".join(parts)
+
+
+def load_settings(config: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None,
+                  environ: Mapping[str, str] | None = None) -> ServerSettings:
+    """Settings from a YAML file, the environment and explicit overrides; raises `ConfigError`."""
+    environ = os.environ if environ is None else environ
+    config = config or environ.get(CONFIG_ENV)
+    data = read_config_file(config) if config else {}
+    data.update(environment_overrides(environ))
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    # "null"/"none" from the environment or a flag clear a setting whose default is None.
+    data = {k: None if isinstance(v, str) and v.lower() in ("null", "none") and k in FIELDS
+            and FIELDS[k].default is None else v for k, v in data.items()}
+    try:
+        settings = ServerSettings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, f"config {config}" if config else "settings")) from None
+    if settings.toolbench_url:
+        logger.warning("toolbench_url is ignored: mirrorapi never calls real APIs")
+    return settings
+
+
+# ------------------------------------------------------------------------------ command line
+def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`--config FILE` plus one flag per settings key (`--tools-folder` or `--tools_folder`)."""
+    parser.add_argument("--config", metavar="FILE", help=f"YAML settings file (default: ${CONFIG_ENV}).")
+    group = parser.add_argument_group("settings (each overrides the config file and MIRRORAPI_<KEY>)")
+    for name, field in FIELDS.items():
+        flags = ["--" + name.replace("_", "-")] + (["--" + name] if "_" in name else [])
+        group.add_argument(*flags, dest=name, metavar=name.upper(), nargs="+" if name in LIST_KEYS else None,
+                           help=field.description)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerSettings:
+    overrides = {name: getattr(args, name) for name in FIELDS if getattr(args, name, None) is not None}
+    return load_settings(args.config, overrides, environ)

@@ -1,0 +1,302 @@
+"""`make demo`: the whole loop on a CPU with a tiny model, in six steps.
+
+1. data: simulator and judge SFT sets from real pairs (a slice of `../shared/data`, else `data/samples`);
+2. train: a tiny model built from scratch, then `accelerate launch training/sft.py` for the simulator
+   (`tiny_cpu.yaml`) and the judge (`tiny_judge_cpu.yaml`);
+3. serve: `transformers serve` on the simulator, and the virtual server with a cache seeded from a
+   StableToolBench cache folder of the training calls' real responses;
+4. requests: `/virtual` hits, simulated misses written back, and agents' mistakes (`demo_calls`);
+5. score: `eval/simulator.py` on held-out calls against the nearest-example baseline (through a
+   second virtual server whose cache starts empty: the step-3 server has cached the calls step 4
+   simulated, and would answer those from memory), then `eval/fac.py` on StableToolBench's example
+   answers and `eval/judge_agreement.py` on the judge's held-out labelled answers, with the trained judge;
+6. report: everything started is stopped, and a report folder is written.
+
+Whatever happens, everything the demo started is stopped: `run_demo` raises `DemoError`, naming the
+step, when a step fails or the user interrupts it. What steps 1-2 build is reused by later runs
+(`demo_build`); every run writes a new report folder `<work>/<time>/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from mirrorapi.demo_build import (REPO, build_base_model, build_data, choose_data, code_version, complete, digest,
+                                  fresh, mark_complete, select_heldout)
+from mirrorapi.demo_calls import plan_calls, render_call, send_calls
+from mirrorapi.demo_processes import brief, run_command, sigint_ignored, virtual_server
+from mirrorapi.demo_report import counts, fidelity_summary, judge_summary, write_report
+from mirrorapi.launch import free_port, transformers_serve
+from mirrorapi.pair_sources import read_pairs_jsonl
+from mirrorapi.tools import ToolRegistry
+
+logger = logging.getLogger(__name__)
+
+STEPS = ("data", "train", "serve", "requests", "score", "report")
+TITLES = {"data": "build the simulator and judge SFT sets from real pairs",
+          "train": "build a tiny model from scratch, train the simulator and the judge on the CPU",
+          "serve": "start transformers serve on the simulator, and the virtual server with a seeded cache",
+          "requests": "send StableToolBench-style /virtual requests",
+          "score": "score the simulator on held-out calls, and final answers with the trained judge",
+          "report": "stop everything started, write the report"}
+STB_EXAMPLE = REPO / "data" / "samples" / "stabletoolbench"  # StableToolBench's example answers and their ids
+ACCELERATE_CONFIG = "training/accelerate/cpu.yaml"
+QUIET_TRAINING = {"eval_strategy": "no", "eval_on_start": "false", "save_strategy": "no", "logging_steps": 10,
+                  "disable_tqdm": "true"}
+
+
+@dataclass
+class Sizes:
+    """How much each step does (a full run, or `--quick` for the test suite)."""
+
+    simulator: dict  # recipe overrides
+    judge: dict
+    hits: int = 3  # one per source
+    misses: int = 2
+    heldout_calls: int = 40
+    agreement_limit: int | None = None  # labelled answers judged per source
+
+
+# The simulator learns its answer format from a few dozen short records (many epochs): a tiny model
+# that sees hundreds of records once answers nothing parseable.
+FULL = Sizes({"max_train_samples": 64, "max_length": 768, "max_steps": 300, **QUIET_TRAINING},
+             {"max_eval_samples": 32, **QUIET_TRAINING})
+QUICK = Sizes({"max_train_samples": 16, "max_length": 768, "max_steps": 60, "warmup_steps": 5,
+               "max_eval_samples": 4, **QUIET_TRAINING},
+              {"max_steps": 8, "warmup_steps": 2, "max_length": 768, "max_eval_samples": 4, **QUIET_TRAINING},
+              heldout_calls=6, agreement_limit=3)
+
+
+@dataclass
+class DemoOptions:
+    work_dir: Path
+    shared: Path | None  # ../shared/data, or None to use data/samples
+    quick: bool = False
+
+
+class DemoError(Exception):
+    def __init__(self, number: int, step: str, message: str, interrupted: bool = False, report: Path | None = None):
+        super().__init__(message)
+        self.number, self.step, self.interrupted, self.report = number, step, interrupted, report
+
+
+def shown(path: Path | str) -> str:
+    """A path as the user would type it: relative to the repository when inside it."""
+    path = Path(os.path.abspath(path))  # not resolve(): the venv's python is a symlink that must stay one
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def say(text: str = "") -> None:
+    for line in text.splitlines() or [""]:
+        logger.info("      " + line)
+
+
+@dataclass
+class Demo:
+    options: DemoOptions
+    sizes: Sizes = field(init=False)
+    report: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.sizes = QUICK if self.options.quick else FULL
+        work = self.options.work_dir.resolve()
+        self.build, self.run_dir = work / "build", work / time.strftime("%Y%m%d-%H%M%S")
+        if self.run_dir.exists():  # two runs within a second
+            self.run_dir = self.run_dir.with_name(self.run_dir.name + f"-{os.getpid()}")
+        self.logs = self.run_dir / "logs"
+        self.logs.mkdir(parents=True)
+        self.stack = contextlib.ExitStack()  # everything started, stopped in reverse order
+        self.report.update(status="running", quick=self.options.quick, run_dir=str(self.run_dir), steps=[])
+
+    # ---------------------------------------------------------------------------------- running
+    def run(self) -> Path:
+        start = time.perf_counter()
+        number, name = 0, STEPS[0]
+        try:
+            try:
+                for number, name in enumerate(STEPS, 1):
+                    logger.info(f"[{number}/{len(STEPS)}] {name}: {TITLES[name]}")
+                    began = time.perf_counter()
+                    getattr(self, "step_" + name)()
+                    seconds = round(time.perf_counter() - began, 1)
+                    self.report["steps"].append({"number": number, "name": name, "seconds": seconds})
+                    if name != "report":
+                        say(f"done in {seconds:.1f} s")
+            finally:
+                with sigint_ignored():
+                    self.stack.close()
+        except BaseException as exc:  # noqa: BLE001 (Ctrl-C included: the report says where it stopped)
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            message = "interrupted" if interrupted else brief(str(exc) or type(exc).__name__)
+            if not interrupted and not type(exc).__module__.startswith("mirrorapi"):
+                (self.logs / "traceback.txt").write_text(traceback.format_exc(), encoding="utf-8")
+            self.report.update(status="interrupted" if interrupted else "failed",
+                               failed_step={"number": number, "name": name, "error": message},
+                               total_seconds=round(time.perf_counter() - start, 1))
+            write_report(self.run_dir, self.report)
+            raise DemoError(number, name, message, interrupted, self.run_dir) from None
+        self.report.update(status="ok", total_seconds=round(time.perf_counter() - start, 1))
+        write_report(self.run_dir, self.report)
+        say(f"report: {shown(self.run_dir / 'report.md')} (with report.json and fidelity.png); "
+            f"total {self.report['total_seconds']:.0f} s")
+        return self.run_dir
+
+    def train(self, kind: str, recipe: str, dataset: Path, overrides: dict) -> tuple[Path, dict]:
+        inputs = {"base": self.base.name, "data": dataset.parent.name, "recipe": digest(REPO / recipe),
+                  "accelerate": digest(REPO / ACCELERATE_CONFIG), "overrides": overrides, "code": self.code}
+        folder = self.build / f"{kind}-{digest(inputs)}"
+        reused = complete(folder)
+        if not reused:
+            command = [shown(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
+                       ACCELERATE_CONFIG, "training/sft.py", "--config", recipe, "--model_name_or_path",
+                       shown(self.base), "--dataset_path", shown(dataset), "--output_dir", shown(fresh(folder)),
+                       *[str(x) for item in overrides.items() for x in ("--" + item[0], item[1])]]
+            say(f"{kind}: $ " + shlex.join(command))
+            recipe_steps = yaml.safe_load((REPO / recipe).read_text(encoding="utf-8")).get("max_steps", 0)
+            progress = self._training_progress(kind, overrides.get("max_steps", recipe_steps),
+                                               overrides.get("logging_steps", 10))
+            run_command(command, self.logs / f"train-{kind}.log", progress)
+            mark_complete(folder, inputs)
+        else:
+            say(f"{kind}: reused {shown(folder)} (built before from the same data, recipe and code)")
+        metrics = json.loads((folder / "mirrorapi_training.json").read_text(encoding="utf-8"))["metrics"]
+        losses = ", ".join(f"{k.removeprefix('eval_').removesuffix('_loss')} {v:.2f}" for k, v in metrics.items()
+                           if k.startswith("eval_"))
+        say(f"{kind}: {metrics['steps']} steps on {metrics['train_records']} records in {metrics['train_seconds']} s; "
+            f"train loss {metrics['train_loss']:.2f}" + (f"; eval loss {losses}" if losses else ""))
+        self.report.setdefault("training", {})[kind] = {"model": str(folder), "reused": reused, "metrics": metrics,
+                                                        "recipe": recipe, "overrides": overrides}
+        return folder, metrics
+
+    def _training_progress(self, kind: str, total: int, every: int):
+        began = time.time()
+        state = {"logged": 0, "shown": began}
+
+        def on_line(line: str) -> None:
+            if "records fit in" in line:
+                say(f"{kind}: " + line.split(": ", 2)[-1])
+            elif line.startswith("{'loss'"):
+                state["logged"] += 1
+                step, now = state["logged"] * every, time.time()
+                if now - state["shown"] >= 10 or step >= total:
+                    state["shown"] = now
+                    loss = line.split("'loss': '", 1)[1].split("'", 1)[0]
+                    say(f"{kind}: step {step}/{total}, loss {loss} ({now - began:.0f} s)")
+        return on_line
+
+    def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None) -> Path:
+        """`<run>/<name>.yml` for `serving/main_mirrorapi.py`; its request lines go to `logs/<name>-requests.jsonl`."""
+        config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
+                  else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
+                  "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
+                  "max_tokens": 512, "engine_timeout": 60, "prompt_format": "mirrorapi-v1"}
+        path = self.run_dir / name
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        return path
+
+    # ------------------------------------------------------------------------------------ steps
+    def step_data(self) -> None:
+        source = choose_data(self.options.shared)
+        say(f"from {source.description}")
+        self.code = code_version()
+        self.data = build_data(self.build, source, self.code)
+        s = self.data.summary
+        say(("reused " if self.data.reused else "built ") + shown(self.data.folder))
+        say(f"{s['pairs']} real pairs (" + ", ".join(f"{n} {k}" for k, n in s["by_source"].items() if k != "total")
+            + f"); simulator SFT records: {counts(s['simulator_splits'])}; "
+            f"judge SFT records: {counts(s['judge_splits'])}")
+        say(f"StableToolBench cache folder of the training calls' real responses: {shown(self.data.stb_cache)} "
+            f"({s['stb_cache']['files']} API files, {s['stb_cache']['entries']} responses)")
+        self.report.update(data_source=source.description, data={"folder": str(self.data.folder),
+                                                                 "reused": self.data.reused, **s})
+
+    def step_train(self) -> None:
+        self.base, reused = build_base_model(self.build, self.data, self.code)
+        say(("reused" if reused else "built") + f" the tiny base model (Qwen2 architecture, random weights, "
+            f"tokenizer trained on the demo's data): {shown(self.base)}")
+        self.report["base_model"] = {"folder": str(self.base), "reused": reused}
+        for kind, recipe, dataset in (("simulator", "training/configs/tiny_cpu.yaml", self.data.simulator),
+                                      ("judge", "training/configs/tiny_judge_cpu.yaml", self.data.judge)):
+            overrides = getattr(self.sizes, kind)
+            setattr(self, kind, self.train(kind, recipe, dataset, overrides)[0])
+
+    def step_serve(self) -> None:
+        self.engine = self.stack.enter_context(transformers_serve(
+            self.simulator, log_path=self.logs / "simulator-engine.log", timeout=180))
+        say(f"simulator engine: transformers serve {shown(self.simulator)} answers at {self.engine.base_url} "
+            f"(pid {self.engine.process.pid})")
+        config = self.server_config("server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache)
+        self.server = self.stack.enter_context(virtual_server(config, self.logs / "server.log"))
+        health = httpx.get(self.server + "/health", timeout=10).json()
+        say(f"virtual server: {self.server}/virtual (settings: {shown(config)}); {health['tools']['apis']} APIs of "
+            f"{health['tools']['tools']} tools; cache {health['cache']['entries']} entries, imported from the "
+            f"StableToolBench cache folder; engine {'answers' if health['status'] == 'ok' else 'NOT reachable'}")
+        self.report["serving"] = {"engine": self.engine.base_url, "server": self.server, "config": str(config),
+                                  "health": health}
+
+    def step_requests(self) -> None:
+        train = list(read_pairs_jsonl(self.data.train_pairs))
+        test = list(read_pairs_jsonl(self.data.test_pairs))
+        registry = ToolRegistry.load([self.data.source.tools])
+        calls = plan_calls(train, test, registry, self.sizes.hits, self.sizes.misses)
+        sent = send_calls(self.server, calls, self.logs / "server-requests.jsonl")
+        for number, call in enumerate(sent, 1):
+            say("\n".join(render_call(number, call)))
+        self.report["requests"] = [call.to_dict() for call in sent]
+
+    def step_score(self) -> None:
+        python, fidelity, fac, agreement = shown(sys.executable), self.run_dir / "fidelity", self.run_dir / "fac", \
+            self.run_dir / "judge-agreement"
+        heldout = self.run_dir / "heldout.jsonl"
+        chosen = select_heldout(self.data.test_pairs, self.sizes.heldout_calls)
+        heldout.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen), encoding="utf-8")
+        config = self.server_config("fidelity-server.yml", self.engine, self.run_dir / "fidelity-cache.sqlite", None)
+        with virtual_server(config, self.logs / "fidelity-server.log") as url:
+            say(f"a second virtual server with an empty cache for the held-out calls: {url}")
+            self._run("simulator fidelity", [python, "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
+                      "--out", shown(fidelity), "--baseline-pairs", shown(self.data.train_pairs), "--tools",
+                      shown(self.data.source.tools), "--concurrency", "4", "--no-progress"], "fidelity.log")
+        self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
+        say(fidelity_summary(self.report["fidelity"]))
+
+        judge = self.stack.enter_context(transformers_serve(self.judge, log_path=self.logs / "judge-engine.log",
+                                                            timeout=180))
+        say(f"judge engine: transformers serve {shown(self.judge)} answers at {judge.base_url}")
+        engine = ["--base-url", judge.base_url, "--model", judge.model, "--no-progress"]
+        self._run("FAC", [python, "eval/fac.py", "--answers",
+                          shown(STB_EXAMPLE / "data_example" / "model_predictions_converted"), "--ids",
+                          shown(STB_EXAMPLE / "solvable_queries_example" / "test_query_ids"), *engine,
+                          "--out", shown(fac)], "fac.log")
+        self.report["fac"] = json.loads((fac / "fac.json").read_text(encoding="utf-8"))
+        limit = ["--limit", str(self.sizes.agreement_limit)] if self.sizes.agreement_limit else []
+        self._run("judge agreement", [python, "eval/judge_agreement.py", "--labelled", shown(self.data.judge_test),
+                                      *engine, "--out", shown(agreement), *limit], "judge-agreement.log")
+        self.report["agreement"] = json.loads((agreement / "agreement.json").read_text(encoding="utf-8"))
+        say(judge_summary(self.report["fac"], self.report["agreement"]))
+
+    def _run(self, what: str, command: list[str], log: str) -> None:
+        say(f"{what}: $ " + shlex.join(command))
+        run_command(command, self.logs / log)
+
+    def step_report(self) -> None:
+        began = time.perf_counter()
+        with sigint_ignored():
+            self.stack.close()
+        say(f"stopped the engines and the virtual servers in {time.perf_counter() - began:.1f} s")
+
+
+def run_demo(options: DemoOptions) -> Path:
+    """Run the six steps; returns the report folder, or raises DemoError (after stopping everything)."""
+    return Demo(options).run()

@@ -1,0 +1,166 @@
+"""Simulator fidelity: replay real held-out calls through a running virtual server and compare.
+
+Each episode's calls go to `POST /virtual` in `step` order (stateful APIs; episodes run
+concurrently), with the body StableToolBench's agents send. Every simulated observation is
+compared with the real one, and so is a baseline: the nearest example, i.e. the real response of the
+most similar training call of the same API (`--baseline-pairs`), so a simulator has something real
+to beat. Metrics (all in %, see `fidelity_metrics.slice_metrics`) are given overall, per source and per API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+from mirrorapi.fidelity_metrics import Embedder, FidelityError, api_id, build_report, compare
+from mirrorapi.fidelity_report import write_report
+from mirrorapi.pair_sources import SourceError, read_pairs_jsonl
+from mirrorapi.simulator import argument_similarity
+from mirrorapi.tools import RegistryError, ToolRegistry
+
+logger = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------- inputs
+def load_pairs(paths: list[str]) -> list[dict]:
+    """Pairs of the given JSONL files in replay order (source, episode, step); bad lines are logged and skipped."""
+    pairs: list[dict] = []
+    for path in paths:
+        try:
+            pairs += read_pairs_jsonl(path, on_bad=lambda reason: logger.warning("skipping pair %s", reason))
+        except SourceError as exc:
+            raise FidelityError(str(exc)) from exc
+    if not pairs:
+        raise FidelityError("no usable pairs in " + ", ".join(map(str, paths)))
+    return sorted(pairs, key=lambda p: (p["source"], p["episode"], p["step"]))
+
+
+def _pair_id(pair: dict) -> tuple:
+    return pair["source"], pair["episode"], pair["step"]
+
+
+# ----------------------------------------------------------------------------------- baseline
+class NearestExample:
+    """The response of the most similar training call of the same API (ties: the earliest in the training list)."""
+
+    def __init__(self, train_pairs: list[dict], held_out: list[dict]):
+        held = {_pair_id(p) for p in held_out}
+        self.by_api: dict[tuple, list[dict]] = defaultdict(list)
+        leaked = 0
+        for pair in train_pairs:
+            if _pair_id(pair) in held:  # the very call being scored must not be its own baseline
+                leaked += 1
+                continue
+            self.by_api[api_id(pair)].append(pair)
+        if leaked:
+            logger.warning("baseline: %d training pairs are also held-out pairs; they are not used", leaked)
+
+    def __call__(self, pair: dict) -> dict | None:
+        candidates = self.by_api.get(api_id(pair))
+        if not candidates:
+            return None
+        best = max(candidates, key=lambda c: argument_similarity(pair["tool_input"], c["tool_input"]))
+        return best["response"]
+
+
+# ------------------------------------------------------------------------------------- replay
+def virtual_url(server: str) -> str:
+    server = server.rstrip("/")
+    return server if server.endswith("/virtual") else server + "/virtual"
+
+
+def request_body(pair: dict) -> dict:
+    """What StableToolBench's agents post (notes §6): arguments as a raw JSON string."""
+    return {"category": pair["category"], "tool_name": pair["tool_name"], "api_name": pair["api_name"],
+            "tool_input": json.dumps(pair["tool_input"], ensure_ascii=False), "strip": "truncate",
+            "toolbench_key": ""}
+
+
+async def _post(client: httpx.AsyncClient, url: str, pair: dict) -> dict:
+    try:
+        answer = await client.post(url, json=request_body(pair))
+    except httpx.HTTPError as exc:
+        return {"error": f"request failed: {type(exc).__name__}: {exc}", "response": "", "failed": True}
+    try:
+        body = answer.json()
+    except ValueError:
+        body = None
+    if answer.status_code != 200 or not isinstance(body, dict) or "error" not in body:
+        return {"error": f"HTTP {answer.status_code}: {answer.text[:200]}", "response": "", "failed": True}
+    error = body.get("error")
+    return {**body, "error": error if isinstance(error, str) else json.dumps(error),
+            "response": body.get("response", "")}
+
+
+async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: float = 120.0,
+                 progress: bool = True) -> tuple[list[dict], int | None]:
+    """The server's observation for every pair (same order); episodes in step order, several at once.
+
+    Also returns the number of cache entries the server reported before the replay (its `/health`),
+    or None when it does not say: a cache that is not empty may answer held-out calls from memory.
+    """
+    url = virtual_url(server)
+    episodes: dict[tuple, list[int]] = defaultdict(list)
+    for index, pair in enumerate(pairs):
+        episodes[(pair["source"], pair["episode"])].append(index)
+    results: list[dict | None] = [None] * len(pairs)
+    semaphore = asyncio.Semaphore(max(1, concurrency))
+    bar = tqdm(total=len(pairs), desc="replaying", unit="call", disable=None if progress else True)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        try:
+            health = await client.get(url[: -len("/virtual")] + "/health")  # any HTTP answer will do
+        except httpx.HTTPError as exc:
+            raise FidelityError(f"the virtual server at {server} does not answer ({type(exc).__name__}); "
+                                "start it or fix --server") from exc
+        cache_entries = _cache_entries(health)
+        if cache_entries:
+            logger.warning("the server's cache already holds %d entries: calls it has seen are answered from the "
+                           "cache, not simulated (start it with a fresh cache to measure the simulator)",
+                           cache_entries)
+
+        async def run_episode(indices: list[int]) -> None:
+            async with semaphore:
+                for index in sorted(indices, key=lambda i: pairs[i]["step"]):
+                    results[index] = await _post(client, url, pairs[index])
+                    bar.update()
+        try:
+            await asyncio.gather(*(run_episode(indices) for indices in episodes.values()))
+        finally:
+            bar.close()
+    return results, cache_entries  # type: ignore[return-value]
+
+
+def _cache_entries(health: httpx.Response) -> int | None:
+    try:
+        entries = health.json()["cache"]["entries"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return entries if isinstance(entries, int) else None
+
+
+
+
+def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline_pairs: list[str] = (),
+                 tools: list[str] = (), embedding_model: str | None = None, concurrency: int = 8,
+                 timeout: float = 120.0, progress: bool = True) -> dict:
+    """Replay `pairs` through the server at `server`, score it and the baseline; write the report into `out`."""
+    held_out = load_pairs(pairs)
+    baseline = NearestExample(load_pairs(baseline_pairs), held_out) if baseline_pairs else None
+    try:
+        registry = ToolRegistry.load(tools) if tools else None
+    except RegistryError as exc:
+        raise FidelityError(str(exc)) from exc
+    embedder = Embedder(embedding_model) if embedding_model else None  # loaded before the replay: fail early
+    simulated, cache_entries = asyncio.run(replay(held_out, server, concurrency, timeout, progress))
+    rows = compare(held_out, simulated, baseline, registry, embedder)
+    report = build_report(rows, server, baseline is not None)
+    report.update(cache_entries_at_start=cache_entries, tools=[str(t) for t in tools])
+    write_report(Path(out), report, rows)
+    return report

@@ -1,0 +1,269 @@
+"""Fidelity metrics: how close simulated (and baseline) observations are to the real ones.
+
+Used by `mirrorapi.fidelity` after a replay; every function here works on plain observations
+(`{"error": str, "response": ...}`) and pair dicts, so it can score any two sets of answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from collections import defaultdict
+from typing import Any, Callable
+
+import jsonschema
+
+from mirrorapi.cache import parse_repr_key
+from mirrorapi.names import api_key_name, standardize, standardize_category
+from mirrorapi.quality import in_band_error, transport_failure
+from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
+
+logger = logging.getLogger(__name__)
+
+
+class FidelityError(Exception):
+    """A run that cannot start: no usable pairs, a server that does not answer, an unloadable model."""
+
+
+def api_id(pair: dict) -> tuple[str, str, str]:
+    """The normalised (category, tool, api) of a pair: the same API whatever spelling a source uses."""
+    return standardize_category(pair["category"]), standardize(pair["tool_name"]), api_key_name(pair["api_name"])
+
+
+# ------------------------------------------------------------------------------------ metrics
+def payload_text(observation: dict | None) -> str:
+    """What is compared as text: the error and the response (structured responses as compact JSON)."""
+    if not observation:
+        return ""
+    response = observation.get("response", "")
+    response = response if isinstance(response, str) else json.dumps(response, ensure_ascii=False)
+    return " ".join(part for part in (observation.get("error", ""), response) if part)
+
+
+def is_error(observation: dict | None) -> bool:
+    """An error observation: `error` set, or an in-band error reply (tau-bench's "Error: ...")."""
+    return bool(observation) and (bool(observation.get("error")) or in_band_error(observation.get("response", "")))
+
+
+def json_structure(response: Any) -> Any:
+    """The response as a JSON object/array (parsing a JSON string), or None when it is not one."""
+    if isinstance(response, (dict, list)):
+        return response
+    if isinstance(response, str):
+        try:
+            value = json.loads(response)
+        except ValueError:
+            return None
+        return value if isinstance(value, (dict, list)) else None
+    return None
+
+
+_SKELETON_TYPES = {"str": {"type": "string"}, "int": {"type": "number"}, "float": {"type": "number"},
+                   "bool": {"type": "boolean"}, "empty list": {"type": "array"}}
+
+
+def skeleton_schema(template: Any) -> dict:
+    """A ToolBench `template_response` type skeleton as a JSON schema.
+
+    Keys of objects are required (extra keys allowed); lists take the schema of their first item;
+    int and float both mean "number" and `NoneType` means any type, since one sampled value says
+    no more than that.
+    """
+    if isinstance(template, dict):
+        properties = {k: skeleton_schema(v) for k, v in template.items() if k != "_list_length"}
+        return {"type": "object", "properties": properties, "required": sorted(properties)}
+    if isinstance(template, list):
+        return {"type": "array", "items": skeleton_schema(template[0])} if template else {"type": "array"}
+    if isinstance(template, str) and template.startswith("list of"):
+        return {"type": "array"}
+    return dict(_SKELETON_TYPES.get(template, {})) if isinstance(template, str) else {}
+
+
+def response_schema(doc: ApiDoc | None) -> dict | None:
+    """The doc's JSON schema (ToolEnv2404 `schema`), else its template skeleton; None when it has neither."""
+    if doc is None:
+        return None
+    template = doc.template_response
+    skeleton = template if isinstance(template, (dict, list)) or template in _SKELETON_TYPES else None
+    schema = doc.response_schema or (skeleton_schema(skeleton) if skeleton is not None else None)
+    if not schema:
+        return None
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError:
+        logger.warning("%s/%s: unusable response schema, skipped", doc.tool, doc.api)
+        return None
+    return schema
+
+
+def conforms(schema: dict, response: Any) -> bool:
+    """The response, or the JSON / Python literal it holds as text, is valid under `schema`."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    if validator.is_valid(response):
+        return True
+    if isinstance(response, str):
+        try:
+            return validator.is_valid(parse_repr_key(response))
+        except ValueError:
+            return False
+    return False
+
+
+def find_doc(registry: ToolRegistry | None, pair: dict) -> ApiDoc | None:
+    if registry is None:
+        return None
+    try:
+        return registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
+    except UnknownName:
+        return None
+
+
+def slice_metrics(rows: list[dict], side: str) -> dict:
+    """Metrics of one side ("simulated" or "baseline") over compared call rows, all in %.
+
+    bleu4: corpus BLEU-4 (sacrebleu) of the payload texts; rouge_l: mean ROUGE-L F1 (rouge-score);
+    valid_json: share of calls whose real response is a JSON object/array where this side's is one
+    too; error_agreement: share of calls where this side is an error exactly when the real call is;
+    schema_conformance: share of successful real calls with a documented response schema whose
+    response this side fills conformingly (`schema_conformance_real` is the real responses' own
+    share, the ceiling); embedding_cosine: mean cosine x 100 when an embedding model was given.
+    """
+    import sacrebleu
+
+    n = len(rows)
+    if not n:
+        return {"n": 0}
+    hyps = [r[f"{side}_text"] for r in rows]
+    refs = [r["real_text"] for r in rows]
+    json_rows = [r for r in rows if r["real_json"]]
+    schema_rows = [r for r in rows if r["schema_real"] is not None]
+    cosines = [r[f"{side}_cosine"] for r in rows if r.get(f"{side}_cosine") is not None]
+    errors = {"both": 0, "real_only": 0, f"{side}_only": 0, "neither": 0}
+    for r in rows:
+        real, other = r["real_error"], r[f"{side}_error"]
+        errors["both" if real and other else "real_only" if real else f"{side}_only" if other else "neither"] += 1
+
+    def pct(count: int, total: int) -> float | None:
+        return round(100.0 * count / total, 2) if total else None
+
+    return {
+        "n": n,
+        "bleu4": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+        "rouge_l": round(100.0 * statistics.fmean(r[f"{side}_rouge_l"] for r in rows), 2),
+        "valid_json": pct(sum(r[f"{side}_json"] for r in json_rows), len(json_rows)), "valid_json_n": len(json_rows),
+        "error_agreement": pct(errors["both"] + errors["neither"], n), "errors": errors,
+        "schema_conformance": pct(sum(r[f"schema_{side}"] for r in schema_rows), len(schema_rows)),
+        "schema_conformance_real": pct(sum(r["schema_real"] for r in schema_rows), len(schema_rows)),
+        "schema_n": len(schema_rows),
+        "embedding_cosine": round(100.0 * statistics.fmean(cosines), 2) if cosines else None,
+    }
+
+
+class Embedder:
+    """Sentence embeddings from a local transformers model: mean of the last hidden states over tokens.
+
+    Mean pooling is what sentence-transformers does for most models; it is written out here (a few
+    lines) instead of adding that package and its scikit-learn/scipy dependencies.
+    """
+
+    def __init__(self, path: str, batch_size: int = 16, max_length: int = 512):
+        from transformers import AutoModel, AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModel.from_pretrained(path).eval()
+        except (OSError, ValueError) as exc:
+            raise FidelityError(f"cannot load the embedding model at {path}: {exc}") from exc
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.batch_size, self.max_length = batch_size, max_length
+
+    def encode(self, texts: list[str]):
+        import torch
+
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths batch with little padding
+        vectors = [None] * len(texts)
+        with torch.inference_mode():
+            for start in range(0, len(order), self.batch_size):
+                indices = order[start:start + self.batch_size]
+                batch = self.tokenizer([texts[i] or " " for i in indices], padding=True, truncation=True,
+                                       max_length=self.max_length, return_tensors="pt")
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0), dim=-1)
+                for i, vector in zip(indices, pooled):
+                    vectors[i] = vector
+        return torch.stack(vectors)
+
+    def cosines(self, first: list[str], second: list[str]) -> list[float]:
+        return (self.encode(first) * self.encode(second)).sum(-1).tolist()
+
+
+# ---------------------------------------------------------------------------------- comparing
+SIDES = ("simulated", "baseline")
+
+
+def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict], dict | None] | None = None,
+            registry: ToolRegistry | None = None, embedder: Embedder | None = None) -> list[dict]:
+    """One row per call: the three observations and what each side scores on it."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    rows, schemas = [], {}
+    for pair, sim in zip(pairs, simulated):
+        real = pair["response"]
+        real_error = is_error(real)
+        if api_id(pair) not in schemas:  # checking a schema is costly: once per API
+            schemas[api_id(pair)] = response_schema(find_doc(registry, pair))
+        schema = schemas[api_id(pair)] if not real_error else None
+        row = {key: pair[key] for key in ("source", "episode", "step", "category", "tool_name", "api_name",
+                                          "tool_input")}
+        row.update(api="/".join(api_id(pair)), real=real, real_text=payload_text(real), real_error=real_error,
+                   real_json=not real_error and json_structure(real["response"]) is not None,
+                   schema_real=conforms(schema, real["response"]) if schema else None,
+                   request_failed=bool(sim.get("failed")), simulated_extra={k: v for k, v in sim.items()
+                                                                            if k not in ("error", "response")})
+        observations = {"simulated": {"error": sim["error"], "response": sim["response"]},
+                        "baseline": baseline(pair) if baseline else None}
+        for side, obs in observations.items():
+            if side == "baseline" and baseline is None:
+                continue
+            row[side] = obs
+            row[f"{side}_text"] = payload_text(obs)
+            # rouge-score gives 0 to two texts without a word (`""`, `[]`); the same text is a full match.
+            row[f"{side}_rouge_l"] = (1.0 if row[f"{side}_text"] == row["real_text"] else
+                                      scorer.score(row["real_text"], row[f"{side}_text"])["rougeL"].fmeasure)
+            # A missing baseline (no training call of this API) is wrong on every check.
+            row[f"{side}_error"] = is_error(obs) if obs is not None else not real_error
+            row[f"{side}_json"] = obs is not None and json_structure(obs["response"]) is not None
+            row[f"schema_{side}"] = (None if not schema else
+                                     obs is not None and not is_error(obs) and conforms(schema, obs["response"]))
+        rows.append(row)
+    if embedder is not None and rows:
+        for side in SIDES:
+            if side in rows[0]:
+                cosines = embedder.cosines([r["real_text"] for r in rows], [r[f"{side}_text"] for r in rows])
+                for row, cosine in zip(rows, cosines):
+                    row[f"{side}_cosine"] = cosine
+    return rows
+
+
+def build_report(rows: list[dict], server: str, baseline: bool) -> dict:
+    """Metrics overall, per source and per API, for the simulator and (when given) the baseline."""
+    def block(subset: list[dict]) -> dict:
+        return {"n": len(subset), "request_failures": sum(r["request_failed"] for r in subset),
+                "simulator_failures": sum(transport_failure(r["simulated"]["error"], "") == "simulator_failure"
+                                          for r in subset),
+                "baseline_coverage": (round(100.0 * sum(r["baseline"] is not None for r in subset) / len(subset), 2)
+                                      if baseline and subset else None),
+                **{side: slice_metrics(subset, side) for side in SIDES if side == "simulated" or baseline}}
+
+    by_source, by_api = defaultdict(list), defaultdict(list)
+    for row in rows:
+        by_source[row["source"]].append(row)
+        by_api[row["api"]].append(row)
+    return {"server": server, "calls": len(rows), "baseline": baseline,
+            "embedding": any("simulated_cosine" in r for r in rows[:1]),
+            "overall": block(rows), "per_source": {s: block(r) for s, r in sorted(by_source.items())},
+            "per_api": {a: block(r) for a, r in sorted(by_api.items())}}

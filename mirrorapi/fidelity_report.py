@@ -1,0 +1,114 @@
+"""The fidelity report: `fidelity.md`, `fidelity.json`, `fidelity.png` (bars per source) and `calls.jsonl`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+METRICS = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON", "error_agreement": "error agreement",
+           "schema_conformance": "schema conformance", "embedding_cosine": "embedding cosine"}
+SIDE_TITLES = {"simulated": "simulator", "baseline": "nearest example"}
+
+DEFINITIONS = """\
+## How to read this
+
+All figures are percentages. Text metrics compare the payload an agent sees (the error and the
+response; structured responses as compact JSON) with the real one.
+- **BLEU-4**: sacrebleu corpus BLEU; **ROUGE-L**: mean ROUGE-L F1 (rouge-score).
+- **valid JSON**: of the calls whose real response is a JSON object or array, the share where this
+  side's response is one too.
+- **error agreement**: the share of calls where this side is an error exactly when the real call is
+  (an `error` string, or an in-band error reply such as tau-bench's `Error: ...`).
+- **schema conformance**: of the successful real calls whose doc has a response schema (ToolEnv2404
+  `schema`, or the `template_response` skeleton as a schema), the share where this side's response
+  conforms; the real responses' own share is the ceiling (needs `--tools`).
+- **embedding cosine**: mean cosine similarity × 100 of mean-pooled embeddings (needs `--embedding-model`).
+- **nearest example**: the real response of the most similar training call of the same API
+  (Jaccard of the arguments); a call whose API has no training call counts as wrong on every check.
+"""
+
+
+def _num(value) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _metric_cells(metrics: dict) -> list[str]:
+    return [_num(metrics.get(key)) for key in METRICS]
+
+
+def render_markdown(report: dict) -> str:
+    sides = [s for s in SIDE_TITLES if s == "simulated" or report["baseline"]]
+    overall = report["overall"]
+    lines = ["# Simulator fidelity", "",
+             f"Server `{report['server']}`: {report['calls']} held-out real calls replayed in episode order. "
+             f"{overall['simulator_failures']} answer(s) were the server's simulator failure (`Failed to generate "
+             f"fake response`: the model's output was not an observation) and {overall['request_failures']} "
+             "request(s) failed; both are scored as the error observations they are."]
+    if report.get("cache_entries_at_start"):
+        lines.append(f"**Warning:** the server's cache held {report['cache_entries_at_start']} entries before the "
+                     "replay; calls it had seen were answered from the cache, not simulated.")
+    if report["baseline"]:
+        lines.append(f"Baseline: nearest example; {_num(overall['baseline_coverage'])}% of calls have a training "
+                     "call of the same API.")
+    header = "| " + " | ".join(METRICS.values()) + " |"
+    lines += ["", "## Overall", "", "| | calls " + header, "|" + "---|" * (len(METRICS) + 2)]
+    for side in sides:
+        lines.append(f"| {SIDE_TITLES[side]} | {overall['n']} | " + " | ".join(_metric_cells(overall[side])) + " |")
+    real_schema = overall["simulated"].get("schema_conformance_real")
+    if real_schema is not None:
+        lines.append(f"| real responses | {overall['simulated']['schema_n']} | – | – | – | – "
+                     f"| {_num(real_schema)} | – |")
+    lines += ["", "## Per source", "", "| source | side | calls " + header, "|" + "---|" * (len(METRICS) + 3)]
+    for source, block in report["per_source"].items():
+        for side in sides:
+            lines.append(f"| {source} | {SIDE_TITLES[side]} | {block['n']} | "
+                         + " | ".join(_metric_cells(block[side])) + " |")
+    cell_title = "simulator / nearest example" if report["baseline"] else "simulator"
+    lines += ["", f"## Per API ({cell_title})", "", "| API | calls " + header, "|" + "---|" * (len(METRICS) + 2)]
+    for api, block in report["per_api"].items():
+        cells = [" / ".join(_num(block[side].get(key)) for side in sides) for key in METRICS]
+        lines.append(f"| {api} | {block['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + DEFINITIONS
+
+
+def plot(report: dict, path: Path) -> None:
+    """One panel per source (and overall): a bar per metric for the simulator and the baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    panels = [("overall", report["overall"]), *report["per_source"].items()]
+    sides = [s for s in SIDE_TITLES if s == "simulated" or report["baseline"]]
+    keys = [k for k in METRICS if any(block[s].get(k) is not None for _, block in panels for s in sides)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 1.3 * len(keys) + 2), 2.8 * len(panels)),
+                             squeeze=False)
+    width = 0.8 / len(sides)
+    for ax, (name, block) in zip(axes[:, 0], panels):
+        for i, side in enumerate(sides):
+            values = [block[side].get(k) for k in keys]
+            positions = [x + (i - (len(sides) - 1) / 2) * width for x in range(len(keys))]
+            ax.bar(positions, [math.nan if v is None else v for v in values], width, label=SIDE_TITLES[side])
+        ax.set_title(f"{name} ({block['n']} calls)")
+        ax.set_xticks(range(len(keys)), [METRICS[k] for k in keys])
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("%")
+    axes[0, 0].legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(out: Path, report: dict, rows: list[dict]) -> dict[str, Path]:
+    """Write the four report files into `out`; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out / "fidelity.md", "json": out / "fidelity.json", "png": out / "fidelity.png",
+             "calls": out / "calls.jsonl"}
+    paths["json"].write_text(json.dumps(report, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    paths["md"].write_text(render_markdown(report), encoding="utf-8")
+    with open(paths["calls"], "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    plot(report, paths["png"])
+    return paths

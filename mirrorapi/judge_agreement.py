@@ -1,0 +1,166 @@
+"""How often a judge agrees with labelled final answers: accuracy, Cohen's kappa, confusion matrix.
+
+Labelled answers use the judge schema of `shared/data/judge` (`source`, `id`, `query`,
+`final_answer`, `label` Solved|Unsolved, `label_kind`). The judge sees them exactly as FAC does
+(same prompt format, same answer extraction; an empty answer is Unsolved without a call). An
+output without a readable verdict counts as Unsolved in accuracy and kappa, as in FAC, and has its
+own column in the confusion matrix. Predictions go to `predictions.jsonl` (a rerun resumes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+from mirrorapi.answers import AnswersError, extract_final_answer
+from mirrorapi.engine import EngineClient
+from mirrorapi.judge_data import JUDGE_KEYS, read_labelled
+from mirrorapi.judging import (TEXT_CHAR_BUDGET, JsonlStore, JudgeCall, JudgeRunError, JudgeSettings,
+                               check_reachable, run_judge_calls)
+from mirrorapi.pair_sources import SourceError
+from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, judge_messages, parse_verdict
+
+LABELS = ("Solved", "Unsolved")
+UNPARSEABLE = "unparseable"
+def load_labelled(paths: list[str | Path], limit: int | None = None) -> list[dict]:
+    """Records of the judge schema; `limit` keeps the first N of each source. A bad line is an error here
+    (the SFT builder skips them instead): agreement over silently thinned data would mislead."""
+    def bad(reason: str) -> None:
+        raise AnswersError(f"labelled answers: {reason} (the judge schema: {', '.join(JUDGE_KEYS)})")
+
+    records, per_source = [], Counter()
+    for path in paths:
+        try:
+            for record in read_labelled(path, on_bad=bad, labels=LABELS):
+                if limit is None or per_source[record["source"]] < limit:
+                    per_source[record["source"]] += 1
+                    records.append(record)
+        except SourceError as exc:
+            raise AnswersError(str(exc)) from exc
+    if not records:
+        raise AnswersError("no labelled answers in " + ", ".join(map(str, paths)))
+    return records
+
+
+def cohen_kappa(pairs: list[tuple[str, str]]) -> float | None:
+    """Cohen's kappa of (label, prediction) pairs; None when chance agreement is 1 (kappa undefined).
+
+    Written out (10 lines) rather than adding scikit-learn for one function.
+    """
+    n = len(pairs)
+    if not n:
+        return None
+    observed = sum(a == b for a, b in pairs) / n
+    first, second = Counter(a for a, _ in pairs), Counter(b for _, b in pairs)
+    chance = sum(first[k] * second[k] for k in set(first) | set(second)) / (n * n)
+    return None if chance >= 1.0 else (observed - chance) / (1.0 - chance)
+
+
+def agreement_stats(rows: list[dict]) -> dict:
+    """accuracy, kappa, confusion matrix (label -> prediction counts) of prediction rows."""
+    scored = [(r["label"], r["prediction"] if r["prediction"] in LABELS else "Unsolved") for r in rows]
+    confusion = {label: {p: 0 for p in (*LABELS, UNPARSEABLE)} for label in LABELS}
+    for r in rows:
+        confusion[r["label"]][r["prediction"]] += 1
+    kappa = cohen_kappa(scored)
+    return {"n": len(rows), "accuracy": round(sum(a == b for a, b in scored) / len(rows), 4) if rows else None,
+            "kappa": None if kappa is None else round(kappa, 4),
+            "unparseable": sum(r["prediction"] == UNPARSEABLE for r in rows),
+            "labelled_solved": sum(r["label"] == "Solved" for r in rows),
+            "predicted_solved": sum(r["prediction"] == "Solved" for r in rows), "confusion": confusion}
+
+
+def _prediction_key(record: dict) -> tuple:
+    return (record["judge"], record["prompt_format"], record["source"], str(record["id"]))
+
+
+async def predict(records: list[dict], settings: JudgeSettings, out: Path, fmt: str = DEFAULT_JUDGE_FORMAT,
+                  progress: bool = True) -> tuple[list[dict], list[str]]:
+    """One prediction per labelled record (judged, or taken from an earlier run in `out`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    store = JsonlStore(out / "predictions.jsonl", _prediction_key)
+    done = store.load()
+    calls = []
+    for record in records:
+        key = (settings.model, fmt, record["source"], str(record["id"]))
+        if key in done:
+            continue
+        status, answer = extract_final_answer(record["final_answer"])
+        base = {"judge": settings.model, "prompt_format": fmt, "source": record["source"], "id": str(record["id"]),
+                "label_kind": record.get("label_kind", ""), "label": record["label"]}
+        if status != "answer":
+            done[key] = {**base, "prediction": "Unsolved", "judged": False, "reason": f"{status} answer", "raw": ""}
+            store.append(done[key])
+            continue
+        messages = judge_messages(record["query"][:TEXT_CHAR_BUDGET], answer[:TEXT_CHAR_BUDGET], fmt)
+        calls.append(JudgeCall(key, messages, base))
+
+    def handle(call: JudgeCall, raw: str) -> None:
+        verdict, reason = parse_verdict(raw, JUDGE_VERDICTS[fmt])
+        done[call.key] = {**call.payload, "prediction": verdict or UNPARSEABLE, "judged": True, "reason": reason,
+                          "raw": raw}
+        store.append(done[call.key])
+
+    failures: list[str] = []
+    if calls:
+        engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
+        try:
+            await check_reachable(engine)
+            failures = await run_judge_calls(engine, calls, handle, settings, "judge agreement", progress)
+        finally:
+            await engine.aclose()
+    store.rewrite(sorted(done.values(), key=_prediction_key))
+    wanted = [(settings.model, fmt, r["source"], str(r["id"])) for r in records]
+    return [done[k] for k in wanted if k in done], failures
+
+
+def agreement_report(rows: list[dict], judge: str, fmt: str, pending: int) -> dict:
+    by_source: dict[str, list[dict]] = {}
+    by_kind: dict[str, list[dict]] = {}
+    for row in rows:
+        by_source.setdefault(row["source"], []).append(row)
+        by_kind.setdefault(f"{row['source']} / {row['label_kind']}", []).append(row)
+    return {"judge": judge, "prompt_format": fmt, "pending": pending, "overall": agreement_stats(rows),
+            "per_source": {s: agreement_stats(r) for s, r in sorted(by_source.items())},
+            "per_label_kind": {k: agreement_stats(r) for k, r in sorted(by_kind.items())}}
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def render_markdown(report: dict) -> str:
+    lines = ["# Judge agreement", "", f"Judge `{report['judge']}`, prompt `{report['prompt_format']}`. "
+             "Unparseable outputs count as Unsolved in accuracy and kappa (kappa is n/a when chance "
+             "agreement is 1).", ""]
+    if report["pending"]:
+        lines += [f"**Incomplete:** {report['pending']} judge call(s) failed and are left out; rerun to retry.", ""]
+    lines += ["| Slice | n | accuracy | Cohen's kappa | labelled Solved | predicted Solved | unparseable |",
+              "|---|---|---|---|---|---|---|"]
+    slices = [("overall", report["overall"]), *report["per_source"].items(), *report["per_label_kind"].items()]
+    for name, s in slices:
+        lines.append(f"| {name} | {s['n']} | {_fmt(s['accuracy'])} | {_fmt(s['kappa'])} | {s['labelled_solved']} "
+                     f"| {s['predicted_solved']} | {s['unparseable']} |")
+    lines += ["", "## Confusion matrices (rows: label, columns: judge)", ""]
+    for name, s in [("overall", report["overall"]), *report["per_source"].items()]:
+        lines += [f"**{name}**", "", "| label \\ judge | Solved | Unsolved | unparseable |", "|---|---|---|---|"]
+        lines += [f"| {label} | " + " | ".join(str(v) for v in s["confusion"][label].values()) + " |"
+                  for label in LABELS]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_agreement(labelled: list[str | Path], settings: JudgeSettings, out: str | Path, limit: int | None = None,
+                  fmt: str = DEFAULT_JUDGE_FORMAT, progress: bool = True) -> tuple[dict, list[str]]:
+    """Judge the labelled answers and write `agreement.md` / `agreement.json` into `out`."""
+    if fmt not in JUDGE_VERDICTS or JUDGE_VERDICTS[fmt] != LABELS:
+        raise JudgeRunError(f"judge agreement needs a Solved/Unsolved prompt format, not {fmt!r}")
+    out = Path(out)
+    records = load_labelled(labelled, limit)
+    rows, failures = asyncio.run(predict(records, settings, out, fmt, progress))
+    report = agreement_report(rows, settings.model, fmt, pending=len(records) - len(rows))
+    (out / "agreement.json").write_text(json.dumps(report, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    (out / "agreement.md").write_text(render_markdown(report), encoding="utf-8")
+    return report, failures

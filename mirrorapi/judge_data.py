@@ -1,0 +1,128 @@
+"""Judge SFT data: labelled final answers -> conversational prompt/completion records.
+
+Input: the judge schema of `../shared/data/judge` (`source, id, query, final_answer, label,
+label_kind`, optionally `reason`). Prompts come from `mirrorapi.prompts.judge_messages`, targets
+from `judge_completion`, the functions the evaluation uses. Rules, each counted in `stats.json`:
+- an empty final answer is dropped: FAC scores it Unsolved without asking the judge;
+- the same (query, answer) twice is dropped; twice with different labels is counted apart;
+- all answers to one query stay on one side of the split (a query's reference answer and its
+  synthetic mismatch, or the four trials of a tau-bench task, would otherwise leak);
+- the training split is balanced by dropping records of the more frequent verdict (seeded); the
+  test split keeps its natural balance, reported in the stats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Collection, Iterable, Iterator
+
+from mirrorapi.pair_sources import SourceError
+from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, judge_completion, judge_messages
+from mirrorapi.splits import split_groups
+
+JUDGE_KEYS = ("source", "id", "query", "final_answer", "label")
+JUDGE_COLUMNS = ("prompt", "completion", "prompt_format", "source", "id", "label", "label_kind")
+# Formats whose prompt needs only the query and the final answer (the judge schema has no tool calls).
+TRAINABLE_JUDGE_FORMATS = ("fac-v1",)
+
+
+def read_labelled(path: str | os.PathLike, on_bad: Callable[[str], None],
+                  labels: Collection[str] | None = None) -> Iterator[dict]:
+    """Records of the judge schema; a bad line (or, with `labels`, a label outside them) goes to `on_bad`
+    as `<file>:<line>: <reason>`."""
+    path = Path(path)
+    if not path.is_file():  # checked now, not when the first record is pulled
+        raise SourceError(f"labelled answers file not found: {path}")
+    return _labelled(path, on_bad, labels)
+
+
+def _labelled(path: Path, on_bad: Callable[[str], None], labels: Collection[str] | None) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                on_bad(f"{path.name}:{number}: not JSON")
+                continue
+            missing = [k for k in JUDGE_KEYS if not isinstance(record, dict) or not isinstance(record.get(k), str)]
+            if missing:
+                on_bad(f"{path.name}:{number}: missing or non-string " + ", ".join(missing))
+                continue
+            if labels is not None and record["label"] not in labels:
+                on_bad(f"{path.name}:{number}: label {record['label']!r} is not " + " or ".join(labels))
+                continue
+            yield record
+
+
+def _group(query: str) -> str:
+    return re.sub(r"\s+", " ", query.strip().lower())
+
+
+def build_judge_records(records: Iterable[dict], prompt_format: str = DEFAULT_JUDGE_FORMAT,
+                        test_fraction: float = 0.1, balance: bool = True,
+                        seed: int = 42) -> tuple[dict[str, list[dict]], dict]:
+    if prompt_format not in TRAINABLE_JUDGE_FORMATS:
+        raise ValueError(f"judge format {prompt_format!r} cannot be trained from the judge schema; "
+                         f"use one of {', '.join(TRAINABLE_JUDGE_FORMATS)}")
+    if not 0 <= test_fraction < 1:
+        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    verdicts = JUDGE_VERDICTS[prompt_format]
+    read: Counter = Counter()
+    dropped: Counter = Counter()
+    seen: dict[tuple[str, str], str] = {}
+    kept: list[dict] = []
+    for record in records:
+        read[record["source"]] += 1
+        if record["label"] not in verdicts:
+            dropped["unknown_label"] += 1
+        elif not record["final_answer"].strip():
+            dropped["empty_answer"] += 1
+        elif (key := (_group(record["query"]), record["final_answer"].strip())) in seen:
+            dropped["duplicate" if seen[key] == record["label"] else "duplicate_conflicting"] += 1
+        else:
+            seen[key] = record["label"]
+            kept.append(record)
+
+    indices = split_groups([_group(r["query"]) for r in kept], test_fraction, seed)
+    rng = random.Random(seed)
+    train = [kept[i] for i in indices["train"]]
+    balanced_out = 0
+    if balance:
+        by_label = {v: [r for r in train if r["label"] == v] for v in verdicts}
+        smallest = min(len(rs) for rs in by_label.values())
+        if smallest:
+            keep = {id(r) for rs in by_label.values() for r in rng.sample(rs, smallest)}
+            balanced_out = len(train) - len(keep)
+            train = [r for r in train if id(r) in keep]
+    splits = {"train": train, "test": [kept[i] for i in indices["test"]]}
+    rendered = {name: [_render(r, prompt_format) for r in rs] for name, rs in splits.items()}
+    stats = {
+        "kind": "judge",
+        "prompt_format": prompt_format,
+        "options": {"test_fraction": test_fraction, "balance": balance, "seed": seed},
+        "read": {"total": sum(read.values()), **dict(sorted(read.items()))},
+        "dropped": {k: dropped[k] for k in ("unknown_label", "empty_answer", "duplicate", "duplicate_conflicting")}
+        | {"balancing": balanced_out},
+        "kept": {"total": len(kept), **Counter(r["label"] for r in kept)},
+        "splits": {name: {"records": len(rs), "groups": len({_group(r["query"]) for r in rs}),
+                          **Counter(r["label"] for r in rs),
+                          "by_source": dict(Counter(r["source"] for r in rs))} for name, rs in splits.items()},
+    }
+    return rendered, stats
+
+
+def _render(record: dict, prompt_format: str) -> dict:
+    return {
+        "prompt": judge_messages(record["query"], record["final_answer"], prompt_format),
+        "completion": [{"role": "assistant",
+                        "content": judge_completion(record["label"], record.get("reason") or "")}],
+        "prompt_format": prompt_format, "source": record["source"], "id": record["id"], "label": record["label"],
+        "label_kind": record.get("label_kind") or "",
+    }

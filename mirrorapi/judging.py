@@ -1,0 +1,253 @@
+"""Judge final answers with an open judge over the engine protocol: FAC and SoPR, resumable.
+
+Every (candidate model, group, query id, repeat) gets one record in `answers.jsonl`. Items with
+nothing to judge (missing, empty or give-up answers) are Unsolved without a judge call
+(`judged: false`). A judge output without a readable verdict line is recorded as Unsolved with
+`parsed: false` and counted as `unparseable` in the tables: it never scores, and it is never hidden.
+Records are appended as they arrive, so an interrupted run loses nothing; a rerun skips the keys
+already judged (unless their answer text changed since).
+Judge calls that fail (engine down, timeout) are not recorded: the tables show them as `pending`
+and a rerun retries them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+from mirrorapi.answers import AnswerItem, build_items, load_answers, load_ids
+from mirrorapi.engine import EngineClient, EngineError
+from mirrorapi.prompts import JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.score_tables import score_table, write_tables
+
+logger = logging.getLogger(__name__)
+
+# metric -> (judge prompt format, score of each verdict). SoPR's Unsure is half a success (notes §5.3).
+METRICS = {
+    "fac": ("fac-v1", {"Solved": 1.0, "Unsolved": 0.0}),
+    "sopr": ("sopr-v1", {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}),
+}
+# Queries and answers longer than this are cut before judging, so one huge answer cannot exceed a
+# judge's context and fail on every rerun.
+TEXT_CHAR_BUDGET = 8000
+ANSWERS_FILE = "answers.jsonl"
+_UNJUDGED_REASON = {"missing": "no answer for this id", "empty": "empty final answer",
+                    "give_up": "the agent gave up (give_up_and_restart)"}
+
+
+class JudgeRunError(Exception):
+    """A run that cannot start: unreachable judge, an output folder holding another judge's verdicts."""
+
+
+@dataclass
+class JudgeSettings:
+    """How to reach the judge and how to ask it."""
+
+    base_urls: list[str]
+    model: str
+    api_key: str = "EMPTY"
+    concurrency: int = 16
+    max_tokens: int = 256
+    temperature: float = 0.0
+    timeout: float = 120.0  # seconds per judge call, retries included
+
+
+@dataclass
+class JudgeCall:
+    key: tuple
+    messages: list[dict]
+    payload: dict = field(default_factory=dict)  # what the caller needs to build the record
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TEXT_CHAR_BUDGET else text[:TEXT_CHAR_BUDGET] + "..."
+
+
+# ------------------------------------------------------------------------------------ the store
+class JsonlStore:
+    """Append-only JSONL of records with a key; torn or corrupt lines are skipped (and redone)."""
+
+    def __init__(self, path: Path, key: Callable[[dict], tuple]):
+        self.path, self.key = path, key
+
+    def load(self) -> dict[tuple, dict]:
+        records: dict[tuple, dict] = {}
+        if not self.path.exists():
+            return records
+        with open(self.path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    records[self.key(record)] = record
+                except (ValueError, KeyError, TypeError):
+                    logger.warning("%s:%d is not a complete record; it will be redone", self.path, number)
+        return records
+
+    def append(self, record: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def rewrite(self, records: list[dict]) -> None:
+        """Replace the file atomically (sorted, one record per key)."""
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for record in records:
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(tmp, self.path)
+
+
+# ------------------------------------------------------------------------------------ the calls
+async def run_judge_calls(engine: EngineClient, calls: list[JudgeCall], handle: Callable[[JudgeCall, str], None],
+                          settings: JudgeSettings, desc: str = "judging", progress: bool = True) -> list[str]:
+    """Send `calls` concurrently (at most `settings.concurrency` in flight); `handle` gets each raw answer.
+
+    Returns one message per call that got no answer. An unreachable engine stops the run early:
+    the remaining calls are not sent (they fail fast instead of each waiting out the deadline).
+    """
+    semaphore = asyncio.Semaphore(max(1, settings.concurrency))
+    unreachable = asyncio.Event()
+    failures: list[str] = []
+    bar = tqdm(total=len(calls), desc=desc, unit="call", disable=None if progress else True)
+
+    async def one(call: JudgeCall) -> None:
+        async with semaphore:
+            if unreachable.is_set():
+                failures.append(f"{call.key}: not sent, the judge engine is unreachable")
+                bar.update()
+                return
+            try:
+                raw = await engine.chat(call.messages, temperature=settings.temperature,
+                                        max_tokens=settings.max_tokens)
+            except EngineError as exc:
+                failures.append(f"{call.key}: {exc}")
+                if exc.kind == "unreachable":
+                    unreachable.set()
+                bar.update()
+                return
+        handle(call, raw)
+        bar.update()
+
+    try:
+        await asyncio.gather(*(one(call) for call in calls))
+    finally:
+        bar.close()
+    return failures
+
+
+async def check_reachable(engine: EngineClient) -> None:
+    health = await engine.health()
+    if not any(h.reachable for h in health):
+        details = "; ".join(f"{h.base_url}: {h.detail}" for h in health)
+        raise JudgeRunError(f"the judge engine is not reachable ({details}); start it or fix --base-url")
+
+
+# ------------------------------------------------------------------------------------ FAC / SoPR
+def record_key(record: dict) -> tuple:
+    return (record["metric"], record["model"], record["group"], str(record["query_id"]), int(record["repeat"]))
+
+
+def _sort_key(record: dict) -> tuple:
+    metric, model, group, qid, repeat = record_key(record)
+    return metric, model, group, (0, int(qid), "") if qid.isdigit() else (1, 0, qid), repeat
+
+
+def _record(item: AnswerItem, metric: str, repeat: int, settings: JudgeSettings, verdict: str, *,
+            judged: bool, parsed: bool, reason: str, raw: str) -> dict:
+    fmt, scores = METRICS[metric]
+    return {"metric": metric, "model": item.model, "group": item.group, "query_id": item.query_id,
+            "repeat": repeat, "verdict": verdict, "score": scores[verdict], "reason": reason,
+            "judged": judged, "parsed": parsed, "status": item.status, "answer": item.answer,
+            "raw": raw, "prompt_format": fmt, "judge": settings.model}
+
+
+def _check_same_judge(done: dict[tuple, dict], metric: str, settings: JudgeSettings, out: Path) -> None:
+    fmt = METRICS[metric][0]
+    for record in done.values():
+        if record["metric"] == metric and record.get("judged") and (
+                record.get("judge") != settings.model or record.get("prompt_format") != fmt):
+            raise JudgeRunError(
+                f"{out / ANSWERS_FILE} holds {metric} verdicts of judge {record.get('judge')!r} with prompt "
+                f"{record.get('prompt_format')!r}, not {settings.model!r} with {fmt!r}; "
+                "use another --out or --overwrite")
+
+
+@dataclass
+class ScoringRun:
+    records: list[dict]  # the records of this run's items, all repeats
+    items: list[AnswerItem]
+    ids: dict[str, list[str]]
+    failures: list[str]  # judge calls without an answer (their items are pending)
+    judge_calls: int  # calls sent in this run (0 when everything was already done)
+
+
+async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settings: JudgeSettings, out: Path,
+                      metric: str = "fac", repeats: int = 1, overwrite: bool = False,
+                      progress: bool = True) -> ScoringRun:
+    """Judge every item `repeats` times (skipping keys already in `out/answers.jsonl`)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
+    fmt = METRICS[metric][0]
+    allowed = JUDGE_VERDICTS[fmt]
+    out.mkdir(parents=True, exist_ok=True)
+    store = JsonlStore(out / ANSWERS_FILE, record_key)
+    done = store.load()
+    if overwrite:
+        done = {k: r for k, r in done.items() if r["metric"] != metric}
+        store.rewrite(list(done.values()))
+    _check_same_judge(done, metric, settings, out)
+
+    wanted = [(item, repeat) for item in items for repeat in range(repeats)]
+    calls, unjudged = [], 0
+    for item, repeat in wanted:
+        key = (metric, item.model, item.group, item.query_id, repeat)
+        earlier = done.get(key)
+        if earlier is not None and (earlier.get("status"), earlier.get("answer")) == (item.status, item.answer):
+            continue  # judged before; a changed answer file is judged again
+        if item.status != "answer":
+            done[key] = _record(item, metric, repeat, settings, "Unsolved", judged=False, parsed=True,
+                                reason=_UNJUDGED_REASON[item.status], raw="")
+            store.append(done[key])
+            unjudged += 1
+            continue
+        messages = judge_messages(_cut(item.query), _cut(item.answer), fmt, steps=item.steps)
+        calls.append(JudgeCall(key, messages, {"item": item, "repeat": repeat}))
+    logger.info("%s: %d judgments: %d from an earlier run, %d Unsolved without a judge call, %d judge calls",
+                metric, len(wanted), len(wanted) - unjudged - len(calls), unjudged, len(calls))
+
+    def handle(call: JudgeCall, raw: str) -> None:
+        verdict, reason = parse_verdict(raw, allowed)
+        record = _record(call.payload["item"], metric, call.payload["repeat"], settings, verdict or "Unsolved",
+                         judged=True, parsed=verdict is not None, reason=reason, raw=raw)
+        done[call.key] = record
+        store.append(record)
+
+    failures: list[str] = []
+    if calls:
+        engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
+        try:
+            await check_reachable(engine)
+            failures = await run_judge_calls(engine, calls, handle, settings, f"{metric} judge", progress)
+        finally:
+            await engine.aclose()
+    store.rewrite(sorted(done.values(), key=_sort_key))
+    keys = [(metric, item.model, item.group, item.query_id, repeat) for item, repeat in wanted]
+    return ScoringRun([done[k] for k in keys if k in done], items, ids, failures, len(calls))
+
+
+def run_scoring(answers: str | os.PathLike, ids: str | os.PathLike, settings: JudgeSettings, out: str | os.PathLike,
+                metric: str = "fac", repeats: int = 1, overwrite: bool = False, progress: bool = True) -> ScoringRun:
+    """Read converted answers and id lists, judge them, and write `answers.jsonl` and the tables into `out`."""
+    id_lists = load_ids(ids)
+    items = build_items(load_answers(answers), id_lists)
+    run = asyncio.run(score_items(items, id_lists, settings, Path(out), metric, repeats, overwrite, progress))
+    write_tables(Path(out), score_table(run, metric, repeats, settings.model, METRICS[metric][0]))
+    return run

@@ -1,0 +1,130 @@
+"""FAC / SoPR tables in the shape of StableToolBench's: one row per candidate model, a column per group, Average.
+
+Score of a group in one repeat = 100 × Σ scores / number of ids in the group's id list: ids without
+an answer, empty or give-up answers and unparseable judge outputs all count 0 in that denominator.
+The table shows the mean over repeats ± the population standard deviation (StableToolBench's ±);
+Average is the mean of the group columns (their macro average), per repeat, then over repeats.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+from mirrorapi.answers import GROUPS, group_order
+
+_VERDICT_COUNTS = ("Solved", "Unsure", "Unsolved")
+_LISTED = 40  # missing ids listed per group in the Markdown (the JSON has them all)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return (statistics.fmean(values), statistics.pstdev(values)) if values else (0.0, 0.0)
+
+
+def score_table(run, metric: str, repeats: int, judge: str, prompt_format: str) -> dict:
+    """The table of a `ScoringRun` as a JSON-ready dict (what `fac.json` holds)."""
+    groups = group_order(run.ids)
+    models = sorted({item.model for item in run.items})
+    statuses = {(i.model, i.group, i.query_id): i.status for i in run.items}
+    by_cell: dict[tuple[str, str], list[dict]] = {}
+    for record in run.records:
+        by_cell.setdefault((record["model"], record["group"]), []).append(record)
+    rows = []
+    for model in models:
+        cells, per_repeat_scores = {}, {r: [] for r in range(repeats)}
+        for group in groups:
+            n = len(run.ids[group])
+            records = by_cell.get((model, group), [])
+            scores = [100.0 * sum(r["score"] for r in records if r["repeat"] == rep) / n if n else 0.0
+                      for rep in range(repeats)]
+            for rep, score in enumerate(scores):
+                per_repeat_scores[rep].append(score)
+            mean, std = _mean_std(scores)
+            ids_status = [statuses[(model, group, qid)] for qid in run.ids[group]]
+            missing_ids = [qid for qid in run.ids[group] if statuses[(model, group, qid)] == "missing"]
+            cells[group] = {
+                "score": round(mean, 2), "std": round(std, 2), "per_repeat": [round(s, 2) for s in scores],
+                "ids": n, "missing": len(missing_ids), "empty": ids_status.count("empty"),
+                "give_up": ids_status.count("give_up"),
+                "judgments": len(records), "judge_calls": sum(r["judged"] for r in records),
+                **{v.lower(): sum(r["judged"] and r["parsed"] and r["verdict"] == v for r in records)
+                   for v in _VERDICT_COUNTS},
+                "unparseable": sum(not r["parsed"] for r in records),
+                "pending": n * repeats - len(records),
+                "missing_ids": missing_ids,
+            }
+        averages = [statistics.fmean(per_repeat_scores[rep]) if groups else 0.0 for rep in range(repeats)]
+        mean, std = _mean_std(averages)
+        rows.append({"model": model, "groups": cells,
+                     "average": {"score": round(mean, 2), "std": round(std, 2)}})
+    pending = sum(cell["pending"] for row in rows for cell in row["groups"].values())
+    return {"metric": metric, "judge": judge, "prompt_format": prompt_format,
+            "repeats": repeats, "groups": groups, "complete": pending == 0, "pending": pending, "rows": rows}
+
+
+def _title(group: str) -> str:
+    return GROUPS.get(group, group)
+
+
+def _cell(score: float, std: float, repeats: int) -> str:
+    return f"{score:.1f}±{std:.1f}" if repeats > 1 else f"{score:.1f}"
+
+
+def render_markdown(table: dict) -> str:
+    name = table["metric"].upper() if table["metric"] == "fac" else "SoPR"
+    groups, repeats = table["groups"], table["repeats"]
+    lines = [f"# {name} score", "",
+             f"Judge `{table['judge']}`, prompt `{table['prompt_format']}`, {repeats} repeat(s)"
+             + ("; ± is the standard deviation over repeats." if repeats > 1 else "."),
+             "Every id of the id lists is in the denominator: missing, empty and give-up answers and "
+             "unparseable judge outputs count as Unsolved."
+             + (" SoPR scores Solved 1, Unsure 0.5, Unsolved 0." if table["metric"] == "sopr" else ""), ""]
+    if not table["complete"]:
+        lines += [f"**Incomplete:** {table['pending']} judgment(s) failed and count 0 here; rerun the same "
+                  "command to retry them.", ""]
+    lines += ["| Method | " + " | ".join(_title(g) for g in groups) + " | Average |",
+              "|" + "---|" * (len(groups) + 2)]
+    for row in table["rows"]:
+        cells = [_cell(row["groups"][g]["score"], row["groups"][g]["std"], repeats) for g in groups]
+        lines.append(f"| {row['model']} | " + " | ".join(cells)
+                     + f" | {_cell(row['average']['score'], row['average']['std'], repeats)} |")
+    lines += ["", "## Counts", "",
+              "Ids per group; judgments are ids × repeats.", "",
+              "| Method | Group | ids | missing | empty | give up | judge calls | Solved | Unsure | Unsolved "
+              "| unparseable | pending |", "|" + "---|" * 12]
+    for row in table["rows"]:
+        for g in groups:
+            c = row["groups"][g]
+            lines.append(f"| {row['model']} | {g} | {c['ids']} | {c['missing']} | {c['empty']} | {c['give_up']} "
+                         f"| {c['judge_calls']} | {c['solved']} | {c['unsure']} | {c['unsolved']} "
+                         f"| {c['unparseable']} | {c['pending']} |")
+    if any(row["groups"][g]["missing_ids"] for row in table["rows"] for g in groups):
+        lines += ["", "## Ids without an answer (counted Unsolved)", ""]
+        for row in table["rows"]:
+            for g in groups:
+                qids, n = row["groups"][g]["missing_ids"], row["groups"][g]["ids"]
+                if len(qids) == n:
+                    lines.append(f"- {row['model']} / {g}: all {n} ids (no answers for this group)")
+                elif qids:
+                    more = (f" and {len(qids) - _LISTED} more ({table['metric']}.json lists all)"
+                            if len(qids) > _LISTED else "")
+                    lines.append(f"- {row['model']} / {g} ({len(qids)}): {', '.join(qids[:_LISTED])}{more}")
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(out: Path, table: dict) -> dict[str, Path]:
+    """Write `<metric>.md`, `<metric>.csv` and `<metric>.json` into `out`; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out / f"{table['metric']}.{ext}" for ext in ("md", "csv", "json")}
+    paths["md"].write_text(render_markdown(table), encoding="utf-8")
+    paths["json"].write_text(json.dumps(table, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    groups = table["groups"]
+    with open(paths["csv"], "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["method", *groups, "average", *(f"{g}_std" for g in groups), "average_std"])
+        for row in table["rows"]:
+            writer.writerow([row["model"], *(row["groups"][g]["score"] for g in groups), row["average"]["score"],
+                             *(row["groups"][g]["std"] for g in groups), row["average"]["std"]])
+    return paths

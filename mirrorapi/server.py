@@ -1,0 +1,252 @@
+"""The virtual API server: `create_app(settings)` and `serve(settings)`; wiring only.
+
+Routes: `POST /virtual` (StableToolBench's contract, see `mirrorapi.protocol`; the work is done by
+`mirrorapi.virtual.VirtualApi`), `GET /health` (engine reachability, cache size), `GET /metrics`
+(Prometheus: requests by outcome, cache hits and misses, engine calls, latency per stage).
+Every /virtual request writes one JSON log line (logger `mirrorapi.requests`).
+
+`create_app` loads the tools and opens the cache (importing `cache_folder` once) before anything
+listens, so a bad tools file or cache fails at start-up in one line; the lifespan creates the engine
+client and reports whether the engine answers. The server starts, and serves cache hits, even when
+the engine is not reachable yet (vLLM can take minutes to load a model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import sqlite3
+import time
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from starlette.middleware import Middleware
+
+from mirrorapi.cache import CacheError, ResponseCache, import_stabletoolbench_cache
+from mirrorapi.config import ConfigError, ServerSettings
+from mirrorapi.engine import EngineClient
+from mirrorapi.simulator import Simulator
+from mirrorapi.tools import RegistryError, ToolRegistry
+from mirrorapi.virtual import Answer, VirtualApi
+
+logger = logging.getLogger(__name__)
+request_log = logging.getLogger("mirrorapi.requests")
+
+# What a user can get wrong at start-up; each is one line that says what to change.
+STARTUP_ERRORS = (ConfigError, RegistryError, CacheError)
+CACHE_MAINTENANCE_SECONDS = 5.0
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                 30, 60, 120)
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class Metrics:
+    """Prometheus metrics of one app (own registry, so several apps can live in one process)."""
+
+    def __init__(self, app: FastAPI):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("mirrorapi_requests", "/virtual requests by outcome (hit, simulated, replay_miss, "
+                                "validation_error, engine_error, chat_with_user, invalid_body, internal_error).",
+                                ["outcome"], registry=self.registry)
+        self.lookups = Counter("mirrorapi_cache_lookups", "Cache lookups by result (hit, miss).", ["result"],
+                               registry=self.registry)
+        self.stages = Histogram("mirrorapi_stage_seconds", "Latency of each stage of a /virtual request (parse, "
+                                "resolve, cache_lookup, engine, total).", ["stage"], buckets=STAGE_BUCKETS,
+                                registry=self.registry)
+        self.registry.register(_SimulatorCollector(app))
+        # Children bound once: `labels()` per request costs more than the observation itself.
+        self._requests, self._lookups, self._stages = {}, {}, {}
+
+    def record(self, answer: Answer) -> None:
+        counter = self._requests.get(answer.outcome) or self._requests.setdefault(
+            answer.outcome, self.requests.labels(answer.outcome))
+        counter.inc()
+        if answer.cache:
+            counter = self._lookups.get(answer.cache) or self._lookups.setdefault(
+                answer.cache, self.lookups.labels(answer.cache))
+            counter.inc()
+        for stage, seconds in answer.stages.items():
+            histogram = self._stages.get(stage) or self._stages.setdefault(stage, self.stages.labels(stage))
+            histogram.observe(seconds)
+
+
+class _SimulatorCollector:
+    """Engine calls by result and coalesced requests, read from the simulator when scraped."""
+
+    def __init__(self, app: FastAPI):
+        self.app = app
+
+    def collect(self):
+        calls = CounterMetricFamily("mirrorapi_engine_calls", "Engine calls by result (ok, garbage, "
+                                    "unreachable, timeout, http, empty).", labels=["result"])
+        coalesced = CounterMetricFamily("mirrorapi_coalesced_requests", "Cache misses answered by an identical "
+                                        "engine call already in flight.")
+        simulator = getattr(self.app.state, "simulator", None)
+        if simulator is not None:
+            for result, n in sorted(simulator.engine_calls.items()):
+                calls.add_metric([result], n)
+            coalesced.add_metric([], simulator.coalesced)
+        yield calls
+        yield coalesced
+
+
+def log_answer(answer: Answer) -> None:
+    if request_log.isEnabledFor(logging.INFO):
+        line = {"time": round(time.time(), 3), "outcome": answer.outcome, "status": answer.status,
+                "api": "/".join(answer.names) if answer.names else None, "provenance": answer.provenance,
+                "ms": round(answer.stages.get("total", 0.0) * 1000, 3)}
+        if "engine" in answer.stages:
+            line["engine_ms"] = round(answer.stages["engine"] * 1000, 1)
+            line["coalesced"] = answer.coalesced
+        if answer.detail:
+            line["detail"] = answer.detail[:300]
+        if answer.extra_fields:
+            line["extra_fields"] = answer.extra_fields
+        request_log.info(json.dumps(line, ensure_ascii=False))
+
+
+class VirtualEndpoint:
+    """`/virtual` as plain ASGI middleware in front of the FastAPI app. Why not a FastAPI route: its
+    request/response machinery (exception middleware, router, route wrapper) costs about 0.1 ms of
+    CPU per request, half the budget of a cache hit (bench/server.py); everything else is FastAPI's."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/virtual":
+            return await self.app(scope, receive, send)
+        if scope["method"] != "POST":
+            body = b'{"error":"Method Not Allowed: /virtual takes POST","response":""}'
+            await send({"type": "http.response.start", "status": 405, "headers": JSON_HEADERS + [(b"allow", b"POST")]})
+            return await send({"type": "http.response.body", "body": body})
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        state = scope["app"].state
+        answer = await state.virtual.answer(b"".join(chunks))
+        await send({"type": "http.response.start", "status": answer.status,
+                    "headers": JSON_HEADERS + [(b"content-length", b"%d" % len(answer.body))]})
+        await send({"type": "http.response.body", "body": answer.body})
+        state.metrics.record(answer)
+        log_answer(answer)
+
+
+async def _maintain_cache(cache: ResponseCache) -> None:
+    """Every few seconds: write the counted hits (in slices, serving requests in between), then
+    checkpoint the WAL in a worker thread (it syncs the disk: never on the request path)."""
+    while True:
+        await asyncio.sleep(CACHE_MAINTENANCE_SECONDS)
+        try:
+            while cache.flush_hits(limit=200):
+                await asyncio.sleep(0)
+            await asyncio.to_thread(cache.checkpoint)
+        except sqlite3.Error as exc:  # e.g. another process holds the write lock: try again later
+            logger.warning("cache maintenance postponed: %s", exc)
+
+
+async def _report_engine(engine: EngineClient) -> None:
+    for replica in await engine.health():
+        if replica.reachable:
+            logger.info("engine %s answers (%s)", replica.base_url, replica.detail)
+        else:
+            logger.warning("engine %s is not reachable yet (%s): cache hits are served, misses get an error "
+                           "observation until it answers", replica.base_url, replica.detail)
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    """The app; raises RegistryError / CacheError (one line each) when tools or cache cannot be used."""
+    registry = ToolRegistry.load(settings.tools_folder)
+    stats = registry.stats()
+    logger.info("tools: %d categories, %d tools, %d APIs loaded in %.2f s (%d unreadable files skipped)",
+                stats["categories"], stats["tools"], stats["apis"], stats["load_seconds"], stats["unreadable"])
+    cache = ResponseCache(settings.cache_path, autocheckpoint=False)
+    if settings.cache_folder is not None:
+        import_stabletoolbench_cache(cache, settings.cache_folder, registry=registry)
+    logger.info("cache %s: %d entries", settings.cache_path, cache.count())
+    # The tool docs are millions of long-lived objects: keep them out of the garbage collector's
+    # full passes, which otherwise stall every request for a hundred milliseconds now and then.
+    gc.freeze()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine = EngineClient(settings.api_base, settings.model, settings.api_key, timeout=settings.engine_timeout,
+                              retries=settings.engine_retries)
+        app.state.simulator = simulator = Simulator(engine, cache, settings)
+        app.state.virtual = VirtualApi(settings, registry, cache, simulator)
+        background = [asyncio.create_task(_maintain_cache(cache))]
+        if settings.mode == "simulate":  # probed in the background: a hanging engine must not delay start-up
+            background.append(asyncio.create_task(_report_engine(engine)))
+        try:
+            yield
+        finally:
+            for task in background:
+                task.cancel()
+            cache.close()
+            await engine.aclose()
+
+    # FastAPI's OpenTelemetry hooks are off: /metrics is the server's telemetry, and the check costs
+    # environment lookups on every request.
+    app = FastAPI(title="mirrorapi virtual API server", lifespan=lifespan, middleware=[Middleware(VirtualEndpoint)],
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app.state.settings, app.state.registry, app.state.cache = settings, registry, cache
+    app.state.metrics = Metrics(app)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        engines = [] if settings.mode == "replay" else await app.state.simulator.engine.health(timeout=2.0)
+        reachable = all(e.reachable for e in engines)
+        return JSONResponse({
+            "status": "ok" if reachable else "degraded", "mode": settings.mode, "model": settings.model,
+            "prompt_format": settings.prompt_format,
+            "engine": [{"base_url": e.base_url, "reachable": e.reachable, "detail": e.detail} for e in engines],
+            "cache": {"path": str(settings.cache_path), "entries": cache.count()},
+            "tools": {k: stats[k] for k in ("categories", "tools", "apis")},
+        })
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(app.state.metrics.registry), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def configure_logging(settings: ServerSettings) -> None:
+    """Logging of the server process: our format, and the per-record costs it does not use turned
+    off (Python's logging HOWTO, "Optimization"): one line per request is written at full rate."""
+    logging._srcfile = None  # no caller frame lookup
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    level = getattr(logging, settings.log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Request lines are JSON objects with their own time field, written as they are (JSON Lines).
+    handlers = [logging.StreamHandler()]
+    if settings.log_file is not None:
+        settings.log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(settings.log_file, encoding="utf-8"))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        request_log.addHandler(handler)
+    request_log.propagate = False
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):  # one line per engine call: the request line says it
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+def serve(settings: ServerSettings) -> None:
+    """Build the app and run uvicorn until interrupted (raises RegistryError / CacheError at start-up)."""
+    import uvicorn
+
+    configure_logging(settings)
+    logger.info("settings (not default): %s", {k: v for k, v in settings.non_default().items() if k != "api_key"})
+    app = create_app(settings)
+    # log_config=None: uvicorn's loggers go through ours; its access log is replaced by mirrorapi.requests.
+    # No proxy-header rewriting: the server binds 127.0.0.1 by default and reports no client addresses.
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False, proxy_headers=False,
+                log_level=settings.log_level, timeout_graceful_shutdown=5)

@@ -1,0 +1,74 @@
+"""The whole loop on a CPU: data -> train the simulator and the judge -> serve -> /virtual -> score -> report.
+
+    python scripts/demo.py              # what `make demo` runs (about 5 minutes on 2 cores)
+    python scripts/demo.py --quick      # fewer training steps and requests (the test suite's version)
+
+Uses ../shared/data when it is beside the clone (a slice of it), else data/samples. Everything goes
+to --work-dir (default runs/demo): what is built is reused by the next run, and every run writes a
+report folder whose path is the last line of output. Exit status: 0 done, 1 a step failed, 2 bad
+arguments, 130 interrupted; in every case the engines and servers it started are stopped.
+"""
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--quick", action="store_true", help="Fewer training steps and requests (about 1-2 minutes).")
+    parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "demo",
+                        help="Where to build, keep and report (default runs/demo).")
+    parser.add_argument("--shared", type=Path, default=REPO.parent / "shared" / "data",
+                        help="The shared data package (default ../shared/data; data/samples when it is absent).")
+    parser.add_argument("--samples", action="store_true", help="Use data/samples even when --shared exists.")
+    return parser
+
+
+def _interrupt(signum, frame):
+    os.kill(os.getpid(), signal.SIGINT)  # `kill PID` stops the demo as Ctrl-C does: everything started is stopped
+
+
+def main(argv=None) -> int:
+    args = make_parser().parse_args(argv)
+    from mirrorapi.demo_processes import child_environment
+
+    try:
+        os.environ.update(child_environment(args.work_dir))  # before any Hugging Face library is imported
+    except OSError as exc:
+        print(f"demo.py: error: cannot use --work-dir {args.work_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    from mirrorapi.demo import DemoError, DemoOptions, run_demo
+    # Ctrl-C and `kill` stop the demo, even when it was started with SIGINT ignored (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    progress = logging.getLogger("mirrorapi.demo")
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    shared = None if args.samples or not args.shared.is_dir() else args.shared
+    print(f"mirrorapi demo{' (quick)' if args.quick else ''}: the whole loop on a CPU with a tiny model; "
+          f"work folder {args.work_dir}", flush=True)
+    try:
+        report = run_demo(DemoOptions(args.work_dir, shared, args.quick))
+    except DemoError as exc:
+        what = "interrupted during" if exc.interrupted else "failed at"
+        print(f"demo {what} step {exc.number} ({exc.step})" + ("" if exc.interrupted else f": {exc}"), file=sys.stderr)
+        print(f"everything the demo started was stopped; partial report: {exc.report}", file=sys.stderr)
+        return 130 if exc.interrupted else 1
+    print(os.path.relpath(report) if report.is_relative_to(Path.cwd()) else report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

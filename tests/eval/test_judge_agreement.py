@@ -1,0 +1,86 @@
+"""`python eval/judge_agreement.py`: agreement statistics, and a run of the tiny judge on real labelled answers."""
+
+import json
+
+import pytest
+
+from mirrorapi.judge_agreement import agreement_stats, cohen_kappa
+
+LABELLED_KEYS = ("source", "id", "query", "final_answer", "label", "label_kind")
+
+
+def test_cohen_kappa_of_a_textbook_table():
+    # 50 items: both Yes 20, first Yes / second No 5, first No / second Yes 10, both No 15.
+    # p_o = 35/50 = 0.7; p_e = 0.5 * 0.6 + 0.5 * 0.4 = 0.5; kappa = (0.7 - 0.5) / 0.5 = 0.4.
+    pairs = [("Y", "Y")] * 20 + [("Y", "N")] * 5 + [("N", "Y")] * 10 + [("N", "N")] * 15
+    assert cohen_kappa(pairs) == pytest.approx(0.4)
+    assert cohen_kappa([("Y", "Y")] * 3) is None  # chance agreement 1: undefined, not 0 or 1
+    assert cohen_kappa([("Y", "N"), ("N", "Y")]) == pytest.approx(-1.0)
+
+
+def test_unparseable_predictions_count_as_unsolved_and_have_their_own_column():
+    rows = [{"label": "Solved", "prediction": "Solved"}, {"label": "Solved", "prediction": "unparseable"},
+            {"label": "Unsolved", "prediction": "unparseable"}, {"label": "Unsolved", "prediction": "Solved"}]
+    stats = agreement_stats(rows)
+    assert stats["accuracy"] == 0.5  # rows 1 and 3 agree once unparseable is read as Unsolved
+    assert stats["confusion"] == {"Solved": {"Solved": 1, "Unsolved": 0, "unparseable": 1},
+                                  "Unsolved": {"Solved": 1, "Unsolved": 0, "unparseable": 1}}
+    assert (stats["n"], stats["unparseable"], stats["labelled_solved"], stats["predicted_solved"]) == (4, 2, 2, 2)
+
+
+@pytest.mark.slow
+def test_agreement_report_on_the_labelled_sample(eval_cli, tiny_engine, samples, tmp_path):
+    labelled = samples / "judge.jsonl"
+    records, per_source = [], {}
+    for record in map(json.loads, labelled.read_text().splitlines()):  # the first 6 of each source (--limit 6)
+        per_source[record["source"]] = per_source.get(record["source"], 0) + 1
+        if per_source[record["source"]] <= 6:
+            records.append(record)
+    argv = ["--labelled", str(labelled), "--base-url", tiny_engine.base_url, "--model", tiny_engine.model,
+            "--out", str(tmp_path), "--max-tokens", "8", "--concurrency", "4", "--limit", "6", "--no-progress"]
+    assert eval_cli("judge_agreement")(argv) == 0
+    report = json.loads((tmp_path / "agreement.json").read_text())
+    assert report["overall"]["n"] == len(records) and report["pending"] == 0
+    sources = {r["source"] for r in records}
+    assert set(report["per_source"]) == sources
+    for source, stats in report["per_source"].items():
+        assert stats["n"] == sum(r["source"] == source for r in records)
+        assert stats["labelled_solved"] == sum(r["source"] == source and r["label"] == "Solved" for r in records)
+        assert sum(sum(row.values()) for row in stats["confusion"].values()) == stats["n"]
+    assert sum(s["n"] for s in report["per_label_kind"].values()) == len(records)
+    predictions = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == len(records)
+    # The StableToolBench CoT answer to query 588 is empty: Unsolved without a judge call, as in FAC.
+    empty = [p for p in predictions if not p["judged"]]
+    assert [p["id"] for p in empty] == [r["id"] for r in records if not r["final_answer"].strip()]
+    assert all(p["prediction"] == "Unsolved" for p in empty)
+    markdown = (tmp_path / "agreement.md").read_text()
+    assert "| Slice | n | accuracy | Cohen's kappa |" in markdown and "(rows: label, columns: judge)" in markdown
+    # Resumed: a second run sends nothing and reports the same.
+    assert eval_cli("judge_agreement")(argv) == 0
+    assert json.loads((tmp_path / "agreement.json").read_text()) == report
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_limit_per_source_on_the_shared_labelled_set(eval_cli, tiny_engine, shared_data, tmp_path):
+    labelled = shared_data / "judge" / "labelled.jsonl"
+    argv = ["--labelled", str(labelled), "--base-url", tiny_engine.base_url, "--model", tiny_engine.model,
+            "--out", str(tmp_path), "--max-tokens", "8", "--limit", "3", "--no-progress"]
+    assert eval_cli("judge_agreement")(argv) == 0
+    report = json.loads((tmp_path / "agreement.json").read_text())
+    sources = {json.loads(line)["source"] for line in labelled.read_text().splitlines()}
+    assert {s: v["n"] for s, v in report["per_source"].items()} == {s: 3 for s in sources}
+
+
+def test_bad_labelled_files_are_one_line_errors(eval_cli, tmp_path, capsys):
+    good = {k: "x" for k in LABELLED_KEYS} | {"label": "Solved"}
+    cases = {"not-json.jsonl": "{oops\n", "no-label.jsonl": json.dumps({"source": "s", "id": "1"}) + "\n",
+             "bad-label.jsonl": json.dumps(good | {"label": "Maybe"}) + "\n"}
+    for name, content in cases.items():
+        (tmp_path / name).write_text(content)
+        argv = ["--labelled", str(tmp_path / name), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+                "--out", str(tmp_path / "out")]
+        assert eval_cli("judge_agreement")(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and f"{name}:1" in err[0]

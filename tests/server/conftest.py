@@ -1,0 +1,151 @@
+"""Fixtures of the server tests: real uvicorn on 127.0.0.1, real SQLite on disk, a StableToolBench
+cache folder written from real pairs the way StableToolBench's server writes it, and the two fake
+engines for faults a real engine cannot be made to show on demand (down, hanging)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from mirrorapi.config import load_settings
+from mirrorapi.launch import free_port
+from mirrorapi.names import api_key_name, standardize
+from mirrorapi.server import create_app
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"  # every tool of the sample and shared pairs
+SHARED_PAIRS = REPO.parent / "shared" / "data" / "pairs"
+
+# StableToolBench's README request (notes §1).
+README_REQUEST = {"category": "Artificial_Intelligence_Machine_Learning", "tool_name": "TTSKraken",
+                  "api_name": "List Languages", "tool_input": "{}", "strip": "truncate", "toolbench_key": ""}
+
+
+@dataclass
+class RunningServer:
+    url: str
+    app: object
+    client: httpx.Client
+
+    def virtual(self, body) -> httpx.Response:
+        return self.client.post("/virtual", json=body) if not isinstance(body, (str, bytes)) else \
+            self.client.post("/virtual", content=body, headers={"content-type": "application/json"})
+
+    def metric(self, name: str, **labels) -> float:
+        """The value of one sample of /metrics (0 when absent)."""
+        wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+        for line in self.client.get("/metrics").text.splitlines():
+            if line.startswith(wanted + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+@contextlib.contextmanager
+def running_server(**settings) -> Iterator[RunningServer]:
+    """create_app(settings) served by a real uvicorn on a free 127.0.0.1 port, in a thread."""
+    settings.setdefault("tools_folder", [str(SAMPLE_TOOLS)])
+    port = free_port()
+    app = create_app(load_settings(overrides={**settings, "port": port}, environ={}))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            yield RunningServer(f"http://127.0.0.1:{port}", app, client)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def agent_body(category: str, tool: str, api: str, arguments: dict) -> dict:
+    """What StableToolBench's agent client sends (notes §6): normalised names, the raw arguments string."""
+    return {"category": category, "tool_name": standardize(tool), "api_name": api_key_name(api),
+            "tool_input": json.dumps(arguments, indent=2, ensure_ascii=False), "strip": "truncate",
+            "toolbench_key": ""}
+
+
+@pytest.fixture(scope="session")
+def serve():
+    """`with serve(**settings) as server:` a real server (see `running_server`)."""
+    return running_server
+
+
+@pytest.fixture(scope="session")
+def agent():
+    """`agent(category, tool, api, arguments)`: the body StableToolBench's agent client sends."""
+    return agent_body
+
+
+@pytest.fixture(scope="session")
+def sample_tools() -> Path:
+    return SAMPLE_TOOLS
+
+
+@pytest.fixture(scope="session")
+def real_pairs(samples) -> list[dict]:
+    """All real pairs of ../shared/data/pairs, or the bundled sample when shared data is absent."""
+    files = sorted(SHARED_PAIRS.glob("*.jsonl")) if SHARED_PAIRS.is_dir() else [samples / "pairs.jsonl"]
+    return [json.loads(line) for path in files for line in path.open(encoding="utf-8") if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def stb_cache(real_pairs, tmp_path_factory) -> tuple[Path, dict]:
+    """A StableToolBench cache folder written from real pairs as its server writes one (notes §3):
+    `<cat>/<tool>_for_<cat>/<api>.json`, keys `str(arguments)`, indent 4. Returns the folder and
+    {(category, tool, api, repr key): observation} of what was written."""
+    folder = tmp_path_factory.mktemp("stb") / "tool_response_cache"
+    files: dict[tuple[str, str, str], dict] = {}
+    for pair in real_pairs:
+        category, tool, api = pair["category"], standardize(pair["tool_name"]), api_key_name(pair["api_name"])
+        files.setdefault((category, tool, api), {})[str(pair["tool_input"])] = pair["response"]
+    written = {}
+    for (category, tool, api), content in files.items():
+        path = folder / category / f"{tool}_for_{category}" / f"{api}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(content, indent=4), encoding="utf-8")
+        written.update({(category, tool, api, key): value for key, value in content.items()})
+    return folder, written
+
+
+@pytest.fixture()
+def engine_down() -> str:
+    """Fake engine (a fault that cannot be provoked with a real one): a port nobody listens on."""
+    return f"http://127.0.0.1:{free_port()}/v1"
+
+
+@pytest.fixture()
+def engine_hanging() -> Iterator[str]:
+    """Fake engine (a fault that cannot be provoked with a real one): accepts connections, never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.1)
+    held, stop = [], threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(listener.accept()[0])
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    listener.close()

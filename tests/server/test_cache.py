@@ -1,0 +1,173 @@
+"""ResponseCache on a real SQLite file: keys, provenance, hits, concurrency, crashes, StableToolBench import/export."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from mirrorapi.cache import (CacheError, ResponseCache, canonical_json, export_stabletoolbench_cache,
+                             import_stabletoolbench_cache, parse_repr_key)
+from mirrorapi.tools import ToolRegistry
+
+API = ("APIBank", "apibank_agenda", "addagenda")
+
+
+def test_entry_keys_provenance_created_and_hits(tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    before = time.time()
+    assert cache.put(*API, canonical_json({"b": 2, "a": "x"}), "", {"ok": True}, "real")
+    # StableToolBench's Python-repr key of the same call, in another order, maps to the same entry.
+    key = canonical_json(parse_repr_key("{'a': 'x', 'b': 2}"))
+    observation, provenance = cache.get(*API, key)
+    assert json.loads(observation) == {"error": "", "response": {"ok": True}} and provenance == "real"
+    assert cache.get(*API, canonical_json({"a": "x", "b": "2"})) is None  # types are part of the call
+    cache.get(*API, key)
+    cache.close()
+    row = sqlite3.connect(tmp_path / "c.sqlite").execute("SELECT provenance, created, hits FROM entries").fetchone()
+    assert row[0] == "real" and before <= row[1] <= time.time() and row[2] == 2
+
+
+def test_recorded_answers_win_over_simulated_ones(tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    assert cache.put(*API, "{}", "", "made up", "simulated:m@mirrorapi-v1")
+    assert cache.put(*API, "{}", "", "recorded", "imported:tool_response_cache")  # replaces the simulation
+    assert not cache.put(*API, "{}", "", "made up again", "simulated:m@mirrorapi-v1")
+    assert not cache.put(*API, "{}", "", "other recording", "real")  # the first recording stays
+    assert cache.get(*API, "{}") == ('{"error":"","response":"recorded"}', "imported:tool_response_cache")
+
+
+def test_database_is_wal_and_a_file_that_is_not_one_is_a_clear_error(tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    assert cache._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    cache.close()
+    (tmp_path / "junk.sqlite").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(CacheError, match="cannot open cache database .*junk.sqlite: file is not a database"):
+        ResponseCache(tmp_path / "junk.sqlite")
+
+
+def test_64_concurrent_writers_on_one_api_lose_nothing(tmp_path):
+    path = tmp_path / "c.sqlite"
+    ResponseCache(path).close()
+    start = threading.Barrier(64)
+    failures = []
+
+    def write(i: int) -> None:
+        cache = ResponseCache(path)  # one connection each, like separate workers or processes
+        try:
+            start.wait()
+            cache.put(*API, canonical_json({"i": i}), "", f"answer {i}", "simulated:m@mirrorapi-v1")
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            failures.append(exc)
+        finally:
+            cache.close()
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    cache = ResponseCache(path)
+    assert cache.count() == 64
+    assert all(cache.get(*API, canonical_json({"i": i})) for i in range(64))
+
+
+WRITER = r"""
+import sys
+from mirrorapi.cache import ResponseCache, canonical_json
+cache = ResponseCache(sys.argv[1])
+i = 0
+while True:
+    key = canonical_json({"i": i, "pad": "x" * 2000})
+    cache.put("APIBank", "apibank_agenda", "addagenda", key, "", "r" * 3000, "real")
+    print(i, flush=True)  # printed only once the entry is committed
+    i += 1
+"""
+
+
+def test_process_killed_mid_write_leaves_every_committed_entry(tmp_path):
+    path = tmp_path / "c.sqlite"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    committed = []
+    try:
+        for line in writer.stdout:
+            committed.append(int(line))
+            if len(committed) >= 300:
+                break
+        writer.send_signal(signal.SIGKILL)  # while it is writing the next entries
+        committed += [int(line) for line in writer.stdout]
+    finally:
+        writer.kill()
+        writer.wait(10)
+    assert writer.returncode == -signal.SIGKILL
+    assert os.path.exists(str(path) + "-wal")  # the committed entries may live only in the WAL
+    cache = ResponseCache(path)
+    assert cache._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    stored = {json.loads(a)["i"] for _, _, _, a, _, _ in cache.entries()}
+    assert set(committed) <= stored and len(stored) - len(committed) <= 1
+
+
+# ------------------------------------------------------------------------ StableToolBench folders
+def test_import_export_round_trip(stb_cache, sample_tools, tmp_path):
+    folder, written = stb_cache
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    report = import_stabletoolbench_cache(cache, folder, registry=ToolRegistry.load([sample_tools]))
+    # What StableToolBench's files hold, keyed the canonical way (the first of equal calls wins).
+    expected = {}
+    for (category, tool, api, key), observation in written.items():
+        expected.setdefault((category, tool, api, canonical_json(parse_repr_key(key))), observation)
+    assert report["entries"] == len(written) and report["stored"] == len(expected)
+    assert report["unreadable"] == [] and report["unresolved_apis"] == 0
+    assert cache.count() == len(expected)
+    assert {p for p in cache.stats()["by_provenance"]} == {"imported:tool_response_cache"}
+
+    out = tmp_path / "export"
+    assert export_stabletoolbench_cache(cache, out)["entries"] == len(expected)
+    exported = {}
+    for path in out.glob("*/*/*.json"):
+        category, tool_dir = path.parent.parent.name, path.parent.name
+        assert tool_dir.endswith("_for_" + category)
+        for key, observation in json.loads(path.read_text()).items():
+            exported[(category, tool_dir[: -len("_for_" + category)], path.stem,
+                      canonical_json(parse_repr_key(key)))] = observation
+    # Registry names are the folder names here (all APIs resolve), so the layout round-trips exactly.
+    assert {k: json.dumps(v, sort_keys=True) for k, v in exported.items()} == \
+        {k: json.dumps(v, sort_keys=True) for k, v in expected.items()}
+
+
+def test_import_happens_once_per_unchanged_folder(stb_cache, tmp_path):
+    folder, _ = stb_cache
+    copy = tmp_path / "tool_response_cache"
+    for path in folder.glob("*/*/*.json"):
+        target = copy / path.relative_to(folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    first = import_stabletoolbench_cache(cache, copy)
+    assert not first["skipped"] and first["stored"] > 0
+    assert import_stabletoolbench_cache(cache, copy)["skipped"]
+    # A new file (StableToolBench kept writing) makes the folder new: its entries come in, nothing doubles.
+    new = copy / "Data" / "web_search_for_Data" / "websearch.json"
+    new.parent.mkdir(parents=True, exist_ok=True)
+    new.write_text(json.dumps({"{'q': 'x'}": {"error": "", "response": "found"},
+                               "{'q': 'y'}": {"error": "Failed to generate fake response", "response": ""}}))
+    again = import_stabletoolbench_cache(cache, copy)
+    assert not again["skipped"] and again["stored"] == 1 and again["skipped_placeholders"] == 1
+    assert cache.count() == first["stored"] + 1
+
+
+def test_unreadable_files_are_reported_and_skipped(tmp_path):
+    folder = tmp_path / "cache_folder" / "Data" / "theclique_for_Data"
+    folder.mkdir(parents=True)
+    (folder / "broken.json").write_text('{"{\'a\': 1}": {"error": "", "resp')
+    (folder / "transfermarkt_search.json").write_text(json.dumps({"{'name': 'messi'}": {"error": "", "response": "ok"}}))
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    report = import_stabletoolbench_cache(cache, tmp_path / "cache_folder")
+    assert report["stored"] == 1 and len(report["unreadable"]) == 1 and "broken" in report["unreadable"][0]
+    with pytest.raises(CacheError, match="not found"):
+        import_stabletoolbench_cache(cache, tmp_path / "nowhere")

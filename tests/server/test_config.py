@@ -1,0 +1,101 @@
+"""Settings: YAML with StableToolBench's keys, environment and flag overrides, one-line errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mirrorapi.cli import main as mirrorapi_main
+from mirrorapi.config import ConfigError, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"
+
+SCRIPT = REPO / "serving" / "main_mirrorapi.py"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_shipped_config_loads_with_stabletoolbench_keys():
+    settings = load_settings(REPO / "serving" / "config_mirrorapi.yml", environ={})
+    assert settings.port == 8080 and settings.host == "127.0.0.1"
+    assert settings.api_base == ["http://127.0.0.1:12345/v1"] and settings.temperature == 0
+    assert settings.tools_folder == [SAMPLE_TOOLS]  # relative to the config file's folder
+    assert settings.cache_path == REPO / "runs" / "server" / "cache.sqlite"
+    assert (settings.mode, settings.missing_required, settings.few_shot) == ("simulate", "reject", 0)
+
+
+def test_released_model_config_asks_for_its_system_prompt_file():
+    with pytest.raises(ConfigError, match="system_prompt_file: .*mirrorapi_system_prompt.txt does not exist"):
+        load_settings(REPO / "serving" / "config_mirrorapi_released.yml",
+                      overrides={"tools_folder": [str(SAMPLE_TOOLS)]}, environ={})
+
+
+def test_stabletoolbench_config_yml_keys_are_accepted(tmp_path):
+    # The keys of StableToolBench's server/config.yml, as its users have them.
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tool_response_cache").mkdir()
+    config = write(tmp_path / "config.yml", "api_key: ''\napi_base: ''\nmodel: gpt-4-turbo\ntemperature: 0\n"
+                   "toolbench_url: http://8.130.32.149:8080/rapidapi\ntools_folder: ./tools\n"
+                   "cache_folder: ./tool_response_cache\nis_save: true\nport: 8080\nlog_file: ./server.log\n")
+    with pytest.raises(ConfigError, match="api_base: expected http"):  # empty api_base: OpenAI's cloud there
+        load_settings(config, environ={})
+    settings = load_settings(config, overrides={"api_base": ["http://127.0.0.1:9/v1"]}, environ={})
+    assert settings.cache_folder == tmp_path / "tool_response_cache"
+    assert settings.log_file == tmp_path / "server.log"
+
+
+def test_precedence_defaults_file_environment_flags(tmp_path):
+    config = write(tmp_path / "c.yml", f"tools_folder: {SAMPLE_TOOLS}\nport: 9001\nmodel: from-file\n")
+    environ = {"MIRRORAPI_PORT": "9002", "MIRRORAPI_API_BASE": "http://a:1/v1, http://b:2/v1",
+               "MIRRORAPI_IS_SAVE": "false", "MIRRORAPI_CONFIG": str(config)}
+    settings = load_settings(environ=environ)
+    assert settings.port == 9002 and settings.model == "from-file" and settings.is_save is False
+    assert settings.api_base == ["http://a:1/v1", "http://b:2/v1"]
+    settings = load_settings(config, overrides={"port": "9003", "seed": "7"}, environ=environ)
+    assert settings.port == 9003 and settings.seed == 7
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tool_folder: x\n", r"unknown key 'tool_folder' \(did you mean 'tools_folder'\?\)"),
+    ("port: eighty\n", "port: Input should be a valid integer"),
+    ("is_save: maybe\n", "is_save: Input should be a valid boolean"),
+    ("mode: record\n", "mode: Input should be 'simulate' or 'replay'"),
+    ("tools_folder: ./nowhere\n", "tools_folder: .*nowhere does not exist"),
+    ("port: [1\n", "is not valid YAML"),
+    ("- a list\n", "expected a mapping"),
+], ids=["unknown-key", "int", "bool", "choice", "missing-folder", "yaml", "not-a-mapping"])
+def test_bad_config_is_one_clear_error(tmp_path, text, message):
+    if "tools_folder" not in text and "-" not in text[:1]:
+        text += f"tools_folder: {SAMPLE_TOOLS}\n"
+    config = write(tmp_path / "bad.yml", text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_settings(config, environ={})
+    assert "\n" not in str(err.value)
+
+
+def test_serve_command_exits_2_with_one_line(tmp_path, capsys):
+    config = write(tmp_path / "bad.yml", f"tools_folder: {SAMPLE_TOOLS}\nport: eighty\n")
+    assert mirrorapi_main(["serve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mirrorapi: error: config ") and "port" in err
+
+
+def test_server_script_bad_config_exits_2_before_serving(tmp_path):
+    config = write(tmp_path / "bad.yml", "tools_folder: ./missing-tools\n")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config), "--port", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"main_mirrorapi.py: error: config {config}: tools_folder: {tmp_path / 'missing-tools'} does not exist"]
+
+
+def test_server_script_help_lists_every_setting():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for flag in ("--config", "--tools-folder", "--cache-path", "--api-base", "--model", "--port", "--host", "--mode"):
+        assert flag in done.stdout

@@ -1,0 +1,87 @@
+"""Cache misses against engines: a real `transformers serve` of an untrained tiny model (its output is
+garbage), an engine that hangs (fake: cannot be provoked with a real one), and replay mode."""
+
+import concurrent.futures
+import time
+
+import pytest
+
+from mirrorapi.cache import ResponseCache, canonical_json
+
+README_REQUEST = {"category": "Artificial_Intelligence_Machine_Learning", "tool_name": "TTSKraken",
+                  "api_name": "List Languages", "tool_input": "{}", "strip": "truncate", "toolbench_key": ""}
+GARBAGE = {"error": "Failed to generate fake response (the simulator's output was not a response)", "response": ""}
+
+
+@pytest.fixture(scope="module")
+def garbage(serve, tiny_engine, tmp_path_factory):
+    with serve(api_base=[tiny_engine.base_url], model=tiny_engine.model, max_tokens=12,
+               cache_path=str(tmp_path_factory.mktemp("db") / "c.sqlite")) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_readme_request_with_a_garbage_engine_is_an_error_never_cached(garbage):
+    calls = garbage.metric("mirrorapi_engine_calls_total", result="garbage")
+    for _ in range(2):
+        response = garbage.virtual(README_REQUEST)
+        assert (response.status_code, response.json()) == (200, GARBAGE)
+    assert garbage.metric("mirrorapi_engine_calls_total", result="garbage") == calls + 2  # asked again
+    assert garbage.client.get("/health").json()["cache"]["entries"] == 0
+    assert garbage.client.get("/health").json()["engine"][0]["reachable"] is True
+
+
+@pytest.mark.slow
+def test_identical_concurrent_misses_make_one_engine_call(garbage):
+    body = {**README_REQUEST, "tool_input": "{\"concurrent\": true}"}
+    calls = garbage.metric("mirrorapi_engine_calls_total", result="garbage")
+    coalesced = garbage.metric("mirrorapi_coalesced_requests_total")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: garbage.virtual(body).json(), range(8)))
+    assert answers == [GARBAGE] * 8
+    assert garbage.metric("mirrorapi_engine_calls_total", result="garbage") == calls + 1
+    assert garbage.metric("mirrorapi_coalesced_requests_total") == coalesced + 7
+
+
+@pytest.mark.slow
+def test_metrics_count_outcomes_and_stage_latency(garbage):
+    garbage.virtual(README_REQUEST)
+    text = garbage.client.get("/metrics").text
+    assert 'mirrorapi_requests_total{outcome="engine_error"}' in text
+    assert 'mirrorapi_cache_lookups_total{result="miss"}' in text
+    for stage in ("parse", "resolve", "cache_lookup", "engine", "total"):
+        assert f'mirrorapi_stage_seconds_count{{stage="{stage}"}}' in text
+
+
+def test_hanging_engine_is_an_error_within_the_timeout(serve, engine_hanging, tmp_path):
+    with serve(api_base=[engine_hanging], engine_timeout=1.5, engine_retries=1,
+               cache_path=str(tmp_path / "c.sqlite")) as server:
+        start = time.monotonic()
+        response = server.virtual(README_REQUEST)
+        elapsed = time.monotonic() - start
+        assert response.json() == {"error": "Failed to generate fake response (the simulator engine did not "
+                                            "answer in time)", "response": ""}
+        assert 1.4 < elapsed < 3.0
+    assert ResponseCache(tmp_path / "c.sqlite").count() == 0
+
+
+def test_replay_mode_answers_from_the_cache_only(serve, engine_hanging, tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    cache.put("Data", "theclique", "transfermarkt_search", canonical_json({"name": "Lionel Messi"}), "",
+              "[{'name': 'Lionel Messi'}]", "real")
+    cache.close()
+    # The engine hangs: a replay server that asked it would not answer within the test's patience.
+    with serve(api_base=[engine_hanging], mode="replay", engine_timeout=30,
+               cache_path=str(tmp_path / "c.sqlite")) as server:
+        body = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
+                "tool_input": "{\"name\": \"Lionel Messi\"}"}
+        assert server.virtual(body).json() == {"error": "", "response": "[{'name': 'Lionel Messi'}]"}
+        start = time.monotonic()
+        miss = server.virtual({**body, "tool_input": "{\"name\": \"Pele\"}"}).json()
+        assert time.monotonic() - start < 2
+        assert miss == {"error": "No recorded response for this call (the server replays its cache only).",
+                        "response": ""}
+        assert server.metric("mirrorapi_requests_total", outcome="replay_miss") == 1
+        health = server.client.get("/health").json()
+        assert health["mode"] == "replay" and health["engine"] == [] and health["status"] == "ok"
+    assert ResponseCache(tmp_path / "c.sqlite").stats()["hits"] == 1  # flushed at shutdown

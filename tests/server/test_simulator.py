@@ -1,0 +1,64 @@
+"""Few-shot examples: recorded entries of the same API only, chosen by similarity, within a budget."""
+
+import json
+
+import pytest
+
+from mirrorapi.cache import ResponseCache, canonical_json
+from mirrorapi.config import load_settings
+from mirrorapi.simulator import Simulator, select_examples
+from mirrorapi.tools import ToolRegistry
+
+
+def candidates(*calls: dict) -> list[tuple[str, str]]:
+    return sorted((canonical_json(c), json.dumps({"error": "", "response": f"r{i}"})) for i, c in enumerate(calls))
+
+
+def test_examples_are_the_most_similar_calls_in_a_stable_order():
+    pool = candidates({"city": "Rome", "days": 5}, {"city": "Paris", "days": 5}, {"city": "Paris", "days": 3},
+                      {"zip": "75001"})
+    chosen = select_examples(pool, {"city": "Paris", "days": 3, "units": "metric"}, k=2, char_budget=10_000)
+    assert [a for a, _ in chosen] == [{"city": "Paris", "days": 3}, {"city": "Paris", "days": 5}]
+    assert select_examples(list(reversed(pool)), {"city": "Paris", "days": 3, "units": "metric"}, 2, 10_000) == chosen
+    assert select_examples(pool, {"city": "Paris"}, k=0, char_budget=10_000) == []
+
+
+def test_examples_fit_the_budget_whole():
+    long = {"city": "Paris", "days": 3, "note": "x" * 500}
+    pool = candidates(long, {"city": "Paris", "days": 4})
+    chosen = select_examples(pool, {"city": "Paris", "days": 3, "note": "x" * 500}, k=2, char_budget=200)
+    assert [a for a, _ in chosen] == [{"city": "Paris", "days": 4}]  # the closer one does not fit: skipped, not cut
+
+
+@pytest.fixture()
+def cache_with_provenances(tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    api = ("Data", "theclique", "transfermarkt_search")
+    cache.put(*api, canonical_json({"name": "Messi"}), "", "recorded Messi", "real")
+    cache.put(*api, canonical_json({"name": "Messi Jr"}), "", "imported Messi Jr", "imported:tool_response_cache")
+    cache.put(*api, canonical_json({"name": "Messy"}), "", "invented Messy", "simulated:m@mirrorapi-v1")
+    cache.put("Data", "theclique", "transfermarkt_details", canonical_json({"name": "Messi"}), "", "other API", "real")
+    return cache
+
+
+def test_simulator_prompt_shows_recorded_examples_only(cache_with_provenances, samples):
+    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")], "few_shot": 3}, environ={})
+    doc = ToolRegistry.load(settings.tools_folder).resolve("Data", "theclique", "transfermarkt_search")
+    simulator = Simulator(engine=None, cache=cache_with_provenances, settings=settings)
+    user = simulator.messages(doc, {"name": "Messi"})[1]["content"]
+    assert "imported Messi Jr" in user and "recorded Messi" not in user  # the call itself is not its example
+    assert "invented Messy" not in user and "other API" not in user
+    user = simulator.messages(doc, {"name": "Lionel"})[1]["content"]
+    assert "recorded Messi" in user and "imported Messi Jr" in user and "invented" not in user
+    assert user.index("Examples:") < user.index("Request:\n{\"name\":\"Lionel\"}")
+
+
+def test_stabletoolbench_format_uses_the_users_system_prompt(cache_with_provenances, samples, tmp_path):
+    (tmp_path / "system.txt").write_text("You are the API server of the released model.", encoding="utf-8")
+    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")], "prompt_format": "stabletoolbench",
+                                        "system_prompt_file": str(tmp_path / "system.txt")}, environ={})
+    doc = ToolRegistry.load(settings.tools_folder).resolve("Data", "theclique", "transfermarkt_search")
+    system, user = Simulator(engine=None, cache=cache_with_provenances, settings=settings).messages(doc, {"name": "x"})
+    assert system == {"role": "system", "content": "You are the API server of the released model."}
+    assert user["content"].startswith("API doc:\n{'api_name': 'Transfermarkt search'")
+    assert user["content"].endswith("\n\nRequest:\n{'name': 'x'}")

@@ -1,0 +1,228 @@
+"""`scripts/demo.py --quick` end to end as a real process: the six steps, the report, reuse, Ctrl-C, a failing step.
+
+The first run builds everything into a temporary work folder with HOME pointing at an empty folder
+(nothing may be written there); the later runs reuse what it built. Each run's children are found
+by their command lines, which all hold the work folder's path (model folders, server configs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mirrorapi.cache import ResponseCache, canonical_json
+from mirrorapi.demo import QUICK, STEPS
+from mirrorapi.names import api_key_name
+from mirrorapi.tools import ToolRegistry
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def demo_command(work: Path) -> list[str]:
+    return [sys.executable, "scripts/demo.py", "--quick", "--work-dir", str(work)]
+
+
+def demo_env(home: Path) -> dict:
+    return {**os.environ, "HOME": str(home)}
+
+
+def processes_using(path: Path) -> list[str]:
+    """Live (not zombie) processes whose command line mentions `path`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(path) in cmdline and state != "Z":
+            found.append(f"{entry.name}: {cmdline[:200]}")
+    return found
+
+
+def port_closed(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    home, work = root / "home", root / "work"
+    home.mkdir()
+    result = subprocess.run(demo_command(work), cwd=REPO, env=demo_env(home), capture_output=True, text=True,
+                            timeout=480)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report_dir = REPO / result.stdout.strip().splitlines()[-1]
+    return SimpleNamespace(stdout=result.stdout, work=work, home=home, report_dir=report_dir,
+                           report=json.loads((report_dir / "report.json").read_text()))
+
+
+def test_every_step_is_shown_with_its_time_and_the_report_path_comes_last(first_run):
+    shown = re.findall(r"^\[(\d)/6\] (\w+):", first_run.stdout, re.MULTILINE)
+    assert shown == [(str(n), name) for n, name in enumerate(STEPS, 1)]
+    assert len(re.findall(r"^ +done in \d+\.\d s$", first_run.stdout, re.MULTILINE)) == 5
+    assert [s["name"] for s in first_run.report["steps"]] == list(STEPS)
+    assert first_run.report["status"] == "ok"
+    folder = first_run.report_dir
+    assert folder.parent == first_run.work
+    assert (folder / "fidelity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (folder / "report.md").read_text()
+    for section in ("## 1. Data", "## 2. Training", "## 3. Serving", "## 4. `/virtual` requests", "## 5. Scores"):
+        assert section in markdown
+    # The quick sizes were used, through the real recipe.
+    assert first_run.report["training"]["simulator"]["metrics"]["steps"] == QUICK.simulator["max_steps"]
+    assert first_run.report["training"]["judge"]["metrics"]["steps"] == QUICK.judge["max_steps"]
+
+
+def test_hits_serve_the_real_answers_misses_are_simulated_and_written_back(first_run):
+    data = Path(first_run.report["data"]["folder"])
+    real = {}
+    for line in (data / "train.jsonl").read_text().splitlines():
+        pair = json.loads(line)
+        real[(pair["tool_name"], pair["api_name"], canonical_json(pair["tool_input"]))] = pair["response"]
+    calls = first_run.report["requests"]
+    hits = [c for c in calls if c["kind"] == "hit"]
+    assert hits
+    for call in hits:
+        body = call["body"]
+        key = (body["tool_name"], body["api_name"], canonical_json(json.loads(body["tool_input"])))
+        assert call["outcome"] == "hit" and call["provenance"] == "imported:tool_response_cache"
+        assert call["served"] == real[key]
+
+    miss = next(c for c in calls if c["kind"] == "miss" and c["outcome"] == "simulated")
+    assert miss["provenance"].startswith("simulated:") and miss["provenance"].endswith("@mirrorapi-v1")
+    repeat = next(c for c in calls if c["kind"] == "repeat")
+    assert repeat["body"] == miss["body"]
+    assert (repeat["outcome"], repeat["provenance"], repeat["served"]) == ("hit", miss["provenance"], miss["served"])
+    # Written back: the server's cache database holds the simulated answer.
+    registry = ToolRegistry.load([_tools_folder(first_run)])
+    doc = registry.resolve(miss["body"]["category"], miss["body"]["tool_name"], miss["body"]["api_name"])
+    cache = ResponseCache(first_run.report_dir / "cache.sqlite")
+    try:
+        stored = cache.get(doc.category, doc.tool, doc.api, canonical_json(json.loads(miss["body"]["tool_input"])),
+                           count_hit=False)
+    finally:
+        cache.close()
+    assert stored is not None and json.loads(stored[0]) == miss["served"] and stored[1] == miss["provenance"]
+
+    for banner in ("cache hit:", "cache miss, simulated:", "the same call again:", "provenance imported:",
+                   "provenance simulated:", "| real ("):
+        assert banner in first_run.stdout
+
+
+def _tools_folder(run) -> str:
+    import yaml
+
+    return yaml.safe_load((run.report_dir / "server.yml").read_text())["tools_folder"][0]
+
+
+def test_mistakes_get_clear_error_observations(first_run):
+    calls = {c["kind"]: c for c in first_run.report["requests"]}
+    unknown = calls["unknown_api"]
+    right_name = unknown["origin"].split(" misspelt as ")[0]  # the name the call was made from
+    assert unknown["served"]["error"].startswith(f"Unknown API '{unknown['body']['api_name']}'")
+    suggestions = unknown["served"]["error"].split("Closest known: ")[1].rstrip(".").split(", ")
+    assert api_key_name(right_name) in suggestions
+    assert calls["bad_input"]["served"]["error"].startswith("Tool input parse error")
+    assert calls["missing_required"]["served"]["error"].startswith("Missing required parameter")
+    assert {calls[k]["outcome"] for k in ("unknown_api", "bad_input", "missing_required")} == {"validation_error"}
+
+
+def test_scores_are_written(first_run):
+    report = first_run.report
+    assert report["fidelity"]["calls"] > 0 and report["fidelity"]["baseline"]
+    assert {row["model"] for row in report["fac"]["rows"]} == {"virtual_chatgpt_cot", "virtual_chatgpt_dfs"}
+    assert report["fac"]["complete"] and report["agreement"]["overall"]["n"] > 0
+    for path in ("fidelity/fidelity.md", "fac/fac.md", "judge-agreement/agreement.md"):
+        assert (first_run.report_dir / path).is_file()
+
+
+def test_nothing_is_written_into_home_and_nothing_is_left_running(first_run):
+    assert sorted(first_run.home.rglob("*")) == []
+    assert processes_using(first_run.work) == []
+
+
+class Lines:
+    """A child's output lines, read in a thread so that every wait is bounded."""
+
+    def __init__(self, stream):
+        self.queue: queue.Queue = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=lambda: [self.queue.put(line) for line in stream], daemon=True).start()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.queue.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            self.seen.append(line)
+            if found := re.search(pattern, line):
+                return found
+        raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n" + "".join(self.seen[-30:]))
+
+
+def test_second_run_reuses_what_was_built_and_ctrl_c_stops_everything(first_run, tmp_path):
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        demo = subprocess.Popen(demo_command(first_run.work), cwd=REPO, env=demo_env(first_run.home),
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        lines = Lines(demo.stdout)
+        engine = lines.wait_for(r"simulator engine: .* answers at http://127\.0\.0\.1:(\d+)/v1", timeout=120)
+        reuse = "".join(lines.seen)
+        for what in ("reused " + str(first_run.work / "build" / "data-"), "reused the tiny base model",
+                     "simulator: reused", "judge: reused"):
+            assert what in reuse
+        assert "accelerate launch" not in reuse
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(60) == 130
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    error = (tmp_path / "stderr.txt").read_text()
+    step = re.search(r"demo interrupted during step (\d) \((\w+)\)", error)
+    assert step and int(step.group(1)) >= 3, error
+    assert processes_using(first_run.work) == []
+    assert port_closed(int(engine.group(1)))
+    folder = Path(error.strip().splitlines()[-1].rsplit("partial report: ", 1)[1])
+    report = json.loads((folder / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["failed_step"]["number"] == int(step.group(1))
+
+
+def test_a_failing_step_is_named_and_everything_is_stopped(first_run):
+    judge = Path(first_run.report["training"]["judge"]["model"])
+    config = judge / "config.json"
+    original = config.read_bytes()
+    config.write_text("{")  # a corrupt model folder: its engine exits at start-up
+    try:
+        result = subprocess.run(demo_command(first_run.work), cwd=REPO, env=demo_env(first_run.home),
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        config.write_bytes(original)
+    assert result.returncode == 1
+    assert re.search(r"^demo failed at step 5 \(score\): engine exited with code \d+ before answering",
+                     result.stderr, re.MULTILINE), result.stderr[-2000:]
+    assert "not a valid JSON file" in result.stderr
+    assert processes_using(first_run.work) == []
+    folder = Path(result.stderr.strip().splitlines()[-1].rsplit("partial report: ", 1)[1])
+    report = json.loads((folder / "report.json").read_text())
+    assert report["status"] == "failed" and [s["name"] for s in report["steps"]] == list(STEPS[:4])
+    assert "fidelity" in report  # the steps before the failure are in the report

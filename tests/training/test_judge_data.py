@@ -1,0 +1,68 @@
+"""The judge SFT builder: fac-v1 prompts, parseable verdict targets, balanced training split,
+queries never split between train and test, and the CLI on good and bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from datasets import load_from_disk
+
+from mirrorapi.judge_data import build_judge_records, read_labelled
+from mirrorapi.prompts import judge_messages, parse_verdict
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "data" / "samples"
+LABELLED = [json.loads(line) for line in open(SAMPLES / "judge.jsonl", encoding="utf-8")]
+
+
+def test_records_use_the_evaluation_prompt_and_parse_back(judge_sft_dir):
+    dataset = load_from_disk(str(judge_sft_dir))
+    by_id = {r["id"]: r for r in LABELLED}
+    for split in dataset.values():
+        for record in split:
+            original = by_id[record["id"]]
+            assert record["prompt"] == judge_messages(original["query"], original["final_answer"], "fac-v1")
+            verdict, _ = parse_verdict(record["completion"][0]["content"])
+            assert verdict == original["label"] == record["label"]
+
+
+def test_train_is_balanced_and_queries_stay_on_one_side(judge_sft_dir):
+    dataset = load_from_disk(str(judge_sft_dir))
+    labels = dataset["train"]["label"]
+    assert labels.count("Solved") == labels.count("Unsolved") > 0
+    queries = {split: {json.dumps(r["prompt"][1]["content"].split("\n\nFinal answer:")[0]) for r in dataset[split]}
+               for split in ("train", "test")}
+    assert len(dataset["test"]) and not queries["train"] & queries["test"]
+    stats = json.loads((judge_sft_dir / "stats.json").read_text())
+    assert stats["dropped"]["empty_answer"] == sum(1 for r in LABELLED if not r["final_answer"].strip())
+    assert stats["splits"]["train"]["records"] == len(dataset["train"])
+
+
+def test_duplicates_and_conflicts_are_counted():
+    first = LABELLED[0]
+    flipped = {**first, "id": "x", "label": "Unsolved" if first["label"] == "Solved" else "Solved"}
+    _, stats = build_judge_records(LABELLED + [dict(first, id="copy"), flipped], test_fraction=0.2)
+    assert (stats["dropped"]["duplicate"], stats["dropped"]["duplicate_conflicting"]) == (1, 1)
+
+
+def test_cli(tmp_path):
+    bad = tmp_path / "labelled.jsonl"
+    bad.write_text(open(SAMPLES / "judge.jsonl").read() + '{"query": "no label"}\n', encoding="utf-8")
+    ok = subprocess.run([sys.executable, str(REPO / "data/build_judge_sft.py"), "--labelled", str(bad),
+                         "--out", str(tmp_path / "judge")], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout.strip().splitlines()[-1])["dropped"]["unreadable"] == 1
+    assert set(load_from_disk(str(tmp_path / "judge"))) == {"train", "test"}
+    missing = subprocess.run([sys.executable, str(REPO / "data/build_judge_sft.py"), "--labelled", "nope.jsonl",
+                              "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and missing.stderr.strip() == \
+        "build_judge_sft.py: error: labelled answers file not found: nope.jsonl"
+
+
+def test_reader_reports_bad_lines(tmp_path):
+    path = tmp_path / "l.jsonl"
+    path.write_text(json.dumps(LABELLED[0]) + "\n{broken\n" + json.dumps({**LABELLED[0], "label": 1}) + "\n")
+    bad = []
+    assert len(list(read_labelled(path, bad.append))) == 1
+    assert len(bad) == 2 and "label" in bad[1]

@@ -1,0 +1,156 @@
+"""The simulator SFT builder: records rendered by the shared prompt code, quality rules counted,
+splits that hold out APIs and episodes, and the CLI's behaviour on good and bad input."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from datasets import load_from_disk
+
+from mirrorapi.cache import canonical_json
+from mirrorapi.prompts import (RESPONSE_CHAR_BUDGET, TRUNCATION_MARK, is_strict_observation, observation_text,
+                               simulator_messages, truncate_response)
+from mirrorapi.sft_data import SimulatorDataOptions, build_simulator_records
+from mirrorapi.splits import split_episodes
+from mirrorapi.tools import ToolRegistry
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "data" / "samples"
+
+SAMPLE_PAIRS = [json.loads(line) for line in open(SAMPLES / "pairs.jsonl", encoding="utf-8")]
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return ToolRegistry.load([SAMPLES / "tools"])
+
+
+def test_records_are_what_the_server_would_send_and_receive(simulator_sft_dir, registry):
+    dataset = load_from_disk(str(simulator_sft_dir))
+    first_seen = {}
+    for p in SAMPLE_PAIRS:
+        doc = registry.resolve(p["category"], p["tool_name"], p["api_name"])
+        first_seen.setdefault((doc.category, doc.tool, doc.api, canonical_json(p["tool_input"])), p["response"])
+    total = 0
+    for split in dataset.values():
+        for record in split:
+            doc = registry.resolve(record["category"], record["tool"], record["api"])
+            assert record["prompt"] == simulator_messages(doc, json.loads(record["arguments"]))
+            (answer,) = record["completion"]
+            assert answer["role"] == "assistant" and is_strict_observation(answer["content"])
+            original = first_seen[(record["category"], record["tool"], record["api"], record["arguments"])]
+            assert answer["content"] == observation_text(original["error"], truncate_response(original["response"]))
+            assert record["prompt_format"] == "mirrorapi-v1"
+            total += 1
+    stats = json.loads((simulator_sft_dir / "stats.json").read_text())
+    assert total == stats["kept"]["total"] == sum(s["records"] for s in stats["splits"].values())
+    assert stats["read"]["total"] == len(SAMPLE_PAIRS)
+    assert stats["kept"]["error"] > 0 and stats["kept"]["in_band_error"] > 0  # genuine errors are kept
+
+
+def test_each_quality_rule_is_applied_and_counted(registry):
+    options = SimulatorDataOptions(ood_fraction=0, id_fraction=0)
+    _, base = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, options)
+    success = next(p for p in SAMPLE_PAIRS if p["source"] == "api-bank-generated" and not p["response"]["error"]
+                   and len(p["tool_input"]) > 1)
+    reordered = copy.deepcopy(success)
+    reordered["tool_input"] = dict(reversed(list(success["tool_input"].items())))
+    reordered["episode"] = "extra-1"
+    conflicting = copy.deepcopy(reordered)
+    conflicting["response"] = {"error": "", "response": "something else"}
+    rate_limited = copy.deepcopy(success)
+    rate_limited["tool_input"] = {**success["tool_input"], "extra": 1}
+    rate_limited["response"] = {"error": "Rate limit per minute error...", "response": ""}
+    unknown = copy.deepcopy(success)
+    unknown["api_name"] = "NoSuchApi"
+    long_one = copy.deepcopy(success)
+    long_one["tool_input"] = {**success["tool_input"], "page": 2}
+    long_one["response"] = {"error": "", "response": "x" * (RESPONSE_CHAR_BUDGET + 500)}
+    extra = [reordered, conflicting, rate_limited, unknown, long_one]
+
+    splits, stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS) + extra, registry, options)
+    assert stats["dropped"]["duplicate"] == base["dropped"]["duplicate"] + 1
+    assert stats["dropped"]["duplicate_conflicting"] == base["dropped"]["duplicate_conflicting"] + 1
+    assert stats["dropped"]["transport_failure_by_kind"]["rate_limit"] == \
+        base["dropped"]["transport_failure_by_kind"].get("rate_limit", 0) + 1
+    assert stats["dropped"]["unknown_api"] == base["dropped"]["unknown_api"] + 1
+    assert stats["unknown_api_examples"] == ["APIBank/apibank_account/NoSuchApi"] or \
+        stats["unknown_api_examples"][-1].endswith("/NoSuchApi")
+    assert stats["kept"]["total"] == base["kept"]["total"] + 1
+    assert stats["kept"]["truncated"] == base["kept"]["truncated"] + 1
+    (cut,) = [r for r in splits["train"] if r["arguments"] == canonical_json(long_one["tool_input"])]
+    response = json.loads(cut["completion"][0]["content"])["response"]
+    assert len(response) == RESPONSE_CHAR_BUDGET + len(TRUNCATION_MARK) and response.endswith(TRUNCATION_MARK)
+
+
+def test_splits_hold_out_apis_and_whole_episodes(simulator_sft_dir):
+    dataset = load_from_disk(str(simulator_sft_dir))
+
+    def apis(split):
+        return {(r["category"], r["tool"], r["api"]) for r in dataset[split]}
+
+    def episodes(split):
+        return {(r["source"], r["episode"]) for r in dataset[split]}
+    assert len(dataset["test_id"]) and len(dataset["test_ood"])
+    assert not apis("test_ood") & apis("train")  # out of distribution: never seen in training
+    assert apis("test_id") <= apis("train")  # in distribution: seen APIs, unseen calls
+    assert not (episodes("test_id") | episodes("test_ood")) & episodes("train")
+
+
+def test_few_shot_examples_come_from_training_calls_of_the_same_api(registry):
+    splits, _ = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(few_shot=2))
+    train_calls = {(r["category"], r["tool"], r["api"], r["arguments"]) for r in splits["train"]}
+    shown = 0
+    for name, records in splits.items():
+        for r in records:
+            user = r["prompt"][1]["content"]
+            if "\n\nExamples:\n" not in user:
+                continue
+            examples = user.split("\n\nExamples:\n")[1].split("\n\nRequest:\n")[0]
+            requests = [line[len("Request: "):] for line in examples.splitlines() if line.startswith("Request: ")]
+            assert 1 <= len(requests) <= 2 and r["arguments"] not in requests
+            assert all((r["category"], r["tool"], r["api"], q) in train_calls for q in requests)
+            assert name != "test_ood"  # an unseen API has no cached examples
+            shown += 1
+    assert shown > 100
+
+
+def test_splits_are_seeded():
+    apis = [f"api{i % 23}" for i in range(400)]
+    episodes = [f"ep{i // 4}" for i in range(400)]
+    first = split_episodes(apis, episodes, 0.1, 0.1, seed=1)
+    assert first == split_episodes(apis, episodes, 0.1, 0.1, seed=1)
+    assert first != split_episodes(apis, episodes, 0.1, 0.1, seed=2)
+    assert sorted(sum(first.values(), [])) == list(range(400))
+
+
+def run_builder(*args):
+    return subprocess.run([sys.executable, str(REPO / "data/build_simulator_sft.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_cli_builds_a_loadable_dataset(tmp_path):
+    result = run_builder("--pairs", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools", "--out", tmp_path / "d",
+                         "--seed", "7")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    dataset = load_from_disk(str(tmp_path / "d"))
+    assert {name: len(split) for name, split in dataset.items()} == summary["splits"]
+    assert json.loads((tmp_path / "d/stats.json").read_text())["options"]["seed"] == 7
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pairs", "missing.jsonl", "--tools", SAMPLES / "tools"], "pairs file not found: missing.jsonl"),
+    (["--pairs", SAMPLES / "pairs.jsonl", "--tools", "no/such/folder"], "tool source not found: no/such/folder"),
+    (["--pairs", SAMPLES / "pairs.jsonl"], "need --tools"),
+    (["--pairs", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools", "--ood-fraction", "1.5"], "ood_fraction"),
+])
+def test_cli_bad_input_is_one_line_and_status_2(tmp_path, args, message):
+    result = run_builder(*args, "--out", tmp_path / "d")
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists()

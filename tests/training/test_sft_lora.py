@@ -1,0 +1,65 @@
+"""LoRA path: trains, saves an adapter, reloads it, merges it (recipe `--merge` and the standalone
+script), and the merged model loads as a plain model that computes what base + adapter computes."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory, entry_script):
+    out = tmp_path_factory.mktemp("lora") / "adapter"
+    status = entry_script("training/sft.py").cli(["--config", str(REPO / "training/configs/tiny_cpu.yaml"), "--model_name_or_path",
+                    str(tiny_model_dir), "--dataset_path", str(simulator_sft_dir), "--output_dir", str(out),
+                    "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "all-linear",
+                    "--learning_rate", "1e-2", "--max_steps", "8", "--max_train_samples", "16",
+                    "--max_eval_samples", "4",
+                    "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no", "--merge", "true",
+                    "--disable_tqdm", "true"])
+    assert status == 0
+    return out
+
+
+def logits(model, input_ids):
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits
+
+
+@pytest.mark.slow
+def test_adapter_saved_reloaded_and_merged(adapter_dir, tiny_model_dir):
+    assert (adapter_dir / "adapter_config.json").is_file() and (adapter_dir / "adapter_model.safetensors").is_file()
+    assert not (adapter_dir / "model.safetensors").exists()  # an adapter, for `vllm serve --lora-modules`
+    assert json.loads((adapter_dir / "adapter_config.json").read_text())["r"] == 8
+    info = json.loads((adapter_dir / "mirrorapi_training.json").read_text())
+    assert info["adapter"] is True and "library_name: peft" in (adapter_dir / "README.md").read_text()
+
+    input_ids = torch.tensor([[5, 17, 99, 240, 3, 8]])
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base_logits = logits(base, input_ids)
+    with_adapter = PeftModel.from_pretrained(base, str(adapter_dir))
+    adapter_logits = logits(with_adapter, input_ids)
+    assert not torch.allclose(adapter_logits, base_logits, atol=1e-4)  # the adapter learned something
+
+    merged = AutoModelForCausalLM.from_pretrained(adapter_dir / "merged")  # a plain model folder
+    assert torch.allclose(logits(merged, input_ids), adapter_logits, atol=1e-4)
+    assert json.loads((adapter_dir / "merged/mirrorapi_training.json").read_text())["adapter"] is False
+
+
+@pytest.mark.slow
+def test_merge_script(adapter_dir, tmp_path, capsys, entry_script):
+    merge = entry_script("training/merge_lora.py").main
+    assert merge(["--adapter", str(adapter_dir), "--out", str(tmp_path / "m")]) == 0
+    input_ids = torch.tensor([[11, 12, 13]])
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(tmp_path / "m"), input_ids),
+                          logits(AutoModelForCausalLM.from_pretrained(adapter_dir / "merged"), input_ids))
+    assert (tmp_path / "m/README.md").is_file()
+    capsys.readouterr()
+    assert merge(["--adapter", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip() == f"merge_lora.py: error: {tmp_path} is not a LoRA adapter folder " \
+                                               "(no adapter_config.json)"

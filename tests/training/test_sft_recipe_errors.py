@@ -1,0 +1,113 @@
+"""A mistake in a recipe ends in one clear `error:` line and status 2, before any model is loaded."""
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_RECIPE = str(REPO / "training/configs/tiny_cpu.yaml")
+
+
+@pytest.fixture(scope="module")
+def cli(entry_script):
+    return entry_script("training/sft.py").cli
+
+
+@pytest.fixture(scope="module")
+def no_template_model(tiny_model_dir, tmp_path_factory):
+    """The tiny model with its chat template removed (a base model's tokenizer)."""
+    out = tmp_path_factory.mktemp("no-template") / "model"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_only_dataset(tmp_path_factory):
+    from datasets import Dataset, DatasetDict
+
+    out = tmp_path_factory.mktemp("bad-data") / "text"
+    rows = Dataset.from_dict({"text": ["hello"], "answer": ["x"]})
+    DatasetDict({"train": rows, "test_id": rows, "test_ood": rows}).save_to_disk(str(out))
+    return out
+
+
+def run(cli, capsys, *argv):
+    start = time.monotonic()
+    status = cli(["--config", TINY_RECIPE, *map(str, argv)])
+    err = capsys.readouterr().err.strip().splitlines()
+    return status, err[-1] if err else "", time.monotonic() - start
+
+
+def test_unknown_recipe_key(cli, capsys, tmp_path, tiny_model_dir, simulator_sft_dir):
+    recipe = tmp_path / "typo.yaml"
+    recipe.write_text(open(TINY_RECIPE).read() + "learning_rat: 0.1\nlora_rnk: 4\n")
+    status = cli(["--config", str(recipe), "--model_name_or_path", str(tiny_model_dir)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err == f"sft.py: error: unknown key(s) in {recipe}: learning_rat, lora_rnk (`training/sft.py --help` " \
+                  "lists the keys)"
+
+
+def test_dataset_without_the_expected_columns(cli, capsys, tiny_model_dir, text_only_dataset, tmp_path):
+    status, err, _ = run(cli, capsys, "--model_name_or_path", tiny_model_dir, "--dataset_path", text_only_dataset,
+                         "--output_dir", tmp_path / "out")
+    assert status == 2
+    assert err.startswith("sft.py: error: split 'train' of") and "lacks the column(s) prompt, completion" in err
+    assert "it has: text, answer" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_base_model_that_does_not_exist(cli, capsys, simulator_sft_dir, tmp_path):
+    status, err, _ = run(cli, capsys, "--model_name_or_path", tmp_path / "no-model", "--dataset_path",
+                         simulator_sft_dir, "--output_dir", tmp_path / "out")
+    assert (status, err) == (2, f"sft.py: error: base model folder not found: {tmp_path / 'no-model'}")
+
+
+def test_tokenizer_without_a_chat_template(cli, capsys, no_template_model, simulator_sft_dir, tmp_path):
+    status, err, _ = run(cli, capsys, "--model_name_or_path", no_template_model, "--dataset_path",
+                         simulator_sft_dir, "--output_dir", tmp_path / "out")
+    assert status == 2
+    assert err.startswith(f"sft.py: error: the tokenizer of {no_template_model} has no chat template")
+    assert "--chat_template_path" in err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--dataset_path", "nowhere/data"], "dataset folder not found: nowhere/data"),
+    (["--eval_splits", "test"], "has no split 'test' (it has: train, test_id, test_ood)"),
+    (["--resume", "true"], "--resume: no checkpoint in"),
+    (["--merge", "true"], "--merge applies to LoRA training only"),
+])
+def test_other_mistakes(cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path, extra, message):
+    argv = ["--model_name_or_path", tiny_model_dir, "--dataset_path", simulator_sft_dir,
+            "--output_dir", tmp_path / "out", *extra]
+    status, err, _ = run(cli, capsys, *argv)
+    assert status == 2 and message in err and err.startswith("sft.py: error: ")
+
+
+def test_as_a_command_no_traceback(tiny_model_dir, simulator_sft_dir, tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "training/sft.py"), "--config", TINY_RECIPE,
+                             "--model_name_or_path", str(tmp_path / "absent"), "--dataset_path",
+                             str(simulator_sft_dir)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"sft.py: error: base model folder not found: {tmp_path}/absent"
+
+
+@pytest.mark.parametrize("script, function, flag", [
+    ("training/sft.py", "cli", "--dataset_path"), ("training/merge_lora.py", "main", "--adapter"),
+    ("data/build_simulator_sft.py", "main", "--stabletoolbench-cache"),
+    ("data/build_judge_sft.py", "main", "--labelled"),
+])
+def test_help_exits_0(entry_script, capsys, script, function, flag):
+    with pytest.raises(SystemExit) as exit_:
+        getattr(entry_script(script), function)(["--help"])
+    assert exit_.value.code == 0 and flag in capsys.readouterr().out
