@@ -109,6 +109,9 @@ class ResponseCache:
                                        check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # durable against process crashes in WAL mode
+            # Reads from a memory map, not a read() call per page: a third less CPU per lookup of a
+            # 50 MB cache (20,000 entries, bench/server.py). Address space only; the OS shares the pages.
+            self._db.execute("PRAGMA mmap_size=1073741824")
             if not autocheckpoint:  # the owner calls `checkpoint()` off the request path (see the server)
                 self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._db.executescript(_SCHEMA)

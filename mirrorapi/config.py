@@ -57,7 +57,8 @@ class ServerSettings(BaseModel):
         "A StableToolBench cache folder (<cat>/<tool>_for_<cat>/<api>.json), imported into the cache "
         "database at start-up (once; later starts skip an unchanged folder)."))
     is_save: bool = Field(True, description="Store simulated responses in the cache (false: store nothing new).")
-    log_file: Path | None = Field(None, description="Also append the per-request log lines to this file.")
+    log_file: Path | None = Field(None, description="Append every request line (one JSON object each) to this "
+                                  "file; stderr gets them at log_level info or debug.")
     toolbench_url: str | None = Field(None, description="Accepted for StableToolBench configs; ignored.")
     # ours
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 exposes the server).")

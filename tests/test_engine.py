@@ -1,6 +1,7 @@
 """EngineClient against a real `transformers serve`, and against engines that are down or hang."""
 
 import asyncio
+import http.server
 import socket
 import threading
 import time
@@ -94,3 +95,42 @@ def test_engine_that_never_answers_times_out():
         server.close()
     assert error.kind == "timeout"
     assert 1.4 < elapsed < 2.5  # one deadline for all attempts
+
+
+
+@pytest.mark.parametrize("status, attempts", [(400, 1), (503, 3)])
+def test_rejected_requests_are_not_retried_server_errors_are(status, attempts):
+    # Fake engine (a fault we cannot provoke: `transformers serve` answers 500 even to a malformed
+    # request): answers every chat completion with `status`, counting them.
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            seen.append(self.path)
+            self.send_response(status)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    async def run():
+        engine = EngineClient([f"http://127.0.0.1:{server.server_port}/v1"], "m", timeout=10, retries=2, backoff=0.05)
+        try:
+            with pytest.raises(EngineError) as err:
+                await engine.chat([{"role": "user", "content": "hi"}])
+            return err.value
+        finally:
+            await engine.aclose()
+    try:
+        error = asyncio.run(run())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (error.kind, error.status) == ("http", status)
+    assert seen == ["/v1/chat/completions"] * attempts

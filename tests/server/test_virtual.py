@@ -1,7 +1,8 @@
 """POST /virtual on a real uvicorn: StableToolBench's request bodies, imported real answers, bad input."""
 
 import json
-import logging
+import time
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,8 @@ def imported(serve, stb_cache, tmp_path_factory):
     """A server whose cache holds a StableToolBench cache folder built from real pairs; no engine
     listens (misses fail fast), so everything answered here comes from the cache or the checks."""
     folder, _ = stb_cache
-    with serve(cache_folder=str(folder), cache_path=str(tmp_path_factory.mktemp("db") / "c.sqlite"),
+    db = tmp_path_factory.mktemp("db")
+    with serve(cache_folder=str(folder), cache_path=str(db / "c.sqlite"), log_file=str(db / "requests.jsonl"),
                api_base=[f"http://127.0.0.1:{free_port()}/v1"], engine_timeout=2, engine_retries=0) as server:
         yield server
 
@@ -37,19 +39,23 @@ def recorded(real_pairs, stb_cache):
     return out
 
 
-def test_recorded_answers_are_served_as_hits(imported, recorded, agent, caplog):
+def test_recorded_answers_are_served_as_hits(imported, recorded, agent):
     by_source = {}
     for pair, observation in recorded:
         by_source.setdefault(pair["source"], []).append((pair, observation))
     chosen = [item for items in by_source.values() for item in items[:: max(1, len(items) // 5)][:5]]
     hits = imported.metric("mirrorapi_requests_total", outcome="hit")
-    caplog.set_level(logging.INFO, logger="mirrorapi.requests")
+    log = Path(imported.app.state.settings.log_file)
+    logged = log.read_text().count("\n") if log.exists() else 0
     for pair, observation in chosen:
         response = imported.virtual(agent(pair["category"], pair["tool_name"], pair["api_name"], pair["tool_input"]))
         assert response.status_code == 200
         assert response.json() == observation, pair
     assert imported.metric("mirrorapi_requests_total", outcome="hit") == hits + len(chosen)
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "mirrorapi.requests"]
+    deadline = time.monotonic() + 5  # lines are written right after the event-loop turn that answered
+    while len(log.read_text().splitlines()) < logged + len(chosen) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    lines = [json.loads(line) for line in log.read_text().splitlines()[logged:]]
     assert len(lines) == len(chosen)
     assert {line["outcome"] for line in lines} == {"hit"}
     assert {line["provenance"] for line in lines} == {"imported:tool_response_cache"}
