@@ -145,8 +145,9 @@ class RequestLog:
 
     def close(self) -> None:
         self.flush()
-        for stream in self.streams[1 if self.streams and self.streams[0] is sys.stderr else 0:]:
-            stream.close()
+        for stream in self.streams:
+            if stream is not sys.stderr:
+                stream.close()
 
 
 class VirtualEndpoint:
