@@ -46,7 +46,6 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
     if args.repeats < 1 or args.concurrency < 1 or args.max_tokens < 1:
         print("error: --repeats, --concurrency and --max-tokens must be at least 1", file=sys.stderr)
         return 2
