@@ -120,7 +120,8 @@ def _run(coro):
 def build_cache(tools: str, path: Path, n_apis: int = 2000, per_api: int = 10) -> list[dict]:
     """20,000 entries over 2,000 APIs spread over the folder; returns the agent bodies of the hits."""
     sys.path.insert(0, str(REPO))
-    from mirrorapi.cache import ResponseCache, canonical_json
+    from mirrorapi.records import canonical_json
+    from mirrorapi.serving.cache import ResponseCache
     from mirrorapi.tools import ToolRegistry
 
     docs = sorted(ToolRegistry.load([tools]), key=lambda d: (d.category, d.tool, d.api))
@@ -158,7 +159,7 @@ def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: i
 
 
 def one_run(args, work: Path, base_cache: Path, hit_bodies: Path, miss_bodies: list, engine_port: int) -> dict:
-    from mirrorapi.launch import free_port
+    from mirrorapi.processes import free_port
 
     cache = work / "cache.sqlite"
     shutil.copy(base_cache, cache)
@@ -192,7 +193,7 @@ def one_run(args, work: Path, base_cache: Path, hit_bodies: Path, miss_bodies: l
         server.terminate()
         server.wait(30)
         log.close()
-    from mirrorapi.cache import ResponseCache
+    from mirrorapi.serving.cache import ResponseCache
     stored = ResponseCache(cache)
     result["misses_64"]["entries_lost"] = result["misses_64"]["statuses"].get("ok", 0) - (stored.count() - 20000)
     stored.close()
@@ -218,7 +219,7 @@ def main() -> None:
     if not Path(args.tools).is_dir():
         sys.exit(f"bench/server.py: tools folder not found: {args.tools}")
     sys.path.insert(0, str(REPO))
-    from mirrorapi.launch import free_port
+    from mirrorapi.processes import free_port
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-"))
     engine_port = free_port()

@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--launcher", choices=("python", "accelerate"), default="accelerate")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from mirrorapi.tiny_model import build_tiny_model
+    from mirrorapi.training.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         tmp = Path(tmp)

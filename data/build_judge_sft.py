@@ -15,9 +15,9 @@ import logging
 import sys
 import time
 
-from mirrorapi.judge_data import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records, read_labelled
-from mirrorapi.pair_sources import SourceError
-from mirrorapi.sft_data import write_sft_dataset
+from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records, read_labelled
+from mirrorapi.data.simulator_sft import write_sft_dataset
+from mirrorapi.records import SourceError
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -18,9 +18,10 @@ import logging
 import sys
 import time
 
-from mirrorapi.pair_sources import SourceError, read_alpaca, read_pairs_jsonl, read_stabletoolbench_cache
+from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
+from mirrorapi.data.sources import read_alpaca
 from mirrorapi.prompts import SIMULATOR_FORMATS
-from mirrorapi.sft_data import SimulatorDataOptions, build_simulator_records, write_sft_dataset
+from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 

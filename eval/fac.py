@@ -18,8 +18,8 @@ import logging
 import sys
 from pathlib import Path
 
-from mirrorapi.answers import AnswersError
-from mirrorapi.judging import METRICS, JudgeRunError, JudgeSettings, run_scoring
+from mirrorapi.evaluation.answer_files import AnswersError
+from mirrorapi.evaluation.judging import METRICS, JudgeRunError, JudgeSettings, run_scoring
 
 
 def make_parser() -> argparse.ArgumentParser:

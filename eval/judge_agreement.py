@@ -15,9 +15,9 @@ import argparse
 import logging
 import sys
 
-from mirrorapi.answers import AnswersError
-from mirrorapi.judge_agreement import render_markdown, run_agreement
-from mirrorapi.judging import JudgeRunError, JudgeSettings
+from mirrorapi.evaluation.answer_files import AnswersError
+from mirrorapi.evaluation.judge_agreement import render_markdown, run_agreement
+from mirrorapi.evaluation.judging import JudgeRunError, JudgeSettings
 
 
 def make_parser() -> argparse.ArgumentParser:

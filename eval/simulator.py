@@ -17,8 +17,8 @@ import logging
 import sys
 from pathlib import Path
 
-from mirrorapi.fidelity import run_fidelity
-from mirrorapi.fidelity_metrics import FidelityError
+from mirrorapi.evaluation.fidelity import run_fidelity
+from mirrorapi.evaluation.fidelity_metrics import FidelityError
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -78,7 +78,7 @@ def add_tools_parser(sub) -> None:
 
 # ------------------------------------------------------------------------------------------- cache
 def cache_import(args: argparse.Namespace) -> int:
-    from mirrorapi.cache import ResponseCache, import_pairs, import_stabletoolbench_cache
+    from mirrorapi.serving.cache import ResponseCache, import_pairs, import_stabletoolbench_cache
 
     registry = ToolRegistry.load(args.tools) if args.tools else None
     cache = ResponseCache(args.cache)
@@ -104,7 +104,7 @@ def cache_import(args: argparse.Namespace) -> int:
 
 
 def cache_export(args: argparse.Namespace) -> int:
-    from mirrorapi.cache import export_stabletoolbench_cache
+    from mirrorapi.serving.cache import export_stabletoolbench_cache
 
     cache = _existing_cache(args.cache)
     try:
@@ -135,7 +135,7 @@ def cache_stats(args: argparse.Namespace) -> int:
 
 
 def _existing_cache(path: str):
-    from mirrorapi.cache import CacheError, ResponseCache
+    from mirrorapi.serving.cache import CacheError, ResponseCache
 
     if not os.path.isfile(path):
         raise CacheError(f"cache database not found: {path}")
@@ -167,15 +167,15 @@ def add_cache_parser(sub) -> None:
 
 # ------------------------------------------------------------------------------------------- serve
 def serve(args: argparse.Namespace) -> int:
-    from mirrorapi.config import settings_from_args
-    from mirrorapi.server import serve as run_server
+    from mirrorapi.serving.app import serve as run_server
+    from mirrorapi.serving.config import settings_from_args
 
     run_server(settings_from_args(args))
     return 0
 
 
 def add_serve_parser(sub) -> None:
-    from mirrorapi.config import add_server_arguments
+    from mirrorapi.serving.config import add_server_arguments
 
     parser = sub.add_parser("serve", help="Run the virtual API server (same as serving/main_mirrorapi.py).")
     add_server_arguments(parser)
@@ -193,8 +193,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "mirrorapi") -> int:
-    from mirrorapi.cache import CacheError
-    from mirrorapi.config import ConfigError
+    from mirrorapi.serving.cache import CacheError
+    from mirrorapi.serving.config import ConfigError
 
     args = make_parser().parse_args(argv)
     try:

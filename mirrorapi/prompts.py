@@ -28,8 +28,8 @@ from typing import Any
 
 import json_repair
 
-from mirrorapi.cache import canonical_json
 from mirrorapi.names import api_key_name
+from mirrorapi.records import canonical_json
 from mirrorapi.tools import ApiDoc
 
 SIMULATOR_FORMATS = ("mirrorapi-v1", "stabletoolbench", "stabletoolbench-cache")

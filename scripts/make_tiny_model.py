@@ -9,7 +9,7 @@ import argparse
 import time
 from pathlib import Path
 
-from mirrorapi.tiny_model import build_tiny_model
+from mirrorapi.training.tiny_model import build_tiny_model
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ Point StableToolBench's agents at it: `SERVICE_URL=http://127.0.0.1:8080/virtual
 import argparse
 import sys
 
-from mirrorapi.config import add_server_arguments, settings_from_args
-from mirrorapi.server import STARTUP_ERRORS, serve
+from mirrorapi.serving.app import STARTUP_ERRORS, serve
+from mirrorapi.serving.config import add_server_arguments, settings_from_args
 
 
 def main(argv: list[str] | None = None) -> int:

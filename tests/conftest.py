@@ -45,14 +45,14 @@ def samples() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from mirrorapi.tiny_model import build_tiny_model
+    from mirrorapi.training.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
 
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir, tmp_path_factory):
-    from mirrorapi.launch import transformers_serve
+    from mirrorapi.processes import transformers_serve
 
     log = tmp_path_factory.mktemp("engine") / "transformers-serve.log"
     with transformers_serve(tiny_model_dir, log_path=log, timeout=180) as engine:
@@ -92,8 +92,8 @@ def run_sft_recipe(argv: list[str]) -> None:
 
 @pytest.fixture(scope="session")
 def simulator_sft_dir(tmp_path_factory) -> Path:
-    from mirrorapi.pair_sources import read_pairs_jsonl
-    from mirrorapi.sft_data import SimulatorDataOptions, build_simulator_records, write_sft_dataset
+    from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
+    from mirrorapi.records import read_pairs_jsonl
     from mirrorapi.tools import ToolRegistry
 
     splits, stats = build_simulator_records(read_pairs_jsonl(SAMPLES / "pairs.jsonl"),
@@ -103,8 +103,8 @@ def simulator_sft_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def judge_sft_dir(tmp_path_factory) -> Path:
-    from mirrorapi.judge_data import JUDGE_COLUMNS, build_judge_records, read_labelled
-    from mirrorapi.sft_data import write_sft_dataset
+    from mirrorapi.data.judge_sft import JUDGE_COLUMNS, build_judge_records, read_labelled
+    from mirrorapi.data.simulator_sft import write_sft_dataset
 
     splits, stats = build_judge_records(read_labelled(SAMPLES / "judge.jsonl", lambda reason: None))
     return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "judge", splits, stats, JUDGE_COLUMNS)
@@ -121,7 +121,7 @@ def trained_simulator_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory) -
 
 @pytest.fixture(scope="session")
 def simulator_engine(trained_simulator_dir, tmp_path_factory):
-    from mirrorapi.launch import transformers_serve
+    from mirrorapi.processes import transformers_serve
 
     log = tmp_path_factory.mktemp("engine") / "simulator-serve.log"
     with transformers_serve(trained_simulator_dir, log_path=log, timeout=180) as engine:
@@ -140,7 +140,7 @@ def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def judge_engine(trained_judge_dir, tmp_path_factory):
-    from mirrorapi.launch import transformers_serve
+    from mirrorapi.processes import transformers_serve
 
     log = tmp_path_factory.mktemp("engine") / "judge-serve.log"
     with transformers_serve(trained_judge_dir, log_path=log, timeout=180) as engine:

@@ -21,10 +21,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from demo.run import QUICK, STEPS
 
-from mirrorapi.cache import ResponseCache, canonical_json
-from mirrorapi.demo import QUICK, STEPS
 from mirrorapi.names import api_key_name
+from mirrorapi.records import canonical_json
+from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import time
 import openai
 import pytest
 
-from mirrorapi.engine import EngineClient, EngineError
-from mirrorapi.launch import free_port
+from mirrorapi.engine_client import EngineClient, EngineError
+from mirrorapi.processes import free_port
 
 
 @pytest.mark.slow

@@ -4,11 +4,18 @@ import json
 
 import pytest
 
-from mirrorapi.cache import canonical_json, parse_repr_key
 from mirrorapi.prompts import (
-    RESPONSE_CHAR_BUDGET, is_strict_observation, judge_completion, judge_messages, observation_text,
-    parse_simulator_output, parse_verdict, simulator_messages, truncate_response,
+    RESPONSE_CHAR_BUDGET,
+    is_strict_observation,
+    judge_completion,
+    judge_messages,
+    observation_text,
+    parse_simulator_output,
+    parse_verdict,
+    simulator_messages,
+    truncate_response,
 )
+from mirrorapi.records import canonical_json, parse_repr_key
 from mirrorapi.tools import ToolRegistry
 
 

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_round_trips_through_from_pretrained(tiny_model_dir):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from mirrorapi.tiny_model import train_tokenizer, default_corpus
+    from mirrorapi.training.tiny_model import default_corpus, train_tokenizer
 
     config = AutoConfig.from_pretrained(tiny_model_dir)
     assert config.model_type == "qwen2"

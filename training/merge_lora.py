@@ -21,8 +21,8 @@ def main(argv=None) -> int:
     import json
     from pathlib import Path
 
-    from mirrorapi.model_card import TRAINING_FILE, write_model_card
-    from mirrorapi.sft_recipe import RecipeError, merge_lora
+    from mirrorapi.training.model_card import TRAINING_FILE, write_model_card
+    from mirrorapi.training.recipe import RecipeError, merge_lora
 
     try:
         out = merge_lora(args.adapter, args.out, args.base_model)

@@ -28,9 +28,16 @@ import time
 def main(recipe, training_args, model_args, argv):
     from trl import get_peft_config
 
-    from mirrorapi.model_card import write_model_card
-    from mirrorapi.sft_recipe import (RecipeError, check_inputs, dataset_stats, final_eval_losses, merge_lora,
-                                      throughput_trainer_class, training_splits)
+    from mirrorapi.training.model_card import write_model_card
+    from mirrorapi.training.recipe import (
+        RecipeError,
+        check_inputs,
+        dataset_stats,
+        final_eval_losses,
+        merge_lora,
+        throughput_trainer_class,
+        training_splits,
+    )
 
     tokenizer, dataset = check_inputs(recipe, training_args, model_args)
     train, evals = training_splits(dataset, recipe, tokenizer, training_args.max_length,
@@ -94,13 +101,13 @@ def _resolved(recipe, training_args, model_args):
 def make_parser():
     from trl import ModelConfig, SFTConfig, TrlParser
 
-    from mirrorapi.sft_recipe import RecipeArguments
+    from mirrorapi.training.recipe import RecipeArguments
 
     return TrlParser((RecipeArguments, SFTConfig, ModelConfig))
 
 
 def cli(argv=None) -> int:
-    from mirrorapi.sft_recipe import RecipeError, check_recipe_file
+    from mirrorapi.training.recipe import RecipeError, check_recipe_file
 
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -28,7 +28,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from mirrorapi.launch import free_port, stop
+from mirrorapi.processes import free_port, stop
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,11 +4,20 @@ import json
 
 import pytest
 
-from mirrorapi.answers import (EMPTY, GIVE_UP, MISSING, AnswersError, build_items, extract_final_answer, load_answers,
-                               load_ids, render_steps)
-from mirrorapi.judging import ScoringRun
+from mirrorapi.evaluation.answer_files import (
+    EMPTY,
+    GIVE_UP,
+    MISSING,
+    AnswersError,
+    build_items,
+    extract_final_answer,
+    load_answers,
+    load_ids,
+    render_steps,
+)
+from mirrorapi.evaluation.judging import ScoringRun
+from mirrorapi.evaluation.score_tables import render_markdown, score_table
 from mirrorapi.prompts import JUDGE_VERDICTS, judge_messages, parse_verdict
-from mirrorapi.score_tables import render_markdown, score_table
 
 STB_GROUP_SIZES = {"G1_instruction": 163, "G1_category": 153, "G1_tool": 158, "G2_category": 124,
                    "G2_instruction": 106, "G3_instruction": 61}
@@ -130,7 +139,7 @@ def _record(model, group, qid, repeat, verdict, score, judged=True, parsed=True)
 
 
 def test_score_table_denominators_repeats_and_average():
-    from mirrorapi.answers import AnswerItem
+    from mirrorapi.evaluation.answer_files import AnswerItem
 
     ids = {"G1_instruction": ["1", "2", "3", "4"], "G3_instruction": ["7", "8"]}
     items = [AnswerItem("m", "G1_instruction", q, "q", "a", "answer") for q in ("1", "2", "3")]

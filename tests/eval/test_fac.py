@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from mirrorapi.answers import build_items, load_answers, load_ids
-from mirrorapi.judging import JudgeSettings, run_scoring
+from mirrorapi.evaluation.answer_files import build_items, load_answers, load_ids
+from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
 from mirrorapi.prompts import parse_verdict
 
 RECORD_KEYS = {"metric", "model", "group", "query_id", "repeat", "verdict", "score", "reason", "judged", "parsed",
@@ -147,7 +147,7 @@ def test_failed_judge_calls_stay_pending_until_a_rerun(eval_cli, faulty_judge, s
 
 
 def test_user_mistakes_are_one_line_and_exit_2(eval_cli, faulty_judge, stb_answers, samples, tmp_path, capsys):
-    from mirrorapi.launch import free_port
+    from mirrorapi.processes import free_port
 
     fac = eval_cli("fac")
     ids = str(_example_ids(samples))

@@ -5,10 +5,18 @@ from collections import defaultdict
 
 import pytest
 
-from mirrorapi.cache import ResponseCache, canonical_json
-from mirrorapi.fidelity import NearestExample, load_pairs
-from mirrorapi.fidelity_metrics import api_id, conforms, is_error, payload_text, response_schema, skeleton_schema
-from mirrorapi.launch import free_port
+from mirrorapi.evaluation.fidelity import NearestExample, load_pairs
+from mirrorapi.evaluation.fidelity_metrics import (
+    api_id,
+    conforms,
+    is_error,
+    payload_text,
+    response_schema,
+    skeleton_schema,
+)
+from mirrorapi.processes import free_port
+from mirrorapi.records import canonical_json
+from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.tools import ToolRegistry
 
 SOURCES = ("api-bank", "api-bank-generated", "tau-bench", "toolbench-example")

@@ -17,10 +17,10 @@ import httpx
 import pytest
 import uvicorn
 
-from mirrorapi.config import load_settings
-from mirrorapi.launch import free_port
 from mirrorapi.names import api_key_name, standardize
-from mirrorapi.server import create_app
+from mirrorapi.processes import free_port
+from mirrorapi.serving.app import create_app
+from mirrorapi.serving.config import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"  # every tool of the sample and shared pairs

@@ -11,8 +11,13 @@ import time
 
 import pytest
 
-from mirrorapi.cache import (CacheError, ResponseCache, canonical_json, export_stabletoolbench_cache,
-                             import_stabletoolbench_cache, parse_repr_key)
+from mirrorapi.records import canonical_json, parse_repr_key
+from mirrorapi.serving.cache import (
+    CacheError,
+    ResponseCache,
+    export_stabletoolbench_cache,
+    import_stabletoolbench_cache,
+)
 from mirrorapi.tools import ToolRegistry
 
 API = ("APIBank", "apibank_agenda", "addagenda")
@@ -79,7 +84,8 @@ def test_64_concurrent_writers_on_one_api_lose_nothing(tmp_path):
 
 WRITER = r"""
 import sys
-from mirrorapi.cache import ResponseCache, canonical_json
+from mirrorapi.serving.cache import ResponseCache
+from mirrorapi.records import canonical_json
 cache = ResponseCache(sys.argv[1])
 i = 0
 while True:

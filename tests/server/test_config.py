@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mirrorapi.cli import main as mirrorapi_main
-from mirrorapi.config import ConfigError, load_settings
+from mirrorapi.serving.config import ConfigError, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"

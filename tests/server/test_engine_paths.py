@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from mirrorapi.cache import ResponseCache, canonical_json
+from mirrorapi.records import canonical_json
+from mirrorapi.serving.cache import ResponseCache
 
 README_REQUEST = {"category": "Artificial_Intelligence_Machine_Learning", "tool_name": "TTSKraken",
                   "api_name": "List Languages", "tool_input": "{}", "strip": "truncate", "toolbench_key": ""}

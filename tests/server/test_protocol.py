@@ -2,7 +2,8 @@
 
 import pytest
 
-from mirrorapi.protocol import ArgumentError, ToolInputError, check_arguments, parse_tool_input
+from mirrorapi.serving.handler import check_arguments, parse_tool_input
+from mirrorapi.serving.protocol import ArgumentError, ToolInputError
 from mirrorapi.tools import ToolRegistry
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from mirrorapi.cache import ResponseCache
-from mirrorapi.launch import free_port
+from mirrorapi.processes import free_port
+from mirrorapi.serving.cache import ResponseCache
 
 REPO = Path(__file__).resolve().parents[2]
 

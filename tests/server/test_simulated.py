@@ -6,7 +6,8 @@ import json
 import pytest
 from datasets import load_from_disk
 
-from mirrorapi.cache import ResponseCache, canonical_json
+from mirrorapi.records import canonical_json
+from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.tools import ToolRegistry
 
 

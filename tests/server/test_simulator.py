@@ -4,9 +4,11 @@ import json
 
 import pytest
 
-from mirrorapi.cache import ResponseCache, canonical_json
-from mirrorapi.config import load_settings
-from mirrorapi.simulator import Simulator, select_examples
+from mirrorapi.few_shot import select_examples
+from mirrorapi.records import canonical_json
+from mirrorapi.serving.cache import ResponseCache
+from mirrorapi.serving.config import load_settings
+from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ToolRegistry
 
 

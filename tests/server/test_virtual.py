@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from mirrorapi.cache import canonical_json, parse_repr_key
-from mirrorapi.launch import free_port
 from mirrorapi.names import api_key_name, standardize
+from mirrorapi.processes import free_port
+from mirrorapi.records import canonical_json, parse_repr_key
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,17 @@ from pathlib import Path
 import pytest
 from datasets import load_from_disk
 
-from mirrorapi.cache import canonical_json
-from mirrorapi.prompts import (RESPONSE_CHAR_BUDGET, TRUNCATION_MARK, is_strict_observation, observation_text,
-                               simulator_messages, truncate_response)
-from mirrorapi.sft_data import SimulatorDataOptions, build_simulator_records
-from mirrorapi.splits import split_episodes
+from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
+from mirrorapi.data.splits import split_episodes
+from mirrorapi.prompts import (
+    RESPONSE_CHAR_BUDGET,
+    TRUNCATION_MARK,
+    is_strict_observation,
+    observation_text,
+    simulator_messages,
+    truncate_response,
+)
+from mirrorapi.records import canonical_json
 from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[2]

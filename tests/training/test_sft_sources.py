@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from mirrorapi.pair_sources import SourceError, read_alpaca, read_pairs_jsonl, read_stabletoolbench_cache
+from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
+from mirrorapi.data.sources import read_alpaca
 from mirrorapi.prompts import simulator_messages
-from mirrorapi.sft_data import SimulatorDataOptions, build_simulator_records
+from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import ToolRegistry
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"

@@ -11,7 +11,7 @@ from datasets import load_from_disk
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mirrorapi.prompts import is_strict_observation, parse_verdict
-from mirrorapi.sft_recipe import RecipeArguments, training_splits
+from mirrorapi.training.recipe import RecipeArguments, training_splits
 
 
 def greedy(model_dir, prompts, max_new_tokens):

@@ -21,9 +21,9 @@ from typing import Callable, Iterator
 
 import httpx
 
-from mirrorapi.launch import interrupts_deferred
+from mirrorapi.processes import interrupts_deferred
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def child_environment(work_dir: Path) -> dict[str, str]:

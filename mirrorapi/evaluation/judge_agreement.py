@@ -14,13 +14,20 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mirrorapi.answers import AnswersError, extract_final_answer
-from mirrorapi.engine import EngineClient
-from mirrorapi.judge_data import JUDGE_KEYS, read_labelled
-from mirrorapi.judging import (TEXT_CHAR_BUDGET, JsonlStore, JudgeCall, JudgeRunError, JudgeSettings,
-                               check_reachable, run_judge_calls)
-from mirrorapi.pair_sources import SourceError
+from mirrorapi.data.judge_sft import JUDGE_KEYS, read_labelled
+from mirrorapi.engine_client import EngineClient
+from mirrorapi.evaluation.answer_files import AnswersError, extract_final_answer
+from mirrorapi.evaluation.judging import (
+    TEXT_CHAR_BUDGET,
+    JsonlStore,
+    JudgeCall,
+    JudgeRunError,
+    JudgeSettings,
+    check_reachable,
+    run_judge_calls,
+)
 from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.records import SourceError
 
 LABELS = ("Solved", "Unsolved")
 UNPARSEABLE = "unparseable"

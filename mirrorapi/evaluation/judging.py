@@ -22,10 +22,10 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from mirrorapi.answers import AnswerItem, build_items, load_answers, load_ids
-from mirrorapi.engine import EngineClient, EngineError
+from mirrorapi.engine_client import EngineClient, EngineError
+from mirrorapi.evaluation.answer_files import AnswerItem, build_items, load_answers, load_ids
+from mirrorapi.evaluation.score_tables import score_table, write_tables
 from mirrorapi.prompts import JUDGE_VERDICTS, judge_messages, parse_verdict
-from mirrorapi.score_tables import score_table, write_tables
 
 logger = logging.getLogger(__name__)
 

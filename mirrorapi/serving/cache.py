@@ -12,7 +12,6 @@ writes it back; `import_pairs` loads real pairs (our JSONL schema) with provenan
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import hashlib
 import itertools
@@ -22,33 +21,19 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from mirrorapi.names import api_key_name, standardize, standardize_category
-
-if TYPE_CHECKING:
-    from mirrorapi.tools import ToolRegistry
+from mirrorapi.records import (
+    SourceError,
+    canonical_json,
+    observation_json,
+    read_pairs_jsonl,
+    read_stabletoolbench_cache,
+)
+from mirrorapi.tools import ToolRegistry, UnknownName
 
 logger = logging.getLogger(__name__)
-
-
-def canonical_json(arguments: Any) -> str:
-    """`{"b": 2, "a": 1}` -> `{"a":1,"b":2}`. Types are kept: `1` and `"1"` are different calls."""
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def parse_repr_key(key: str) -> Any:
-    """A StableToolBench cache key (`str(dict)`: single quotes, `True`/`None`) -> the arguments it stands for.
-
-    Raises ValueError when the key is neither a Python literal nor JSON.
-    """
-    try:
-        return ast.literal_eval(key)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        try:
-            return json.loads(key)
-        except ValueError as exc:
-            raise ValueError(f"not a StableToolBench cache key: {key[:80]!r}") from exc
 
 
 # ------------------------------------------------------------------------------- ResponseCache
@@ -83,10 +68,6 @@ WHERE entries.provenance LIKE 'simulated:%' AND excluded.provenance NOT LIKE 'si
 
 class CacheError(Exception):
     """The cache database or a folder to import cannot be used; the message says which and why."""
-
-
-def observation_json(error: str, response: Any) -> str:
-    return json.dumps({"error": error, "response": response}, ensure_ascii=False, separators=(",", ":"))
 
 
 class ResponseCache:
@@ -228,10 +209,9 @@ class ResponseCache:
 _PLACEHOLDERS = ("Failed to generate fake response",)
 
 
-def _canonical_names(registry: "ToolRegistry | None", category: str, tool: str, api: str) -> tuple[tuple, bool]:
+def _canonical_names(registry: ToolRegistry | None, category: str, tool: str, api: str) -> tuple[tuple, bool]:
     """(category, tool, api) as the server keys them: the registry's names when it knows the API."""
     if registry is not None:
-        from mirrorapi.tools import UnknownName
         try:
             doc = registry.resolve(category, tool, api)
             return (doc.category, doc.tool, doc.api), True
@@ -269,7 +249,7 @@ def _store(cache: ResponseCache, pairs: Iterable[dict], registry, provenance: st
     report["stored"] += cache.put_many(rows, provenance)
 
 
-def import_stabletoolbench_cache(cache: ResponseCache, folder: str | os.PathLike, registry: "ToolRegistry | None" = None,
+def import_stabletoolbench_cache(cache: ResponseCache, folder: str | os.PathLike, registry: ToolRegistry | None = None,
                                  origin: str | None = None, force: bool = False) -> dict:
     """Load a StableToolBench cache folder with provenance `imported:<origin>` (default: the folder's name).
 
@@ -277,9 +257,6 @@ def import_stabletoolbench_cache(cache: ResponseCache, folder: str | os.PathLike
     `force`. With a `registry`, names are resolved as the server resolves requests. Entries never
     replace recorded ones already in the cache (they do replace simulated ones). Returns a report.
     """
-    # Imported here: pair_sources imports prompts, which imports this module.
-    from mirrorapi.pair_sources import SourceError, read_stabletoolbench_cache
-
     folder = Path(folder).resolve()
     if not folder.is_dir():
         raise CacheError(f"StableToolBench cache folder not found: {folder}")
@@ -302,10 +279,8 @@ def import_stabletoolbench_cache(cache: ResponseCache, folder: str | os.PathLike
     return report
 
 
-def import_pairs(cache: ResponseCache, path: str | os.PathLike, registry: "ToolRegistry | None" = None) -> dict:
+def import_pairs(cache: ResponseCache, path: str | os.PathLike, registry: ToolRegistry | None = None) -> dict:
     """Load real pairs (our JSONL schema) with provenance `real`; the first pair of a key wins."""
-    from mirrorapi.pair_sources import SourceError, read_pairs_jsonl
-
     report = {"origin": str(path), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
               "skipped_placeholders": 0, "unreadable": []}
     try:

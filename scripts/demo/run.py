@@ -32,14 +32,24 @@ from pathlib import Path
 
 import httpx
 import yaml
+from demo.build import (
+    REPO,
+    build_base_model,
+    build_data,
+    choose_data,
+    code_version,
+    complete,
+    digest,
+    fresh,
+    mark_complete,
+    select_heldout,
+)
+from demo.calls import plan_calls, render_call, send_calls
+from demo.processes import brief, run_command, sigint_ignored, virtual_server
+from demo.report import counts, fidelity_summary, judge_summary, write_report
 
-from mirrorapi.demo_build import (REPO, build_base_model, build_data, choose_data, code_version, complete, digest,
-                                  fresh, mark_complete, select_heldout)
-from mirrorapi.demo_calls import plan_calls, render_call, send_calls
-from mirrorapi.demo_processes import brief, run_command, sigint_ignored, virtual_server
-from mirrorapi.demo_report import counts, fidelity_summary, judge_summary, write_report
-from mirrorapi.launch import free_port, transformers_serve
-from mirrorapi.pair_sources import read_pairs_jsonl
+from mirrorapi.processes import free_port, transformers_serve
+from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)

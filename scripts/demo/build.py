@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from mirrorapi.cache import ResponseCache, export_stabletoolbench_cache, import_pairs
-from mirrorapi.judge_data import JUDGE_COLUMNS, build_judge_records, read_labelled
-from mirrorapi.pair_sources import read_pairs_jsonl
-from mirrorapi.sft_data import SimulatorDataOptions, build_simulator_records, write_sft_dataset
+from mirrorapi.data.judge_sft import JUDGE_COLUMNS, build_judge_records, read_labelled
+from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
+from mirrorapi.records import read_pairs_jsonl
+from mirrorapi.serving.cache import ResponseCache, export_stabletoolbench_cache, import_pairs
 from mirrorapi.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "data" / "samples"
 MARKER = ".demo-complete.json"
 # The shared slice: whole episodes of each source, a few hundred pairs in all (training stays fast).
@@ -84,11 +84,11 @@ def digest(*parts) -> str:
 
 
 def code_version() -> str:
-    """What the built things depend on besides their inputs: our code and the libraries. The demo's
-    other modules only run things, so editing them rebuilds nothing."""
+    """What the built things depend on besides their inputs: the library, the recipes, this module
+    (it decides what is built) and the libraries' versions. The demo's other modules only run
+    things, so editing them rebuilds nothing."""
     files = [p for folder in ("mirrorapi", "training") for p in sorted((REPO / folder).rglob("*"))
-             if p.suffix in (".py", ".yaml") and (not p.name.startswith("demo") or p.name == "demo_build.py")
-             and "__pycache__" not in p.parts]
+             if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts] + [Path(__file__).resolve()]
     versions = {name: metadata.version(name) for name in ("torch", "transformers", "trl", "datasets", "tokenizers")}
     return digest(versions, *files)
 
@@ -184,7 +184,7 @@ def build_data(build: Path, source: DataSource, code: str) -> DemoData:
 
 def build_base_model(build: Path, data: DemoData, code: str) -> tuple[Path, bool]:
     """The tiny from-scratch model, its tokenizer trained on the demo's own data."""
-    from mirrorapi.tiny_model import build_tiny_model
+    from mirrorapi.training.tiny_model import build_tiny_model
 
     corpus = [data.pairs, data.source.labelled, *sorted(data.source.tools.rglob("*.json"))]
     folder = build / f"tiny-base-{digest({'data': data.folder.name, 'code': code})}"

@@ -5,11 +5,11 @@ the functions the server uses, so a model is trained on exactly what it will be 
 rules, each counted in `stats.json`:
 - a pair whose API has no doc is dropped (`unknown_api`);
 - transport failures (rate limits, timeouts, auth, gateway and server errors) are dropped
-  (`mirrorapi.quality.transport_failure`, by kind); genuine API errors are kept as error examples;
-- a call seen before (same API, same canonical arguments, `mirrorapi.cache.canonical_json`) is
+  (`mirrorapi.data.transport_failures.transport_failure`, by kind); genuine API errors are kept as error examples;
+- a call seen before (same API, same canonical arguments, `mirrorapi.records.canonical_json`) is
   dropped; the first one in input order is kept, and conflicting answers are counted apart;
 - responses over the server's budget are cut the way the server cuts them (`truncate_response`).
-Then `mirrorapi.splits.split_episodes` holds out APIs (`test_ood`) and calls of seen APIs (`test_id`).
+Then `mirrorapi.data.splits.split_episodes` holds out APIs (`test_ood`) and calls of seen APIs (`test_id`).
 
 The output folder is a `datasets.DatasetDict` (`load_from_disk`) with a `stats.json` beside its splits.
 """
@@ -28,11 +28,18 @@ from typing import Iterable
 
 from tqdm.auto import tqdm
 
-from mirrorapi.cache import canonical_json
-from mirrorapi.prompts import (DEFAULT_SIMULATOR_FORMAT, RESPONSE_CHAR_BUDGET, SIMULATOR_FORMATS, observation_text,
-                               simulator_messages, truncate_response)
-from mirrorapi.quality import in_band_error, transport_failure
-from mirrorapi.splits import split_episodes
+from mirrorapi.data.splits import split_episodes
+from mirrorapi.data.transport_failures import in_band_error, transport_failure
+from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
+from mirrorapi.prompts import (
+    DEFAULT_SIMULATOR_FORMAT,
+    RESPONSE_CHAR_BUDGET,
+    SIMULATOR_FORMATS,
+    observation_text,
+    simulator_messages,
+    truncate_response,
+)
+from mirrorapi.records import canonical_json
 from mirrorapi.tools import ToolRegistry, UnknownName
 
 logger = logging.getLogger(__name__)
@@ -131,7 +138,6 @@ def _example_picker(kept: list[tuple], train: list[int], options: SimulatorDataO
     of the same API, as its cache would hold them. Test records only ever see training calls."""
     if not options.few_shot:
         return lambda index: []
-    from mirrorapi.simulator import FEW_SHOT_CANDIDATES, select_examples
 
     by_api: dict[tuple, list[tuple[str, str]]] = {}
     for i in train:

@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from mirrorapi.answers import GROUPS, group_order
+from mirrorapi.evaluation.answer_files import GROUPS, group_order
 
 _VERDICT_COUNTS = ("Solved", "Unsure", "Unsolved")
 _LISTED = 40  # missing ids listed per group in the Markdown (the JSON has them all)

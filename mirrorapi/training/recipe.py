@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mirrorapi.sft_data import STATS_FILE
+from mirrorapi.data.simulator_sft import STATS_FILE
 
 logger = logging.getLogger(__name__)
 

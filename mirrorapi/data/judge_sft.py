@@ -21,9 +21,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Iterator
 
-from mirrorapi.pair_sources import SourceError
+from mirrorapi.data.splits import split_groups
 from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, judge_completion, judge_messages
-from mirrorapi.splits import split_groups
+from mirrorapi.records import SourceError
 
 JUDGE_KEYS = ("source", "id", "query", "final_answer", "label")
 JUDGE_COLUMNS = ("prompt", "completion", "prompt_format", "source", "id", "label", "label_kind")

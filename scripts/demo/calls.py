@@ -20,9 +20,10 @@ from pathlib import Path
 
 import httpx
 
-from mirrorapi.cache import canonical_json, observation_json
-from mirrorapi.fidelity import request_body
-from mirrorapi.protocol import ArgumentError, check_arguments
+from mirrorapi.evaluation.fidelity import request_body
+from mirrorapi.records import canonical_json, observation_json
+from mirrorapi.serving.handler import check_arguments
+from mirrorapi.serving.protocol import ArgumentError
 from mirrorapi.tools import ToolRegistry, UnknownName
 
 KIND_TITLES = {"hit": "cache hit", "miss": "cache miss, simulated", "repeat": "the same call again",

@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from mirrorapi.fidelity_metrics import Embedder, FidelityError, api_id, build_report, compare
-from mirrorapi.fidelity_report import write_report
-from mirrorapi.pair_sources import SourceError, read_pairs_jsonl
-from mirrorapi.simulator import argument_similarity
+from mirrorapi.evaluation.fidelity_metrics import Embedder, FidelityError, api_id, build_report, compare
+from mirrorapi.evaluation.fidelity_report import write_report
+from mirrorapi.few_shot import argument_similarity
+from mirrorapi.records import SourceError, read_pairs_jsonl
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 logger = logging.getLogger(__name__)

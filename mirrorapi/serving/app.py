@@ -1,7 +1,7 @@
 """The virtual API server: `create_app(settings)` and `serve(settings)`; wiring only.
 
-Routes: `POST /virtual` (StableToolBench's contract, see `mirrorapi.protocol`; the work is done by
-`mirrorapi.virtual.VirtualApi`), `GET /health` (engine reachability, cache size), `GET /metrics`
+Routes: `POST /virtual` (StableToolBench's contract, see `mirrorapi.serving.protocol`; the work is done by
+`mirrorapi.serving.handler.VirtualApi`), `GET /health` (engine reachability, cache size), `GET /metrics`
 (Prometheus: requests by outcome, cache hits and misses, engine calls, latency per stage).
 Every /virtual request writes one JSON line (`RequestLog`: stderr at log level info, and `log_file`).
 
@@ -27,12 +27,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from mirrorapi.cache import CacheError, ResponseCache, import_stabletoolbench_cache
-from mirrorapi.config import ConfigError, ServerSettings
-from mirrorapi.engine import EngineClient
-from mirrorapi.simulator import Simulator
+from mirrorapi.engine_client import EngineClient
+from mirrorapi.serving.cache import CacheError, ResponseCache, import_stabletoolbench_cache
+from mirrorapi.serving.config import ConfigError, ServerSettings
+from mirrorapi.serving.handler import Answer, VirtualApi
+from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import RegistryError, ToolRegistry
-from mirrorapi.virtual import Answer, VirtualApi
 
 logger = logging.getLogger(__name__)
 

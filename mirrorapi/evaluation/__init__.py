@@ -1,0 +1,3 @@
+"""Evaluation: StableToolBench answer files, judging (FAC / SoPR), score tables, judge agreement,
+and simulator fidelity (metrics and report).
+"""

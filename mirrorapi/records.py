@@ -1,0 +1,154 @@
+"""The records the whole loop exchanges, read and written one way each.
+
+- the cache key: `canonical_json` of the arguments (sorted keys, compact, UTF-8), so a call seen in
+  training and a call seen by the server are the same call;
+- an observation `{"error", "response"}` as compact JSON: `observation_json`;
+- StableToolBench cache keys (Python reprs of the argument dict): `parse_repr_key`;
+- JSONL files: `read_jsonl` (the one reader), pairs JSONL (`read_pairs_jsonl`, the schema of
+  `../shared/data/pairs`) and StableToolBench `tool_response_cache` folders (`read_stabletoolbench_cache`).
+
+A record that cannot be read is reported to `on_bad(reason)` and skipped, never fatal; a file or
+folder that does not exist raises `SourceError`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from mirrorapi.names import standardize_category
+
+
+def canonical_json(arguments: Any) -> str:
+    """`{"b": 2, "a": 1}` -> `{"a":1,"b":2}`. Types are kept: `1` and `"1"` are different calls."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def parse_repr_key(key: str) -> Any:
+    """A StableToolBench cache key (`str(dict)`: single quotes, `True`/`None`) -> the arguments it stands for.
+
+    Raises ValueError when the key is neither a Python literal nor JSON.
+    """
+    try:
+        return ast.literal_eval(key)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        try:
+            return json.loads(key)
+        except ValueError as exc:
+            raise ValueError(f"not a StableToolBench cache key: {key[:80]!r}") from exc
+
+
+def observation_json(error: str, response: Any) -> str:
+    return json.dumps({"error": error, "response": response}, ensure_ascii=False, separators=(",", ":"))
+
+
+
+PAIR_KEYS = ("source", "episode", "step", "category", "tool_name", "api_name", "tool_input", "response")
+
+OnBad = Callable[[str], None]
+
+
+class SourceError(Exception):
+    """An input that cannot be used at all (missing file or folder, wrong kind of file)."""
+
+
+def ignore_bad(reason: str) -> None:
+    pass
+
+
+def read_pairs_jsonl(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator[dict]:
+    """Pairs of one JSONL file, checked for the keys and types the builder relies on."""
+    path = Path(path)
+    if not path.is_file():  # checked now, not when the first pair is pulled
+        raise SourceError(f"pairs file not found: {path}")
+    return _pairs_jsonl(path, on_bad)
+
+
+def _pairs_jsonl(path: Path, on_bad: OnBad) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                pair = json.loads(line)
+            except ValueError:
+                on_bad(f"{path.name}:{number}: not JSON")
+                continue
+            problem = _pair_problem(pair)
+            if problem:
+                on_bad(f"{path.name}:{number}: {problem}")
+                continue
+            yield pair
+
+
+def _pair_problem(pair: Any) -> str | None:
+    if not isinstance(pair, dict):
+        return "not a JSON object"
+    missing = [k for k in PAIR_KEYS if k not in pair]
+    if missing:
+        return "missing " + ", ".join(missing)
+    if not isinstance(pair["tool_input"], dict):
+        return "tool_input is not an object"
+    response = pair["response"]
+    if not isinstance(response, dict) or "response" not in response or not isinstance(response.get("error"), str):
+        return "response is not {error: str, response: ...}"
+    return None
+
+
+def read_stabletoolbench_cache(folder: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator[dict]:
+    """Pairs from a StableToolBench `tool_response_cache` folder (keys are Python reprs of the arguments)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SourceError(f"StableToolBench cache folder not found: {folder}")
+    return _cache_folder(folder, on_bad)
+
+
+def _cache_folder(folder: Path, on_bad: OnBad) -> Iterator[dict]:
+    for cat_entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if not cat_entry.is_dir():
+            continue
+        category = standardize_category(cat_entry.name)
+        suffix = "_for_" + category
+        for tool_entry in sorted(os.scandir(cat_entry.path), key=lambda e: e.name):
+            if not tool_entry.is_dir():
+                continue
+            # Exact suffix removal: tools like `usa_jobs_for_it` contain `_for_` themselves.
+            tool = tool_entry.name[: -len(suffix)] if tool_entry.name.endswith(suffix) else tool_entry.name
+            for api_entry in sorted(os.scandir(tool_entry.path), key=lambda e: e.name):
+                if api_entry.name.endswith(".json") and api_entry.is_file():
+                    yield from _cache_file(api_entry.path, category, tool, api_entry.name[: -len(".json")], on_bad)
+
+
+def _cache_file(path: str, category: str, tool: str, api: str, on_bad: OnBad) -> Iterator[dict]:
+    where = f"{category}/{tool}/{api}"
+    try:
+        with open(path, "rb") as fh:
+            entries = json.loads(fh.read())
+    except (OSError, ValueError) as exc:
+        on_bad(f"{where}.json: unreadable ({type(exc).__name__})")
+        return
+    if not isinstance(entries, dict):
+        on_bad(f"{where}.json: not a JSON object")
+        return
+    for number, (key, observation) in enumerate(entries.items()):
+        try:
+            arguments = parse_repr_key(key)
+        except ValueError:
+            on_bad(f"{where}: unreadable key {key[:60]!r}")
+            continue
+        if not isinstance(arguments, dict):
+            on_bad(f"{where}: key {key[:60]!r} is not an argument dict")
+            continue
+        if not isinstance(observation, dict) or "response" not in observation:
+            on_bad(f"{where}: value of {key[:60]!r} is not {{error, response}}")
+            continue
+        error = observation.get("error") or ""
+        yield {"source": "stabletoolbench-cache", "episode": f"stb-cache:{where}#{number}", "step": 0,
+               "category": category, "tool_name": tool, "api_name": api, "tool_input": arguments,
+               "response": {"error": error if isinstance(error, str) else str(error),
+                            "response": observation["response"]}}
+
+

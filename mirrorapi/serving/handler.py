@@ -1,0 +1,195 @@
+"""The /virtual request path, without HTTP: body -> names -> doc -> validation -> cache -> simulator.
+
+Order of the steps (StableToolBench's, plus validation): `chat_with_user` is answered first;
+`tool_input` is parsed; the names are resolved in the in-memory registry (unknown ones come back
+with the closest known names, and the engine is never called); the cache is looked up by canonical
+key (a recorded answer is returned even for a call the policy would reject: it is what the API
+said); on a miss the arguments are checked against the doc per the validation policy, then the
+call is simulated (mode `simulate`) or answered with an error observation (mode `replay`). Every outcome, failures
+included, is an `Answer` ready to send (see `mirrorapi.serving.handler.to_failure`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from mirrorapi.engine_client import EngineError
+from mirrorapi.names import api_key_name
+from mirrorapi.records import canonical_json
+from mirrorapi.serving.cache import ResponseCache
+from mirrorapi.serving.config import ServerSettings
+from mirrorapi.serving.protocol import (
+    CHAT_WITH_USER,
+    CHAT_WITH_USER_REPLY,
+    ENGINE_FAILURE,
+    TOOL_INPUT_PARSE_ERROR,
+    ArgumentError,
+    ReplayMiss,
+    ToolInputError,
+    VirtualRequest,
+)
+from mirrorapi.serving.simulator import Simulator
+from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
+
+logger = logging.getLogger(__name__)
+
+
+def _is_chat_with_user(api_name: str) -> bool:
+    name = api_key_name(api_name)
+    return name == CHAT_WITH_USER or name.startswith(CHAT_WITH_USER + "_for_")
+
+
+@dataclass(slots=True)
+class Answer:
+    status: int
+    body: bytes
+    outcome: str  # hit, simulated, replay_miss, validation_error, engine_error, chat_with_user, invalid_body, ...
+    names: tuple[str, str, str] | None = None  # the API, once resolved
+    provenance: str | None = None  # of the response given (hits and simulations)
+    cache: str | None = None  # "hit" or "miss" when the cache was looked up
+    coalesced: bool = False
+    detail: str = ""  # why it failed (for the log line)
+    extra_fields: list[str] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
+
+
+class VirtualApi:
+    def __init__(self, settings: ServerSettings, registry: ToolRegistry, cache: ResponseCache, simulator: Simulator):
+        self.settings, self.registry, self.cache, self.simulator = settings, registry, cache, simulator
+        # Name normalisation is regex work; the same few thousand names come back all the time.
+        self.resolve = functools.lru_cache(maxsize=65536)(registry.resolve)
+
+    async def answer(self, body: bytes) -> Answer:
+        answer = Answer(200, b"", "")
+        stages, clock = answer.stages, time.perf_counter
+        start = clock()
+        try:
+            request = VirtualRequest.model_validate_json(body)
+            answer.extra_fields = list(request.model_extra or ())
+            if "chat" in request.api_name.lower() and _is_chat_with_user(request.api_name):
+                answer.body, answer.outcome = observation_bytes("", CHAT_WITH_USER_REPLY), "chat_with_user"
+                return answer
+            answer.names = (request.category, request.tool_name, request.api_name)
+            arguments = parse_tool_input(request.tool_input)
+            stages["parse"] = (now := clock()) - start
+
+            doc = self.resolve(request.category, request.tool_name, request.api_name)
+            answer.names = (doc.category, doc.tool, doc.api)
+            key = canonical_json(arguments)
+            stages["resolve"] = (mark := clock()) - now
+
+            found = self.cache.get(doc.category, doc.tool, doc.api, key)
+            stages["cache_lookup"] = (now := clock()) - mark
+            answer.cache = "miss" if found is None else "hit"
+            if found is not None:  # a recorded answer wins over the validation policy: it is what the API said
+                answer.body, answer.provenance, answer.outcome = found[0].encode(), found[1], "hit"
+                return answer
+            check_arguments(doc, arguments, self.settings.missing_required, self.settings.unknown_arguments)
+            if self.settings.mode == "replay":
+                raise ReplayMiss(f"no cached response for {doc.category}/{doc.tool}/{doc.api} {key[:200]}")
+
+            try:
+                simulation = await self.simulator.simulate(doc, arguments, key)
+            finally:
+                stages["engine"] = clock() - now
+            answer.coalesced = simulation.coalesced
+            answer.provenance = self.simulator.provenance
+            answer.body = observation_bytes(simulation.observation["error"], simulation.observation["response"])
+            answer.outcome = "simulated"
+            return answer
+        except Exception as exc:  # every failure becomes an observation (or a 422), never a 500
+            failure = to_failure(exc)
+            answer.status, answer.outcome, answer.body, answer.detail = (failure.status, failure.outcome,
+                                                                         failure.body, failure.detail)
+            return answer
+        finally:
+            stages["total"] = clock() - start
+
+
+# ------------------------------------------------------------------------------- parsing and failures
+def parse_tool_input(value: Any) -> dict:
+    """`tool_input` -> the argument object; raises ToolInputError for anything that is not an object."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        if not value.strip():
+            return {}
+        try:
+            # strict=False: raw model output often holds literal newlines inside strings.
+            parsed = json.loads(value, strict=False)
+        except ValueError as exc:
+            raise ToolInputError(f"tool_input is not valid JSON: {exc}") from None
+        if isinstance(parsed, dict):
+            return parsed
+        raise ToolInputError(f"tool_input must be a JSON object, got {type(parsed).__name__}: {value[:80]}")
+    raise ToolInputError(f"tool_input must be a JSON object or a string holding one, got {type(value).__name__}")
+
+
+def check_arguments(doc: ApiDoc, arguments: dict, missing_required: str, unknown_arguments: str) -> None:
+    """Apply the validation policy (`reject` raises ArgumentError; `simulate` lets the model answer)."""
+    required, optional = doc.parameter_names()
+    if missing_required == "reject":
+        missing = [name for name in required if name not in arguments]
+        if missing:
+            names = ", ".join(repr(n) for n in missing)
+            raise ArgumentError(f"Missing required parameter{'s' if len(missing) > 1 else ''} {names} "
+                                f"of {doc.api_title} ({doc.tool_title}).")
+    if unknown_arguments == "reject":
+        known = set(required) | set(optional)
+        unknown = [name for name in arguments if name not in known]
+        if unknown:
+            raise ArgumentError(f"{doc.api}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+def observation_bytes(error: str, response: Any) -> bytes:
+    return json.dumps({"error": error, "response": response}, ensure_ascii=False,
+                      separators=(",", ":")).encode()
+
+
+_ENGINE_REASONS = {
+    "unreachable": "the simulator engine is unreachable",
+    "timeout": "the simulator engine did not answer in time",
+    "garbage": "the simulator's output was not a response",
+    "empty": "the simulator's output was empty",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    status: int  # HTTP status: 200 for everything but a body of the wrong shape (422)
+    outcome: str  # metrics label
+    body: bytes
+    detail: str  # for the log line
+
+
+def to_failure(exc: BaseException) -> Failure:
+    """Every failure of a /virtual call -> the HTTP status, the metrics outcome and the body."""
+    if isinstance(exc, ValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        body = json.dumps({"error": f"Invalid request body: {problems}", "response": "",
+                           "detail": json.loads(exc.json(include_url=False, include_input=False))},
+                          ensure_ascii=False).encode()
+        return Failure(422, "invalid_body", body, problems)
+    if isinstance(exc, ToolInputError):
+        return Failure(200, "validation_error", observation_bytes(TOOL_INPUT_PARSE_ERROR + str(exc), ""), str(exc))
+    if isinstance(exc, (UnknownName, ArgumentError)):
+        return Failure(200, "validation_error", observation_bytes(str(exc), ""), str(exc))
+    if isinstance(exc, ReplayMiss):
+        message = "No recorded response for this call (the server replays its cache only)."
+        return Failure(200, "replay_miss", observation_bytes(message, ""), str(exc))
+    if isinstance(exc, EngineError):
+        # The agent gets a short reason; the engine's address and details go to the log only.
+        reason = _ENGINE_REASONS.get(exc.kind, "the simulator engine failed")
+        return Failure(200, "engine_error", observation_bytes(f"{ENGINE_FAILURE} ({reason})", ""), f"{exc.kind}: {exc}")
+    # A bug of ours, not the client's: logged with its traceback, answered as an observation so
+    # that the agent's run goes on (StableToolBench's servers answered 500 here).
+    logger.error("internal error on /virtual", exc_info=exc)
+    return Failure(200, "internal_error", observation_bytes(f"{ENGINE_FAILURE}: internal server error", ""),
+                   f"{type(exc).__name__}: {exc}")

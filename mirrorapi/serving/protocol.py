@@ -1,0 +1,59 @@
+"""The wire contract of StableToolBench's `POST /virtual`, and the one mapping of failures into it.
+
+Request: `category`, `tool_name`, `api_name`, `tool_input` (a JSON string, or an object), and
+optionally `strip` and `toolbench_key` (both ignored, as by every StableToolBench virtual server).
+Extra fields are allowed and reported in the request log line. A body that is not of this shape is
+the only HTTP 422; every mistake at the API level is HTTP 200 with an error observation, so the
+agent sees an observation, never a crash.
+
+Answer: always a JSON object `{"error": str, "response": ...}`; `error == ""` means success.
+Error strings an agent client maps to status codes (`API not working error...`, `Unauthorized
+error...`, ...) are passed through unchanged from stored responses; the server's own errors reuse
+StableToolBench's wording where it had one (`Tool input parse error...`, `Failed to generate fake
+response`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+logger = logging.getLogger(__name__)
+
+CHAT_WITH_USER = "chat_with_user"
+CHAT_WITH_USER_REPLY = "Chat with user."
+TOOL_INPUT_PARSE_ERROR = "Tool input parse error...\n"
+ENGINE_FAILURE = "Failed to generate fake response"
+# Error strings StableToolBench's agent client maps to status codes 6-11 (notes §1).
+SPECIAL_ERRORS = ("API not working error...", "Unauthorized error...", "Unsubscribed error...",
+                  "Too many requests error...", "Rate limit per minute error...", "Message error...")
+
+
+class VirtualRequest(BaseModel):
+    """The body StableToolBench's agents send (`toolbench/inference/Downstream_tasks/rapidapi.py`)."""
+
+    # Numbers are accepted as names, as pydantic 1 did for StableToolBench's server.
+    model_config = ConfigDict(extra="allow", coerce_numbers_to_str=True)
+
+    category: str
+    tool_name: str
+    api_name: str
+    tool_input: Any  # a JSON string (the model's raw arguments) or an object; "" means {}
+    strip: str = ""
+    toolbench_key: str = ""
+
+
+class ToolInputError(ValueError):
+    """`tool_input` is not a JSON object (nor a string holding one)."""
+
+
+class ArgumentError(ValueError):
+    """Arguments the API would refuse (a missing required argument, an unknown one): per the policy."""
+
+
+class ReplayMiss(LookupError):
+    """Replay mode and no cached response for the call."""
+
+
