@@ -7,6 +7,7 @@ Used by the tests, the demo and `scripts/serve_engine_cpu.sh`-style launches. Ev
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -15,9 +16,11 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -34,26 +37,55 @@ class RunningEngine:
     log_path: Path
 
 
-def wait_until_answers(base_url: str, model: str, timeout: float, process: subprocess.Popen | None = None,
-                       log_path: Path | None = None) -> None:
-    """Poll with a one-token chat completion until the engine answers (bounded by `timeout`)."""
-    import openai
+class ProcessExited(RuntimeError):
+    """A child process ended before it answered; the message ends with the tail of its log."""
 
-    client = openai.OpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=10)
+
+def wait_until_ready(url: str, timeout: float, *, body: dict | None = None, process: subprocess.Popen | None = None,
+                     log_path: Path | None = None, interval: float = 0.2) -> Any:
+    """The one readiness poll: request `url` (GET, or POST `body` as JSON) until it answers 2xx, and
+    return the decoded JSON answer (None when not JSON). Bounded by `timeout` seconds.
+
+    Retried: refused connections, timeouts and 5xx (a server that is still loading). Not retried: a 4xx
+    (a wrong model name does not fix itself), raised at once as RuntimeError. When `process` exits
+    first, raises ProcessExited with the end of `log_path`; when time runs out, TimeoutError.
+    The standard library's urllib, not an HTTP client package: the core needs no extra dependency
+    for one request a few times a second.
+    """
     deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    last = "no answer yet"
+    while True:
         if process is not None and process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path and log_path.exists() else ""
-            raise RuntimeError(f"engine exited with code {process.returncode} before answering:\n{tail}")
+            raise ProcessExited(f"exited with status {process.returncode} before answering {url}:\n{tail}")
         try:
-            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "ping"}],
-                                           max_tokens=1, temperature=0)
-            return
-        except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
-            last = exc
-            time.sleep(0.5)
-    raise TimeoutError(f"engine at {base_url} did not answer within {timeout:g} s (last error: {last})")
+            request = urllib.request.Request(url, data=data, headers=headers)
+            with urllib.request.urlopen(request, timeout=max(0.1, min(10.0, deadline - time.monotonic()))) as answer:
+                text = answer.read()
+            try:
+                return json.loads(text)
+            except ValueError:
+                return None
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                detail = exc.read()[:300].decode("utf-8", "replace")
+                raise RuntimeError(f"{url} answered HTTP {exc.code}: {detail}") from None
+            last = f"HTTP {exc.code}"
+        except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
+            last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+        if time.monotonic() + interval > deadline:
+            raise TimeoutError(f"{url} did not answer within {timeout:g} s (last: {last})")
+        time.sleep(interval)
+
+
+def wait_until_engine_answers(engine: RunningEngine, timeout: float) -> None:
+    """A one-token chat completion answers: the model is loaded, not just the HTTP port open."""
+    ping = {"model": engine.model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1,
+            "temperature": 0}
+    wait_until_ready(engine.base_url + "/chat/completions", timeout, body=ping, process=engine.process,
+                     log_path=engine.log_path, interval=0.5)
 
 
 @contextlib.contextmanager
@@ -75,14 +107,31 @@ def interrupts_deferred() -> Iterator[None]:
 
 
 def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGINT)  # uvicorn shuts down cleanly on SIGINT
+    """Stop a child and, when it leads its own process group (`start_new_session=True`), the whole group.
+
+    SIGINT first (uvicorn and trainers shut down cleanly on it), then SIGTERM after `grace` seconds:
+    uvicorn takes a second signal as "exit now" instead of waiting for requests in flight, which a
+    CPU engine still generating abandoned requests would otherwise finish first (issue 15: it
+    "ignored SIGTERM"). SIGKILL after another `grace`. Every wait is bounded.
+    """
+    group = _own_group(process)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        if process.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig) if group else process.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(grace)
+    if group:  # the group may outlive its leader (a grandchild still shutting down)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _own_group(process: subprocess.Popen) -> bool:
     try:
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(grace)
+        return os.getpgid(process.pid) == process.pid
+    except (ProcessLookupError, PermissionError):  # already reaped
+        return False
 
 
 @contextlib.contextmanager
@@ -102,7 +151,10 @@ def transformers_serve(model_dir: str | os.PathLike, port: int | None = None, lo
         with interrupts_deferred(), open(log_path, "wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         engine = RunningEngine(f"http://127.0.0.1:{port}/v1", model, process, log_path)
-        wait_until_answers(engine.base_url, model, timeout, process, log_path)
+        try:
+            wait_until_engine_answers(engine, timeout)
+        except ProcessExited as exc:
+            raise ProcessExited(f"transformers serve {exc}") from None
         yield engine
     finally:
         if process is not None:

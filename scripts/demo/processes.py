@@ -2,7 +2,7 @@
 
 Every child starts in its own session (a terminal's Ctrl-C reaches the demo only, which then stops
 its children in order; an interrupt during a `Popen` is deferred until the child is known, see
-`launch.interrupts_deferred`) and is stopped as a process group: `accelerate launch` runs the
+`mirrorapi.processes.interrupts_deferred`) and is stopped as a process group: `accelerate launch` runs the
 training in a grandchild that must not outlive it. Waits are bounded; a child that exits early is
 reported with the end of its log.
 """
@@ -10,18 +10,14 @@ reported with the end of its log.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-import httpx
-
-from mirrorapi.processes import interrupts_deferred
+from mirrorapi.processes import ProcessExited, interrupts_deferred, stop, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,20 +67,6 @@ def log_tail(path: Path, lines: int = 12) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGINT to the child's process group (uvicorn and the trainer shut down cleanly on it), then SIGKILL."""
-    for sig in (signal.SIGINT, signal.SIGKILL):
-        if process.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(grace)
-    # The group may outlive its leader (a grandchild still shutting down).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
 def run_command(command: list[str], log_path: Path, on_line: Callable[[str], None] | None = None) -> None:
     """Run `command` in the repository root until it exits; its output goes to `log_path`, line by
     line to `on_line`. Raises StepFailed on a non-zero exit status; stops it when interrupted."""
@@ -105,7 +87,7 @@ def run_command(command: list[str], log_path: Path, on_line: Callable[[str], Non
             process.wait()
         finally:
             if process is not None:
-                stop_group(process)
+                stop(process)
                 process.stdout.close()
     if process.returncode != 0:
         raise StepFailed(f"`{' '.join(command[:4])} ...` exited with status {process.returncode}; its log "
@@ -127,19 +109,14 @@ def virtual_server(config: Path, log_path: Path, timeout: float = 60.0) -> Itera
         with interrupts_deferred(), open(log_path, "wb") as log:  # raised inside the `try`, `process` known
             process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            if process.poll() is not None:
-                raise StepFailed(f"the virtual server exited with status {process.returncode}; its log {log_path} "
-                                 f"ends with:\n{log_tail(log_path)}")
-            try:
-                httpx.get(url + "/health", timeout=5).raise_for_status()
-                break
-            except httpx.HTTPError as exc:
-                if time.monotonic() > deadline:
-                    raise StepFailed(f"the virtual server did not answer in {timeout:g} s; see {log_path}") from exc
-                time.sleep(0.2)
+        try:
+            wait_until_ready(url + "/health", timeout, process=process, log_path=log_path)
+        except ProcessExited:
+            raise StepFailed(f"the virtual server exited with status {process.returncode}; its log {log_path} "
+                             f"ends with:\n{log_tail(log_path)}") from None
+        except TimeoutError:
+            raise StepFailed(f"the virtual server did not answer in {timeout:g} s; see {log_path}") from None
         yield url
     finally:
         if process is not None:
-            stop_group(process)
+            stop(process)

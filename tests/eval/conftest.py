@@ -20,15 +20,13 @@ import importlib.util
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from mirrorapi.processes import free_port, stop
+from mirrorapi.processes import free_port, stop, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,11 +100,7 @@ def faulty_judge():
     server = uvicorn.Server(uvicorn.Config(judge.app(), host="127.0.0.1", port=judge.port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the fake judge did not start")
-        time.sleep(0.05)
+    wait_until_ready(judge.base_url + "/models", 20)
     yield judge
     server.should_exit = True
     thread.join(10)
@@ -135,18 +129,8 @@ def virtual_server(samples, tmp_path):
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
         started.append((process, output))
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError("virtual server exited: " + (folder / "server.out").read_text()[-2000:])
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    return url, values["log_file"]
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("virtual server did not answer /health within 60 s")
-            time.sleep(0.2)
+        wait_until_ready(url + "/health", 60, process=process, log_path=folder / "server.out")
+        return url, values["log_file"]
 
     yield start
     for process, output in started:

@@ -8,7 +8,6 @@ import contextlib
 import json
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -18,7 +17,7 @@ import pytest
 import uvicorn
 
 from mirrorapi.names import api_key_name, standardize
-from mirrorapi.processes import free_port
+from mirrorapi.processes import free_port, wait_until_ready
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import load_settings
 
@@ -59,11 +58,7 @@ def running_server(**settings) -> Iterator[RunningServer]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
+    wait_until_ready(f"http://127.0.0.1:{port}/health", 30)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             yield RunningServer(f"http://127.0.0.1:{port}", app, client)

@@ -4,12 +4,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from mirrorapi.processes import free_port
+from mirrorapi.processes import free_port, wait_until_ready
 from mirrorapi.serving.cache import ResponseCache
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,14 +20,7 @@ def start(command: list[str], log: Path) -> subprocess.Popen:
 
 
 def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()
-        try:
-            return httpx.get(url + "/health", timeout=5).json()
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise TimeoutError(log.read_text())
+    return wait_until_ready(url + "/health", timeout, process=process, log_path=log)
 
 
 def stop(process: subprocess.Popen) -> int:
