@@ -135,6 +135,22 @@ class EngineClient:
                 return EngineHealth(base, False, detail)
         return list(await asyncio.gather(*(probe(b) for b in self.api_bases)))
 
+    async def served_by(self, timeout: float = 3.0) -> str | None:
+        """Which engine serves the model: the `owned_by` of its entry in the first replica's `GET /models`
+        (`vllm` for vLLM); None when the list does not name the model or cannot be read."""
+        try:
+            async with self._http().get(self.api_bases[0] + "/models",
+                                        timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                listing = await response.json(content_type=None) if response.status == 200 else {}
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+        models = listing.get("data") if isinstance(listing, dict) else None
+        for model in models if isinstance(models, list) else []:
+            if isinstance(model, dict) and model.get("id") == self.model:
+                owner = model.get("owned_by")
+                return owner if isinstance(owner, str) else None
+        return None
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()

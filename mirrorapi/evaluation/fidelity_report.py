@@ -6,8 +6,9 @@ import json
 import math
 from pathlib import Path
 
-METRICS = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON", "error_agreement": "error agreement",
-           "schema_conformance": "schema conformance", "embedding_cosine": "embedding cosine"}
+METRIC_TITLES = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
+                 "error_agreement": "error agreement", "schema_conformance": "schema conformance",
+                 "embedding_cosine": "embedding cosine"}
 SIDE_TITLES = {"simulated": "simulator", "baseline": "nearest example"}
 
 DEFINITIONS = """\
@@ -34,7 +35,7 @@ def _num(value) -> str:
 
 
 def _metric_cells(metrics: dict) -> list[str]:
-    return [_num(metrics.get(key)) for key in METRICS]
+    return [_num(metrics.get(key)) for key in METRIC_TITLES]
 
 
 def render_markdown(report: dict) -> str:
@@ -51,23 +52,23 @@ def render_markdown(report: dict) -> str:
     if report["baseline"]:
         lines.append(f"Baseline: nearest example; {_num(overall['baseline_coverage'])}% of calls have a training "
                      "call of the same API.")
-    header = "| " + " | ".join(METRICS.values()) + " |"
-    lines += ["", "## Overall", "", "| | calls " + header, "|" + "---|" * (len(METRICS) + 2)]
+    header = "| " + " | ".join(METRIC_TITLES.values()) + " |"
+    lines += ["", "## Overall", "", "| | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 2)]
     for side in sides:
         lines.append(f"| {SIDE_TITLES[side]} | {overall['n']} | " + " | ".join(_metric_cells(overall[side])) + " |")
     real_schema = overall["simulated"].get("schema_conformance_real")
     if real_schema is not None:
         lines.append(f"| real responses | {overall['simulated']['schema_n']} | – | – | – | – "
                      f"| {_num(real_schema)} | – |")
-    lines += ["", "## Per source", "", "| source | side | calls " + header, "|" + "---|" * (len(METRICS) + 3)]
+    lines += ["", "## Per source", "", "| source | side | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 3)]
     for source, block in report["per_source"].items():
         for side in sides:
             lines.append(f"| {source} | {SIDE_TITLES[side]} | {block['n']} | "
                          + " | ".join(_metric_cells(block[side])) + " |")
     cell_title = "simulator / nearest example" if report["baseline"] else "simulator"
-    lines += ["", f"## Per API ({cell_title})", "", "| API | calls " + header, "|" + "---|" * (len(METRICS) + 2)]
+    lines += ["", f"## Per API ({cell_title})", "", "| API | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 2)]
     for api, block in report["per_api"].items():
-        cells = [" / ".join(_num(block[side].get(key)) for side in sides) for key in METRICS]
+        cells = [" / ".join(_num(block[side].get(key)) for side in sides) for key in METRIC_TITLES]
         lines.append(f"| {api} | {block['n']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + DEFINITIONS
 
@@ -81,7 +82,7 @@ def plot(report: dict, path: Path) -> None:
 
     panels = [("overall", report["overall"]), *report["per_source"].items()]
     sides = [s for s in SIDE_TITLES if s == "simulated" or report["baseline"]]
-    keys = [k for k in METRICS if any(block[s].get(k) is not None for _, block in panels for s in sides)]
+    keys = [k for k in METRIC_TITLES if any(block[s].get(k) is not None for _, block in panels for s in sides)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 1.3 * len(keys) + 2), 2.8 * len(panels)),
                              squeeze=False)
     width = 0.8 / len(sides)
@@ -91,7 +92,7 @@ def plot(report: dict, path: Path) -> None:
             positions = [x + (i - (len(sides) - 1) / 2) * width for x in range(len(keys))]
             ax.bar(positions, [math.nan if v is None else v for v in values], width, label=SIDE_TITLES[side])
         ax.set_title(f"{name} ({block['n']} calls)")
-        ax.set_xticks(range(len(keys)), [METRICS[k] for k in keys])
+        ax.set_xticks(range(len(keys)), [METRIC_TITLES[k] for k in keys])
         ax.set_ylim(0, 100)
         ax.set_ylabel("%")
     axes[0, 0].legend(loc="upper right")

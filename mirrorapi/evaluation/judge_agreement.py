@@ -15,7 +15,6 @@ from collections import Counter
 from pathlib import Path
 
 from mirrorapi.data.judge_sft import JUDGE_KEYS, read_labelled
-from mirrorapi.engine_client import EngineClient
 from mirrorapi.evaluation.answer_files import AnswersError, extract_final_answer
 from mirrorapi.evaluation.judging import (
     TEXT_CHAR_BUDGET,
@@ -23,8 +22,7 @@ from mirrorapi.evaluation.judging import (
     JudgeCall,
     JudgeRunError,
     JudgeSettings,
-    check_reachable,
-    run_judge_calls,
+    judge_all,
 )
 from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, judge_messages, parse_verdict
 from mirrorapi.records import SourceError
@@ -110,14 +108,7 @@ async def predict(records: list[dict], settings: JudgeSettings, out: Path, fmt: 
                           "raw": raw}
         store.append(done[call.key])
 
-    failures: list[str] = []
-    if calls:
-        engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
-        try:
-            await check_reachable(engine)
-            failures = await run_judge_calls(engine, calls, handle, settings, "judge agreement", progress)
-        finally:
-            await engine.aclose()
+    failures = await judge_all(calls, handle, settings, "judge agreement", progress)
     store.rewrite(sorted(done.values(), key=_prediction_key))
     wanted = [(settings.model, fmt, r["source"], str(r["id"])) for r in records]
     return [done[k] for k in wanted if k in done], failures

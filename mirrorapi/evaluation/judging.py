@@ -13,6 +13,7 @@ and a rerun retries them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -30,13 +31,16 @@ from mirrorapi.prompts import JUDGE_VERDICTS, judge_messages, parse_verdict
 logger = logging.getLogger(__name__)
 
 # metric -> (judge prompt format, score of each verdict). SoPR's Unsure is half a success (notes §5.3).
-METRICS = {
+JUDGE_METRICS = {
     "fac": ("fac-v1", {"Solved": 1.0, "Unsolved": 0.0}),
     "sopr": ("sopr-v1", {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}),
 }
 # Queries and answers longer than this are cut before judging, so one huge answer cannot exceed a
 # judge's context and fail on every rerun.
 TEXT_CHAR_BUDGET = 8000
+# Judge requests in flight by engine (the `owned_by` of its /v1/models); others get DEFAULT_CONCURRENCY.
+ENGINE_CONCURRENCY = {"vllm": 16}
+DEFAULT_CONCURRENCY = 2
 ANSWERS_FILE = "answers.jsonl"
 _UNJUDGED_REASON = {"missing": "no answer for this id", "empty": "empty final answer",
                     "give_up": "the agent gave up (give_up_and_restart)"}
@@ -53,7 +57,7 @@ class JudgeSettings:
     base_urls: list[str]
     model: str
     api_key: str = "EMPTY"
-    concurrency: int = 16
+    concurrency: int | None = None  # None: suited to the engine (`engine_concurrency`)
     max_tokens: int = 256
     temperature: float = 0.0
     timeout: float = 120.0  # seconds per judge call, retries included
@@ -113,7 +117,7 @@ async def run_judge_calls(engine: EngineClient, calls: list[JudgeCall], handle: 
     Returns one message per call that got no answer. An unreachable engine stops the run early:
     the remaining calls are not sent (they fail fast instead of each waiting out the deadline).
     """
-    semaphore = asyncio.Semaphore(max(1, settings.concurrency))
+    semaphore = asyncio.Semaphore(max(1, settings.concurrency or DEFAULT_CONCURRENCY))
     unreachable = asyncio.Event()
     failures: list[str] = []
     bar = tqdm(total=len(calls), desc=desc, unit="call", disable=None if progress else True)
@@ -150,6 +154,36 @@ async def check_reachable(engine: EngineClient) -> None:
         raise JudgeRunError(f"the judge engine is not reachable ({details}); start it or fix --base-url")
 
 
+async def engine_concurrency(engine: EngineClient) -> int:
+    """Judge requests in flight when `--concurrency` is not given: what the engine can work on at once.
+
+    vLLM batches requests, so 16 keep it busy. `transformers serve` generates one request at a time
+    on one thread and does not drop a request whose client gave up (non-streaming): 16 in flight on a
+    CPU queue up past the client's timeout, and the engine keeps generating the abandoned ones
+    (issue 15: 70 of 76 calls timed out, the next run found the engine still busy). Any engine not
+    known to batch gets 2: one generating, one queued behind it.
+    """
+    return ENGINE_CONCURRENCY.get(await engine.served_by() or "", DEFAULT_CONCURRENCY)
+
+
+async def judge_all(calls: list[JudgeCall], handle: Callable[[JudgeCall, str], None], settings: JudgeSettings,
+                    desc: str, progress: bool = True) -> list[str]:
+    """The one engine start/stop of a judging run: open a client to the judge, check that it answers,
+    send `calls` (see `run_judge_calls`), close it. No calls: no engine contact at all."""
+    if not calls:
+        return []
+    engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
+    try:
+        await check_reachable(engine)
+        if settings.concurrency is None:
+            settings = dataclasses.replace(settings, concurrency=await engine_concurrency(engine))
+            logger.info("judge engine %s: %d requests in flight (--concurrency sets another number)",
+                        settings.base_urls[0], settings.concurrency)
+        return await run_judge_calls(engine, calls, handle, settings, desc, progress)
+    finally:
+        await engine.aclose()
+
+
 # ------------------------------------------------------------------------------------ FAC / SoPR
 def record_key(record: dict) -> tuple:
     return (record["metric"], record["model"], record["group"], str(record["query_id"]), int(record["repeat"]))
@@ -162,7 +196,7 @@ def _sort_key(record: dict) -> tuple:
 
 def _record(item: AnswerItem, metric: str, repeat: int, settings: JudgeSettings, verdict: str, *,
             judged: bool, parsed: bool, reason: str, raw: str) -> dict:
-    fmt, scores = METRICS[metric]
+    fmt, scores = JUDGE_METRICS[metric]
     return {"metric": metric, "model": item.model, "group": item.group, "query_id": item.query_id,
             "repeat": repeat, "verdict": verdict, "score": scores[verdict], "reason": reason,
             "judged": judged, "parsed": parsed, "status": item.status, "answer": item.answer,
@@ -170,7 +204,7 @@ def _record(item: AnswerItem, metric: str, repeat: int, settings: JudgeSettings,
 
 
 def _check_same_judge(done: dict[tuple, dict], metric: str, settings: JudgeSettings, out: Path) -> None:
-    fmt = METRICS[metric][0]
+    fmt = JUDGE_METRICS[metric][0]
     for record in done.values():
         if record["metric"] == metric and record.get("judged") and (
                 record.get("judge") != settings.model or record.get("prompt_format") != fmt):
@@ -193,9 +227,9 @@ async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settin
                       metric: str = "fac", repeats: int = 1, overwrite: bool = False,
                       progress: bool = True) -> ScoringRun:
     """Judge every item `repeats` times (skipping keys already in `out/answers.jsonl`)."""
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
-    fmt = METRICS[metric][0]
+    if metric not in JUDGE_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(JUDGE_METRICS)}")
+    fmt = JUDGE_METRICS[metric][0]
     allowed = JUDGE_VERDICTS[fmt]
     out.mkdir(parents=True, exist_ok=True)
     store = JsonlStore(out / ANSWERS_FILE, record_key)
@@ -230,14 +264,7 @@ async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settin
         done[call.key] = record
         store.append(record)
 
-    failures: list[str] = []
-    if calls:
-        engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
-        try:
-            await check_reachable(engine)
-            failures = await run_judge_calls(engine, calls, handle, settings, f"{metric} judge", progress)
-        finally:
-            await engine.aclose()
+    failures = await judge_all(calls, handle, settings, f"{metric} judge", progress)
     store.rewrite(sorted(done.values(), key=_sort_key))
     keys = [(metric, item.model, item.group, item.query_id, repeat) for item, repeat in wanted]
     return ScoringRun([done[k] for k in keys if k in done], items, ids, failures, len(calls))
@@ -249,5 +276,5 @@ def run_scoring(answers: str | os.PathLike, ids: str | os.PathLike, settings: Ju
     id_lists = load_ids(ids)
     items = build_items(load_answers(answers), id_lists)
     run = asyncio.run(score_items(items, id_lists, settings, Path(out), metric, repeats, overwrite, progress))
-    write_tables(Path(out), score_table(run, metric, repeats, settings.model, METRICS[metric][0]))
+    write_tables(Path(out), score_table(run, metric, repeats, settings.model, JUDGE_METRICS[metric][0]))
     return run
