@@ -5,7 +5,7 @@ by a simulator model behind an OpenAI-compatible engine (`vllm serve`, `transfor
     python serving/main_mirrorapi.py --config serving/config_mirrorapi.yml --port 8081 --mode replay
 
 Same as `mirrorapi serve ...`. Every key of the config file is also a flag (`--tools-folder A B`) and
-an environment variable (`MIRRORAPI_TOOLS_FOLDER=A,B`); see `--help` and mirrorapi/config.py.
+an environment variable (`MIRRORAPI_TOOLS_FOLDER=A,B`); see `--help` and mirrorapi/serving/config.py.
 Point StableToolBench's agents at it: `SERVICE_URL=http://127.0.0.1:8080/virtual`.
 """
 
