@@ -28,12 +28,31 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# The real sample of a source checkout (`data/samples`). It is not part of the wheel: an installed
+# mirrorapi has no default corpus and says so, instead of training a tokenizer on nothing.
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
 
 
+class CorpusError(Exception):
+    """No text to train the tokenizer on; the message says what to pass instead."""
+
+
 def default_corpus() -> list[Path]:
-    """The bundled real sample: tool docs, request/response pairs and judged answers."""
-    return sorted(SAMPLES.glob("*.jsonl")) + sorted(SAMPLES.glob("tools/*/*.json"))
+    """The bundled real sample of a source checkout: tool docs, request/response pairs and judged answers."""
+    files = sorted(SAMPLES.glob("*.jsonl")) + sorted(SAMPLES.glob("tools/*/*.json"))
+    if not files:
+        raise CorpusError(f"no tokenizer corpus: the sample data {SAMPLES} exists only in a source checkout of "
+                          "mirrorapi (it is not installed with the wheel); pass corpus=[files] "
+                          "(scripts/make_tiny_model.py --corpus FILE ...), e.g. your pairs JSONL and tool docs")
+    return files
+
+
+def _corpus_files(corpus: Iterable[str | Path]) -> list[Path]:
+    files = [Path(path) for path in corpus]
+    missing = [str(path) for path in files if not path.is_file()]
+    if not files or missing:
+        raise CorpusError("tokenizer corpus: " + (f"not a file: {', '.join(missing)}" if missing else "no files given"))
+    return files
 
 
 def _texts(files: Iterable[Path]) -> Iterator[str]:
@@ -73,11 +92,12 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[Path] | None = None, 
                      hidden_size: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                      intermediate_size: int = 512, max_positions: int = 4096, seed: int = 0) -> Path:
     """Write tokenizer, config, generation config and random weights to `out_dir`; returns it."""
+    files = _corpus_files(corpus) if corpus is not None else default_corpus()  # before the slow imports
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out_dir = Path(out_dir)
-    tokenizer = train_tokenizer(list(corpus) if corpus is not None else default_corpus(), vocab_size)
+    tokenizer = train_tokenizer(files, vocab_size)
     im_end, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=layers,
