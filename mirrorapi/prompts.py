@@ -29,7 +29,7 @@ from typing import Any
 import json_repair
 
 from mirrorapi.names import api_key_name
-from mirrorapi.records import canonical_json
+from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.tools import ApiDoc
 
 SIMULATOR_FORMATS = ("mirrorapi-v1", "stabletoolbench", "stabletoolbench-cache")
@@ -101,11 +101,6 @@ def render_doc_v1(doc: ApiDoc) -> str:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
-def observation_text(error: str, response: Any) -> str:
-    """An observation as the simulator writes it: the training target of `mirrorapi-v1`."""
-    return json.dumps({"error": error, "response": response}, ensure_ascii=False, separators=(",", ":"))
-
-
 def _stabletoolbench_user(doc: ApiDoc, arguments: dict, normalised_api_name: bool) -> str:
     # Same keys, order and Python-repr rendering as StableToolBench's MirrorAPI servers (notes §4).
     api_doc = {
@@ -137,7 +132,7 @@ def simulator_messages(
     if fmt == "mirrorapi-v1":
         parts = ["API documentation:\n" + render_doc_v1(doc)]
         if examples:
-            shots = [f"Request: {canonical_json(a)}\nResponse: {observation_text(o.get('error', ''), o.get('response', ''))}"
+            shots = [f"Request: {canonical_json(a)}\nResponse: {observation_json(o.get('error', ''), o.get('response', ''))}"
                      for a, o in examples]
             parts.append("Examples:\n" + "\n".join(shots))
         parts.append("Request:\n" + canonical_json(arguments))

@@ -42,8 +42,9 @@ def parse_repr_key(key: str) -> Any:
 
 
 def observation_json(error: str, response: Any) -> str:
+    """The one serialisation of an observation: what the server answers, the cache stores and the
+    simulator is trained to write (`mirrorapi-v1` targets): compact, UTF-8, `error` first."""
     return json.dumps({"error": error, "response": response}, ensure_ascii=False, separators=(",", ":"))
-
 
 
 PAIR_KEYS = ("source", "episode", "step", "category", "tool_name", "api_name", "tool_input", "response")
@@ -59,6 +60,23 @@ def ignore_bad(reason: str) -> None:
     pass
 
 
+def read_jsonl(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator[tuple[int, Any]]:
+    """The one JSONL reader: `(line number, value)` of every non-blank line. A line that is not JSON (a
+    torn last line of an interrupted append, too) goes to `on_bad` as `<file>:<line>: not JSON`; callers
+    check the values' shape and report problems the same way, `<file>:<line>: <reason>`."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError:
+                on_bad(f"{path.name}:{number}: not JSON")
+                continue
+            yield number, value
+
+
 def read_pairs_jsonl(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator[dict]:
     """Pairs of one JSONL file, checked for the keys and types the builder relies on."""
     path = Path(path)
@@ -68,20 +86,12 @@ def read_pairs_jsonl(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Ite
 
 
 def _pairs_jsonl(path: Path, on_bad: OnBad) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                pair = json.loads(line)
-            except ValueError:
-                on_bad(f"{path.name}:{number}: not JSON")
-                continue
-            problem = _pair_problem(pair)
-            if problem:
-                on_bad(f"{path.name}:{number}: {problem}")
-                continue
-            yield pair
+    for number, pair in read_jsonl(path, on_bad):
+        problem = _pair_problem(pair)
+        if problem:
+            on_bad(f"{path.name}:{number}: {problem}")
+            continue
+        yield pair
 
 
 def _pair_problem(pair: Any) -> str | None:

@@ -15,6 +15,8 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
+from mirrorapi.records import read_jsonl
+
 SEED = 20251121
 PAIR_EPISODES = {"api-bank-generated.jsonl": 70, "api-bank.jsonl": 25, "tau-bench.jsonl": 12, "toolbench-example.jsonl": 15}
 JUDGE_PER_KIND = {"env-reward": 20, "reference-answer": 25, "synthetic-mismatch": 25, "stb-pass-rate-gpt": 6}
@@ -22,9 +24,8 @@ EXAMPLE_IDS = ["588", "608", "1073"]  # StableToolBench's solvable_queries_examp
 TOOLENV_TOOLS = ["Artificial_Intelligence_Machine_Learning/ttskraken.json", "Data/theclique.json"]
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+def read_records(path: Path) -> list[dict]:
+    return [record for _, record in read_jsonl(path)]
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:
@@ -46,7 +47,7 @@ def main() -> None:
     pairs = []
     for name, n_episodes in PAIR_EPISODES.items():
         by_episode = defaultdict(list)
-        for p in read_jsonl(args.shared / "pairs" / name):
+        for p in read_records(args.shared / "pairs" / name):
             by_episode[p["episode"]].append(p)
         chosen = sorted(rng.sample(sorted(by_episode), min(n_episodes, len(by_episode))))
         for episode in chosen:
@@ -61,7 +62,7 @@ def main() -> None:
         shutil.copy(args.shared / "toolenv/toolenv2404" / rel, out / "tools" / rel)
 
     by_kind = defaultdict(list)
-    for r in read_jsonl(args.shared / "judge/labelled.jsonl"):
+    for r in read_records(args.shared / "judge/labelled.jsonl"):
         by_kind[r["label_kind"]].append(r)
     judge = []
     for kind, n in JUDGE_PER_KIND.items():

@@ -9,13 +9,12 @@ from mirrorapi.prompts import (
     is_strict_observation,
     judge_completion,
     judge_messages,
-    observation_text,
     parse_simulator_output,
     parse_verdict,
     simulator_messages,
     truncate_response,
 )
-from mirrorapi.records import canonical_json, parse_repr_key
+from mirrorapi.records import canonical_json, observation_json, parse_repr_key
 from mirrorapi.tools import ToolRegistry
 
 
@@ -122,7 +121,7 @@ def test_parse_simulator_output_rejects_garbage(text):
 
 
 def test_strict_observation_and_truncation():
-    assert is_strict_observation(observation_text("", "x"))
+    assert is_strict_observation(observation_json("", "x"))
     assert not is_strict_observation('{"response": "x"}')
     assert not is_strict_observation("```json\n{}\n```")
     long = "x" * (RESPONSE_CHAR_BUDGET + 10)

@@ -13,7 +13,6 @@ from `judge_completion`, the functions the evaluation uses. Rules, each counted 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -23,7 +22,7 @@ from typing import Callable, Collection, Iterable, Iterator
 
 from mirrorapi.data.splits import split_groups
 from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, judge_completion, judge_messages
-from mirrorapi.records import SourceError
+from mirrorapi.records import SourceError, read_jsonl
 
 JUDGE_KEYS = ("source", "id", "query", "final_answer", "label")
 JUDGE_COLUMNS = ("prompt", "completion", "prompt_format", "source", "id", "label", "label_kind")
@@ -42,23 +41,15 @@ def read_labelled(path: str | os.PathLike, on_bad: Callable[[str], None],
 
 
 def _labelled(path: Path, on_bad: Callable[[str], None], labels: Collection[str] | None) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                on_bad(f"{path.name}:{number}: not JSON")
-                continue
-            missing = [k for k in JUDGE_KEYS if not isinstance(record, dict) or not isinstance(record.get(k), str)]
-            if missing:
-                on_bad(f"{path.name}:{number}: missing or non-string " + ", ".join(missing))
-                continue
-            if labels is not None and record["label"] not in labels:
-                on_bad(f"{path.name}:{number}: label {record['label']!r} is not " + " or ".join(labels))
-                continue
-            yield record
+    for number, record in read_jsonl(path, on_bad):
+        missing = [k for k in JUDGE_KEYS if not isinstance(record, dict) or not isinstance(record.get(k), str)]
+        if missing:
+            on_bad(f"{path.name}:{number}: missing or non-string " + ", ".join(missing))
+            continue
+        if labels is not None and record["label"] not in labels:
+            on_bad(f"{path.name}:{number}: label {record['label']!r} is not " + " or ".join(labels))
+            continue
+        yield record
 
 
 def _group(query: str) -> str:

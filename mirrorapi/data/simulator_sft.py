@@ -1,6 +1,6 @@
 """Simulator SFT data: real pairs + tool docs -> conversational prompt/completion records.
 
-Prompts are rendered by `mirrorapi.prompts.simulator_messages` and targets by `observation_text`,
+Prompts are rendered by `mirrorapi.prompts.simulator_messages` and targets by `mirrorapi.records.observation_json`,
 the functions the server uses, so a model is trained on exactly what it will be served. Quality
 rules, each counted in `stats.json`:
 - a pair whose API has no doc is dropped (`unknown_api`);
@@ -35,11 +35,10 @@ from mirrorapi.prompts import (
     DEFAULT_SIMULATOR_FORMAT,
     RESPONSE_CHAR_BUDGET,
     SIMULATOR_FORMATS,
-    observation_text,
     simulator_messages,
     truncate_response,
 )
-from mirrorapi.records import canonical_json
+from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.tools import ToolRegistry, UnknownName
 
 logger = logging.getLogger(__name__)
@@ -158,7 +157,7 @@ def _render(entry: tuple, options: SimulatorDataOptions, examples: list[tuple[di
     return {
         "prompt": simulator_messages(doc, arguments, examples, fmt=options.prompt_format,
                                      system_prompt=options.system_prompt),
-        "completion": [{"role": "assistant", "content": observation_text(error, response)}],
+        "completion": [{"role": "assistant", "content": observation_json(error, response)}],
         "prompt_format": options.prompt_format,
         "source": pair["source"], "episode": str(pair["episode"]), "step": int(pair["step"]),
         "category": doc.category, "tool": doc.tool, "api": doc.api, "arguments": arguments_key, "kind": kind,

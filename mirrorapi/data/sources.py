@@ -23,7 +23,7 @@ from typing import Iterator
 
 from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.prompts import parse_simulator_output
-from mirrorapi.records import OnBad, SourceError, ignore_bad
+from mirrorapi.records import OnBad, SourceError, ignore_bad, read_jsonl
 from mirrorapi.tools import ApiDoc
 
 
@@ -42,12 +42,7 @@ def _alpaca(path: Path, on_bad: OnBad) -> Iterator[dict]:
         records = json.loads(text)
         records = records if isinstance(records, list) else [records]  # a one-line JSONL file
     except ValueError:
-        records = []
-        for number, line in enumerate(text.splitlines(), 1):
-            try:
-                records.append(json.loads(line)) if line.strip() else None
-            except ValueError:
-                on_bad(f"{path.name}:{number}: not JSON")
+        records = [record for _, record in read_jsonl(path, on_bad)]  # JSONL
     for number, record in enumerate(records):
         where = f"{path.name}#{number}"
         if not isinstance(record, dict) or not isinstance(record.get("instruction"), str) \

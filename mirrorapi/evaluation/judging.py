@@ -27,6 +27,7 @@ from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.evaluation.answer_files import AnswerItem, build_items, load_answers, load_ids
 from mirrorapi.evaluation.score_tables import score_table, write_tables
 from mirrorapi.prompts import JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.records import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +86,15 @@ class JsonlStore:
         records: dict[tuple, dict] = {}
         if not self.path.exists():
             return records
-        with open(self.path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                    records[self.key(record)] = record
-                except (ValueError, KeyError, TypeError):
-                    logger.warning("%s:%d is not a complete record; it will be redone", self.path, number)
+        for number, record in read_jsonl(self.path, self._redo):
+            try:
+                records[self.key(record)] = record
+            except (KeyError, TypeError, ValueError):
+                self._redo(f"{self.path.name}:{number}: not a record")
         return records
+
+    def _redo(self, reason: str) -> None:
+        logger.warning("%s (in %s): it will be redone", reason, self.path.parent)
 
     def append(self, record: dict) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:

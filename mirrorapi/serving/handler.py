@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from mirrorapi.engine_client import EngineError
 from mirrorapi.names import api_key_name
-from mirrorapi.records import canonical_json
+from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.protocol import (
@@ -149,8 +149,8 @@ def check_arguments(doc: ApiDoc, arguments: dict, missing_required: str, unknown
 
 
 def observation_bytes(error: str, response: Any) -> bytes:
-    return json.dumps({"error": error, "response": response}, ensure_ascii=False,
-                      separators=(",", ":")).encode()
+    """A response body: the observation as `mirrorapi.records.observation_json` writes it, as bytes."""
+    return observation_json(error, response).encode()
 
 
 _ENGINE_REASONS = {

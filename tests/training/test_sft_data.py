@@ -16,11 +16,10 @@ from mirrorapi.prompts import (
     RESPONSE_CHAR_BUDGET,
     TRUNCATION_MARK,
     is_strict_observation,
-    observation_text,
     simulator_messages,
     truncate_response,
 )
-from mirrorapi.records import canonical_json
+from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +47,7 @@ def test_records_are_what_the_server_would_send_and_receive(simulator_sft_dir, r
             (answer,) = record["completion"]
             assert answer["role"] == "assistant" and is_strict_observation(answer["content"])
             original = first_seen[(record["category"], record["tool"], record["api"], record["arguments"])]
-            assert answer["content"] == observation_text(original["error"], truncate_response(original["response"]))
+            assert answer["content"] == observation_json(original["error"], truncate_response(original["response"]))
             assert record["prompt_format"] == "mirrorapi-v1"
             total += 1
     stats = json.loads((simulator_sft_dir / "stats.json").read_text())
