@@ -17,6 +17,8 @@ Judge formats
 - `fac-v1`: query + final answer -> `Verdict: Solved|Unsolved` and `Reason: ...` on labelled lines.
 - `sopr-v1`: query + the trajectory's tool calls + final answer -> `Verdict: Solved|Unsolved|Unsure`
   (StableToolBench's SoPR statuses; Unsure scores 0.5) and `Reason: ...`.
+Both show the judge the text of the final answer (`extract_final_answer`), query and answer cut by
+`cut_judge_text`, for FAC, judge agreement and the judge's training data alike.
 """
 
 from __future__ import annotations
@@ -246,16 +248,68 @@ SOPR_SYSTEM_V1 = (
 JUDGE_VERDICTS = {"fac-v1": ("Solved", "Unsolved"), "sopr-v1": ("Solved", "Unsolved", "Unsure")}
 
 
+# Queries and answers longer than this are cut (and marked) before a judge sees them, by FAC, judge
+# agreement and the judge's training data alike: one huge answer cannot exceed a judge's context
+# and fail on every rerun, and a judge is trained on what it is shown.
+JUDGE_TEXT_CHAR_BUDGET = 8000
+# What a final answer may hold instead of text to judge (scored Unsolved without a judge call).
+EMPTY, GIVE_UP = "empty", "give_up"
+
+
+def cut_judge_text(text: str) -> str:
+    """`text` stripped and cut to JUDGE_TEXT_CHAR_BUDGET characters (+ TRUNCATION_MARK when cut)."""
+    return _cut(text.strip(), JUDGE_TEXT_CHAR_BUDGET)
+
+
+def extract_final_answer(final_answer: Any) -> tuple[str, str]:
+    """(status, text) of a converted answer's `final_answer` field.
+
+    The field usually holds the raw Finish arguments, `{"return_type": ..., "final_answer": ...}`:
+    the inner text is what gets judged (StableToolBench's FAC script judged the whole JSON string,
+    notes §8.21). `give_up_and_restart` -> GIVE_UP; nothing to judge -> EMPTY. Text that is not
+    Finish JSON (another agent's plain answer) is judged as it is.
+    """
+    if final_answer is None:
+        return EMPTY, ""
+    text = final_answer if isinstance(final_answer, str) else json.dumps(final_answer, ensure_ascii=False)
+    text = text.strip()
+    if not text:
+        return EMPTY, ""
+    finish = _finish_arguments(text)
+    if finish is None:
+        return ("answer", text) if "give_up_and_restart" not in text else (GIVE_UP, "")
+    if str(finish.get("return_type", "")).strip() == "give_up_and_restart":
+        return GIVE_UP, ""
+    inner = finish.get("final_answer", "")
+    inner = (inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)).strip()
+    return ("answer", inner) if inner else (EMPTY, "")
+
+
+def _finish_arguments(text: str) -> dict | None:
+    """The Finish arguments dict, also from the slightly broken JSON agents write; None when not Finish JSON."""
+    if not text.startswith("{") or ("final_answer" not in text and "return_type" not in text):
+        return None
+    try:
+        parsed = json.loads(text, strict=False)  # strict=False: raw newlines inside strings, as agents write them
+    except ValueError:
+        parsed = json_repair.loads(text)
+    return parsed if isinstance(parsed, dict) and ("final_answer" in parsed or "return_type" in parsed) else None
+
+
 def judge_messages(query: str, answer: str, fmt: str = DEFAULT_JUDGE_FORMAT, steps: str = "") -> list[dict]:
-    """The judge's chat messages; `steps` (the rendered tool calls) is used by `sopr-v1` only."""
+    """The judge's chat messages; `steps` (the rendered tool calls) is used by `sopr-v1` only.
+
+    `answer` is the text to judge (`extract_final_answer`); query and answer are cut by
+    `cut_judge_text` here, so every caller (FAC, judge agreement, training data) shows the same."""
+    query, answer = cut_judge_text(query), cut_judge_text(answer)
     if fmt == "sopr-v1":
         return [{"role": "system", "content": SOPR_SYSTEM_V1},
-                {"role": "user", "content": f"Query:\n{query.strip()}\n\nTool calls:\n{steps.strip() or '(none)'}"
-                                            f"\n\nFinal answer:\n{answer.strip()}"}]
+                {"role": "user", "content": f"Query:\n{query}\n\nTool calls:\n{steps.strip() or '(none)'}"
+                                            f"\n\nFinal answer:\n{answer}"}]
     if fmt != "fac-v1":
         raise ValueError(f"unknown judge prompt format {fmt!r}; known: {', '.join(JUDGE_FORMATS)}")
     return [{"role": "system", "content": FAC_SYSTEM_V1},
-            {"role": "user", "content": f"Query:\n{query.strip()}\n\nFinal answer:\n{answer.strip()}"}]
+            {"role": "user", "content": f"Query:\n{query}\n\nFinal answer:\n{answer}"}]
 
 
 def judge_completion(verdict: str, reason: str = "") -> str:

@@ -1,9 +1,10 @@
 """Judge SFT data: labelled final answers -> conversational prompt/completion records.
 
 Input: the judge schema of `../shared/data/judge` (`source, id, query, final_answer, label,
-label_kind`, optionally `reason`). Prompts come from `mirrorapi.prompts.judge_messages`, targets
-from `judge_completion`, the functions the evaluation uses. Rules, each counted in `stats.json`:
-- an empty final answer is dropped: FAC scores it Unsolved without asking the judge;
+label_kind`, optionally `reason`). The judge is shown what FAC and judge agreement show it: the
+text of the final answer (`extract_final_answer`: the inner `final_answer` of Finish JSON), cut as
+`judge_messages` cuts it; targets come from `judge_completion`. Rules, each counted in `stats.json`:
+- an empty final answer (or a give-up) is dropped: FAC scores it Unsolved without asking the judge;
 - the same (query, answer) twice is dropped; twice with different labels is counted apart;
 - all answers to one query stay on one side of the split (a query's reference answer and its
   synthetic mismatch, or the four trials of a tau-bench task, would otherwise leak);
@@ -21,7 +22,13 @@ from pathlib import Path
 from typing import Callable, Collection, Iterable, Iterator
 
 from mirrorapi.data.splits import split_groups
-from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, judge_completion, judge_messages
+from mirrorapi.prompts import (
+    DEFAULT_JUDGE_FORMAT,
+    JUDGE_VERDICTS,
+    extract_final_answer,
+    judge_completion,
+    judge_messages,
+)
 from mirrorapi.records import SourceError, read_jsonl
 
 JUDGE_KEYS = ("source", "id", "query", "final_answer", "label")
@@ -73,13 +80,15 @@ def build_judge_records(records: Iterable[dict], prompt_format: str = DEFAULT_JU
         read[record["source"]] += 1
         if record["label"] not in verdicts:
             dropped["unknown_label"] += 1
-        elif not record["final_answer"].strip():
+            continue
+        status, answer = extract_final_answer(record["final_answer"])
+        if status != "answer":
             dropped["empty_answer"] += 1
-        elif (key := (_group(record["query"]), record["final_answer"].strip())) in seen:
+        elif (key := (_group(record["query"]), answer)) in seen:
             dropped["duplicate" if seen[key] == record["label"] else "duplicate_conflicting"] += 1
         else:
             seen[key] = record["label"]
-            kept.append(record)
+            kept.append({**record, "answer": answer})
 
     indices = split_groups([_group(r["query"]) for r in kept], test_fraction, seed)
     rng = random.Random(seed)
@@ -111,7 +120,7 @@ def build_judge_records(records: Iterable[dict], prompt_format: str = DEFAULT_JU
 
 def _render(record: dict, prompt_format: str) -> dict:
     return {
-        "prompt": judge_messages(record["query"], record["final_answer"], prompt_format),
+        "prompt": judge_messages(record["query"], record["answer"], prompt_format),
         "completion": [{"role": "assistant",
                         "content": judge_completion(record["label"], record.get("reason") or "")}],
         "prompt_format": prompt_format, "source": record["source"], "id": record["id"], "label": record["label"],

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import json_repair
+from mirrorapi.prompts import EMPTY, GIVE_UP, extract_final_answer
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ GROUPS = {
 }
 
 # What an item holds instead of an answer to judge; all of them are Unsolved without a judge call.
-MISSING, EMPTY, GIVE_UP = "missing", "empty", "give_up"
+# (EMPTY and GIVE_UP come from `extract_final_answer`, in mirrorapi/prompts.py: what a judge is shown.)
+MISSING = "missing"
 
 
 class AnswersError(Exception):
@@ -54,41 +55,6 @@ def group_order(groups) -> list[str]:
     """StableToolBench's column order first, any other group names after, sorted."""
     known = [g for g in GROUPS if g in groups]
     return known + sorted(g for g in groups if g not in GROUPS)
-
-
-def extract_final_answer(final_answer: Any) -> tuple[str, str]:
-    """(status, text) of a converted answer's `final_answer` field.
-
-    The field usually holds the raw Finish arguments, `{"return_type": ..., "final_answer": ...}`:
-    the inner text is what gets judged (StableToolBench's FAC script judged the whole JSON string,
-    notes §8.21). `give_up_and_restart` -> GIVE_UP; nothing to judge -> EMPTY. Text that is not
-    Finish JSON (another agent's plain answer) is judged as it is.
-    """
-    if final_answer is None:
-        return EMPTY, ""
-    text = final_answer if isinstance(final_answer, str) else json.dumps(final_answer, ensure_ascii=False)
-    text = text.strip()
-    if not text:
-        return EMPTY, ""
-    finish = _finish_arguments(text)
-    if finish is None:
-        return ("answer", text) if "give_up_and_restart" not in text else (GIVE_UP, "")
-    if str(finish.get("return_type", "")).strip() == "give_up_and_restart":
-        return GIVE_UP, ""
-    inner = finish.get("final_answer", "")
-    inner = (inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)).strip()
-    return ("answer", inner) if inner else (EMPTY, "")
-
-
-def _finish_arguments(text: str) -> dict | None:
-    """The Finish arguments dict, also from the slightly broken JSON agents write; None when not Finish JSON."""
-    if not text.startswith("{") or ("final_answer" not in text and "return_type" not in text):
-        return None
-    try:
-        parsed = json.loads(text, strict=False)  # strict=False: raw newlines inside strings, as agents write them
-    except ValueError:
-        parsed = json_repair.loads(text)
-    return parsed if isinstance(parsed, dict) and ("final_answer" in parsed or "return_type" in parsed) else None
 
 
 def render_steps(answer_details: Any, response_chars: int = 300, budget: int = 4000) -> str:

@@ -15,16 +15,15 @@ from collections import Counter
 from pathlib import Path
 
 from mirrorapi.data.judge_sft import JUDGE_KEYS, read_labelled
-from mirrorapi.evaluation.answer_files import AnswersError, extract_final_answer
+from mirrorapi.evaluation.answer_files import AnswersError
 from mirrorapi.evaluation.judging import (
-    TEXT_CHAR_BUDGET,
     JsonlStore,
     JudgeCall,
     JudgeRunError,
     JudgeSettings,
     judge_all,
 )
-from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, extract_final_answer, judge_messages, parse_verdict
 from mirrorapi.records import SourceError
 
 LABELS = ("Solved", "Unsolved")
@@ -99,7 +98,7 @@ async def predict(records: list[dict], settings: JudgeSettings, out: Path, fmt: 
             done[key] = {**base, "prediction": "Unsolved", "judged": False, "reason": f"{status} answer", "raw": ""}
             store.append(done[key])
             continue
-        messages = judge_messages(record["query"][:TEXT_CHAR_BUDGET], answer[:TEXT_CHAR_BUDGET], fmt)
+        messages = judge_messages(record["query"], answer, fmt)
         calls.append(JudgeCall(key, messages, base))
 
     def handle(call: JudgeCall, raw: str) -> None:

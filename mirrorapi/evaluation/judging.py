@@ -36,9 +36,6 @@ JUDGE_METRICS = {
     "fac": ("fac-v1", {"Solved": 1.0, "Unsolved": 0.0}),
     "sopr": ("sopr-v1", {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}),
 }
-# Queries and answers longer than this are cut before judging, so one huge answer cannot exceed a
-# judge's context and fail on every rerun.
-TEXT_CHAR_BUDGET = 8000
 # Judge requests in flight by engine (the `owned_by` of its /v1/models); others get DEFAULT_CONCURRENCY.
 ENGINE_CONCURRENCY = {"vllm": 16}
 DEFAULT_CONCURRENCY = 2
@@ -69,10 +66,6 @@ class JudgeCall:
     key: tuple
     messages: list[dict]
     payload: dict = field(default_factory=dict)  # what the caller needs to build the record
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= TEXT_CHAR_BUDGET else text[:TEXT_CHAR_BUDGET] + "..."
 
 
 # ------------------------------------------------------------------------------------ the store
@@ -252,7 +245,7 @@ async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settin
             store.append(done[key])
             unjudged += 1
             continue
-        messages = judge_messages(_cut(item.query), _cut(item.answer), fmt, steps=item.steps)
+        messages = judge_messages(item.query, item.answer, fmt, steps=item.steps)
         calls.append(JudgeCall(key, messages, {"item": item, "repeat": repeat}))
     logger.info("%s: %d judgments: %d from an earlier run, %d Unsolved without a judge call, %d judge calls",
                 metric, len(wanted), len(wanted) - unjudged - len(calls), unjudged, len(calls))

@@ -5,7 +5,8 @@
   bundled sample of the same files).
 - `faulty_judge`: a FAKE OpenAI-compatible engine for the two faults a real engine cannot be made
   to show on demand: it answers garbage (no verdict line), and it can fail (HTTP 503) on chosen
-  queries. Everything else uses the real tiny model behind `transformers serve`.
+  queries. It also keeps the messages it was sent, which a real engine does not show.
+  Everything else uses the real tiny model behind `transformers serve`.
 - `virtual_server`: starts `python serving/main_mirrorapi.py` as real processes on free 127.0.0.1
   ports, each with its own SQLite cache in a temporary folder and the bundled tool docs.
 
@@ -68,6 +69,7 @@ class FaultyJudge:
 
     def __init__(self, reply: str):
         self.reply, self.fail_on, self.failing, self.requests = reply, None, False, 0
+        self.received: list[list[dict]] = []  # the messages of every chat completion request
         self.model = "fake-judge"
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
@@ -83,6 +85,7 @@ class FaultyJudge:
         async def chat(request: Request):
             body = await request.json()
             self.requests += 1
+            self.received.append(body["messages"])
             if self.failing and self.fail_on and self.fail_on in str(body["messages"]):
                 return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
             return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
