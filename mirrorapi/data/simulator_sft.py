@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from mirrorapi.data.splits import split_episodes
 from mirrorapi.data.transport_failures import in_band_error, transport_failure
-from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
+from mirrorapi.few_shot import candidate_pool, select_examples
 from mirrorapi.prompts import (
     DEFAULT_SIMULATOR_FORMAT,
     RESPONSE_CHAR_BUDGET,
@@ -133,21 +133,23 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
 
 
 def _example_picker(kept: list[tuple], train: list[int], options: SimulatorDataOptions):
-    """index -> few-shot examples: the server's own choice (`select_examples`) among the training calls
-    of the same API, as its cache would hold them. Test records only ever see training calls."""
+    """index -> few-shot examples: the server's own choice (`select_examples` over `candidate_pool`, the
+    one candidate order) among the training calls of the same API, as its cache would hold them after
+    `mirrorapi cache import` of the same pairs. Test records only ever see training calls."""
     if not options.few_shot:
         return lambda index: []
 
     by_api: dict[tuple, list[tuple[str, str]]] = {}
     for i in train:
-        doc, _, error, response, _, _, arguments_key = kept[i]
-        candidates = by_api.setdefault((doc.category, doc.tool, doc.api), [])
-        if len(candidates) < FEW_SHOT_CANDIDATES:
-            candidates.append((arguments_key, canonical_json({"error": error, "response": response})))
+        doc, _, error, _, pair, _, arguments_key = kept[i]
+        # As `import_pairs` stores the call in the server's cache: the observation whole, uncut.
+        observation = observation_json(error, pair["response"]["response"])
+        by_api.setdefault((doc.category, doc.tool, doc.api), []).append((arguments_key, observation))
+    pools = {api: candidate_pool(candidates) for api, candidates in by_api.items()}
 
     def pick(index: int) -> list[tuple[dict, dict]]:
         doc, arguments = kept[index][0], kept[index][1]
-        return select_examples(by_api.get((doc.category, doc.tool, doc.api), []), arguments, options.few_shot,
+        return select_examples(pools.get((doc.category, doc.tool, doc.api), []), arguments, options.few_shot,
                                options.few_shot_char_budget)
     return pick
 

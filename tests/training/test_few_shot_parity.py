@@ -1,0 +1,50 @@
+"""The SFT builder and the server choose the same few-shot examples for the same recorded calls:
+one selection function (`select_examples`) over one candidate order (`candidate_pool`), whatever
+order the calls were recorded in."""
+
+import json
+import random
+
+import pytest
+
+from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
+from mirrorapi.records import canonical_json, read_pairs_jsonl
+from mirrorapi.serving.cache import ResponseCache, import_pairs
+from mirrorapi.serving.config import load_settings
+from mirrorapi.serving.simulator import Simulator
+from mirrorapi.tools import ToolRegistry
+
+# An API with more distinct recorded calls (331) than the 256 candidates read per API.
+APIS = {("APIBank", "apibank_account", "GetUserToken")}
+
+
+@pytest.mark.shared
+def test_builder_and_server_show_the_same_examples(shared_data, tmp_path):
+    pairs = [p for p in read_pairs_jsonl(shared_data / "pairs" / "api-bank-generated.jsonl")
+             if (p["category"], p["tool_name"], p["api_name"]) in APIS]
+    random.Random(7).shuffle(pairs)  # recorded in no particular order
+    distinct = {api: len({canonical_json(p["tool_input"]) for p in pairs
+                          if (p["category"], p["tool_name"], p["api_name"]) == api}) for api in APIS}
+    assert max(distinct.values()) > 256
+    pairs_file = tmp_path / "pairs.jsonl"
+    pairs_file.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    tools = shared_data / "toolenv" / "realtools"
+    registry = ToolRegistry.load([tools])
+
+    options = SimulatorDataOptions(few_shot=3, ood_fraction=0.0, id_fraction=0.0)
+    splits, _ = build_simulator_records(read_pairs_jsonl(pairs_file), registry, options)
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    import_pairs(cache, pairs_file, registry)  # what `mirrorapi cache import pairs.jsonl` does
+    settings = load_settings(overrides={"tools_folder": [str(tools)], "few_shot": 3}, environ={})
+    simulator = Simulator(engine=None, cache=cache, settings=settings)
+
+    records = splits["train"]
+    assert len(records) == sum(distinct.values())
+    with_examples = 0
+    for record in records:
+        doc = registry.get(record["category"], record["tool"], record["api"])
+        served = simulator.messages(doc, json.loads(record["arguments"]))
+        assert served == record["prompt"], record["arguments"]
+        with_examples += "Examples:\n" in served[1]["content"]
+    assert with_examples == len(records)
+    cache.close()
