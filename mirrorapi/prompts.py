@@ -11,7 +11,10 @@ Simulator formats
 - `stabletoolbench` / `stabletoolbench-cache`: the user-message layout of StableToolBench's
   MirrorAPI servers (`API doc:` + Python repr of the doc, blank line, `Request:` + repr of the
   arguments), with a system prompt read from a user's file, to serve released MirrorAPI weights.
-  `-cache` sends the normalised API name, like its `main_mirrorapi_cache.py`.
+  `-cache` sends the normalised API name, like its `main_mirrorapi_cache.py`. Tool names are sent
+  as upstream builds them (cut at the first `_for_`), and the server's defaults for these formats are
+  upstream's request settings (`STABLETOOLBENCH_REQUEST_SETTINGS`: seed 42, 2,048 tokens, no
+  structured output).
 
 Judge formats
 - `fac-v1`: query + final answer -> `Verdict: Solved|Unsolved` and `Reason: ...` on labelled lines.
@@ -103,6 +106,12 @@ def render_doc_v1(doc: ApiDoc) -> str:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
+# What StableToolBench's MirrorAPI servers send besides the messages (`main_mirrorapi*.py`): seed 42,
+# up to 2,048 new tokens, no `response_format`. The server takes these as its defaults for the
+# `stabletoolbench` formats (each can still be set), so released weights are asked as upstream asks.
+STABLETOOLBENCH_REQUEST_SETTINGS = {"seed": 42, "max_tokens": 2048, "structured_output": False}
+
+
 def _stabletoolbench_user(doc: ApiDoc, arguments: dict, normalised_api_name: bool) -> str:
     # Same keys, order and Python-repr rendering as StableToolBench's MirrorAPI servers (notes §4).
     api_doc = {
@@ -111,7 +120,10 @@ def _stabletoolbench_user(doc: ApiDoc, arguments: dict, normalised_api_name: boo
         "required_parameters": doc.required_parameters,
         "optional_parameters": doc.optional_parameters,
         "tool_description": doc.tool_description,
-        "tool_name": doc.tool,
+        # Upstream sends the client's tool name cut at its first `_for_` (clients send the file stem,
+        # `doc.tool`): a tool whose own name holds `_for_` (`email_regex_for_lazy`) is sent as
+        # `email_regex`, the name MirrorAPI was trained with, though its doc is found correctly here.
+        "tool_name": doc.tool.split("_for_")[0],
         "tool_category": doc.category,
     }
     request = {k: v for k, v in arguments.items() if k != "toolbench_key"}

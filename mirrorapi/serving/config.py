@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mirrorapi.prompts import SIMULATOR_FORMATS
+from mirrorapi.prompts import SIMULATOR_FORMATS, STABLETOOLBENCH_REQUEST_SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,9 @@ class ServerSettings(BaseModel):
         "Ask the engine for JSON of the observation schema (response_format json_schema)."))
     few_shot: int = Field(0, ge=0, description="Real cached examples of the same API shown to the simulator.")
     few_shot_char_budget: int = Field(2048, gt=0, description="Most characters of examples per prompt.")
-    seed: int | None = Field(None, description="Sampling seed sent to the engine.")
+    seed: int | None = Field(None, description=(
+        "Sampling seed sent to the engine (the stabletoolbench formats: 42, as upstream sends; with them "
+        "max_tokens defaults to 2048 and structured_output to false, also as upstream)."))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
     @field_validator("api_base", "tools_folder", mode="before")
@@ -103,6 +105,9 @@ class ServerSettings(BaseModel):
             if self.system_prompt_file is None:
                 raise ValueError(f"prompt_format {self.prompt_format} needs system_prompt_file "
                                  "(the system prompt the MirrorAPI model was trained with)")
+            for key, value in STABLETOOLBENCH_REQUEST_SETTINGS.items():  # upstream's request, unless set
+                if key not in self.model_fields_set:
+                    setattr(self, key, value)
         if self.system_prompt_file is not None and not self.system_prompt_file.is_file():
             raise ValueError(f"system_prompt_file: {self.system_prompt_file} does not exist")
         if self.cache_path.exists() and self.cache_path.is_dir():
