@@ -88,6 +88,15 @@ class EngineClient:
                    response_format: dict | None = None, seed: int | None = None,
                    extra_body: dict | None = None) -> str:
         """The assistant text for `messages`; raises EngineError once retries or the deadline run out."""
+        message, _ = await self.complete(messages, temperature=temperature, max_tokens=max_tokens,
+                                         response_format=response_format, seed=seed, extra_body=extra_body)
+        content = message.get("content")
+        return content if isinstance(content, str) else ""
+
+    async def complete(self, messages: list[dict], *, temperature: float = 0.0, max_tokens: int = 1024,
+                       response_format: dict | None = None, seed: int | None = None,
+                       extra_body: dict | None = None) -> tuple[dict, dict]:
+        """(the assistant message as the engine sent it, e.g. with `tool_calls`; the `usage` object or {})."""
         deadline = time.monotonic() + self.timeout
         body = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
         if response_format is not None:
@@ -108,8 +117,8 @@ class EngineClient:
                 message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
                 if not isinstance(message, dict):
                     raise EngineError("empty", "engine answered without a choice")
-                content = message.get("content")
-                return content if isinstance(content, str) else ""
+                usage = completion.get("usage")
+                return message, usage if isinstance(usage, dict) else {}
             except asyncio.TimeoutError:
                 last = EngineError("timeout", f"engine did not answer within {self.timeout:g} s")
             except aiohttp.ClientError as exc:  # refused, reset, closed mid-answer

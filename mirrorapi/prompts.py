@@ -16,10 +16,19 @@ Simulator formats
   upstream's request settings (`STABLETOOLBENCH_REQUEST_SETTINGS`: seed 42, 2,048 tokens, no
   structured output).
 
+Agent format
+- `agent-v1`: the tool-using agent of the benchmark runner (StableToolBench's CoT / DFS protocol):
+  a system prompt with the task rules and the tool list, the query as the user message, and the
+  "try something different" message DFS sends before a sibling branch. Our own wording of the
+  protocol StableToolBench's agents follow (think, call one function per step, finish with
+  `Finish`, give up with `give_up_and_restart`).
+
 Judge formats
 - `fac-v1`: query + final answer -> `Verdict: Solved|Unsolved` and `Reason: ...` on labelled lines.
 - `sopr-v1`: query + the trajectory's tool calls + final answer -> `Verdict: Solved|Unsolved|Unsure`
   (StableToolBench's SoPR statuses; Unsure scores 0.5) and `Reason: ...`.
+- `sowr-v1`: query + two answers (A, B) with their tool calls -> `Preferred: A|B` and `Reason: ...`
+  (the pairwise step of StableToolBench's SoWR).
 Both show the judge the text of the final answer (`extract_final_answer`), query and answer cut by
 `cut_judge_text`, for FAC, judge agreement and the judge's training data alike.
 """
@@ -40,6 +49,9 @@ from mirrorapi.tools import ApiDoc
 SIMULATOR_FORMATS = ("mirrorapi-v1", "stabletoolbench", "stabletoolbench-cache")
 DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
 JUDGE_FORMATS = ("fac-v1", "sopr-v1")
+AGENT_FORMATS = ("agent-v1",)
+DEFAULT_AGENT_FORMAT = "agent-v1"
+PREFERENCE_FORMATS = ("sowr-v1",)
 DEFAULT_JUDGE_FORMAT = "fac-v1"
 
 # Responses longer than this are cut (and marked) both in training data and in what the server
@@ -345,3 +357,94 @@ def parse_verdict(text: str, allowed: tuple[str, ...] = ("Solved", "Unsolved")) 
         verdict = None
     reason = _REASON.search(text[found.end():] if found else text)
     return verdict, (reason.group(1).strip() if reason else "")
+
+
+# -------------------------------------------------------------------------------------- agent
+AGENT_SYSTEM_V1 = (
+    "You are an agent that solves a user's task with the functions you are given.\n"
+    "Work step by step. At each step, think briefly (at most five sentences) about where you stand and "
+    "what to do next, then call one function to act. You will see the function's result and can decide "
+    "on the next step.\n"
+    "Rules:\n"
+    "1. A step cannot be undone. When you are stuck, or the functions keep failing, call Finish with "
+    "return_type \"give_up_and_restart\" to start over.\n"
+    "2. Always end by calling Finish. With return_type \"give_answer\", put everything the user needs into "
+    "final_answer: it is the only part the user sees.\n"
+    "3. Call the functions by their own names, never by the tool names.\n"
+    "Task: answer the user's real-time query with the functions. You can use these tools:\n"
+    "{tools}"
+)
+
+
+def agent_tool_list(tools: list[tuple[str, str]]) -> str:
+    """The numbered tool list of the agent's system prompt: `1.<std_tool>: <description>`.
+
+    Like StableToolBench's task description: at most 512 characters of a tool's description, newlines
+    removed, `None` when it has none.
+    """
+    lines = []
+    for number, (name, description) in enumerate(tools, 1):
+        text = (description or "")[:512].replace("\n", "").strip() or "None"
+        lines.append(f"{number}.{name}: {text}")
+    return "\n".join(lines)
+
+
+def agent_messages(query: str, tools: list[tuple[str, str]], fmt: str = DEFAULT_AGENT_FORMAT,
+                   system_prompt: str | None = None) -> list[dict]:
+    """The first two messages of an agent run. `system_prompt` (a user's own text, e.g. from a file)
+    replaces ours; `{tools}` in it is replaced by the tool list."""
+    if fmt not in AGENT_FORMATS:
+        raise ValueError(f"unknown agent prompt format {fmt!r}; known: {', '.join(AGENT_FORMATS)}")
+    system = (system_prompt or AGENT_SYSTEM_V1).replace("{tools}", agent_tool_list(tools))
+    # The query between newlines and a closing "Begin!": the user-message layout StableToolBench's
+    # agents were trained with.
+    return [{"role": "system", "content": system}, {"role": "user", "content": f"\n{query}\nBegin!\n"}]
+
+
+def agent_diversity_message(candidates: list[dict], observation: str = "") -> dict:
+    """DFS's message before a sibling branch: earlier actions from this state, to be avoided."""
+    text = ("Your earlier attempts from this point did not succeed. These are the actions you already took "
+            "here:\n" + json.dumps(candidates, ensure_ascii=False, indent=2) + "\n")
+    if observation:
+        text += f"The last observation before them was: {observation}\n"
+    text += ("You are still in the middle of the task. Look at the current state and choose an action that "
+             "differs from all of the above.")
+    return {"role": "user", "content": text}
+
+
+# ------------------------------------------------------------------------------ SoWR preference
+SOWR_SYSTEM_V1 = (
+    "You compare two AI assistants' attempts at the same user query and pick the better one. Each "
+    "attempt shows the tool calls it made and its final answer. Prefer the answer that solves more of the "
+    "query, agrees with its tool results and gives the user more useful information. Do not check facts "
+    "against your own knowledge; ignore the order in which the answers are shown.\n"
+    "Reply in exactly this form:\n"
+    "Preferred: A or B\n"
+    "Reason: one short sentence"
+)
+_PREFERRED = re.compile(r"^[\s*#>_-]*(?:preferred|better answer|winner)[\s*_]*[:：]?[\s*_]*(?:answer\s*)?([AB])\b",
+                        re.IGNORECASE | re.MULTILINE)
+
+
+def preference_messages(query: str, answers: tuple[tuple[str, str], tuple[str, str]],
+                        fmt: str = "sowr-v1") -> list[dict]:
+    """The `sowr-v1` judge messages; `answers` = ((steps A, final answer A), (steps B, final answer B))."""
+    if fmt not in PREFERENCE_FORMATS:
+        raise ValueError(f"unknown preference prompt format {fmt!r}; known: {', '.join(PREFERENCE_FORMATS)}")
+    parts = [f"Query:\n{query.strip()}"]
+    for label, (steps, answer) in zip("AB", answers):
+        parts.append(f"Answer {label}\nTool calls:\n{steps.strip() or '(none)'}\nFinal answer:\n"
+                     f"{answer.strip() or '(no final answer)'}")
+    return [{"role": "system", "content": SOWR_SYSTEM_V1}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def parse_preference(text: str) -> tuple[str | None, str]:
+    """("A" | "B" | None, reason) from a `Preferred: A` line (a bare first line `A` / `B` also counts)."""
+    text = text or ""
+    found = _PREFERRED.search(text)
+    choice = found.group(1).upper() if found else None
+    if choice is None:
+        first = next((line.strip(" *#.:`") for line in text.splitlines() if line.strip()), "")
+        choice = first.upper() if first.upper() in ("A", "B") else None
+    reason = _REASON.search(text[found.end():] if found else text)
+    return choice, (reason.group(1).strip() if reason else "")

@@ -79,6 +79,11 @@ def main() -> None:
         rel = Path("data_example/model_predictions_converted") / method / "G1_instruction.json"
         (stb_out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(stb_in / rel, stb_out / rel)
+        # The raw answer files too: the recorded agent replays them (CoT tries, whole DFS trees).
+        raw = Path("data_example/answer") / method / "G1_instruction"
+        (stb_out / raw).mkdir(parents=True, exist_ok=True)
+        for file in sorted((stb_in / raw).glob("*.json")):
+            shutil.copy(file, stb_out / raw / file.name)
     queries = json.loads((stb_in / "solvable_queries/test_instruction/G1_instruction.json").read_text())
     example = [q for q in queries if str(q["query_id"]) in EXAMPLE_IDS]
     for sub, content in (("test_instruction", example), ("test_query_ids", {i: 0 for i in EXAMPLE_IDS})):

@@ -1,0 +1,55 @@
+"""Command-line arguments shared by `eval/run_agent.py` and `mirrorapi benchmark` (one definition each)."""
+
+from __future__ import annotations
+
+import argparse
+
+from mirrorapi.evaluation.agent import METHODS, AgentSettings, check_method
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser, single_model: bool = True) -> None:
+    parser.add_argument("--queries", required=True,
+                        help="A StableToolBench query file (test_instruction/<group>.json) or a folder of them.")
+    parser.add_argument("--server", required=True, help="The /virtual URL, e.g. http://127.0.0.1:8080/virtual.")
+    parser.add_argument("--tools", nargs="*", default=[], metavar="FOLDER",
+                        help="Tools folder(s) with the tool docs (the server's tools_folder); the queries' own "
+                             "api_list fills what they lack. Without it, only the api_list docs are used.")
+    if single_model:
+        parser.add_argument("--base-url", required=True, nargs="+", metavar="URL",
+                            help="OpenAI-compatible base URL(s) of the agent model, e.g. http://127.0.0.1:8000/v1.")
+        parser.add_argument("--model", required=True, help="The agent's model name on that engine.")
+        parser.add_argument("--method", default="CoT@1", help=f"{' or '.join(METHODS)} (default CoT@1).")
+        parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
+    parser.add_argument("--api-key", default="EMPTY", help="API key of the agent engine (default EMPTY).")
+    parser.add_argument("--concurrency", type=int, default=16, help="Queries in flight (default 16).")
+    parser.add_argument("--temperature", type=float, default=0.0, help="Agent temperature (default 0).")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="Tokens per agent step (default 1024).")
+    parser.add_argument("--single-chain-max-step", type=int, default=12,
+                        help="Depth budget of a chain / tree path (StableToolBench: 12).")
+    parser.add_argument("--max-query-count", type=int, default=200,
+                        help="Model calls per query for DFS (StableToolBench: 200).")
+    parser.add_argument("--max-observation-length", type=int, default=1024,
+                        help="Observations are cut to this many characters plus '...' (default 1024).")
+    parser.add_argument("--timeout", type=float, default=300.0, help="Seconds per agent call, retries included.")
+    parser.add_argument("--server-timeout", type=float, default=120.0, help="Seconds per /virtual call.")
+    parser.add_argument("--system-prompt-file", default=None,
+                        help="Use this text as the agent's system prompt ({tools} is replaced by the tool list).")
+    parser.add_argument("--tool-choice", default=None, help="Sent as the request's tool_choice when given.")
+    parser.add_argument("--limit", type=int, default=None, help="Only the first N queries of each group.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+
+
+def agent_settings_from(args: argparse.Namespace, base_urls: list[str] | None = None, model: str | None = None,
+                        method: str | None = None) -> AgentSettings:
+    """AgentSettings from parsed arguments; ValueError for values that cannot work."""
+    method = method or args.method
+    check_method(method)
+    for name in ("concurrency", "max_tokens", "single_chain_max_step", "max_query_count", "max_observation_length"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    return AgentSettings(server=args.server, base_urls=base_urls or args.base_url, model=model or args.model,
+                         method=method, api_key=args.api_key, temperature=args.temperature,
+                         max_tokens=args.max_tokens, single_chain_max_step=args.single_chain_max_step,
+                         max_query_count=args.max_query_count, max_observation_length=args.max_observation_length,
+                         concurrency=args.concurrency, timeout=args.timeout, server_timeout=args.server_timeout,
+                         system_prompt_file=args.system_prompt_file, tool_choice=args.tool_choice)
