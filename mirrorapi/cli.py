@@ -1,4 +1,4 @@
-"""The `mirrorapi` command: `mirrorapi tools ...` (and more subcommands as the stack grows).
+"""The `mirrorapi` command: `mirrorapi tools | cache | serve | benchmark ...`.
 
 Errors a user can fix (a missing folder, an unknown name) print one line and exit 2, never a traceback.
 """
@@ -182,6 +182,56 @@ def add_serve_parser(sub) -> None:
     parser.set_defaults(func=serve)
 
 
+# --------------------------------------------------------------------------------------- benchmark
+def benchmark(args: argparse.Namespace) -> int:
+    from mirrorapi.evaluation.agent import AgentRunError
+    from mirrorapi.evaluation.answer_files import AnswersError
+    from mirrorapi.evaluation.benchmark import parse_agent, run_benchmark
+    from mirrorapi.evaluation.cli_args import agent_settings_from, judge_settings_from
+    from mirrorapi.evaluation.judging import JudgeRunError
+
+    try:
+        agents = [parse_agent(values) for values in args.agent]
+        template = agent_settings_from(args, base_urls=agents[0].base_urls, model=agents[0].model,
+                                       method=args.methods[0])
+        for method in args.methods:
+            agent_settings_from(args, base_urls=agents[0].base_urls, model=agents[0].model, method=method)
+        result = run_benchmark(args.queries, agents, args.methods, template, judge_settings_from(args, "judge-"),
+                               args.out, ids=args.ids, tools=args.tools, reference=args.reference,
+                               repeats=max(1, args.repeats), progress=not args.no_progress, limit=args.limit)
+    except (ValueError, AgentRunError, AnswersError, JudgeRunError) as exc:
+        print(f"mirrorapi benchmark: error: {exc}", file=sys.stderr)
+        return 2
+    print(result.report.read_text(encoding="utf-8"))
+    if not result.complete:
+        failed = sum(len(run.failures) for run in result.agent_runs.values())
+        print(f"incomplete: {failed} queries and {len(result.judge_failures)} judge calls failed; rerun the same "
+              "command to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_benchmark_parser(sub) -> None:
+    from mirrorapi.evaluation.agent import METHODS
+    from mirrorapi.evaluation.cli_args import add_agent_arguments, add_judge_arguments
+
+    parser = sub.add_parser("benchmark", help="Agents x methods on /virtual, then SoPR, SoWR and FAC in one report.",
+                            description="Run every --agent with every --method against the virtual server, score "
+                                        "the answers (SoPR, SoWR against --reference, FAC) with the judge and "
+                                        "write <out>/report.md (+ .json, .png). Reruns resume.")
+    parser.add_argument("--agent", nargs="+", action="append", required=True, metavar="LABEL MODEL BASE_URL",
+                        help="An agent model: a row label, its model name and base URL(s). Repeat for more.")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"Default: {' '.join(METHODS)}.")
+    parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
+    parser.add_argument("--ids", default=None, help="Test ids (test_query_ids); default: the queries' ids.")
+    parser.add_argument("--reference", default=None,
+                        help="SoWR reference row, <label>_<cot|dfs> (default: the first agent's first method).")
+    parser.add_argument("--repeats", type=int, default=3, help="SoPR / SoWR rounds (default 3, as StableToolBench).")
+    add_agent_arguments(parser, single_model=False)
+    add_judge_arguments(parser, prefix="judge-")
+    parser.set_defaults(func=benchmark)
+
+
 # -------------------------------------------------------------------------------------------- main
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mirrorapi", description=__doc__.splitlines()[0])
@@ -189,6 +239,7 @@ def make_parser() -> argparse.ArgumentParser:
     add_tools_parser(sub)
     add_cache_parser(sub)
     add_serve_parser(sub)
+    add_benchmark_parser(sub)
     return parser
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mirrorapi.evaluation.agent import METHODS, AgentSettings, check_method
+from mirrorapi.evaluation.judging import JudgeSettings
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser, single_model: bool = True) -> None:
@@ -53,3 +54,33 @@ def agent_settings_from(args: argparse.Namespace, base_urls: list[str] | None = 
                          max_query_count=args.max_query_count, max_observation_length=args.max_observation_length,
                          concurrency=args.concurrency, timeout=args.timeout, server_timeout=args.server_timeout,
                          system_prompt_file=args.system_prompt_file, tool_choice=args.tool_choice)
+
+
+def add_judge_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """--base-url/--model of a judge (`prefix` "judge-" in the benchmark, where the agent has its own)."""
+    parser.add_argument(f"--{prefix}base-url", required=True, nargs="+", metavar="URL",
+                        help="OpenAI-compatible base URL(s) of the judge engine.")
+    parser.add_argument(f"--{prefix}model", required=True, help="The judge's model name on that engine.")
+    parser.add_argument(f"--{prefix}api-key", default="EMPTY", help="API key of the judge engine (default EMPTY).")
+    parser.add_argument(f"--{prefix}concurrency", type=int, default=16, help="Judge requests in flight (default 16).")
+    parser.add_argument(f"--{prefix}max-tokens", type=int, default=256, help="Tokens per judge output (default 256).")
+
+
+def judge_settings_from(args: argparse.Namespace, prefix: str = "") -> JudgeSettings:
+    value = lambda name: getattr(args, prefix.replace("-", "_") + name)  # noqa: E731
+    return JudgeSettings(base_urls=value("base_url"), model=value("model"), api_key=value("api_key"),
+                         concurrency=max(1, value("concurrency")), max_tokens=max(1, value("max_tokens")))
+
+
+def sowr_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description.splitlines()[0], epilog=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reference", required=True, help="The reference model's converted answers (one model).")
+    parser.add_argument("--candidate", required=True, nargs="+", help="Candidate answers (files or folders).")
+    parser.add_argument("--ids", required=True, help="A test_query_ids (or test_instruction) file, or a folder.")
+    add_judge_arguments(parser)
+    parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
+    parser.add_argument("--rounds", type=int, default=3, help="Evaluations per query; majority wins (default 3).")
+    parser.add_argument("--overwrite", action="store_true", help="Drop earlier SoPR verdicts and preferences in --out.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    return parser

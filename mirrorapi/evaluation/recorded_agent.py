@@ -182,7 +182,7 @@ class RecordedAgent:
 
     def __init__(self, recordings: dict[str, Recording], latency: float = 0.0, model: str = RECORDED_MODEL):
         self.recordings, self.latency, self.model = recordings, latency, model
-        self.requests = 0
+        self.requests = self.in_flight = self.peak_in_flight = 0
         self._ids = itertools.count()
 
     def recording_for(self, messages: list[dict]) -> Recording | None:
@@ -226,12 +226,21 @@ class RecordedAgent:
         async def models():
             return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "recording"}]}
 
+        @app.get("/stats")
+        async def stats():  # for benchmarks: how many requests, how many at once at most
+            return {"requests": self.requests, "peak_in_flight": self.peak_in_flight}
+
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
             body = await request.json()
             self.requests += 1
-            if self.latency:
-                await asyncio.sleep(self.latency)
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            try:
+                if self.latency:
+                    await asyncio.sleep(self.latency)
+            finally:
+                self.in_flight -= 1
             message = self.reply(body.get("messages") or [])
             return {"id": f"rec-{self.requests}", "object": "chat.completion", "created": int(time.time()),
                     "model": body.get("model", self.model),
@@ -285,6 +294,15 @@ def recorded_cache_folder(recordings: dict[str, Recording], queries: list[dict],
             functions[f"{api}_for_{tool}"[-64:]] = (str(item.get("category_name", "")), tool, api)
     files: dict[Path, dict] = {}
     skipped = 0
+
+    def entries_of(path: Path) -> dict:  # merge with what an earlier call wrote
+        if path not in files:
+            try:
+                files[path] = json.loads(path.read_bytes()) if path.exists() else {}
+            except ValueError:
+                files[path] = {}
+        return files[path]
+
     wanted = {str(q.get("query", "")).strip() for q in queries}
     for query, recording in recordings.items():
         if query not in wanted:
@@ -304,7 +322,7 @@ def recorded_cache_folder(recordings: dict[str, Recording], queries: list[dict],
                     continue
                 category, tool, api = target
                 path = folder / category / f"{tool}_for_{category}" / f"{api}.json"
-                files.setdefault(path, {}).setdefault(str(args), response)
+                entries_of(path).setdefault(str(args), response)
     for path, entries in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(entries, ensure_ascii=False, indent=2), encoding="utf-8")

@@ -109,6 +109,35 @@ def faulty_judge():
     thread.join(10)
 
 
+def start_virtual_server(folder: Path, samples: Path, api_base: str, model: str, **settings):
+    """`python serving/main_mirrorapi.py` in `folder` -> (base URL, request log, process, output file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    values = {"api_base": api_base, "model": model, "tools_folder": samples / "tools", "port": port,
+              "cache_path": folder / "cache.sqlite", "log_file": folder / "requests.log", "max_tokens": 48,
+              "engine_timeout": 60, "log_level": "info", **settings}
+    config = folder / "server.yml"
+    config.write_text("".join(f"{key}: {value}\n" for key, value in values.items()))
+    output = open(folder / "server.out", "wb")
+    command = [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--config", str(config)]
+    process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url + "/health", 60, process=process, log_path=folder / "server.out")
+    except Exception:
+        stop(process)
+        output.close()
+        raise
+    return url, values["log_file"], process, output
+
+
+@pytest.fixture(scope="session")
+def virtual_server_process():
+    """`start(folder, samples, api_base, model, **settings)` -> (base URL, request log, process, output);
+    the caller stops the process (`mirrorapi.processes.stop`) and closes the output."""
+    return start_virtual_server
+
+
 @pytest.fixture
 def virtual_server(samples, tmp_path):
     """Start real virtual server processes: `start(api_base, model, **settings)` -> (base URL, request log).
@@ -119,21 +148,10 @@ def virtual_server(samples, tmp_path):
     started = []
 
     def start(api_base: str, model: str, **settings) -> tuple[str, Path]:
-        folder = tmp_path / f"server{len(started)}"
-        folder.mkdir()
-        port = free_port()
-        values = {"api_base": api_base, "model": model, "tools_folder": samples / "tools", "port": port,
-                  "cache_path": folder / "cache.sqlite", "log_file": folder / "requests.log", "max_tokens": 48,
-                  "engine_timeout": 60, "log_level": "info", **settings}
-        config = folder / "server.yml"
-        config.write_text("".join(f"{key}: {value}\n" for key, value in values.items()))
-        output = open(folder / "server.out", "wb")
-        command = [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--config", str(config)]
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        url, log, process, output = start_virtual_server(tmp_path / f"server{len(started)}", samples, api_base,
+                                                         model, **settings)
         started.append((process, output))
-        url = f"http://127.0.0.1:{port}"
-        wait_until_ready(url + "/health", 60, process=process, log_path=folder / "server.out")
-        return url, values["log_file"]
+        return url, log
 
     yield start
     for process, output in started:

@@ -1,0 +1,212 @@
+"""One command for StableToolBench's tables: agents × methods -> answers -> SoPR, SoWR, FAC -> one report.
+
+    <out>/answers/<agent>_<cot|dfs>/   raw (answer/<group>/) and converted (<group>.json) answers
+    <out>/scores/                      answers.jsonl (FAC and SoPR verdicts), preferences.jsonl,
+                                       fac.*, sopr.*, sowr.* tables (md, csv, json)
+    <out>/report.md, report.json, report.png
+
+Every step resumes: a rerun skips finished queries and judgments. SoWR reuses the SoPR verdicts
+(same judge, same number of rounds). The reference of SoWR is one of the rows (default: the first
+agent's first method), as StableToolBench compares everything with ChatGPT-CoT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentSettings, run_agent
+from mirrorapi.evaluation.answer_files import GROUPS, group_order, load_ids
+from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
+from mirrorapi.evaluation.sowr import run_sowr
+
+_SHORT = {"CoT@1": "cot", "DFS_woFilter_w2": "dfs"}
+
+
+@dataclass
+class AgentSpec:
+    label: str  # row name prefix, e.g. qwen7b
+    model: str
+    base_urls: list[str]
+    methods: list[str] | None = None  # this agent's methods, when not the benchmark's
+
+
+def parse_agent(values: list[str]) -> AgentSpec:
+    """`LABEL MODEL BASE_URL [BASE_URL ...]` -> AgentSpec."""
+    if len(values) < 3:
+        raise ValueError("--agent takes LABEL MODEL BASE_URL [BASE_URL ...]")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", values[0]):
+        raise ValueError(f"--agent label {values[0]!r}: use letters, digits, '.', '_' or '-'")
+    return AgentSpec(values[0], values[1], values[2:])
+
+
+def row_name(agent: AgentSpec, method: str) -> str:
+    return f"{agent.label}_{_SHORT.get(method, re.sub(r'[^A-Za-z0-9]+', '_', method).strip('_'))}"
+
+
+@dataclass
+class BenchmarkResult:
+    report: Path
+    agent_runs: dict[str, AgentRun]
+    judge_failures: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.judge_failures and all(run.complete for run in self.agent_runs.values())
+
+
+def run_counts(answers: Path, groups: list[str]) -> dict[str, dict]:
+    """Per group: what the agent runs produced (from the raw files)."""
+    counts = {}
+    for group in groups:
+        files = sorted((answers / ANSWER_DIR / group).glob("*.json")) if (answers / ANSWER_DIR / group).is_dir() \
+            else []
+        c = {"answered": 0, "give_answer": 0, "give_up": 0, "no_finish": 0, "model_calls": 0, "tokens": 0}
+        for file in files:
+            try:
+                generation = json.loads(file.read_bytes())["answer_generation"]
+            except (OSError, ValueError, KeyError):
+                continue
+            c["answered"] += 1
+            final = generation.get("final_answer") or ""
+            key = "no_finish" if not generation.get("valid_data") else \
+                "give_up" if "give_up_and_restart" in final else "give_answer"
+            c[key] += 1
+            c["model_calls"] += int(generation.get("query_count") or 0)
+            c["tokens"] += int(generation.get("total_tokens") or 0)
+        counts[group] = c
+    return counts
+
+
+def _table_lines(markdown: Path) -> list[str]:
+    """The first table of one of our metric files (its header line through its last row)."""
+    lines = markdown.read_text(encoding="utf-8").splitlines() if markdown.exists() else []
+    start = next((i for i, line in enumerate(lines) if line.startswith("| Method |")), None)
+    if start is None:
+        return ["(not computed)"]
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return lines[start:end]
+
+
+def _averages(scores: Path) -> dict[str, dict[str, float]]:
+    """{metric: {row: Average}} from the metric JSON files."""
+    found = {}
+    for metric, key in (("sopr", "score"), ("sowr", "win_rate"), ("fac", "score")):
+        path = scores / f"{metric}.json"
+        if path.exists():
+            table = json.loads(path.read_text(encoding="utf-8"))
+            found[metric] = {row["model"]: row["average"][key] for row in table["rows"]}
+    return found
+
+
+def plot(averages: dict[str, dict[str, float]], rows: list[str], path: Path) -> Path | None:
+    """Grouped bars: one group per row (agent × method), one bar per metric's Average."""
+    import matplotlib  # noqa: PLC0415  (a plotting backend is chosen before pyplot is imported)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    metrics = [m for m in ("sopr", "sowr", "fac") if m in averages]
+    if not metrics or not rows:
+        return None
+    width = 0.8 / len(metrics)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(rows)), 3.6))
+    for i, metric in enumerate(metrics):
+        values = [averages[metric].get(row, 0.0) for row in rows]
+        bars = ax.bar([x + i * width for x in range(len(rows))], values, width,
+                      label={"sopr": "SoPR", "sowr": "SoWR", "fac": "FAC"}[metric])
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks([x + width * (len(metrics) - 1) / 2 for x in range(len(rows))], rows, rotation=15)
+    ax.set_ylabel("Average (%)")
+    ax.set_ylim(0, 105)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, AgentSettings],
+                 judge: JudgeSettings, groups: list[str], agent_runs: dict[str, AgentRun], repeats: int) -> Path:
+    scores = out / "scores"
+    averages = _averages(scores)
+    image = plot(averages, rows, out / "report.png")
+    lines = ["# Benchmark report", "",
+             f"Judge `{judge.model}` ({', '.join(judge.base_urls)}); {repeats} round(s) for SoPR and SoWR; "
+             f"SoWR reference `{reference}`.", "", "## SoPR", "", *_table_lines(scores / "sopr.md"), "",
+             "## SoWR", "", *_table_lines(scores / "sowr.md"), "", "## FAC", "", *_table_lines(scores / "fac.md"), ""]
+    if image is not None:
+        lines += [f"![Averages]({image.name})", ""]
+    lines += ["## Agent runs", "",
+              "| Method | Group | answered | final answer | gave up | no Finish | failed | model calls / query |",
+              "|" + "---|" * 8]
+    counts = {}
+    for row in rows:
+        counts[row] = run_counts(out / "answers" / row, groups)
+        failed = agent_runs[row].failures if row in agent_runs else []
+        for group in groups:
+            c = counts[row][group]
+            n_failed = sum(f" {group}/" in line for line in failed)
+            per_query = c["model_calls"] / c["answered"] if c["answered"] else 0.0
+            lines.append(f"| {row} | {GROUPS.get(group, group)} | {c['answered']} | {c['give_answer']} | "
+                         f"{c['give_up']} | {c['no_finish']} | {n_failed} | {per_query:.1f} |")
+    lines += ["", "## Settings", ""]
+    for row in rows:
+        record = agents[row].record()
+        lines.append(f"- `{row}`: model `{record['model']}` at {', '.join(record['base_urls'])}, method "
+                     f"`{record['method']}`, temperature {record['temperature']}, depth "
+                     f"{record['single_chain_max_step']}, {record['max_query_count']} calls, observations "
+                     f"cut at {record['max_observation_length']}, prompt `{record['prompt_format']}`")
+    (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / "report.json").write_text(json.dumps({
+        "rows": rows, "reference": reference, "judge": {"model": judge.model, "base_urls": judge.base_urls},
+        "repeats": repeats, "averages": averages, "agent_counts": counts,
+        "agents": {row: agents[row].record() for row in rows},
+        "failures": {row: run.failures for row, run in agent_runs.items()}}, indent=2) + "\n", encoding="utf-8")
+    return out / "report.md"
+
+
+def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: list[str], template: AgentSettings,
+                  judge: JudgeSettings, out: str | os.PathLike, ids: str | os.PathLike | None = None,
+                  tools: list[str | os.PathLike] = (), reference: str | None = None, repeats: int = 3,
+                  progress: bool = True, limit: int | None = None) -> BenchmarkResult:
+    """Run every agent with every method, then score (SoPR, SoWR, FAC) and write the report."""
+    out = Path(out)
+    runs = [(agent, method) for agent in agents for method in agent.methods or methods]
+    rows = [row_name(agent, method) for agent, method in runs]
+    if len(set(rows)) != len(rows):
+        raise ValueError("two --agent entries share a label (rows: " + ", ".join(rows) + ")")
+    reference = reference or rows[0]
+    if reference not in rows:
+        raise ValueError(f"--reference {reference!r} is not one of the rows: {', '.join(rows)}")
+    settings, agent_runs = {}, {}
+    for (agent, method), row in zip(runs, rows):
+        settings[row] = replace(template, base_urls=agent.base_urls, model=agent.model, method=method)
+        agent_runs[row] = run_agent(queries, settings[row], out / "answers" / row, tools=tools, progress=progress,
+                                    limit=limit)
+    ids = ids or queries
+    id_lists = load_ids(ids)
+    if limit:  # score what was run: the first `limit` ids of each group
+        id_lists = {group: values[:limit] for group, values in id_lists.items()}
+        ids = out / "ids"
+        ids.mkdir(parents=True, exist_ok=True)
+        for group, values in id_lists.items():
+            (ids / f"{group}.json").write_text(json.dumps({qid: 0 for qid in values}), encoding="utf-8")
+    scores, failures = out / "scores", []
+    answers = out / "answers"
+    for metric in ("sopr", "fac"):
+        run = run_scoring(answers, ids, judge, scores, metric=metric, repeats=repeats if metric == "sopr" else 1,
+                          progress=progress)
+        failures += run.failures
+    if len(rows) > 1:
+        sowr = run_sowr(answers / reference, [answers / row for row in rows if row != reference], ids, judge, scores,
+                        rounds=repeats, progress=progress)
+        failures += sowr.failures
+    report = write_report(out, rows, reference, settings, judge, group_order(id_lists), agent_runs, repeats)
+    return BenchmarkResult(report, agent_runs, failures)
+

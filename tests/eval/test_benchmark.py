@@ -1,0 +1,38 @@
+"""The one-command benchmark: RECORDED agents (replays of StableToolBench's ChatGPT runs, the only stand-in),
+a real replay-mode virtual server, the trained tiny judge; one report with StableToolBench's tables."""
+
+from __future__ import annotations
+
+import json
+
+from mirrorapi.cli import main as mirrorapi_main
+from mirrorapi.evaluation.judging import JudgeSettings
+from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
+
+
+def test_recorded_benchmark_writes_one_report(samples, judge_engine, tmp_path):
+    judge = JudgeSettings(base_urls=[judge_engine.base_url], model=judge_engine.model)
+    result = recorded_benchmark(samples / "stabletoolbench", samples / "tools", judge, tmp_path, repeats=1)
+    assert result.complete
+    report = result.report.read_text()
+    for title in ("## SoPR", "## SoWR", "## FAC", "## Agent runs"):
+        assert title in report
+    assert report.count("| Method | I1 Inst | Average |") == 3
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert summary["rows"] == ["chatgpt_replay_cot", "chatgpt_replay_dfs"]
+    assert summary["reference"] == "chatgpt_replay_cot"
+    # StableToolBench's own runs: CoT finished 608 and 1073 but not 588; DFS finished all three.
+    counts = summary["agent_counts"]
+    assert counts["chatgpt_replay_cot"]["G1_instruction"]["give_answer"] == 2
+    assert counts["chatgpt_replay_dfs"]["G1_instruction"]["give_answer"] == 3
+    assert (tmp_path / "report.png").stat().st_size > 1000
+    sowr = json.loads((tmp_path / "scores" / "sowr.json").read_text())
+    assert [row["model"] for row in sowr["rows"]] == ["chatgpt_replay_dfs"]
+
+
+def test_benchmark_rejects_an_unknown_method(capsys, tmp_path):
+    code = mirrorapi_main(["benchmark", "--queries", str(tmp_path), "--server", "http://127.0.0.1:9/virtual",
+                           "--agent", "a", "m", "http://127.0.0.1:9/v1", "--methods", "ReAct", "--out", str(tmp_path),
+                           "--judge-base-url", "http://127.0.0.1:9/v1", "--judge-model", "j"])
+    assert code == 2
+    assert "unknown method 'ReAct'" in capsys.readouterr().err
