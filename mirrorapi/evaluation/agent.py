@@ -31,7 +31,7 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from mirrorapi.evaluation.agent_env import (FINAL_ANSWER, FINISH, GAVE_UP, GIVE_
                                             QueryTools, VirtualClient, VirtualServerError, cut_observation,
                                             finish_status, query_tools, unknown_function_observation)
 from mirrorapi.evaluation.answer_convert import convert_answer_folder
+from mirrorapi.evaluation.judging import engine_concurrency
 from mirrorapi.prompts import agent_diversity_message, agent_messages
 from mirrorapi.tools import RegistryError, ToolRegistry
 
@@ -79,7 +80,7 @@ class AgentSettings:
     single_chain_max_step: int = 12
     max_query_count: int = 200
     max_observation_length: int = 1024
-    concurrency: int = 16
+    concurrency: int | None = None  # queries in flight; None: suited to the engine (16 vLLM, 2 others)
     timeout: float = 300.0  # seconds per model call, retries included
     server_timeout: float = 120.0
     prompt_format: str = "agent-v1"
@@ -438,6 +439,10 @@ async def run_agent_async(queries: str | os.PathLike, settings: AgentSettings, o
         server = VirtualClient(settings.server, timeout=settings.server_timeout)
         try:
             await check_services(engine, server)
+            if settings.concurrency is None:
+                settings = replace(settings, concurrency=await engine_concurrency(engine))
+                logger.info("agent engine %s: %d queries in flight (--concurrency sets another number)",
+                            settings.base_urls[0], settings.concurrency)
             done = await _run_all(todo, registry, engine, server, settings, system_prompt, out, failures, progress)
         finally:
             await engine.aclose()

@@ -22,7 +22,8 @@ def add_agent_arguments(parser: argparse.ArgumentParser, single_model: bool = Tr
         parser.add_argument("--method", default="CoT@1", help=f"{' or '.join(METHODS)} (default CoT@1).")
         parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
     parser.add_argument("--api-key", default="EMPTY", help="API key of the agent engine (default EMPTY).")
-    parser.add_argument("--concurrency", type=int, default=16, help="Queries in flight (default 16).")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="Queries in flight (default: 16 on vLLM, 2 on other engines such as transformers serve).")
     parser.add_argument("--temperature", type=float, default=0.0, help="Agent temperature (default 0).")
     parser.add_argument("--max-tokens", type=int, default=1024, help="Tokens per agent step (default 1024).")
     parser.add_argument("--single-chain-max-step", type=int, default=12,
@@ -46,7 +47,7 @@ def agent_settings_from(args: argparse.Namespace, base_urls: list[str] | None = 
     method = method or args.method
     check_method(method)
     for name in ("concurrency", "max_tokens", "single_chain_max_step", "max_query_count", "max_observation_length"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     return AgentSettings(server=args.server, base_urls=base_urls or args.base_url, model=model or args.model,
                          method=method, api_key=args.api_key, temperature=args.temperature,
@@ -62,14 +63,17 @@ def add_judge_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> No
                         help="OpenAI-compatible base URL(s) of the judge engine.")
     parser.add_argument(f"--{prefix}model", required=True, help="The judge's model name on that engine.")
     parser.add_argument(f"--{prefix}api-key", default="EMPTY", help="API key of the judge engine (default EMPTY).")
-    parser.add_argument(f"--{prefix}concurrency", type=int, default=16, help="Judge requests in flight (default 16).")
+    parser.add_argument(f"--{prefix}concurrency", type=int, default=None,
+                        help="Judge requests in flight (default: 16 on vLLM, 2 on other engines).")
     parser.add_argument(f"--{prefix}max-tokens", type=int, default=256, help="Tokens per judge output (default 256).")
 
 
 def judge_settings_from(args: argparse.Namespace, prefix: str = "") -> JudgeSettings:
     value = lambda name: getattr(args, prefix.replace("-", "_") + name)  # noqa: E731
+    concurrency = value("concurrency")
     return JudgeSettings(base_urls=value("base_url"), model=value("model"), api_key=value("api_key"),
-                         concurrency=max(1, value("concurrency")), max_tokens=max(1, value("max_tokens")))
+                         concurrency=None if concurrency is None else max(1, concurrency),
+                         max_tokens=max(1, value("max_tokens")))
 
 
 def sowr_parser(description: str) -> argparse.ArgumentParser:

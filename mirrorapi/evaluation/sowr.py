@@ -26,24 +26,17 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrorapi.engine_client import EngineClient
 from mirrorapi.evaluation.answer_files import (GROUPS, AnswerItem, AnswersError, build_items, group_order,
                                                load_answers, load_ids)
-from mirrorapi.evaluation.judging import (JsonlStore, JudgeCall, JudgeSettings, check_reachable, run_judge_calls,
-                                          score_items)
-from mirrorapi.prompts import parse_preference, preference_messages
+from mirrorapi.evaluation.judging import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
+from mirrorapi.prompts import cut_judge_text, parse_preference, preference_messages
 
 PREFERENCES_FILE = "preferences.jsonl"
 PREFERENCE_FORMAT = "sowr-v1"
-_TEXT_BUDGET = 4000  # per answer in a comparison (upstream cut final answers to 1,000 characters)
 
 
 def _preference_key(record: dict) -> tuple:
     return (record["reference"], record["candidate"], record["group"], str(record["query_id"]), int(record["round"]))
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= _TEXT_BUDGET else text[:_TEXT_BUDGET] + "..."
 
 
 def _reference_first(qid: str, round_: int, reference: str, candidate: str) -> bool:
@@ -112,7 +105,8 @@ async def _sowr(reference: str, items: list[AnswerItem], ids: dict[str, list[str
                         decisions[key] = earlier
                         continue
                     ref_first = _reference_first(qid, round_, reference, candidate)
-                    pair = [(ref_item.steps, _cut(ref_item.answer)), (cand_item.steps, _cut(cand_item.answer))]
+                    pair = [(ref_item.steps, cut_judge_text(ref_item.answer)),
+                            (cand_item.steps, cut_judge_text(cand_item.answer))]
                     shown = pair if ref_first else pair[::-1]
                     calls.append(JudgeCall(key, preference_messages(ref_item.query or cand_item.query, tuple(shown)),
                                            {"base": base, "ref_first": ref_first,
@@ -128,14 +122,7 @@ async def _sowr(reference: str, items: list[AnswerItem], ids: dict[str, list[str
         decisions[call.key] = record
         store.append(record)
 
-    failures = list(scoring.failures)
-    if calls:
-        engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
-        try:
-            await check_reachable(engine)
-            failures += await run_judge_calls(engine, calls, handle, settings, "sowr judge", progress)
-        finally:
-            await engine.aclose()
+    failures = list(scoring.failures) + await judge_all(calls, handle, settings, "sowr judge", progress)
     compared = [r for r in decisions.values() if r["how"] in ("preference", "unparseable")]
     store.rewrite(sorted(compared, key=lambda r: _preference_key(r)))
     table = sowr_table(reference, candidates, ids, decisions, rounds, settings.model)
