@@ -38,7 +38,7 @@ def replay_server(tools: list[Path], cache_folder: Path, workdir: Path) -> Itera
     port = free_port()
     settings = ServerSettings(api_base="http://127.0.0.1:9/v1", model="none", mode="replay", tools_folder=tools,
                               cache_folder=cache_folder, cache_path=workdir / "replay-cache.sqlite",
-                              log_file=workdir / "replay-requests.log", port=port)
+                              log_file=workdir / "replay-requests.log", log_level="warning", port=port)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning",
                                            access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
