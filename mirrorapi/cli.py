@@ -108,10 +108,30 @@ def cache_export(args: argparse.Namespace) -> int:
 
     cache = _existing_cache(args.cache)
     try:
-        report = export_stabletoolbench_cache(cache, args.folder, provenance=args.provenance or ())
+        report = export_stabletoolbench_cache(cache, args.folder, provenance=args.provenance or (),
+                                              identity=args.identity)
     finally:
         cache.close()
-    print(f"{report['entries']:,} entries written to {report['files']:,} files under {report['folder']}")
+    simulated = f" (simulated answers of {report['identity']})" if report["identity"] else ""
+    print(f"{report['entries']:,} entries written to {report['files']:,} files under {report['folder']}{simulated}")
+    for reason in report["refused"]:
+        print(f"refused, would be written outside the folder: {reason}", file=sys.stderr)
+    return 1 if report["refused"] else 0
+
+
+def cache_prune(args: argparse.Namespace) -> int:
+    from mirrorapi.serving.cache import CacheError
+
+    cache = _existing_cache(args.cache)
+    try:
+        identities = cache.identities()
+        if args.identity not in identities:
+            known = "; ".join(identities) or "none"
+            raise CacheError(f"no simulated answers of identity {args.identity!r} in {args.cache} (identities: {known})")
+        deleted = cache.prune(args.identity)
+    finally:
+        cache.close()
+    print(f"{deleted:,} simulated answers of {args.identity} deleted from {args.cache}")
     return 0
 
 
@@ -124,11 +144,16 @@ def cache_stats(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(stats)
         return 0
-    print(f"cache:      {stats['path']} ({stats['bytes'] / 1e6:.1f} MB)")
+    print(f"cache:      {stats['path']} ({stats['bytes'] / 1e6:.1f} MB, schema version {stats['schema_version']})")
     print(f"entries:    {stats['entries']:,} over {stats['apis']:,} APIs ({stats['errors']:,} errors)")
     print(f"hits:       {stats['hits']:,}")
+    print(f"recorded:   {stats['recorded']:,} (shared by every simulator)")
     for provenance, n in sorted(stats["by_provenance"].items()):
-        print(f"  {provenance}: {n:,}")
+        if not provenance.startswith("simulated:"):
+            print(f"  {provenance}: {n:,}")
+    print(f"simulated:  {stats['entries'] - stats['recorded']:,} in {len(stats['by_identity']):,} simulator identities")
+    for identity, item in stats["by_identity"].items():
+        print(f"  {identity}: {item['entries']:,} entries, {item['hits']:,} hits")
     for item in stats["imports"]:
         print(f"imported:   {item['origin']} ({item['entries']:,} entries)")
     return 0
@@ -158,8 +183,15 @@ def add_cache_parser(sub) -> None:
     exp.add_argument("--cache", required=True, help="The cache database.")
     exp.add_argument("--provenance", nargs="+", metavar="PREFIX",
                      help="Only entries whose provenance starts so (real, imported, simulated).")
+    exp.add_argument("--identity", metavar="IDENTITY", help=(
+        "Write the recorded answers and the simulated answers of this simulator identity (`cache stats` lists "
+        "them; '' for recorded answers only). Needed when the cache holds several."))
     exp.set_defaults(func=cache_export)
-    stats = csub.add_parser("stats", help="Entries, APIs, hits, provenance and imports of a cache.")
+    prune = csub.add_parser("prune", help="Delete the simulated answers of one simulator identity.")
+    prune.add_argument("--cache", required=True, help="The cache database.")
+    prune.add_argument("--identity", required=True, help="The simulator identity (as `cache stats` prints it).")
+    prune.set_defaults(func=cache_prune)
+    stats = csub.add_parser("stats", help="Entries, APIs, hits, simulator identities and imports of a cache.")
     stats.add_argument("--cache", required=True, help="The cache database.")
     stats.add_argument("--json", action="store_true", help="Print one JSON object.")
     stats.set_defaults(func=cache_stats)

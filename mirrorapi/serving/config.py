@@ -65,6 +65,10 @@ class ServerSettings(BaseModel):
     cache_path: Path = Field(Path("mirrorapi_cache.sqlite"), description="The SQLite cache database.")
     mode: Literal["simulate", "replay"] = Field("simulate", description=(
         "simulate: a cache miss asks the engine; replay: cache only, a miss is an error observation."))
+    simulator_identity: str | None = Field(None, min_length=1, description=(
+        "Look simulated answers up, and store new ones, under this simulator identity instead of the one "
+        "computed from model, prompt format and decoding settings (`mirrorapi cache stats` lists those a cache "
+        "holds). With mode replay it reproduces a published run's answers exactly."))
     missing_required: Literal["reject", "simulate"] = Field("reject", description=(
         "A call without a required argument: reject it like a real API (no engine call), or simulate it."))
     unknown_arguments: Literal["simulate", "reject"] = Field("simulate", description=(

@@ -3,7 +3,8 @@
 Order of the steps (StableToolBench's, plus validation): `chat_with_user` is answered first;
 `tool_input` is parsed; the names are resolved in the in-memory registry (unknown ones come back
 with the closest known names, and the engine is never called); the cache is looked up by canonical
-key (a recorded answer is returned even for a call the policy would reject: it is what the API
+key (a recorded answer, else a simulated answer of this server's simulator identity, never another
+identity's; a recorded answer is returned even for a call the policy would reject: it is what the API
 said); on a miss the arguments are checked against the doc per the validation policy, then the
 call is simulated (mode `simulate`) or answered with an error observation (mode `replay`). Every outcome, failures
 included, is an `Answer` ready to send (see `mirrorapi.serving.handler.to_failure`).
@@ -85,7 +86,7 @@ class VirtualApi:
             key = canonical_json(arguments)
             stages["resolve"] = (mark := clock()) - now
 
-            found = self.cache.get(doc.category, doc.tool, doc.api, key)
+            found = self.cache.get(doc.category, doc.tool, doc.api, key, self.simulator.identity)
             stages["cache_lookup"] = (now := clock()) - mark
             answer.cache = "miss" if found is None else "hit"
             if found is not None:  # a recorded answer wins over the validation policy: it is what the API said

@@ -3,16 +3,18 @@
 The prompt is built by `mirrorapi.prompts.simulator_messages` (the same code the data builder
 uses, so a model is served with the format it was trained on); the answer is read defensively by
 `parse_simulator_output` (a legitimately empty response stays a success). An answer is stored in
-the cache with provenance `simulated:<model>@<prompt format>` (unless `is_save` is off); an engine
-failure (down, slow, garbage) raises `EngineError` and is never stored.
+the cache with provenance `simulated:<identity>` (unless `is_save` is off; see `simulator_identity`);
+an engine failure (down, slow, garbage) raises `EngineError` and is never stored.
 
 Identical concurrent misses share one engine call: the first starts it as a task of its own, the
 others await the same task (a client that goes away does not cancel it), and only that task stores.
+`drain()` waits for the tasks in flight (the server calls it before closing the cache).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import sqlite3
 from collections import Counter
@@ -38,11 +40,33 @@ class Simulation:
     coalesced: bool  # answered by an identical call already in flight (no engine call of its own)
 
 
+def simulator_identity(settings: ServerSettings) -> str:
+    """The name this server's simulated answers are stored and looked up under: the model, the prompt
+    format (named with its version), and the settings that change what the model answers for a call:
+    temperature, structured output, few-shot examples (k and their budget), the system prompt text
+    (a hash) and, when sampling, the seed. `max_tokens`, timeouts and replicas are left out: they do
+    not change a complete answer. The `simulator_identity` setting names one instead.
+    E.g. `mirrorapi@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0`."""
+    if settings.simulator_identity:
+        return settings.simulator_identity
+    parts = [f"{settings.model}@{settings.prompt_format}", f"temperature={settings.temperature:g}",
+             f"structured_output={'on' if settings.structured_output else 'off'}", f"few_shot={settings.few_shot}"]
+    if settings.few_shot:
+        parts.append(f"few_shot_chars={settings.few_shot_char_budget}")
+    if settings.temperature and settings.seed is not None:
+        parts.append(f"seed={settings.seed}")
+    system_prompt = settings.system_prompt()
+    if system_prompt is not None:
+        parts.append("system_prompt=" + hashlib.sha256(system_prompt.encode()).hexdigest()[:12])
+    return ",".join(parts)
+
+
 class Simulator:
     def __init__(self, engine: EngineClient, cache: ResponseCache, settings: ServerSettings):
         self.engine, self.cache, self.settings = engine, cache, settings
         self.system_prompt = settings.system_prompt()
-        self.provenance = f"{SIMULATED}{settings.model}@{settings.prompt_format}"
+        self.identity = simulator_identity(settings)
+        self.provenance = SIMULATED + self.identity
         self._in_flight: dict[tuple, asyncio.Task] = {}
         # Read by the server's /metrics: engine calls by result, and requests that joined one in flight.
         self.engine_calls: Counter[str] = Counter()
@@ -57,24 +81,31 @@ class Simulator:
                                   system_prompt=self.system_prompt)
 
     async def simulate(self, doc: ApiDoc, arguments: dict, key: str) -> Simulation:
-        """The simulated answer to `arguments` (canonical form `key`); raises EngineError."""
+        """The simulated answer to `arguments` (as received; canonical form `key`); raises EngineError."""
         flight = (doc.category, doc.tool, doc.api, key)
         task = self._in_flight.get(flight)
         coalesced = task is not None
         self.coalesced += coalesced
         if task is None:
-            task = asyncio.ensure_future(self._simulate(doc, arguments, key))
+            task = asyncio.ensure_future(self._simulate(doc, arguments))
             self._in_flight[flight] = task
             task.add_done_callback(lambda done: self._landed(flight, done))
         observation, how, stored = await asyncio.shield(task)
         return Simulation(observation, how, stored and not coalesced, coalesced)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) for the simulations in flight, and their cache writes."""
+        tasks = list(self._in_flight.values())
+        if tasks:
+            logger.info("waiting for %d simulation(s) in flight before closing the cache", len(tasks))
+            await asyncio.wait(tasks, timeout=timeout)
 
     def _landed(self, flight: tuple, task: asyncio.Task) -> None:
         self._in_flight.pop(flight, None)
         if not task.cancelled():
             task.exception()  # retrieved here, so a failure nobody awaits any more is not reported as lost
 
-    async def _simulate(self, doc: ApiDoc, arguments: dict, key: str) -> tuple[dict, str, bool]:
+    async def _simulate(self, doc: ApiDoc, arguments: dict) -> tuple[dict, str, bool]:
         settings = self.settings
         try:
             text = await self.engine.chat(
@@ -92,8 +123,8 @@ class Simulator:
         stored = False
         if settings.is_save:
             try:
-                stored = self.cache.put(doc.category, doc.tool, doc.api, key, observation["error"],
-                                        observation["response"], self.provenance)
+                stored = await self.cache.store(doc.category, doc.tool, doc.api, arguments, observation["error"],
+                                                observation["response"], self.provenance)
             except sqlite3.Error as exc:  # the answer is still good: give it, unstored
                 logger.warning("could not store a simulated answer of %s/%s/%s: %s", doc.category, doc.tool, doc.api, exc)
         return observation, how, stored

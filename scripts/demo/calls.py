@@ -3,7 +3,7 @@
 - cache hits: training calls, answered with the real responses imported from the StableToolBench
   cache folder;
 - misses: held-out calls (never in the cache) that the simulator answers; the answer is written
-  back, so the same call sent again is a hit with provenance `simulated:<model>@<format>`;
+  back, so the same call sent again is a hit with provenance `simulated:<model>@<format>,<decoding settings>`;
 - mistakes agents make: an unknown API (the answer names the closest ones), a `tool_input` that
   is not JSON, a missing required argument.
 The outcome and provenance of every answer are read from the server's own request log

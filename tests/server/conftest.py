@@ -1,9 +1,11 @@
 """Fixtures of the server tests: real uvicorn on 127.0.0.1, real SQLite on disk, a StableToolBench
-cache folder written from real pairs the way StableToolBench's server writes it, and the two fake
-engines for faults a real engine cannot be made to show on demand (down, hanging)."""
+cache folder written from real pairs the way StableToolBench's server writes it, and the fake
+engines for what a real engine cannot be made to show on demand (down, hanging, a valid answer to
+any call after a chosen delay)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -50,12 +52,14 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def running_server(**settings) -> Iterator[RunningServer]:
-    """create_app(settings) served by a real uvicorn on a free 127.0.0.1 port, in a thread."""
+def running_server(graceful_shutdown: float | None = None, **settings) -> Iterator[RunningServer]:
+    """create_app(settings) served by a real uvicorn on a free 127.0.0.1 port, in a thread.
+    `graceful_shutdown`: uvicorn's timeout_graceful_shutdown (requests still running then are cancelled)."""
     settings.setdefault("tools_folder", [str(SAMPLE_TOOLS)])
     port = free_port()
     app = create_app(load_settings(overrides={**settings, "port": port}, environ={}))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False,
+                                           timeout_graceful_shutdown=graceful_shutdown))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_until_ready(f"http://127.0.0.1:{port}/health", 30)
@@ -144,3 +148,47 @@ def engine_hanging() -> Iterator[str]:
     for conn in held:
         conn.close()
     listener.close()
+
+
+STUB_OBSERVATION = {"error": "", "response": {"answered_by": "stub engine"}}
+
+
+@pytest.fixture()
+def engine_stub() -> Iterator:
+    """`engine_stub(delay)` -> the /v1 URL of a fake engine (a stand-in: no real engine gives a valid
+    answer to *every* call, nor takes a chosen time): it answers each chat completion with
+    STUB_OBSERVATION after `delay` seconds. Stopped after the test."""
+    stops = []
+
+    def start(delay: float = 0.0) -> str:
+        body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "stub", "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
+                                                               "content": json.dumps(STUB_OBSERVATION)}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        loop = asyncio.new_event_loop()
+
+        async def handle(reader, writer):
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), 0)
+                    await reader.readexactly(length)
+                    if not head.startswith(b"GET"):
+                        await asyncio.sleep(delay)
+                    writer.write(reply)
+            writer.close()
+        server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
+            server.close()
+        stops.append(stop)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    yield start
+    for stop in stops:
+        stop()

@@ -79,7 +79,7 @@ def test_64_concurrent_writers_on_one_api_lose_nothing(tmp_path):
     assert failures == []
     cache = ResponseCache(path)
     assert cache.count() == 64
-    assert all(cache.get(*API, canonical_json({"i": i})) for i in range(64))
+    assert all(cache.get(*API, canonical_json({"i": i}), "m@mirrorapi-v1") for i in range(64))
 
 
 WRITER = r"""
