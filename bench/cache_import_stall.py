@@ -1,0 +1,193 @@
+"""How long a concurrent `mirrorapi cache import` stalls the server's requests; prints one JSON object.
+
+    python bench/cache_import_stall.py [--pairs ../shared/data/pairs/api-bank-generated.jsonl] [--rate 200]
+
+A server (`serving/main_mirrorapi.py`, the bundled sample tools, a stub engine answering every chat
+completion after 50 ms: bench/server.py's benchmark instrument) on a cache seeded with the real
+API-Bank pairs. Paced clients send `--rate` requests/s, four hits (seeded calls) for every miss (a
+new call: simulated, then stored by the writer thread before it is answered). Two seconds in,
+`mirrorapi cache import PAIRS --cache <the server's cache>` runs in its own process (20,000 real
+pairs); the load goes on until one second after it ends. Then the same with the import done as one
+long transaction (what `put_many` did before it committed in slices), for comparison.
+
+Reported per import: its duration, the worst and p99 latency of hits during the import, the worst
+stall of misses (latency minus the engine's 50 ms), and answers lost (answered, yet not in the cache
+afterwards). Target: no request stalled more than 100 ms.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_STALL_MS = 100.0
+ENGINE_LATENCY = 0.05  # bench/server.py's stub engine
+SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"
+ONE_TRANSACTION = """
+import sys
+import mirrorapi.serving.cache as cache_module
+cache_module.IMPORT_TRANSACTION_ROWS = 10 ** 9  # every row in one transaction, as before slices
+cache = cache_module.ResponseCache(sys.argv[2])
+print(cache_module.import_pairs(cache, sys.argv[1], registry=cache_module.ToolRegistry.load([sys.argv[3]])))
+cache.close()
+"""
+
+
+def _request(body: bytes) -> bytes:
+    return (b"POST /virtual HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body))
+
+
+async def _client(port: int, schedule: list[tuple[float, str, bytes]], results: list) -> None:
+    """One keep-alive connection sending its requests at their scheduled times (latency counts from then)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for at, kind, body in schedule:
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        writer.write(_request(body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        answer = json.loads(await reader.readexactly(length))
+        results.append((at, time.perf_counter() - at, kind, not answer["error"], body))
+    writer.close()
+
+
+async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate: float, import_command: list[str],
+                        clients: int = 16) -> dict:
+    """Load at `rate` req/s; the import starts after 2 s; the load stops 1 s after it ends."""
+    results: list = []
+    interval = clients / rate
+    rng = random.Random(7)
+    start = time.perf_counter() + 0.2
+
+    def schedule(c: int, n: int) -> list:
+        out = []
+        for i in range(n):
+            kind = "miss" if (c + i) % 5 == 0 else "hit"
+            body = misses.pop() if kind == "miss" else rng.choice(hits)
+            out.append((start + c * interval / clients + i * interval, kind, body))
+        return out
+    horizon = 120  # seconds of load scheduled at most; cancelled once the import is over
+    tasks = [asyncio.create_task(_client(port, schedule(c, int(horizon / interval)), results)) for c in range(clients)]
+    await asyncio.sleep(2.2)
+    began = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(*import_command, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.STDOUT)
+    output, _ = await process.communicate()
+    ended = time.perf_counter()
+    if process.returncode != 0:
+        raise SystemExit(f"import failed: {output.decode()[-500:]}")
+    await asyncio.sleep(1.0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    during = [r for r in results if began <= r[0] + r[1] and r[0] <= ended]
+    hit_ms = sorted(r[1] * 1e3 for r in during if r[2] == "hit")
+    miss_stall_ms = sorted(max(0.0, r[1] - ENGINE_LATENCY) * 1e3 for r in during if r[2] == "miss")
+    before = [r[1] * 1e3 for r in results if r[0] + r[1] < began]
+    return {"import_s": round(ended - began, 2), "requests_during_import": len(during),
+            "hit_max_ms": round(hit_ms[-1], 1), "hit_p99_ms": round(hit_ms[int(len(hit_ms) * 0.99)], 1),
+            "miss_max_stall_ms": round(miss_stall_ms[-1], 1),
+            "max_stall_ms": round(max(hit_ms[-1], miss_stall_ms[-1]), 1),
+            "hit_max_ms_before_import": round(max(before), 1),
+            "answered_misses": [r[4] for r in results if r[2] == "miss" and r[3]],
+            "import_output": output.decode().strip().splitlines()[-1][:300]}
+
+
+def _wait_ready(port: int, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit("the server exited at start-up")
+        try:
+            with __import__("socket").create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("the server did not start")
+
+
+def one_import(args, work: Path, engine_port: int, name: str, import_command) -> dict:
+    sys.path.insert(0, str(REPO))
+    from mirrorapi.processes import free_port
+    from mirrorapi.records import canonical_json
+    from mirrorapi.serving.cache import ResponseCache, import_pairs
+    from mirrorapi.tools import ToolRegistry
+
+    db = work / f"{name}.sqlite"
+    registry = ToolRegistry.load([SAMPLE_TOOLS])
+    seed = ResponseCache(db)
+    import_pairs(seed, args.seed_pairs, registry=registry)
+    seed.close()
+    hits = [json.dumps({"category": p["category"], "tool_name": p["tool_name"], "api_name": p["api_name"],
+                        "tool_input": json.dumps(p["tool_input"])}).encode()
+            for p in map(json.loads, open(args.seed_pairs, encoding="utf-8"))]
+    misses = [json.dumps({"category": "APIBank", "tool_name": "apibank_search", "api_name": "SearchEngine",
+                          "tool_input": json.dumps({"keyword": f"{name} miss {i}"})}).encode() for i in range(20000)]
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REPO / "serving/main_mirrorapi.py"), "--tools-folder",
+                               str(SAMPLE_TOOLS), "--cache-path", str(db), "--port", str(port), "--api-base",
+                               f"http://127.0.0.1:{engine_port}/v1", "--log-level", "warning",
+                               "--missing-required", "simulate"])
+    try:
+        _wait_ready(port, server)
+        result = _under_import(port, hits, misses, args.rate, import_command(db))
+        result = asyncio.run(result)
+    finally:
+        server.terminate()
+        server.wait(60)
+    stored = ResponseCache(db)
+    identity, = stored.identities()  # the server's: every miss was simulated by it
+    result["answers_lost"] = sum(stored.get("APIBank", "apibank_search", "searchengine", canonical_json(
+        json.loads(json.loads(body)["tool_input"])), identity, count_hit=False) is None
+        for body in result["answered_misses"])
+    result["answered_misses"] = len(result.pop("answered_misses"))
+    stored.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default=str(REPO.parent / "shared/data/pairs/api-bank-generated.jsonl"),
+                        help="Pairs file the concurrent import reads.")
+    parser.add_argument("--seed-pairs", default=str(REPO.parent / "shared/data/pairs/api-bank.jsonl"),
+                        help="Pairs the server's cache holds before (its hits).")
+    parser.add_argument("--rate", type=float, default=200.0, help="Requests per second (1 miss in 5).")
+    args = parser.parse_args()
+    for path in (args.pairs, args.seed_pairs):
+        if not Path(path).is_file():
+            sys.exit(f"bench/cache_import_stall.py: pairs file not found: {path}")
+    sys.path.insert(0, str(REPO))
+    from mirrorapi.processes import free_port
+
+    # The server and the import run this checkout's code.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    work = Path(tempfile.mkdtemp(prefix="mirrorapi-stall-"))
+    engine_port = free_port()
+    engine = subprocess.Popen([sys.executable, str(REPO / "bench/server.py"), "--role", "stub-engine",
+                               "--port", str(engine_port)])
+    try:
+        sliced = one_import(args, work, engine_port, "sliced", lambda db: [
+            sys.executable, "-m", "mirrorapi.cli", "cache", "import", args.pairs, "--cache", str(db),
+            "--tools", str(SAMPLE_TOOLS)])
+        one_transaction = one_import(args, work, engine_port, "one_transaction", lambda db: [
+            sys.executable, "-c", ONE_TRANSACTION, args.pairs, str(db), str(SAMPLE_TOOLS)])
+    finally:
+        engine.terminate()
+        engine.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"rate_rps": args.rate, "import_pairs": args.pairs, "target_max_stall_ms": TARGET_STALL_MS,
+                      "mirrorapi_cache_import": sliced, "one_transaction_import_for_comparison": one_transaction,
+                      "meets_target": sliced["max_stall_ms"] <= TARGET_STALL_MS and sliced["answers_lost"] == 0}))
+
+
+if __name__ == "__main__":
+    main()
