@@ -8,6 +8,12 @@ Simulator formats
 - `mirrorapi-v1` (ours, default): a fixed system prompt; the user message holds the API doc as
   compact JSON (static part first, so a prefix cache can share it), optional real examples, then
   the request as canonical JSON. The answer is one JSON object `{"error": str, "response": ...}`.
+- `mirrorapi-session-v1`: `mirrorapi-v1` for a call inside a session (an episode): the system prompt
+  asks for answers consistent with the session, and between the examples and the request the user
+  message lists the session's earlier calls and answers, newest first, whole calls only, within a
+  budget (`select_history`). Each earlier call is one compact JSON line (`history_line`). With no
+  earlier call the list reads `(none)`. The server uses it for calls that carry a session id; the
+  data builder renders `--history K` records with it from real episodes.
 - `stabletoolbench` / `stabletoolbench-cache`: the user-message layout of StableToolBench's
   MirrorAPI servers (`API doc:` + Python repr of the doc, blank line, `Request:` + repr of the
   arguments), with a system prompt read from a user's file, to serve released MirrorAPI weights.
@@ -46,7 +52,8 @@ from mirrorapi.names import api_key_name
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.tools import ApiDoc
 
-SIMULATOR_FORMATS = ("mirrorapi-v1", "stabletoolbench", "stabletoolbench-cache")
+SESSION_FORMAT = "mirrorapi-session-v1"
+SIMULATOR_FORMATS = ("mirrorapi-v1", SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache")
 DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
 JUDGE_FORMATS = ("fac-v1", "sopr-v1")
 AGENT_FORMATS = ("agent-v1",)
@@ -62,6 +69,10 @@ TRUNCATION_MARK = "..."
 DESCRIPTION_CHAR_BUDGET = 1024
 PARAM_DESCRIPTION_CHAR_BUDGET = 256
 TEMPLATE_CHAR_BUDGET = 1024
+# A session's earlier calls shown to the simulator: at most this many, newest first, whole calls
+# only, within this many characters (one long answer must not push the doc out of the context).
+DEFAULT_HISTORY_CALLS = 8
+HISTORY_CHAR_BUDGET = 4096
 
 # JSON schema of an observation, for engines with structured output (vLLM `response_format`).
 OBSERVATION_SCHEMA = {
@@ -78,6 +89,12 @@ SIMULATOR_SYSTEM_V1 = (
     "(the API's output). Follow the documented response format when one is given. Reject a request the "
     "real API would reject, such as one missing a required parameter or with an invalid value. "
     "Output nothing but the JSON object."
+)
+
+SIMULATOR_SYSTEM_SESSION_V1 = SIMULATOR_SYSTEM_V1 + (
+    " The request is part of a session: the session's earlier calls and their answers are listed, newest "
+    "first. Stay consistent with them: what they created (ids, tokens, names, bookings) exists, what they "
+    "deleted does not, and values they returned keep their values."
 )
 
 
@@ -124,6 +141,27 @@ def render_doc_v1(doc: ApiDoc) -> str:
 STABLETOOLBENCH_REQUEST_SETTINGS = {"seed": 42, "max_tokens": 2048, "structured_output": False}
 
 
+def history_line(tool: str, api: str, arguments: dict, error: str, response: Any) -> str:
+    """One earlier call of a session as the simulator sees it: `{"tool","api","request","answer"}`,
+    compact, with the wire names of the API (the server and the data builder both render it here)."""
+    return (f'{{"tool":{json.dumps(tool, ensure_ascii=False)},"api":{json.dumps(api, ensure_ascii=False)},'
+            f'"request":{canonical_json(arguments)},"answer":{observation_json(error, truncate_response(response))}}}')
+
+
+def select_history(lines: list[str], max_calls: int = DEFAULT_HISTORY_CALLS,
+                   char_budget: int = HISTORY_CHAR_BUDGET) -> list[str]:
+    """The history a prompt shows: of `lines` (oldest first), the newest calls first, at most
+    `max_calls`, stopping at the first that would pass `char_budget` (calls are never cut, and an
+    older call is never shown without the newer ones)."""
+    chosen, used = [], 0
+    for line in reversed(lines):
+        if len(chosen) == max_calls or used + len(line) > char_budget:
+            break
+        chosen.append(line)
+        used += len(line) + 1
+    return chosen
+
+
 def _stabletoolbench_user(doc: ApiDoc, arguments: dict, normalised_api_name: bool) -> str:
     # Same keys, order and Python-repr rendering as StableToolBench's MirrorAPI servers (notes §4).
     api_doc = {
@@ -148,21 +186,29 @@ def simulator_messages(
     examples: list[tuple[dict, dict]] = (),
     fmt: str = DEFAULT_SIMULATOR_FORMAT,
     system_prompt: str | None = None,
+    history: list[str] | None = None,
 ) -> list[dict]:
     """Chat messages asking the simulator for the answer of `doc` to `arguments`.
 
     `examples` are (arguments, observation) pairs of the same API, shown before the request
-    (`mirrorapi-v1` only). `system_prompt` is required for the `stabletoolbench` formats (the text
-    of the MirrorAPI model's system prompt, which we do not ship) and replaces ours otherwise.
+    (`mirrorapi-v1` formats only). `history` (`mirrorapi-session-v1` only) is the session's earlier
+    calls as `select_history` chose them, newest first. `system_prompt` is required for the
+    `stabletoolbench` formats (the text of the MirrorAPI model's system prompt, which we do not
+    ship) and replaces ours otherwise.
     """
-    if fmt == "mirrorapi-v1":
+    if history is not None and fmt != SESSION_FORMAT:
+        raise ValueError(f"prompt format {fmt!r} has no session history; use {SESSION_FORMAT!r}")
+    if fmt in ("mirrorapi-v1", SESSION_FORMAT):
         parts = ["API documentation:\n" + render_doc_v1(doc)]
         if examples:
             shots = [f"Request: {canonical_json(a)}\nResponse: {observation_json(o.get('error', ''), o.get('response', ''))}"
                      for a, o in examples]
             parts.append("Examples:\n" + "\n".join(shots))
+        if fmt == SESSION_FORMAT:
+            parts.append("Earlier calls in this session, newest first:\n" + ("\n".join(history) if history else "(none)"))
         parts.append("Request:\n" + canonical_json(arguments))
-        return [{"role": "system", "content": system_prompt or SIMULATOR_SYSTEM_V1},
+        default_system = SIMULATOR_SYSTEM_SESSION_V1 if fmt == SESSION_FORMAT else SIMULATOR_SYSTEM_V1
+        return [{"role": "system", "content": system_prompt or default_system},
                 {"role": "user", "content": "\n\n".join(parts)}]
     if fmt in ("stabletoolbench", "stabletoolbench-cache"):
         if not system_prompt:

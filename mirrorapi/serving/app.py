@@ -31,6 +31,7 @@ from mirrorapi.engine_client import EngineClient
 from mirrorapi.serving.cache import CacheError, ResponseCache, import_stabletoolbench_cache
 from mirrorapi.serving.config import ConfigError, ServerSettings
 from mirrorapi.serving.handler import Answer, VirtualApi
+from mirrorapi.serving.protocol import SESSION_HEADER
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import RegistryError, ToolRegistry
 
@@ -121,6 +122,8 @@ class RequestLog:
             line["detail"] = answer.detail[:300]
         if answer.extra_fields:
             line["extra_fields"] = answer.extra_fields
+        if answer.session is not None:
+            line["session"] = answer.session[:80]
         self.lines.append(json.dumps(line, ensure_ascii=False))
         if len(self.lines) == 1:
             try:
@@ -173,8 +176,13 @@ class VirtualEndpoint:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
+        session_id = None
+        for name, value in scope["headers"]:
+            if name == SESSION_HEADER:
+                session_id = value.decode("latin-1")
+                break
         state = self.state
-        answer = await state.virtual.answer(b"".join(chunks))
+        answer = await state.virtual.answer(b"".join(chunks), session_id)
         await send({"type": "http.response.start", "status": answer.status,
                     "headers": JSON_HEADERS + [(b"content-length", b"%d" % len(answer.body))]})
         await send({"type": "http.response.body", "body": answer.body})

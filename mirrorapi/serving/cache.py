@@ -120,6 +120,29 @@ def _entry_row(category: str, tool: str, api: str, arguments: Any, error: str, r
             provenance, now)
 
 
+# Answers simulated inside a session (issue 13) depend on the session's earlier calls, so they live
+# in a table of their own, keyed by the call and by a digest of the session's history so far; the
+# stateless `entries` never hold one. A session call still takes a recorded entry of `entries` first.
+# Like simulated entries, they belong to the simulator identity that produced them. A new table in a
+# database of any version: created at open when missing, so no migration is needed.
+_SESSION_ENTRIES = """
+CREATE TABLE IF NOT EXISTS session_entries (
+    category TEXT NOT NULL, tool TEXT NOT NULL, api TEXT NOT NULL,
+    arguments TEXT NOT NULL,              -- canonical_json of the argument object
+    identity TEXT NOT NULL,               -- the simulator identity (session format) that answered
+    history TEXT NOT NULL,                -- digest of the session's earlier calls and answers (serving.sessions)
+    steps INTEGER NOT NULL,               -- how many earlier calls that history holds
+    error TEXT NOT NULL, observation TEXT NOT NULL,
+    provenance TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (category, tool, api, arguments, identity, history)) WITHOUT ROWID
+"""
+_INSERT_SESSION = "INSERT OR IGNORE INTO session_entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+class _SessionRow(tuple):
+    """A session_entries row on its way to the writer thread (other rows are `entries` rows)."""
+
+
 class CacheError(Exception):
     """The cache database or a folder to import cannot be used; the message says which and why."""
 
@@ -150,6 +173,7 @@ class ResponseCache:
             if not autocheckpoint:  # the owner calls `checkpoint()` off the request path (see the server)
                 self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._open_schema()
+            self._db.execute(_SESSION_ENTRIES)
         except (sqlite3.Error, OSError) as exc:
             raise CacheError(f"cannot open cache database {self.path}: {exc}") from None
 
@@ -297,6 +321,29 @@ class ResponseCache:
         finally:
             db.close()
 
+    # ------------------------------------------------------------------------ session-scoped entries
+    def get_in_session(self, category: str, tool: str, api: str, arguments: str, identity: str,
+                       history: str) -> tuple[str, str] | None:
+        """(observation JSON, provenance) that simulator `identity` gave the call after the session
+        history `history`, or None. (Recorded answers are looked up with `get`, and win.)"""
+        return self._db.execute("SELECT observation, provenance FROM session_entries WHERE category = ? AND tool = ? "
+                                "AND api = ? AND arguments = ? AND identity = ? AND history = ?",
+                                (category, tool, api, arguments, identity, history)).fetchone()
+
+    async def store_in_session(self, category: str, tool: str, api: str, arguments: str, identity: str,
+                               history: str, steps: int, error: str, response: Any, provenance: str) -> bool:
+        """Store the answer of a call after `history` (through the writer thread when started); the
+        first answer stays. Returns once committed."""
+        row = _SessionRow((category, tool, api, arguments, identity, history, steps, error,
+                           observation_json(error, response), provenance, time.time()))
+        if self._writer is None:
+            with self._transaction():
+                return self._db.execute(_INSERT_SESSION, row).rowcount == 1
+        return await asyncio.wrap_future(self._writer.submit(row))
+
+    def session_count(self) -> int:
+        return self._db.execute("SELECT count(*) FROM session_entries").fetchone()[0]
+
     # ------------------------------------------------------------------------ imports and stats
     def import_fingerprint(self, origin: str) -> str | None:
         row = self._db.execute("SELECT fingerprint FROM imports WHERE origin = ?", (origin,)).fetchone()
@@ -321,6 +368,7 @@ class ResponseCache:
         return {"path": str(self.path), "schema_version": SCHEMA_VERSION, "entries": totals[0], "apis": totals[2],
                 "errors": totals[3] or 0, "hits": totals[1], "recorded": totals[4] or 0,
                 "by_identity": by_identity, "by_provenance": by_provenance, "imports": imports,
+                "session_entries": self.session_count(),
                 "bytes": sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file())}
 
     def close(self) -> None:
@@ -425,6 +473,8 @@ class _Writer:
                     for payload, future in jobs:
                         if future is None:
                             self._db.executemany(_COUNT_HITS, ((n, *key) for key, n in payload.items()))
+                        elif isinstance(payload, _SessionRow):
+                            results.append(self._db.execute(_INSERT_SESSION, payload).rowcount == 1)
                         else:
                             results.append(_write_entries(self._db, [payload]) == 1)
                 break

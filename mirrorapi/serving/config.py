@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mirrorapi.prompts import SIMULATOR_FORMATS, STABLETOOLBENCH_REQUEST_SETTINGS
+from mirrorapi.prompts import DEFAULT_HISTORY_CALLS, HISTORY_CHAR_BUDGET, SIMULATOR_FORMATS, STABLETOOLBENCH_REQUEST_SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,12 @@ class ServerSettings(BaseModel):
     seed: int | None = Field(None, description=(
         "Sampling seed sent to the engine (the stabletoolbench formats: 42, as upstream sends; with them "
         "max_tokens defaults to 2048 and structured_output to false, also as upstream)."))
+    session_history: int = Field(DEFAULT_HISTORY_CALLS, ge=0, description=(
+        "Earlier calls of a session (X-Session-Id, the MCP session) shown to the simulator, newest first, in "
+        "prompt format mirrorapi-session-v1; 0 ignores session ids (every call is simulated alone)."))
+    session_char_budget: int = Field(HISTORY_CHAR_BUDGET, gt=0, description=(
+        "Most characters of session history per prompt (whole calls only)."))
+    max_sessions: int = Field(10000, gt=0, description="Sessions remembered at once (least recently used go first).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
     @field_validator("api_base", "tools_folder", mode="before")

@@ -8,6 +8,12 @@ identity's; a recorded answer is returned even for a call the policy would rejec
 said); on a miss the arguments are checked against the doc per the validation policy, then the
 call is simulated (mode `simulate`) or answered with an error observation (mode `replay`). Every outcome, failures
 included, is an `Answer` ready to send (see `mirrorapi.serving.handler.to_failure`).
+
+A call with a session id (and `session_history` > 0) differs in two places: its cache lookup takes
+a recorded stateless entry (real, imported) first, else the session-scoped entry of its call and
+history; a simulated stateless entry is not used (it was answered without the history). A miss is
+simulated with the history and stored apart (`mirrorapi.serving.simulator`). Every answered call
+(hit or simulation) is then added to the session's history. Without a session id nothing changes.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from mirrorapi.serving.protocol import (
     ToolInputError,
     VirtualRequest,
 )
+from mirrorapi.serving.sessions import Session, SessionStore
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 
@@ -56,6 +63,7 @@ class Answer:
     provenance: str | None = None  # of the response given (hits and simulations)
     cache: str | None = None  # "hit" or "miss" when the cache was looked up
     coalesced: bool = False
+    session: str | None = None  # the session id, for calls that belong to one
     detail: str = ""  # why it failed (for the log line)
     extra_fields: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
@@ -66,8 +74,10 @@ class VirtualApi:
         self.settings, self.registry, self.cache, self.simulator = settings, registry, cache, simulator
         # Name normalisation is regex work; the same few thousand names come back all the time.
         self.resolve = functools.lru_cache(maxsize=65536)(registry.resolve)
+        self.sessions = SessionStore(settings.session_history, settings.max_sessions)
 
-    async def answer(self, body: bytes) -> Answer:
+    async def answer(self, body: bytes, session_id: str | None = None) -> Answer:
+        """The answer to a /virtual body; `session_id` is the transport's (header, MCP session)."""
         answer = Answer(200, b"", "")
         stages, clock = answer.stages, time.perf_counter
         start = clock()
@@ -85,6 +95,11 @@ class VirtualApi:
             answer.names = (doc.category, doc.tool, doc.api)
             key = canonical_json(arguments)
             stages["resolve"] = (mark := clock()) - now
+
+            session_id = request.session_id or session_id
+            if session_id and self.settings.session_history:
+                answer.session = session_id
+                return await self._answer_in_session(answer, self.sessions.get(session_id), doc, arguments, key, mark)
 
             found = self.cache.get(doc.category, doc.tool, doc.api, key, self.simulator.identity)
             stages["cache_lookup"] = (now := clock()) - mark
@@ -112,6 +127,38 @@ class VirtualApi:
             return answer
         finally:
             stages["total"] = clock() - start
+
+    async def _answer_in_session(self, answer: Answer, session: Session, doc: ApiDoc, arguments: dict, key: str,
+                                 mark: float) -> Answer:
+        """The cache and simulator steps of `answer` for a call inside `session` (see the module doc)."""
+        stages, clock = answer.stages, time.perf_counter
+        settings = self.settings
+        history = session.history(settings.session_history, settings.session_char_budget)
+        found = self.cache.get(doc.category, doc.tool, doc.api, key)  # recorded answers only: they win
+        if found is None:
+            found = self.cache.get_in_session(doc.category, doc.tool, doc.api, key, self.simulator.session_identity,
+                                              history.digest)
+        stages["cache_lookup"] = (now := clock()) - mark
+        answer.cache = "miss" if found is None else "hit"
+        if found is not None:
+            observation = json.loads(found[0])
+            answer.body, answer.provenance, answer.outcome = found[0].encode(), found[1], "hit"
+        else:
+            check_arguments(doc, arguments, settings.missing_required, settings.unknown_arguments)
+            if settings.mode == "replay":
+                raise ReplayMiss(f"no cached response for {doc.category}/{doc.tool}/{doc.api} {key[:200]} "
+                                 f"after {history.steps} earlier call(s) of session {answer.session[:80]!r}")
+            try:
+                simulation = await self.simulator.simulate(doc, arguments, key, history)
+            finally:
+                stages["engine"] = clock() - now
+            observation = simulation.observation
+            answer.coalesced = simulation.coalesced
+            answer.provenance = self.simulator.session_provenance
+            answer.body = observation_bytes(observation["error"], observation["response"])
+            answer.outcome = "simulated"
+        session.record(doc.tool, doc.api, arguments, observation.get("error", ""), observation.get("response", ""))
+        return answer
 
 
 # ------------------------------------------------------------------------------- parsing and failures

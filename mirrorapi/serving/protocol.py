@@ -1,7 +1,9 @@
 """The wire contract of StableToolBench's `POST /virtual`, and the one mapping of failures into it.
 
 Request: `category`, `tool_name`, `api_name`, `tool_input` (a JSON string, or an object), and
-optionally `strip` and `toolbench_key` (both ignored, as by every StableToolBench virtual server).
+optionally `strip` and `toolbench_key` (both ignored, as by every StableToolBench virtual server),
+and `session_id` (ours; StableToolBench's clients never send it): the simulation session the call
+belongs to, like the `X-Session-Id` header (the body field wins when both are given).
 Extra fields are allowed and reported in the request log line. A body that is not of this shape is
 the only HTTP 422; every mistake at the API level is HTTP 200 with an error observation, so the
 agent sees an observation, never a crash.
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 logger = logging.getLogger(__name__)
 
+SESSION_HEADER = b"x-session-id"  # as ASGI gives header names: lower case
 CHAT_WITH_USER = "chat_with_user"
 CHAT_WITH_USER_REPLY = "Chat with user."
 TOOL_INPUT_PARSE_ERROR = "Tool input parse error...\n"
@@ -43,6 +46,7 @@ class VirtualRequest(BaseModel):
     tool_input: Any  # a JSON string (the model's raw arguments) or an object; "" means {}
     strip: str = ""
     toolbench_key: str = ""
+    session_id: str | None = None  # ours: see the module doc; "" or absent means no session
 
 
 class ToolInputError(ValueError):

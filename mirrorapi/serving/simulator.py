@@ -6,6 +6,10 @@ uses, so a model is served with the format it was trained on); the answer is rea
 the cache with provenance `simulated:<identity>` (unless `is_save` is off; see `simulator_identity`);
 an engine failure (down, slow, garbage) raises `EngineError` and is never stored.
 
+A call inside a session is prompted in format `mirrorapi-session-v1` with the session's history
+(`mirrorapi.serving.sessions.History`) and stored under the call and the history's digest, apart
+from the stateless entries, with provenance `simulated:<session identity>` (`session_identity`).
+
 Identical concurrent misses share one engine call: the first starts it as a task of its own, the
 others await the same task (a client that goes away does not cancel it), and only that task stores.
 `drain()` waits for the tasks in flight (the server calls it before closing the cache).
@@ -22,9 +26,16 @@ from dataclasses import dataclass
 
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
-from mirrorapi.prompts import OBSERVATION_SCHEMA, parse_simulator_output, simulator_messages, truncate_response
+from mirrorapi.prompts import (
+    OBSERVATION_SCHEMA,
+    SESSION_FORMAT,
+    parse_simulator_output,
+    simulator_messages,
+    truncate_response,
+)
 from mirrorapi.serving.cache import SIMULATED, ResponseCache
 from mirrorapi.serving.config import ServerSettings
+from mirrorapi.serving.sessions import History
 from mirrorapi.tools import ApiDoc
 
 logger = logging.getLogger(__name__)
@@ -61,33 +72,49 @@ def simulator_identity(settings: ServerSettings) -> str:
     return ",".join(parts)
 
 
+def session_identity(settings: ServerSettings) -> str:
+    """The identity of answers simulated inside sessions: `simulator_identity` with the session format
+    (no system prompt file: that is the stateless format's) and the history budget, which changes
+    what the model sees. E.g. `mirrorapi@mirrorapi-session-v1,temperature=0,...,history=8,history_chars=4096`."""
+    if settings.simulator_identity:
+        return f"{settings.simulator_identity}+{SESSION_FORMAT}"
+    stateless = simulator_identity(settings.model_copy(update={"prompt_format": SESSION_FORMAT,
+                                                               "system_prompt_file": None}))
+    return f"{stateless},history={settings.session_history},history_chars={settings.session_char_budget}"
+
+
 class Simulator:
     def __init__(self, engine: EngineClient, cache: ResponseCache, settings: ServerSettings):
         self.engine, self.cache, self.settings = engine, cache, settings
         self.system_prompt = settings.system_prompt()
         self.identity = simulator_identity(settings)
         self.provenance = SIMULATED + self.identity
+        self.session_identity = session_identity(settings)
+        self.session_provenance = SIMULATED + self.session_identity
         self._in_flight: dict[tuple, asyncio.Task] = {}
         # Read by the server's /metrics: engine calls by result, and requests that joined one in flight.
         self.engine_calls: Counter[str] = Counter()
         self.coalesced = 0
 
-    def messages(self, doc: ApiDoc, arguments: dict) -> list[dict]:
+    def messages(self, doc: ApiDoc, arguments: dict, history: History | None = None) -> list[dict]:
         examples = []
         if self.settings.few_shot:
             candidates = self.cache.examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
             examples = select_examples(candidates, arguments, self.settings.few_shot, self.settings.few_shot_char_budget)
+        if history is not None:  # our session format; a system prompt file is for the stateless format
+            return simulator_messages(doc, arguments, examples, fmt=SESSION_FORMAT, history=history.lines)
         return simulator_messages(doc, arguments, examples, fmt=self.settings.prompt_format,
                                   system_prompt=self.system_prompt)
 
-    async def simulate(self, doc: ApiDoc, arguments: dict, key: str) -> Simulation:
-        """The simulated answer to `arguments` (as received; canonical form `key`); raises EngineError."""
-        flight = (doc.category, doc.tool, doc.api, key)
+    async def simulate(self, doc: ApiDoc, arguments: dict, key: str, history: History | None = None) -> Simulation:
+        """The simulated answer to `arguments` (as received; canonical form `key`), after `history`
+        when the call is part of a session; raises EngineError."""
+        flight = (doc.category, doc.tool, doc.api, key, history.digest if history else None)
         task = self._in_flight.get(flight)
         coalesced = task is not None
         self.coalesced += coalesced
         if task is None:
-            task = asyncio.ensure_future(self._simulate(doc, arguments))
+            task = asyncio.ensure_future(self._simulate(doc, arguments, key, history))
             self._in_flight[flight] = task
             task.add_done_callback(lambda done: self._landed(flight, done))
         observation, how, stored = await asyncio.shield(task)
@@ -105,11 +132,12 @@ class Simulator:
         if not task.cancelled():
             task.exception()  # retrieved here, so a failure nobody awaits any more is not reported as lost
 
-    async def _simulate(self, doc: ApiDoc, arguments: dict) -> tuple[dict, str, bool]:
+    async def _simulate(self, doc: ApiDoc, arguments: dict, key: str,
+                        history: History | None) -> tuple[dict, str, bool]:
         settings = self.settings
         try:
             text = await self.engine.chat(
-                self.messages(doc, arguments), temperature=settings.temperature, max_tokens=settings.max_tokens,
+                self.messages(doc, arguments, history), temperature=settings.temperature, max_tokens=settings.max_tokens,
                 response_format=RESPONSE_FORMAT if settings.structured_output else None, seed=settings.seed)
         except EngineError as exc:
             self.engine_calls[exc.kind] += 1
@@ -123,8 +151,13 @@ class Simulator:
         stored = False
         if settings.is_save:
             try:
-                stored = await self.cache.store(doc.category, doc.tool, doc.api, arguments, observation["error"],
-                                                observation["response"], self.provenance)
+                if history is None:
+                    stored = await self.cache.store(doc.category, doc.tool, doc.api, arguments, observation["error"],
+                                                    observation["response"], self.provenance)
+                else:
+                    stored = await self.cache.store_in_session(
+                        doc.category, doc.tool, doc.api, key, self.session_identity, history.digest, history.steps,
+                        observation["error"], observation["response"], self.session_provenance)
             except sqlite3.Error as exc:  # the answer is still good: give it, unstored
                 logger.warning("could not store a simulated answer of %s/%s/%s: %s", doc.category, doc.tool, doc.api, exc)
         return observation, how, stored

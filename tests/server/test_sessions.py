@@ -1,0 +1,120 @@
+"""Sessions (issue 13): a call's earlier session calls reach the simulator's prompt and its cache key;
+calls without a session behave as before, and the stateless cache never holds a session's answer."""
+
+import json
+import sqlite3
+
+import pytest
+
+from mirrorapi.prompts import SESSION_FORMAT, history_line, select_history, simulator_messages
+from mirrorapi.serving.cache import ResponseCache, import_pairs
+from mirrorapi.serving.config import load_settings
+from mirrorapi.serving.sessions import EMPTY_HISTORY, Session
+from mirrorapi.serving.simulator import Simulator
+from mirrorapi.tools import ToolRegistry
+
+# A real API-Bank episode (data/samples/pairs.jsonl, api-bank-generated gen-00133): a login, then a
+# call that carries the token it returned.
+LOGIN = ("APIBank", "apibank_account", "GetUserToken", {"username": "JaneSmith", "password": "password"},
+         {"error": "", "response": "{\"token\": \"o8i7u6y5t4r3e2w1q0\"}"})
+BALANCE = ("APIBank", "apibank_finance", "QueryBalance", {"token": "o8i7u6y5t4r3e2w1q0"})
+
+
+def body(category, tool, api, arguments, **extra) -> dict:
+    return {"category": category, "tool_name": tool, "api_name": api, "tool_input": json.dumps(arguments),
+            "strip": "truncate", "toolbench_key": "", **extra}
+
+
+def test_history_is_newest_first_whole_calls_within_the_budget():
+    lines = [history_line("t", "a", {"i": i}, "", "x" * 40) for i in range(5)]
+    assert select_history(lines, max_calls=3, char_budget=10_000) == lines[:1:-1]
+    one = len(lines[0])
+    assert select_history(lines, max_calls=8, char_budget=2 * one + 1) == [lines[4], lines[3]]
+    assert select_history(lines, max_calls=8, char_budget=one - 1) == []  # a call is never cut
+    assert json.loads(lines[0]) == {"tool": "t", "api": "a", "request": {"i": 0},
+                                    "answer": {"error": "", "response": "x" * 40}}
+
+
+def test_session_prompt_carries_the_history(samples):
+    doc = ToolRegistry.load([samples / "tools"]).resolve(*BALANCE[:3])
+    login = history_line("apibank_account", "getusertoken", LOGIN[3], **LOGIN[4])
+    first = simulator_messages(doc, BALANCE[3], fmt=SESSION_FORMAT, history=[])
+    later = simulator_messages(doc, BALANCE[3], fmt=SESSION_FORMAT, history=[login])
+    assert first[0] == later[0] and "session" in first[0]["content"]
+    assert "newest first:\n(none)\n\nRequest:" in first[1]["content"]
+    assert f"newest first:\n{login}\n\nRequest:\n" in later[1]["content"]
+    assert later[1]["content"].index("o8i7u6y5t4r3e2w1q0\\\"}") < later[1]["content"].index("Request:")
+    with pytest.raises(ValueError, match="no session history"):
+        simulator_messages(doc, BALANCE[3], history=[login])
+
+
+def test_history_digest_names_the_whole_history():
+    a, b, c = Session(keep=1), Session(keep=8), Session(keep=8)
+    assert a.digest == EMPTY_HISTORY
+    for session in (a, b):
+        session.record("apibank_account", "getusertoken", LOGIN[3], **LOGIN[4])
+        session.record("apibank_finance", "querybalance", BALANCE[3], "", "410.87")
+    c.record("apibank_finance", "querybalance", BALANCE[3], "", "410.87")
+    assert a.digest == b.digest != c.digest  # kept lines do not matter, every earlier call does
+    assert len(a.lines) == 1 and a.steps == b.steps == 2
+    assert a.history(8, 10_000).lines == [b.history(8, 10_000).lines[0]]
+
+
+def test_simulator_prompts_session_calls_in_the_session_format(samples, tmp_path):
+    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")]}, environ={})
+    doc = ToolRegistry.load(settings.tools_folder).resolve(*BALANCE[:3])
+    simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    session = Session(keep=8)
+    session.record("apibank_account", "getusertoken", LOGIN[3], **LOGIN[4])
+    stateless = simulator.messages(doc, BALANCE[3])
+    in_session = simulator.messages(doc, BALANCE[3], session.history(8, 4096))
+    assert "Earlier calls" not in stateless[1]["content"]
+    assert "JaneSmith" in in_session[1]["content"] and in_session[0] != stateless[0]
+    assert simulator.session_provenance.startswith(f"simulated:{settings.model}@{SESSION_FORMAT},temperature=0,")
+    assert simulator.session_provenance.endswith(",history=8,history_chars=4096")
+
+
+@pytest.mark.slow
+def test_session_answers_are_stored_under_the_history_and_replay_identically(serve, simulator_engine, samples,
+                                                                             tmp_path):
+    cache_path = tmp_path / "c.sqlite"
+    login, balance = body(*LOGIN[:4]), body(*BALANCE)
+    with serve(api_base=[simulator_engine.base_url], model=simulator_engine.model, cache_path=str(cache_path),
+               engine_timeout=120) as server:
+        header = {"X-Session-Id": "episode-1"}
+        first = [server.client.post("/virtual", json=b, headers=header).json() for b in (login, balance)]
+        assert server.metric("mirrorapi_requests_total", outcome="simulated") == 2, first
+        # The same episode under another session id (here the body field): same history, same answers, hits.
+        again = [server.virtual({**b, "session_id": "episode-2"}).json() for b in (login, balance)]
+        assert again == first
+        assert server.metric("mirrorapi_requests_total", outcome="hit") == 2
+        # The second call alone in a new session has another history: simulated again, not a hit.
+        server.client.post("/virtual", json=balance, headers={"X-Session-Id": "episode-3"})
+        assert server.metric("mirrorapi_requests_total", outcome="simulated") == 3
+        # Without a session: the stateless cache holds none of the session answers.
+        server.virtual(balance)
+        assert server.metric("mirrorapi_requests_total", outcome="simulated") == 4
+
+    db = sqlite3.connect(cache_path)
+    rows = db.execute("SELECT tool, history, steps, provenance FROM session_entries ORDER BY steps, history").fetchall()
+    assert [(tool, steps) for tool, _, steps, _ in rows] == [("apibank_account", 0), ("apibank_finance", 0),
+                                                             ("apibank_finance", 1)]
+    assert rows[0][1] == EMPTY_HISTORY and rows[2][1] != EMPTY_HISTORY
+    assert {p.split(",")[0] for *_, p in rows} == {f"simulated:{simulator_engine.model}@{SESSION_FORMAT}"}
+    assert [(tool, p.split(",")[0]) for tool, p in db.execute("SELECT tool, provenance FROM entries")] == [
+        ("apibank_finance", f"simulated:{simulator_engine.model}@mirrorapi-v1")]
+
+
+def test_recorded_answer_wins_inside_a_session(serve, samples, engine_down, tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
+    cache.close()
+    with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"), engine_retries=0) as server:
+        headers = {"X-Session-Id": "s"}
+        answers = [server.client.post("/virtual", json=body(*LOGIN[:4]), headers=headers).json() for _ in range(2)]
+        assert answers == [LOGIN[4], LOGIN[4]]  # the real answer, whatever the history
+        assert server.metric("mirrorapi_requests_total", outcome="hit") == 2
+        # A miss in a session with the engine down: an error observation, nothing stored or remembered.
+        missing = server.client.post("/virtual", json=body(*BALANCE[:3], {"token": "nope"}), headers=headers).json()
+        assert missing["error"].startswith("Failed to generate fake response")
+    assert ResponseCache(tmp_path / "c.sqlite").session_count() == 0
