@@ -11,6 +11,7 @@ import os
 import sys
 
 from mirrorapi.tools import RegistryError, ToolRegistry, UnknownName
+from mirrorapi.toolsets import ToolsetError, export_toolset, parse_toolset, select_toolset
 
 
 def _print_json(obj) -> None:
@@ -60,6 +61,21 @@ def tools_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def tools_export(args: argparse.Namespace) -> int:
+    registry = ToolRegistry.load(args.tools)
+    spec = [*(("category", c) for c in args.category or ()), *(("tool", t) for t in args.tool or ()),
+            *(("api", a) for a in args.api or ()), *(("query", q) for q in args.query or ())]
+    schemas = export_toolset(select_toolset(registry, parse_toolset(args.toolset or "") + spec), args.format)
+    text = json.dumps(schemas, ensure_ascii=False, indent=2) + "\n"
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(f"{len(schemas):,} {args.format} function schemas written to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def add_tools_parser(sub) -> None:
     tools = sub.add_parser("tools", help="Inspect tool documentation (ToolBench tools folders).")
     tsub = tools.add_subparsers(dest="tools_command", required=True)
@@ -74,6 +90,18 @@ def add_tools_parser(sub) -> None:
     show.add_argument("--tools", nargs="+", required=True, metavar="SOURCE", help="Tools folders or files to load.")
     show.add_argument("--json", action="store_true", help="Print JSON.")
     show.set_defaults(func=tools_show)
+    export = tsub.add_parser("export", help="Write the function schemas of a toolset (OpenAI function calling or MCP).")
+    export.add_argument("--tools", nargs="+", required=True, metavar="SOURCE", help="Tools folders or files to load.")
+    export.add_argument("--format", choices=("openai", "mcp"), default="openai", help="Schema format (default openai).")
+    export.add_argument("--toolset", metavar="SPEC", help="Toolset in URL query syntax, e.g. 'category=Data&tool=APIBank/"
+                        "apibank_account' (what /mcp?SPEC lists). Nothing chosen: every API.")
+    export.add_argument("--category", nargs="+", help="Every API of these categories.")
+    export.add_argument("--tool", nargs="+", metavar="CATEGORY/TOOL", help="Every API of these tools.")
+    export.add_argument("--api", nargs="+", metavar="CATEGORY/TOOL/API", help="These APIs.")
+    export.add_argument("--query", nargs="+", metavar="QUERY_ID",
+                        help="The api_list of these StableToolBench queries (the query file must be among --tools).")
+    export.add_argument("--out", metavar="FILE", help="Write here instead of standard output.")
+    export.set_defaults(func=tools_export)
 
 
 # ------------------------------------------------------------------------------------------- cache
@@ -282,7 +310,7 @@ def main(argv: list[str] | None = None, prog: str = "mirrorapi") -> int:
     args = make_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RegistryError, UnknownName, CacheError, ConfigError) as exc:
+    except (RegistryError, UnknownName, CacheError, ConfigError, ToolsetError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
 

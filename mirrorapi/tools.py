@@ -131,6 +131,8 @@ class ToolRegistry:
         self.categories: dict[str, dict[str, Tool]] = {}
         self._aliases: dict[tuple[str, str], str] = {}  # (category, standardize(tool_name)) -> file stem
         self.unreadable: list[tuple[str, str]] = []  # (file, reason): skipped, never fatal
+        # StableToolBench queries seen in query files: query_id -> the (category, tool, api) of its api_list
+        self.queries: dict[str, list[tuple[str, str, str]]] = {}
         self.load_seconds = 0.0
 
     # ----------------------------------------------------------------------------------- loading
@@ -252,6 +254,7 @@ class ToolRegistry:
         """Merge the partial docs of StableToolBench queries' `api_list` entries."""
         for query in queries:
             api_list = query.get("api_list") if isinstance(query, dict) else None
+            names = []
             for api in api_list if isinstance(api_list, list) else []:
                 if not isinstance(api, dict) or not api.get("api_name") or not api.get("tool_name"):
                     continue
@@ -260,6 +263,9 @@ class ToolRegistry:
                 stem = self._aliases.get((category, standardize(title)), standardize(title))
                 tool = self._tool(category, stem, title, "")
                 self._add_api(tool, api, source)
+                names.append((category, tool.name, api_key_name(_text(api["api_name"]))))
+            if isinstance(query, dict) and query.get("query_id") is not None and names:
+                self.queries.setdefault(str(query["query_id"]), names)
 
     def add_openai_functions(self, data: Any, category: str, tool: str, source: str = "") -> None:
         """One tool made of OpenAI function-calling schemas; `required` decides required vs optional."""

@@ -31,9 +31,11 @@ from mirrorapi.engine_client import EngineClient
 from mirrorapi.serving.cache import CacheError, ResponseCache, import_stabletoolbench_cache
 from mirrorapi.serving.config import ConfigError, ServerSettings
 from mirrorapi.serving.handler import Answer, VirtualApi
+from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.protocol import SESSION_HEADER
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import RegistryError, ToolRegistry
+from mirrorapi.toolsets import ToolsetError, select_toolset
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +167,8 @@ class VirtualEndpoint:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"] != "/virtual":
+            if scope["type"] == "http" and scope["path"].rstrip("/") == MCP_PATH:
+                return await self.state.mcp.asgi(scope, receive, send)
             return await self.app(scope, receive, send)
         if scope["method"] != "POST":
             body = b'{"error":"Method Not Allowed: /virtual takes POST","response":""}'
@@ -222,6 +226,11 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     if settings.cache_folder is not None:
         import_stabletoolbench_cache(cache, settings.cache_folder, registry=registry)
     cache.start_writer()  # from here on, writes leave the event loop
+    try:  # the configured MCP toolset must name known APIs: checked before anything listens
+        toolset = select_toolset(registry, settings.mcp_toolset)
+    except ToolsetError as exc:
+        raise ConfigError(f"mcp_toolset: {exc}") from None
+    logger.info("MCP at %s: %d tools in the default toolset", MCP_PATH, len(toolset.functions))
     logger.info("cache %s: %d entries", settings.cache_path, cache.count())
     # The tool docs are millions of long-lived objects: keep them out of the garbage collector's
     # full passes, which otherwise stall every request for a hundred milliseconds now and then.
@@ -237,7 +246,8 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
         if settings.mode == "simulate":  # probed in the background: a hanging engine must not delay start-up
             background.append(asyncio.create_task(_report_engine(engine)))
         try:
-            yield
+            async with app.state.mcp.run():
+                yield
         finally:
             for task in background:
                 task.cancel()
@@ -254,6 +264,7 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     app.state.settings, app.state.registry, app.state.cache = settings, registry, cache
     app.state.metrics = Metrics(app)
     app.state.request_log = RequestLog(settings)
+    app.state.mcp = McpFrontDoor(app.state)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -93,6 +93,9 @@ class ServerSettings(BaseModel):
     session_char_budget: int = Field(HISTORY_CHAR_BUDGET, gt=0, description=(
         "Most characters of session history per prompt (whole calls only)."))
     max_sessions: int = Field(10000, gt=0, description="Sessions remembered at once (least recently used go first).")
+    mcp_toolset: str = Field("", description=(
+        "Tools that /mcp lists when its URL names none, in toolset syntax (`category=Data&tool=APIBank/apibank_account"
+        "&api=C/T/A&query=<query_id>`); empty: every API."))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
     @field_validator("api_base", "tools_folder", mode="before")

@@ -1,0 +1,178 @@
+"""Toolsets (a chosen set of APIs) and their function schemas, for MCP and OpenAI function calling.
+
+A toolset is written like a URL query string, so that one syntax serves the server's setting
+(`mcp_toolset`), the MCP URL (`/mcp?category=Data&tool=APIBank/apibank_account`) and
+`mirrorapi tools export --toolset ...`:
+- `category=<Category>`: every API of every tool of a category;
+- `tool=<Category>/<tool>`: every API of a tool;
+- `api=<Category>/<tool>/<api>`: one API;
+- `query=<query_id>`: the `api_list` of a StableToolBench query from a query file the registry loaded.
+Keys repeat and mix; names are taken as clients send them (`ToolRegistry.resolve`). The empty
+toolset is every API of the registry.
+
+Function names are the APIs' wire names (`transfermarkt_search`); an API name that two tools of the
+toolset share gets ToolBench's `<api>_for_<tool>` instead. Names are cut to 64 characters
+(OpenAI's limit; MCP allows 128) with a numbered suffix should a cut collide. The input schema is a
+JSON schema built from the doc: wire parameter names, JSON types, descriptions, defaults converted
+to the type, and `required`. A parameter imported from an OpenAI function file keeps its own
+schema. Exporting to OpenAI's format and loading the file back (`ToolRegistry`) gives the same
+functions again.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from mirrorapi.names import api_key_name, standardize_category
+from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
+
+TOOLSET_KEYS = ("category", "tool", "api", "query")
+NAME_LIMIT = 64
+_INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+# RapidAPI / ToolBench parameter types -> JSON schema types (anything else is a string: ENUM, DATE, ...)
+_JSON_TYPES = {"STRING": "string", "NUMBER": "number", "INTEGER": "integer", "INT": "integer", "FLOAT": "number",
+               "BOOLEAN": "boolean", "BOOL": "boolean", "ARRAY": "array", "LIST": "array", "OBJECT": "object",
+               "DICT": "object", "STR": "string"}
+
+
+class ToolsetError(ValueError):
+    """A toolset that names something unknown or is written wrong; the message says which."""
+
+
+@dataclass(frozen=True)
+class Toolset:
+    functions: dict[str, ApiDoc]  # function name -> doc, in a stable order
+
+
+def parse_toolset(spec: str) -> list[tuple[str, str]]:
+    """`category=Data&tool=APIBank/apibank_account` -> [("category", "Data"), ("tool", "APIBank/apibank_account")]."""
+    items = parse_qsl(spec or "", keep_blank_values=False)
+    for key, _ in items:
+        if key not in TOOLSET_KEYS:
+            raise ToolsetError(f"unknown toolset key {key!r} (known: {', '.join(TOOLSET_KEYS)})")
+    return items
+
+
+def select_toolset(registry: ToolRegistry, spec: str | list[tuple[str, str]]) -> Toolset:
+    """The APIs a toolset names, with their function names; raises ToolsetError."""
+    items = parse_toolset(spec) if isinstance(spec, str) else spec
+    docs: dict[tuple[str, str, str], ApiDoc] = {}
+    try:
+        if not items:
+            docs = {(d.category, d.tool, d.api): d for d in registry}
+        for key, value in items:
+            parts = value.split("/")
+            if key == "category":
+                found = [d for d in registry if d.category == _category(registry, value)]
+            elif key == "tool" and len(parts) == 2:
+                found = list(registry.find_tool(*parts).apis.values())
+            elif key == "api" and len(parts) == 3:
+                found = [registry.resolve(*parts)]
+            elif key == "query":
+                if value not in registry.queries:
+                    raise ToolsetError(f"unknown query {value!r}: no query file loaded with the tools has that query_id")
+                found = [registry.resolve(*names) for names in registry.queries[value]]
+            else:
+                raise ToolsetError(f"toolset {key}={value!r}: expected {_FORMS[key]}")
+            docs.update({(d.category, d.tool, d.api): d for d in found})
+    except UnknownName as exc:
+        raise ToolsetError(str(exc)) from None
+    return Toolset(function_names(sorted(docs.values(), key=lambda d: (d.category, d.tool, d.api))))
+
+
+_FORMS = {"tool": "<Category>/<tool>", "api": "<Category>/<tool>/<api>"}
+
+
+def _category(registry: ToolRegistry, name: str) -> str:
+    category = standardize_category(name)
+    if category not in registry.categories:
+        raise UnknownName("category", name, "", difflib.get_close_matches(category, registry.categories, n=3))
+    return category
+
+
+def function_names(docs: list[ApiDoc]) -> dict[str, ApiDoc]:
+    """Function name -> doc (see the module doc for the naming rule)."""
+    tools_per_api: dict[str, set] = {}
+    for doc in docs:
+        tools_per_api.setdefault(doc.api, set()).add((doc.category, doc.tool))
+    named: dict[str, ApiDoc] = {}
+    for doc in docs:
+        name = doc.api if len(tools_per_api[doc.api]) == 1 else f"{doc.api}_for_{doc.tool}"
+        name = _INVALID_NAME_CHARS.sub("_", name)[:NAME_LIMIT] or "api"
+        unique, number = name, 2
+        while unique in named:
+            suffix = f"_{number}"
+            unique, number = name[:NAME_LIMIT - len(suffix)] + suffix, number + 1
+        named[unique] = doc
+    return named
+
+
+# ------------------------------------------------------------------------------------ schemas
+def _typed_default(value: Any, json_type: str) -> Any:
+    """A doc's default as a value of the parameter's type; None when it is empty or does not convert."""
+    if value in ("", None):
+        return None
+    if json_type in ("number", "integer") and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return int(number) if json_type == "integer" or number.is_integer() and "." not in value else number
+    if json_type == "boolean" and isinstance(value, str):
+        return {"true": True, "false": False}.get(value.strip().lower())
+    if json_type == "string" and not isinstance(value, str):
+        return str(value)
+    return value
+
+
+def parameter_schema(param: dict) -> dict:
+    if isinstance(param.get("schema"), dict):  # imported from an OpenAI function file: its own schema
+        return param["schema"]
+    json_type = _JSON_TYPES.get(str(param.get("type", "")).strip().upper(), "string")
+    schema: dict[str, Any] = {"type": json_type}
+    if param.get("description"):
+        schema["description"] = str(param["description"])
+    default = _typed_default(param.get("default"), json_type)
+    if default is not None:
+        schema["default"] = default
+    return schema
+
+
+def input_schema(doc: ApiDoc) -> dict:
+    """The JSON schema of an API's arguments, with the wire names agents send (`is_id`, not `id`)."""
+    properties = {api_key_name(p["name"]): parameter_schema(p)
+                  for p in doc.required_parameters + doc.optional_parameters}
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    required = [api_key_name(p["name"]) for p in doc.required_parameters]
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def description(doc: ApiDoc) -> str:
+    return (doc.description or doc.tool_description).strip()
+
+
+def openai_function(name: str, doc: ApiDoc) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description(doc),
+                                             "parameters": input_schema(doc)}}
+
+
+def mcp_tool(name: str, doc: ApiDoc) -> dict:
+    """An MCP `Tool` as JSON; `_meta` names the API as /virtual knows it."""
+    return {"name": name, "title": f"{doc.api_title} ({doc.tool_title})", "description": description(doc),
+            "inputSchema": input_schema(doc),
+            "_meta": {"mirrorapi/api": {"category": doc.category, "tool": doc.tool, "api": doc.api}}}
+
+
+def export_toolset(toolset: Toolset, fmt: str) -> list[dict]:
+    """The toolset's function schemas in `openai` or `mcp` form."""
+    if fmt == "openai":
+        return [openai_function(name, doc) for name, doc in toolset.functions.items()]
+    if fmt == "mcp":
+        return [mcp_tool(name, doc) for name, doc in toolset.functions.items()]
+    raise ToolsetError(f"unknown export format {fmt!r} (known: openai, mcp)")
