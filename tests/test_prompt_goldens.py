@@ -8,7 +8,7 @@ code under test: a change to a format shows up here and needs a new format versi
   tool_description, tool_name (the client's tool name cut at its first `_for_`) and tool_category;
   a blank line; `Request:`; the repr of the arguments in the agent's order without `toolbench_key`;
   no trailing newline. The request: seed 42, max_tokens 2048, no response_format.
-- `mirrorapi-v1`, `fac-v1`, `sopr-v1`: the layouts documented in mirrorapi/prompts.py.
+- `mirrorapi-v1`, `mirrorapi-session-v1`, `fac-v1`, `sopr-v1`: the layouts documented in mirrorapi/prompts.py.
 """
 
 import asyncio
@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from mirrorapi.prompts import judge_messages, simulator_messages
+from mirrorapi.prompts import history_line, judge_messages, simulator_messages
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ToolRegistry
@@ -181,3 +181,23 @@ def test_sopr_v1():
                                     "\n\nFinal answer:\nThe Conjuring."},
     ]
     assert judge_messages("q", "a", "sopr-v1")[1]["content"] == "Query:\nq\n\nTool calls:\n(none)\n\nFinal answer:\na"
+
+
+def test_mirrorapi_session_v1(registry):
+    # `mirrorapi-v1` plus the session paragraph of the system prompt, and, between the examples and the
+    # request, the earlier calls newest first, one compact `{"tool","api","request","answer"}` line each.
+    doc = registry.resolve("Logistics", "transitaires", "transitaire")
+    earlier = history_line("transitaires", "transitaires", {}, "", "DOUANE_AGENCE_GONDRAND, EKVF")
+    assert earlier == ('{"tool":"transitaires","api":"transitaires","request":{},'
+                       '"answer":{"error":"","response":"DOUANE_AGENCE_GONDRAND, EKVF"}}')
+    system, user = simulator_messages(doc, {"is_id": "EKVF"}, fmt="mirrorapi-session-v1", history=[earlier])
+    assert system == {"role": "system", "content": MIRRORAPI_V1_SYSTEM + (
+        " The request is part of a session: the session's earlier calls and their answers are listed, newest "
+        "first. Stay consistent with them: what they created (ids, tokens, names, bookings) exists, what they "
+        "deleted does not, and values they returned keep their values.")}
+    doc_json = user["content"].split("\n\n")[0]
+    assert user["content"] == (doc_json + "\n\nEarlier calls in this session, newest first:\n" + earlier +
+                               '\n\nRequest:\n{"is_id":"EKVF"}')
+    assert doc_json == simulator_messages(doc, {})[1]["content"].split("\n\n")[0]  # the mirrorapi-v1 doc
+    first = simulator_messages(doc, {"is_id": "EKVF"}, fmt="mirrorapi-session-v1", history=[])[1]["content"]
+    assert "\n\nEarlier calls in this session, newest first:\n(none)\n\nRequest:\n" in first
