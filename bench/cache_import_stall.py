@@ -4,15 +4,16 @@
 
 A server (`serving/main_mirrorapi.py`, the bundled sample tools, a stub engine answering every chat
 completion after 50 ms: bench/server.py's benchmark instrument) on a cache seeded with the real
-API-Bank pairs. Paced clients send `--rate` requests/s, four hits (seeded calls) for every miss (a
-new call: simulated, then stored by the writer thread before it is answered). Two seconds in,
+API-Bank pairs. 20 paced keep-alive connections send `--rate` requests/s together: 16 send hits (seeded
+calls), 4 send misses (new calls: simulated, then stored by the writer thread before they are answered). Two seconds in,
 `mirrorapi cache import PAIRS --cache <the server's cache>` runs in its own process (20,000 real
 pairs); the load goes on until one second after it ends. Then the same with the import done as one
 long transaction (what `put_many` did before it committed in slices), for comparison.
 
 Reported per import: its duration, the worst and p99 latency of hits during the import, the worst
-stall of misses (latency minus the engine's 50 ms), and answers lost (answered, yet not in the cache
-afterwards). Target: no request stalled more than 100 ms.
+stall of misses (latency minus the engine's 50 ms), the same two over the two seconds before the
+import (what the machine itself costs), and answers lost (answered, yet not in the cache afterwards).
+Target: no request stalled more than 100 ms.
 """
 
 import argparse
@@ -61,7 +62,7 @@ async def _client(port: int, schedule: list[tuple[float, str, bytes]], results: 
 
 
 async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate: float, import_command: list[str],
-                        clients: int = 16) -> dict:
+                        clients: int = 20) -> dict:
     """Load at `rate` req/s; the import starts after 2 s; the load stops 1 s after it ends."""
     results: list = []
     interval = clients / rate
@@ -69,12 +70,11 @@ async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate:
     start = time.perf_counter() + 0.2
 
     def schedule(c: int, n: int) -> list:
-        out = []
-        for i in range(n):
-            kind = "miss" if (c + i) % 5 == 0 else "hit"
-            body = misses.pop() if kind == "miss" else rng.choice(hits)
-            out.append((start + c * interval / clients + i * interval, kind, body))
-        return out
+        # Hits and misses on connections of their own: a miss waiting for its commit must not hold
+        # back the hits queued behind it on a keep-alive connection (that would be the client's stall).
+        kind = "miss" if c % 5 == 0 else "hit"
+        return [(start + c * interval / clients + i * interval, kind,
+                 misses.pop() if kind == "miss" else rng.choice(hits)) for i in range(n)]
     horizon = 120  # seconds of load scheduled at most; cancelled once the import is over
     tasks = [asyncio.create_task(_client(port, schedule(c, int(horizon / interval)), results)) for c in range(clients)]
     await asyncio.sleep(2.2)
@@ -92,12 +92,15 @@ async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate:
     during = [r for r in results if began <= r[0] + r[1] and r[0] <= ended]
     hit_ms = sorted(r[1] * 1e3 for r in during if r[2] == "hit")
     miss_stall_ms = sorted(max(0.0, r[1] - ENGINE_LATENCY) * 1e3 for r in during if r[2] == "miss")
-    before = [r[1] * 1e3 for r in results if r[0] + r[1] < began]
+    before = [r for r in results if r[0] + r[1] < began]
     return {"import_s": round(ended - began, 2), "requests_during_import": len(during),
             "hit_max_ms": round(hit_ms[-1], 1), "hit_p99_ms": round(hit_ms[int(len(hit_ms) * 0.99)], 1),
             "miss_max_stall_ms": round(miss_stall_ms[-1], 1),
             "max_stall_ms": round(max(hit_ms[-1], miss_stall_ms[-1]), 1),
-            "hit_max_ms_before_import": round(max(before), 1),
+            "requests_over_target": sum(ms > TARGET_STALL_MS for ms in hit_ms + miss_stall_ms),
+            "before_import": {"hit_max_ms": round(max(r[1] for r in before if r[2] == "hit") * 1e3, 1),
+                              "miss_max_stall_ms": round(max(max(0.0, r[1] - ENGINE_LATENCY)
+                                                             for r in before if r[2] == "miss") * 1e3, 1)},
             "answered_misses": [r[4] for r in results if r[2] == "miss" and r[3]],
             "import_output": output.decode().strip().splitlines()[-1][:300]}
 
@@ -160,7 +163,7 @@ def main() -> None:
                         help="Pairs file the concurrent import reads.")
     parser.add_argument("--seed-pairs", default=str(REPO.parent / "shared/data/pairs/api-bank.jsonl"),
                         help="Pairs the server's cache holds before (its hits).")
-    parser.add_argument("--rate", type=float, default=200.0, help="Requests per second (1 miss in 5).")
+    parser.add_argument("--rate", type=float, default=200.0, help="Requests per second (1 in 5 a miss).")
     args = parser.parse_args()
     for path in (args.pairs, args.seed_pairs):
         if not Path(path).is_file():

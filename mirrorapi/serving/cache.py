@@ -102,7 +102,8 @@ _LOOKUP = ("SELECT observation, provenance, identity FROM entries WHERE category
            "AND arguments = ? AND identity IN ('', ?) ORDER BY identity LIMIT 1")
 _COUNT_HITS = ("UPDATE entries SET hits = hits + ? WHERE category = ? AND tool = ? AND api = ? AND arguments = ? "
                "AND identity = ?")
-IMPORT_TRANSACTION_ROWS = 500  # rows per import transaction: a server's writes wait for one slice at most
+IMPORT_TRANSACTION_ROWS = 200  # rows per import transaction (a few ms): a server's writes wait for one slice
+IMPORT_PAUSE_SECONDS = 0.002  # between slices, so that a waiting writer gets the lock (SQLite's is not fair)
 
 
 def identity_of(provenance: str) -> str:
@@ -164,7 +165,6 @@ class ResponseCache:
 
     def __init__(self, path: str | os.PathLike, busy_timeout: float = 10.0, autocheckpoint: bool = True):
         self.path = Path(path)
-        self.busy_timeout = busy_timeout
         self._pending_hits: dict[tuple[str, str, str, str, str], int] = {}
         self._writer: _Writer | None = None
         try:
@@ -247,10 +247,13 @@ class ResponseCache:
         """Store (category, tool, api, arguments, error, response) rows; returns how many were new.
         Committed in slices of IMPORT_TRANSACTION_ROWS, so that a server sharing the file never
         waits long for the write lock (an interrupted import is simply run again: nothing doubles)."""
-        now, stored = time.time(), 0
+        now, stored, first = time.time(), 0, True
         rows = iter(rows)
         while chunk := [_entry_row(c, t, a, args, e, r, provenance, now)
                         for c, t, a, args, e, r in itertools.islice(rows, IMPORT_TRANSACTION_ROWS)]:
+            if not first:
+                time.sleep(IMPORT_PAUSE_SECONDS)
+            first = False
             with self._transaction():
                 stored += _write_entries(self._db, chunk)
         return stored
@@ -294,7 +297,7 @@ class ResponseCache:
     def start_writer(self) -> None:
         """Send `store`s and hit flushes through one writer thread from now on (see the class doc)."""
         if self._writer is None:
-            self._writer = _Writer(self.path, self.busy_timeout)
+            self._writer = _Writer(self.path)
 
     def flush_hits(self, limit: int | None = None) -> int:
         """Write counted hits (at most `limit` entries' worth); returns how many entries are still pending.
@@ -427,10 +430,12 @@ class _Writer:
     queued up in one transaction, and resolves each `store`'s future once committed."""
 
     BATCH = 512
+    # SQLite's own busy handler sleeps up to 100 ms between tries, long enough for an importer to
+    # take the lock again and again; polling every millisecond gets it in the importer's pauses.
+    POLL_SECONDS = 0.001
 
-    def __init__(self, path: Path, busy_timeout: float):
-        self._db = _connect(path, busy_timeout)
-        self._busy_timeout = busy_timeout
+    def __init__(self, path: Path):
+        self._db = _connect(path, busy_timeout=0.0)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="mirrorapi-cache-writer", daemon=True)
         self._thread.start()
@@ -482,10 +487,11 @@ class _Writer:
                 if "locked" not in str(exc) and "busy" not in str(exc):
                     return self._fail(jobs, exc)
                 waited = time.monotonic() - waited_since
-                if waited - reported >= 10.0 or not reported:
-                    reported = waited or 1e-9
+                if waited - reported >= 10.0:
+                    reported = waited
                     logger.warning("cache writes wait for the database lock (another connection holds it, e.g. an "
                                    "import; %.0f s so far); %d writes queued, none dropped", waited, len(jobs))
+                time.sleep(self.POLL_SECONDS)
             except sqlite3.Error as exc:
                 return self._fail(jobs, exc)
         results = iter(results)
