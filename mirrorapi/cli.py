@@ -152,11 +152,10 @@ def cache_prune(args: argparse.Namespace) -> int:
 
     cache = _existing_cache(args.cache)
     try:
-        identities = cache.identities()
-        if args.identity not in identities:
-            known = "; ".join(identities) or "none"
-            raise CacheError(f"no simulated answers of identity {args.identity!r} in {args.cache} (identities: {known})")
         deleted = cache.prune(args.identity)
+        if not deleted:
+            known = "; ".join(cache.identities()) or "none"
+            raise CacheError(f"no simulated answers of identity {args.identity!r} in {args.cache} (identities: {known})")
     finally:
         cache.close()
     print(f"{deleted:,} simulated answers of {args.identity} deleted from {args.cache}")

@@ -288,11 +288,13 @@ class ResponseCache:
                                      "GROUP BY identity ORDER BY identity"))
 
     def prune(self, identity: str) -> int:
-        """Delete the simulated answers of one simulator identity; returns how many."""
+        """Delete the simulated answers of one simulator identity (session-scoped ones included);
+        returns how many."""
         if not identity:
             raise CacheError("prune takes a simulator identity; recorded answers are never pruned")
         with self._transaction():
-            return self._db.execute("DELETE FROM entries WHERE identity = ?", (identity,)).rowcount
+            return (self._db.execute("DELETE FROM entries WHERE identity = ?", (identity,)).rowcount
+                    + self._db.execute("DELETE FROM session_entries WHERE identity = ?", (identity,)).rowcount)
 
     def start_writer(self) -> None:
         """Send `store`s and hit flushes through one writer thread from now on (see the class doc)."""
