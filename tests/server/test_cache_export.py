@@ -82,10 +82,10 @@ def test_calls_an_agent_sent_through_the_server_are_found_by_stabletoolbench(ser
             assert server.virtual(body).json() == STUB_OBSERVATION
     cache = ResponseCache(tmp_path / "c.sqlite")
     report = export_stabletoolbench_cache(cache, tmp_path / "export")
-    distinct = {(c["tool_name"], c["api_name"], canonical_json(json.loads(c["tool_input"]))) for c in calls}
-    assert report["entries"] == len(distinct) and report["refused"] == []
     for body in calls:
         assert stabletoolbench_lookup(tmp_path / "export", body) == STUB_OBSERVATION, body
+    distinct = {(c["tool_name"], c["api_name"], canonical_json(json.loads(c["tool_input"]))) for c in calls}
+    assert report["entries"] == len(distinct) and report["refused"] == []
     # Our own lookups stay order-insensitive: the same call, keys reversed, is a hit.
     body = next(c for c in calls if unsorted(json.loads(c["tool_input"])))
     reversed_input = json.dumps(dict(reversed(json.loads(body["tool_input"]).items())))
@@ -116,17 +116,19 @@ def test_imported_real_pairs_are_found_by_stabletoolbench(shared_data, sample_to
 
 
 # ------------------------------------------------------------------------------------ path safety
-UNSAFE = [("..", "tool", "api"), ("Data", "../../outside", "api"), ("Data", "tool", "/tmp/absolute"),
-          ("Data/../..", "tool", "api"), ("/tmp/absolute", "tool", "api")]
+# `{outside}`: an absolute path in the test's own folder (a broken export must not litter elsewhere).
+UNSAFE = [("..", "tool", "api"), ("Data", "../../outside", "api"), ("Data", "tool", "{outside}/api"),
+          ("Data/../..", "tool", "api"), ("{outside}", "tool", "api")]
 
 
 @pytest.mark.parametrize("names", UNSAFE, ids=["category ..", "tool with /", "absolute api", "category with /",
                                                "absolute category"])
 def test_export_never_writes_outside_its_folder(names, tmp_path, capsys):
+    names = tuple(name.format(outside=tmp_path / "outside") for name in names)
     db = tmp_path / "work" / "c.sqlite"
     cache = ResponseCache(db)
-    cache.put(*names, {"q": "x"}, "", "unsafe", "real")
-    cache.put("Data", "theclique", "transfermarkt_search", {"name": "Messi"}, "", "safe", "real")
+    cache.put(*names, canonical_json({"q": "x"}), "", "unsafe", "real")
+    cache.put("Data", "theclique", "transfermarkt_search", canonical_json({"name": "Messi"}), "", "safe", "real")
     cache.close()
     before = {p for p in tmp_path.rglob("*")}
     out = tmp_path / "work" / "deep" / "export"
