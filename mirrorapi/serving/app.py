@@ -241,6 +241,7 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
         engine = EngineClient(settings.api_base, settings.model, settings.api_key, timeout=settings.engine_timeout,
                               retries=settings.engine_retries)
         app.state.simulator = simulator = Simulator(engine, cache, settings)
+        logger.info("simulator identity (simulated answers are looked up and stored under it): %s", simulator.identity)
         app.state.virtual = VirtualApi(settings, registry, cache, simulator)
         background = [asyncio.create_task(_maintain_cache(cache))]
         if settings.mode == "simulate":  # probed in the background: a hanging engine must not delay start-up
