@@ -3,7 +3,8 @@
 Routes: `POST /virtual` (StableToolBench's contract, see `mirrorapi.serving.protocol`; the work is done by
 `mirrorapi.serving.handler.VirtualApi`), `GET /health` (engine reachability, cache size), `GET /metrics`
 (Prometheus: requests by outcome, cache hits and misses, engine calls, latency per stage).
-Every /virtual request writes one JSON line (`RequestLog`: stderr at log level info, and `log_file`).
+Every /virtual request writes one JSON line (`RequestLogWriter`: stderr at log level info, and `log_file`);
+metrics and the request log live in `mirrorapi.serving.observability`.
 
 `create_app` loads the tools and opens the cache (importing `cache_folder` once) before anything
 listens, so a bad tools file or cache fails at start-up in one line; the lifespan creates the engine
@@ -16,22 +17,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import sqlite3
-import sys
-import time
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import generate_latest
 
 from mirrorapi.engine_client import EngineClient
 from mirrorapi.serving.cache import CacheError, ResponseCache, import_stabletoolbench_cache
 from mirrorapi.serving.config import ConfigError, ServerSettings
-from mirrorapi.serving.handler import Answer, VirtualApi
+from mirrorapi.serving.handler import VirtualApi
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
+from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics
 from mirrorapi.serving.protocol import SESSION_HEADER
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import RegistryError, ToolRegistry
@@ -42,117 +40,7 @@ logger = logging.getLogger(__name__)
 # What a user can get wrong at start-up; each is one line that says what to change.
 STARTUP_ERRORS = (ConfigError, RegistryError, CacheError)
 CACHE_MAINTENANCE_SECONDS = 5.0
-STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
-                 30, 60, 120)
 JSON_HEADERS = [(b"content-type", b"application/json")]
-
-
-class Metrics:
-    """Prometheus metrics of one app (own registry, so several apps can live in one process)."""
-
-    def __init__(self, app: FastAPI):
-        self.registry = CollectorRegistry()
-        self.requests = Counter("mirrorapi_requests", "/virtual requests by outcome (hit, simulated, replay_miss, "
-                                "validation_error, engine_error, chat_with_user, invalid_body, internal_error).",
-                                ["outcome"], registry=self.registry)
-        self.lookups = Counter("mirrorapi_cache_lookups", "Cache lookups by result (hit, miss).", ["result"],
-                               registry=self.registry)
-        self.stages = Histogram("mirrorapi_stage_seconds", "Latency of each stage of a /virtual request (parse, "
-                                "resolve, cache_lookup, engine, total).", ["stage"], buckets=STAGE_BUCKETS,
-                                registry=self.registry)
-        self.registry.register(_SimulatorCollector(app))
-        # Children bound once: `labels()` per request costs more than the observation itself.
-        self._requests, self._lookups, self._stages = {}, {}, {}
-
-    def record(self, answer: Answer) -> None:
-        counter = self._requests.get(answer.outcome) or self._requests.setdefault(
-            answer.outcome, self.requests.labels(answer.outcome))
-        counter.inc()
-        if answer.cache:
-            counter = self._lookups.get(answer.cache) or self._lookups.setdefault(
-                answer.cache, self.lookups.labels(answer.cache))
-            counter.inc()
-        for stage, seconds in answer.stages.items():
-            histogram = self._stages.get(stage) or self._stages.setdefault(stage, self.stages.labels(stage))
-            histogram.observe(seconds)
-
-
-class _SimulatorCollector:
-    """Engine calls by result and coalesced requests, read from the simulator when scraped."""
-
-    def __init__(self, app: FastAPI):
-        self.app = app
-
-    def collect(self):
-        calls = CounterMetricFamily("mirrorapi_engine_calls", "Engine calls by result (ok, garbage, "
-                                    "unreachable, timeout, http, empty).", labels=["result"])
-        coalesced = CounterMetricFamily("mirrorapi_coalesced_requests", "Cache misses answered by an identical "
-                                        "engine call already in flight.")
-        simulator = getattr(self.app.state, "simulator", None)
-        if simulator is not None:
-            for result, n in sorted(simulator.engine_calls.items()):
-                calls.add_metric([result], n)
-            coalesced.add_metric([], simulator.coalesced)
-        yield calls
-        yield coalesced
-
-
-class RequestLog:
-    """One JSON line per /virtual request, to stderr (at log level info or debug) and to `log_file`.
-    Why not the `logging` module: a log record and its handler chain cost more than the line itself,
-    and a stream handler writes and flushes per record; together about 50 us of a cache hit's 250 us
-    of server CPU (bench/server.py). Here the lines of one event-loop turn are written together right
-    after it (at once outside a loop, or when 1,024 are waiting), and `close` writes what is left."""
-
-    def __init__(self, settings: ServerSettings):
-        self.streams = [sys.stderr] if settings.log_level in ("debug", "info") else []
-        if settings.log_file is not None:
-            settings.log_file.parent.mkdir(parents=True, exist_ok=True)
-            self.streams.append(open(settings.log_file, "a", encoding="utf-8"))
-        self.lines: list[str] = []
-
-    def record(self, answer: Answer) -> None:
-        if not self.streams:
-            return
-        line = {"time": round(time.time(), 3), "outcome": answer.outcome, "status": answer.status,
-                "api": "/".join(answer.names) if answer.names else None, "provenance": answer.provenance,
-                "ms": round(answer.stages.get("total", 0.0) * 1000, 3)}
-        if "engine" in answer.stages:
-            line["engine_ms"] = round(answer.stages["engine"] * 1000, 1)
-            line["coalesced"] = answer.coalesced
-        if answer.detail:
-            line["detail"] = answer.detail[:300]
-        if answer.extra_fields:
-            line["extra_fields"] = answer.extra_fields
-        if answer.session is not None:
-            line["session"] = answer.session[:80]
-        self.lines.append(json.dumps(line, ensure_ascii=False))
-        if len(self.lines) == 1:
-            try:
-                asyncio.get_running_loop().call_soon(self.flush)
-                return
-            except RuntimeError:  # no event loop in this thread
-                pass
-        elif len(self.lines) < 1024:
-            return
-        self.flush()
-
-    def flush(self) -> None:
-        lines, self.lines = self.lines, []
-        if lines:
-            text = "\n".join(lines) + "\n"
-            for stream in self.streams:
-                try:
-                    stream.write(text)
-                    stream.flush()
-                except (OSError, ValueError) as exc:  # a full disk or a closed stderr must not fail requests
-                    logger.warning("request log lines lost: %s", exc)
-
-    def close(self) -> None:
-        self.flush()
-        for stream in self.streams:
-            if stream is not sys.stderr:
-                stream.close()
 
 
 class VirtualEndpoint:
@@ -263,8 +151,8 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     app = FastAPI(title="mirrorapi virtual API server", lifespan=lifespan,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.settings, app.state.registry, app.state.cache = settings, registry, cache
-    app.state.metrics = Metrics(app)
-    app.state.request_log = RequestLog(settings)
+    app.state.metrics = ServerMetrics(app.state)
+    app.state.request_log = RequestLogWriter(settings)
     app.state.mcp = McpFrontDoor(app.state)
 
     @app.get("/health")
@@ -287,7 +175,7 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
 
 
 def configure_logging(settings: ServerSettings) -> None:
-    """Logging of the server process (start-up, engine and cache events; request lines are `RequestLog`'s)."""
+    """Logging of the server process (start-up, engine and cache events; request lines are `RequestLogWriter`'s)."""
     logging.basicConfig(level=getattr(logging, settings.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -299,7 +187,7 @@ def serve(settings: ServerSettings) -> None:
     configure_logging(settings)
     logger.info("settings (not default): %s", {k: v for k, v in settings.non_default().items() if k != "api_key"})
     app = create_app(settings)
-    # log_config=None: uvicorn's loggers go through ours; its access log is replaced by RequestLog's lines.
+    # log_config=None: uvicorn's loggers go through ours; its access log is replaced by RequestLogWriter's lines.
     # No proxy-header rewriting: the server binds 127.0.0.1 by default and reports no client addresses.
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False, proxy_headers=False,
                 log_level=settings.log_level, timeout_graceful_shutdown=5)

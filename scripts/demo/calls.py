@@ -115,8 +115,9 @@ def plan_calls(train: list[dict], test: list[dict], registry: ToolRegistry, hits
     return calls
 
 
-class RequestLog:
-    """New lines of the server's request log (one JSON object per /virtual request)."""
+class RequestLogReader:
+    """Reads the lines the server's `RequestLogWriter` appends to its `log_file` (one JSON object per
+    /virtual request), each once, from where the file ended when the reader was made."""
 
     def __init__(self, path: Path):
         self.path, self.offset = path, path.stat().st_size if path.exists() else 0
@@ -138,7 +139,7 @@ class RequestLog:
 
 def send_calls(url: str, calls: list[Call], request_log: Path, timeout: float = 120.0) -> list[Call]:
     """Send every call (and the first simulated miss once more); fills in what the server answered."""
-    log = RequestLog(request_log)
+    log = RequestLogReader(request_log)
     sent: list[Call] = []
     with httpx.Client(base_url=url, timeout=timeout) as client:
         queue = list(calls)
