@@ -5,7 +5,8 @@
   bundled sample of the same files).
 - `faulty_judge`: a FAKE OpenAI-compatible engine for the two faults a real engine cannot be made
   to show on demand: it answers garbage (no verdict line), and it can fail (HTTP 503) on chosen
-  queries. It also keeps the messages it was sent, which a real engine does not show.
+  queries. It also keeps the messages it was sent, which a real engine does not show; with
+  `owned_by = "vllm"` it lists its model as vLLM's /v1/models does (no vLLM runs here).
   Everything else uses the real tiny model behind `transformers serve`.
 - `virtual_server`: starts `python serving/main_mirrorapi.py` as real processes on free 127.0.0.1
   ports, each with its own SQLite cache in a temporary folder and the bundled tool docs.
@@ -71,6 +72,7 @@ class FaultyJudge:
         self.reply, self.fail_on, self.failing, self.requests = reply, None, False, 0
         self.received: list[list[dict]] = []  # the messages of every chat completion request
         self.model = "fake-judge"
+        self.owned_by: str | None = None  # the engine named in /v1/models (vLLM: "vllm")
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
 
@@ -79,7 +81,8 @@ class FaultyJudge:
 
         @app.get("/v1/models")
         async def models():
-            return {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+            owner = {"owned_by": self.owned_by} if self.owned_by else {}
+            return {"object": "list", "data": [{"id": self.model, "object": "model", **owner}]}
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):

@@ -4,13 +4,15 @@ The tiny model is untrained, so its verdicts are arbitrary: these tests check re
 denominators, parsing and resumption, never scores.
 """
 
+import asyncio
 import csv
 import json
 
 import pytest
 
 from mirrorapi.evaluation.answer_files import build_items, load_answers, load_ids
-from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
+from mirrorapi.engine_client import EngineClient
+from mirrorapi.evaluation.judging import JudgeSettings, engine_concurrency, run_scoring
 from mirrorapi.prompts import parse_verdict
 
 RECORD_KEYS = {"metric", "model", "group", "query_id", "repeat", "verdict", "score", "reason", "judged", "parsed",
@@ -188,3 +190,19 @@ def test_a_changed_answer_is_judged_again(eval_cli, faulty_judge, stb_answers, s
     record = next(r for r in _lines(tmp_path / "out" / "answers.jsonl")
                   if (r["model"], r["query_id"]) == ("virtual_chatgpt_cot", "588"))
     assert (record["status"], record["answer"], record["judged"]) == ("answer", "Barcelona.", True)
+
+
+def test_concurrency_default_follows_the_engine(tiny_engine, faulty_judge):
+    """Without --concurrency: 2 requests in flight on `transformers serve` (one generation at a time), 16 on
+    an engine whose /v1/models lists the model as `owned_by: vllm`, as vLLM's does."""
+    async def default(base_url: str, model: str) -> int:
+        engine = EngineClient(base_url, model)
+        try:
+            return await engine_concurrency(engine)
+        finally:
+            await engine.aclose()
+
+    assert asyncio.run(default(tiny_engine.base_url, tiny_engine.model)) == 2
+    assert asyncio.run(default(faulty_judge.base_url, faulty_judge.model)) == 2  # lists no owner
+    faulty_judge.owned_by = "vllm"
+    assert asyncio.run(default(faulty_judge.base_url, faulty_judge.model)) == 16
