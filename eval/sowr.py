@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     try:
         run = run_sowr(args.reference, args.candidate, args.ids, judge_settings_from(args), args.out,
                        rounds=max(1, args.rounds), overwrite=args.overwrite, progress=not args.no_progress)
-    except (AnswersError, JudgeRunError) as exc:
+    except (ValueError, AnswersError, JudgeRunError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print((Path(args.out) / "sowr.md").read_text(encoding="utf-8"))

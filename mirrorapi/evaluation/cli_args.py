@@ -1,4 +1,4 @@
-"""Command-line arguments shared by `eval/run_agent.py` and `mirrorapi benchmark` (one definition each)."""
+"""Command-line arguments shared by the eval scripts and `mirrorapi benchmark` (one definition each)."""
 
 from __future__ import annotations
 
@@ -57,23 +57,34 @@ def agent_settings_from(args: argparse.Namespace, base_urls: list[str] | None = 
                          system_prompt_file=args.system_prompt_file, tool_choice=args.tool_choice)
 
 
-def add_judge_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
-    """--base-url/--model of a judge (`prefix` "judge-" in the benchmark, where the agent has its own)."""
+def add_judge_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> argparse.ArgumentParser:
+    """The one set of judge-engine flags (the fields of JudgeSettings), for every command that asks a judge:
+    eval/fac.py, eval/judge_agreement.py, eval/sowr.py and `mirrorapi benchmark` (`prefix` "judge-" there,
+    where the agent has flags of its own)."""
     parser.add_argument(f"--{prefix}base-url", required=True, nargs="+", metavar="URL",
-                        help="OpenAI-compatible base URL(s) of the judge engine.")
+                        help="OpenAI-compatible base URL(s) of the judge engine, e.g. http://127.0.0.1:12345/v1.")
     parser.add_argument(f"--{prefix}model", required=True, help="The judge's model name on that engine.")
     parser.add_argument(f"--{prefix}api-key", default="EMPTY", help="API key of the judge engine (default EMPTY).")
     parser.add_argument(f"--{prefix}concurrency", type=int, default=None,
-                        help="Judge requests in flight (default: 16 on vLLM, 2 on other engines).")
+                        help="Judge requests in flight (default: 16 on vLLM, 2 on `transformers serve` and other "
+                             "engines, which work on one request at a time).")
     parser.add_argument(f"--{prefix}max-tokens", type=int, default=256, help="Tokens per judge output (default 256).")
+    parser.add_argument(f"--{prefix}temperature", type=float, default=0.0, help="Judge temperature (default 0).")
+    parser.add_argument(f"--{prefix}timeout", type=float, default=120.0,
+                        help="Seconds per judge call, retries included (default 120).")
+    return parser
 
 
 def judge_settings_from(args: argparse.Namespace, prefix: str = "") -> JudgeSettings:
+    """JudgeSettings from the flags of `add_judge_arguments`; ValueError (one line) for values that cannot work."""
     value = lambda name: getattr(args, prefix.replace("-", "_") + name)  # noqa: E731
-    concurrency = value("concurrency")
+    if (value("concurrency") is not None and value("concurrency") < 1) or value("max_tokens") < 1:
+        raise ValueError(f"--{prefix}concurrency and --{prefix}max-tokens must be at least 1")
+    if value("timeout") <= 0:
+        raise ValueError(f"--{prefix}timeout must be positive")
     return JudgeSettings(base_urls=value("base_url"), model=value("model"), api_key=value("api_key"),
-                         concurrency=None if concurrency is None else max(1, concurrency),
-                         max_tokens=max(1, value("max_tokens")))
+                         concurrency=value("concurrency"), max_tokens=value("max_tokens"),
+                         temperature=value("temperature"), timeout=value("timeout"))
 
 
 def sowr_parser(description: str) -> argparse.ArgumentParser:

@@ -16,42 +16,14 @@ from mirrorapi.evaluation.answer_files import AnswersError
 from mirrorapi.evaluation.fidelity import run_fidelity
 from mirrorapi.evaluation.fidelity_metrics import FidelityError
 from mirrorapi.evaluation.judge_agreement import render_markdown, run_agreement
-from mirrorapi.evaluation.judging import JUDGE_METRICS, JudgeRunError, JudgeSettings, run_scoring
+from mirrorapi.evaluation.cli_args import add_judge_arguments, judge_settings_from
+from mirrorapi.evaluation.judging import JUDGE_METRICS, JudgeRunError, run_scoring
 
 
 def command_parser(usage: str) -> argparse.ArgumentParser:
     """A parser whose description is the first line of the script's docstring and whose epilog is all of it."""
     return argparse.ArgumentParser(description=usage.splitlines()[0], epilog=usage,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-
-
-def add_judge_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The flags that say how to reach the judge engine and how to ask it (the fields of JudgeSettings)."""
-    parser.add_argument("--base-url", required=True, nargs="+", metavar="URL",
-                        help="OpenAI-compatible base URL(s) of the judge engine, e.g. http://127.0.0.1:12345/v1.")
-    parser.add_argument("--model", required=True, help="The judge's model name on that engine.")
-    parser.add_argument("--api-key", default="EMPTY", help="API key of the engine (default EMPTY).")
-    parser.add_argument("--concurrency", type=int, default=None,
-                        help="Judge requests in flight (default: 16 on vLLM, 2 on `transformers serve` and other "
-                             "engines, which work on one request at a time).")
-    parser.add_argument("--max-tokens", type=int, default=256, help="Tokens per judge output (default 256).")
-    parser.add_argument("--temperature", type=float, default=0.0, help="Judge temperature (default 0).")
-    parser.add_argument("--timeout", type=float, default=120.0, help="Seconds per judge call, retries included.")
-    return parser
-
-
-def _judge_settings(args: argparse.Namespace) -> JudgeSettings:
-    return JudgeSettings(base_urls=args.base_url, model=args.model, api_key=args.api_key,
-                         concurrency=args.concurrency, max_tokens=args.max_tokens, temperature=args.temperature,
-                         timeout=args.timeout)
-
-
-def _at_least_one(args: argparse.Namespace, *flags: str) -> str | None:
-    """The one-line error when one of `flags` (dest names) is below 1, else None (None values are defaults)."""
-    if any(getattr(args, flag) is not None and getattr(args, flag) < 1 for flag in flags):
-        names = [f"--{flag.replace('_', '-')}" for flag in flags]
-        return f"{', '.join(names[:-1])} and {names[-1]} must be at least 1"
-    return None
 
 
 def _fail(message: str) -> int:
@@ -76,7 +48,7 @@ def fac_parser(usage: str) -> argparse.ArgumentParser:
     parser = command_parser(usage)
     parser.add_argument("--answers", required=True, help="A converted answer file <model>/<group>.json, or a folder.")
     parser.add_argument("--ids", required=True, help="A test_query_ids (or test_instruction) file, or a folder.")
-    add_judge_engine_arguments(parser)
+    add_judge_arguments(parser)
     parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
     parser.add_argument("--metric", choices=sorted(JUDGE_METRICS), default="fac", help="fac (default) or sopr.")
     parser.add_argument("--repeats", type=int, default=1, help="Judge each answer N times; mean ± std (default 1).")
@@ -88,12 +60,12 @@ def fac_parser(usage: str) -> argparse.ArgumentParser:
 def fac_command(argv: list[str] | None, usage: str) -> int:
     args = fac_parser(usage).parse_args(argv)
     _log_to_stderr()
-    if problem := _at_least_one(args, "repeats", "concurrency", "max_tokens"):
-        return _fail(problem)
+    if args.repeats < 1:
+        return _fail("--repeats must be at least 1")
     try:
-        run = run_scoring(args.answers, args.ids, _judge_settings(args), args.out, metric=args.metric,
+        run = run_scoring(args.answers, args.ids, judge_settings_from(args), args.out, metric=args.metric,
                           repeats=args.repeats, overwrite=args.overwrite, progress=not args.no_progress)
-    except (AnswersError, JudgeRunError) as exc:
+    except (ValueError, AnswersError, JudgeRunError) as exc:
         return _fail(str(exc))
     print((Path(args.out) / f"{args.metric}.md").read_text(encoding="utf-8"))
     return _judge_failures(run.failures)
@@ -104,7 +76,7 @@ def judge_agreement_parser(usage: str) -> argparse.ArgumentParser:
     parser = command_parser(usage)
     parser.add_argument("--labelled", required=True, nargs="+", metavar="FILE.jsonl",
                         help="Labelled answers in the judge schema.")
-    add_judge_engine_arguments(parser)
+    add_judge_arguments(parser)
     parser.add_argument("--out", default="runs/judge-agreement", help="Output folder (default runs/judge-agreement).")
     parser.add_argument("--limit", type=int, default=None, help="Judge only the first N records of each source.")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
@@ -114,12 +86,12 @@ def judge_agreement_parser(usage: str) -> argparse.ArgumentParser:
 def judge_agreement_command(argv: list[str] | None, usage: str) -> int:
     args = judge_agreement_parser(usage).parse_args(argv)
     _log_to_stderr()
-    if problem := _at_least_one(args, "concurrency", "max_tokens", "limit"):
-        return _fail(problem)
+    if args.limit is not None and args.limit < 1:
+        return _fail("--limit must be at least 1")
     try:
-        report, failures = run_agreement(args.labelled, _judge_settings(args), args.out, limit=args.limit,
+        report, failures = run_agreement(args.labelled, judge_settings_from(args), args.out, limit=args.limit,
                                          progress=not args.no_progress)
-    except (AnswersError, JudgeRunError) as exc:
+    except (ValueError, AnswersError, JudgeRunError) as exc:
         return _fail(str(exc))
     print(render_markdown(report))
     return _judge_failures(failures)
