@@ -16,7 +16,7 @@ import time
 from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records, read_labelled
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
-from mirrorapi.prompts import SIMULATOR_FORMATS
+from mirrorapi.prompts import HISTORY_CHAR_BUDGET, SESSION_FORMAT, SIMULATOR_FORMATS
 from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import RegistryError, ToolRegistry
 
@@ -60,6 +60,11 @@ def simulator_sft_parser(usage: str) -> argparse.ArgumentParser:
     parser.add_argument("--system-prompt-file", help="System prompt for the stabletoolbench formats.")
     parser.add_argument("--few-shot", type=int, default=0,
                         help="Real examples of the same API per prompt; match the server's `few_shot` setting.")
+    parser.add_argument("--history", type=int, default=0, metavar="K",
+                        help="Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, "
+                             "chosen automatically); match the server's `session_history`.")
+    parser.add_argument("--history-char-budget", type=int, default=HISTORY_CHAR_BUDGET,
+                        help="Most characters of history per prompt; match the server's `session_char_budget`.")
     parser.add_argument("--ood-fraction", type=float, default=0.05, help="Share of APIs held out (test_ood).")
     parser.add_argument("--id-fraction", type=float, default=0.05,
                         help="Share of the other episodes held out (test_id).")
@@ -78,8 +83,10 @@ def build_simulator_sft_command(argv: list[str] | None, usage: str) -> int:
     bad: list[str] = []
     try:
         system_prompt = open(args.system_prompt_file, encoding="utf-8").read() if args.system_prompt_file else None
-        options = SimulatorDataOptions(args.prompt_format, system_prompt, args.few_shot,
-                                       ood_fraction=args.ood_fraction, id_fraction=args.id_fraction, seed=args.seed)
+        prompt_format = SESSION_FORMAT if args.history and args.prompt_format == "mirrorapi-v1" else args.prompt_format
+        options = SimulatorDataOptions(prompt_format, system_prompt, args.few_shot,
+                                       ood_fraction=args.ood_fraction, id_fraction=args.id_fraction, seed=args.seed,
+                                       history=args.history, history_char_budget=args.history_char_budget)
         options.check()
         registry = ToolRegistry.load(args.tools)
         sources = [read_pairs_jsonl(p, bad.append) for p in args.pairs]

@@ -9,6 +9,10 @@ rules, each counted in `stats.json`:
 - a call seen before (same API, same canonical arguments, `mirrorapi.records.canonical_json`) is
   dropped; the first one in input order is kept, and conflicting answers are counted apart;
 - responses over the server's budget are cut the way the server cuts them (`truncate_response`).
+With `history` K > 0 (format `mirrorapi-session-v1`), each prompt also shows the earlier calls of its
+episode (every earlier step that resolved and was not a transport failure, duplicates included, as
+the server's session would hold them), newest first, chosen by `select_history` with the server's
+budget; a call is then a duplicate only when its earlier calls are the same too.
 Then `mirrorapi.data.splits.split_episodes` holds out APIs (`test_ood`) and calls of seen APIs (`test_id`).
 
 The output folder is a `datasets.DatasetDict` (`load_from_disk`) with a `stats.json` beside its splits.
@@ -33,8 +37,12 @@ from mirrorapi.data.transport_failures import in_band_error, transport_failure
 from mirrorapi.few_shot import candidate_pool, select_examples
 from mirrorapi.prompts import (
     DEFAULT_SIMULATOR_FORMAT,
+    HISTORY_CHAR_BUDGET,
     RESPONSE_CHAR_BUDGET,
+    SESSION_FORMAT,
     SIMULATOR_FORMATS,
+    history_line,
+    select_history,
     simulator_messages,
     truncate_response,
 )
@@ -57,11 +65,18 @@ class SimulatorDataOptions:
     ood_fraction: float = 0.05  # share of distinct APIs held out entirely (test_ood)
     id_fraction: float = 0.05  # share of the remaining episodes held out (test_id)
     seed: int = 42
+    history: int = 0  # earlier calls of the episode per prompt (format mirrorapi-session-v1); the server's session_history
+    history_char_budget: int = HISTORY_CHAR_BUDGET  # the server's session_char_budget
 
     def check(self) -> None:
         if self.prompt_format not in SIMULATOR_FORMATS:
             raise ValueError(f"unknown prompt format {self.prompt_format!r}; known: {', '.join(SIMULATOR_FORMATS)}")
-        if self.prompt_format != "mirrorapi-v1" and not self.system_prompt:
+        if (self.history > 0) != (self.prompt_format == SESSION_FORMAT):
+            raise ValueError(f"history > 0 goes with prompt format {SESSION_FORMAT!r} and only with it "
+                             f"(got history={self.history}, prompt format {self.prompt_format!r})")
+        if self.history < 0 or self.history_char_budget <= 0:
+            raise ValueError("history must be >= 0 and history_char_budget > 0")
+        if self.prompt_format not in ("mirrorapi-v1", SESSION_FORMAT) and not self.system_prompt:
             raise ValueError(f"prompt format {self.prompt_format!r} needs a system prompt file")
         if self.few_shot < 0:
             raise ValueError(f"few_shot must be >= 0, got {self.few_shot}")
@@ -81,24 +96,11 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
     truncated = 0
     unknown_examples: list[str] = []
     seen: dict[tuple, tuple] = {}
-    kept: list[tuple] = []  # (doc, arguments, error, response, pair, kind)
-    for pair in tqdm(pairs, desc="pairs", unit=" pairs", disable=None if progress else True, mininterval=1.0):
-        read[pair["source"]] += 1
-        doc = pair.get("doc")
-        try:
-            doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
-        except UnknownName:
-            if doc is None:
-                dropped["unknown_api"] += 1
-                if len(unknown_examples) < 10:
-                    unknown_examples.append(f"{pair['category']}/{pair['tool_name']}/{pair['api_name']}")
-                continue
+    kept: list[tuple] = []  # (doc, arguments, error, response, pair, kind, arguments key, history)
+    for pair, doc, history in _with_history(pairs, registry, options, read, dropped, transport, unknown_examples,
+                                            progress):
         error, response = pair["response"]["error"], pair["response"]["response"]
-        failure = transport_failure(error, response)
-        if failure:
-            transport[failure] += 1
-            continue
-        key = (doc.category, doc.tool, doc.api, canonical_json(pair["tool_input"]))
+        key = (doc.category, doc.tool, doc.api, canonical_json(pair["tool_input"]), *history)
         observation = (error, canonical_json(response))
         if key in seen:
             dropped["duplicate" if seen[key] == observation else "duplicate_conflicting"] += 1
@@ -108,10 +110,10 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
         truncated += cut is not response
         kind = "error" if error else "in_band_error" if in_band_error(response) else "success"
         kept_kinds[kind] += 1
-        kept.append((doc, pair["tool_input"], error, cut, pair, kind, key[3]))
+        kept.append((doc, pair["tool_input"], error, cut, pair, kind, key[3], history))
 
     indices = split_episodes([(d.category, d.tool, d.api) for d, *_ in kept],
-                             [(p["source"], p["episode"]) for _, _, _, _, p, _, _ in kept],
+                             [(e[4]["source"], e[4]["episode"]) for e in kept],
                              options.ood_fraction, options.id_fraction, options.seed)
     examples = _example_picker(kept, indices["train"], options)
     splits = {name: [_render(kept[i], options, examples(i)) for i in members] for name, members in indices.items()}
@@ -132,6 +134,43 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
     return splits, stats
 
 
+def _with_history(pairs: Iterable[dict], registry: ToolRegistry, options: SimulatorDataOptions, read: Counter,
+                  dropped: Counter, transport: Counter, unknown_examples: list[str], progress: bool):
+    """(pair, doc, history) of the pairs that resolve and are not transport failures, in input order;
+    `history`: the prompt's lines of the episode's earlier steps (empty without `options.history`)."""
+    usable: list[tuple[dict, object]] = []
+    for pair in tqdm(pairs, desc="pairs", unit=" pairs", disable=None if progress else True, mininterval=1.0):
+        read[pair["source"]] += 1
+        doc = pair.get("doc")
+        try:
+            doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
+        except UnknownName:
+            if doc is None:
+                dropped["unknown_api"] += 1
+                if len(unknown_examples) < 10:
+                    unknown_examples.append(f"{pair['category']}/{pair['tool_name']}/{pair['api_name']}")
+                continue
+        failure = transport_failure(pair["response"]["error"], pair["response"]["response"])
+        if failure:
+            transport[failure] += 1
+            continue
+        usable.append((pair, doc))
+    if not options.history:
+        return [(pair, doc, ()) for pair, doc in usable]
+    episodes: dict[tuple, list[tuple[int, str]]] = {}
+    for pair, doc in usable:
+        line = history_line(doc.tool, doc.api, pair["tool_input"], pair["response"]["error"],
+                            pair["response"]["response"])
+        episodes.setdefault((pair["source"], pair["episode"]), []).append((int(pair["step"]), line))
+    for steps in episodes.values():
+        steps.sort(key=lambda item: item[0])
+    out = []
+    for pair, doc in usable:
+        earlier = [line for step, line in episodes[(pair["source"], pair["episode"])] if step < int(pair["step"])]
+        out.append((pair, doc, tuple(select_history(earlier, options.history, options.history_char_budget))))
+    return out
+
+
 def _example_picker(kept: list[tuple], train: list[int], options: SimulatorDataOptions):
     """index -> few-shot examples: the server's own choice (`select_examples` over `candidate_pool`, the
     one candidate order) among the training calls of the same API, as its cache would hold them after
@@ -141,7 +180,7 @@ def _example_picker(kept: list[tuple], train: list[int], options: SimulatorDataO
 
     by_api: dict[tuple, list[tuple[str, str]]] = {}
     for i in train:
-        doc, _, error, _, pair, _, arguments_key = kept[i]
+        doc, _, error, _, pair, _, arguments_key, _ = kept[i]
         # As `import_pairs` stores the call in the server's cache: the observation whole, uncut.
         observation = observation_json(error, pair["response"]["response"])
         by_api.setdefault((doc.category, doc.tool, doc.api), []).append((arguments_key, observation))
@@ -155,10 +194,11 @@ def _example_picker(kept: list[tuple], train: list[int], options: SimulatorDataO
 
 
 def _render(entry: tuple, options: SimulatorDataOptions, examples: list[tuple[dict, dict]]) -> dict:
-    doc, arguments, error, response, pair, kind, arguments_key = entry
+    doc, arguments, error, response, pair, kind, arguments_key, history = entry
     return {
         "prompt": simulator_messages(doc, arguments, examples, fmt=options.prompt_format,
-                                     system_prompt=options.system_prompt),
+                                     system_prompt=options.system_prompt,
+                                     history=list(history) if options.history else None),
         "completion": [{"role": "assistant", "content": observation_json(error, response)}],
         "prompt_format": options.prompt_format,
         "source": pair["source"], "episode": str(pair["episode"]), "step": int(pair["step"]),

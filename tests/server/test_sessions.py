@@ -6,7 +6,9 @@ import sqlite3
 
 import pytest
 
+from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
 from mirrorapi.prompts import SESSION_FORMAT, history_line, select_history, simulator_messages
+from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.serving.cache import ResponseCache, import_pairs
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.sessions import EMPTY_HISTORY, Session
@@ -118,3 +120,24 @@ def test_recorded_answer_wins_inside_a_session(serve, samples, engine_down, tmp_
         missing = server.client.post("/virtual", json=body(*BALANCE[:3], {"token": "nope"}), headers=headers).json()
         assert missing["error"].startswith("Failed to generate fake response")
     assert ResponseCache(tmp_path / "c.sqlite").session_count() == 0
+
+
+def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_path):
+    """`--history K` training prompts == the prompts a server sends when the episode is replayed in a session."""
+    episode = sorted((p for p in read_pairs_jsonl(samples / "pairs.jsonl") if p["episode"] == "gen-00133"),
+                     key=lambda p: p["step"])
+    assert len(episode) == 4
+    registry = ToolRegistry.load([samples / "tools"])
+    options = SimulatorDataOptions(SESSION_FORMAT, history=2, history_char_budget=4096, ood_fraction=0, id_fraction=0)
+    splits, _ = build_simulator_records(episode, registry, options)
+    records = {r["step"]: r for r in splits["train"]}
+    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")], "session_history": 2}, environ={})
+    simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    session = Session(keep=settings.session_history)
+    for pair in episode:
+        doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
+        served = simulator.messages(doc, pair["tool_input"], session.history(2, settings.session_char_budget))
+        assert served == records[pair["step"]]["prompt"], pair["step"]
+        session.record(doc.tool, doc.api, pair["tool_input"], **pair["response"])
+    assert "(none)" in records[0]["prompt"][1]["content"]
+    assert records[3]["prompt"][1]["content"].count('{"tool":') == 2  # K = 2 of the 3 earlier calls
