@@ -111,6 +111,15 @@ def fidelity_parser(usage: str) -> argparse.ArgumentParser:
                         help="Tool docs (folders or files) for schema conformance.")
     parser.add_argument("--embedding-model", default=None, metavar="PATH",
                         help="A local transformers model folder for embedding cosine (optional).")
+    parser.add_argument("--history", choices=("off", "on", "both"), default="off",
+                        help="off: each call alone; on: one session per episode (X-Session-Id); both: both passes, "
+                             "with per-step fidelity and the consistency score of each (default off).")
+    parser.add_argument("--heldout-episodes", action="store_true",
+                        help="Keep only the episodes data/build_simulator_sft.py holds out (test_id, test_ood; "
+                             "default fractions and seed); needs --tools.")
+    parser.add_argument("--heldout-history", type=int, default=0, metavar="K",
+                        help="The --history K the SFT set was built with (its split depends on it; default 0).")
+    parser.add_argument("--max-episodes", type=int, default=None, metavar="N", help="Replay the first N episodes only.")
     parser.add_argument("--concurrency", type=int, default=8, help="Episodes replayed at once (default 8).")
     parser.add_argument("--timeout", type=float, default=120.0, help="Seconds per request (default 120).")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
@@ -128,7 +137,8 @@ def fidelity_command(argv: list[str] | None, usage: str) -> int:
     try:
         run_fidelity(args.pairs, args.server, args.out, baseline_pairs=args.baseline_pairs, tools=args.tools,
                      embedding_model=args.embedding_model, concurrency=args.concurrency, timeout=args.timeout,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, history=args.history, heldout_only=args.heldout_episodes,
+                     max_episodes=args.max_episodes, heldout_history=args.heldout_history)
     except FidelityError as exc:
         return _fail(str(exc))
     print((Path(args.out) / "fidelity.md").read_text(encoding="utf-8"))

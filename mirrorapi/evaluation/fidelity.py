@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from mirrorapi.evaluation.fidelity_metrics import Embedder, FidelityError, api_id, build_report, compare
 from mirrorapi.evaluation.fidelity_report import write_report
+from mirrorapi.evaluation.sessions import heldout_episodes, history_report, render_history_markdown
 from mirrorapi.few_shot import argument_similarity
 from mirrorapi.records import SourceError, read_pairs_jsonl
 from mirrorapi.tools import RegistryError, ToolRegistry
@@ -83,9 +85,9 @@ def request_body(pair: dict) -> dict:
             "toolbench_key": ""}
 
 
-async def _post(client: httpx.AsyncClient, url: str, pair: dict) -> dict:
+async def _post(client: httpx.AsyncClient, url: str, pair: dict, session: str | None = None) -> dict:
     try:
-        answer = await client.post(url, json=request_body(pair))
+        answer = await client.post(url, json=request_body(pair), headers={"X-Session-Id": session} if session else None)
     except httpx.HTTPError as exc:
         return {"error": f"request failed: {type(exc).__name__}: {exc}", "response": "", "failed": True}
     try:
@@ -100,8 +102,9 @@ async def _post(client: httpx.AsyncClient, url: str, pair: dict) -> dict:
 
 
 async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: float = 120.0,
-                 progress: bool = True) -> tuple[list[dict], int | None]:
+                 progress: bool = True, sessions: str | None = None) -> tuple[list[dict], int | None]:
     """The server's observation for every pair (same order); episodes in step order, several at once.
+    With `sessions` (a prefix), each episode is one session: `X-Session-Id: <prefix><source>/<episode>`.
 
     Also returns the number of cache entries the server reported before the replay (its `/health`),
     or None when it does not say: a cache that is not empty may answer held-out calls from memory.
@@ -128,7 +131,9 @@ async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: 
         async def run_episode(indices: list[int]) -> None:
             async with semaphore:
                 for index in sorted(indices, key=lambda i: pairs[i]["step"]):
-                    results[index] = await _post(client, url, pairs[index])
+                    pair = pairs[index]
+                    session = f"{sessions}{pair['source']}/{pair['episode']}" if sessions is not None else None
+                    results[index] = await _post(client, url, pair, session)
                     bar.update()
         try:
             await asyncio.gather(*(run_episode(indices) for indices in episodes.values()))
@@ -149,18 +154,46 @@ def _cache_entries(health: httpx.Response) -> int | None:
 
 def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline_pairs: list[str] = (),
                  tools: list[str] = (), embedding_model: str | None = None, concurrency: int = 8,
-                 timeout: float = 120.0, progress: bool = True) -> dict:
-    """Replay `pairs` through the server at `server`, score it and the baseline; write the report into `out`."""
+                 timeout: float = 120.0, progress: bool = True, history: str = "off", heldout_only: bool = False,
+                 max_episodes: int | None = None, heldout_history: int = 0) -> dict:
+    """Replay `pairs` through the server at `server`, score it and the baseline; write the report into `out`.
+
+    `history`: `off` replays each call alone, `on` one session per episode, `both` does both and adds
+    the comparison (`mirrorapi.evaluation.sessions`; the main figures are then the `off` pass).
+    `heldout_only`: keep the episodes the SFT builder (`--history heldout_history`) holds out (needs
+    `tools`); `max_episodes`: the first N episodes.
+    """
     held_out = load_pairs(pairs)
-    baseline = NearestExample(load_pairs(baseline_pairs), held_out) if baseline_pairs else None
     try:
         registry = ToolRegistry.load(tools) if tools else None
     except RegistryError as exc:
         raise FidelityError(str(exc)) from exc
+    if heldout_only:
+        if registry is None:
+            raise FidelityError("--heldout-episodes needs --tools (the split is the SFT builder's)")
+        held_out = heldout_episodes(held_out, registry, max_episodes, heldout_history)
+    elif max_episodes is not None:
+        first = sorted({(p["source"], p["episode"]) for p in held_out})[:max_episodes]
+        held_out = [p for p in held_out if (p["source"], p["episode"]) in set(first)]
+    if not held_out:
+        raise FidelityError("no held-out calls to replay")
+    baseline = NearestExample(load_pairs(baseline_pairs), held_out) if baseline_pairs else None
     embedder = Embedder(embedding_model) if embedding_model else None  # loaded before the replay: fail early
-    simulated, cache_entries = asyncio.run(replay(held_out, server, concurrency, timeout, progress))
-    rows = compare(held_out, simulated, baseline, registry, embedder)
+    passes = {}
+    cache_entries = None
+    session_prefix = f"fidelity-{os.getpid()}-{time.time():.0f}:"  # new sessions on every run
+    for name in {"off": ("without",), "on": ("with",), "both": ("without", "with")}[history]:
+        sessions = session_prefix if name == "with" else None
+        simulated, entries = asyncio.run(replay(held_out, server, concurrency, timeout, progress, sessions))
+        cache_entries = entries if cache_entries is None else cache_entries
+        passes[name] = (simulated, compare(held_out, simulated, baseline, registry, embedder))
+    rows = passes["without" if "without" in passes else "with"][1]
     report = build_report(rows, server, baseline is not None)
-    report.update(cache_entries_at_start=cache_entries, tools=[str(t) for t in tools])
+    report.update(cache_entries_at_start=cache_entries, tools=[str(t) for t in tools], history=history)
+    if history == "both":
+        report["sessions"] = history_report(held_out, passes)
     write_report(Path(out), report, rows)
+    if history == "both":
+        with open(Path(out) / "fidelity.md", "a", encoding="utf-8") as fh:
+            fh.write(render_history_markdown(report["sessions"]))
     return report

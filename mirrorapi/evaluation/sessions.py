@@ -1,0 +1,155 @@
+"""Episodes replayed with and without session history: per-step fidelity and a consistency score.
+
+The same held-out episodes are replayed twice through one server: once call by call (no session,
+each miss simulated alone) and once with one session per episode (`X-Session-Id`: the simulator
+sees the episode's earlier calls and answers). Both passes are scored like any fidelity run
+(`fidelity_metrics.compare`), and in addition:
+
+- **per-step fidelity**: the metrics by position in the episode (step 0, 1, 2, 3+). History can
+  only matter from step 1 on; step 0 is the control.
+- **consistency**: where a real answer repeats a value the episode produced earlier (an id, a
+  token, a name: from an earlier request or an earlier real answer), does the simulated answer
+  repeat it too (values of the `response` only: an error message is not a value)? A value from an earlier *request* is the same literal in the replay (requests are
+  replayed as recorded), so it counts when the simulated answer contains it. A value from an earlier
+  *answer* only has a simulated counterpart (the simulator made up its own token), so each such
+  value counts when the simulated answer repeats some value of the simulator's own earlier answers
+  (at most as many as the real answer repeats). Consistency = values repeated / values the real
+  answers repeat, over all steps. Values are the leaves of JSON answers (strings of 3+ characters,
+  numbers of 2+ digits) and, in long texts, tokens with a digit; a few words that every answer
+  holds (`success`, `true`, ...) do not count.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from typing import Any
+
+from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
+from mirrorapi.evaluation.fidelity_metrics import slice_metrics
+from mirrorapi.prompts import SESSION_FORMAT
+from mirrorapi.tools import ToolRegistry
+
+STEP_BUCKETS = ("0", "1", "2", "3+")
+_COMMON = {"success", "true", "false", "null", "none", "error", "failed", "str", "int", "float", "list"}
+_TOKEN = re.compile(r"[A-Za-z0-9][\w@.:/-]{3,}")
+
+
+def heldout_episodes(pairs: list[dict], registry: ToolRegistry, max_episodes: int | None = None,
+                     history: int = 0) -> list[dict]:
+    """The pairs of the episodes `data/build_simulator_sft.py --history <history>` (default fractions
+    and seed; the split depends on `--history`, through deduplication) holds out as test_id /
+    test_ood, whole episodes; the first `max_episodes` by (source, episode)."""
+    options = SimulatorDataOptions(SESSION_FORMAT, history=history) if history else SimulatorDataOptions()
+    splits, _ = build_simulator_records(pairs, registry, options)
+    held = sorted({(r["source"], r["episode"]) for name in ("test_id", "test_ood") for r in splits[name]})
+    if max_episodes is not None:
+        held = held[:max_episodes]
+    chosen = set(held)
+    return [p for p in pairs if (p["source"], str(p["episode"])) in chosen]
+
+
+def values(obj: Any) -> set[str]:
+    """The values of an answer or a request that could be carried to a later call (see the module doc)."""
+    found: set[str] = set()
+
+    def walk(item: Any) -> None:
+        if isinstance(item, dict):
+            for value in item.values():
+                walk(value)
+        elif isinstance(item, list):
+            for value in item:
+                walk(value)
+        elif isinstance(item, bool) or item is None:
+            return
+        elif isinstance(item, (int, float)):
+            if abs(item) >= 10 or item != int(item):
+                found.add(f"{item:g}" if isinstance(item, float) else str(item))
+        elif isinstance(item, str):
+            text = item.strip()
+            if text[:1] in "[{":
+                try:
+                    return walk(json.loads(text))
+                except ValueError:
+                    pass
+            if len(text) > 40:
+                found.update(t for t in _TOKEN.findall(text) if any(c.isdigit() for c in t))
+            elif len(text) >= 3 and text.lower() not in _COMMON:
+                found.add(text)
+    walk(obj)
+    return found
+
+
+def consistency(pairs: list[dict], observations: list[dict]) -> dict:
+    """How often a side repeats what the episode produced earlier where the real answer does (module doc)."""
+    episodes: dict[tuple, list[int]] = defaultdict(list)
+    for index, pair in enumerate(pairs):
+        episodes[(pair["source"], pair["episode"])].append(index)
+    carried = repeated = steps = 0
+    for indices in episodes.values():
+        requests: set[str] = set()
+        real_answers: set[str] = set()
+        side_answers: set[str] = set()
+        for index in sorted(indices, key=lambda i: pairs[i]["step"]):
+            pair, side = pairs[index], observations[index]
+            real_now, side_now = values(pair["response"]["response"]), values((side or {}).get("response"))
+            from_requests = real_now & requests
+            from_answers = (real_now & real_answers) - requests
+            if from_requests or from_answers:
+                steps += 1
+                carried += len(from_requests) + len(from_answers)
+                repeated += len(from_requests & side_now)
+                repeated += min(len(from_answers), len((side_now & side_answers) - requests))
+            requests |= values(pair["tool_input"])
+            real_answers |= real_now
+            side_answers |= side_now
+    return {"score": round(100.0 * repeated / carried, 2) if carried else None, "steps": steps,
+            "values_carried": carried, "values_repeated": repeated}
+
+
+def step_bucket(step: int) -> str:
+    return STEP_BUCKETS[min(int(step), 3)]
+
+
+def per_step(rows: list[dict]) -> dict:
+    by_bucket: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_bucket[step_bucket(row["step"])].append(row)
+    return {bucket: slice_metrics(by_bucket[bucket], "simulated") for bucket in STEP_BUCKETS if by_bucket[bucket]}
+
+
+def history_report(pairs: list[dict], passes: dict[str, tuple[list[dict], list[dict]]]) -> dict:
+    """`passes`: name ("without", "with") -> (observations, compared rows) of one replay."""
+    return {"episodes": len({(p["source"], p["episode"]) for p in pairs}), "calls": len(pairs),
+            **{name: {"overall": slice_metrics(rows, "simulated"), "per_step": per_step(rows),
+                      "consistency": consistency(pairs, observations)}
+               for name, (observations, rows) in passes.items()}}
+
+
+def _cell(value) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def render_history_markdown(report: dict) -> str:
+    lines = ["", "## With and without session history", "",
+             f"{report['episodes']} held-out episodes ({report['calls']} calls) replayed twice: each call alone, "
+             "then one session per episode (`X-Session-Id`).", "",
+             "| replay | step | calls | ROUGE-L | BLEU-4 | error agreement | valid JSON |", "|---|---|---|---|---|---|---|"]
+    for name in ("without", "with"):
+        if name not in report:
+            continue
+        for bucket, metrics in [("all", report[name]["overall"])] + list(report[name]["per_step"].items()):
+            lines.append(f"| {name} history | {bucket} | {metrics['n']} | {_cell(metrics.get('rouge_l'))} | "
+                         f"{_cell(metrics.get('bleu4'))} | {_cell(metrics.get('error_agreement'))} | "
+                         f"{_cell(metrics.get('valid_json'))} |")
+    lines += ["", "| replay | consistency | steps that carry values | values carried | values repeated |",
+              "|---|---|---|---|---|"]
+    for name in ("without", "with"):
+        if name in report:
+            c = report[name]["consistency"]
+            lines.append(f"| {name} history | {_cell(c['score'])} | {c['steps']} | {c['values_carried']} | "
+                         f"{c['values_repeated']} |")
+    lines += ["", "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, "
+              "the share the simulated answer repeats (`mirrorapi.evaluation.sessions`)."]
+    return "\n".join(lines) + "\n"
