@@ -159,7 +159,7 @@ def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: i
 
 
 def one_run(args, work: Path, base_cache: Path, hit_bodies: Path, miss_bodies: list, engine_port: int) -> dict:
-    from mirrorapi.processes import free_port
+    from mirrorapi.processes import free_port, wait_until_ready
 
     cache = work / "cache.sqlite"
     shutil.copy(base_cache, cache)
@@ -167,20 +167,12 @@ def one_run(args, work: Path, base_cache: Path, hit_bodies: Path, miss_bodies: l
     command = [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--tools-folder", args.tools,
                "--cache-path", str(cache), "--port", str(port), "--api-base", f"http://127.0.0.1:{engine_port}/v1",
                "--model", "stub"]
-    import httpx
-
     log = open(work / "server.log", "w")
     start = time.perf_counter()
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if server.poll() is not None or time.perf_counter() - start > 120:
-                    raise RuntimeError((work / "server.log").read_text()[-3000:]) from None
-                time.sleep(0.02)
+        wait_until_ready(f"http://127.0.0.1:{port}/health", 120, process=server, log_path=work / "server.log",
+                         interval=0.02)
         result = {"startup_s": time.perf_counter() - start}
         run_load(port, server.pid, hit_bodies, 16, 2000)  # warm-up
         result["hits_1"] = run_load(port, server.pid, hit_bodies, 1, args.requests // 4)
