@@ -56,13 +56,14 @@ def wait_until_ready(url: str, timeout: float, *, body: dict | None = None, proc
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"} if data is not None else {}
     last = "no answer yet"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
     while True:
         if process is not None and process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path and log_path.exists() else ""
             raise ProcessExited(f"exited with status {process.returncode} before answering {url}:\n{tail}")
         try:
             request = urllib.request.Request(url, data=data, headers=headers)
-            with urllib.request.urlopen(request, timeout=max(0.1, min(10.0, deadline - time.monotonic()))) as answer:
+            with opener.open(request, timeout=max(0.1, min(10.0, deadline - time.monotonic()))) as answer:
                 text = answer.read()
             try:
                 return json.loads(text)
