@@ -20,7 +20,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
+
+
+T = TypeVar("T")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -41,10 +44,24 @@ class ProcessExited(RuntimeError):
     """A child process ended before it answered; the message ends with the tail of its log."""
 
 
+def poll_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
+    """The one bounded wait of the project: call `check` every `interval` seconds until it returns something
+    other than None, and return that; TimeoutError naming `what` after `timeout` seconds. `check` raises
+    to stop early (a child that exited, an answer that will not change)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result is not None:
+            return result
+        if time.monotonic() + interval > deadline:
+            raise TimeoutError(f"{what} within {timeout:g} s")
+        time.sleep(interval)
+
+
 def wait_until_ready(url: str, timeout: float, *, body: dict | None = None, process: subprocess.Popen | None = None,
                      log_path: Path | None = None, interval: float = 0.2) -> Any:
-    """The one readiness poll: request `url` (GET, or POST `body` as JSON) until it answers 2xx, and
-    return the decoded JSON answer (None when not JSON). Bounded by `timeout` seconds.
+    """Request `url` (GET, or POST `body` as JSON) until it answers 2xx, and return the decoded JSON answer
+    (None when not JSON). Bounded by `timeout` seconds.
 
     Retried: refused connections, timeouts and 5xx (a server that is still loading). Not retried: a 4xx
     (a wrong model name does not fix itself), raised at once as RuntimeError. When `process` exits
@@ -52,12 +69,13 @@ def wait_until_ready(url: str, timeout: float, *, body: dict | None = None, proc
     The standard library's urllib, not an HTTP client package: the core needs no extra dependency
     for one request a few times a second.
     """
-    deadline = time.monotonic() + timeout
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"} if data is not None else {}
-    last = "no answer yet"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
-    while True:
+    deadline = time.monotonic() + timeout
+    last = ["no answer yet"]
+
+    def answered() -> tuple[Any] | None:
         if process is not None and process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path and log_path.exists() else ""
             raise ProcessExited(f"exited with status {process.returncode} before answering {url}:\n{tail}")
@@ -65,20 +83,24 @@ def wait_until_ready(url: str, timeout: float, *, body: dict | None = None, proc
             request = urllib.request.Request(url, data=data, headers=headers)
             with opener.open(request, timeout=max(0.1, min(10.0, deadline - time.monotonic()))) as answer:
                 text = answer.read()
-            try:
-                return json.loads(text)
-            except ValueError:
-                return None
         except urllib.error.HTTPError as exc:
             if exc.code < 500:
                 detail = exc.read()[:300].decode("utf-8", "replace")
                 raise RuntimeError(f"{url} answered HTTP {exc.code}: {detail}") from None
-            last = f"HTTP {exc.code}"
+            last[0] = f"HTTP {exc.code}"
+            return None
         except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
-            last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-        if time.monotonic() + interval > deadline:
-            raise TimeoutError(f"{url} did not answer within {timeout:g} s (last: {last})")
-        time.sleep(interval)
+            last[0] = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+            return None
+        try:
+            return (json.loads(text),)
+        except ValueError:
+            return (None,)
+
+    try:
+        return poll_until(answered, timeout, f"{url} did not answer", interval)[0]
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc} (last: {last[0]})") from None
 
 
 def wait_until_engine_answers(engine: RunningEngine, timeout: float) -> None:
@@ -87,6 +109,30 @@ def wait_until_engine_answers(engine: RunningEngine, timeout: float) -> None:
             "temperature": 0}
     wait_until_ready(engine.base_url + "/chat/completions", timeout, body=ping, process=engine.process,
                      log_path=engine.log_path, interval=0.5)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, port: int, host: str = "127.0.0.1", timeout: float = 30.0,
+                    **config: Any) -> Iterator[str]:
+    """An ASGI app on a real uvicorn in a background thread of this process (stand-in engines, replay
+    servers, test servers); yields `http://host:port` once uvicorn has started, stops it after the block."""
+    import uvicorn  # the serve extra's; only callers that serve import it
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **{"log_level": "warning", **config}))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+
+    def started() -> bool | None:
+        if not thread.is_alive():
+            raise RuntimeError(f"uvicorn on {host}:{port} stopped before it started")
+        return True if server.started else None
+
+    try:
+        poll_until(started, timeout, f"uvicorn on {host}:{port} did not start", interval=0.02)
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
 
 
 @contextlib.contextmanager

@@ -24,16 +24,15 @@ import asyncio
 import contextlib
 import itertools
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-import uvicorn
 from fastapi import FastAPI, Request
 
 from mirrorapi.names import api_key_name, standardize
+from mirrorapi.processes import serve_in_thread
 
 RECORDED_MODEL = "recorded-agent"
 
@@ -256,19 +255,8 @@ def serve_recorded_agent(recordings: dict[str, Recording] | list[str | Path], po
     if not isinstance(recordings, dict):
         recordings = load_recordings(recordings)
     agent = RecordedAgent(recordings, latency=latency)
-    server = uvicorn.Server(uvicorn.Config(agent.app(), host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the recorded agent engine did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://{host}:{port}/v1", agent
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_in_thread(agent.app(), port, host) as url:
+        yield url + "/v1", agent
 
 
 # ------------------------------------------------------------------------------ the recorded observations

@@ -14,18 +14,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
-import time
 from pathlib import Path
 from typing import Iterator
 
-import uvicorn
 
 from mirrorapi.evaluation.agent import AgentSettings
 from mirrorapi.evaluation.benchmark import AgentSpec, BenchmarkResult, run_benchmark
 from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.evaluation.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
-from mirrorapi.processes import free_port
+from mirrorapi.processes import free_port, serve_in_thread
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import ServerSettings
 
@@ -39,20 +36,8 @@ def replay_server(tools: list[Path], cache_folder: Path, workdir: Path) -> Itera
     settings = ServerSettings(api_base="http://127.0.0.1:9/v1", model="none", mode="replay", tools_folder=tools,
                               cache_folder=cache_folder, cache_path=workdir / "replay-cache.sqlite",
                               log_file=workdir / "replay-requests.log", log_level="warning", port=port)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the replay virtual server did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/virtual"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_in_thread(create_app(settings), port, timeout=60, access_log=False) as url:
+        yield url + "/virtual"
 
 
 def recorded_benchmark(stabletoolbench: str | os.PathLike, tools: str | os.PathLike, judge: JudgeSettings,

@@ -21,14 +21,13 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from mirrorapi.processes import free_port, stop, wait_until_ready
+from mirrorapi.processes import free_port, serve_in_thread, stop, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,16 +99,9 @@ class FaultyJudge:
 
 @pytest.fixture
 def faulty_judge():
-    import uvicorn
-
     judge = FaultyJudge("I cannot decide; the answer has some merits and some flaws.")
-    server = uvicorn.Server(uvicorn.Config(judge.app(), host="127.0.0.1", port=judge.port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until_ready(judge.base_url + "/models", 20)
-    yield judge
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(judge.app(), judge.port, timeout=20):
+        yield judge
 
 
 def start_virtual_server(folder: Path, samples: Path, api_base: str, model: str, **settings):

@@ -16,10 +16,9 @@ from typing import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from mirrorapi.names import api_key_name, standardize
-from mirrorapi.processes import free_port, wait_until_ready
+from mirrorapi.processes import free_port, serve_in_thread
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import load_settings
 
@@ -58,17 +57,10 @@ def running_server(graceful_shutdown: float | None = None, **settings) -> Iterat
     settings.setdefault("tools_folder", [str(SAMPLE_TOOLS)])
     port = free_port()
     app = create_app(load_settings(overrides={**settings, "port": port}, environ={}))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False,
-                                           timeout_graceful_shutdown=graceful_shutdown))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until_ready(f"http://127.0.0.1:{port}/health", 30)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            yield RunningServer(f"http://127.0.0.1:{port}", app, client)
-    finally:
-        server.should_exit = True
-        thread.join(15)
+    with serve_in_thread(app, port, log_config=None, log_level=None, access_log=False,
+                         timeout_graceful_shutdown=graceful_shutdown) as url, \
+            httpx.Client(base_url=url, timeout=60) as client:
+        yield RunningServer(url, app, client)
 
 
 def agent_body(category: str, tool: str, api: str, arguments: dict) -> dict:
