@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mirrorapi.evaluation.agent import AgentSettings, run_agent_async  # noqa: E402
-from mirrorapi.processes import free_port, stop  # noqa: E402
+from mirrorapi.processes import free_port, stop, wait_until_ready  # noqa: E402
 
 SAMPLES = REPO / "data" / "samples"
 STB = SAMPLES / "stabletoolbench"
@@ -53,19 +53,6 @@ def _stub_simulator(port: int) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.stub_engine(port)  # answers every chat completion after 50 ms
-
-
-def _wait(url: str, process, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() if hasattr(process, "poll") else not process.is_alive():
-            raise RuntimeError(f"{url}: process exited")
-        try:
-            httpx.get(url, timeout=2)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise TimeoutError(url)
 
 
 def main() -> None:
@@ -91,8 +78,8 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--config", str(config)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(f"http://127.0.0.1:{agent_port}/stats", agent)
-        _wait(f"http://127.0.0.1:{server_port}/health", server)
+        wait_until_ready(f"http://127.0.0.1:{agent_port}/stats", 60)
+        wait_until_ready(f"http://127.0.0.1:{server_port}/health", 60, process=server)
         settings = AgentSettings(server=f"http://127.0.0.1:{server_port}/virtual",
                                  base_urls=[f"http://127.0.0.1:{agent_port}/v1"], model="recorded-agent",
                                  concurrency=args.concurrency)

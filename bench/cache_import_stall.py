@@ -105,22 +105,9 @@ async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate:
             "import_output": output.decode().strip().splitlines()[-1][:300]}
 
 
-def _wait_ready(port: int, server: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit("the server exited at start-up")
-        try:
-            with __import__("socket").create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit("the server did not start")
-
-
 def one_import(args, work: Path, engine_port: int, name: str, import_command) -> dict:
     sys.path.insert(0, str(REPO))
-    from mirrorapi.processes import free_port
+    from mirrorapi.processes import free_port, wait_until_ready
     from mirrorapi.records import canonical_json
     from mirrorapi.serving.cache import ResponseCache, import_pairs
     from mirrorapi.tools import ToolRegistry
@@ -141,7 +128,7 @@ def one_import(args, work: Path, engine_port: int, name: str, import_command) ->
                                f"http://127.0.0.1:{engine_port}/v1", "--log-level", "warning",
                                "--missing-required", "simulate"])
     try:
-        _wait_ready(port, server)
+        wait_until_ready(f"http://127.0.0.1:{port}/health", 60, process=server)
         result = _under_import(port, hits, misses, args.rate, import_command(db))
         result = asyncio.run(result)
     finally:
