@@ -117,8 +117,8 @@ def plot(averages: dict[str, dict[str, float]], rows: list[str], path: Path) -> 
     width = 0.8 / len(metrics)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(rows)), 3.6))
     for i, metric in enumerate(metrics):
-        values = [averages[metric].get(row, 0.0) for row in rows]
-        bars = ax.bar([x + i * width for x in range(len(rows))], values, width,
+        present = [x for x, row in enumerate(rows) if row in averages[metric]]  # no SoWR bar for the reference
+        bars = ax.bar([x + i * width for x in present], [averages[metric][rows[x]] for x in present], width,
                       label={"sopr": "SoPR", "sowr": "SoWR", "fac": "FAC"}[metric])
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks([x + width * (len(metrics) - 1) / 2 for x in range(len(rows))], rows, rotation=15)
