@@ -363,11 +363,21 @@ def raw_answer_path(out: Path, group: str, query_id: str, method: str) -> Path:
     return out / ANSWER_DIR / group / f"{query_id}_{method}.json"
 
 
-def _finished(path: Path) -> bool:
+def _finished(path: Path) -> dict | None:
+    """The content of a finished raw answer file; None when absent or torn by an interrupted write (redo it)."""
     try:
-        return isinstance(json.loads(path.read_bytes()).get("answer_generation"), dict)
-    except (OSError, ValueError, AttributeError):
-        return False  # absent, or torn by an interrupted write: redo it
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("answer_generation"), dict) else None
+
+
+def _check_same_agent(data: dict, settings: AgentSettings, path: Path) -> None:
+    """A rerun resumes a run; it must not mix another model's answers into it."""
+    earlier = data.get("agent_settings")
+    if isinstance(earlier, dict) and (earlier.get("model"), earlier.get("method")) != (settings.model, settings.method):
+        raise AgentRunError(f"{path} holds an answer of model {earlier.get('model')!r} ({earlier.get('method')}), "
+                            f"not {settings.model!r} ({settings.method}); use another --out")
 
 
 def _write_atomically(path: Path, data: Any) -> None:
@@ -428,7 +438,10 @@ async def run_agent_async(queries: str | os.PathLike, settings: AgentSettings, o
     for group, items in groups.items():
         for item in items[:limit] if limit else items:
             qid = str(item.get("query_id"))
-            if _finished(raw_answer_path(out, group, qid, settings.method)):
+            path = raw_answer_path(out, group, qid, settings.method)
+            finished = _finished(path)
+            if finished is not None:
+                _check_same_agent(finished, settings, path)
                 skipped += 1
             else:
                 todo.append((group, qid, item))

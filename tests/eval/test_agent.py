@@ -176,6 +176,10 @@ def test_rerun_skips_finished_queries(recorded_runs, world, eval_cli, capsys):
         assert agent.requests == 3  # 608's three recorded steps only
         assert _run(eval_cli, world, base_url, "CoT@1", out) == 0
         assert agent.requests == 3
+        # Another model's run into the same folder is refused, not mixed in.
+        assert eval_cli("run_agent")(["--queries", str(world["queries"]), "--server", world["server"], "--base-url",
+                                      base_url, "--model", "other-model", "--out", str(out), "--no-progress"]) == 2
+        assert "holds an answer of model 'recorded-agent'" in capsys.readouterr().err
     assert "608" in json.loads((out / f"{GROUP}.json").read_text())
 
 
