@@ -38,9 +38,20 @@ from typing import Any
 from tqdm import tqdm
 
 from mirrorapi.engine_client import EngineClient, EngineError
-from mirrorapi.evaluation.agent_env import (FINAL_ANSWER, FINISH, GAVE_UP, GIVE_UP, NO_SUCH_FUNCTION, QueryError,
-                                            QueryTools, VirtualClient, VirtualServerError, cut_observation,
-                                            finish_status, query_tools, unknown_function_observation)
+from mirrorapi.evaluation.agent_env import (
+    FINAL_ANSWER,
+    FINISH,
+    GAVE_UP,
+    NO_SUCH_FUNCTION,
+    QueryError,
+    QueryTools,
+    VirtualClient,
+    VirtualServerError,
+    cut_observation,
+    finish_status,
+    query_tools,
+    unknown_function_observation,
+)
 from mirrorapi.evaluation.answer_convert import convert_answer_folder
 from mirrorapi.evaluation.judging import engine_concurrency
 from mirrorapi.prompts import agent_diversity_message, agent_messages
@@ -107,7 +118,7 @@ def check_method(method: str) -> int:
 class Node:
     node_type: str  # Thought | Action | Action Input
     description: str = ""
-    parent: "Node | None" = None
+    parent: Node | None = None
     depth: int = 0
     observation: str = ""
     observation_code: int | None = None
@@ -118,7 +129,7 @@ class Node:
     messages: list = field(default_factory=list)  # the conversation up to this node (shared dicts)
     children: list = field(default_factory=list)
 
-    def child(self, node_type: str, description: str, messages: list) -> "Node":
+    def child(self, node_type: str, description: str, messages: list) -> Node:
         node = Node(node_type, description, parent=self, depth=self.depth + 1, messages=messages)
         self.children.append(node)
         return node
@@ -140,7 +151,7 @@ class Node:
             out["children"] = [c.to_json(True) for c in self.children]
         return out
 
-    def path(self) -> list["Node"]:
+    def path(self) -> list[Node]:
         """The nodes from the root's first child down to this node."""
         nodes, node = [], self
         while node.parent is not None:

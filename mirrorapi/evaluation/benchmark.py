@@ -106,10 +106,10 @@ def _averages(scores: Path) -> dict[str, dict[str, float]]:
 
 def plot(averages: dict[str, dict[str, float]], rows: list[str], path: Path) -> Path | None:
     """Grouped bars: one group per row (agent × method), one bar per metric's Average."""
-    import matplotlib  # noqa: PLC0415  (a plotting backend is chosen before pyplot is imported)
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     metrics = [m for m in ("sopr", "sowr", "fac") if m in averages]
     if not metrics or not rows:
@@ -137,8 +137,8 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
     averages = _averages(scores)
     image = plot(averages, rows, out / "report.png")
     lines = ["# Benchmark report", "",
-             f"Judge `{judge.model}` ({', '.join(judge.base_urls)}); {repeats} round(s) for SoPR and SoWR; "
-             f"SoWR reference `{reference}`.", "", "## SoPR", "", *_table_lines(scores / "sopr.md"), "",
+             (f"Judge `{judge.model}` ({', '.join(judge.base_urls)}); {repeats} round(s) for SoPR and SoWR; "
+             f"SoWR reference `{reference}`."), "", "## SoPR", "", *_table_lines(scores / "sopr.md"), "",
              "## SoWR", "", *_table_lines(scores / "sowr.md"), "", "## FAC", "", *_table_lines(scores / "fac.md"), ""]
     if image is not None:
         lines += [f"![Averages]({image.name})", ""]

@@ -25,9 +25,9 @@ import contextlib
 import itertools
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from fastapi import FastAPI, Request
 
@@ -42,7 +42,7 @@ class Step:
     content: str = ""
     calls: list[tuple[str, str]] = field(default_factory=list)  # (function name, raw arguments)
     observations: list[str] = field(default_factory=list)  # what each call got, as recorded
-    children: list["Step"] = field(default_factory=list)
+    children: list[Step] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------ reading recordings

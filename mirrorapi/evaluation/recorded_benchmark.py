@@ -14,9 +14,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
-
 
 from mirrorapi.evaluation.agent import AgentSettings
 from mirrorapi.evaluation.benchmark import AgentSpec, BenchmarkResult, run_benchmark

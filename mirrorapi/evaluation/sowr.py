@@ -26,8 +26,15 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import (GROUPS, AnswerItem, AnswersError, build_items, group_order,
-                                               load_answers, load_ids)
+from mirrorapi.evaluation.answer_files import (
+    GROUPS,
+    AnswerItem,
+    AnswersError,
+    build_items,
+    group_order,
+    load_answers,
+    load_ids,
+)
 from mirrorapi.evaluation.judging import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
 from mirrorapi.prompts import cut_judge_text, parse_preference, preference_messages
 
@@ -168,19 +175,19 @@ def sowr_table(reference: str, candidates: list[str], ids: dict[str, list[str]],
 def render_sowr_markdown(table: dict) -> str:
     groups = table["groups"]
     lines = ["# SoWR (solvable win rate)", "",
-             f"Win rate of each model against `{table['reference']}`; judge `{table['judge']}`, pass rates "
+             (f"Win rate of each model against `{table['reference']}`; judge `{table['judge']}`, pass rates "
              f"`{table['pass_rate_format']}` then preferences `{table['prompt_format']}`, majority of "
-             f"{table['rounds']} round(s). Ties are not counted as wins (see Counts).", ""]
+             f"{table['rounds']} round(s). Ties are not counted as wins (see Counts)."), ""]
     if not table["complete"]:
-        lines += [f"**Incomplete:** {table['pending']} vote(s) pending (failed judge calls); rerun the same "
-                  "command to retry them.", ""]
+        lines += [(f"**Incomplete:** {table['pending']} vote(s) pending (failed judge calls); rerun the same "
+                  "command to retry them."), ""]
     lines += ["| Method | " + " | ".join(GROUPS.get(g, g) for g in groups) + " | Average |",
               "|" + "---|" * (len(groups) + 2)]
     for row in table["rows"]:
         lines.append(f"| {row['model']} | " + " | ".join(f"{row['groups'][g]['win_rate']:.1f}" for g in groups)
                      + f" | {row['average']['win_rate']:.1f} |")
-    lines += ["", "## Counts", "", "| Method | Group | ids | wins | ties | losses | preference calls | "
-              "unparseable | pending |", "|" + "---|" * 9]
+    lines += ["", "## Counts", "", ("| Method | Group | ids | wins | ties | losses | preference calls | "
+              "unparseable | pending |"), "|" + "---|" * 9]
     for row in table["rows"]:
         for g in groups:
             c = row["groups"][g]

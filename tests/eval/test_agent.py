@@ -2,6 +2,8 @@
 stand-in), the real virtual server in replay mode over a real cache built from the recorded
 observations, the real converter and the real judges.
 
+The judge is the untrained tiny model (`tiny_engine`): these tests check formats, counts and
+decisions, not verdict quality, and training the judge costs minutes (tests/eval/conftest.py).
 Expected values come from StableToolBench's files (data/samples/stabletoolbench, copied unchanged from
 its `data_example`) and from what its `convert_to_answer_format.py` reads (its code at aa4ed9f).
 """
@@ -112,7 +114,7 @@ def _tool_path(record: dict) -> list[tuple[str, object]]:
     return calls
 
 
-def test_runs_write_raw_files_stabletoolbench_converts_and_fac_scores(recorded_runs, world, eval_cli, judge_engine,
+def test_runs_write_raw_files_stabletoolbench_converts_and_fac_scores(recorded_runs, world, eval_cli, tiny_engine,
                                                                       tmp_path):
     for method, folder in FOLDERS.items():
         out, _ = recorded_runs[method]
@@ -138,8 +140,9 @@ def test_runs_write_raw_files_stabletoolbench_converts_and_fac_scores(recorded_r
         (answers / method).mkdir(parents=True)
         (answers / method / f"{GROUP}.json").write_text((recorded_runs[method][0] / f"{GROUP}.json").read_text())
     ids = world["stb"] / "solvable_queries_example" / "test_query_ids"
-    code = eval_cli("fac")(["--answers", str(answers), "--ids", str(ids), "--base-url", judge_engine.base_url,
-                            "--model", judge_engine.model, "--out", str(tmp_path / "fac"), "--no-progress"])
+    code = eval_cli("fac")(["--answers", str(answers), "--ids", str(ids), "--base-url", tiny_engine.base_url,
+                            "--model", tiny_engine.model, "--out", str(tmp_path / "fac"), "--max-tokens", "8",
+                            "--no-progress"])
     assert code == 0
     table = json.loads((tmp_path / "fac" / "fac.json").read_text())
     assert [row["model"] for row in table["rows"]] == sorted(FOLDERS)
@@ -214,14 +217,14 @@ def test_tiny_model_agent_ends_every_query(world, eval_cli, tiny_engine, tmp_pat
         assert data["trys"][0]["chain"][-1]["pruned"] is True
 
 
-def test_sowr_of_the_two_example_models(world, eval_cli, judge_engine, tmp_path):
+def test_sowr_of_the_two_example_models(world, eval_cli, tiny_engine, tmp_path):
     converted = world["stb"] / "data_example" / "model_predictions_converted"
     ids = world["stb"] / "solvable_queries_example" / "test_query_ids"
     out = tmp_path / "sowr"
     code = eval_cli("sowr")(["--reference", str(converted / "virtual_chatgpt_cot"), "--candidate",
                              str(converted / "virtual_chatgpt_dfs"), "--ids", str(ids), "--base-url",
-                             judge_engine.base_url, "--model", judge_engine.model, "--out", str(out),
-                             "--rounds", "2", "--no-progress"])
+                             tiny_engine.base_url, "--model", tiny_engine.model, "--out", str(out),
+                             "--rounds", "2", "--max-tokens", "8", "--no-progress"])
     assert code == 0
     table = json.loads((out / "sowr.json").read_text())
     assert table["reference"] == "virtual_chatgpt_cot" and table["complete"]

@@ -1,5 +1,6 @@
 """The one-command benchmark: RECORDED agents (replays of StableToolBench's ChatGPT runs, the only stand-in),
-a real replay-mode virtual server, the trained tiny judge; one report with StableToolBench's tables."""
+a real replay-mode virtual server, the tiny model as judge (untrained: formats and counts are checked, not
+verdicts); one report with StableToolBench's tables."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
 
 
-def test_recorded_benchmark_writes_one_report(samples, judge_engine, tmp_path):
-    judge = JudgeSettings(base_urls=[judge_engine.base_url], model=judge_engine.model)
+def test_recorded_benchmark_writes_one_report(samples, tiny_engine, tmp_path):
+    judge = JudgeSettings(base_urls=[tiny_engine.base_url], model=tiny_engine.model, max_tokens=8)
     result = recorded_benchmark(samples / "stabletoolbench", samples / "tools", judge, tmp_path, repeats=1)
     assert result.complete
     report = result.report.read_text()
