@@ -40,11 +40,13 @@ def replay_server(tools: list[Path], cache_folder: Path, workdir: Path) -> Itera
 
 
 def recorded_benchmark(stabletoolbench: str | os.PathLike, tools: str | os.PathLike, judge: JudgeSettings,
-                       out: str | os.PathLike, repeats: int = 1, progress: bool = False) -> BenchmarkResult:
+                       out: str | os.PathLike, repeats: int = 1, progress: bool = False,
+                       limit: int | None = None) -> BenchmarkResult:
     """Recorded CoT and DFS runs on the example queries, scored by `judge`; the report is `<out>/report.md`.
 
     `stabletoolbench`: a folder with `solvable_queries_example/` and `data_example/answer/` (StableToolBench's
-    layout; `data/samples/stabletoolbench` has both). `tools`: a tools folder (`data/samples/tools`)."""
+    layout; `data/samples/stabletoolbench` has both). `tools`: a tools folder (`data/samples/tools`).
+    `limit`: only the first N queries of each group (the demo's budget; 588 is the first of the examples)."""
     stb, out = Path(stabletoolbench), Path(out)
     queries = stb / "solvable_queries_example" / "test_instruction"
     query_files = sorted(queries.glob("*.json"))
@@ -62,4 +64,4 @@ def recorded_benchmark(stabletoolbench: str | os.PathLike, tools: str | os.PathL
             agents.append(AgentSpec("chatgpt_replay", "recorded-agent", [base_url], methods=[method]))
         template = AgentSettings(server=server, base_urls=[], model="recorded-agent", concurrency=4)
         return run_benchmark(queries, agents, list(RECORDINGS), template, judge, out, tools=[tools],
-                             repeats=repeats, progress=progress)
+                             repeats=repeats, progress=progress, limit=limit)

@@ -224,7 +224,7 @@ def test_sowr_of_the_two_example_models(world, eval_cli, tiny_engine, tmp_path):
     code = eval_cli("sowr")(["--reference", str(converted / "virtual_chatgpt_cot"), "--candidate",
                              str(converted / "virtual_chatgpt_dfs"), "--ids", str(ids), "--base-url",
                              tiny_engine.base_url, "--model", tiny_engine.model, "--out", str(out),
-                             "--rounds", "2", "--max-tokens", "8", "--no-progress"])
+                             "--rounds", "1", "--max-tokens", "8", "--no-progress"])
     assert code == 0
     table = json.loads((out / "sowr.json").read_text())
     assert table["reference"] == "virtual_chatgpt_cot" and table["complete"]
