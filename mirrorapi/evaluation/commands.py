@@ -119,7 +119,7 @@ def fidelity_parser(usage: str) -> argparse.ArgumentParser:
                              "default fractions and seed); needs --tools.")
     parser.add_argument("--heldout-history", type=int, default=0, metavar="K",
                         help="The --history K the SFT set was built with (its split depends on it; default 0).")
-    parser.add_argument("--max-episodes", type=int, default=None, metavar="N", help="Replay the first N episodes only.")
+    parser.add_argument("--max-episodes", type=int, default=None, metavar="N", help="Replay at most N episodes, taken from each source in turn.")
     parser.add_argument("--concurrency", type=int, default=8, help="Episodes replayed at once (default 8).")
     parser.add_argument("--timeout", type=float, default=120.0, help="Seconds per request (default 120).")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")

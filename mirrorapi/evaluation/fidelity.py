@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from mirrorapi.evaluation.fidelity_metrics import Embedder, FidelityError, api_id, build_report, compare
 from mirrorapi.evaluation.fidelity_report import write_report
-from mirrorapi.evaluation.sessions import heldout_episodes, history_report, render_history_markdown
+from mirrorapi.evaluation.sessions import heldout_episodes, history_report, render_history_markdown, some_episodes
 from mirrorapi.few_shot import argument_similarity
 from mirrorapi.records import SourceError, read_pairs_jsonl
 from mirrorapi.tools import RegistryError, ToolRegistry
@@ -161,7 +161,7 @@ def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline
     `history`: `off` replays each call alone, `on` one session per episode, `both` does both and adds
     the comparison (`mirrorapi.evaluation.sessions`; the main figures are then the `off` pass).
     `heldout_only`: keep the episodes the SFT builder (`--history heldout_history`) holds out (needs
-    `tools`); `max_episodes`: the first N episodes.
+    `tools`); `max_episodes`: at most N episodes, from each source in turn.
     """
     held_out = load_pairs(pairs)
     try:
@@ -172,9 +172,8 @@ def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline
         if registry is None:
             raise FidelityError("--heldout-episodes needs --tools (the split is the SFT builder's)")
         held_out = heldout_episodes(held_out, registry, max_episodes, heldout_history)
-    elif max_episodes is not None:
-        first = sorted({(p["source"], p["episode"]) for p in held_out})[:max_episodes]
-        held_out = [p for p in held_out if (p["source"], p["episode"]) in set(first)]
+    else:
+        held_out = some_episodes(held_out, max_episodes)
     if not held_out:
         raise FidelityError("no held-out calls to replay")
     baseline = NearestExample(load_pairs(baseline_pairs), held_out) if baseline_pairs else None

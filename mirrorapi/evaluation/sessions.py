@@ -40,13 +40,30 @@ def heldout_episodes(pairs: list[dict], registry: ToolRegistry, max_episodes: in
                      history: int = 0) -> list[dict]:
     """The pairs of the episodes `data/build_simulator_sft.py --history <history>` (default fractions
     and seed; the split depends on `--history`, through deduplication) holds out as test_id /
-    test_ood, whole episodes; the first `max_episodes` by (source, episode)."""
+    test_ood, whole episodes; at most `max_episodes` of them (`some_episodes`)."""
     options = SimulatorDataOptions(SESSION_FORMAT, history=history) if history else SimulatorDataOptions()
     splits, _ = build_simulator_records(pairs, registry, options)
-    held = sorted({(r["source"], r["episode"]) for name in ("test_id", "test_ood") for r in splits[name]})
-    if max_episodes is not None:
-        held = held[:max_episodes]
-    chosen = set(held)
+    held = {(r["source"], r["episode"]) for name in ("test_id", "test_ood") for r in splits[name]}
+    return some_episodes([p for p in pairs if (p["source"], str(p["episode"])) in held], max_episodes)
+
+
+def some_episodes(pairs: list[dict], max_episodes: int | None) -> list[dict]:
+    """The pairs of at most `max_episodes` whole episodes, taken in turn from each source (sorted by
+    episode within a source), so that a small sample still holds every source."""
+    if max_episodes is None:
+        return pairs
+    by_source: dict[str, list] = defaultdict(list)
+    for source, episode in sorted({(p["source"], str(p["episode"])) for p in pairs}):
+        by_source[source].append((source, episode))
+    queues = [iter(episodes) for _, episodes in sorted(by_source.items())]
+    chosen: set = set()
+    while queues and len(chosen) < max_episodes:
+        for queue in list(queues):
+            item = next(queue, None)
+            if item is None:
+                queues.remove(queue)
+            elif len(chosen) < max_episodes:
+                chosen.add(item)
     return [p for p in pairs if (p["source"], str(p["episode"])) in chosen]
 
 
