@@ -2,7 +2,9 @@
 
 Routes: `POST /virtual` (StableToolBench's contract, see `mirrorapi.serving.protocol`; the work is done by
 `mirrorapi.serving.handler.VirtualApi`), `GET /health` (engine reachability, cache size), `GET /metrics`
-(Prometheus: requests by outcome, cache hits and misses, engine calls, latency per stage).
+(Prometheus: requests by outcome, cache hits and misses, engine calls, latency per stage), and `/mcp`
+(the Model Context Protocol over streamable HTTP, `mirrorapi.serving.mcp_server`; its tool calls
+take the /virtual path). /virtual stays the first thing the ASGI app checks, so /mcp costs it nothing.
 Every /virtual request writes one JSON line (`RequestLogWriter`: stderr at log level info, and `log_file`);
 metrics and the request log live in `mirrorapi.serving.observability`.
 
@@ -165,6 +167,8 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
             "engine": [{"base_url": e.base_url, "reachable": e.reachable, "detail": e.detail} for e in engines],
             "cache": {"path": str(settings.cache_path), "entries": cache.count()},
             "tools": {k: stats[k] for k in ("categories", "tools", "apis")},
+            "sessions": {"open": len(app.state.virtual.sessions), "history": settings.session_history,
+                         "cache_entries": cache.session_count()},
         })
 
     @app.get("/metrics")

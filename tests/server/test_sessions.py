@@ -141,3 +141,11 @@ def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_p
         session.record(doc.tool, doc.api, pair["tool_input"], **pair["response"])
     assert "(none)" in records[0]["prompt"][1]["content"]
     assert records[3]["prompt"][1]["content"].count('{"tool":') == 2  # K = 2 of the 3 earlier calls
+
+
+def test_health_reports_sessions(serve, engine_down, tmp_path):
+    with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"), engine_retries=0) as server:
+        server.client.post("/virtual", json=body(*LOGIN[:4]), headers={"X-Session-Id": "a"})
+        server.virtual(body(*LOGIN[:4], session_id="b"))
+        server.virtual(body(*LOGIN[:4], session_id=""))  # "" is no session
+        assert server.client.get("/health").json()["sessions"] == {"open": 2, "history": 8, "cache_entries": 0}
