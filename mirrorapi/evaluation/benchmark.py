@@ -13,16 +13,18 @@ agent's first method), as StableToolBench compares everything with ChatGPT-CoT.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentSettings, run_agent
+from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentRunError, AgentSettings, load_queries, run_agent
 from mirrorapi.evaluation.answer_files import GROUPS, group_order, load_ids
 from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
 from mirrorapi.evaluation.sowr import run_sowr
 
+logger = logging.getLogger(__name__)
 _SHORT = {"CoT@1": "cot", "DFS_woFilter_w2": "dfs"}
 
 
@@ -155,6 +157,10 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
             per_query = c["model_calls"] / c["answered"] if c["answered"] else 0.0
             lines.append(f"| {row} | {GROUPS.get(group, group)} | {c['answered']} | {c['give_answer']} | "
                          f"{c['give_up']} | {c['no_finish']} | {n_failed} | {per_query:.1f} |")
+    not_run = [line for row in rows for line in (agent_runs[row].failures if row in agent_runs else [])
+               if line.startswith(f"{row}: not run")]
+    if not_run:
+        lines += ["", *(f"- {line}" for line in not_run)]
     lines += ["", "## Settings", ""]
     for row in rows:
         record = agents[row].record()
@@ -184,11 +190,17 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
     reference = reference or rows[0]
     if reference not in rows:
         raise ValueError(f"--reference {reference!r} is not one of the rows: {', '.join(rows)}")
+    load_queries(queries)  # bad queries stop everything here (AgentRunError), not once per row
     settings, agent_runs = {}, {}
     for (agent, method), row in zip(runs, rows):
         settings[row] = replace(template, base_urls=agent.base_urls, model=agent.model, method=method)
-        agent_runs[row] = run_agent(queries, settings[row], out / "answers" / row, tools=tools, progress=progress,
-                                    limit=limit)
+        try:
+            agent_runs[row] = run_agent(queries, settings[row], out / "answers" / row, tools=tools,
+                                        progress=progress, limit=limit)
+        except AgentRunError as exc:  # this agent's engine is down: the other rows still run
+            line = f"{row}: not run: {exc}"
+            logger.error(line)
+            agent_runs[row] = AgentRun(0, 0, [line], {})
     ids = ids or queries
     id_lists = load_ids(ids)
     if limit:  # score what was run: the first `limit` ids of each group
@@ -203,10 +215,13 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
         run = run_scoring(answers, ids, judge, scores, metric=metric, repeats=repeats if metric == "sopr" else 1,
                           progress=progress)
         failures += run.failures
-    if len(rows) > 1:
-        sowr = run_sowr(answers / reference, [answers / row for row in rows if row != reference], ids, judge, scores,
-                        rounds=repeats, progress=progress)
+    answered = [row for row in rows if list((answers / row).glob("*.json"))]
+    if reference in answered and len(answered) > 1:
+        sowr = run_sowr(answers / reference, [answers / row for row in answered if row != reference], ids, judge,
+                        scores, rounds=repeats, progress=progress)
         failures += sowr.failures
+    elif len(rows) > 1:
+        logger.error("SoWR not computed: the reference %s or every candidate has no answers", reference)
     report = write_report(out, rows, reference, settings, judge, group_order(id_lists), agent_runs, repeats)
     return BenchmarkResult(report, agent_runs, failures)
 
