@@ -1,9 +1,13 @@
 """EngineClient: the one way mirrorapi talks to a model — OpenAI chat completions over HTTP.
 
 Any OpenAI-compatible server works: `vllm serve` on GPU hosts, `transformers serve` on a CPU.
-Several base URLs (replicas) are used round-robin; a failed attempt moves to the next replica.
-Every call has one deadline (`timeout`) that covers all its retries, so a slow or dead engine costs
-a caller at most `timeout` seconds, never more.
+Several base URLs are replicas; a call goes to the one with the fewest calls in flight (round-robin
+among equals). A call has one deadline (`timeout`) for all its attempts and each
+attempt its own limit (`attempt_timeout`), so a hung replica costs one attempt, not the call. The
+next attempt goes to a replica this call has not tried yet, without waiting; a replica that failed
+is skipped by every call for `cooldown` seconds, then probed in the background (any HTTP answer
+brings it back) before it gets traffic again. Only when no untried healthy replica is left does a
+call wait (exponential backoff with full jitter, so retries of many calls do not arrive together).
 
 Why aiohttp and not the `openai` SDK: we send one request shape and read one field, and the SDK's
 request and response layers cost 1.13 ms of CPU per call against 0.29 ms for a pooled aiohttp
@@ -15,9 +19,9 @@ the `openai` client, so the protocol we rely on is the SDK's.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
+import random
 import time
 from dataclasses import dataclass
 
@@ -25,9 +29,14 @@ import aiohttp
 
 logger = logging.getLogger(__name__)
 
+# Statuses worth another attempt (elsewhere); any other 4xx means the request itself is wrong.
+RETRYABLE_STATUS = (408, 429)
+
 
 class EngineError(Exception):
-    """The engine could not give an answer. `kind`: unreachable, timeout, http, empty."""
+    """The engine could not give an answer. `kind`: unreachable, timeout, http, not_json (the HTTP body),
+    no_choice (JSON that is not a chat completion); the simulator adds empty (no text) and garbage (text
+    that is no observation)."""
 
     def __init__(self, kind: str, message: str, status: int | None = None):
         self.kind, self.status = kind, status  # status: the HTTP status of an `http` error
@@ -37,8 +46,18 @@ class EngineError(Exception):
 @dataclass
 class EngineHealth:
     base_url: str
-    reachable: bool
+    reachable: bool  # answers HTTP at all
+    ok: bool  # serves the configured model (lists it, or answers a one-token completion with it)
     detail: str
+    cooling_down: float = 0.0  # seconds before calls use this replica again (it failed recently)
+
+
+@dataclass
+class _Replica:
+    base: str
+    down_until: float = 0.0  # monotonic time; skipped by calls until then
+    probing: bool = False  # a background probe is deciding whether it is back
+    in_flight: int = 0  # attempts sent and not answered yet
 
 
 class EngineClient:
@@ -54,16 +73,22 @@ class EngineClient:
         retries: int = 2,
         backoff: float = 0.5,
         max_connections: int = 256,
+        attempt_timeout: float | None = None,
+        cooldown: float = 10.0,
     ):
         bases = [api_bases] if isinstance(api_bases, str) else list(api_bases)
         if not bases:
             raise ValueError("EngineClient needs at least one api_base")
         self.api_bases = [b.rstrip("/") for b in bases]
+        self.replicas = [_Replica(b) for b in self.api_bases]
         self.model, self.timeout, self.retries, self.backoff = model, timeout, retries, backoff
+        self.attempt_timeout = min(attempt_timeout or timeout, timeout)
+        self.cooldown = cooldown
         self.max_connections = max_connections
         self._headers = {"Authorization": f"Bearer {api_key or 'EMPTY'}", "Content-Type": "application/json"}
         self._session: aiohttp.ClientSession | None = None
-        self._next = itertools.cycle(range(len(self.api_bases)))
+        self._turn = 0  # round-robin position
+        self._probes: set[asyncio.Task] = set()
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:  # one pool for all replicas: connections are reused across requests
@@ -72,6 +97,53 @@ class EngineClient:
                 headers=self._headers, timeout=aiohttp.ClientTimeout(total=self.timeout))
         return self._session
 
+    # ------------------------------------------------------------------------- replica choice
+    def _pick(self, tried: set[int]) -> tuple[int, bool]:
+        """(replica index, whether it is a fresh one): of the healthy replicas this call has not tried, the
+        one with the fewest calls in flight, round-robin among equals (a replica that hangs piles up calls
+        in flight, so it gets few new ones even before its first attempt times out); else the one that
+        comes back soonest (the caller then backs off first)."""
+        now, n = time.monotonic(), len(self.replicas)
+        best = None
+        for step in range(n):
+            index = (self._turn + step) % n
+            replica = self.replicas[index]
+            if 0 < replica.down_until <= now and not replica.probing:
+                self._probe_later(replica)
+            if index not in tried and not replica.down_until:  # 0: never failed, or probed back in
+                if best is None or replica.in_flight < self.replicas[best].in_flight:
+                    best = index
+        if best is not None:
+            self._turn = best + 1
+            return best, True
+        index = min(range(n), key=lambda i: (i in tried, self.replicas[i].down_until))
+        return index, False
+
+    def _failed(self, index: int, error: EngineError) -> None:
+        replica = self.replicas[index]
+        if not replica.down_until:
+            logger.warning("engine replica %s skipped for %g s: %s", replica.base, self.cooldown, error)
+        replica.down_until = time.monotonic() + self.cooldown
+
+    def _probe_later(self, replica: _Replica) -> None:
+        """Cool-down over: probe the replica in the background; it gets calls again once it answers."""
+        replica.probing = True
+
+        async def probe() -> None:
+            try:
+                health = await self._reachable(replica.base, min(self.attempt_timeout, 5.0))
+                if health.reachable:
+                    replica.down_until = 0.0
+                    logger.info("engine replica %s is back (%s)", replica.base, health.detail)
+                else:
+                    replica.down_until = time.monotonic() + self.cooldown
+            finally:
+                replica.probing = False
+        task = asyncio.get_running_loop().create_task(probe())
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    # ------------------------------------------------------------------------------- calls
     async def _post(self, base: str, body: bytes, timeout: float) -> dict:
         async with self._http().post(base + "/chat/completions", data=body,
                                      timeout=aiohttp.ClientTimeout(total=timeout)) as response:
@@ -79,15 +151,13 @@ class EngineClient:
             if response.status >= 400:
                 raise EngineError("http", f"engine answered HTTP {response.status}: "
                                           f"{data[:200].decode('utf-8', 'replace')}", status=response.status)
-        try:
-            return json.loads(data)
-        except ValueError:
-            raise EngineError("empty", f"engine answered with a body that is not JSON: {data[:200]!r}") from None
+        return _json_body(data)
 
     async def chat(self, messages: list[dict], *, temperature: float = 0.0, max_tokens: int = 1024,
                    response_format: dict | None = None, seed: int | None = None,
                    extra_body: dict | None = None) -> str:
-        """The assistant text for `messages`; raises EngineError once retries or the deadline run out."""
+        """The assistant text for `messages` ("" when the message has none); raises EngineError once
+        retries or the deadline run out."""
         message, _ = await self.complete(messages, temperature=temperature, max_tokens=max_tokens,
                                          response_format=response_format, seed=seed, extra_body=extra_body)
         content = message.get("content")
@@ -106,43 +176,90 @@ class EngineClient:
         body.update(extra_body or {})
         payload = json.dumps(body, ensure_ascii=False).encode()
         last: EngineError | None = None
+        tried: set[int] = set()
         for attempt in range(self.retries + 1):
+            index, fresh = self._pick(tried)
+            if not fresh and attempt:  # nothing healthy left to try: wait (full jitter) before going again
+                pause = random.uniform(0, self.backoff * (2 ** (attempt - 1)))
+                await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            base = self.api_bases[next(self._next)]
+            tried.add(index)
+            replica = self.replicas[index]
+            base, limit = replica.base, min(self.attempt_timeout, remaining)
+            replica.in_flight += 1
             try:
-                completion = await asyncio.wait_for(self._post(base, payload, remaining), remaining)
-                choices = completion.get("choices") if isinstance(completion, dict) else None
-                message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
-                if not isinstance(message, dict):
-                    raise EngineError("empty", "engine answered without a choice")
-                usage = completion.get("usage")
-                return message, usage if isinstance(usage, dict) else {}
+                completion = await asyncio.wait_for(self._post(base, payload, limit), limit)
+                return _message(completion)
             except asyncio.TimeoutError:
-                last = EngineError("timeout", f"engine did not answer within {self.timeout:g} s")
+                last = EngineError("timeout", f"engine at {base} did not answer within {limit:g} s")
             except aiohttp.ClientError as exc:  # refused, reset, closed mid-answer
                 last = EngineError("unreachable", f"engine at {base} is unreachable ({type(exc).__name__}: {exc})")
             except EngineError as exc:
                 last = exc
-                if exc.status and exc.status < 500 and exc.status not in (408, 429):
+                if exc.status and exc.status < 500 and exc.status not in RETRYABLE_STATUS:
                     break  # the request itself is wrong: retrying will not help
+            finally:
+                replica.in_flight -= 1
+            self._failed(index, last)
             logger.warning("engine attempt %d/%d failed: %s", attempt + 1, self.retries + 1, last)
-            pause = min(self.backoff * (2 ** attempt), deadline - time.monotonic())
-            if attempt < self.retries and pause > 0:
-                await asyncio.sleep(pause)
         raise last or EngineError("timeout", f"engine did not answer within {self.timeout:g} s")
 
+    # ------------------------------------------------------------------------------ health
+    async def _reachable(self, base: str, timeout: float) -> EngineHealth:
+        """GET /models: whether the replica answers HTTP, and the model ids it lists (in `detail`)."""
+        try:
+            async with self._http().get(base + "/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                data = await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return EngineHealth(base, False, False, detail)
+        ids = _model_ids(data) if r.status == 200 else None
+        if ids is not None and self.model in ids:
+            return EngineHealth(base, True, True, f"serves {self.model!r}")
+        listed = f"lists {', '.join(ids[:5]) or 'no model'}" if ids is not None else f"GET /models: HTTP {r.status}"
+        return EngineHealth(base, True, False, listed)
+
+    async def _answers_one_token(self, base: str, timeout: float) -> tuple[bool, str]:
+        body = json.dumps({"model": self.model, "max_tokens": 1, "temperature": 0,
+                           "messages": [{"role": "user", "content": "ping"}]}).encode()
+        try:
+            _message(await asyncio.wait_for(self._post(base, body, timeout), timeout))
+            return True, "answered a one-token completion"
+        except asyncio.TimeoutError:
+            return False, f"no one-token completion within {timeout:g} s"
+        except (aiohttp.ClientError, EngineError) as exc:
+            return False, f"one-token completion failed: {str(exc)[:200]}"
+
     async def health(self, timeout: float = 3.0) -> list[EngineHealth]:
-        """Whether each replica answers HTTP at all (any status counts: `transformers serve` may 500 on /models)."""
-        async def probe(base: str) -> EngineHealth:
-            try:
-                async with self._http().get(base + "/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                    return EngineHealth(base, True, f"HTTP {r.status}")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                return EngineHealth(base, False, detail)
-        return list(await asyncio.gather(*(probe(b) for b in self.api_bases)))
+        """Per replica: `ok` only if it lists the configured model, or (an engine whose /models does not
+        list it, such as `transformers serve`) answers a one-token completion for it."""
+        async def check(replica: _Replica) -> EngineHealth:
+            health = await self._reachable(replica.base, timeout)
+            if health.reachable and not health.ok:
+                answered, how = await self._answers_one_token(replica.base, timeout)
+                health.ok = answered
+                health.detail = how if answered else f"does not serve model {self.model!r} ({health.detail}; {how})"
+            health.cooling_down = round(max(0.0, replica.down_until - time.monotonic()), 1)
+            return health
+        return list(await asyncio.gather(*(check(r) for r in self.replicas)))
+
+    async def served_by(self, timeout: float = 3.0) -> str | None:
+        """Which engine serves the model: the `owned_by` of its entry in the first replica's `GET /models`
+        (`vllm` for vLLM); None when the list does not name the model or cannot be read."""
+        try:
+            async with self._http().get(self.api_bases[0] + "/models",
+                                        timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                listing = await response.json(content_type=None) if response.status == 200 else {}
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+        models = listing.get("data") if isinstance(listing, dict) else None
+        for model in models if isinstance(models, list) else []:
+            if isinstance(model, dict) and model.get("id") == self.model:
+                owner = model.get("owned_by")
+                return owner if isinstance(owner, str) else None
+        return None
 
     async def served_by(self, timeout: float = 3.0) -> str | None:
         """Which engine serves the model: the `owned_by` of its entry in the first replica's `GET /models`
@@ -161,5 +278,39 @@ class EngineClient:
         return None
 
     async def aclose(self) -> None:
+        for task in list(self._probes):
+            task.cancel()
         if self._session is not None:
             await self._session.close()
+
+
+def _json_body(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise EngineError("not_json", f"engine answered with a body that is not JSON: {data[:200]!r}") from None
+
+
+def _message(completion: object) -> tuple[dict, dict]:
+    """(the assistant message, the `usage` object or {}) of a chat completion; EngineError `no_choice`
+    for JSON of another shape."""
+    choices = completion.get("choices") if isinstance(completion, dict) else None
+    message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+        else None
+    if not isinstance(message, dict):
+        raise EngineError("no_choice", f"engine answered JSON that is not a chat completion: "
+                                       f"{json.dumps(completion, ensure_ascii=False)[:200]}")
+    usage = completion.get("usage")
+    return message, usage if isinstance(usage, dict) else {}
+
+
+def _model_ids(data: bytes) -> list[str] | None:
+    """Model ids of an OpenAI `GET /models` answer (`{"data": [{"id": ...}]}`), or None for another shape."""
+    try:
+        listing = json.loads(data)
+    except ValueError:
+        return None
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(entries, list):
+        return None
+    return [str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e]

@@ -11,7 +11,6 @@ Names are resolved the way StableToolBench's clients send them (see `ToolRegistr
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import os
@@ -20,11 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from rapidfuzz import fuzz, process
+
 from mirrorapi.names import api_key_name, standardize, standardize_category
 
 logger = logging.getLogger(__name__)
 
 PARAM_KEYS = ("name", "type", "description", "default")
+# Longer names are unknown without a closest-name search (the longest ToolEnv2404 API name has 817
+# characters, its longest tool name 86); at most ECHO_CHARS of an unknown name are quoted back.
+MAX_NAME_CHARS = 1024
+ECHO_CHARS = 64
 
 
 class RegistryError(Exception):
@@ -36,7 +41,8 @@ class UnknownName(LookupError):
 
     def __init__(self, kind: str, name: str, where: str, suggestions: list[str]):
         self.kind, self.name, self.where, self.suggestions = kind, name, where, suggestions
-        message = f"Unknown {kind} {name!r}{where}."
+        shown = repr(name) if len(name) <= ECHO_CHARS else f"{name[:ECHO_CHARS]!r}... ({len(name):,} characters)"
+        message = f"Unknown {kind} {shown}{where}."
         if suggestions:
             message += " Closest known: " + ", ".join(suggestions) + "."
         super().__init__(message)
@@ -117,8 +123,11 @@ def _params(value: Any) -> list[dict]:
 
 
 def _closest(name: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """Up to `n` known names most similar to `name` (rapidfuzz: C speed, on names capped at MAX_NAME_CHARS)."""
+    if len(name) > MAX_NAME_CHARS:
+        return []
     known = list(known)
-    found = difflib.get_close_matches(name, known, n=n, cutoff=0.6)
+    found = [match for match, _, _ in process.extract(name, known, scorer=fuzz.ratio, limit=n, score_cutoff=60)]
     if not found:  # a prefix/substring hint is still better than nothing
         found = [k for k in known if name and (name in k or k in name)][:n]
     return found
@@ -293,6 +302,9 @@ class ToolRegistry:
     # ----------------------------------------------------------------------------------- lookup
     def find_tool(self, category: str, tool_name: str) -> Tool:
         """(category, tool) as clients send them: normalised names, or `<tool>_for_<Category>`."""
+        for kind, name in (("category", category), ("tool", tool_name)):
+            if len(name) > MAX_NAME_CHARS:  # never normalised nor searched: no known name is that long
+                raise UnknownName(kind, name, "", [])
         cat = standardize_category(category)
         tools = self.categories.get(cat)
         if tools is None:
@@ -313,6 +325,8 @@ class ToolRegistry:
     def resolve(self, category: str, tool_name: str, api_name: str) -> ApiDoc:
         """The doc of an API as StableToolBench clients name it; raises `UnknownName` with suggestions."""
         tool = self.find_tool(category, tool_name)
+        if len(api_name) > MAX_NAME_CHARS:
+            raise UnknownName("API", api_name, f" for tool {tool.name!r} in category {tool.category!r}", [])
         name = api_key_name(api_name)
         doc = tool.apis.get(name)
         if doc is None:

@@ -1,6 +1,7 @@
 """EngineClient against a real `transformers serve`, and against engines that are down or hang."""
 
 import asyncio
+import contextlib
 import http.server
 import socket
 import threading
@@ -134,3 +135,113 @@ def test_rejected_requests_are_not_retried_server_errors_are(status, attempts):
         server.server_close()
     assert (error.kind, error.status) == ("http", status)
     assert seen == ["/v1/chat/completions"] * attempts
+
+
+# ------------------------------------------------------------------------------ replicas (issue 11)
+class HungEngine:
+    """Fake engine (a fault we cannot provoke with a real one): accepts connections and never answers,
+    until `heal(url)`: from then on new connections are relayed byte for byte to the real engine at
+    `url`, as when a network path or a stalled replica comes back."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        self.target: tuple[str, int] | None = None
+        self.connections = 0  # accepted while hung
+        self.relayed = 0  # accepted once healed
+        self.held: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def heal(self, url: str) -> None:
+        host, port = url.split("//")[1].split("/")[0].split(":")
+        self.target = (host, int(port))
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn = self.listener.accept()[0]
+            except OSError:
+                continue
+            self.held.append(conn)
+            if self.target is None:
+                self.connections += 1
+                continue
+            self.relayed += 1
+            upstream = socket.create_connection(self.target)
+            self.held.append(upstream)
+            for source, sink in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        for conn in self.held:
+            conn.close()
+        self.listener.close()
+
+
+@pytest.fixture()
+def hung_engine():
+    engine = HungEngine()
+    yield engine
+    engine.close()
+
+
+def test_each_attempt_has_its_own_timeout(hung_engine):
+    # Old behaviour: the first attempt took the whole 30 s deadline.
+    async def run():
+        engine = EngineClient([hung_engine.url], "m", timeout=30, attempt_timeout=0.5, retries=2, backoff=0.05)
+        try:
+            start = time.monotonic()
+            with pytest.raises(EngineError) as err:
+                await engine.chat([{"role": "user", "content": "hi"}])
+            return err.value, time.monotonic() - start
+        finally:
+            await engine.aclose()
+    error, elapsed = asyncio.run(run())
+    assert error.kind == "timeout"
+    assert 1.4 < elapsed < 2.5  # three attempts of 0.5 s, jittered pauses of at most 0.05 + 0.1 s
+    assert hung_engine.connections == 3
+
+
+@pytest.mark.slow
+def test_a_hung_replica_costs_one_attempt_then_is_skipped_and_probed_back(tiny_engine, hung_engine):
+    question = [{"role": "user", "content": "hi"}]
+
+    async def run():
+        engine = EngineClient([hung_engine.url, tiny_engine.base_url], tiny_engine.model, timeout=30,
+                              attempt_timeout=1.0, retries=2, cooldown=1.5)
+        timings = []
+        try:
+            for _ in range(4):  # round-robin would send every other call to the hung replica
+                start = time.monotonic()
+                await engine.chat(question, max_tokens=1)
+                timings.append(time.monotonic() - start)
+            hung_attempts = hung_engine.connections
+            hung_engine.heal(tiny_engine.base_url)
+            await asyncio.sleep(1.6)  # cool-down over: the next call starts a background probe
+            await engine.chat(question, max_tokens=1)
+            deadline = time.monotonic() + 10
+            while engine.replicas[0].down_until and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            for _ in range(2):  # back in the round-robin
+                await engine.chat(question, max_tokens=1)
+            return timings, hung_attempts
+        finally:
+            await engine.aclose()
+    timings, hung_attempts = asyncio.run(run())
+    assert 1 <= hung_attempts <= 2  # one attempt lost to it, then skipped (the second: a background probe)
+    assert 1.0 <= timings[0] < 1.0 + 5  # attempt timeout + the engine's answer
+    assert max(timings[1:]) < 1.0  # no call waited for the hung replica again
+    assert hung_engine.relayed >= 2  # the probe, then calls

@@ -1,7 +1,8 @@
 """The virtual API server: `create_app(settings)` and `serve(settings)`; wiring only.
 
 Routes: `POST /virtual` (StableToolBench's contract, see `mirrorapi.serving.protocol`; the work is done by
-`mirrorapi.serving.handler.VirtualApi`), `GET /health` (engine reachability, cache size), `GET /metrics`
+`mirrorapi.serving.handler.VirtualApi`), `GET /health` (whether misses can be simulated: 200 `ok` or
+`degraded`, 503 `unavailable`; cache size), `GET /live` (200 once the server answers), `GET /metrics`
 (Prometheus: requests by outcome, cache hits and misses, engine calls, latency per stage), and `/mcp`
 (the Model Context Protocol over streamable HTTP, `mirrorapi.serving.mcp_server`; its tool calls
 take the /virtual path). /virtual stays the first thing the ASGI app checks, so /mcp costs it nothing.
@@ -22,6 +23,7 @@ import gc
 import logging
 import sqlite3
 
+import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
@@ -34,6 +36,16 @@ from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics
 from mirrorapi.serving.protocol import SESSION_HEADER
 from mirrorapi.serving.simulator import Simulator
+from mirrorapi.serving.transport import (
+    UNAUTHORIZED,
+    BodyTooLarge,
+    ClientGone,
+    authorized,
+    error_body,
+    read_body,
+    send_json,
+    uvicorn_options,
+)
 from mirrorapi.tools import RegistryError, ToolRegistry
 from mirrorapi.toolsets import ToolsetError, select_toolset
 
@@ -42,7 +54,7 @@ logger = logging.getLogger(__name__)
 # What a user can get wrong at start-up; each is one line that says what to change.
 STARTUP_ERRORS = (ConfigError, RegistryError, CacheError)
 CACHE_MAINTENANCE_SECONDS = 5.0
-JSON_HEADERS = [(b"content-type", b"application/json")]
+OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (probes of orchestrators)
 
 
 class VirtualEndpoint:
@@ -54,32 +66,38 @@ class VirtualEndpoint:
 
     def __init__(self, app: FastAPI):
         self.app, self.state = app, app.state
+        settings = app.state.settings
+        self.api_key = settings.server_api_key.encode() if settings.server_api_key else None
+        self.max_body = settings.max_body_bytes
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/virtual":
-            if scope["type"] == "http" and scope["path"].rstrip("/") == MCP_PATH:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if self.api_key is not None and path not in OPEN_PATHS and not authorized(scope, self.api_key):
+            return await send_json(send, 401, error_body(UNAUTHORIZED), [(b"www-authenticate", b"Bearer")])
+        if path != "/virtual":
+            if path.rstrip("/") == MCP_PATH:
                 return await self.state.mcp.asgi(scope, receive, send)
             return await self.app(scope, receive, send)
         if scope["method"] != "POST":
-            body = b'{"error":"Method Not Allowed: /virtual takes POST","response":""}'
-            await send({"type": "http.response.start", "status": 405, "headers": JSON_HEADERS + [(b"allow", b"POST")]})
-            return await send({"type": "http.response.body", "body": body})
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
+            return await send_json(send, 405, error_body("Method Not Allowed: /virtual takes POST"),
+                                   [(b"allow", b"POST")])
+        try:
+            body = await read_body(scope, receive, self.max_body)
+        except BodyTooLarge as exc:
+            message = f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to {self.max_body:,})"
+            return await send_json(send, 413, error_body(message), [(b"connection", b"close")])
+        except ClientGone:
+            return
         session_id = None
         for name, value in scope["headers"]:
             if name == SESSION_HEADER:
                 session_id = value.decode("latin-1")
                 break
         state = self.state
-        answer = await state.virtual.answer(b"".join(chunks), session_id)
-        await send({"type": "http.response.start", "status": answer.status,
-                    "headers": JSON_HEADERS + [(b"content-length", b"%d" % len(answer.body))]})
-        await send({"type": "http.response.body", "body": answer.body})
+        answer = await state.virtual.answer(body, session_id)
+        await send_json(send, answer.status, answer.body)
         state.metrics.record(answer)
         state.request_log.record(answer)
 
@@ -97,9 +115,13 @@ async def _maintain_cache(cache: ResponseCache) -> None:
 
 
 async def _report_engine(engine: EngineClient) -> None:
+    """One line per replica at start-up: whether it serves the configured model."""
     for replica in await engine.health():
-        if replica.reachable:
-            logger.info("engine %s answers (%s)", replica.base_url, replica.detail)
+        if replica.ok:
+            logger.info("engine %s serves model %r (%s)", replica.base_url, engine.model, replica.detail)
+        elif replica.reachable:
+            logger.warning("engine %s %s: fix `model` (or `api_base`); misses get an error observation until "
+                           "it does", replica.base_url, replica.detail)
         else:
             logger.warning("engine %s is not reachable yet (%s): cache hits are served, misses get an error "
                            "observation until it answers", replica.base_url, replica.detail)
@@ -108,6 +130,8 @@ async def _report_engine(engine: EngineClient) -> None:
 def create_app(settings: ServerSettings) -> VirtualEndpoint:
     """The ASGI app (`.app`: the FastAPI app behind /virtual; `.state`: its state). Raises
     RegistryError / CacheError (one line each) when the tools or the cache cannot be used."""
+    for warning in settings.startup_warnings():
+        logger.warning("%s", warning)
     registry = ToolRegistry.load(settings.tools_folder)
     stats = registry.stats()
     logger.info("tools: %d categories, %d tools, %d APIs loaded in %.2f s (%d unreadable files skipped)",
@@ -129,7 +153,8 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         engine = EngineClient(settings.api_base, settings.model, settings.api_key, timeout=settings.engine_timeout,
-                              retries=settings.engine_retries)
+                              attempt_timeout=settings.engine_attempt_timeout, retries=settings.engine_retries,
+                              cooldown=settings.engine_cooldown)
         app.state.simulator = simulator = Simulator(engine, cache, settings)
         logger.info("simulator identity (simulated answers are looked up and stored under it): %s", simulator.identity)
         app.state.virtual = VirtualApi(settings, registry, cache, simulator)
@@ -157,14 +182,31 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     app.state.request_log = RequestLogWriter(settings)
     app.state.mcp = McpFrontDoor(app.state)
 
+    @app.get("/live")
+    async def live() -> JSONResponse:
+        """200 as soon as the server answers HTTP (readiness polls, liveness probes); /health says more."""
+        return JSONResponse({"status": "live"})
+
     @app.get("/health")
     async def health() -> JSONResponse:
+        """200 `ok` (every replica serves the model, or replay mode), 200 `degraded` (some do), 503
+        `unavailable` (none: misses cannot be simulated; cache hits are still served)."""
         engines = [] if settings.mode == "replay" else await app.state.simulator.engine.health(timeout=2.0)
-        reachable = all(e.reachable for e in engines)
-        return JSONResponse({
-            "status": "ok" if reachable else "degraded", "mode": settings.mode, "model": settings.model,
+        serving = sum(e.ok for e in engines)
+        if settings.mode == "replay":
+            status, misses = "ok", "answered from the cache only (replay mode)"
+        elif serving == len(engines):
+            status, misses = "ok", "simulated"
+        elif serving:
+            status, misses = "degraded", f"simulated by {serving} of {len(engines)} engine replicas"
+        else:
+            status, misses = "unavailable", ("not simulated: no engine replica serves the model; cache hits are "
+                                             "still served, misses get an error observation")
+        return JSONResponse(status_code=503 if status == "unavailable" else 200, content={
+            "status": status, "misses": misses, "mode": settings.mode, "model": settings.model,
             "prompt_format": settings.prompt_format,
-            "engine": [{"base_url": e.base_url, "reachable": e.reachable, "detail": e.detail} for e in engines],
+            "engine": [{"base_url": e.base_url, "reachable": e.reachable, "serves_model": e.ok, "detail": e.detail,
+                        "cooling_down_s": e.cooling_down} for e in engines],
             "cache": {"path": str(settings.cache_path), "entries": cache.count()},
             "tools": {k: stats[k] for k in ("categories", "tools", "apis")},
             "sessions": {"open": len(app.state.virtual.sessions), "history": settings.session_history,
@@ -186,12 +228,8 @@ def configure_logging(settings: ServerSettings) -> None:
 
 def serve(settings: ServerSettings) -> None:
     """Build the app and run uvicorn until interrupted (raises RegistryError / CacheError at start-up)."""
-    import uvicorn
-
     configure_logging(settings)
-    logger.info("settings (not default): %s", {k: v for k, v in settings.non_default().items() if k != "api_key"})
+    logger.info("settings (not default): %s", {k: v for k, v in settings.non_default().items()
+                                               if k not in ("api_key", "server_api_key")})
     app = create_app(settings)
-    # log_config=None: uvicorn's loggers go through ours; its access log is replaced by RequestLogWriter's lines.
-    # No proxy-header rewriting: the server binds 127.0.0.1 by default and reports no client addresses.
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False, proxy_headers=False,
-                log_level=settings.log_level, timeout_graceful_shutdown=5)
+    uvicorn.run(app, **uvicorn_options(settings))

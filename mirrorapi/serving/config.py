@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import ipaddress
 import logging
 import os
 import typing
@@ -62,6 +63,14 @@ class ServerSettings(BaseModel):
     toolbench_url: str | None = Field(None, description="Accepted for StableToolBench configs; ignored.")
     # ours
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 exposes the server).")
+    server_api_key: str | None = Field(None, description=(
+        "Key clients must send (Authorization: Bearer KEY, or StableToolBench's toolbench_key header); "
+        "other requests get HTTP 401. /health and /live stay open. Set it before binding a non-loopback host."))
+    max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body; a larger one gets HTTP 413.")
+    max_arguments_chars: int = Field(16_384, gt=0, description=(
+        "Largest tool_input (characters of JSON) sent to the engine; a larger miss is an error observation."))
+    request_timeout: float = Field(10.0, gt=0, description=(
+        "Seconds a client may take to send one whole request (headers and body); slower ones are disconnected."))
     cache_path: Path = Field(Path("mirrorapi_cache.sqlite"), description="The SQLite cache database.")
     mode: Literal["simulate", "replay"] = Field("simulate", description=(
         "simulate: a cache miss asks the engine; replay: cache only, a miss is an error observation."))
@@ -74,7 +83,13 @@ class ServerSettings(BaseModel):
     unknown_arguments: Literal["simulate", "reject"] = Field("simulate", description=(
         "A call with arguments the doc does not list: simulate it, or reject it."))
     engine_timeout: float = Field(60.0, gt=0, description="Seconds an engine call may take, retries included.")
-    engine_retries: int = Field(2, ge=0, description="Retries of a failed engine call (with backoff).")
+    engine_attempt_timeout: float = Field(30.0, gt=0, description=(
+        "Seconds one attempt may take (at most engine_timeout); a slower replica is given up and the next "
+        "attempt goes to another."))
+    engine_retries: int = Field(2, ge=0, description=(
+        "Further attempts after a failed one: on another replica at once, else after a jittered backoff."))
+    engine_cooldown: float = Field(10.0, ge=0, description=(
+        "Seconds a replica that failed is skipped; then it is probed and gets calls again once it answers."))
     max_tokens: int = Field(1024, gt=0, description="Most tokens the simulator may generate per response.")
     prompt_format: Literal[SIMULATOR_FORMATS] = Field("mirrorapi-v1", description=(
         "Simulator prompt format (mirrorapi/prompts.py): the one the model was trained with."))
@@ -127,6 +142,18 @@ class ServerSettings(BaseModel):
             raise ValueError(f"cache_path: {self.cache_path} is a folder, expected a database file")
         return self
 
+    def startup_warnings(self) -> list[str]:
+        """Settings that start but are probably not what the user meant; one line each."""
+        warnings = []
+        for base in self.api_base:
+            if not base.rstrip("/").endswith("/v1"):
+                warnings.append(f"api_base {base} does not end in /v1: OpenAI-compatible engines (vllm serve, "
+                                f"transformers serve) answer at {base.rstrip('/')}/v1/chat/completions")
+        if not is_loopback(self.host) and not self.server_api_key:
+            warnings.append(f"host {self.host} is reachable from other machines and server_api_key is not set: "
+                            "anyone who can reach it can use the simulator and fill its cache")
+        return warnings
+
     def system_prompt(self) -> str | None:
         return self.system_prompt_file.read_text(encoding="utf-8") if self.system_prompt_file else None
 
@@ -135,6 +162,16 @@ class ServerSettings(BaseModel):
         fields = type(self).model_fields
         return {k: v for k, v in self.model_dump(mode="json").items()
                 if fields[k].is_required() or v != fields[k].default and str(v) != str(fields[k].default)}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is only reachable from this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 FIELDS = ServerSettings.model_fields

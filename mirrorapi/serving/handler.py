@@ -48,6 +48,9 @@ from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 
 logger = logging.getLogger(__name__)
 
+MAX_ARGUMENT_DEPTH = 100  # nesting of tool_input objects/arrays; real APIs take a few levels
+LOGGED_NAME_CHARS = 200  # of a name as sent, in the request log line (a name may be a megabyte of junk)
+
 
 def _is_chat_with_user(api_name: str) -> bool:
     name = api_key_name(api_name)
@@ -87,13 +90,13 @@ class VirtualApi:
             if "chat" in request.api_name.lower() and _is_chat_with_user(request.api_name):
                 answer.body, answer.outcome = observation_bytes("", CHAT_WITH_USER_REPLY), "chat_with_user"
                 return answer
-            answer.names = (request.category, request.tool_name, request.api_name)
-            arguments = parse_tool_input(request.tool_input)
+            answer.names = (request.category[:LOGGED_NAME_CHARS], request.tool_name[:LOGGED_NAME_CHARS],
+                            request.api_name[:LOGGED_NAME_CHARS])
+            arguments, key = parse_arguments(request.tool_input)
             stages["parse"] = (now := clock()) - start
 
             doc = self.resolve(request.category, request.tool_name, request.api_name)
             answer.names = (doc.category, doc.tool, doc.api)
-            key = canonical_json(arguments)
             stages["resolve"] = (mark := clock()) - now
 
             session_id = request.session_id or session_id
@@ -107,7 +110,7 @@ class VirtualApi:
             if found is not None:  # a recorded answer wins over the validation policy: it is what the API said
                 answer.body, answer.provenance, answer.outcome = found[0].encode(), found[1], "hit"
                 return answer
-            check_arguments(doc, arguments, self.settings.missing_required, self.settings.unknown_arguments)
+            self.check_miss(doc, arguments, key)
             if self.settings.mode == "replay":
                 raise ReplayMiss(f"no cached response for {doc.category}/{doc.tool}/{doc.api} {key[:200]}")
 
@@ -128,6 +131,13 @@ class VirtualApi:
         finally:
             stages["total"] = clock() - start
 
+    def check_miss(self, doc: ApiDoc, arguments: dict, key: str) -> None:
+        """Before a miss is simulated: the validation policy, and the bound on what reaches the engine."""
+        check_arguments(doc, arguments, self.settings.missing_required, self.settings.unknown_arguments)
+        if len(key) > self.settings.max_arguments_chars:  # never sent to the engine, never stored
+            raise ArgumentError(f"tool_input is too large to simulate: {len(key):,} characters of JSON "
+                                f"(this server simulates calls of up to {self.settings.max_arguments_chars:,}).")
+
     async def _answer_in_session(self, answer: Answer, session: Session, doc: ApiDoc, arguments: dict, key: str,
                                  mark: float) -> Answer:
         """The cache and simulator steps of `answer` for a call inside `session` (see the module doc)."""
@@ -144,7 +154,7 @@ class VirtualApi:
             observation = json.loads(found[0])
             answer.body, answer.provenance, answer.outcome = found[0].encode(), found[1], "hit"
         else:
-            check_arguments(doc, arguments, settings.missing_required, settings.unknown_arguments)
+            self.check_miss(doc, arguments, key)
             if settings.mode == "replay":
                 raise ReplayMiss(f"no cached response for {doc.category}/{doc.tool}/{doc.api} {key[:200]} "
                                  f"after {history.steps} earlier call(s) of session {answer.session[:80]!r}")
@@ -162,6 +172,38 @@ class VirtualApi:
 
 
 # ------------------------------------------------------------------------------- parsing and failures
+def parse_arguments(value: Any) -> tuple[dict, str]:
+    """`tool_input` -> (the argument object, its canonical JSON: the cache key); raises ToolInputError
+    for anything that is not an object of valid Unicode text nested at most MAX_ARGUMENT_DEPTH deep."""
+    arguments = parse_tool_input(value)
+    try:
+        key = canonical_json(arguments)
+    except RecursionError:
+        raise ToolInputError(f"tool_input is nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)") from None
+    if not key.isascii():  # a lone surrogate ("\ud800" in the JSON) is not text SQLite or a model can take
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ToolInputError(f"tool_input holds a lone surrogate {key[exc.start:exc.end]!r} at character "
+                                 f"{exc.start}: not valid Unicode text") from None
+    # Counting brackets is cheap; only a key with many of them is walked.
+    if key.count("{") + key.count("[") > MAX_ARGUMENT_DEPTH and _deeper_than(arguments, MAX_ARGUMENT_DEPTH):
+        raise ToolInputError(f"tool_input is nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)")
+    return arguments, key
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether objects/arrays nest more than `limit` levels (iterative: no recursion to run out of)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        if children and depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def parse_tool_input(value: Any) -> dict:
     """`tool_input` -> the argument object; raises ToolInputError for anything that is not an object."""
     if isinstance(value, dict):
@@ -174,6 +216,8 @@ def parse_tool_input(value: Any) -> dict:
             parsed = json.loads(value, strict=False)
         except ValueError as exc:
             raise ToolInputError(f"tool_input is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ToolInputError(f"tool_input is nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)") from None
         if isinstance(parsed, dict):
             return parsed
         raise ToolInputError(f"tool_input must be a JSON object, got {type(parsed).__name__}: {value[:80]}")
@@ -204,7 +248,8 @@ def observation_bytes(error: str, response: Any) -> bytes:
 _ENGINE_REASONS = {
     "unreachable": "the simulator engine is unreachable",
     "timeout": "the simulator engine did not answer in time",
-    "garbage": "the simulator's output was not a response",
+    "not_json": "the simulator engine's answer is not JSON",
+    "no_choice": "the simulator engine's answer is not a chat completion (no choices)",
     "empty": "the simulator's output was empty",
 }
 
@@ -234,7 +279,8 @@ def to_failure(exc: BaseException) -> Failure:
         return Failure(200, "replay_miss", observation_bytes(message, ""), str(exc))
     if isinstance(exc, EngineError):
         # The agent gets a short reason; the engine's address and details go to the log only.
-        reason = _ENGINE_REASONS.get(exc.kind, "the simulator engine failed")
+        # `garbage`: the message says what the model's text was instead (see the simulator).
+        reason = str(exc) if exc.kind == "garbage" else _ENGINE_REASONS.get(exc.kind, "the simulator engine failed")
         return Failure(200, "engine_error", observation_bytes(f"{ENGINE_FAILURE} ({reason})", ""), f"{exc.kind}: {exc}")
     # A bug of ours, not the client's: logged with its traceback, answered as an observation so
     # that the agent's run goes on (StableToolBench's servers answered 500 here).

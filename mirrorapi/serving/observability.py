@@ -67,7 +67,7 @@ class _SimulatorCollector:
 
     def collect(self):
         calls = CounterMetricFamily("mirrorapi_engine_calls", "Engine calls by result (ok, garbage, "
-                                    "unreachable, timeout, http, empty).", labels=["result"])
+                                    "empty, unreachable, timeout, http, not_json, no_choice).", labels=["result"])
         coalesced = CounterMetricFamily("mirrorapi_coalesced_requests", "Cache misses answered by an identical "
                                         "engine call already in flight.")
         simulator = getattr(self.state, "simulator", None)

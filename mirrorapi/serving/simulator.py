@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import sqlite3
 from collections import Counter
@@ -142,10 +143,14 @@ class Simulator:
         except EngineError as exc:
             self.engine_calls[exc.kind] += 1
             raise
+        if not text:
+            self.engine_calls["empty"] += 1
+            raise EngineError("empty", "the engine's message holds no text")
         observation, how = parse_simulator_output(text)
         if observation is None:
             self.engine_calls["garbage"] += 1
-            raise EngineError("garbage", f"engine output is not an observation: {text[:200]!r}")
+            logger.info("simulator output is not an observation: %r", text[:200])
+            raise EngineError("garbage", unusable_output(text))
         self.engine_calls["ok"] += 1
         observation["response"] = truncate_response(observation["response"])
         stored = False
@@ -161,3 +166,15 @@ class Simulator:
             except sqlite3.Error as exc:  # the answer is still good: give it, unstored
                 logger.warning("could not store a simulated answer of %s/%s/%s: %s", doc.category, doc.tool, doc.api, exc)
         return observation, how, stored
+
+
+def unusable_output(text: str) -> str:
+    """What a model's text that is no observation was instead, in a few words the agent is shown."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return f"the simulator's output was not JSON ({len(text):,} characters)"
+    if isinstance(value, dict):
+        keys = ", ".join(repr(k)[:40] for k in list(value)[:5]) or "none"
+        return f"the simulator's output was a JSON object without \"error\" or \"response\" (keys: {keys})"
+    return f"the simulator's output was a JSON {type(value).__name__}, not an {{\"error\", \"response\"}} object"

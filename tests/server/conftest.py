@@ -21,6 +21,7 @@ from mirrorapi.names import api_key_name, standardize
 from mirrorapi.processes import free_port, serve_in_thread
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import load_settings
+from mirrorapi.serving.transport import uvicorn_options
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"  # every tool of the sample and shared pairs
@@ -56,9 +57,10 @@ def running_server(graceful_shutdown: float | None = None, **settings) -> Iterat
     `graceful_shutdown`: uvicorn's timeout_graceful_shutdown (requests still running then are cancelled)."""
     settings.setdefault("tools_folder", [str(SAMPLE_TOOLS)])
     port = free_port()
-    app = create_app(load_settings(overrides={**settings, "port": port}, environ={}))
-    with serve_in_thread(app, port, log_config=None, log_level=None, access_log=False,
-                         timeout_graceful_shutdown=graceful_shutdown) as url, \
+    resolved = load_settings(overrides={**settings, "port": port}, environ={})
+    app = create_app(resolved)
+    options = {k: v for k, v in uvicorn_options(resolved).items() if k not in ("host", "port")}  # the server's own
+    with serve_in_thread(app, port, **{**options, "log_level": None, "timeout_graceful_shutdown": graceful_shutdown}) as url, \
             httpx.Client(base_url=url, timeout=60) as client:
         yield RunningServer(url, app, client)
 

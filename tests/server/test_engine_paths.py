@@ -11,7 +11,9 @@ from mirrorapi.serving.cache import ResponseCache
 
 README_REQUEST = {"category": "Artificial_Intelligence_Machine_Learning", "tool_name": "TTSKraken",
                   "api_name": "List Languages", "tool_input": "{}", "strip": "truncate", "toolbench_key": ""}
-GARBAGE = {"error": "Failed to generate fake response (the simulator's output was not a response)", "response": ""}
+# The untrained tiny model's greedy answer decodes to no text at all (special tokens only): the agent is
+# told exactly that, not a vague failure.
+EMPTY = {"error": "Failed to generate fake response (the simulator's output was empty)", "response": ""}
 
 
 @pytest.fixture(scope="module")
@@ -23,24 +25,28 @@ def garbage(serve, tiny_engine, tmp_path_factory):
 
 @pytest.mark.slow
 def test_readme_request_with_a_garbage_engine_is_an_error_never_cached(garbage):
-    calls = garbage.metric("mirrorapi_engine_calls_total", result="garbage")
+    calls = garbage.metric("mirrorapi_engine_calls_total", result="empty")
     for _ in range(2):
         response = garbage.virtual(README_REQUEST)
-        assert (response.status_code, response.json()) == (200, GARBAGE)
-    assert garbage.metric("mirrorapi_engine_calls_total", result="garbage") == calls + 2  # asked again
-    assert garbage.client.get("/health").json()["cache"]["entries"] == 0
-    assert garbage.client.get("/health").json()["engine"][0]["reachable"] is True
+        assert (response.status_code, response.json()) == (200, EMPTY)
+    assert garbage.metric("mirrorapi_engine_calls_total", result="empty") == calls + 2  # asked again
+    health = garbage.client.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["cache"]["entries"] == 0
+    # transformers serve lists no model at /v1/models: a one-token completion shows it serves this one.
+    assert health.json()["engine"][0]["serves_model"] is True
+    assert health.json()["engine"][0]["detail"] == "answered a one-token completion"
 
 
 @pytest.mark.slow
 def test_identical_concurrent_misses_make_one_engine_call(garbage):
     body = {**README_REQUEST, "tool_input": "{\"concurrent\": true}"}
-    calls = garbage.metric("mirrorapi_engine_calls_total", result="garbage")
+    calls = garbage.metric("mirrorapi_engine_calls_total", result="empty")
     coalesced = garbage.metric("mirrorapi_coalesced_requests_total")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: garbage.virtual(body).json(), range(8)))
-    assert answers == [GARBAGE] * 8
-    assert garbage.metric("mirrorapi_engine_calls_total", result="garbage") == calls + 1
+    assert answers == [EMPTY] * 8
+    assert garbage.metric("mirrorapi_engine_calls_total", result="empty") == calls + 1
     assert garbage.metric("mirrorapi_coalesced_requests_total") == coalesced + 7
 
 
@@ -86,3 +92,31 @@ def test_replay_mode_answers_from_the_cache_only(serve, engine_hanging, tmp_path
         health = server.client.get("/health").json()
         assert health["mode"] == "replay" and health["engine"] == [] and health["status"] == "ok"
     assert ResponseCache(tmp_path / "c.sqlite").stats()["hits"] == 1  # flushed at shutdown
+
+
+@pytest.mark.slow
+def test_a_model_the_engine_does_not_serve_is_reported_at_start_up_and_by_health(serve, tiny_engine, tmp_path,
+                                                                                caplog):
+    with caplog.at_level("WARNING", logger="mirrorapi.serving.app"):
+        with serve(api_base=[tiny_engine.base_url], model="mirrorapi", cache_path=str(tmp_path / "c.sqlite")) as server:
+            response = server.client.get("/health")
+            deadline = time.monotonic() + 10
+            while "does not serve" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+    assert response.status_code == 503 and response.json()["status"] == "unavailable"
+    replica = response.json()["engine"][0]
+    assert replica["reachable"] is True and replica["serves_model"] is False
+    assert replica["detail"].startswith("does not serve model 'mirrorapi'")
+    assert "Server is pinned to" in replica["detail"]  # what transformers serve said
+    lines = [r.getMessage() for r in caplog.records if "does not serve model" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0] and lines[0].startswith(f"engine {tiny_engine.base_url} ")
+
+
+def test_an_api_base_without_v1_is_reported_at_start_up(serve, engine_down, tmp_path, caplog):
+    base = engine_down.removesuffix("/v1")
+    with caplog.at_level("WARNING", logger="mirrorapi.serving.app"):
+        with serve(api_base=[base, engine_down], cache_path=str(tmp_path / "c.sqlite")):
+            pass
+    lines = [r.getMessage() for r in caplog.records if "does not end in /v1" in r.getMessage()]
+    assert lines == [f"api_base {base} does not end in /v1: OpenAI-compatible engines (vllm serve, transformers "
+                     f"serve) answer at {base}/v1/chat/completions"]

@@ -133,7 +133,11 @@ def test_engine_down_miss_is_an_error_observation_not_cached(imported):
         assert response.status_code == 200
         assert response.json() == {"error": "Failed to generate fake response (the simulator engine is unreachable)",
                                    "response": ""}
-    health = imported.client.get("/health").json()
+    response = imported.client.get("/health")
+    health = response.json()
     assert health["cache"]["entries"] == entries
-    assert health["status"] == "degraded" and health["engine"][0]["reachable"] is False
+    # No replica can simulate: 503, and the body says that hits are still served.
+    assert response.status_code == 503
+    assert health["status"] == "unavailable" and health["engine"][0]["reachable"] is False
+    assert health["misses"].startswith("not simulated") and "cache hits are still served" in health["misses"]
     assert imported.metric("mirrorapi_engine_calls_total", result="unreachable") >= 2
