@@ -60,7 +60,8 @@ def running_server(graceful_shutdown: float | None = None, **settings) -> Iterat
     resolved = load_settings(overrides={**settings, "port": port}, environ={})
     app = create_app(resolved)
     options = {k: v for k, v in uvicorn_options(resolved).items() if k not in ("host", "port")}  # the server's own
-    with serve_in_thread(app, port, **{**options, "log_level": None, "timeout_graceful_shutdown": graceful_shutdown}) as url, \
+    options.update(log_level=None, timeout_graceful_shutdown=graceful_shutdown)
+    with serve_in_thread(app, port, **options) as url, \
             httpx.Client(base_url=url, timeout=60) as client:
         yield RunningServer(url, app, client)
 
