@@ -5,7 +5,7 @@
 Workloads (issue 3), each run in a fresh server process (`serving/main_mirrorapi.py`, logging a
 line per request to a file as in production) on a copy of a cache of 20,000 entries over 2,000
 real APIs of the tools folder:
-- start-up: process start until /health answers, with the whole tools folder;
+- start-up: process start until the server answers (/live), with the whole tools folder;
 - hits: 1 and 64 closed-loop clients on keep-alive connections, random cached calls, and 64 clients
   paced to 1,000 requests/s together (above the 760/s StableToolBench's server tops out at);
 - misses: 64 closed-loop clients, every call new, against a stub engine that answers every chat
@@ -171,7 +171,7 @@ def one_run(args, work: Path, base_cache: Path, hit_bodies: Path, miss_bodies: l
     start = time.perf_counter()
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_until_ready(f"http://127.0.0.1:{port}/health", 120, process=server, log_path=work / "server.log",
+        wait_until_ready(f"http://127.0.0.1:{port}/live", 120, process=server, log_path=work / "server.log",
                          interval=0.02)
         result = {"startup_s": time.perf_counter() - start}
         run_load(port, server.pid, hit_bodies, 16, 2000)  # warm-up
