@@ -191,7 +191,9 @@ class EngineClient:
             replica.in_flight += 1
             try:
                 completion = await asyncio.wait_for(self._post(base, payload, limit), limit)
-                return _message(completion)
+                answer = _message(completion)
+                replica.down_until = 0.0  # it answered (a call with nothing better to try may use a cooling one)
+                return answer
             except asyncio.TimeoutError:
                 last = EngineError("timeout", f"engine at {base} did not answer within {limit:g} s")
             except aiohttp.ClientError as exc:  # refused, reset, closed mid-answer
