@@ -1,4 +1,4 @@
-# The two commands a user needs: `make test` and `make demo`. Both set up `.venv` first.
+# The commands a user needs: `make test` (or `make test-quick`) and `make demo`. All set up `.venv` first.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # on a machine whose package index has no CPU build of torch 2.13.0.
 PIP_TORCH_FLAGS ?=
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test test-quick demo bench clean
 
 venv: $(VENV)/.installed
 
@@ -18,6 +18,10 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 
 test: venv
 	$(BIN)/python -m pytest
+
+# Everything but the tests marked slow (they train a tiny model or start an engine).
+test-quick: venv
+	$(BIN)/python -m pytest -m "not slow"
 
 # DEMO_ARGS: e.g. --quick, --samples, --work-dir DIR (scripts/demo.py --help)
 demo: venv

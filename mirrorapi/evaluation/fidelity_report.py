@@ -74,6 +74,15 @@ def render_markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
+    """`figure(report)` written to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(report)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def figure(report: dict):
     """One panel per source (and overall): a bar per metric for the simulator and the baseline."""
     import matplotlib
 
@@ -91,14 +100,17 @@ def plot(report: dict, path: Path) -> None:
             values = [block[side].get(k) for k in keys]
             positions = [x + (i - (len(sides) - 1) / 2) * width for x in range(len(keys))]
             ax.bar(positions, [math.nan if v is None else v for v in values], width, label=SIDE_TITLES[side])
+            # A metric that does not apply (no call of that kind) has no bar; say so, or it reads as 0.
+            for x, value in zip(positions, values):
+                if value is None:
+                    ax.text(x, 2, "n/a", ha="center", va="bottom", rotation=90, fontsize=8, color="0.4")
         ax.set_title(f"{name} ({block['n']} calls)")
         ax.set_xticks(range(len(keys)), [METRIC_TITLES[k] for k in keys])
         ax.set_ylim(0, 100)
         ax.set_ylabel("%")
     axes[0, 0].legend(loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def write_report(out: Path, report: dict, rows: list[dict]) -> dict[str, Path]:

@@ -1,6 +1,11 @@
 """The demo's report folder: `report.json` (everything), `report.md` (a summary of every step) and
 `fidelity.png` (copied from the fidelity evaluation), beside the evaluations' own reports and the logs.
-Written also when a step failed or was interrupted: what was done until then, and where it stopped."""
+Written also when a step failed or was interrupted: what was done until then, and where it stopped.
+
+Every score stands beside what a trivial answer gets on the same items, so that a tiny model's number
+is read against what needs no model at all: a constant "no error" observation for the simulator's
+fidelity, a judge that says Solved to everything for FAC and judge agreement. A cell that does not
+apply (no call of that kind, no schema) reads "n/a", never 0."""
 
 from __future__ import annotations
 
@@ -8,35 +13,83 @@ import json
 import shutil
 from pathlib import Path
 
+from mirrorapi.evaluation.fidelity_metrics import compare, slice_metrics
+from mirrorapi.tools import ToolRegistry
+
 FIDELITY_KEYS = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
                  "error_agreement": "error agreement", "schema_conformance": "schema conformance"}
-SIDES = {"simulated": "simulator (tiny model)", "baseline": "nearest example"}
-CAVEAT = ("The tiny model (about 0.6M parameters, trained for a minute) learns the simulator's answer format "
-          "(`{\"error\", \"response\"}` JSON), not the APIs, and the tiny judge learns the verdict format: the scores "
-          "show that the loop runs end to end, not what a trained 7B simulator or judge reaches.")
+SIDES = {"simulated": "simulator (tiny model)", "baseline": "nearest example",
+         "constant": 'constant "no error" answer'}
+CONSTANT_ANSWER = {"error": "", "response": ""}  # what a simulator that never errs and says nothing answers
+# How many items each metric is computed over (the others are over every call).
+METRIC_N = {"valid_json": "valid_json_n", "schema_conformance": "schema_n"}
 
 
 def _num(value) -> str:
-    return "-" if value is None else f"{value:.1f}"
+    return "n/a" if value is None else f"{value:.1f}"
 
 
-def fidelity_summary(fidelity: dict) -> str:
-    overall = fidelity["overall"]
+def duration(seconds: float) -> str:
+    """12.3 -> "12 s", 95 -> "1 min 35 s"."""
+    seconds = round(seconds)
+    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60:02d} s"
+
+
+def constant_answer_metrics(pairs: list[dict], tools: Path) -> dict:
+    """The fidelity metrics of answering CONSTANT_ANSWER to every held-out call (the library's own scoring)."""
+    rows = compare(pairs, [CONSTANT_ANSWER] * len(pairs), registry=ToolRegistry.load([tools]))
+    return slice_metrics(rows, "simulated")
+
+
+def _fidelity_sides(report: dict) -> dict[str, dict]:
+    overall = report["fidelity"]["overall"]
+    sides = {side: overall[side] for side in ("simulated", "baseline") if overall.get(side)}
+    if report.get("fidelity_constant"):
+        sides["constant"] = report["fidelity_constant"]
+    return sides
+
+
+def fidelity_summary(fidelity: dict, constant: dict | None = None) -> str:
+    sides = _fidelity_sides({"fidelity": fidelity, "fidelity_constant": constant})
     lines = [f"fidelity on {fidelity['calls']} held-out real calls (%, " + ", ".join(FIDELITY_KEYS.values()) + "):"]
-    for side, title in SIDES.items():
-        if overall.get(side):
-            lines.append(f"  {title:<24}" + "  ".join(f"{_num(overall[side].get(k)):>5}" for k in FIDELITY_KEYS))
+    for side, metrics in sides.items():
+        lines.append(f"  {SIDES[side]:<28}" + "  ".join(f"{_num(metrics.get(k)):>5}" for k in FIDELITY_KEYS))
     return "\n".join(lines)
 
 
+def always_solved_fac(row: dict, repeats: int = 1) -> float:
+    """FAC of a judge that says Solved to every answer it is asked about: the share of ids that reach the
+    judge at all (missing, empty and give-up answers are Unsolved without a call), averaged over groups
+    as the table averages them."""
+    cells = list(row["groups"].values())
+    return sum(100.0 * c["judge_calls"] / (c["ids"] * repeats) if c["ids"] else 0.0 for c in cells) / len(cells)
+
+
 def judge_summary(fac: dict, agreement: dict) -> str:
-    lines = [f"FAC of StableToolBench's example answers, {row['model']}: {row['average']['score']:.1f}"
-             for row in fac["rows"]]
+    lines = [f"FAC of StableToolBench's example answers, {row['model']}: {row['average']['score']:.1f} "
+             f"(a judge saying Solved to all: {always_solved_fac(row, fac.get('repeats', 1)):.1f}; "
+             f"{sum(c['ids'] for c in row['groups'].values())} ids)" for row in fac["rows"]]
     overall = agreement["overall"]
     accuracy = "n/a" if overall["accuracy"] is None else f"{100 * overall['accuracy']:.1f}%"
     kappa = "n/a" if overall["kappa"] is None else f"{overall['kappa']:.2f}"
-    return "\n".join(lines + [f"judge agreement on {overall['n']} held-out labelled answers: accuracy {accuracy}, "
-                              f"Cohen's kappa {kappa}, {overall['unparseable']} unparseable"])
+    # A constant verdict agrees exactly as often as chance does: kappa 0 (n/a when every label is Solved).
+    n, solved = overall["n"], overall["labelled_solved"]
+    constant = "n/a" if not n else f"accuracy {100 * solved / n:.1f}%, kappa {'n/a' if solved == n else '0.00'}"
+    return "\n".join(lines + [f"judge agreement on {n} held-out labelled answers: accuracy {accuracy}, "
+                              f"Cohen's kappa {kappa}, {overall['unparseable']} unparseable "
+                              f"(a judge saying Solved to all: {constant})"])
+
+
+def caveat(report: dict) -> str:
+    """What the scores mean, with this run's own training time."""
+    training = report.get("training", {}).get("simulator")
+    trained = "" if not training else \
+        f", trained for {duration(training['metrics']['train_seconds'])}" + (" in an earlier run" if training["reused"]
+                                                                             else "")
+    return (f"The tiny model (about 0.6M parameters{trained}) learns the simulator's answer format "
+            "(`{\"error\", \"response\"}` JSON), not the APIs, and the tiny judge learns the verdict format: read "
+            "every score against its trivial baseline (a constant answer, a judge that says Solved to all). The "
+            "scores show that the loop runs end to end, not what a trained 7B simulator or judge reaches.")
 
 
 def counts(mapping: dict) -> str:
@@ -89,21 +142,28 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| {i} | {c['kind']} | `{api}` | {c['outcome']} | {c['provenance'] or '-'} "
                          f"| `{_short(c['served'])}` | {c['note']} |")
     if "fidelity" in report:
-        overall = report["fidelity"]["overall"]
+        sides = _fidelity_sides(report)
+        first = next(iter(sides.values()))
         lines += ["", "## 5. Scores", "",
                   f"### Simulator fidelity on {report['fidelity']['calls']} held-out real calls", "",
-                  "| | " + " | ".join(FIDELITY_KEYS.values()) + " |", "|---|" + "---|" * len(FIDELITY_KEYS)]
-        lines += [f"| {title} | " + " | ".join(_num(overall[side].get(k)) for k in FIDELITY_KEYS) + " |"
-                  for side, title in SIDES.items() if overall.get(side)]
-        lines += ["", "All in %; definitions in [fidelity/fidelity.md](fidelity/fidelity.md).", "",
+                  "| | " + " | ".join(FIDELITY_KEYS.values()) + " |", "|---|" + "---|" * len(FIDELITY_KEYS),
+                  "| n (calls scored) | " + " | ".join(str(first.get(METRIC_N.get(k, "n"), "n/a"))
+                                                     for k in FIDELITY_KEYS) + " |"]
+        lines += [f"| {SIDES[side]} | " + " | ".join(_num(metrics.get(k)) for k in FIDELITY_KEYS) + " |"
+                  for side, metrics in sides.items()]
+        lines += ["", "All in %; n/a: no call of that kind among those scored. The constant answer is "
+                  f"`{json.dumps(CONSTANT_ANSWER)}` for every call: its error agreement is the share of calls that did "
+                  "not fail. Definitions in [fidelity/fidelity.md](fidelity/fidelity.md).", "",
                   "![fidelity per source](fidelity.png)"]
     if "fac" in report and "agreement" in report:
-        lines += ["", "### FAC and judge agreement with the trained judge", "",
+        lines += ["", "### FAC and judge agreement with the trained judge, beside a judge that says Solved to all", "",
                   *("- " + line for line in judge_summary(report["fac"], report["agreement"]).splitlines()),
                   "", "Tables: [fac/fac.md](fac/fac.md), "
                   "[judge-agreement/agreement.md](judge-agreement/agreement.md)."]
     lines += ["", "## Files", "", "`report.json` (everything above, in full), `logs/` (every command's output), "
-              "`server.yml` (the virtual server's settings), `heldout.jsonl` (the calls scored).", "", CAVEAT, ""]
+              "`server.yml` (the virtual server's settings), `heldout.jsonl` (the calls scored), `cache.sqlite` (the "
+              "virtual server's cache), and links to what the run used: `simulator`, `judge`, `tools`, "
+              "`tool_response_cache`, `train.jsonl`, `judge_test.jsonl`.", "", caveat(report), ""]
     return "\n".join(lines)
 
 

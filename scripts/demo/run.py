@@ -14,7 +14,10 @@
 
 Whatever happens, everything the demo started is stopped: `run_demo` raises `DemoError`, naming the
 step, when a step fails or the user interrupts it. What steps 1-2 build is reused by later runs
-(`demo_build`); every run writes a new report folder `<work>/<time>/`.
+(`demo_build`); every run writes a new report folder `<work>/<time>/`, which links what the README's
+later sections use (`simulator`, `judge`, `tools`, `tool_response_cache`, `train.jsonl`,
+`judge_test.jsonl`, beside its own `heldout.jsonl` and `cache.sqlite`); `<work>/latest` points at the
+last run that completed.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from demo.build import (
 )
 from demo.calls import plan_calls, render_call, send_calls
 from demo.processes import brief, run_command, sigint_ignored, virtual_server
-from demo.report import counts, fidelity_summary, judge_summary, write_report
+from demo.report import constant_answer_metrics, counts, fidelity_summary, judge_summary, write_report
 
 from mirrorapi.processes import free_port, transformers_serve
 from mirrorapi.records import read_pairs_jsonl
@@ -63,6 +66,7 @@ TITLES = {"data": "build the simulator and judge SFT sets from real pairs",
           "report": "stop everything started, write the report"}
 STB_EXAMPLE = REPO / "data" / "samples" / "stabletoolbench"  # StableToolBench's example answers and their ids
 ACCELERATE_CONFIG = "training/accelerate/cpu.yaml"
+LATEST = "latest"  # <work>/latest: the last run that completed
 QUIET_TRAINING = {"eval_strategy": "no", "eval_on_start": "false", "save_strategy": "no", "logging_steps": 10,
                   "disable_tqdm": "true"}
 
@@ -159,9 +163,16 @@ class Demo:
             raise DemoError(number, name, message, interrupted, self.run_dir) from None
         self.report.update(status="ok", total_seconds=round(time.perf_counter() - start, 1))
         write_report(self.run_dir, self.report)
+        latest = point_latest(self.run_dir)
         say(f"report: {shown(self.run_dir / 'report.md')} (with report.json and fidelity.png); "
             f"total {self.report['total_seconds']:.0f} s")
+        say(f"{shown(latest)} -> {self.run_dir.name}: the simulator, the judge, the tools, the caches and the "
+            "held-out calls of this run, for the README's next sections")
         return self.run_dir
+
+    def link(self, name: str, target: Path) -> None:
+        """`<run>/<name>` -> target (relative, so that a moved work folder keeps its links)."""
+        (self.run_dir / name).symlink_to(os.path.relpath(target, self.run_dir))
 
     def train(self, kind: str, recipe: str, dataset: Path, overrides: dict) -> tuple[Path, dict]:
         inputs = {"base": self.base.name, "data": dataset.parent.name, "recipe": digest(REPO / recipe),
@@ -231,6 +242,9 @@ class Demo:
             f"({s['stb_cache']['files']} API files, {s['stb_cache']['entries']} responses)")
         self.report.update(data_source=source.description, data={"folder": str(self.data.folder),
                                                                  "reused": self.data.reused, **s})
+        for name, target in (("tools", source.tools), ("tool_response_cache", self.data.stb_cache),
+                             ("train.jsonl", self.data.train_pairs), ("judge_test.jsonl", self.data.judge_test)):
+            self.link(name, target)
 
     def step_train(self) -> None:
         self.base, reused = build_base_model(self.build, self.data, self.code)
@@ -241,6 +255,7 @@ class Demo:
                                       ("judge", "training/configs/tiny_judge_cpu.yaml", self.data.judge)):
             overrides = getattr(self.sizes, kind)
             setattr(self, kind, self.train(kind, recipe, dataset, overrides)[0])
+            self.link(kind, getattr(self, kind))
 
     def step_serve(self) -> None:
         self.engine = self.stack.enter_context(transformers_serve(
@@ -279,7 +294,8 @@ class Demo:
                       "--out", shown(fidelity), "--baseline-pairs", shown(self.data.train_pairs), "--tools",
                       shown(self.data.source.tools), "--concurrency", "4", "--no-progress"], "fidelity.log")
         self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
-        say(fidelity_summary(self.report["fidelity"]))
+        self.report["fidelity_constant"] = constant_answer_metrics(chosen, self.data.source.tools)
+        say(fidelity_summary(self.report["fidelity"], self.report["fidelity_constant"]))
 
         judge = self.stack.enter_context(transformers_serve(self.judge, log_path=self.logs / "judge-engine.log",
                                                             timeout=180))
@@ -305,6 +321,16 @@ class Demo:
         with sigint_ignored():
             self.stack.close()
         say(f"stopped the engines and the virtual servers in {time.perf_counter() - began:.1f} s")
+
+
+def point_latest(run_dir: Path) -> Path:
+    """`<work>/latest` -> `run_dir` (a relative link, replaced in one step: never missing, never half-made)."""
+    latest = run_dir.parent / LATEST
+    staging = latest.with_name(f".{LATEST}-{os.getpid()}")
+    staging.unlink(missing_ok=True)
+    staging.symlink_to(run_dir.name)
+    os.replace(staging, latest)
+    return latest
 
 
 def run_demo(options: DemoOptions) -> Path:
