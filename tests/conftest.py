@@ -10,8 +10,9 @@
   `mirrorapi-v1`) on the first 48 training records of `simulator_sft_dir` that fit in 512 tokens
   (300 steps, ≈ 1 min on 2 idle cores); greedy answers to those
   prompts are `{"error", "response"}` JSON objects. `simulator_engine`: `transformers serve` on it.
-- `trained_judge_dir`: the tiny model trained on `judge_sft_dir` (format `fac-v1`); it answers
-  `Verdict: Solved|Unsolved`. `judge_engine`: `transformers serve` on it.
+- `trained_judge_dir`: the tiny model trained on `judge_sft_dir` (format `fac-v1`; 20 steps on
+  records of up to 768 tokens: the verdict line is learnt long before the recipe's 60 steps); it
+  answers `Verdict: Solved|Unsolved`. `judge_engine`: `transformers serve` on it.
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("trained") / "judge"
     run_sft_recipe(["--config", str(REPO / "training/configs/tiny_judge_cpu.yaml"), "--model_name_or_path",
                     str(tiny_model_dir), "--dataset_path", str(judge_sft_dir), "--output_dir", str(out),
-                    "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no",
-                    "--disable_tqdm", "true"])
+                    "--max_steps", "20", "--max_length", "768", "--eval_strategy", "no", "--eval_on_start", "false",
+                    "--save_strategy", "no", "--disable_tqdm", "true"])
     return out
 
 
