@@ -2,7 +2,7 @@
 
 import math
 
-from mirrorapi.evaluation.fidelity_report import METRICS, figure
+from mirrorapi.evaluation.fidelity_report import METRIC_TITLES, figure
 
 
 def test_not_applicable_is_labelled_and_has_no_bar():
@@ -14,7 +14,7 @@ def test_not_applicable_is_labelled_and_has_no_bar():
     fig = figure({"overall": overall, "per_source": {"tau-bench": source}, "baseline": True})
     overall_ax, source_ax = fig.axes[:2]
     labels = [t.get_text() for t in source_ax.get_xticklabels()]
-    assert labels == [METRICS[k] for k in ("bleu4", "rouge_l", "schema_conformance")]
+    assert labels == [METRIC_TITLES[k] for k in ("bleu4", "rouge_l", "schema_conformance")]
     heights = [bar.get_height() for bar in source_ax.patches]  # simulator bars, then baseline bars
     assert heights[:2] == [12.0, 30.0] and math.isnan(heights[2])
     assert heights[3:5] == [40.0, 0.0] and math.isnan(heights[5])  # a measured 0 stays a (zero) bar
