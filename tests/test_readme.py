@@ -28,7 +28,7 @@ def readme_commands() -> list[str]:
     continuation lines joined, comments dropped."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
     commands = []
-    for block in re.findall(r"^```\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
         if re.search(r"^(vllm serve|scripts/serve_engine_vllm)", block, re.MULTILINE):
             continue
         for command in block.replace("\\\n", " ").splitlines():
