@@ -181,6 +181,7 @@ def cache_stats(args: argparse.Namespace) -> int:
     print(f"simulated:  {stats['entries'] - stats['recorded']:,} in {len(stats['by_identity']):,} simulator identities")
     for identity, item in stats["by_identity"].items():
         print(f"  {identity}: {item['entries']:,} entries, {item['hits']:,} hits")
+    print(f"in sessions: {stats['session_entries']:,} (answers stored under a session's history)")
     for item in stats["imports"]:
         print(f"imported:   {item['origin']} ({item['entries']:,} entries)")
     return 0
