@@ -2,11 +2,11 @@
 
 Any OpenAI-compatible server works: `vllm serve` on GPU hosts, `transformers serve` on a CPU.
 Several base URLs are replicas; a call goes to the one with the fewest calls in flight (round-robin
-among equals). A call has one deadline (`timeout`) for all its attempts and each
-attempt its own limit (`attempt_timeout`), so a hung replica costs one attempt, not the call. The
-next attempt goes to a replica this call has not tried yet, without waiting; a replica that failed
-is skipped by every call for `cooldown` seconds, then probed in the background (any HTTP answer
-brings it back) before it gets traffic again. Only when no untried healthy replica is left does a
+among equals). A call has one deadline (`timeout`) for all its attempts, and an attempt that could
+move on to another replica its own limit (`attempt_timeout`), so a hung replica costs one attempt,
+not the call. The next attempt goes to a replica this call has not tried yet, without waiting; a
+replica that failed is skipped by every call for `cooldown` seconds, then probed in the background
+(any HTTP answer brings it back) before it gets traffic again. Only when no untried healthy replica is left does a
 call wait (exponential backoff with full jitter, so retries of many calls do not arrive together).
 
 Why aiohttp and not the `openai` SDK: we send one request shape and read one field, and the SDK's
@@ -187,7 +187,12 @@ class EngineClient:
                 break
             tried.add(index)
             replica = self.replicas[index]
-            base, limit = replica.base, min(self.attempt_timeout, remaining)
+            # The attempt timeout is there to move on to another replica: with none to move on to (the last
+            # attempt, or no other healthy replica left) the attempt may take what is left of the deadline,
+            # as a slow engine's long answer is better than a retry that starts generating again.
+            elsewhere = attempt < self.retries and any(
+                i not in tried and not r.down_until for i, r in enumerate(self.replicas))
+            base, limit = replica.base, min(self.attempt_timeout, remaining) if elsewhere else remaining
             replica.in_flight += 1
             try:
                 completion = await asyncio.wait_for(self._post(base, payload, limit), limit)

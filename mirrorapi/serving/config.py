@@ -84,8 +84,8 @@ class ServerSettings(BaseModel):
         "A call with arguments the doc does not list: simulate it, or reject it."))
     engine_timeout: float = Field(60.0, gt=0, description="Seconds an engine call may take, retries included.")
     engine_attempt_timeout: float = Field(30.0, gt=0, description=(
-        "Seconds one attempt may take (at most engine_timeout); a slower replica is given up and the next "
-        "attempt goes to another."))
+        "Seconds an attempt may take when another replica could take the next one; a slower replica is "
+        "given up. The last replica standing may use what is left of engine_timeout."))
     engine_retries: int = Field(2, ge=0, description=(
         "Further attempts after a failed one: on another replica at once, else after a jittered backoff."))
     engine_cooldown: float = Field(10.0, ge=0, description=(
