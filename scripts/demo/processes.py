@@ -97,7 +97,7 @@ def run_command(command: list[str], log_path: Path, on_line: Callable[[str], Non
 @contextlib.contextmanager
 def virtual_server(config: Path, log_path: Path, timeout: float = 60.0) -> Iterator[str]:
     """`python serving/main_mirrorapi.py --config CONFIG` until the block ends; yields its base URL once
-    `/health` answers (the port is the config's)."""
+    `/live` answers (the port is the config's; `/health` also asks the engine: 503 while none serves the model)."""
     import yaml
 
     port = yaml.safe_load(config.read_text(encoding="utf-8"))["port"]
@@ -110,7 +110,7 @@ def virtual_server(config: Path, log_path: Path, timeout: float = 60.0) -> Itera
             process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
         try:
-            wait_until_ready(url + "/health", timeout, process=process, log_path=log_path)
+            wait_until_ready(url + "/live", timeout, process=process, log_path=log_path)
         except ProcessExited:
             raise StepFailed(f"the virtual server exited with status {process.returncode}; its log {log_path} "
                              f"ends with:\n{log_tail(log_path)}") from None

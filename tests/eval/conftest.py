@@ -118,7 +118,7 @@ def start_virtual_server(folder: Path, samples: Path, api_base: str, model: str,
     process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_ready(url + "/health", 60, process=process, log_path=folder / "server.out")
+        wait_until_ready(url + "/live", 60, process=process, log_path=folder / "server.out")
     except Exception:
         stop(process)
         output.close()
