@@ -102,7 +102,8 @@ def main() -> None:
     processes = [subprocess.Popen([sys.executable, str(REPO / "bench" / "server.py"), "--role", "stub-engine",
                                    "--port", str(engine_port)])]
     command = [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--tools-folder",
-               str(REPO / "data" / "samples" / "tools"), "--cache-path", str(work / "cache.sqlite"), "--port", str(port),
+               str(REPO / "data" / "samples" / "tools"), "--cache-path", str(work / "cache.sqlite"),
+               "--port", str(port),
                "--api-base", hung.url, healthy, "--model", "stub", "--engine-timeout", "30", "--engine-retries", "2",
                "--engine-attempt-timeout", str(args.attempt_timeout), "--engine-cooldown", str(args.cooldown),
                "--log-level", "warning"]

@@ -86,7 +86,8 @@ class VirtualEndpoint:
         try:
             body = await read_body(scope, receive, self.max_body)
         except BodyTooLarge as exc:
-            message = f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to {self.max_body:,})"
+            message = (f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to "
+                       f"{self.max_body:,})")
             return await send_json(send, 413, error_body(message), [(b"connection", b"close")])
         except ClientGone:
             return

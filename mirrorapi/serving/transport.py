@@ -70,7 +70,8 @@ class RequestDeadlineProtocol(HttpToolsProtocol):
 
 def uvicorn_options(settings: ServerSettings) -> dict:
     """The one uvicorn configuration of the server: `uvicorn.run(app, **options)` (the tests use it too)."""
-    protocol = type("RequestDeadlineProtocol", (RequestDeadlineProtocol,), {"request_timeout": settings.request_timeout})
+    protocol = type("RequestDeadlineProtocol", (RequestDeadlineProtocol,),
+                    {"request_timeout": settings.request_timeout})
     # log_config=None: uvicorn's loggers go through ours; its access log is replaced by RequestLogWriter's lines.
     # No proxy-header rewriting: the server binds 127.0.0.1 by default and reports no client addresses.
     return dict(host=settings.host, port=settings.port, http=protocol, log_config=None, access_log=False,

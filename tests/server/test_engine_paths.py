@@ -98,7 +98,8 @@ def test_replay_mode_answers_from_the_cache_only(serve, engine_hanging, tmp_path
 def test_a_model_the_engine_does_not_serve_is_reported_at_start_up_and_by_health(serve, tiny_engine, tmp_path,
                                                                                 caplog):
     with caplog.at_level("WARNING", logger="mirrorapi.serving.app"):
-        with serve(api_base=[tiny_engine.base_url], model="mirrorapi", cache_path=str(tmp_path / "c.sqlite")) as server:
+        with serve(api_base=[tiny_engine.base_url], model="mirrorapi",
+                   cache_path=str(tmp_path / "c.sqlite")) as server:
             response = server.client.get("/health")
             deadline = time.monotonic() + 10
             while "does not serve" not in caplog.text and time.monotonic() < deadline:
