@@ -60,9 +60,36 @@ class _Replica:
     in_flight: int = 0  # attempts sent and not answered yet
 
 
+async def _streamed_completion(response: aiohttp.ClientResponse) -> dict:
+    """The chat completion that a stream of `data: {chunk}` events adds up to (content deltas joined)."""
+    parts: list[str] = []
+    async for line in response.content:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise EngineError("not_json", f"engine streamed an event that is not JSON: {data[:200]!r}") from None
+        if isinstance(chunk, dict) and chunk.get("error"):
+            raise EngineError("http", f"engine failed while streaming: {str(chunk['error'])[:200]}")
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
+        if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+            parts.append(delta["content"])
+    return {"choices": [{"message": {"role": "assistant", "content": "".join(parts)}}]}
+
+
 class EngineClient:
     """Create it, call `chat`, `await aclose()`. The HTTP session is opened on the first call, inside
-    the event loop that uses it."""
+    the event loop that uses it.
+
+    `stream=True` asks for the answer as server-sent events (text content only: for judges, not for
+    tool calls). Why: `transformers serve` stops generating when the client of a *streamed* request
+    goes away, but finishes every non-streamed one, so a CPU engine whose callers time out keeps
+    working for nobody (issue 15). vLLM aborts either kind."""
 
     def __init__(
         self,
@@ -75,6 +102,7 @@ class EngineClient:
         max_connections: int = 256,
         attempt_timeout: float | None = None,
         cooldown: float = 10.0,
+        stream: bool = False,
     ):
         bases = [api_bases] if isinstance(api_bases, str) else list(api_bases)
         if not bases:
@@ -84,7 +112,7 @@ class EngineClient:
         self.model, self.timeout, self.retries, self.backoff = model, timeout, retries, backoff
         self.attempt_timeout = min(attempt_timeout or timeout, timeout)
         self.cooldown = cooldown
-        self.max_connections = max_connections
+        self.max_connections, self.stream = max_connections, stream
         self._headers = {"Authorization": f"Bearer {api_key or 'EMPTY'}", "Content-Type": "application/json"}
         self._session: aiohttp.ClientSession | None = None
         self._turn = 0  # round-robin position
@@ -147,6 +175,8 @@ class EngineClient:
     async def _post(self, base: str, body: bytes, timeout: float) -> dict:
         async with self._http().post(base + "/chat/completions", data=body,
                                      timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+            if response.status < 400 and response.content_type == "text/event-stream":
+                return await _streamed_completion(response)
             data = await response.read()
             if response.status >= 400:
                 raise EngineError("http", f"engine answered HTTP {response.status}: "
@@ -173,6 +203,8 @@ class EngineClient:
             body["response_format"] = response_format
         if seed is not None:
             body["seed"] = seed
+        if self.stream:
+            body["stream"] = True
         body.update(extra_body or {})
         payload = json.dumps(body, ensure_ascii=False).encode()
         last: EngineError | None = None
@@ -251,22 +283,6 @@ class EngineClient:
             health.cooling_down = round(max(0.0, replica.down_until - time.monotonic()), 1)
             return health
         return list(await asyncio.gather(*(check(r) for r in self.replicas)))
-
-    async def served_by(self, timeout: float = 3.0) -> str | None:
-        """Which engine serves the model: the `owned_by` of its entry in the first replica's `GET /models`
-        (`vllm` for vLLM); None when the list does not name the model or cannot be read."""
-        try:
-            async with self._http().get(self.api_bases[0] + "/models",
-                                        timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-                listing = await response.json(content_type=None) if response.status == 200 else {}
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return None
-        models = listing.get("data") if isinstance(listing, dict) else None
-        for model in models if isinstance(models, list) else []:
-            if isinstance(model, dict) and model.get("id") == self.model:
-                owner = model.get("owned_by")
-                return owner if isinstance(owner, str) else None
-        return None
 
     async def served_by(self, timeout: float = 3.0) -> str | None:
         """Which engine serves the model: the `owned_by` of its entry in the first replica's `GET /models`

@@ -39,6 +39,29 @@ def test_engine_client_chat_and_health(tiny_engine):
     assert health[0].reachable
 
 
+@pytest.mark.slow
+def test_a_streamed_call_given_up_on_stops_costing_the_engine(tiny_engine):
+    """transformers serve generates one request at a time and finishes non-streamed requests whose client
+    left; a streamed one (stream=True, what the judges use) is dropped at its next token. A 2,000-token
+    answer takes this engine 10 s or more (issue 15 measured 200 s for three 800-token ones on a busy
+    machine); after the client gives up on it, the next call is answered at once."""
+    async def run():
+        giving_up = EngineClient([tiny_engine.base_url], tiny_engine.model, timeout=1.0, retries=0, stream=True)
+        patient = EngineClient([tiny_engine.base_url], tiny_engine.model, timeout=60, retries=0)
+        try:
+            with pytest.raises(EngineError, match="did not answer"):
+                await giving_up.chat([{"role": "user", "content": "a long story"}], temperature=1.0,
+                                     max_tokens=2000)
+            start = time.monotonic()
+            answer = await patient.chat([{"role": "user", "content": "ping"}], max_tokens=1)
+            return answer, time.monotonic() - start
+        finally:
+            await giving_up.aclose()
+            await patient.aclose()
+    answer, waited = asyncio.run(run())
+    assert isinstance(answer, str) and waited < 5
+
+
 def test_engine_down_is_an_error_within_the_deadline():
     port = free_port()  # nothing listens there
 

@@ -165,7 +165,9 @@ async def judge_all(calls: list[JudgeCall], handle: Callable[[JudgeCall, str], N
     send `calls` (see `run_judge_calls`), close it. No calls: no engine contact at all."""
     if not calls:
         return []
-    engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
+    # Streamed: a call this run gives up on (timeout) then stops costing a CPU engine (EngineClient).
+    engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout,
+                          stream=True)
     try:
         await check_reachable(engine)
         if settings.concurrency is None:
