@@ -1,7 +1,11 @@
-"""Start and stop local processes the loop needs: `transformers serve` as the CPU engine.
+"""Start, wait for and stop the local processes and servers the loop needs.
 
-Used by the tests, the demo and `scripts/serve_engine_cpu.sh`-style launches. Everything binds to
-127.0.0.1 on a free port, waits with a bounded loop, and is stopped on exit (also on errors).
+- `poll_until`: the one bounded wait; `wait_until_ready`: an HTTP endpoint answers 2xx (a child's
+  exit or a 4xx ends the wait at once); `serve_in_thread`: an ASGI app on uvicorn in this process;
+- `transformers_serve`: `transformers serve` as the CPU engine, ready when the block starts;
+- `stop`: SIGINT, then SIGTERM, then SIGKILL to a child's process group, each after a bounded grace.
+Used by the tests, the demo and the benchmarks. Everything binds to 127.0.0.1 on a free port and is
+stopped on exit (also on errors).
 """
 
 from __future__ import annotations

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
 
 from mirrorapi.evaluation.fidelity import request_body
+from mirrorapi.processes import poll_until
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.serving.handler import check_arguments
 from mirrorapi.serving.protocol import ArgumentError
@@ -123,18 +123,22 @@ class RequestLogReader:
         self.path, self.offset = path, path.stat().st_size if path.exists() else 0
 
     def next(self, timeout: float = 5.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.path.exists():
-                with open(self.path, "rb") as fh:
-                    fh.seek(self.offset)
-                    line = fh.readline()
-                if line.endswith(b"\n"):
-                    self.offset += len(line)
-                    return json.loads(line)
-            if time.monotonic() > deadline:
-                return {}
-            time.sleep(0.02)
+        """The next line ({} when none comes within `timeout` seconds)."""
+        try:
+            return poll_until(self._read_line, timeout, "no request log line", interval=0.02)
+        except TimeoutError:
+            return {}
+
+    def _read_line(self) -> dict | None:
+        if not self.path.exists():
+            return None
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            line = fh.readline()
+        if not line.endswith(b"\n"):  # not there yet, or still being written
+            return None
+        self.offset += len(line)
+        return json.loads(line)
 
 
 def send_calls(url: str, calls: list[Call], request_log: Path, timeout: float = 120.0) -> list[Call]:

@@ -1,13 +1,12 @@
 """POST /virtual on a real uvicorn: StableToolBench's request bodies, imported real answers, bad input."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from mirrorapi.names import api_key_name, standardize
-from mirrorapi.processes import free_port
+from mirrorapi.processes import free_port, poll_until
 from mirrorapi.records import canonical_json, parse_repr_key
 
 
@@ -52,9 +51,9 @@ def test_recorded_answers_are_served_as_hits(imported, recorded, agent):
         assert response.status_code == 200
         assert response.json() == observation, pair
     assert imported.metric("mirrorapi_requests_total", outcome="hit") == hits + len(chosen)
-    deadline = time.monotonic() + 5  # lines are written right after the event-loop turn that answered
-    while len(log.read_text().splitlines()) < logged + len(chosen) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # lines are written right after the event-loop turn that answered
+    poll_until(lambda: True if len(log.read_text().splitlines()) >= logged + len(chosen) else None, 5,
+               "request log lines", interval=0.02)
     lines = [json.loads(line) for line in log.read_text().splitlines()[logged:]]
     assert len(lines) == len(chosen)
     assert {line["outcome"] for line in lines} == {"hit"}
