@@ -155,6 +155,52 @@ def test_scores_are_written(first_run):
         assert (first_run.report_dir / path).is_file()
 
 
+def test_latest_points_at_the_run_and_holds_what_the_readme_uses(first_run):
+    from test_readme import readme_demo_paths
+
+    latest = first_run.work / "latest"
+    assert latest.is_symlink() and latest.resolve() == first_run.report_dir.resolve()
+    used = readme_demo_paths()
+    assert {"simulator", "judge", "tools", "tool_response_cache", "train.jsonl", "heldout.jsonl",
+            "judge_test.jsonl"} <= used
+    for name in used:
+        assert (latest / name).exists(), name
+    for kind in ("simulator", "judge"):
+        assert (latest / kind).resolve() == Path(first_run.report["training"][kind]["model"]).resolve()
+        assert (latest / kind / "config.json").is_file()
+    assert "runs/demo/latest" not in first_run.stdout  # a --work-dir run names its own folder
+    assert f"{first_run.work / 'latest'} -> {first_run.report_dir.name}" in first_run.stdout
+
+
+def _real_error(pair: dict) -> bool:
+    """StableToolBench's `error` field, or tau-bench's in-band "Error: ..." reply (the pairs schema's rule)."""
+    response = pair["response"]
+    return bool(response["error"]) or str(response["response"]).startswith("Error")
+
+
+def test_scores_stand_beside_trivial_baselines(first_run):
+    report, markdown = first_run.report, (first_run.report_dir / "report.md").read_text()
+    heldout = [json.loads(line) for line in (first_run.report_dir / "heldout.jsonl").read_text().splitlines()]
+    # A constant "no error" answer agrees on exactly the calls that did not fail.
+    no_error = 100 * sum(not _real_error(p) for p in heldout) / len(heldout)
+    assert report["fidelity_constant"]["error_agreement"] == pytest.approx(no_error, abs=0.01)
+    header = next(line for line in markdown.splitlines() if line.startswith("| | BLEU-4 |")).split("|")
+    row = next(line for line in markdown.splitlines() if line.startswith('| constant "no error" answer |')).split("|")
+    assert float(row[header.index(" error agreement ")]) == pytest.approx(no_error, abs=0.06)
+    assert "| n (calls scored) |" in markdown
+    # A judge saying Solved to all scores every id with an answer to judge (missing, empty, give-up: Unsolved).
+    for fac_row in report["fac"]["rows"]:
+        cells = fac_row["groups"].values()
+        solved_all = sum(100 * (c["ids"] - c["missing"] - c["empty"] - c["give_up"]) / c["ids"] for c in cells) / len(cells)
+        assert f"{fac_row['model']}: {fac_row['average']['score']:.1f} (a judge saying Solved to all: " \
+               f"{solved_all:.1f}" in markdown
+    overall = report["agreement"]["overall"]
+    assert f"a judge saying Solved to all: accuracy {100 * overall['labelled_solved'] / overall['n']:.1f}%" in markdown
+    # The text follows the measured training time.
+    seconds = round(report["training"]["simulator"]["metrics"]["train_seconds"])
+    assert f"trained for {seconds} s" in markdown if seconds < 60 else f"trained for {seconds // 60} min" in markdown
+
+
 def test_nothing_is_written_into_home_and_nothing_is_left_running(first_run):
     assert sorted(first_run.home.rglob("*")) == []
     assert processes_using(first_run.work) == []
@@ -206,24 +252,29 @@ def test_second_run_reuses_what_was_built_and_ctrl_c_stops_everything(first_run,
     folder = Path(error.strip().splitlines()[-1].rsplit("partial report: ", 1)[1])
     report = json.loads((folder / "report.json").read_text())
     assert report["status"] == "interrupted" and report["failed_step"]["number"] == int(step.group(1))
+    assert (first_run.work / "latest").resolve() == first_run.report_dir.resolve()  # the last complete run
 
 
 def test_a_failing_step_is_named_and_everything_is_stopped(first_run):
-    judge = Path(first_run.report["training"]["judge"]["model"])
-    config = judge / "config.json"
+    # A corrupt model folder: its engine exits at start-up, in step 3 (the earliest step that starts
+    # processes; the Ctrl-C test above stops a run with an engine and a server up).
+    simulator = Path(first_run.report["training"]["simulator"]["model"])
+    config = simulator / "config.json"
     original = config.read_bytes()
-    config.write_text("{")  # a corrupt model folder: its engine exits at start-up
+    config.write_text("{")
     try:
         result = subprocess.run(demo_command(first_run.work), cwd=REPO, env=demo_env(first_run.home),
                                 capture_output=True, text=True, timeout=300)
     finally:
         config.write_bytes(original)
     assert result.returncode == 1
-    assert re.search(r"^demo failed at step 5 \(score\): engine exited with code \d+ before answering",
+    assert re.search(r"^demo failed at step 3 \(serve\): transformers serve exited with status \d+ before answering",
                      result.stderr, re.MULTILINE), result.stderr[-2000:]
     assert "not a valid JSON file" in result.stderr
     assert processes_using(first_run.work) == []
     folder = Path(result.stderr.strip().splitlines()[-1].rsplit("partial report: ", 1)[1])
     report = json.loads((folder / "report.json").read_text())
-    assert report["status"] == "failed" and [s["name"] for s in report["steps"]] == list(STEPS[:4])
-    assert "fidelity" in report  # the steps before the failure are in the report
+    assert report["status"] == "failed" and [s["name"] for s in report["steps"]] == list(STEPS[:2])
+    assert "training" in report  # the steps before the failure are in the report
+    assert "failed at step 3 (serve)" in (folder / "report.md").read_text()
+    assert (first_run.work / "latest").resolve() == first_run.report_dir.resolve()
