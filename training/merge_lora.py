@@ -18,20 +18,14 @@ def main(argv=None) -> int:
     parser.add_argument("--base-model", help="Base model (default: the one recorded in the adapter).")
     args = parser.parse_args(argv)
 
-    import json
-    from pathlib import Path
-
-    from mirrorapi.training.model_card import TRAINING_FILE, write_model_card
-    from mirrorapi.training.recipe import RecipeError, merge_lora
+    from mirrorapi.training.merge import merge_lora
+    from mirrorapi.training.recipe import RecipeError
 
     try:
         out = merge_lora(args.adapter, args.out, args.base_model)
     except RecipeError as exc:
         print(f"merge_lora.py: error: {exc}", file=sys.stderr)
         return 2
-    card = Path(args.adapter) / TRAINING_FILE
-    if card.is_file():
-        write_model_card(out, {**json.loads(card.read_text(encoding="utf-8")), "adapter": False})
     print(f"merged {args.adapter} -> {out}")
     return 0
 

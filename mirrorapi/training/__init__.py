@@ -1,3 +1,4 @@
-"""Training: the recipe behind `training/sft.py` (arguments, checks, data loading), the throughput
-callback, the model card, LoRA merging and the tiny model used by tests and the demo.
+"""Training: the recipe behind `training/sft.py` (arguments, checks, inputs: `recipe`), the run and its
+bookkeeping (`sft`), the throughput callback (`throughput`), the model card, LoRA merging (`merge`) and
+the tiny model used by tests and the demo.
 """

@@ -1,15 +1,16 @@
-"""What `training/sft.py` needs beyond TRL: recipe arguments, input checks, data loading, throughput
-logging and LoRA merging.
+"""The recipe behind `training/sft.py`: its arguments (ours + TRL's `SFTConfig` and `ModelConfig`), the
+checks of their values, the inputs it reads (base model, tokenizer, dataset splits) and the keyword
+arguments the model is loaded with.
 
-Every check that can fail on a user's mistake runs before a model is loaded (`check_inputs`), so
-a bad recipe costs seconds and ends in one `RecipeError` line, not a traceback after the model load.
+Every check that can fail on a user's mistake runs before a model is loaded (`parse_recipe`, then
+`check_inputs`), so a bad recipe costs seconds and ends in one `RecipeError` line, not a traceback
+after the model load (or a minute of model-hub retries for a mistyped local path).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,18 @@ from mirrorapi.data.simulator_sft import STATS_FILE
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("prompt", "completion")
+
+# Attention implementations that keep packed records apart in the pinned transformers (5.x). TRL's padding-free
+# batches (packing_strategy bfd) carry no attention mask, only position ids restarting at 0 for every record and
+# the records' boundaries (cu_seq_lens):
+# - eager, sdpa, flex_attention: `masking_utils.create_causal_mask` finds the restarts in the position ids
+#   (`find_packed_sequence_indices`) and builds a block-diagonal causal mask (a BlockMask for flex). sdpa then
+#   computes the whole packed row densely under that mask (correct, but its work grows with the square of the row);
+# - flash_attention_2 / flash_attention_3: the varlen kernels get the boundaries from cu_seq_lens (or the
+#   position ids) and never compute across records.
+# The mask is only derived without a KV cache; TRL passes use_cache=False in training and evaluation.
+# tests/training/test_sft_packing.py checks eager and sdpa on the CPU (flex compiles for minutes there).
+PACKING_ATTENTION = ("flash_attention_3", "flash_attention_2", "flex_attention", "sdpa", "eager")
 
 
 class RecipeError(Exception):
@@ -45,6 +58,29 @@ class RecipeArguments:
         "help": "LoRA only: also write the base model with the adapter merged in, to output_dir/merged."})
 
 
+def make_parser():
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    return TrlParser((RecipeArguments, SFTConfig, ModelConfig))
+
+
+def config_file(argv: list[str]) -> str | None:
+    return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+
+
+def parse_recipe(argv: list[str]):
+    """`training/sft.py ARGV` -> (RecipeArguments, SFTConfig, ModelConfig), every key known and every value valid
+    for this host; `--help` prints the keys and exits."""
+    parser = make_parser()
+    check_recipe_file(config_file(argv), parser.dataclass_types)
+    try:
+        recipe, training_args, model_args = parser.parse_args_and_config(argv)
+    except ValueError as exc:  # SFTConfig's own checks of the keys together (e.g. bf16 on a CPU)
+        raise RecipeError(str(exc).splitlines()[0]) from None
+    check_values(recipe, training_args, model_args)
+    return recipe, training_args, model_args
+
+
 def check_recipe_file(config_file: str | None, dataclass_types) -> None:
     """A recipe YAML that exists, is a mapping, and uses only known keys (TRL would only say "unused")."""
     import dataclasses
@@ -68,23 +104,100 @@ def check_recipe_file(config_file: str | None, dataclass_types) -> None:
                           "lists the keys)")
 
 
+def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
+    """The keys together, and what this host must have for them; picks the attention for packed batches."""
+    if recipe.merge and not model_args.use_peft:
+        raise RecipeError("--merge applies to LoRA training only (set use_peft: true)")
+    check_packing(training_args, model_args)
+    check_quantization(training_args, model_args)
+    if training_args.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
+        raise RecipeError("use_liger_kernel needs the liger-kernel package: pip install '.[gpu]' (GPU hosts)")
+
+
+def check_packing(training_args, model_args) -> None:
+    """Packed batches only with whole records kept apart: bfd packing and an attention that honours the record
+    boundaries (PACKING_ATTENTION); with none set, the fastest one installed."""
+    if training_args.padding_free and not training_args.packing:
+        raise RecipeError("padding_free without packing does not enforce max_length; use --packing true "
+                          "(packing_strategy bfd is padding-free)")
+    if not training_args.packing:
+        return
+    if training_args.packing_strategy != "bfd":
+        raise RecipeError(f"packing_strategy {training_args.packing_strategy!r} cuts records or lets them attend to "
+                          "each other; use bfd (whole records, kept apart by their position ids)")
+    attention = model_args.attn_implementation
+    if attention is None:
+        model_args.attn_implementation = next(a for a in PACKING_ATTENTION if attention_available(a))
+        logger.info("packed batches: attn_implementation %s", model_args.attn_implementation)
+    elif attention not in PACKING_ATTENTION:
+        raise RecipeError(f"attn_implementation {attention!r} is not known to keep packed records apart; use one "
+                          f"of {', '.join(PACKING_ATTENTION)} (or --packing false)")
+    elif not attention_available(attention):
+        package = "flash-attn" if attention == "flash_attention_2" else "flash-attn-3 (flash_attn_interface)"
+        raise RecipeError(f"attn_implementation {attention} needs a CUDA GPU and the {package} package; use "
+                          "flex_attention or sdpa, or leave it unset to take the best one installed")
+
+
+def attention_available(attention: str) -> bool:
+    from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
+
+    return {"flash_attention_3": is_flash_attn_3_available, "flash_attention_2": is_flash_attn_2_available}.get(
+        attention, lambda: True)()
+
+
+def check_quantization(training_args, model_args) -> None:
+    """QLoRA (--load_in_4bit / --load_in_8bit): a LoRA adapter on a bitsandbytes-quantized base, on a CUDA GPU."""
+    import torch
+
+    if not (model_args.load_in_4bit or model_args.load_in_8bit):
+        return
+    flag = "--load_in_4bit" if model_args.load_in_4bit else "--load_in_8bit"
+    if model_args.load_in_4bit and model_args.load_in_8bit:
+        raise RecipeError("--load_in_4bit and --load_in_8bit exclude each other")
+    if not model_args.use_peft:
+        raise RecipeError(f"{flag} trains a LoRA adapter on a quantized base (QLoRA): set use_peft: true")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise RecipeError(f"{flag} needs the bitsandbytes package: pip install '.[gpu]' (GPU hosts)")
+    if training_args.use_cpu or not torch.cuda.is_available():
+        raise RecipeError(f"{flag} needs a CUDA GPU (bitsandbytes quantization); this run has none")
+
+
+def model_init_kwargs(training_args, model_args) -> dict:
+    """`from_pretrained` keyword arguments from TRL's ModelConfig, as TRL's own scripts/sft.py builds them, plus
+    the bitsandbytes config and device map of QLoRA; the recipe's `model_init_kwargs` win."""
+    from accelerate import PartialState
+    from trl import get_quantization_config
+
+    kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
+              "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype}
+    quantization = get_quantization_config(model_args)
+    if quantization is not None:  # each process loads its quantized copy onto its own GPU
+        kwargs.update(quantization_config=quantization, device_map={"": PartialState().local_process_index})
+    return {**kwargs, **(training_args.model_init_kwargs or {})}
+
+
 def check_model_source(model_name_or_path: str | None) -> None:
+    """A local folder with a config.json, or a hub id (ORG/NAME). A path that names an existing local folder
+    (`runs/tiny-bse` while `runs/` exists) is local: a typo there fails here instead of going to the hub."""
     if not model_name_or_path:
         raise RecipeError("no base model: set model_name_or_path in the recipe or pass --model_name_or_path DIR")
     path = Path(model_name_or_path).expanduser()
-    looks_local = model_name_or_path.startswith(("/", ".", "~")) or model_name_or_path.count("/") != 1
-    if looks_local and not path.is_dir():
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise RecipeError(f"{model_name_or_path} is not a model folder (no config.json)")
+        return
+    looks_local = (model_name_or_path.startswith(("/", ".", "~")) or model_name_or_path.count("/") != 1
+                   or path.parent.is_dir())
+    if looks_local:
         raise RecipeError(f"base model folder not found: {model_name_or_path}")
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise RecipeError(f"{model_name_or_path} is not a model folder (no config.json)")
 
 
-def load_tokenizer(model_name_or_path: str, chat_template_path: str | None):
+def load_tokenizer(model_name_or_path: str, chat_template_path: str | None, **load_kwargs):
     """The base model's tokenizer, checked for a chat template (the records are chat messages)."""
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, **load_kwargs)
     except (OSError, ValueError) as exc:
         raise RecipeError(f"cannot load the tokenizer of {model_name_or_path}: {str(exc).splitlines()[0]}") from None
     if chat_template_path:
@@ -137,14 +250,13 @@ def check_inputs(recipe: RecipeArguments, training_args, model_args):
     """Every check that needs no model weights; returns (tokenizer, DatasetDict)."""
     check_model_source(model_args.model_name_or_path)
     dataset = load_splits(recipe)
-    tokenizer = load_tokenizer(model_args.model_name_or_path, training_args.chat_template_path)
+    tokenizer = load_tokenizer(model_args.model_name_or_path, training_args.chat_template_path,
+                               revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code)
     if recipe.resume:
         from transformers.trainer_utils import get_last_checkpoint
 
         if not Path(training_args.output_dir).is_dir() or get_last_checkpoint(training_args.output_dir) is None:
             raise RecipeError(f"--resume: no checkpoint in {training_args.output_dir}")
-    if recipe.merge and not model_args.use_peft:
-        raise RecipeError("--merge applies to LoRA training only (set use_peft: true)")
     return tokenizer, dataset
 
 
@@ -172,55 +284,6 @@ def _length(tokenizer, record: dict) -> int:
     # Tokenised here as well as in TRL: TRL truncates, and once truncated a record's length is lost.
     return len(tokenizer.apply_chat_template(record["prompt"] + record["completion"], tokenize=True,
                                              return_dict=True)["input_ids"])
-
-
-def throughput_trainer_class():
-    """`SFTTrainer` that adds `tokens_per_second` (since the previous log line) to every training log."""
-    from trl import SFTTrainer
-
-    class ThroughputSFTTrainer(SFTTrainer):
-        _last_tokens, _last_time = 0, None
-
-        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-            tokens = self._metrics["train"].get("num_tokens")
-            if self.model.training and tokens and "loss" in logs:
-                now = time.perf_counter()
-                if self._last_time is not None and now > self._last_time:
-                    logs["tokens_per_second"] = round((tokens[-1] - self._last_tokens) / (now - self._last_time), 1)
-                self._last_tokens, self._last_time = tokens[-1], now
-            super().log(logs, start_time)
-
-        def train(self, *args, **kwargs):
-            self._last_time = time.perf_counter()
-            return super().train(*args, **kwargs)
-
-    return ThroughputSFTTrainer
-
-
-def final_eval_losses(trainer) -> dict[str, float]:
-    """Eval losses of the final weights: those logged at the last step, else a fresh evaluation."""
-    step = trainer.state.global_step
-    logged = {k: v for entry in trainer.state.log_history if entry.get("step") == step
-              for k, v in entry.items() if k.startswith("eval_") and k.endswith("_loss")}
-    return logged or {k: v for k, v in trainer.evaluate().items() if k.endswith("_loss")}
-
-
-def merge_lora(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, base_model: str | None = None) -> Path:
-    """Base model + LoRA adapter -> one plain model folder (`transformers serve` / `vllm serve` load it as is)."""
-    from peft import PeftConfig, PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
-    if not (adapter_dir / "adapter_config.json").is_file():
-        raise RecipeError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json)")
-    base_model = base_model or PeftConfig.from_pretrained(str(adapter_dir)).base_model_name_or_path
-    check_model_source(base_model)
-    base = AutoModelForCausalLM.from_pretrained(base_model, dtype="auto")
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    merged.save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(out_dir)
-    logger.info("merged %s into %s -> %s", adapter_dir, base_model, out_dir)
-    return out_dir
 
 
 def dataset_stats(dataset_path: str) -> dict:
