@@ -93,13 +93,20 @@ def test_other_mistakes(cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path
     assert status == 2 and message in err and err.startswith("sft.py: error: ")
 
 
-def test_as_a_command_no_traceback(tiny_model_dir, simulator_sft_dir, tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "training/sft.py"), "--config", TINY_RECIPE,
-                             "--model_name_or_path", str(tmp_path / "absent"), "--dataset_path",
-                             str(simulator_sft_dir)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == f"sft.py: error: base model folder not found: {tmp_path}/absent"
+def test_typo_in_a_relative_local_path_one_line_under_accelerate(tmp_path, monkeypatch, simulator_sft_dir):
+    """As a command under `accelerate launch -q`: `runs/tiny-bse` while `runs/` exists is a local path, so one
+    line and no model-hub retries (HF_HUB_OFFLINE unset; the hub's retries took 58 s and 40 lines)."""
+    (tmp_path / "runs/tiny-base").mkdir(parents=True)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    start = time.monotonic()
+    result = subprocess.run([accelerate, "launch", "-q", "--num_cpu_threads_per_process", "1", "--config_file",
+                             str(REPO / "training/accelerate/cpu.yaml"), str(REPO / "training/sft.py"), "--config",
+                             TINY_RECIPE, "--model_name_or_path", "runs/tiny-bse", "--dataset_path",
+                             str(simulator_sft_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["sft.py: error: base model folder not found: runs/tiny-bse"]
+    assert time.monotonic() - start < 60  # imports only (≈ 8 s of CPU); no network wait
 
 
 @pytest.mark.parametrize("script, function, flag", [
