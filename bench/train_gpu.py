@@ -10,7 +10,8 @@ Its tokenizer is the tiny model's locally trained 1,024-token BPE with the ChatM
 out about 600 tokens long); the vocabulary of the shape is kept, so embedding and LM head cost what they
 cost. Records are real: data/build_simulator_sft.py on ../shared/data/pairs (data/samples without it, and
 with --tiny). The recipe runs as written except: model, data and a temporary output_dir, --max_steps, no
-eval, no checkpoints, a log line every step; on a host without CUDA (or --tiny): cpu.yaml, use_cpu, float32.
+eval, no checkpoints, a log line every step; on a host without CUDA (or --tiny): cpu.yaml, use_cpu, float32
+(and with --tiny: max_length 1024, no gradient accumulation). Anything after `--` overrides recipe keys.
 
 Prints one JSON object:
 - tokens_per_second: median of the recipe's own per-log-line figure (mirrorapi.training.throughput: the
@@ -150,6 +151,8 @@ def main() -> None:
     build_seconds = time.perf_counter() - start
 
     cpu = [] if gpu else ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--dataset_num_proc", "1"]
+    if args.tiny:  # a step of the GPU recipes is ~50k tokens: minutes on a CPU, where this only checks the path
+        cpu += ["--max_length", "1024", "--gradient_accumulation_steps", "1"]
     command = [str(Path(sys.executable).parent / "accelerate"), "launch", "-q", "--config_file", accelerate_config,
                *([] if gpu else ["--num_cpu_threads_per_process", str(torch_threads())]),
                str(REPO / "training/sft.py"), "--config", args.recipe, "--model_name_or_path", str(work / "model"),
@@ -194,7 +197,7 @@ def main() -> None:
         if sampler and log_times else None,
         "peak_memory_gib": peak_gib, "peak_memory_kind": "GPU allocated" if gpu else "CPU RSS",
         "final_loss": logs[-1].get("loss"), "build_seconds": round(build_seconds, 1),
-        "train_seconds": info["metrics"]["train_seconds"], "wall_seconds": round(wall, 1), "work_dir": str(work),
+        "train_seconds": info["metrics"]["train_seconds"], "wall_seconds": round(wall, 1), "kept": args.keep,
     }))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -5,8 +5,9 @@
 Builds the tiny from-scratch model and the simulator SFT data of data/samples once, then runs the
 recipe `--runs` times in fresh processes for `--steps` steps (no eval, no checkpoints) and reads
 the per-log-line `tokens_per_second` the recipe itself logs (every 10 steps, first line skipped as
-warm-up). Prints one JSON object with medians. Tokens are all tokens of the padded batches the model
-ran on (TRL's `num_tokens`: prompt and completion), the figure a GPU benchmark would also report.
+warm-up). Prints one JSON object with medians. Tokens are the input tokens without padding (prompt and
+completion; mirrorapi/training/throughput.py), the figure bench/train_gpu.py also reports. (The README's
+10,668 tokens/s was measured before, counting padding too.)
 """
 
 import argparse
