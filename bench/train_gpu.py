@@ -27,6 +27,7 @@ Prints one JSON object:
 import argparse
 import json
 import multiprocessing
+import os
 import re
 import resource
 import shutil
@@ -162,7 +163,8 @@ def main() -> None:
     sampler = GpuSampler() if gpu else None
     log_times, tail = [], []
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # log lines arrive as they are printed: their times bound gpu_busy
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     for line in process.stdout:
         tail = (tail + [line])[-40:]
         if line.startswith("{") and "'loss'" in line:
@@ -212,8 +214,6 @@ def _shape_of(recipe: str) -> str:
 
 
 def torch_threads() -> int:
-    import os
-
     return max(1, len(os.sched_getaffinity(0)))
 
 
