@@ -160,6 +160,18 @@ def render_markdown(report: dict) -> str:
                   *("- " + line for line in judge_summary(report["fac"], report["agreement"]).splitlines()),
                   "", "Tables: [fac/fac.md](fac/fac.md), "
                   "[judge-agreement/agreement.md](judge-agreement/agreement.md)."]
+    if "agents" in report:
+        lines += ["", "### A small agent run, scored by the trained judge", "",
+                  "StableToolBench's own CoT and DFS trajectories replayed as a tool-calling model (a recorded agent: "
+                  "the tiny model cannot call tools) against a replay-mode virtual server; averages over the groups:",
+                  ""]
+        averages = report["agents"]["averages"]  # {metric: {row: Average}}
+        rows = sorted({row for values in averages.values() for row in values})
+        lines += ["| row | " + " | ".join(metric.upper() for metric in averages) + " |",
+                  "|---" * (len(averages) + 1) + "|"]
+        lines += [f"| {row} | " + " | ".join(_num(values.get(row)) for values in averages.values()) + " |"
+                  for row in rows]
+        lines += ["", "Full tables: [agents/report.md](agents/report.md)."]
     lines += ["", "## Files", "", "`report.json` (everything above, in full), `logs/` (every command's output), "
               "`server.yml` (the virtual server's settings), `heldout.jsonl` (the calls scored), `cache.sqlite` (the "
               "virtual server's cache), and links to what the run used: `simulator`, `judge`, `tools`, "

@@ -48,9 +48,11 @@ from demo.build import (
     select_heldout,
 )
 from demo.calls import plan_calls, render_call, send_calls
-from demo.processes import brief, run_command, sigint_ignored, virtual_server
+from demo.processes import StepFailed, brief, run_command, sigint_ignored, virtual_server
 from demo.report import constant_answer_metrics, counts, fidelity_summary, judge_summary, write_report
 
+from mirrorapi.evaluation.judging import JudgeSettings
+from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
 from mirrorapi.processes import free_port, transformers_serve
 from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.tools import ToolRegistry
@@ -81,6 +83,7 @@ class Sizes:
     misses: int = 2
     heldout_calls: int = 40
     agreement_limit: int | None = None  # labelled answers judged per source
+    agent_queries: int = 2  # example queries per group in the recorded agent run
 
 
 # The simulator learns its answer format from a few dozen short records (many epochs): a tiny model
@@ -92,7 +95,7 @@ FULL = Sizes({"max_train_samples": 64, "max_length": 768, "max_steps": 300, **QU
 QUICK = Sizes({"max_train_samples": 16, "max_length": 512, "max_steps": 40, "warmup_steps": 5,
                "max_eval_samples": 4, **QUIET_TRAINING},
               {"max_steps": 8, "warmup_steps": 2, "max_length": 768, "max_eval_samples": 4, **QUIET_TRAINING},
-              heldout_calls=6, agreement_limit=3)
+              heldout_calls=6, agreement_limit=3, agent_queries=1)
 
 
 @dataclass
@@ -313,6 +316,24 @@ class Demo:
                                       *engine, "--out", shown(agreement), *limit], "judge-agreement.log")
         self.report["agreement"] = json.loads((agreement / "agreement.json").read_text(encoding="utf-8"))
         say(judge_summary(self.report["fac"], self.report["agreement"]))
+        self.agent_run(judge)
+
+    def agent_run(self, judge) -> None:
+        """A small benchmark run: a recorded agent (StableToolBench's own CoT and DFS trajectories replayed as an
+        OpenAI-compatible tool-calling model: a tiny model cannot call tools) against a replay-mode virtual
+        server, scored for SoPR, SoWR and FAC by the trained tiny judge."""
+        out = self.run_dir / "agents"
+        say("agent run: mirrorapi.evaluation.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
+            f"agents on {self.sizes.agent_queries} example quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
+            "per group, scored by the judge")
+        result = recorded_benchmark(STB_EXAMPLE, REPO / "data" / "samples" / "tools", JudgeSettings(base_urls=[judge.base_url], model=judge.model, max_tokens=8),
+                                    out, repeats=1, limit=self.sizes.agent_queries)
+        if not result.complete:
+            raise StepFailed(f"the agent run is incomplete: see {shown(out)}")
+        report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+        self.report["agents"] = {"report": str(result.report), "averages": report["averages"],
+                                 "counts": report["agent_counts"]}
+        say(f"agent run report: {shown(result.report)}")
 
     def _run(self, what: str, command: list[str], log: str) -> None:
         say(f"{what}: $ " + shlex.join(command))
