@@ -33,9 +33,9 @@ def test_readme_request_with_a_garbage_engine_is_an_error_never_cached(garbage):
     health = garbage.client.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert health.json()["cache"]["entries"] == 0
-    # transformers serve lists no model at /v1/models: a one-token completion shows it serves this one.
+    # Behaviour, not which probe answered: depending on its version, `transformers serve` lists the model at
+    # /v1/models or only answers a completion for it; either way /health must say it serves this model.
     assert health.json()["engine"][0]["serves_model"] is True
-    assert health.json()["engine"][0]["detail"] == "answered a one-token completion"
 
 
 @pytest.mark.slow
