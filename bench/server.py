@@ -1,22 +1,38 @@
-"""Virtual API server benchmark: start-up, cache hits and cache misses; prints one JSON object.
+"""Virtual API server benchmark, side by side in one run: mirrorapi, StableToolBench's `server/main.py`
+and a bare uvicorn app; prints one JSON object with the figures and the target ratios (issue 21).
 
-    python bench/server.py [--tools ../shared/data/toolenv/toolenv2404] [--runs 3]
+    python bench/server.py [--runs 2] [--stabletoolbench DIR --stabletoolbench-python PY]
+                           [--postgres] [--tools ../shared/data/toolenv/toolenv2404]
 
-Workloads (issue 3), each run in a fresh server process (`serving/main_mirrorapi.py`, logging a
-line per request to a file as in production) on a copy of a cache of 20,000 entries over 2,000
-real APIs of the tools folder:
-- start-up: process start until the server answers (/live), with the whole tools folder;
-- hits: 1 and 64 closed-loop clients on keep-alive connections, random cached calls, and 64 clients
-  paced to 1,000 requests/s together (above the 760/s StableToolBench's server tops out at);
-- misses: 64 closed-loop clients, every call new, against a stub engine that answers every chat
-  completion after a fixed 50 ms (a benchmark instrument, not a test double); afterwards every
-  answered call must be in the cache (`entries_lost`).
-The load generator and the stub engine are separate processes; server CPU is the server process's
-own user+system time (/proc) over a workload, divided by its requests. Medians over `--runs`.
+One cache of 20,000 entries over 2,000 real APIs of the tools folder: our SQLite database (and, with
+`--postgres`, the same entries in a PostgreSQL database started for the run), exported as a
+StableToolBench cache folder for its server (the keys it computes: `str(json.loads(tool_input))`).
+One stub engine for every server: a chat completion after a fixed 50 ms (a benchmark instrument, not a
+test double), and StableToolBench's real-API call (`toolbench_url`) refused at once with HTTP 404 so that
+its server goes on to simulate. Each run starts every server fresh, one after the other:
+- bare: a constant JSON body from an ASGI function on uvicorn with uvloop and httptools, as ours runs;
+  the floor of what any Python server on uvicorn can do here (`hits_64`);
+- mirrorapi (`serving/main_mirrorapi.py`, one request log line per request to a file as in production):
+  start-up (until /live answers, whole tools folder), hits with 1 and 64 closed-loop clients and 64
+  clients paced to 1,000 requests/s, misses with 64 closed-loop clients (every call new); afterwards
+  every answered miss must be in the cache (`entries_lost`);
+- stabletoolbench (with `--stabletoolbench`, a checkout of THUNLP-MT/StableToolBench, and a Python that
+  has its `server/requirements.txt`): its `main:app` on uvicorn bound to 127.0.0.1, config.yml in a
+  work folder; hits and misses with 64 clients (fewer requests: it is slow).
+The load generator and the stub engine are processes of their own; server CPU is the server's own
+user+system time (/proc, with its child processes) over a workload, divided by its requests. Medians
+over `--runs`. Ratios (issue 21 §1): StableToolBench's CPU per hit over ours (target >= 12); our miss
+throughput over the limit of 64 clients / 50 ms (>= 0.95); our CPU per miss (<= 0.5 ms); our hit p99
+at 64 clients over the bare app's (<= 1.5).
+
+Set up StableToolBench's side once (not needed without `--stabletoolbench`):
+    git clone https://github.com/THUNLP-MT/StableToolBench ../StableToolBench
+    python3 -m venv ../stb-venv && ../stb-venv/bin/pip install -r ../StableToolBench/server/requirements.txt
 """
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -29,23 +45,23 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TARGETS = {"hit_cpu_ms": 0.2, "hit_p99_ms_64": 10.0, "miss_rps_64": 1000, "miss_cpu_ms": 1.0, "startup_s": 5.0}
-# Measured by the issue's author on this machine with the same cache size and a 50 ms stub engine.
-STABLETOOLBENCH = {"main_py_hits_rps_1": 1050, "main_py_hits_rps_64": 760, "main_py_hits_p99_ms_64": 216,
-                   "main_py_hit_cpu_ms": "1.0-1.5", "mirrorapi_server_cpu_ms_per_call": 33,
-                   "mirrorapi_server_rps_64": 55, "mirrorapi_server_p99_ms_64": 1900}
 ENGINE_LATENCY = 0.05
+CLIENTS = 64
+TARGETS = {"hit_cpu_stb_over_ours": 12.0, "miss_rps_over_limit": 0.95, "miss_cpu_ms": 0.5, "hit_p99_over_bare": 1.5}
+BARE_BODY = json.dumps({"error": "", "response": "word " * 120}).encode()  # about the size of a cached answer
 
 
 # ------------------------------------------------------------------------------ stub engine
 def stub_engine(port: int) -> None:
-    """An OpenAI chat-completions endpoint answering after ENGINE_LATENCY (raw asyncio, to cost little CPU)."""
+    """An OpenAI chat-completions endpoint answering after ENGINE_LATENCY (raw asyncio, to cost little CPU);
+    POST /rapidapi (StableToolBench's real-API call) gets HTTP 404 at once."""
     content = json.dumps({"error": "", "response": {"status": "ok", "items": [{"id": 1, "name": "bench"}]}})
     body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "stub",
                        "choices": [{"index": 0, "finish_reason": "stop",
                                     "message": {"role": "assistant", "content": content}}],
                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
     reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    refused = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
     async def handle(reader, writer):
         try:
@@ -54,6 +70,9 @@ def stub_engine(port: int) -> None:
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
+                if head.startswith(b"POST /rapidapi"):
+                    writer.write(refused)
+                    continue
                 if not head.startswith(b"GET"):
                     await asyncio.sleep(ENGINE_LATENCY)
                 writer.write(reply)
@@ -65,6 +84,26 @@ def stub_engine(port: int) -> None:
         async with server:
             await server.serve_forever()
     _run(main())
+
+
+# ------------------------------------------------------------------------------ the bare app
+async def bare_app(scope, receive, send) -> None:
+    """The floor: reads the body and answers a constant one, nothing else."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BARE_BODY))]})
+    await send({"type": "http.response.body", "body": BARE_BODY})
+
+
+def serve_bare(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(bare_app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="httptools",
+                loop="uvloop")
 
 
 # ---------------------------------------------------------------------------- load generator
@@ -116,11 +155,46 @@ def _run(coro):
         return asyncio.run(coro)
 
 
-# ------------------------------------------------------------------------------- orchestration
+# ------------------------------------------------------------------------------- measuring
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and of its children (uvicorn's workers), live or reaped."""
+    total = 0.0
+    for child in [pid, *_descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+    return total
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+                    found += [int(child), *_descendants(int(child))]
+    return found
+
+
+def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: int, rate: float = 0) -> dict:
+    before = cpu_seconds(server_pid)
+    out = subprocess.run([sys.executable, __file__, "--role", "load", "--port", str(port), "--bodies", str(bodies),
+                          "--clients", str(clients), "--requests", str(requests), "--rate", str(rate)],
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    result["server_cpu_ms_per_request"] = (cpu_seconds(server_pid) - before) * 1e3 / result["requests"]
+    return result
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# ------------------------------------------------------------------------------- the cache
 def build_cache(tools: str, path: Path, n_apis: int = 2000, per_api: int = 10) -> list[dict]:
     """20,000 entries over 2,000 APIs spread over the folder; returns the agent bodies of the hits."""
-    sys.path.insert(0, str(REPO))
-    from mirrorapi.records import canonical_json
     from mirrorapi.serving.cache import ResponseCache
     from mirrorapi.tools import ToolRegistry
 
@@ -134,7 +208,7 @@ def build_cache(tools: str, path: Path, n_apis: int = 2000, per_api: int = 10) -
         for i in range(per_api):
             arguments = {name: f"value {i} {rng.random():.6f}" for name in names}
             text = " ".join(f"word{rng.randrange(10000)}" for _ in range(rng.randrange(20, 160)))  # ~0.2-1.6 kB
-            rows.append((doc.category, doc.tool, doc.api, canonical_json(arguments), "", text))
+            rows.append((doc.category, doc.tool, doc.api, arguments, "", text))
             bodies.append({"category": doc.category, "tool_name": doc.tool, "api_name": doc.api,
                            "tool_input": json.dumps(arguments, indent=2), "strip": "truncate", "toolbench_key": ""})
     cache = ResponseCache(path)
@@ -143,62 +217,154 @@ def build_cache(tools: str, path: Path, n_apis: int = 2000, per_api: int = 10) -
     return bodies
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def export_for_stabletoolbench(cache_path: Path, folder: Path) -> None:
+    from mirrorapi.serving.cache import ResponseCache, export_stabletoolbench_cache
 
-
-def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: int, rate: float = 0) -> dict:
-    before = cpu_seconds(server_pid)
-    out = subprocess.run([sys.executable, __file__, "--role", "load", "--port", str(port), "--bodies", str(bodies),
-                          "--clients", str(clients), "--requests", str(requests), "--rate", str(rate)],
-                         capture_output=True, text=True, check=True)
-    result = json.loads(out.stdout)
-    result["server_cpu_ms_per_request"] = (cpu_seconds(server_pid) - before) * 1e3 / result["requests"]
-    return result
-
-
-def one_run(args, work: Path, base_cache: Path, hit_bodies: Path, miss_bodies: list, engine_port: int) -> dict:
-    from mirrorapi.processes import free_port, wait_until_ready
-
-    cache = work / "cache.sqlite"
-    shutil.copy(base_cache, cache)
-    port = free_port()
-    command = [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--tools-folder", args.tools,
-               "--cache-path", str(cache), "--port", str(port), "--api-base", f"http://127.0.0.1:{engine_port}/v1",
-               "--model", "stub"]
-    log = open(work / "server.log", "w")
-    start = time.perf_counter()
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    cache = ResponseCache(cache_path)
     try:
-        wait_until_ready(f"http://127.0.0.1:{port}/live", 120, process=server, log_path=work / "server.log",
-                         interval=0.02)
-        result = {"startup_s": time.perf_counter() - start}
-        run_load(port, server.pid, hit_bodies, 16, 2000)  # warm-up
-        result["hits_1"] = run_load(port, server.pid, hit_bodies, 1, args.requests // 4)
-        result["hits_64"] = run_load(port, server.pid, hit_bodies, 64, args.requests)
-        result["hits_64_at_1000rps"] = run_load(port, server.pid, hit_bodies, 64, args.requests // 2, rate=1000)
-        misses = work / "misses.json"
-        misses.write_text(json.dumps(miss_bodies))
-        result["misses_64"] = run_load(port, server.pid, misses, 64, len(miss_bodies))
+        export_stabletoolbench_cache(cache, folder, identity="")
     finally:
-        server.terminate()
-        server.wait(30)
-        log.close()
+        cache.close()
+
+
+def count_entries(cache_path: Path) -> int:
     from mirrorapi.serving.cache import ResponseCache
-    stored = ResponseCache(cache)
-    result["misses_64"]["entries_lost"] = result["misses_64"]["statuses"].get("ok", 0) - (stored.count() - 20000)
-    stored.close()
+
+    cache = ResponseCache(cache_path)
+    try:
+        return cache.count()
+    finally:
+        cache.close()
+
+
+# ------------------------------------------------------------------------------- servers
+@contextlib.contextmanager
+def started(command: list[str], work: Path, name: str, ready_url: str, cwd: Path | None = None,
+            env: dict | None = None):
+    """A server process, ready when the block starts (yields (process, seconds until ready)); stopped after."""
+    from mirrorapi.processes import stop, wait_until_ready
+
+    log_path = work / f"{name}.log"
+    with open(log_path, "w") as log:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                   start_new_session=True)
+        try:
+            wait_until_ready(ready_url, 180, process=process, log_path=log_path, interval=0.02)
+            yield process, time.perf_counter() - start
+        finally:
+            stop(process, grace=30)
+
+
+def bench_bare(work: Path, hit_bodies: Path, requests: int) -> dict:
+    from mirrorapi.processes import free_port
+
+    port = free_port()
+    with started([sys.executable, __file__, "--role", "bare", "--port", str(port)], work, "bare",
+                 f"http://127.0.0.1:{port}/live") as (process, _):
+        run_load(port, process.pid, hit_bodies, 16, 2000)  # warm-up
+        return {"hits_64": run_load(port, process.pid, hit_bodies, CLIENTS, requests)}
+
+
+def mirrorapi_command(args, port: int, engine_port: int, cache_path: Path | None, cache_url: str | None,
+                      log_file: Path, extra: list[str] = ()) -> list[str]:
+    store = ["--cache-url", cache_url] if cache_url else ["--cache-path", str(cache_path)]
+    return [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--tools-folder", args.tools, *store,
+            "--port", str(port), "--api-base", f"http://127.0.0.1:{engine_port}/v1", "--model", "stub",
+            "--log-file", str(log_file), "--log-level", "warning", *extra]
+
+
+def bench_mirrorapi(args, work: Path, name: str, hit_bodies: Path, miss_bodies: list[str], engine_port: int,
+                    cache_path: Path | None = None, cache_url: str | None = None) -> dict:
+    from mirrorapi.processes import free_port
+
+    port = free_port()
+    command = mirrorapi_command(args, port, engine_port, cache_path, cache_url, work / f"{name}-requests.jsonl")
+    with started(command, work, name, f"http://127.0.0.1:{port}/live") as (process, startup):
+        result = {"startup_s": startup}
+        run_load(port, process.pid, hit_bodies, 16, 2000)  # warm-up
+        result["hits_1"] = run_load(port, process.pid, hit_bodies, 1, args.requests // 8)
+        result["hits_64"] = run_load(port, process.pid, hit_bodies, CLIENTS, args.requests)
+        result["hits_64_at_1000rps"] = run_load(port, process.pid, hit_bodies, CLIENTS, args.requests // 2, rate=1000)
+        misses = work / f"{name}-misses.json"
+        misses.write_text(json.dumps(miss_bodies))
+        result["misses_64"] = run_load(port, process.pid, misses, CLIENTS, len(miss_bodies))
     return result
+
+
+def bench_stabletoolbench(args, work: Path, folder: Path, hit_bodies: Path, miss_bodies: list[str],
+                          engine_port: int) -> dict:
+    from mirrorapi.processes import free_port
+
+    port = free_port()
+    home = work / "stb"
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.copytree(folder, home / "tool_response_cache")
+    config = {"api_key": "EMPTY", "api_base": f"http://127.0.0.1:{engine_port}/v1", "model": "stub", "temperature": 0,
+              "toolbench_url": f"http://127.0.0.1:{engine_port}/rapidapi", "tools_folder": args.tools,
+              "cache_folder": str(home / "tool_response_cache"), "is_save": True, "port": port,
+              "log_file": str(home / "server.log")}
+    (home / "config.yml").write_text(json.dumps(config))  # JSON is YAML
+    server = Path(args.stabletoolbench).resolve() / "server"
+    # Its own `__main__` binds 0.0.0.0; the same app on 127.0.0.1 (uvicorn as its requirements pin it).
+    code = f"import sys, uvicorn; sys.path.insert(0, {str(server)!r}); uvicorn.run('main:app', host='127.0.0.1', " \
+           f"port={port}, log_level='warning')"
+    env = dict(os.environ, NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    probe = f"http://127.0.0.1:{port}/openapi.json"
+    with started([args.stabletoolbench_python, "-c", code], work, "stabletoolbench", probe, cwd=home,
+                 env=env) as (process, _):
+        run_load(port, process.pid, hit_bodies, 16, 400)  # warm-up
+        result = {"hits_64": run_load(port, process.pid, hit_bodies, CLIENTS, args.stb_requests)}
+        misses = work / "stb-misses.json"
+        misses.write_text(json.dumps(miss_bodies))
+        result["misses_64"] = run_load(port, process.pid, misses, CLIENTS, len(miss_bodies))
+    return result
+
+
+# ------------------------------------------------------------------------------- the run
+def median_of(runs: list[dict]) -> dict:
+    """The median of every number over runs, keeping the nesting; other values from the first run."""
+    first = runs[0]
+    out = {}
+    for key, value in first.items():
+        if isinstance(value, dict):
+            out[key] = median_of([r[key] for r in runs])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = round(statistics.median(r[key] for r in runs), 4)
+        else:
+            out[key] = value
+    return out
+
+
+def ratios(servers: dict, ours: str) -> dict:
+    mine = servers[ours]
+    out = {"miss_rps_over_limit": round(mine["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
+           "miss_cpu_ms": round(mine["misses_64"]["server_cpu_ms_per_request"], 3),
+           "hit_p99_over_bare": round(mine["hits_64"]["p99_ms"] / servers["bare"]["hits_64"]["p99_ms"], 3)}
+    if "stabletoolbench" in servers:
+        out["hit_cpu_stb_over_ours"] = round(servers["stabletoolbench"]["hits_64"]["server_cpu_ms_per_request"]
+                                             / mine["hits_64"]["server_cpu_ms_per_request"], 2)
+    return out
+
+
+def meets(figures: dict) -> dict:
+    return {k: (figures[k] >= t if k in ("hit_cpu_stb_over_ours", "miss_rps_over_limit") else figures[k] <= t)
+            for k, t in TARGETS.items() if k in figures}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--tools", default=str(REPO.parent / "shared/data/toolenv/toolenv2404"))
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=20000, help="Hit requests per 64-client workload.")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=16000, help="Hit requests of the 64-client workloads.")
     parser.add_argument("--misses", type=int, default=6400, help="Miss requests per run.")
-    parser.add_argument("--role", choices=["bench", "stub-engine", "load"], default="bench", help=argparse.SUPPRESS)
+    parser.add_argument("--stabletoolbench", metavar="DIR", help="A StableToolBench checkout (its server/main.py).")
+    parser.add_argument("--stabletoolbench-python", metavar="PY", help="A Python with its server/requirements.txt.")
+    parser.add_argument("--stb-requests", type=int, default=4000, help="StableToolBench's hit requests.")
+    parser.add_argument("--stb-misses", type=int, default=640, help="StableToolBench's miss requests.")
+    parser.add_argument("--postgres", action="store_true", help="Also mirrorapi on a PostgreSQL store.")
+    parser.add_argument("--role", choices=["bench", "stub-engine", "load", "bare"], default="bench",
+                        help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bodies", help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, help=argparse.SUPPRESS)
@@ -208,49 +374,83 @@ def main() -> None:
         return stub_engine(args.port)
     if args.role == "load":
         return load(args.port, args.bodies, args.clients, args.requests, args.rate)
+    if args.role == "bare":
+        return serve_bare(args.port)
     if not Path(args.tools).is_dir():
         sys.exit(f"bench/server.py: tools folder not found: {args.tools}")
+    if args.stabletoolbench and not args.stabletoolbench_python:
+        sys.exit("bench/server.py: --stabletoolbench needs --stabletoolbench-python")
     sys.path.insert(0, str(REPO))
     from mirrorapi.processes import free_port
 
+    print(json.dumps(run(args, free_port)))
+
+
+def run(args, free_port) -> dict:
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-"))
     engine_port = free_port()
     engine = subprocess.Popen([sys.executable, __file__, "--role", "stub-engine", "--port", str(engine_port)])
+    load_before = load_average()
+    postgres = contextlib.ExitStack()
     try:
         bodies = build_cache(args.tools, work / "base.sqlite")
         hit_bodies = work / "hits.json"
         hit_bodies.write_text(json.dumps([json.dumps(b) for b in random.Random(1).sample(bodies, len(bodies))]))
+        if args.stabletoolbench:
+            export_for_stabletoolbench(work / "base.sqlite", work / "stb-base")
+        base_url = None
+        if args.postgres:
+            base_url = postgres.enter_context(_postgres_copy(work / "base.sqlite", work))
         runs = []
-        for run in range(args.runs):
-            misses = [json.dumps({**b, "tool_input": json.dumps({"run": run, "miss": i, **json.loads(b["tool_input"])})})
-                      for i, b in enumerate(bodies[: args.misses])]
-            runs.append(one_run(args, work, work / "base.sqlite", hit_bodies, misses, engine_port))
+        for run_index in range(args.runs):
+            def misses(n: int, tag: str) -> list[str]:
+                return [json.dumps({**b, "tool_input": json.dumps({"run": run_index, "miss": i, "by": tag,
+                                                                   **json.loads(b["tool_input"])})})
+                        for i, b in enumerate(bodies[:n])]
+            servers = {"bare": bench_bare(work, hit_bodies, args.requests)}
+            shutil.copy(work / "base.sqlite", work / "cache.sqlite")
+            servers["mirrorapi"] = bench_mirrorapi(args, work, "mirrorapi", hit_bodies, misses(args.misses, "sqlite"),
+                                                   engine_port, cache_path=work / "cache.sqlite")
+            servers["mirrorapi"]["misses_64"]["entries_lost"] = (
+                servers["mirrorapi"]["misses_64"]["statuses"].get("ok", 0)
+                - (count_entries(work / "cache.sqlite") - len(bodies)))
+            if base_url:
+                servers["mirrorapi_postgres"] = bench_mirrorapi(
+                    args, work, "mirrorapi-postgres", hit_bodies, misses(args.misses, f"pg{run_index}"),
+                    engine_port, cache_url=base_url)
+            if args.stabletoolbench:
+                servers["stabletoolbench"] = bench_stabletoolbench(args, work, work / "stb-base", hit_bodies,
+                                                                   misses(args.stb_misses, "stb"), engine_port)
+            runs.append(servers)
     finally:
+        postgres.close()
         engine.terminate()
         engine.wait(10)
         shutil.rmtree(work, ignore_errors=True)
 
-    def median(path):
-        values = [r[path[0]][path[1]] if len(path) == 2 else r[path[0]] for r in runs]
-        return round(statistics.median(values), 4)
-    result = {"tools_folder": args.tools, "cache_entries": 20000, "apis": 2000, "runs": args.runs,
-              "startup_s": median(["startup_s"])}
-    for workload in ("hits_1", "hits_64", "hits_64_at_1000rps", "misses_64"):
-        result[workload] = {k: median([workload, k]) for k in ("rps", "p50_ms", "p99_ms", "server_cpu_ms_per_request")}
-    result["misses_64"]["entries_lost"] = sum(r["misses_64"]["entries_lost"] for r in runs)
-    result["misses_64"]["error_answers"] = sum(r["misses_64"]["statuses"].get("error", 0) for r in runs)
-    result["per_run"] = runs
+    servers = median_of(runs)
+    result = {"command": " ".join(sys.argv), "load_average_before": load_before, "load_average_after": load_average(),
+              "tools_folder": args.tools, "cache_entries": len(bodies), "clients": CLIENTS,
+              "engine_latency_s": ENGINE_LATENCY, "runs": args.runs, "servers": servers}
+    result["ratios"] = {"mirrorapi": ratios(servers, "mirrorapi")}
+    if "mirrorapi_postgres" in servers:
+        result["ratios"]["mirrorapi_postgres"] = ratios(servers, "mirrorapi_postgres")
+    result["per_run_ratios"] = [ratios(r, "mirrorapi") for r in runs]
     result["targets"] = TARGETS
-    result["meets_targets"] = {
-        "hit_cpu_ms": result["hits_64"]["server_cpu_ms_per_request"] <= TARGETS["hit_cpu_ms"],
-        "hit_p99_ms_64": result["hits_64"]["p99_ms"] <= TARGETS["hit_p99_ms_64"],
-        "hit_p99_ms_64_at_1000rps": result["hits_64_at_1000rps"]["p99_ms"] <= TARGETS["hit_p99_ms_64"],
-        "miss_rps_64": result["misses_64"]["rps"] >= TARGETS["miss_rps_64"],
-        "miss_cpu_ms": result["misses_64"]["server_cpu_ms_per_request"] <= TARGETS["miss_cpu_ms"],
-        "startup_s": result["startup_s"] <= TARGETS["startup_s"],
-    }
-    result["stabletoolbench_reference"] = STABLETOOLBENCH
-    print(json.dumps(result))
+    result["meets_targets"] = {name: meets(figures) for name, figures in result["ratios"].items()}
+    result["per_run"] = runs
+    return result
+
+
+@contextlib.contextmanager
+def _postgres_copy(sqlite_path: Path, work: Path):
+    """A PostgreSQL server for the run holding the entries of `sqlite_path`; yields its cache URL."""
+    from mirrorapi.serving.store import copy_store
+    from mirrorapi.testing.postgres import temporary_postgres
+
+    with temporary_postgres(work / "pg") as url:
+        copy_store(str(sqlite_path), url)
+        yield url
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ not the call. The next attempt goes to a replica this call has not tried yet, wi
 replica that failed is skipped by every call for `cooldown` seconds, then probed in the background
 (any HTTP answer brings it back) before it gets traffic again. Only when no untried healthy replica is left does a
 call wait (exponential backoff with full jitter, so retries of many calls do not arrive together).
+With `max_in_flight`, a replica takes at most that many calls at once (a CPU engine given many calls
+answers none in time); further calls wait for a free one in arrival order, at most `max_waiting` of them:
+one more fails at once with EngineError `busy`.
 
 Why aiohttp and not the `openai` SDK: we send one request shape and read one field, and the SDK's
 request and response layers cost 1.13 ms of CPU per call against 0.29 ms for a pooled aiohttp
@@ -19,6 +22,8 @@ the `openai` client, so the protocol we rely on is the SDK's.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import logging
 import random
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 import aiohttp
 
 logger = logging.getLogger(__name__)
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps with arguments builds an encoder per call
 
 # Statuses worth another attempt (elsewhere); any other 4xx means the request itself is wrong.
 RETRYABLE_STATUS = (408, 429)
@@ -35,8 +41,8 @@ RETRYABLE_STATUS = (408, 429)
 
 class EngineError(Exception):
     """The engine could not give an answer. `kind`: unreachable, timeout, http, not_json (the HTTP body),
-    no_choice (JSON that is not a chat completion); the simulator adds empty (no text) and garbage (text
-    that is no observation)."""
+    no_choice (JSON that is not a chat completion), busy (every replica has `max_in_flight` calls and
+    `max_waiting` more wait); the simulator adds empty (no text) and garbage (text that is no observation)."""
 
     def __init__(self, kind: str, message: str, status: int | None = None):
         self.kind, self.status = kind, status  # status: the HTTP status of an `http` error
@@ -103,6 +109,8 @@ class EngineClient:
         attempt_timeout: float | None = None,
         cooldown: float = 10.0,
         stream: bool = False,
+        max_in_flight: int | None = None,
+        max_waiting: int | None = None,
     ):
         bases = [api_bases] if isinstance(api_bases, str) else list(api_bases)
         if not bases:
@@ -117,6 +125,8 @@ class EngineClient:
         self._session: aiohttp.ClientSession | None = None
         self._turn = 0  # round-robin position
         self._probes: set[asyncio.Task] = set()
+        self.max_in_flight, self.max_waiting = max_in_flight, max_waiting
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()  # calls waiting for a free replica
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:  # one pool for all replicas: connections are reused across requests
@@ -206,11 +216,14 @@ class EngineClient:
         if self.stream:
             body["stream"] = True
         body.update(extra_body or {})
-        payload = json.dumps(body, ensure_ascii=False).encode()
+        payload = _ENCODE(body).encode()
         last: EngineError | None = None
         tried: set[int] = set()
         for attempt in range(self.retries + 1):
             index, fresh = self._pick(tried)
+            while self.max_in_flight is not None and self.replicas[index].in_flight >= self.max_in_flight:
+                await self._free_replica(deadline)
+                index, fresh = self._pick(tried)
             if not fresh and attempt:  # nothing healthy left to try: wait (full jitter) before going again
                 pause = random.uniform(0, self.backoff * (2 ** (attempt - 1)))
                 await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
@@ -226,9 +239,8 @@ class EngineClient:
                 i not in tried and not r.down_until for i, r in enumerate(self.replicas))
             base, limit = replica.base, min(self.attempt_timeout, remaining) if elsewhere else remaining
             replica.in_flight += 1
-            try:
-                completion = await asyncio.wait_for(self._post(base, payload, limit), limit)
-                answer = _message(completion)
+            try:  # aiohttp's total timeout bounds the attempt (asyncio.wait_for would cost a task per attempt)
+                answer = _message(await self._post(base, payload, limit))
                 replica.down_until = 0.0  # it answered (a call with nothing better to try may use a cooling one)
                 return answer
             except asyncio.TimeoutError:
@@ -241,9 +253,35 @@ class EngineClient:
                     break  # the request itself is wrong: retrying will not help
             finally:
                 replica.in_flight -= 1
+                self._wake_one()
             self._failed(index, last)
             logger.warning("engine attempt %d/%d failed: %s", attempt + 1, self.retries + 1, last)
         raise last or EngineError("timeout", f"engine did not answer within {self.timeout:g} s")
+
+    async def _free_replica(self, deadline: float) -> None:
+        """Wait, in arrival order, until an attempt somewhere ends; EngineError `busy` when `max_waiting` calls
+        already wait, `timeout` when the call's deadline comes first."""
+        if self.max_waiting is not None and len(self._waiters) >= self.max_waiting:
+            raise EngineError("busy", f"the simulator engine is busy: {self.max_in_flight} calls in flight on each of "
+                                      f"{len(self.replicas)} replica(s) and {len(self._waiters)} waiting")
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise EngineError("timeout", f"no engine replica was free within {self.timeout:g} s") from None
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     # ------------------------------------------------------------------------------ health
     async def _reachable(self, base: str, timeout: float) -> EngineHealth:

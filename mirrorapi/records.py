@@ -22,9 +22,15 @@ from typing import Any, Callable, Iterator
 from mirrorapi.names import standardize_category
 
 
+# Encoders built once: `json.dumps` with arguments builds a new encoder on every call (a third of the cost
+# of a small key, on every cache lookup). Same output as `json.dumps` with the same arguments.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def canonical_json(arguments: Any) -> str:
     """`{"b": 2, "a": 1}` -> `{"a":1,"b":2}`. Types are kept: `1` and `"1"` are different calls."""
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL(arguments)
 
 
 def parse_repr_key(key: str) -> Any:
@@ -44,7 +50,7 @@ def parse_repr_key(key: str) -> Any:
 def observation_json(error: str, response: Any) -> str:
     """The one serialisation of an observation: what the server answers, the cache stores and the
     simulator is trained to write (`mirrorapi-v1` targets): compact, UTF-8, `error` first."""
-    return json.dumps({"error": error, "response": response}, ensure_ascii=False, separators=(",", ":"))
+    return _COMPACT({"error": error, "response": response})
 
 
 PAIR_KEYS = ("source", "episode", "step", "category", "tool_name", "api_name", "tool_input", "response")

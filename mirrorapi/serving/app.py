@@ -21,15 +21,13 @@ import asyncio
 import contextlib
 import gc
 import logging
-import sqlite3
 
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import generate_latest
 
 from mirrorapi.engine_client import EngineClient
-from mirrorapi.serving.cache import CacheError, ResponseCache, import_stabletoolbench_cache
+from mirrorapi.serving.cache import CacheError, SqlCache, import_stabletoolbench_cache, is_url, lease_holder, open_cache
 from mirrorapi.serving.config import ConfigError, ServerSettings
 from mirrorapi.serving.handler import VirtualApi
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
@@ -40,8 +38,10 @@ from mirrorapi.serving.transport import (
     UNAUTHORIZED,
     BodyTooLarge,
     ClientGone,
+    RequestDeadlineMiddleware,
     authorized,
     error_body,
+    guard,
     read_body,
     send_json,
     uvicorn_options,
@@ -58,39 +58,43 @@ OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (prob
 
 
 class VirtualEndpoint:
-    """`/virtual` as the outermost ASGI app, in front of the FastAPI app that serves everything else.
-    Why not a FastAPI route or middleware: its request/response machinery (error and telemetry
-    middleware, router, route wrapper) costs about 0.1 ms of CPU per request, half the budget of a
-    cache hit (bench/server.py). `answer` turns every failure into a response, so nothing is lost
-    by bypassing Starlette's error middleware."""
+    """`/virtual` as the outermost ASGI app, in front of the FastAPI app that serves everything else
+    (the API key, the 405 and the 413 of every path are answered here too, in the `{"error", "response"}`
+    shape). Why not a FastAPI route: measured side by side (bench/virtual_route.py), a route with typed
+    dependencies costs FIGURE_PENDING of a cache hit's server CPU, against a budget of 10%. `answer` turns
+    every failure into a response, so nothing is lost by bypassing Starlette's error middleware."""
 
     def __init__(self, app: FastAPI):
         self.app, self.state = app, app.state
         settings = app.state.settings
         self.api_key = settings.server_api_key.encode() if settings.server_api_key else None
         self.max_body = settings.max_body_bytes
+        self.others = RequestDeadlineMiddleware(self.dispatch)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
         if self.api_key is not None and path not in OPEN_PATHS and not authorized(scope, self.api_key):
+            guard(scope).received()
             return await send_json(send, 401, error_body(UNAUTHORIZED), [(b"www-authenticate", b"Bearer")])
         if path != "/virtual":
-            if path.rstrip("/") == MCP_PATH:
-                return await self.state.mcp.asgi(scope, receive, send)
-            return await self.app(scope, receive, send)
+            return await self.others(scope, receive, send)
+        deadline = guard(scope)
         if scope["method"] != "POST":
+            deadline.received()
             return await send_json(send, 405, error_body("Method Not Allowed: /virtual takes POST"),
                                    [(b"allow", b"POST")])
         try:
             body = await read_body(scope, receive, self.max_body)
         except BodyTooLarge as exc:
+            deadline.received()
             message = (f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to "
                        f"{self.max_body:,})")
             return await send_json(send, 413, error_body(message), [(b"connection", b"close")])
         except ClientGone:
             return
+        deadline.received()
         session_id = None
         for name, value in scope["headers"]:
             if name == SESSION_HEADER:
@@ -102,17 +106,20 @@ class VirtualEndpoint:
         state.metrics.record(answer)
         state.request_log.record(answer)
 
+    async def dispatch(self, scope, receive, send) -> None:
+        if scope["path"].rstrip("/") == MCP_PATH:
+            return await self.state.mcp.asgi(scope, receive, send)
+        return await self.app(scope, receive, send)
 
-async def _maintain_cache(cache: ResponseCache) -> None:
-    """Every few seconds: hand the counted hits to the cache's writer thread (no waiting here), then
-    checkpoint the WAL in a worker thread (it syncs the disk)."""
+
+async def _maintain_cache(cache: SqlCache, session_ttl: float) -> None:
+    """Every few seconds: write the counted hits, forget idle sessions and expired leases, checkpoint."""
     while True:
         await asyncio.sleep(CACHE_MAINTENANCE_SECONDS)
-        cache.flush_hits()
         try:
-            await asyncio.to_thread(cache.checkpoint)
-        except sqlite3.Error as exc:  # e.g. another process holds the database: try again later
-            logger.warning("cache checkpoint postponed: %s", exc)
+            await cache.maintain(session_ttl)
+        except CacheError as exc:  # e.g. the database is away for a moment: next time
+            logger.warning("cache maintenance postponed: %s", exc)
 
 
 async def _report_engine(engine: EngineClient) -> None:
@@ -128,6 +135,14 @@ async def _report_engine(engine: EngineClient) -> None:
                            "observation until it answers", replica.base_url, replica.detail)
 
 
+def open_server_cache(settings: ServerSettings) -> SqlCache:
+    """The cache a server answers from: PostgreSQL at `cache_url`, else the SQLite file `cache_path` (checkpointed
+    by the server's maintenance, off the request path)."""
+    if settings.cache_url:
+        return open_cache(settings.cache_url)
+    return open_cache(settings.cache_path, autocheckpoint=False)
+
+
 def create_app(settings: ServerSettings) -> VirtualEndpoint:
     """The ASGI app (`.app`: the FastAPI app behind /virtual; `.state`: its state). Raises
     RegistryError / CacheError (one line each) when the tools or the cache cannot be used."""
@@ -137,29 +152,34 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     stats = registry.stats()
     logger.info("tools: %d categories, %d tools, %d APIs loaded in %.2f s (%d unreadable files skipped)",
                 stats["categories"], stats["tools"], stats["apis"], stats["load_seconds"], stats["unreadable"])
-    cache = ResponseCache(settings.cache_path, autocheckpoint=False)
+    cache = open_server_cache(settings)
     if settings.cache_folder is not None:
         import_stabletoolbench_cache(cache, settings.cache_folder, registry=registry)
-    cache.start_writer()  # from here on, writes leave the event loop
     try:  # the configured MCP toolset must name known APIs: checked before anything listens
         toolset = select_toolset(registry, settings.mcp_toolset)
     except ToolsetError as exc:
         raise ConfigError(f"mcp_toolset: {exc}") from None
     logger.info("MCP at %s: %d tools in the default toolset", MCP_PATH, len(toolset.functions))
-    logger.info("cache %s: %d entries", settings.cache_path, cache.count())
+    logger.info("cache %s: %d entries", cache.location, cache.count())
     # The tool docs are millions of long-lived objects: keep them out of the garbage collector's
     # full passes, which otherwise stall every request for a hundred milliseconds now and then.
     gc.freeze()
+    # Servers that share the store simulate a call once between them (a lease per call in the store).
+    shared = settings.workers > 1 or is_url(settings.cache_url or "")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         engine = EngineClient(settings.api_base, settings.model, settings.api_key, timeout=settings.engine_timeout,
-                              attempt_timeout=settings.engine_attempt_timeout, retries=settings.engine_retries,
-                              cooldown=settings.engine_cooldown)
-        app.state.simulator = simulator = Simulator(engine, cache, settings)
-        logger.info("simulator identity (simulated answers are looked up and stored under it): %s", simulator.identity)
-        app.state.virtual = VirtualApi(settings, registry, cache, simulator)
-        background = [asyncio.create_task(_maintain_cache(cache))]
+                              attempt_timeout=settings.attempt_timeout(), retries=settings.engine_retries,
+                              cooldown=settings.engine_cooldown, max_in_flight=settings.engine_max_in_flight,
+                              max_waiting=settings.engine_max_waiting)
+        simulator = Simulator(engine, cache, settings)
+        app.state.engine = engine
+        app.state.virtual = virtual = VirtualApi(settings, registry, cache, simulator, app.state.metrics,
+                                                 lease_holder() if shared else None)
+        logger.info("simulator identity (simulated answers are looked up and stored under it): %s",
+                    virtual.responder.identities[False])
+        background = [asyncio.create_task(_maintain_cache(cache, settings.session_ttl))]
         if settings.mode == "simulate":  # probed in the background: a hanging engine must not delay start-up
             background.append(asyncio.create_task(_report_engine(engine)))
         try:
@@ -169,9 +189,9 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
             for task in background:
                 task.cancel()
             # Simulations outlive requests whose client went away; their answers are stored before the cache closes.
-            await simulator.drain(timeout=settings.engine_timeout + 5)
+            await virtual.responder.drain(timeout=settings.engine_timeout + 5)
             app.state.request_log.close()
-            cache.close()  # after its writer thread has committed everything handed to it
+            await cache.aclose()  # after everything handed to it is committed
             await engine.aclose()
 
     # FastAPI's OpenTelemetry hooks are off: /metrics is the server's telemetry, and the check costs
@@ -179,7 +199,7 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     app = FastAPI(title="mirrorapi virtual API server", lifespan=lifespan,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.settings, app.state.registry, app.state.cache = settings, registry, cache
-    app.state.metrics = ServerMetrics(app.state)
+    app.state.metrics = ServerMetrics()
     app.state.request_log = RequestLogWriter(settings)
     app.state.mcp = McpFrontDoor(app.state)
 
@@ -192,7 +212,7 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     async def health() -> JSONResponse:
         """200 `ok` (every replica serves the model, or replay mode), 200 `degraded` (some do), 503
         `unavailable` (none: misses cannot be simulated; cache hits are still served)."""
-        engines = [] if settings.mode == "replay" else await app.state.simulator.engine.health(timeout=2.0)
+        engines = [] if settings.mode == "replay" else await app.state.engine.health(timeout=2.0)
         serving = sum(e.ok for e in engines)
         if settings.mode == "replay":
             status, misses = "ok", "answered from the cache only (replay mode)"
@@ -208,15 +228,16 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
             "prompt_format": settings.prompt_format,
             "engine": [{"base_url": e.base_url, "reachable": e.reachable, "serves_model": e.ok, "detail": e.detail,
                         "cooling_down_s": e.cooling_down} for e in engines],
-            "cache": {"path": str(settings.cache_path), "entries": cache.count()},
+            "cache": {"location": cache.location, "entries": cache.count()},
             "tools": {k: stats[k] for k in ("categories", "tools", "apis")},
-            "sessions": {"open": len(app.state.virtual.sessions), "history": settings.session_history,
+            "sessions": {"open": cache.open_sessions(settings.session_ttl), "history": settings.session_history,
                          "cache_entries": cache.session_count()},
         })
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(app.state.metrics.registry), media_type="text/plain; version=0.0.4")
+        body, media_type = app.state.metrics.exposition()
+        return Response(body, media_type=media_type)
 
     return VirtualEndpoint(app)
 

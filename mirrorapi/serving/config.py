@@ -72,6 +72,11 @@ class ServerSettings(BaseModel):
     request_timeout: float = Field(10.0, gt=0, description=(
         "Seconds a client may take to send one whole request (headers and body); slower ones are disconnected."))
     cache_path: Path = Field(Path("mirrorapi_cache.sqlite"), description="The SQLite cache database.")
+    cache_url: str | None = Field(None, description=(
+        "postgresql://USER:PASSWORD@HOST:PORT/DATABASE: keep the cache and the sessions on PostgreSQL (the "
+        "same schema), shared by every server on it, on any host; unset: the SQLite file cache_path."))
+    workers: int = Field(1, ge=1, description=(
+        "Server processes (uvicorn's workers) on one port, sharing the cache, the metrics and the request log."))
     mode: Literal["simulate", "replay"] = Field("simulate", description=(
         "simulate: a cache miss asks the engine; replay: cache only, a miss is an error observation."))
     simulator_identity: str | None = Field(None, min_length=1, description=(
@@ -83,13 +88,20 @@ class ServerSettings(BaseModel):
     unknown_arguments: Literal["simulate", "reject"] = Field("simulate", description=(
         "A call with arguments the doc does not list: simulate it, or reject it."))
     engine_timeout: float = Field(60.0, gt=0, description="Seconds an engine call may take, retries included.")
-    engine_attempt_timeout: float = Field(30.0, gt=0, description=(
+    engine_attempt_timeout: float | None = Field(None, gt=0, description=(
         "Seconds an attempt may take when another replica could take the next one; a slower replica is "
-        "given up. The last replica standing may use what is left of engine_timeout."))
+        "given up. The last replica standing may use what is left of engine_timeout. Unset: engine_timeout "
+        "shared by the replicas an attempt can fail over to (said at start-up)."))
     engine_retries: int = Field(2, ge=0, description=(
         "Further attempts after a failed one: on another replica at once, else after a jittered backoff."))
     engine_cooldown: float = Field(10.0, ge=0, description=(
         "Seconds a replica that failed is skipped; then it is probed and gets calls again once it answers."))
+    engine_max_in_flight: int = Field(64, gt=0, description=(
+        "Simulator calls in flight per replica; more wait for a free one (a CPU engine given many calls at "
+        "once answers none of them in time)."))
+    engine_max_waiting: int = Field(256, ge=0, description=(
+        "Simulator calls that may wait for a free replica; a miss beyond gets an error observation at once "
+        "(the simulator is busy) instead of a long wait."))
     max_tokens: int = Field(1024, gt=0, description="Most tokens the simulator may generate per response.")
     prompt_format: Literal[SIMULATOR_FORMATS] = Field("mirrorapi-v1", description=(
         "Simulator prompt format (mirrorapi/prompts.py): the one the model was trained with."))
@@ -107,7 +119,9 @@ class ServerSettings(BaseModel):
         "prompt format mirrorapi-session-v1; 0 ignores session ids (every call is simulated alone)."))
     session_char_budget: int = Field(HISTORY_CHAR_BUDGET, gt=0, description=(
         "Most characters of session history per prompt (whole calls only)."))
-    max_sessions: int = Field(10000, gt=0, description="Sessions remembered at once (least recently used go first).")
+    session_ttl: float = Field(3600.0, gt=0, description=(
+        "Seconds a session is kept after its last call (in the cache store, so sessions survive a restart); "
+        "a later call starts it over."))
     mcp_toolset: str = Field("", description=(
         "Tools that /mcp lists when its URL names none, in toolset syntax (`category=Data&tool=APIBank/apibank_account"
         "&api=C/T/A&query=<query_id>`); empty: every API."))
@@ -138,6 +152,9 @@ class ServerSettings(BaseModel):
                     setattr(self, key, value)
         if self.system_prompt_file is not None and not self.system_prompt_file.is_file():
             raise ValueError(f"system_prompt_file: {self.system_prompt_file} does not exist")
+        if self.cache_url is not None and not self.cache_url.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"cache_url: expected postgresql://..., got {self.cache_url.split(':', 1)[0]}:... "
+                             "(a SQLite cache is set with cache_path)")
         if self.cache_path.exists() and self.cache_path.is_dir():
             raise ValueError(f"cache_path: {self.cache_path} is a folder, expected a database file")
         return self
@@ -153,6 +170,14 @@ class ServerSettings(BaseModel):
             warnings.append(f"host {self.host} is reachable from other machines and server_api_key is not set: "
                             "anyone who can reach it can use the simulator and fill its cache")
         return warnings
+
+    def attempt_timeout(self) -> float:
+        """`engine_attempt_timeout`, or when unset the deadline shared by the replicas a call can try (at most
+        `engine_retries` + 1): with two replicas and `engine_timeout` 8, 4 s, so that a hung replica leaves
+        time for the other one."""
+        if self.engine_attempt_timeout is not None:
+            return min(self.engine_attempt_timeout, self.engine_timeout)
+        return self.engine_timeout / max(1, min(len(self.api_base), self.engine_retries + 1))
 
     def system_prompt(self) -> str | None:
         return self.system_prompt_file.read_text(encoding="utf-8") if self.system_prompt_file else None

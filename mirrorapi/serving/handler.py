@@ -1,19 +1,16 @@
-"""The /virtual request path, without HTTP: body -> names -> doc -> validation -> cache -> simulator.
+"""The /virtual request path, without HTTP: body -> names -> doc -> (session) -> answer -> (session).
 
 Order of the steps (StableToolBench's, plus validation): `chat_with_user` is answered first;
 `tool_input` is parsed; the names are resolved in the in-memory registry (unknown ones come back
-with the closest known names, and the engine is never called); the cache is looked up by canonical
-key (a recorded answer, else a simulated answer of this server's simulator identity, never another
-identity's; a recorded answer is returned even for a call the policy would reject: it is what the API
-said); on a miss the arguments are checked against the doc per the validation policy, then the
-call is simulated (mode `simulate`) or answered with an error observation (mode `replay`). Every outcome, failures
-included, is an `Answer` ready to send (see `mirrorapi.serving.handler.to_failure`).
+with the closest known names, and the engine is never called); then `Responder.respond` gives the
+answer (look up -> on a miss the validation policy of `check_miss`, then simulate -> store; a
+recorded answer is returned even for a call the policy would reject: it is what the API said). Every
+outcome, failures included, is an `Answer` ready to send (see `to_failure`).
 
-A call with a session id (and `session_history` > 0) differs in two places: its cache lookup takes
-a recorded stateless entry (real, imported) first, else the session-scoped entry of its call and
-history; a simulated stateless entry is not used (it was answered without the history). A miss is
-simulated with the history and stored apart (`mirrorapi.serving.simulator`). Every answered call
-(hit or simulation) is then added to the session's history. Without a session id nothing changes.
+A call with a session id (and `session_history` > 0) is the same path with the session's history:
+its digest is part of the call's cache key (outside a session that part is empty), and the prompt
+shows its newest calls. Every answered call (hit or simulation) is then added to the session, in
+the store (`mirrorapi.serving.sessions`).
 """
 
 from __future__ import annotations
@@ -29,8 +26,8 @@ from pydantic import ValidationError
 
 from mirrorapi.engine_client import EngineError
 from mirrorapi.names import api_key_name
+from mirrorapi.prompts import history_line
 from mirrorapi.records import canonical_json, observation_json
-from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.protocol import (
     CHAT_WITH_USER,
@@ -42,7 +39,8 @@ from mirrorapi.serving.protocol import (
     ToolInputError,
     VirtualRequest,
 )
-from mirrorapi.serving.sessions import Session, SessionStore
+from mirrorapi.serving.responder import Responder
+from mirrorapi.serving.sessions import Session, advance
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 
@@ -50,6 +48,9 @@ logger = logging.getLogger(__name__)
 
 MAX_ARGUMENT_DEPTH = 100  # nesting of tool_input objects/arrays; real APIs take a few levels
 LOGGED_NAME_CHARS = 200  # of a name as sent, in the request log line (a name may be a megabyte of junk)
+# One decoder for every tool_input: `json.loads(text, strict=False)` builds a new one per call.
+# strict=False: raw model output often holds literal newlines inside strings.
+_DECODE_LENIENT = json.JSONDecoder(strict=False).decode
 
 
 def _is_chat_with_user(api_name: str) -> bool:
@@ -73,11 +74,14 @@ class Answer:
 
 
 class VirtualApi:
-    def __init__(self, settings: ServerSettings, registry: ToolRegistry, cache: ResponseCache, simulator: Simulator):
-        self.settings, self.registry, self.cache, self.simulator = settings, registry, cache, simulator
+    def __init__(self, settings: ServerSettings, registry: ToolRegistry, cache, simulator: Simulator, metrics,
+                 lease_holder: str | None = None):
+        """`cache`: the store; `metrics`: engine calls and coalesced misses (`ServerMetrics`); `lease_holder`:
+        this process's name when the store is shared by several processes (see `Responder`)."""
+        self.settings, self.registry, self.cache = settings, registry, cache
         # Name normalisation is regex work; the same few thousand names come back all the time.
         self.resolve = functools.lru_cache(maxsize=65536)(registry.resolve)
-        self.sessions = SessionStore(settings.session_history, settings.max_sessions)
+        self.responder = Responder(settings, cache, simulator, metrics, self.check_miss, lease_holder)
 
     async def answer(self, body: bytes, session_id: str | None = None) -> Answer:
         """The answer to a /virtual body; `session_id` is the transport's (header, MCP session)."""
@@ -86,7 +90,8 @@ class VirtualApi:
         start = clock()
         try:
             request = VirtualRequest.model_validate_json(body)
-            answer.extra_fields = list(request.model_extra or ())
+            if request.model_extra:
+                answer.extra_fields = list(request.model_extra)
             if "chat" in request.api_name.lower() and _is_chat_with_user(request.api_name):
                 answer.body, answer.outcome = observation_bytes("", CHAT_WITH_USER_REPLY), "chat_with_user"
                 return answer
@@ -97,36 +102,31 @@ class VirtualApi:
 
             doc = self.resolve(request.category, request.tool_name, request.api_name)
             answer.names = (doc.category, doc.tool, doc.api)
-            stages["resolve"] = (mark := clock()) - now
+            stages["resolve"] = clock() - now
 
+            session, history, settings = None, None, self.settings
             session_id = request.session_id or session_id
-            if session_id and self.settings.session_history:
+            if session_id and settings.session_history:
                 answer.session = session_id
-                return await self._answer_in_session(answer, self.sessions.get(session_id), doc, arguments, key, mark)
+                session = Session(settings.session_history, await self.cache.session(session_id, settings.session_ttl))
+                history = session.history(settings.session_history, settings.session_char_budget)
 
-            found = self.cache.get(doc.category, doc.tool, doc.api, key, self.simulator.identity)
-            stages["cache_lookup"] = (now := clock()) - mark
-            answer.cache = "miss" if found is None else "hit"
-            if found is not None:  # a recorded answer wins over the validation policy: it is what the API said
-                answer.body, answer.provenance, answer.outcome = found[0].encode(), found[1], "hit"
-                return answer
-            self.check_miss(doc, arguments, key)
-            if self.settings.mode == "replay":
-                raise ReplayMiss(f"no cached response for {doc.category}/{doc.tool}/{doc.api} {key[:200]}")
-
-            try:
-                simulation = await self.simulator.simulate(doc, arguments, key)
-            finally:
-                stages["engine"] = clock() - now
-            answer.coalesced = simulation.coalesced
-            answer.provenance = self.simulator.provenance
-            answer.body = observation_bytes(simulation.observation["error"], simulation.observation["response"])
-            answer.outcome = "simulated"
+            reply = await self.responder.respond(doc, arguments, key, history, stages)
+            answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
+            answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
+            if session is not None:
+                observation = json.loads(reply.observation)
+                line = history_line(doc.tool, doc.api, arguments, observation.get("error", ""),
+                                    observation.get("response", ""))
+                await self.cache.update_session(session_id, settings.session_ttl,
+                                                advance(settings.session_history, line))
             return answer
         except Exception as exc:  # every failure becomes an observation (or a 422), never a 500
             failure = to_failure(exc)
             answer.status, answer.outcome, answer.body, answer.detail = (failure.status, failure.outcome,
                                                                          failure.body, failure.detail)
+            if answer.cache is None and "cache_lookup" in stages:
+                answer.cache = "miss"
             return answer
         finally:
             stages["total"] = clock() - start
@@ -137,38 +137,6 @@ class VirtualApi:
         if len(key) > self.settings.max_arguments_chars:  # never sent to the engine, never stored
             raise ArgumentError(f"tool_input is too large to simulate: {len(key):,} characters of JSON "
                                 f"(this server simulates calls of up to {self.settings.max_arguments_chars:,}).")
-
-    async def _answer_in_session(self, answer: Answer, session: Session, doc: ApiDoc, arguments: dict, key: str,
-                                 mark: float) -> Answer:
-        """The cache and simulator steps of `answer` for a call inside `session` (see the module doc)."""
-        stages, clock = answer.stages, time.perf_counter
-        settings = self.settings
-        history = session.history(settings.session_history, settings.session_char_budget)
-        found = self.cache.get(doc.category, doc.tool, doc.api, key)  # recorded answers only: they win
-        if found is None:
-            found = self.cache.get_in_session(doc.category, doc.tool, doc.api, key, self.simulator.session_identity,
-                                              history.digest)
-        stages["cache_lookup"] = (now := clock()) - mark
-        answer.cache = "miss" if found is None else "hit"
-        if found is not None:
-            observation = json.loads(found[0])
-            answer.body, answer.provenance, answer.outcome = found[0].encode(), found[1], "hit"
-        else:
-            self.check_miss(doc, arguments, key)
-            if settings.mode == "replay":
-                raise ReplayMiss(f"no cached response for {doc.category}/{doc.tool}/{doc.api} {key[:200]} "
-                                 f"after {history.steps} earlier call(s) of session {answer.session[:80]!r}")
-            try:
-                simulation = await self.simulator.simulate(doc, arguments, key, history)
-            finally:
-                stages["engine"] = clock() - now
-            observation = simulation.observation
-            answer.coalesced = simulation.coalesced
-            answer.provenance = self.simulator.session_provenance
-            answer.body = observation_bytes(observation["error"], observation["response"])
-            answer.outcome = "simulated"
-        session.record(doc.tool, doc.api, arguments, observation.get("error", ""), observation.get("response", ""))
-        return answer
 
 
 # ------------------------------------------------------------------------------- parsing and failures
@@ -212,8 +180,7 @@ def parse_tool_input(value: Any) -> dict:
         if not value.strip():
             return {}
         try:
-            # strict=False: raw model output often holds literal newlines inside strings.
-            parsed = json.loads(value, strict=False)
+            parsed = _DECODE_LENIENT(value)
         except ValueError as exc:
             raise ToolInputError(f"tool_input is not valid JSON: {exc}") from None
         except RecursionError:

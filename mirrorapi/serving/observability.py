@@ -1,6 +1,11 @@
 """What the virtual server tells about itself: Prometheus metrics (`ServerMetrics`, served at /metrics)
 and the request log (`RequestLogWriter`: one JSON line per /virtual request).
 
+With several worker processes (`workers`), the metrics are prometheus-client's multiprocess mode (every
+process writes its values to files in PROMETHEUS_MULTIPROC_DIR, which the server sets before it starts
+them; /metrics adds them up), and every process appends its lines to the same request log, whole lines
+in one write() each (O_APPEND), so the log is one file of whole lines.
+
 A request log line: `time`, `outcome` (the metrics label), `status`, `api` (category/tool/api),
 `provenance` (where the answer came from), `ms`; `engine_ms` and `coalesced` when the engine was
 asked; `detail` of a failure; `extra_fields` of the body that StableToolBench does not define;
@@ -12,27 +17,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
+import os
 import time
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.handler import Answer
 
 logger = logging.getLogger(__name__)
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps with arguments builds an encoder per call
 
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                  30, 60, 120)
 
 
 class ServerMetrics:
-    """Prometheus metrics of one app (own registry, so several apps can live in one process). `state`:
-    the app's state, whose `simulator` (set when the app starts) is read when /metrics is scraped."""
+    """Prometheus metrics of one app (own registry, so several apps can live in one process; in multiprocess
+    mode /metrics reads every process's files instead)."""
 
-    def __init__(self, state: Any):
+    def __init__(self):
         self.registry = CollectorRegistry()
         self.requests = Counter("mirrorapi_requests", "/virtual requests by outcome (hit, simulated, replay_miss, "
                                 "validation_error, engine_error, chat_with_user, invalid_body, internal_error).",
@@ -42,7 +46,11 @@ class ServerMetrics:
         self.stages = Histogram("mirrorapi_stage_seconds", "Latency of each stage of a /virtual request (parse, "
                                 "resolve, cache_lookup, engine, total).", ["stage"], buckets=STAGE_BUCKETS,
                                 registry=self.registry)
-        self.registry.register(_SimulatorCollector(state))
+        self.engine_calls = Counter("mirrorapi_engine_calls", "Engine calls by result (ok, garbage, empty, "
+                                    "unreachable, timeout, http, not_json, no_choice, busy).", ["result"],
+                                    registry=self.registry)
+        self.coalesced_requests = Counter("mirrorapi_coalesced_requests", "Cache misses answered by an identical "
+                                          "engine call already in flight.", registry=self.registry)
         # Children bound once: `labels()` per request costs more than the observation itself.
         self._requests, self._lookups, self._stages = {}, {}, {}
 
@@ -58,25 +66,19 @@ class ServerMetrics:
             histogram = self._stages.get(stage) or self._stages.setdefault(stage, self.stages.labels(stage))
             histogram.observe(seconds)
 
+    def engine_call(self, result: str) -> None:
+        self.engine_calls.labels(result).inc()
 
-class _SimulatorCollector:
-    """Engine calls by result and coalesced requests, read from the simulator when scraped."""
+    def coalesced(self) -> None:
+        self.coalesced_requests.inc()
 
-    def __init__(self, state: Any):
-        self.state = state
-
-    def collect(self):
-        calls = CounterMetricFamily("mirrorapi_engine_calls", "Engine calls by result (ok, garbage, "
-                                    "empty, unreachable, timeout, http, not_json, no_choice).", labels=["result"])
-        coalesced = CounterMetricFamily("mirrorapi_coalesced_requests", "Cache misses answered by an identical "
-                                        "engine call already in flight.")
-        simulator = getattr(self.state, "simulator", None)
-        if simulator is not None:
-            for result, n in sorted(simulator.engine_calls.items()):
-                calls.add_metric([result], n)
-            coalesced.add_metric([], simulator.coalesced)
-        yield calls
-        yield coalesced
+    def exposition(self) -> tuple[bytes, str]:
+        """The /metrics body and its content type: this process's metrics, or all processes' in multiprocess mode."""
+        registry = self.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8"
 
 
 class RequestLogWriter:
@@ -84,17 +86,21 @@ class RequestLogWriter:
     Why not the `logging` module: a log record and its handler chain cost more than the line itself,
     and a stream handler writes and flushes per record; together about 50 us of a cache hit's 250 us
     of server CPU (bench/server.py). Here the lines of one event-loop turn are written together right
-    after it (at once outside a loop, or when 1,024 are waiting), and `close` writes what is left."""
+    after it (at once outside a loop, or when 1,024 are waiting), one write() per file, and `close`
+    writes what is left."""
 
     def __init__(self, settings: ServerSettings):
-        self.streams = [sys.stderr] if settings.log_level in ("debug", "info") else []
+        self.files = [2] if settings.log_level in ("debug", "info") else []  # stderr
+        self._own: list[int] = []
         if settings.log_file is not None:
             settings.log_file.parent.mkdir(parents=True, exist_ok=True)
-            self.streams.append(open(settings.log_file, "a", encoding="utf-8"))
+            fd = os.open(settings.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self.files.append(fd)
+            self._own.append(fd)
         self.lines: list[str] = []
 
     def record(self, answer: Answer) -> None:
-        if not self.streams:
+        if not self.files:
             return
         line = {"time": round(time.time(), 3), "outcome": answer.outcome, "status": answer.status,
                 "api": "/".join(answer.names) if answer.names else None, "provenance": answer.provenance,
@@ -108,7 +114,7 @@ class RequestLogWriter:
             line["extra_fields"] = answer.extra_fields
         if answer.session is not None:
             line["session"] = answer.session[:80]
-        self.lines.append(json.dumps(line, ensure_ascii=False))
+        self.lines.append(_ENCODE(line))
         if len(self.lines) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)
@@ -122,16 +128,17 @@ class RequestLogWriter:
     def flush(self) -> None:
         lines, self.lines = self.lines, []
         if lines:
-            text = "\n".join(lines) + "\n"
-            for stream in self.streams:
+            data = ("\n".join(lines) + "\n").encode()
+            for fd in self.files:
                 try:
-                    stream.write(text)
-                    stream.flush()
-                except (OSError, ValueError) as exc:  # a full disk or a closed stderr must not fail requests
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                except OSError as exc:  # a full disk or a closed stderr must not fail requests
                     logger.warning("request log lines lost: %s", exc)
 
     def close(self) -> None:
         self.flush()
-        for stream in self.streams:
-            if stream is not sys.stderr:
-                stream.close()
+        for fd in self._own:
+            os.close(fd)
+        self._own = []

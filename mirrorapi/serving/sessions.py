@@ -3,24 +3,27 @@
 A session is named by the client (`X-Session-Id` header or `session_id` body field on /virtual;
 the MCP session on /mcp). Each answered call of a session (a cache hit or a simulation) is kept as
 the line the simulator prompt shows (`mirrorapi.prompts.history_line`), and folded into a digest
-chain: `digest(n+1) = sha256(digest(n) + "\\n" + line(n))`. The digest names the whole history so
-far, so the cache can store a session call's answer under the call *and* its history: replaying
-the same episode (whatever the session id) finds the same answers again.
+chain: `digest(n+1) = sha256(digest(n) + "\\n" + line(n))`, starting from EMPTY_HISTORY. The digest
+names the whole history so far and is part of the cache key of a session call (outside a session
+that part is ''), so replaying the same episode (whatever the session id) finds the same answers.
 
-Only the newest `keep` lines are held per session (the prompt never shows more), and at most
-`max_sessions` sessions (the least recently used is forgotten: its next call starts over).
+Sessions live in the cache store (`sessions` table: digest, steps, the newest `keep` lines, last use),
+so they survive a restart and are shared by every server process on the store; one idle longer than
+`session_ttl` is forgotten (its next call starts over) and removed by the server's maintenance.
+`Session` is one session's state in memory while a call uses it.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from mirrorapi.prompts import history_line, select_history
 
 EMPTY_HISTORY = hashlib.sha256(b"").hexdigest()
+State = tuple[str, int, list[str]]  # (digest, steps, kept lines oldest first): what the store keeps
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +38,16 @@ class History:
 class Session:
     __slots__ = ("lines", "digest", "steps")
 
-    def __init__(self, keep: int):
-        self.lines: deque[str] = deque(maxlen=keep)
-        self.digest = EMPTY_HISTORY  # of every call recorded so far, not only the kept lines
-        self.steps = 0
+    def __init__(self, keep: int, state: State | None = None):
+        digest, steps, lines = state or (EMPTY_HISTORY, 0, [])
+        self.lines: deque[str] = deque(lines, maxlen=keep)
+        self.digest = digest  # of every call recorded so far, not only the kept lines
+        self.steps = steps
 
     def record(self, tool: str, api: str, arguments: dict, error: str, response: Any) -> None:
-        line = history_line(tool, api, arguments, error, response)
+        self.record_line(history_line(tool, api, arguments, error, response))
+
+    def record_line(self, line: str) -> None:
         self.lines.append(line)
         self.digest = hashlib.sha256(f"{self.digest}\n{line}".encode()).hexdigest()
         self.steps += 1
@@ -49,22 +55,15 @@ class Session:
     def history(self, max_calls: int, char_budget: int) -> History:
         return History(self.digest, self.steps, select_history(list(self.lines), max_calls, char_budget))
 
+    def state(self) -> State:
+        return self.digest, self.steps, list(self.lines)
 
-class SessionStore:
-    def __init__(self, keep: int, max_sessions: int):
-        self.keep, self.max_sessions = keep, max_sessions
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
 
-    def get(self, session_id: str) -> Session:
-        """The session named `session_id` (a new one the first time)."""
-        session = self._sessions.get(session_id)
-        if session is None:
-            session = self._sessions[session_id] = Session(self.keep)
-            if len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
-        else:
-            self._sessions.move_to_end(session_id)
-        return session
-
-    def __len__(self) -> int:
-        return len(self._sessions)
+def advance(keep: int, line: str):
+    """The update the store applies to a session's state when one of its calls is answered with `line`
+    (None: a new or expired session)."""
+    def apply(state: State | None) -> State:
+        session = Session(keep, state)
+        session.record_line(line)
+        return session.state()
+    return apply

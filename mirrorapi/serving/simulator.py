@@ -2,28 +2,20 @@
 
 The prompt is built by `mirrorapi.prompts.simulator_messages` (the same code the data builder
 uses, so a model is served with the format it was trained on); the answer is read defensively by
-`parse_simulator_output` (a legitimately empty response stays a success). An answer is stored in
-the cache with provenance `simulated:<identity>` (unless `is_save` is off; see `simulator_identity`);
-an engine failure (down, slow, garbage) raises `EngineError` and is never stored.
+`parse_simulator_output` (a legitimately empty response stays a success). An engine failure (down,
+slow, busy, garbage) raises `EngineError`. The simulator neither looks answers up nor stores them:
+`mirrorapi.serving.responder.Responder` owns look up -> simulate -> store.
 
 A call inside a session is prompted in format `mirrorapi-session-v1` with the session's history
-(`mirrorapi.serving.sessions.History`) and stored under the call and the history's digest, apart
-from the stateless entries, with provenance `simulated:<session identity>` (`session_identity`).
-
-Identical concurrent misses share one engine call: the first starts it as a task of its own, the
-others await the same task (a client that goes away does not cancel it), and only that task stores.
-`drain()` waits for the tasks in flight (the server calls it before closing the cache).
+(`mirrorapi.serving.sessions.History`). Its answers belong to another simulator identity than the
+stateless ones (`simulator_identity(settings, in_session=True)`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
-import sqlite3
-from collections import Counter
-from dataclasses import dataclass
 
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
@@ -34,7 +26,6 @@ from mirrorapi.prompts import (
     simulator_messages,
     truncate_response,
 )
-from mirrorapi.serving.cache import SIMULATED, ResponseCache
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.sessions import History
 from mirrorapi.tools import ApiDoc
@@ -44,128 +35,75 @@ logger = logging.getLogger(__name__)
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA}}
 
 
-@dataclass(slots=True)
-class Simulation:
-    observation: dict  # {"error": str, "response": ...}
-    how: str  # how the model's text was read: json, fenced, literal, regex, repaired
-    stored: bool  # written to the cache by this request
-    coalesced: bool  # answered by an identical call already in flight (no engine call of its own)
-
-
-def simulator_identity(settings: ServerSettings) -> str:
+def simulator_identity(settings: ServerSettings, in_session: bool = False) -> str:
     """The name this server's simulated answers are stored and looked up under: the model, the prompt
     format (named with its version), and the settings that change what the model answers for a call:
     temperature, structured output, few-shot examples (k and their budget), the system prompt text
     (a hash) and, when sampling, the seed. `max_tokens`, timeouts and replicas are left out: they do
     not change a complete answer. The `simulator_identity` setting names one instead.
-    E.g. `mirrorapi@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0`."""
+    E.g. `mirrorapi@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0`.
+
+    Calls inside a session are prompted in the session format (no system prompt file: that is the
+    stateless format's) with a history of `session_history` calls and `session_char_budget` characters,
+    which change what the model sees: `mirrorapi@mirrorapi-session-v1,temperature=0,...,history=8,
+    history_chars=4096` (a named identity gets `+mirrorapi-session-v1`)."""
     if settings.simulator_identity:
-        return settings.simulator_identity
-    parts = [f"{settings.model}@{settings.prompt_format}", f"temperature={settings.temperature:g}",
+        return settings.simulator_identity + (f"+{SESSION_FORMAT}" if in_session else "")
+    prompt_format = SESSION_FORMAT if in_session else settings.prompt_format
+    parts = [f"{settings.model}@{prompt_format}", f"temperature={settings.temperature:g}",
              f"structured_output={'on' if settings.structured_output else 'off'}", f"few_shot={settings.few_shot}"]
     if settings.few_shot:
         parts.append(f"few_shot_chars={settings.few_shot_char_budget}")
     if settings.temperature and settings.seed is not None:
         parts.append(f"seed={settings.seed}")
-    system_prompt = settings.system_prompt()
+    system_prompt = None if in_session else settings.system_prompt()
     if system_prompt is not None:
         parts.append("system_prompt=" + hashlib.sha256(system_prompt.encode()).hexdigest()[:12])
+    if in_session:
+        parts += [f"history={settings.session_history}", f"history_chars={settings.session_char_budget}"]
     return ",".join(parts)
 
 
-def session_identity(settings: ServerSettings) -> str:
-    """The identity of answers simulated inside sessions: `simulator_identity` with the session format
-    (no system prompt file: that is the stateless format's) and the history budget, which changes
-    what the model sees. E.g. `mirrorapi@mirrorapi-session-v1,temperature=0,...,history=8,history_chars=4096`."""
-    if settings.simulator_identity:
-        return f"{settings.simulator_identity}+{SESSION_FORMAT}"
-    stateless = simulator_identity(settings.model_copy(update={"prompt_format": SESSION_FORMAT,
-                                                               "system_prompt_file": None}))
-    return f"{stateless},history={settings.session_history},history_chars={settings.session_char_budget}"
-
-
 class Simulator:
-    def __init__(self, engine: EngineClient, cache: ResponseCache, settings: ServerSettings):
+    """`cache`: where few-shot candidates are read when `messages` is not given them (a store with
+    `examples(category, tool, api, limit)`; None without few-shot examples)."""
+
+    def __init__(self, engine: EngineClient, cache, settings: ServerSettings):
         self.engine, self.cache, self.settings = engine, cache, settings
         self.system_prompt = settings.system_prompt()
-        self.identity = simulator_identity(settings)
-        self.provenance = SIMULATED + self.identity
-        self.session_identity = session_identity(settings)
-        self.session_provenance = SIMULATED + self.session_identity
-        self._in_flight: dict[tuple, asyncio.Task] = {}
-        # Read by the server's /metrics: engine calls by result, and requests that joined one in flight.
-        self.engine_calls: Counter[str] = Counter()
-        self.coalesced = 0
 
-    def messages(self, doc: ApiDoc, arguments: dict, history: History | None = None) -> list[dict]:
+    def messages(self, doc: ApiDoc, arguments: dict, history: History | None = None,
+                 candidates: list[tuple[str, str]] | None = None) -> list[dict]:
+        """The chat messages for a call; `candidates`: the API's recorded (arguments, observation) pairs
+        to choose few-shot examples from (read from the cache when not given)."""
         examples = []
         if self.settings.few_shot:
-            candidates = self.cache.examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
+            if candidates is None:
+                candidates = self.cache.examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
             examples = select_examples(candidates, arguments, self.settings.few_shot, self.settings.few_shot_char_budget)
         if history is not None:  # our session format; a system prompt file is for the stateless format
             return simulator_messages(doc, arguments, examples, fmt=SESSION_FORMAT, history=history.lines)
         return simulator_messages(doc, arguments, examples, fmt=self.settings.prompt_format,
                                   system_prompt=self.system_prompt)
 
-    async def simulate(self, doc: ApiDoc, arguments: dict, key: str, history: History | None = None) -> Simulation:
-        """The simulated answer to `arguments` (as received; canonical form `key`), after `history`
-        when the call is part of a session; raises EngineError."""
-        flight = (doc.category, doc.tool, doc.api, key, history.digest if history else None)
-        task = self._in_flight.get(flight)
-        coalesced = task is not None
-        self.coalesced += coalesced
-        if task is None:
-            task = asyncio.ensure_future(self._simulate(doc, arguments, key, history))
-            self._in_flight[flight] = task
-            task.add_done_callback(lambda done: self._landed(flight, done))
-        observation, how, stored = await asyncio.shield(task)
-        return Simulation(observation, how, stored and not coalesced, coalesced)
-
-    async def drain(self, timeout: float) -> None:
-        """Wait (at most `timeout` seconds) for the simulations in flight, and their cache writes."""
-        tasks = list(self._in_flight.values())
-        if tasks:
-            logger.info("waiting for %d simulation(s) in flight before closing the cache", len(tasks))
-            await asyncio.wait(tasks, timeout=timeout)
-
-    def _landed(self, flight: tuple, task: asyncio.Task) -> None:
-        self._in_flight.pop(flight, None)
-        if not task.cancelled():
-            task.exception()  # retrieved here, so a failure nobody awaits any more is not reported as lost
-
-    async def _simulate(self, doc: ApiDoc, arguments: dict, key: str,
-                        history: History | None) -> tuple[dict, str, bool]:
+    async def simulate(self, doc: ApiDoc, arguments: dict, history: History | None = None,
+                       candidates: list[tuple[str, str]] | None = None) -> tuple[dict, str]:
+        """(the observation {"error", "response"}, how the model's text was read: json, fenced, literal,
+        regex, repaired) for `arguments` as received, after `history` inside a session; raises EngineError
+        (kinds of the engine client, plus `empty` and `garbage`)."""
         settings = self.settings
-        try:
-            text = await self.engine.chat(
-                self.messages(doc, arguments, history), temperature=settings.temperature, max_tokens=settings.max_tokens,
-                response_format=RESPONSE_FORMAT if settings.structured_output else None, seed=settings.seed)
-        except EngineError as exc:
-            self.engine_calls[exc.kind] += 1
-            raise
+        text = await self.engine.chat(
+            self.messages(doc, arguments, history, candidates), temperature=settings.temperature,
+            max_tokens=settings.max_tokens, response_format=RESPONSE_FORMAT if settings.structured_output else None,
+            seed=settings.seed)
         if not text:
-            self.engine_calls["empty"] += 1
             raise EngineError("empty", "the engine's message holds no text")
         observation, how = parse_simulator_output(text)
         if observation is None:
-            self.engine_calls["garbage"] += 1
             logger.info("simulator output is not an observation: %r", text[:200])
             raise EngineError("garbage", unusable_output(text))
-        self.engine_calls["ok"] += 1
         observation["response"] = truncate_response(observation["response"])
-        stored = False
-        if settings.is_save:
-            try:
-                if history is None:
-                    stored = await self.cache.store(doc.category, doc.tool, doc.api, arguments, observation["error"],
-                                                    observation["response"], self.provenance)
-                else:
-                    stored = await self.cache.store_in_session(
-                        doc.category, doc.tool, doc.api, key, self.session_identity, history.digest, history.steps,
-                        observation["error"], observation["response"], self.session_provenance)
-            except sqlite3.Error as exc:  # the answer is still good: give it, unstored
-                logger.warning("could not store a simulated answer of %s/%s/%s: %s", doc.category, doc.tool, doc.api, exc)
-        return observation, how, stored
+        return observation, how
 
 
 def unusable_output(text: str) -> str:

@@ -1,21 +1,27 @@
-"""What happens to a request before the /virtual handler sees it: the uvicorn configuration with a
-deadline for receiving a request (slow clients), the API key, and the body-size bound.
+"""What happens to a request before the /virtual handler sees it: the uvicorn configuration, a deadline
+for receiving each request (slow clients), the API key, and the body-size bound.
 
-Why a protocol subclass: uvicorn has no timeout for receiving a request. `timeout_keep_alive` covers
+Why a deadline of our own: uvicorn has no timeout for receiving a request. `timeout_keep_alive` covers
 only the idle time between requests and is reset by every byte received, so a client that trickles
-its headers or body a byte at a time holds a connection for ever (uvicorn issue #157, open); ASGI
-code cannot help, as it runs only once the headers are complete. `RequestDeadlineProtocol` starts a
-timer at the first byte of each request and closes the connection (HTTP 408 when no response has
-begun) if the whole request has not arrived in `request_timeout` seconds.
+its headers or body a byte at a time holds a connection for ever (uvicorn issue #157); ASGI code
+cannot help alone, as it runs only once the headers are complete. Built on public interfaces only:
+`ReceiveDeadline` is an `asyncio.Protocol` that wraps, by composition, the HTTP protocol uvicorn itself
+picks (`http="auto"`; uvicorn's `http` option takes a protocol class). It starts a timer at the first
+byte of each request; the ASGI side stops it once the whole request is in (`RequestDeadlineMiddleware`
+for every route, `guard(scope).received()` on /virtual). If the timer fires first, the client gets
+HTTP 408 (nothing has been answered yet) and the connection is closed. A connection on a Unix socket
+has no peer address to find its guard by, and no deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import uvicorn.config
+import uvicorn.importer
 
 from mirrorapi.serving.config import ServerSettings
 
@@ -26,55 +32,118 @@ REQUEST_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: appl
                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 UNAUTHORIZED = ("Unauthorized: this server needs an API key (send `Authorization: Bearer <key>`, or "
                 "StableToolBench's `toolbench_key` header)")
+# A body over the bound is read to its end (and dropped) before the 413, up to this much: a client still
+# sending when the server closes gets a connection reset instead of the answer.
+DRAIN_BYTES = 16 * 1024 * 1024
 
 
-class RequestDeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, plus a deadline for receiving each whole request."""
+class ReceiveDeadline(asyncio.Protocol):
+    """uvicorn's own HTTP protocol, plus a deadline for receiving each whole request (see the module doc)."""
 
-    request_timeout = 10.0  # set per server by `uvicorn_config`
+    request_timeout = 10.0  # set per server by `uvicorn_options`
+    open: dict[tuple[str, int], ReceiveDeadline] = {}  # by peer address (ASGI's scope["client"])
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._deadline = None
+    def __init__(self, **kwargs):
+        inner = uvicorn.importer.import_from_string(uvicorn.config.HTTP_PROTOCOLS["auto"])
+        self._inner: asyncio.Protocol = inner(**kwargs)  # whatever uvicorn passes its protocols
+        self._loop = kwargs.get("_loop") or asyncio.get_event_loop()
+        self._transport: asyncio.Transport | None = None
+        self._peer: tuple[str, int] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._receiving = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, (tuple, list)) and len(peer) >= 2:
+            self._peer = (str(peer[0]), int(peer[1]))
+            self.open[self._peer] = self
+        self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._deadline is None and (self.cycle is None or self.cycle.response_complete):  # a new request
-            self._deadline = self.loop.call_later(self.request_timeout, self._too_slow)
-        super().data_received(data)
+        if not self._receiving and self._peer is not None:  # the first byte of a request
+            self._receiving = True
+            self._timer = self._loop.call_later(self.request_timeout, self._too_slow)
+        self._inner.data_received(data)
 
-    def on_message_complete(self) -> None:
-        self._disarm()
-        super().on_message_complete()
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
+        self.received()
+        if self._peer is not None and self.open.get(self._peer) is self:
+            del self.open[self._peer]
+        self._inner.connection_lost(exc)
 
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def received(self) -> None:
+        """The whole request is in (or an answer has begun): stop the timer; the next byte starts the next one."""
+        self._receiving = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _too_slow(self) -> None:
-        self._deadline = None
-        if self.transport.is_closing():
+        self._timer = None
+        if not self._receiving or self._transport is None or self._transport.is_closing():
             return
-        logger.info("client %s took more than %g s to send a request: disconnected",
-                    "%s:%d" % self.client if self.client else "?", self.request_timeout)
-        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
-            body = json.dumps({"error": f"Request Timeout: the request was not received within "
-                                        f"{self.request_timeout:g} s", "response": ""}).encode()
-            self.transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
-        self.transport.close()  # a handler waiting for the body gets `http.disconnect`
+        logger.info("client %s:%d took more than %g s to send a request: disconnected", *self._peer,
+                    self.request_timeout)
+        body = json.dumps({"error": f"Request Timeout: the request was not received within "
+                                    f"{self.request_timeout:g} s", "response": ""}).encode()
+        self._transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
+        self._transport.close()  # a handler waiting for the body gets `http.disconnect`
+
+
+class _NoDeadline:
+    @staticmethod
+    def received() -> None:
+        pass
+
+
+def guard(scope) -> ReceiveDeadline | _NoDeadline:
+    """The receive deadline of this request's connection (one that does nothing when it has none)."""
+    return ReceiveDeadline.open.get(scope.get("client")) or _NoDeadline
+
+
+class RequestDeadlineMiddleware:
+    """ASGI middleware: stops the request's receive deadline once its body is in, or its answer begins."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        deadline = guard(scope) if scope["type"] == "http" else _NoDeadline
+        if deadline is _NoDeadline:
+            return await self.app(scope, receive, send)
+        if not has_body(scope):
+            deadline.received()
+            return await self.app(scope, receive, send)
+
+        async def receive_until_whole():
+            message = await receive()
+            if not message.get("more_body", False):
+                deadline.received()
+            return message
+
+        async def send_stopping(message):
+            if message["type"] == "http.response.start":
+                deadline.received()
+            await send(message)
+        await self.app(scope, receive_until_whole, send_stopping)
 
 
 def uvicorn_options(settings: ServerSettings) -> dict:
     """The one uvicorn configuration of the server: `uvicorn.run(app, **options)` (the tests use it too)."""
-    protocol = type("RequestDeadlineProtocol", (RequestDeadlineProtocol,),
-                    {"request_timeout": settings.request_timeout})
+    protocol = type("ReceiveDeadline", (ReceiveDeadline,), {"request_timeout": settings.request_timeout})
     # log_config=None: uvicorn's loggers go through ours; its access log is replaced by RequestLogWriter's lines.
     # No proxy-header rewriting: the server binds 127.0.0.1 by default and reports no client addresses.
-    return dict(host=settings.host, port=settings.port, http=protocol, log_config=None, access_log=False,
+    return dict(host=settings.host, port=settings.port, http=protocol, ws="none", log_config=None, access_log=False,
                 proxy_headers=False, log_level=settings.log_level, timeout_graceful_shutdown=5, timeout_keep_alive=5)
 
 
@@ -99,6 +168,13 @@ class ClientGone(Exception):
     pass
 
 
+def has_body(scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or name == b"content-length" and value != b"0":
+            return True
+    return False
+
+
 def declared_length(scope) -> int | None:
     for name, value in scope["headers"]:
         if name == b"content-length":
@@ -107,8 +183,10 @@ def declared_length(scope) -> int | None:
 
 
 async def read_body(scope, receive, limit: int) -> bytes:
-    """The whole request body; BodyTooLarge past `limit` bytes (read no further), ClientGone when the
-    client disconnects (or is disconnected for being too slow) before sending it all."""
+    """The whole request body; BodyTooLarge past `limit` bytes, ClientGone when the client disconnects (or is
+    disconnected for being too slow) before sending it all. A body announced larger is not read; one that
+    turns out larger (chunked) is read to its end and dropped (up to DRAIN_BYTES), so that the client, which
+    is still sending, gets the answer rather than a reset connection."""
     length = declared_length(scope)
     if length is not None and length > limit:
         raise BodyTooLarge(length)
@@ -119,10 +197,17 @@ async def read_body(scope, receive, limit: int) -> bytes:
             raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
+        more = message.get("more_body", False)
         if size > limit:
+            while more and size <= DRAIN_BYTES:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                size += len(message.get("body", b""))
+                more = message.get("more_body", False)
             raise BodyTooLarge(size)
         chunks.append(chunk)
-        if not message.get("more_body", False):
+        if not more:
             return b"".join(chunks)
 
 

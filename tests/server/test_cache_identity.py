@@ -111,7 +111,7 @@ def test_a_schema_1_database_opens_and_keeps_its_entries(tmp_path):
     assert cache.get(*API, '{"name":"Zidane"}', "m@mirrorapi-v1") == (
         '{"error":"","response":"simulated Zidane"}', "simulated:m@mirrorapi-v1")
     cache.close()
-    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
     ResponseCache(path).close()  # opens again as is
 
 
@@ -120,7 +120,7 @@ def test_a_database_of_a_newer_mirrorapi_is_a_clear_error(tmp_path):
     sqlite3.connect(tmp_path / "c.sqlite", isolation_level=None).execute(
         "UPDATE meta SET value = '9' WHERE key = 'schema_version'")
     with pytest.raises(CacheError, match="schema version 9 was written by a newer mirrorapi; this one reads "
-                                         "versions up to 2"):
+                                         "versions up to 3"):
         ResponseCache(tmp_path / "c.sqlite")
 
 

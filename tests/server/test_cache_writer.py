@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from mirrorapi.records import canonical_json
-from mirrorapi.serving.cache import ResponseCache
+from mirrorapi.serving.cache import Call, ResponseCache, new_entry
 
 from .conftest import STUB_OBSERVATION
 
@@ -31,31 +31,33 @@ def hold_write_lock(path, seconds: float, held: threading.Event) -> None:
     db.close()
 
 
-def test_writes_wait_for_the_lock_off_the_event_loop_and_none_is_dropped(tmp_path):
+def test_writes_wait_for_the_lock_without_blocking_the_event_loop_and_none_is_dropped(tmp_path):
     path = tmp_path / "c.sqlite"
-    cache = ResponseCache(path, busy_timeout=0.2)  # shorter than the lock: the writer must retry, not drop
+    cache = ResponseCache(path, busy_timeout=0.2)  # shorter than the lock: the writes must retry, not drop
     cache.put(*API, {"name": "recorded"}, "", "recorded", "real")
-    cache.start_writer()
     held = threading.Event()
     holder = threading.Thread(target=hold_write_lock, args=(path, LOCK_SECONDS, held))
 
     async def scenario():
         holder.start()
         await asyncio.to_thread(held.wait)
-        stores = [asyncio.ensure_future(cache.store(*API, {"i": i, "z": 0}, "", f"answer {i}", "simulated:m"))
+        stores = [asyncio.ensure_future(cache.store(new_entry(*API, {"i": i, "z": 0}, "", f"answer {i}", "simulated:m",
+                                                              time.time())))
                   for i in range(20)]
-        cache.get(*API, canonical_json({"name": "recorded"}))  # a hit while the lock is held
-        cache.flush_hits()
+        assert await cache.lookup(Call(*API, canonical_json({"name": "recorded"})), "m")  # a hit while it is held
+        maintained = asyncio.ensure_future(cache.maintain(idle_seconds=3600))  # the hit count waits too
         longest, start = 0.0, time.perf_counter()
         while not all(s.done() for s in stores):  # the loop keeps turning while the writes wait
             tick = time.perf_counter()
             await asyncio.sleep(0.01)
             longest = max(longest, time.perf_counter() - tick)
-        return await asyncio.gather(*stores), time.perf_counter() - start, longest
+        await maintained
+        results = await asyncio.gather(*stores)
+        await cache.aclose()
+        return results, time.perf_counter() - start, longest
 
     results, waited, longest_turn = asyncio.run(scenario())
     holder.join()
-    cache.close()
     assert results == [True] * 20
     assert waited > LOCK_SECONDS / 2  # they did wait for the lock...
     assert longest_turn < 0.5  # ...and the loop did not

@@ -112,5 +112,6 @@ def test_uncached_call_is_simulated_in_the_mcp_session(serve, simulator_engine, 
             "category": "APIBank", "tool_name": "apibank_account", "api_name": "getusertoken",
             "tool_input": json.dumps(LOGIN_ARGS)})
         assert virtual.text == first[0]
-    steps = sorted(s for (s,) in sqlite3.connect(cache_path).execute("SELECT steps FROM session_entries"))
+    steps = sorted(s for (s,) in sqlite3.connect(cache_path).execute(
+        "SELECT steps FROM entries WHERE history != ''"))
     assert steps == [0, 1]

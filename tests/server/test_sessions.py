@@ -12,7 +12,7 @@ from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.serving.cache import ResponseCache, import_pairs
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.sessions import EMPTY_HISTORY, Session
-from mirrorapi.serving.simulator import Simulator
+from mirrorapi.serving.simulator import Simulator, simulator_identity
 from mirrorapi.tools import ToolRegistry
 
 # A real API-Bank episode (data/samples/pairs.jsonl, api-bank-generated gen-00133): a login, then a
@@ -72,8 +72,9 @@ def test_simulator_prompts_session_calls_in_the_session_format(samples, tmp_path
     in_session = simulator.messages(doc, BALANCE[3], session.history(8, 4096))
     assert "Earlier calls" not in stateless[1]["content"]
     assert "JaneSmith" in in_session[1]["content"] and in_session[0] != stateless[0]
-    assert simulator.session_provenance.startswith(f"simulated:{settings.model}@{SESSION_FORMAT},temperature=0,")
-    assert simulator.session_provenance.endswith(",history=8,history_chars=4096")
+    identity = simulator_identity(settings, in_session=True)
+    assert identity.startswith(f"{settings.model}@{SESSION_FORMAT},temperature=0,")
+    assert identity.endswith(",history=8,history_chars=4096")
 
 
 @pytest.mark.slow
@@ -98,12 +99,13 @@ def test_session_answers_are_stored_under_the_history_and_replay_identically(ser
         assert server.metric("mirrorapi_requests_total", outcome="simulated") == 4
 
     db = sqlite3.connect(cache_path)
-    rows = db.execute("SELECT tool, history, steps, provenance FROM session_entries ORDER BY steps, history").fetchall()
+    rows = db.execute("SELECT tool, history, steps, provenance FROM entries WHERE history != '' "
+                      "ORDER BY steps, history").fetchall()
     assert [(tool, steps) for tool, _, steps, _ in rows] == [("apibank_account", 0), ("apibank_finance", 0),
                                                              ("apibank_finance", 1)]
     assert rows[0][1] == EMPTY_HISTORY and rows[2][1] != EMPTY_HISTORY
     assert {p.split(",")[0] for *_, p in rows} == {f"simulated:{simulator_engine.model}@{SESSION_FORMAT}"}
-    assert [(tool, p.split(",")[0]) for tool, p in db.execute("SELECT tool, provenance FROM entries")] == [
+    assert [(tool, p.split(",")[0]) for tool, p in db.execute("SELECT tool, provenance FROM entries WHERE history = ''")] == [
         ("apibank_finance", f"simulated:{simulator_engine.model}@mirrorapi-v1")]
 
 
@@ -143,9 +145,14 @@ def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_p
     assert records[3]["prompt"][1]["content"].count('{"tool":') == 2  # K = 2 of the 3 earlier calls
 
 
-def test_health_reports_sessions(serve, engine_down, tmp_path):
+def test_health_reports_sessions(serve, samples, engine_down, tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
+    cache.close()
     with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"), engine_retries=0) as server:
-        server.client.post("/virtual", json=body(*LOGIN[:4]), headers={"X-Session-Id": "a"})
+        server.client.post("/virtual", json=body(*LOGIN[:4]), headers={"X-Session-Id": "a"})  # recorded: a hit
         server.virtual(body(*LOGIN[:4], session_id="b"))
         server.virtual(body(*LOGIN[:4], session_id=""))  # "" is no session
+        server.client.post("/virtual", json=body(*BALANCE[:3], {"token": "nope"}), headers={"X-Session-Id": "c"})
+        # Sessions hold answered calls: "c" got an engine failure only.
         assert server.client.get("/health").json()["sessions"] == {"open": 2, "history": 8, "cache_entries": 0}

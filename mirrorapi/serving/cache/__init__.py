@@ -1,0 +1,68 @@
+"""The response cache the server answers from, on SQLite (embedded, the default) or PostgreSQL (shared by
+servers on many hosts): the same schema, the same rules (`base`), one `open_cache` for both.
+
+- `base`: what an entry is, which one serves a call, the administrative queries of every store;
+- `sqlite`: `ResponseCache`, the cache in one SQLite file; `postgres`: `PostgresCache` (`cache_url`);
+- `folders`: StableToolBench cache folders and real pairs in and out of either.
+
+One key function for the whole project: the canonical JSON of the arguments (sorted keys, compact,
+UTF-8; `mirrorapi.records.canonical_json`). The data builder deduplicates with it and the cache stores
+with it, so a call seen in training and a call seen by the server are the same call.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mirrorapi.serving.cache.base import (
+    IMPORTED,
+    NO_SESSION,
+    REAL,
+    RECORDED,
+    SCHEMA_VERSION,
+    SIMULATED,
+    CacheError,
+    Call,
+    Entry,
+    SqlCache,
+    identity_of,
+    lease_holder,
+    new_entry,
+)
+from mirrorapi.serving.cache.folders import (
+    export_identity,
+    export_stabletoolbench_cache,
+    import_pairs,
+    import_stabletoolbench_cache,
+    unsafe_name,
+)
+from mirrorapi.serving.cache.sqlite import ResponseCache
+
+__all__ = ["IMPORTED", "NO_SESSION", "REAL", "RECORDED", "SCHEMA_VERSION", "SIMULATED", "CacheError", "Call", "Entry",
+           "ResponseCache", "SqlCache", "copy_cache", "export_identity", "export_stabletoolbench_cache", "identity_of",
+           "import_pairs", "import_stabletoolbench_cache", "is_url", "lease_holder", "new_entry", "open_cache",
+           "unsafe_name"]
+
+
+def is_url(location: str | os.PathLike) -> bool:
+    return str(location).startswith(("postgresql://", "postgres://"))
+
+
+def open_cache(location: str | os.PathLike, **options) -> SqlCache:
+    """The cache at `location`: a `postgresql://` URL, or the path of a SQLite file (created if missing)."""
+    if is_url(location):
+        raise CacheError("PostgreSQL stores are not supported by this build yet")
+    return ResponseCache(location, **options)
+
+
+def copy_cache(source: SqlCache, destination: SqlCache) -> dict:
+    """Copy every entry, session and import record of `source` into `destination` (e.g. SQLite ->
+    PostgreSQL), by the cache's rules: what `destination` already holds wins. Run it again after an
+    interruption: nothing doubles. Returns counts."""
+    entries = destination.put_entries(source.rows())
+    sessions = destination.put_sessions(source.sessions())
+    for origin, fingerprint, n, _ in source.imports():
+        if destination.import_fingerprint(origin) is None:
+            destination.record_import(origin, fingerprint, n)
+    return {"from": source.location, "to": destination.location, "entries_read": source.count(),
+            "entries_copied": entries, "sessions_copied": sessions}

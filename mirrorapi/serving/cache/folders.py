@@ -1,0 +1,177 @@
+"""StableToolBench cache folders and real pairs in and out of any cache store.
+
+StableToolBench's cache folder layout (notes §3) is `<cache>/<category>/<tool>_for_<category>/<api>.json`,
+each file an object mapping the Python repr of an argument dict to `{"error", "response"}`.
+`import_stabletoolbench_cache` reads it (repr keys map to canonical keys), `export_stabletoolbench_cache`
+writes it back; `import_pairs` loads real pairs (our JSONL schema) with provenance `real`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from mirrorapi.names import api_key_name, standardize, standardize_category
+from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
+from mirrorapi.serving.cache.base import IMPORTED, REAL, RECORDED, CacheError, SqlCache
+from mirrorapi.tools import ToolRegistry, UnknownName
+
+logger = logging.getLogger(__name__)
+
+
+# StableToolBench's server cached its own failure placeholder; it is not a response, so it is not imported.
+_PLACEHOLDERS = ("Failed to generate fake response",)
+
+
+def _canonical_names(registry: ToolRegistry | None, category: str, tool: str, api: str) -> tuple[tuple, bool]:
+    """(category, tool, api) as the server keys them: the registry's names when it knows the API."""
+    if registry is not None:
+        try:
+            doc = registry.resolve(category, tool, api)
+            return (doc.category, doc.tool, doc.api), True
+        except UnknownName:
+            pass
+    return (standardize_category(category), standardize(tool), api_key_name(api)), False
+
+
+def _fingerprint(folder: Path) -> str:
+    """Changes when a file of the folder is added, removed or rewritten (cheap: stat only)."""
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".json"):
+                st = os.stat(os.path.join(root, name))
+                digest.update(f"{os.path.relpath(os.path.join(root, name), folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _store(cache: SqlCache, pairs: Iterable[dict], registry, provenance: str, report: dict) -> None:
+    rows, resolved = [], {}
+    for pair in pairs:
+        names = (pair["category"], pair["tool_name"], pair["api_name"])
+        if names not in resolved:
+            resolved[names] = _canonical_names(registry, *names)
+            if not resolved[names][1]:
+                report["unresolved_apis"] += 1
+        response = pair["response"]
+        if response["error"] in _PLACEHOLDERS:
+            report["skipped_placeholders"] += 1
+            continue
+        rows.append((*resolved[names][0], pair["tool_input"], response["error"], response["response"]))
+    report["entries"] += len(rows)
+    report["stored"] += cache.put_many(rows, provenance)
+
+
+def import_stabletoolbench_cache(cache: SqlCache, folder: str | os.PathLike, registry: ToolRegistry | None = None,
+                                 origin: str | None = None, force: bool = False) -> dict:
+    """Load a StableToolBench cache folder with provenance `imported:<origin>` (default: the folder's name).
+
+    Done once per folder: an unchanged folder (same files, sizes and times) is skipped unless
+    `force`. With a `registry`, names are resolved as the server resolves requests. Entries never
+    replace recorded ones already in the cache (they do replace simulated ones). Returns a report.
+    """
+    folder = Path(folder).resolve()
+    if not folder.is_dir():
+        raise CacheError(f"StableToolBench cache folder not found: {folder}")
+    report = {"origin": str(folder), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
+              "skipped_placeholders": 0, "unreadable": []}
+    fingerprint = _fingerprint(folder)
+    if not force and cache.import_fingerprint(str(folder)) == fingerprint:
+        report["skipped"] = True
+        logger.info("cache folder %s was imported before and has not changed: not imported again", folder)
+        return report
+    try:
+        pairs = read_stabletoolbench_cache(folder, on_bad=report["unreadable"].append)
+        _store(cache, pairs, registry, IMPORTED + (origin or folder.name), report)
+    except SourceError as exc:
+        raise CacheError(str(exc)) from None
+    cache.record_import(str(folder), fingerprint, report["entries"])
+    logger.info("imported %s: %d entries (%d new), %d unreadable, %d placeholders skipped, %d APIs unknown "
+                "to the tools folder", folder, report["entries"], report["stored"], len(report["unreadable"]),
+                report["skipped_placeholders"], report["unresolved_apis"])
+    return report
+
+
+def import_pairs(cache: SqlCache, path: str | os.PathLike, registry: ToolRegistry | None = None) -> dict:
+    """Load real pairs (our JSONL schema) with provenance `real`; the first pair of a key wins."""
+    report = {"origin": str(path), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
+              "skipped_placeholders": 0, "unreadable": []}
+    try:
+        _store(cache, read_pairs_jsonl(path, on_bad=report["unreadable"].append), registry, REAL, report)
+    except SourceError as exc:
+        raise CacheError(str(exc)) from None
+    return report
+
+
+def _write_json_atomically(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, ensure_ascii=False, indent=4)
+    os.replace(tmp, path)
+
+
+def unsafe_name(name: str) -> str | None:
+    """Why `name` cannot be a folder or file name of an export (None when it can): it must stay one
+    path component inside the export folder, whatever a pairs file or a shared database holds."""
+    if name in ("", ".", ".."):
+        return f"{name!r} is not a file name"
+    if "/" in name or "\\" in name or "\0" in name:
+        return f"{name[:80]!r} contains a path separator"
+    if len(name.encode("utf-8")) > 200:
+        return f"{name[:40]!r}... is longer than a file name may be"
+    return None
+
+
+def export_identity(cache: SqlCache, identity: str | None) -> str:
+    """The simulator identity an export writes: the one named, or the only one the cache holds
+    ('' when it holds no simulated answer). Several and none named is an error: answers of two
+    simulators must not be mixed in one benchmark cache."""
+    identities = cache.identities()
+    if identity is not None:
+        if identity and identity not in identities:
+            known = ", ".join(identities) or "none"
+            raise CacheError(f"no simulated answers of identity {identity!r} in {cache.location} (identities: {known})")
+        return identity
+    if len(identities) > 1:
+        raise CacheError(f"{cache.location} holds simulated answers of {len(identities)} simulator identities; name one "
+                         f"with --identity ({', '.join(identities)}), or '' for recorded answers only")
+    return next(iter(identities), RECORDED)
+
+
+def export_stabletoolbench_cache(cache: SqlCache, folder: str | os.PathLike, provenance: Iterable[str] = (),
+                                 identity: str | None = None) -> dict:
+    """Write the cache as a StableToolBench cache folder: the recorded answers plus the simulated
+    answers of one simulator identity (see `export_identity`), i.e. what a server of that identity
+    answers; `provenance`: only entries whose provenance starts with one of these prefixes.
+
+    Keys are `str(arguments)` with the arguments in the order they were first received, which is
+    the key StableToolBench's server computes (`str(json.loads(tool_input))`). Files of the APIs
+    written are replaced; other files are left alone. Names that would leave `folder` (`..`, a `/`,
+    an absolute path) are refused: those APIs are listed in the report's `refused`, nothing is written
+    for them."""
+    identity = export_identity(cache, identity)
+    rows = cache.served_entries(identity, provenance)
+    root = Path(folder).resolve()
+    files = entries = 0
+    refused = []
+    for (category, tool, api), group in itertools.groupby(rows, key=lambda row: row[:3]):
+        content = {str(json.loads(row[3])): json.loads(row[4]) for row in group}
+        problem = next(filter(None, (unsafe_name(n) for n in (category, f"{tool}_for_{category}", f"{api}.json"))),
+                       None)
+        path = root / category / f"{tool}_for_{category}" / f"{api}.json"
+        if problem is None and not path.resolve().is_relative_to(root):  # e.g. a symlink left in the folder
+            problem = f"{path} resolves outside {root}"
+        if problem is not None:
+            refused.append(f"{category}/{tool}/{api} ({len(content)} entries): {problem}")
+            logger.warning("export refused %s/%s/%s: %s", category, tool, api, problem)
+            continue
+        _write_json_atomically(path, content)
+        files, entries = files + 1, entries + len(content)
+    return {"folder": str(root), "identity": identity, "files": files, "entries": entries, "refused": refused}

@@ -1,0 +1,169 @@
+"""Look up -> simulate -> store: the one owner of a call's answer, with or without a session.
+
+`Responder.respond` takes a resolved call (its doc, arguments, canonical key and, inside a session, the
+session's history) and gives the answer: the cache's (`mirrorapi.serving.cache.base.served`: the
+recorded answer, else this simulator identity's under the call's history), else a simulation, which
+it stores under the call with provenance `simulated:<identity>` (unless `is_save` is off). Before
+simulating a miss it applies the request policy it was given (`check_miss`: validation, size bound)
+and, in replay mode, refuses.
+
+Identical misses share one engine call: in one process the first starts it as a task of its own and
+the others await the same task (a client that goes away does not cancel it); across processes that
+share a store (uvicorn workers, servers on one PostgreSQL cache) the first takes a *lease* on the call
+in the store and the others wait for its answer (polling the cache) until the lease is released or
+expires (a process killed mid-call: `engine_timeout` + LEASE_MARGIN_SECONDS). `drain()` waits for the
+simulations in flight (the server calls it before closing the cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from mirrorapi.engine_client import EngineError
+from mirrorapi.few_shot import FEW_SHOT_CANDIDATES
+from mirrorapi.records import observation_json
+from mirrorapi.serving.cache import NO_SESSION, SIMULATED, CacheError, Call, Entry
+from mirrorapi.serving.config import ServerSettings
+from mirrorapi.serving.protocol import ReplayMiss
+from mirrorapi.serving.sessions import History
+from mirrorapi.serving.simulator import Simulator, simulator_identity
+from mirrorapi.tools import ApiDoc
+
+logger = logging.getLogger(__name__)
+
+LEASE_MARGIN_SECONDS = 10.0  # beyond engine_timeout, before another process may take over a call
+LEASE_POLL_SECONDS = (0.005, 0.25)  # first and longest wait between looks for another process's answer
+LEASE_RETAKE_SECONDS = 1.0  # how often a waiting process tries to take the lease over (a write)
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+@dataclass(slots=True)
+class Reply:
+    observation: bytes  # the {"error", "response"} answer, compact JSON: the response body
+    provenance: str
+    hit: bool  # found in the cache (else simulated, by this call or one it joined)
+    coalesced: bool = False  # answered by an identical simulation already in flight (here or in another process)
+
+
+class Responder:
+    def __init__(self, settings: ServerSettings, cache, simulator: Simulator, metrics,
+                 check_miss: Callable[[ApiDoc, dict, str], None], lease_holder: str | None = None):
+        """`cache`: the store (`lookup`, `store`, ...); `metrics`: counts engine calls and coalesced misses;
+        `lease_holder`: this process's name in the store's leases when the store is shared, else None."""
+        self.settings, self.cache, self.simulator, self.metrics = settings, cache, simulator, metrics
+        self.check_miss, self.lease_holder = check_miss, lease_holder
+        self.identities = {False: simulator_identity(settings), True: simulator_identity(settings, in_session=True)}
+        self._in_flight: dict[tuple[Call, str], asyncio.Task] = {}
+
+    async def respond(self, doc: ApiDoc, arguments: dict, key: str, history: History | None,
+                      stages: dict[str, float]) -> Reply:
+        """The answer to a call (`key`: the canonical JSON of `arguments`); records the time of the cache
+        lookup and the engine in `stages`. Raises what `check_miss` raises, ReplayMiss and EngineError."""
+        clock = time.perf_counter
+        start = clock()
+        call = Call(doc.category, doc.tool, doc.api, key, history.digest if history is not None else NO_SESSION)
+        identity = self.identities[history is not None]
+        found = await self.cache.lookup(call, identity)
+        stages["cache_lookup"] = (now := clock()) - start
+        if found is not None:  # a recorded answer wins over the validation policy: it is what the API said
+            return Reply(found[0], found[1], hit=True)
+        self.check_miss(doc, arguments, key)
+        if self.settings.mode == "replay":
+            after = f" after {history.steps} earlier call(s) of its session" if history is not None else ""
+            raise ReplayMiss(f"no cached response for {doc.category}/{doc.tool}/{doc.api} {key[:200]}{after}")
+        try:
+            return await self._simulation(doc, arguments, call, identity, history)
+        finally:
+            stages["engine"] = clock() - now
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) for the simulations in flight, and their cache writes."""
+        tasks = list(self._in_flight.values())
+        if tasks:
+            logger.info("waiting for %d simulation(s) in flight before closing the cache", len(tasks))
+            await asyncio.wait(tasks, timeout=timeout)
+
+    # ------------------------------------------------------------------------------ simulation
+    async def _simulation(self, doc: ApiDoc, arguments: dict, call: Call, identity: str,
+                          history: History | None) -> Reply:
+        flight = (call, identity)
+        task = self._in_flight.get(flight)
+        joined = task is not None
+        if task is None:
+            task = asyncio.ensure_future(self._simulate_and_store(doc, arguments, call, identity, history))
+            self._in_flight[flight] = task
+            task.add_done_callback(lambda done: self._landed(flight, done))
+        else:
+            self.metrics.coalesced()
+        reply = await asyncio.shield(task)
+        return Reply(reply.observation, reply.provenance, hit=False, coalesced=reply.coalesced or joined)
+
+    def _landed(self, flight: tuple, task: asyncio.Task) -> None:
+        self._in_flight.pop(flight, None)
+        if not task.cancelled():
+            task.exception()  # retrieved here, so a failure nobody awaits any more is not reported as lost
+
+    async def _simulate_and_store(self, doc: ApiDoc, arguments: dict, call: Call, identity: str,
+                                  history: History | None) -> Reply:
+        provenance = SIMULATED + identity
+        if self.lease_holder is not None:
+            found = await self._lease_or_answer(call, identity)
+            if found is not None:
+                self.metrics.coalesced()
+                return Reply(found[0], found[1], hit=False, coalesced=True)
+        try:
+            candidates = None
+            if self.settings.few_shot:
+                candidates = await self.cache.recorded_examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
+            observation, _ = await self.simulator.simulate(doc, arguments, history, candidates)
+        except EngineError as exc:
+            self.metrics.engine_call(exc.kind)
+            await self._release(call, identity)
+            raise
+        except BaseException:
+            await self._release(call, identity)
+            raise
+        self.metrics.engine_call("ok")
+        text = observation_json(observation["error"], observation["response"])
+        if self.settings.is_save:
+            entry = Entry(call.category, call.tool, call.api, call.arguments, call.history, identity,
+                          history.steps if history is not None else 0, _COMPACT(arguments), observation["error"],
+                          text, provenance, time.time())
+            try:
+                await self.cache.store(entry, self.lease_holder)
+            except CacheError as exc:  # the answer is still good: give it, unstored
+                logger.warning("could not store a simulated answer of %s/%s/%s: %s", call.category, call.tool,
+                               call.api, exc)
+        else:
+            await self._release(call, identity)
+        return Reply(text.encode(), provenance, hit=False)
+
+    async def _lease_or_answer(self, call: Call, identity: str) -> tuple[str, str] | None:
+        """None once this process holds the lease on the call (it simulates); else the answer another
+        process stored meanwhile."""
+        lease_seconds = self.settings.engine_timeout + LEASE_MARGIN_SECONDS
+        poll, retake = LEASE_POLL_SECONDS[0], 0.0
+        while True:
+            now = time.monotonic()
+            if now >= retake:
+                if await self.cache.try_lease(call, identity, self.lease_holder, lease_seconds):
+                    return None
+                retake = now + LEASE_RETAKE_SECONDS
+            await asyncio.sleep(poll)
+            poll = min(poll * 2, LEASE_POLL_SECONDS[1])
+            found = await self.cache.lookup(call, identity)
+            if found is not None:
+                return found
+
+    async def _release(self, call: Call, identity: str) -> None:
+        if self.lease_holder is None:
+            return
+        try:
+            await self.cache.release_lease(call, identity, self.lease_holder)
+        except CacheError as exc:  # it expires on its own
+            logger.warning("could not release the lease on %s/%s/%s: %s", call.category, call.tool, call.api, exc)
