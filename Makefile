@@ -18,14 +18,15 @@ venv: $(VENV)/.installed
 #    PyPI's Linux torch 2.13.0 is the CUDA build. --no-deps: its own requirements are in the lock.
 # 2. the lock, --require-hashes --no-deps: exactly the files it names.
 # 3. mirrorapi itself, --no-deps, built by the lock's setuptools (no build isolation: nothing unpinned).
-# 4. pip check: fails when a package needs something the lock lacks.
+# 4. pip check: fails when a package needs something the lock lacks, or when step 1 took PyPI's CUDA build
+#    (it needs nvidia-* wheels): then PIP_TORCH_FLAGS is needed.
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
 	$(BIN)/pip install -q --no-deps --require-hashes -r $(LOCK)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
-	$(BIN)/pip check
+	$(BIN)/pip check || { echo "torch needs nvidia-* above? this index has no CPU build: set PIP_TORCH_FLAGS"; exit 1; }
 	touch $@
 
 test: venv

@@ -63,7 +63,9 @@ def test_quick_selection_uses_no_engine_or_training_fixture(tmp_path):
     engine_or_training = fixtures_that_start_or_train(sorted(TESTS.rglob("*.py")))
     (tmp_path / "dump_collected_fixtures.py").write_text(DUMP_PLUGIN)
     out = tmp_path / "collected.json"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLLECTED_FIXTURES": str(out)}
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # this run's own options stay here
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])),
+               COLLECTED_FIXTURES=str(out))
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                              "-p", "dump_collected_fixtures", "-m", "not slow", "tests"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
