@@ -17,7 +17,8 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "requirements-cpu.lock"
-LOCKED_EXTRAS = ("train", "serve", "eval", "dev")  # what `make venv` installs (the Makefile's LOCK_EXTRAS)
+# The extras `make lock` resolves, so the ones `make venv` installs (it installs the lock, mirrorapi --no-deps).
+LOCKED_EXTRAS = tuple(re.search(r"^LOCK_EXTRAS := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1).split())
 
 
 def read_lock(text: str) -> dict[str, tuple[Requirement, list[str]]]:
@@ -67,6 +68,7 @@ def test_the_parser_reads_pins_and_hashes():
 
 def test_every_package_is_pinned_with_hashes_and_none_is_a_cuda_wheel():
     assert len(LOCKED) > 50  # the parser read the real file
+    assert {"train", "serve", "eval", "dev"} <= set(LOCKED_EXTRAS)  # what the tests and the demo need
     for name, (requirement, hashes) in LOCKED.items():
         assert [s.operator for s in requirement.specifier] == ["=="], name
         assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), name
