@@ -1,6 +1,7 @@
 """API-Bank levels 1-2 (mirrorapi/evaluation/apibank.py) against API-Bank's own dialogues and rules.
 
-Expected values come from API-Bank (AlibabaResearch/DAMO-ConvAI api-bank/, commit 5c38bb7d1d78c7a7f12aa415d620d6305dbe2078):
+Expected values come from API-Bank (AlibabaResearch/DAMO-ConvAI api-bank/,
+commit 5c38bb7d1d78c7a7f12aa415d620d6305dbe2078):
 its annotated call is right by definition, a call with a changed argument is wrong, the per-API rules
 (apis/*.py `check_api_call_correctness`) decide the edge cases below, and an annotated response has ROUGE-L 1.
 """
@@ -73,15 +74,16 @@ def test_api_banks_per_api_rules(api, predicted, annotated, correct):
 def test_special_outputs_of_api_banks_rules():
     # delete_agenda.py: when both succeed the time alone decides (the token may differ).
     gt = result("DeleteAgenda", {"token": "a", "content": "x", "time": "2023-01-01 10:00:00"}, "success")
-    assert apibank.call_is_correct(result("DeleteAgenda", {"token": "b", "content": "y", "time": "2023-01-01 10:00:00"},
-                                          "success"), gt)
+    other = {"token": "b", "content": "y", "time": "2023-01-01 10:00:00"}
+    assert apibank.call_is_correct(result("DeleteAgenda", other, "success"), gt)
     # get_today.py: any output without exception, called without arguments.
     assert apibank.call_is_correct(result("GetToday", None, "2023-11-25"), result("GetToday", None, "2023-03-31"))
     # register_user.py: a random token, so only "no output where none was recorded" is checked.
     gt = result("RegisterUser", {"username": "u", "password": "p", "email": "e"}, {"token": "abc"})
     assert apibank.call_is_correct(result("RegisterUser", gt["input"], {"token": "other"}), gt)
     # an exception where none was recorded is wrong; a missing argument is wrong (API-Bank: KeyError).
-    assert not apibank.call_is_correct(result("AddAlarm", gt["input"], None, "boom"), result("AddAlarm", gt["input"], None))
+    assert not apibank.call_is_correct(result("AddAlarm", gt["input"], None, "boom"),
+                                       result("AddAlarm", gt["input"], None))
     assert not apibank.call_is_correct(result("QueryStock", {"date": "2022-03-31"}, 1),
                                        result("QueryStock", {"stock_code": "SQ", "date": "2022-03-31"}, 1))
 

@@ -116,7 +116,8 @@ def samples_of(dialogue: dict, level: int) -> list[Sample]:
 
 def load_descriptions(data: str | Path) -> dict[str, str]:
     """API name -> the description text API-Bank shows (`ToolManager.get_api_description`: JSON of name,
-    description, input_parameters, output_parameters; data/apibank/api_descriptions.json holds the class attributes)."""
+    description, input_parameters, output_parameters; data/apibank/api_descriptions.json holds the class
+    attributes)."""
     raw = json.loads((Path(data) / "api_descriptions.json").read_text(encoding="utf-8"))
     return {name: json.dumps(info) for name, info in raw.items()}
 
