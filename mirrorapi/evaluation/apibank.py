@@ -596,7 +596,8 @@ def write_report(rows: list[dict], settings: Settings, out: str | Path) -> dict:
 def parser(doc: str | None = None):
     import argparse
 
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--data", type=Path, default=Path("data/apibank"), help="API-Bank dialogues (data/apibank).")
     p.add_argument("--tools", type=Path, default=Path("data/samples/tools"),
                    help="The tools folder the server serves; its APIBank/ category names the tools.")
