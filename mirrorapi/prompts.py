@@ -21,6 +21,11 @@ Simulator formats
   as upstream builds them (cut at the first `_for_`), and the server's defaults for these formats are
   upstream's request settings (`STABLETOOLBENCH_REQUEST_SETTINGS`: seed 42, 2,048 tokens, no
   structured output).
+- `stabletoolbench-cot`: MirrorAPI's chain-of-thought mode. The `stabletoolbench` user message; the system
+  prompt (a user's file, like the other stabletoolbench formats) must start with the tag line
+  `[CHAIN_OF_THOUGHT]`, as StableToolBench's `COT_SYSTEM` does. The model answers
+  `{"mechanism_of_the_api", "error", "response"}`: the observation is `error`/`response`, the rationale
+  (`cot_rationale`) goes to the request log, never to the agent.
 
 Agent format
 - `agent-v1`: the tool-using agent of the benchmark runner (StableToolBench's CoT / DFS protocol):
@@ -53,7 +58,8 @@ from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.tools import ApiDoc
 
 SESSION_FORMAT = "mirrorapi-session-v1"
-SIMULATOR_FORMATS = ("mirrorapi-v1", SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache")
+COT_FORMAT = "stabletoolbench-cot"  # see the CoT block below
+SIMULATOR_FORMATS = ("mirrorapi-v1", SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache", COT_FORMAT)
 DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
 JUDGE_FORMATS = ("fac-v1", "sopr-v1")
 AGENT_FORMATS = ("agent-v1",)
@@ -210,9 +216,11 @@ def simulator_messages(
         default_system = SIMULATOR_SYSTEM_SESSION_V1 if fmt == SESSION_FORMAT else SIMULATOR_SYSTEM_V1
         return [{"role": "system", "content": system_prompt or default_system},
                 {"role": "user", "content": "\n\n".join(parts)}]
-    if fmt in ("stabletoolbench", "stabletoolbench-cache"):
+    if fmt in ("stabletoolbench", "stabletoolbench-cache", COT_FORMAT):
         if not system_prompt:
             raise ValueError(f"prompt format {fmt!r} needs a system prompt (the MirrorAPI model's own, from a file)")
+        if fmt == COT_FORMAT:
+            check_cot_system_prompt(system_prompt)
         return [{"role": "system", "content": system_prompt},
                 {"role": "user", "content": _stabletoolbench_user(doc, arguments, fmt == "stabletoolbench-cache")}]
     raise ValueError(f"unknown simulator prompt format {fmt!r}; known: {', '.join(SIMULATOR_FORMATS)}")
@@ -281,6 +289,34 @@ def is_strict_observation(text: str) -> bool:
     except ValueError:
         return False
     return isinstance(obj, dict) and isinstance(obj.get("error"), str) and "response" in obj
+
+
+# ------------------------------------------------------------------------- chain-of-thought simulator
+# MirrorAPI's CoT mode (StableToolBench server/system_prompts.py `COT_SYSTEM`, commit aa4ed9f): the system
+# prompt's first line is the tag; the answer adds `mechanism_of_the_api` before `error` and `response`.
+COT_TAG = "[CHAIN_OF_THOUGHT]"
+COT_RATIONALE_KEY = "mechanism_of_the_api"
+_COT_RATIONALE = re.compile(r'"mechanism_of_the_api"\s*:\s*"(.*?)"\s*,\s*"error"', re.DOTALL)
+
+
+def check_cot_system_prompt(system_prompt: str) -> None:
+    """A CoT-mode system prompt starts with the tag line (the tag is what switches MirrorAPI to CoT)."""
+    if system_prompt.lstrip().split("\n", 1)[0].strip() != COT_TAG:
+        raise ValueError(f"prompt format {COT_FORMAT!r} needs a system prompt whose first line is {COT_TAG}")
+
+
+def cot_rationale(text: str) -> str:
+    """The `mechanism_of_the_api` of a CoT answer ("" when there is none): from its JSON, else (upstream's
+    answers put unescaped quotes in it) the text between its key and `"error"`."""
+    observation_text = (text or "").strip()
+    try:
+        value = json.loads(observation_text)
+        if isinstance(value, dict) and isinstance(value.get(COT_RATIONALE_KEY), str):
+            return value[COT_RATIONALE_KEY]
+    except ValueError:
+        pass
+    found = _COT_RATIONALE.search(observation_text)
+    return found.group(1) if found else ""
 
 
 # -------------------------------------------------------------------------------------- judge
