@@ -68,6 +68,7 @@ class Answer:
     coalesced: bool = False
     session: str | None = None  # the session id, for calls that belong to one
     detail: str = ""  # why it failed (for the log line)
+    rationale: str = ""  # CoT mode: the simulator's reasoning (for the log line; the agent gets error/response)
     extra_fields: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
 
@@ -118,7 +119,7 @@ class VirtualApi:
                 simulation = await self.simulator.simulate(doc, arguments, key)
             finally:
                 stages["engine"] = clock() - now
-            answer.coalesced = simulation.coalesced
+            answer.coalesced, answer.rationale = simulation.coalesced, simulation.rationale
             answer.provenance = self.simulator.provenance
             answer.body = observation_bytes(simulation.observation["error"], simulation.observation["response"])
             answer.outcome = "simulated"

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
 from mirrorapi.prompts import (
+    COT_FORMAT,
     OBSERVATION_SCHEMA,
+    cot_rationale,
     SESSION_FORMAT,
     parse_simulator_output,
     simulator_messages,
@@ -50,6 +52,7 @@ class Simulation:
     how: str  # how the model's text was read: json, fenced, literal, regex, repaired
     stored: bool  # written to the cache by this request
     coalesced: bool  # answered by an identical call already in flight (no engine call of its own)
+    rationale: str = ""  # CoT mode: the model's `mechanism_of_the_api` (for the request log, not the agent)
 
 
 def simulator_identity(settings: ServerSettings) -> str:
@@ -118,8 +121,8 @@ class Simulator:
             task = asyncio.ensure_future(self._simulate(doc, arguments, key, history))
             self._in_flight[flight] = task
             task.add_done_callback(lambda done: self._landed(flight, done))
-        observation, how, stored = await asyncio.shield(task)
-        return Simulation(observation, how, stored and not coalesced, coalesced)
+        observation, how, stored, rationale = await asyncio.shield(task)
+        return Simulation(observation, how, stored and not coalesced, coalesced, rationale)
 
     async def drain(self, timeout: float) -> None:
         """Wait (at most `timeout` seconds) for the simulations in flight, and their cache writes."""
@@ -134,7 +137,7 @@ class Simulator:
             task.exception()  # retrieved here, so a failure nobody awaits any more is not reported as lost
 
     async def _simulate(self, doc: ApiDoc, arguments: dict, key: str,
-                        history: History | None) -> tuple[dict, str, bool]:
+                        history: History | None) -> tuple[dict, str, bool, str]:
         settings = self.settings
         try:
             text = await self.engine.chat(
@@ -152,6 +155,7 @@ class Simulator:
             logger.info("simulator output is not an observation: %r", text[:200])
             raise EngineError("garbage", unusable_output(text))
         self.engine_calls["ok"] += 1
+        rationale = cot_rationale(text) if history is None and settings.prompt_format == COT_FORMAT else ""
         observation["response"] = truncate_response(observation["response"])
         stored = False
         if settings.is_save:
@@ -165,7 +169,7 @@ class Simulator:
                         observation["error"], observation["response"], self.session_provenance)
             except sqlite3.Error as exc:  # the answer is still good: give it, unstored
                 logger.warning("could not store a simulated answer of %s/%s/%s: %s", doc.category, doc.tool, doc.api, exc)
-        return observation, how, stored
+        return observation, how, stored, rationale
 
 
 def unusable_output(text: str) -> str:
