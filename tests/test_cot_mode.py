@@ -175,3 +175,37 @@ def test_the_simulator_keeps_the_rationale_apart(samples, tmp_path):
     simulation = asyncio.run(Simulator(Engine(), cache=None, settings=settings).simulate(doc, {}, "{}"))
     assert simulation.rationale.startswith(UPSTREAM_MECHANISM)
     assert set(simulation.observation) == {"error", "response"}
+
+
+def test_train_cot_records_become_cot_sft_records(samples, tmp_path):
+    """MirrorAPI's train_cot.json layout (alpaca instruction/input/output): the CoT system prompt as instruction
+    (its own example holds an `API doc:`), the doc and request as input, the CoT answer as output."""
+    from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
+    from mirrorapi.data.sources import read_alpaca
+
+    doc = ("{'api_name': 'Transitaire', 'api_description': 'Récupère un transitaire donnée', "
+           "'required_parameters': [{'name': 'id', 'type': 'string', 'description': '', 'default': 'X'}], "
+           "'optional_parameters': [], 'tool_description': 'Transitaires', 'tool_name': 'transitaires', "
+           "'tool_category': 'Logistics'}")
+    cot = {"instruction": COT_SYSTEM, "input": f"API doc:\n{doc}\n\nRequest:\n{{'id': 'EKVF'}}",
+           "output": '{"mechanism_of_the_api": "Looks the forwarder up.", "error": "", "response": "Gondrand"}'}
+    plain = {**cot, "input": f"API doc:\n{doc}\n\nRequest:\n{{'id': 'OTHER'}}",
+             "output": '{"error": "", "response": "Other"}'}
+    path = tmp_path / "train_cot.json"
+    path.write_text(json.dumps([cot, plain]), encoding="utf-8")
+    pairs = list(read_alpaca(path))
+    assert [p.get("rationale") for p in pairs] == ["Looks the forwarder up.", None]
+    assert pairs[0]["tool_input"] == {"id": "EKVF"} and pairs[0]["response"] == {"error": "", "response": "Gondrand"}
+
+    options = SimulatorDataOptions(prompt_format="stabletoolbench-cot", system_prompt=COT_SYSTEM,
+                                   ood_fraction=0.0, id_fraction=0.0)
+    splits, stats = build_simulator_records(pairs, ToolRegistry.load([samples / "tools"]), options)
+    assert stats["dropped"]["no_rationale"] == 1
+    (record,) = splits["train"]
+    assert record["prompt"][0] == {"role": "system", "content": COT_SYSTEM}
+    assert record["prompt"][1]["content"].startswith("API doc:\n{'api_name': 'Transitaire'")
+    assert json.loads(record["completion"][0]["content"]) == {
+        "mechanism_of_the_api": "Looks the forwarder up.", "error": "", "response": "Gondrand"}
+    assert record["completion"][0]["content"].startswith('{"mechanism_of_the_api":')  # upstream's key order
+    with pytest.raises(ValueError, match="CHAIN_OF_THOUGHT"):
+        SimulatorDataOptions(prompt_format="stabletoolbench-cot", system_prompt="no tag").check()
