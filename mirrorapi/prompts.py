@@ -40,6 +40,8 @@ Judge formats
   (StableToolBench's SoPR statuses; Unsure scores 0.5) and `Reason: ...`.
 - `sowr-v1`: query + two answers (A, B) with their tool calls -> `Preferred: A|B` and `Reason: ...`
   (the pairwise step of StableToolBench's SoWR).
+- `tooleyes-v1`: query + the trajectory's tool calls + final answer -> five labelled 0-10 ratings
+  (`Focus`, `Validity`, `Quality`, `Selection`, `Relevance`: five lines), ToolEyes' judged criteria.
 Both show the judge the text of the final answer (`extract_final_answer`), query and answer cut by
 `cut_judge_text`, for FAC, judge agreement and the judge's training data alike.
 """
@@ -62,6 +64,7 @@ COT_FORMAT = "stabletoolbench-cot"  # see the CoT block below
 SIMULATOR_FORMATS = ("mirrorapi-v1", SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache", COT_FORMAT)
 DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
 JUDGE_FORMATS = ("fac-v1", "sopr-v1")
+TOOLEYES_FORMAT = "tooleyes-v1"  # see the ToolEyes block below
 AGENT_FORMATS = ("agent-v1",)
 DEFAULT_AGENT_FORMAT = "agent-v1"
 PREFERENCE_FORMATS = ("sowr-v1",)
@@ -530,3 +533,32 @@ def parse_preference(text: str) -> tuple[str | None, str]:
         choice = first.upper() if first.upper() in ("A", "B") else None
     reason = _REASON.search(text[found.end():] if found else text)
     return choice, (reason.group(1).strip() if reason else "")
+
+
+# ------------------------------------------------------------------------------- ToolEyes judge (tooleyes-v1)
+# ToolEyes' judged criteria (arXiv 2401.00741; Code/Evaluation/util/utils.py reads them as thought_foucus,
+# thought_validity, thought_quality, action_thought_match, relavance, each 0-10), in our own words.
+TOOLEYES_RATINGS = ("focus", "validity", "quality", "selection", "relevance")
+TOOLEYES_SYSTEM_V1 = (
+    "You rate how an AI assistant used tools to serve a user's query. You see the query, the tool calls it made "
+    "(with what they returned) and its final answer. Rate each criterion from 0 (worst) to 10 (best):\n"
+    "Focus: its steps stay on what the user asked, without drifting to other goals.\n"
+    "Validity: its plan of calls is feasible and each step follows from what came before.\n"
+    "Quality: the plan is efficient and complete, without useless or repeated calls.\n"
+    "Selection: each tool called suits the step it was called for.\n"
+    "Relevance: the final answer addresses the query with the information the tools returned.\n"
+    "Reply with exactly five lines:\nFocus: N\nValidity: N\nQuality: N\nSelection: N\nRelevance: N")
+_RATING = re.compile(r"^[\s*#>_-]*(focus|validity|quality|selection|relevance)[\s*_]*[:：][\s*_]*(\d+(?:\.\d+)?)",
+                     re.IGNORECASE | re.MULTILINE)
+
+
+def tooleyes_messages(query: str, steps: str, answer: str) -> list[dict]:
+    user = (f"Query:\n{cut_judge_text(query)}\n\nTool calls:\n{steps or '(none)'}\n\n"
+            f"Final answer:\n{cut_judge_text(answer) or '(none)'}")
+    return [{"role": "system", "content": TOOLEYES_SYSTEM_V1}, {"role": "user", "content": user}]
+
+
+def parse_tooleyes_ratings(text: str) -> dict[str, float] | None:
+    """The five ratings (clipped to 0-10) of a `tooleyes-v1` answer; None unless all five are there."""
+    found = {name.lower(): min(10.0, float(value)) for name, value in _RATING.findall(text or "")}
+    return found if set(found) >= set(TOOLEYES_RATINGS) else None
