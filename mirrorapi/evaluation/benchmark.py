@@ -19,8 +19,9 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mirrorapi.evaluation import tooleyes
 from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentRunError, AgentSettings, load_queries, run_agent
-from mirrorapi.evaluation.answer_files import GROUPS, group_order, load_ids
+from mirrorapi.evaluation.answer_files import GROUPS, AnswersError, group_order, load_ids
 from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
 from mirrorapi.evaluation.sowr import run_sowr
 from mirrorapi.versions import package_versions
@@ -84,10 +85,10 @@ def run_counts(answers: Path, groups: list[str]) -> dict[str, dict]:
     return counts
 
 
-def _table_lines(markdown: Path) -> list[str]:
+def _table_lines(markdown: Path, header: str = "| Method |") -> list[str]:
     """The first table of one of our metric files (its header line through its last row)."""
     lines = markdown.read_text(encoding="utf-8").splitlines() if markdown.exists() else []
-    start = next((i for i, line in enumerate(lines) if line.startswith("| Method |")), None)
+    start = next((i for i, line in enumerate(lines) if line.startswith(header)), None)
     if start is None:
         return ["(not computed)"]
     end = start
@@ -143,6 +144,10 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
              (f"Judge `{judge.model}` ({', '.join(judge.base_urls)}); {repeats} round(s) for SoPR and SoWR; "
              f"SoWR reference `{reference}`."), "", "## SoPR", "", *_table_lines(scores / "sopr.md"), "",
              "## SoWR", "", *_table_lines(scores / "sowr.md"), "", "## FAC", "", *_table_lines(scores / "fac.md"), ""]
+    lines += ["## ToolEyes (rule-based parts)", "",
+              "s_FA and tool reality by rule, from the same trajectories; the judged capabilities (s_IC, s_BP, "
+              "s_TS, s_AO): `eval/tooleyes.py --answers <out>/answers` with a judge.", "",
+              *_table_lines(scores / "tooleyes.md", header="| Model |"), ""]
     if image is not None:
         lines += [f"![Averages]({image.name})", ""]
     lines += ["## Agent runs", "",
@@ -224,6 +229,10 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
         failures += sowr.failures
     elif len(rows) > 1:
         logger.error("SoWR not computed: the reference %s or every candidate has no answers", reference)
+    try:  # ToolEyes' rule-based parts cost no judge call
+        tooleyes.write_report(tooleyes.score(answers), None, scores)
+    except AnswersError as exc:
+        logger.error("ToolEyes not computed: %s", exc)
     report = write_report(out, rows, reference, settings, judge, group_order(id_lists), agent_runs, repeats)
     return BenchmarkResult(report, agent_runs, failures)
 

@@ -72,8 +72,9 @@ def load_trajectories(answers: str | Path) -> list[Trajectory]:
         for group in group_order(groups):
             for qid, record in groups[group].items():
                 answer = record.get("answer") if isinstance(record.get("answer"), dict) else {}
-                tools = {t.get("name"): t.get("parameters") or {} for t in record.get("available_tools") or []
-                         if isinstance(t, dict)}
+                # StableToolBench's converted files list plain functions; ours, OpenAI's {"type", "function"}.
+                functions = [t.get("function", t) for t in record.get("available_tools") or [] if isinstance(t, dict)]
+                tools = {f.get("name"): f.get("parameters") or {} for f in functions if isinstance(f, dict)}
                 _, final = extract_final_answer(answer.get("final_answer"))
                 out.append(Trajectory(model, group, qid, str(record.get("query") or ""),
                                       _path(answer.get("answer_details")), tools, final, answer.get("answer_details")))

@@ -30,6 +30,11 @@ def test_recorded_benchmark_writes_one_report(samples, tiny_engine, tmp_path):
     assert (tmp_path / "report.png").stat().st_size > 1000
     sowr = json.loads((tmp_path / "scores" / "sowr.json").read_text())
     assert [row["model"] for row in sowr["rows"]] == ["chatgpt_replay_dfs"]
+    # ToolEyes' rule-based parts: every call of those runs names a listed tool with its required parameters
+    # and well-formed arguments (checked by hand in data/samples), so s_FA and tool reality are 100.
+    assert "## ToolEyes (rule-based parts)" in report
+    for row in ("chatgpt_replay_cot", "chatgpt_replay_dfs"):
+        assert f"| {row} | G1_instruction | 2 | 100.00 | — | — | — | — | — | 100.00 |" in report
 
 
 def test_benchmark_rejects_an_unknown_method(capsys, tmp_path):
