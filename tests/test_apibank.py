@@ -35,6 +35,10 @@ def test_the_shipped_dialogues_are_api_banks_levels_1_and_2():
     assert (len(level1), len(level2)) == (214, 50)
     calls = [sum(t["role"] == "API" for d in ds for t in d["turns"]) for ds in (level1, level2)]
     assert calls == [389, 119]
+    # API-Bank's own sample construction (evaluator.py: an API turn followed by another API turn is one more call
+    # sample) gives the paper's evaluation counts: 399 Call and 135 Retrieve+Call API calls.
+    samples = [[s for d in ds for s in apibank.samples_of(d, level)] for level, ds in ((1, level1), (2, level2))]
+    assert [sum(s.kind == "call" for s in level) for level in samples] == [399, 135]
     assert "Apache License" in (DATA / "LICENSE").read_text()
 
 
