@@ -536,6 +536,25 @@ def parse_react_step(text: str) -> ReactStep:
     return ReactStep(thought, action, arguments, "; ".join(problems))
 
 
+# A JSON object in GBNF (llama.cpp's grammar language); whitespace kept short so a model cannot loop in it.
+_GBNF_JSON = r"""object ::= "{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* )? ws "}"
+value ::= object | array | string | number | "true" | "false" | "null"
+array ::= "[" ws ( value ( ws "," ws value )* )? ws "]"
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\""
+number ::= "-"? [0-9]+ ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+ws ::= " "?
+"""
+
+
+def react_grammar(function_names: list[str], thought_chars: int = 400) -> str:
+    """A GBNF grammar of one `agent-react-v1` reply: a one-line thought (at most `thought_chars` characters),
+    one of `function_names`, a JSON object. For engines with grammar-constrained decoding (llama.cpp's
+    servers take it as the request's `grammar`), so a model that does not keep the layout still acts."""
+    names = " | ".join(json.dumps(name) for name in dict.fromkeys(function_names))
+    return (f'root ::= "Thought: " thought "\\nAction: " action "\\nAction Input: " object\n'
+            f"thought ::= [^\\n]{{1,{thought_chars}}}\naction ::= {names}\n" + _GBNF_JSON)
+
+
 def render_react_step(thought: str, calls: list[tuple[str, str]]) -> str:
     """An assistant step (its text, its calls as (name, arguments)) in the `agent-react-v1` layout."""
     lines = [f"Thought: {thought.strip()}"] if thought and thought.strip() else []

@@ -61,7 +61,7 @@ from mirrorapi.evaluation.agent_env import (
 from mirrorapi.evaluation.answer_convert import convert_answer_folder
 from mirrorapi.evaluation.judging import engine_concurrency
 from mirrorapi.prompts import (TEXT_AGENT_FORMATS, agent_diversity_message, agent_messages, parse_react_step,
-                               react_conversation)
+                               react_conversation, react_grammar)
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class AgentSettings:
     prompt_format: str = "agent-v1"
     system_prompt_file: str | None = None
     tool_choice: str | None = None  # sent as is when set ("auto", "required")
+    react_grammar: bool = False  # text formats: constrain replies to the layout (llama.cpp's `grammar` field)
 
     def record(self) -> dict:
         """The settings as they go into answer files (no API key)."""
@@ -215,6 +216,8 @@ class QueryRun:
         if self.text_protocol:
             # Ends the reply where the model would start inventing the function's result (and saves its tokens).
             self._extra: dict = {"stop": [REACT_STOP]}
+            if settings.react_grammar:
+                self._extra["grammar"] = react_grammar([f.name for f in tools.functions] + [FINISH])
         else:
             self._extra = {"tools": tools.schemas}
             if settings.tool_choice:

@@ -31,6 +31,10 @@ def add_agent_arguments(parser: argparse.ArgumentParser, single_model: bool = Tr
         parser.add_argument("--agent-format", nargs=2, action="append", default=[], metavar=("LABEL", "FORMAT"),
                             help="The prompt format of one --agent (by its label), e.g. --agent-format smollm2 "
                                  "agent-react-v1; the others use --prompt-format.")
+    parser.add_argument("--react-grammar", action="store_true",
+                        help="agent-react-v1 only: send a GBNF grammar of the reply layout (one thought line, one of "
+                             "the query's functions, a JSON object) as the request's `grammar`, which llama.cpp's "
+                             "servers enforce, so a model that does not keep the layout still acts.")
     parser.add_argument("--api-key", default="EMPTY", help="API key of the agent engine (default EMPTY).")
     parser.add_argument("--concurrency", type=int, default=None,
                         help="Queries in flight (default: 16 on vLLM, 2 on other engines such as transformers serve).")
@@ -65,7 +69,7 @@ def agent_settings_from(args: argparse.Namespace, base_urls: list[str] | None = 
                          max_query_count=args.max_query_count, max_observation_length=args.max_observation_length,
                          concurrency=args.concurrency, timeout=args.timeout, server_timeout=args.server_timeout,
                          system_prompt_file=args.system_prompt_file, tool_choice=args.tool_choice,
-                         prompt_format=args.prompt_format)
+                         prompt_format=args.prompt_format, react_grammar=args.react_grammar)
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> argparse.ArgumentParser:

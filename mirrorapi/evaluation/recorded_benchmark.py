@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simulator-base-url", default=None, help="Simulate cache misses with this engine.")
     parser.add_argument("--simulator-model", default=None, help="The simulator's model name on that engine.")
     parser.add_argument("--max-tokens", type=int, default=1024, help="Tokens per agent step (default 1024).")
+    parser.add_argument("--react-grammar", action="store_true",
+                        help="agent-react-v1 agents: constrain replies with a grammar (llama.cpp servers).")
     parser.add_argument("--single-chain-max-step", type=int, default=12, help="Depth budget (StableToolBench: 12).")
     parser.add_argument("--timeout", type=float, default=300.0, help="Seconds per agent call.")
     parser.add_argument("--concurrency", type=int, default=4, help="Queries in flight per agent (default 4).")
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         agents = parse_agents(args.agent, args.agent_format)
         template = AgentSettings(server="", base_urls=[], model="", max_tokens=args.max_tokens,
                                  single_chain_max_step=args.single_chain_max_step, timeout=args.timeout,
-                                 concurrency=args.concurrency)
+                                 concurrency=args.concurrency, react_grammar=args.react_grammar)
         simulator = (args.simulator_base_url, args.simulator_model) if args.simulator_base_url else None
         result = recorded_benchmark(args.stabletoolbench, args.tools, judge_settings_from(args, "judge-"), args.out,
                                     repeats=args.repeats, progress=True, limit=args.limit, agents=agents,

@@ -301,3 +301,17 @@ def test_text_protocol_unknown_function_gets_an_error_observation(world, eval_cl
     assert second[-1] == {"role": "user", "content": f"Observation: {chain[2]['observation']}"}
     assert second[-2]["content"].startswith("Thought: I will search the web.\nAction: "
                                             "invalid_hallucination_function_name\n")
+
+
+def test_react_grammar_names_the_query_functions(world, eval_cli, tmp_path):
+    with serve_recorded_agent([world["answers"] / "virtual_chatgpt_cot"], free_port(), text_protocol=True) as (
+            base_url, agent):
+        assert _run(eval_cli, world, base_url, "CoT@1", tmp_path / "grammar", "--prompt-format", "agent-react-v1",
+                    "--react-grammar", "--limit", "1") == 0
+        grammars = {body["grammar"] for body in agent.bodies if "grammar" in body}
+    (grammar,) = grammars  # one query, one grammar
+    functions = [f["function"]["name"] for f in _raw(tmp_path / "grammar", "588", "CoT@1")
+                 ["answer_generation"]["function"]]
+    action = next(line for line in grammar.splitlines() if line.startswith("action ::="))
+    assert action == "action ::= " + " | ".join(f'"{name}"' for name in functions)  # Finish is the last one
+    assert grammar.startswith('root ::= "Thought: " thought "\\nAction: " action "\\nAction Input: " object')

@@ -13,7 +13,7 @@ import pytest
 
 from mirrorapi.evaluation.agent import react_as_tool_calls
 from mirrorapi.evaluation.benchmark import parse_agents
-from mirrorapi.prompts import REACT_NO_ACTION, agent_messages, parse_react_step, react_conversation
+from mirrorapi.prompts import REACT_NO_ACTION, agent_messages, parse_react_step, react_conversation, react_grammar
 
 FUNCTION = "get_channel_clips_for_kick_com_api_kick_api"
 
@@ -108,3 +108,8 @@ def test_agent_format_per_benchmark_agent():
         parse_agents([["replay", "recorded-agent", "http://127.0.0.1:1/v1"]], [["smollm2", "agent-react-v1"]])
     with pytest.raises(ValueError, match="unknown prompt format"):
         parse_agents([["replay", "recorded-agent", "http://127.0.0.1:1/v1"]], [["replay", "react"]])
+
+
+def test_react_grammar_is_valid_gbnf():
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (not a project dependency) compiles GBNF")
+    llama_cpp.LlamaGrammar.from_string(react_grammar([FUNCTION, "Finish"]), verbose=False)
