@@ -113,3 +113,19 @@ def test_agent_format_per_benchmark_agent():
 def test_react_grammar_is_valid_gbnf():
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (not a project dependency) compiles GBNF")
     llama_cpp.LlamaGrammar.from_string(react_grammar([FUNCTION, "Finish"]), verbose=False)
+
+
+def test_real_replies_of_an_untrained_small_model():
+    """Replies SmolLM2-135M-Instruct gave to the first agent-react-v1 prompt of StableToolBench's example
+    queries 608 and 1073 (llama.cpp, its Q4_1 GGUF, temperature 0): prose, no layout at all."""
+    replies = [
+        "I'm glad to help!\nYou can find the channel clips and details on their official website, "
+        "Kick.com/mhikaru. They also have a dedicated page where you can read about their content.",
+        "Sure, I'd be happy to help. Here are some popular sites and main keywords for the search query "
+        "\"birthday party ideas\" that can inspire you:\n\n1. Facebook: Birthday Party Ideas\n2. Pinterest: "
+        "Birthday Party Ideas\n3. Instagram: Birthday Party Ideas",
+    ]
+    for reply in replies:
+        step = parse_react_step(reply)
+        # "1. Facebook: ..." is not a label: nothing in prose becomes a call.
+        assert (step.action, step.thought, step.problem) == (None, reply.strip(), "no Action line")
