@@ -23,7 +23,7 @@ from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentRunError, Agen
 from mirrorapi.evaluation.answer_files import GROUPS, group_order, load_ids
 from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
 from mirrorapi.evaluation.sowr import run_sowr
-from mirrorapi.prompts import AGENT_FORMATS
+from mirrorapi.prompts import AGENT_FORMATS, TEXT_AGENT_FORMATS
 from mirrorapi.versions import package_versions
 
 logger = logging.getLogger(__name__)
@@ -183,7 +183,8 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
         lines.append(f"- `{row}`: model `{record['model']}` at {', '.join(record['base_urls'])}, method "
                      f"`{record['method']}`, temperature {record['temperature']}, depth "
                      f"{record['single_chain_max_step']}, {record['max_query_count']} calls, observations "
-                     f"cut at {record['max_observation_length']}, prompt `{record['prompt_format']}`")
+                     f"cut at {record['max_observation_length']}, prompt `{record['prompt_format']}`"
+                     + (" with its reply grammar" if record.get("react_grammar") else ""))
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (out / "report.json").write_text(json.dumps({
         "rows": rows, "reference": reference, "judge": {"model": judge.model, "base_urls": judge.base_urls},
@@ -210,8 +211,9 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
     load_queries(queries)  # bad queries stop everything here (AgentRunError), not once per row
     settings, agent_runs = {}, {}
     for (agent, method), row in zip(runs, rows):
+        fmt = agent.prompt_format or template.prompt_format
         settings[row] = replace(template, base_urls=agent.base_urls, model=agent.model, method=method,
-                                prompt_format=agent.prompt_format or template.prompt_format)
+                                prompt_format=fmt, react_grammar=template.react_grammar and fmt in TEXT_AGENT_FORMATS)
         try:
             agent_runs[row] = run_agent(queries, settings[row], out / "answers" / row, tools=tools,
                                         progress=progress, limit=limit)
