@@ -12,6 +12,7 @@ import json
 import pytest
 
 from mirrorapi.evaluation.agent import react_as_tool_calls
+from mirrorapi.evaluation.agent_env import finish_status
 from mirrorapi.evaluation.benchmark import parse_agents
 from mirrorapi.prompts import REACT_NO_ACTION, agent_messages, parse_react_step, react_conversation, react_grammar
 
@@ -129,3 +130,15 @@ def test_real_replies_of_an_untrained_small_model():
         step = parse_react_step(reply)
         # "1. Facebook: ..." is not a label: nothing in prose becomes a call.
         assert (step.action, step.thought, step.problem) == (None, reply.strip(), "no Action line")
+
+
+def test_real_grammar_constrained_reply_is_an_invalid_finish():
+    """SmolLM2-135M-Instruct held to the layout by the reply grammar (llama.cpp) on query 608: it copies the
+    prompt's words and calls Finish with a return_type that does not exist (the reply as the grammar makes
+    it, put back together from the run's answer file). StableToolBench's Finish rules make that status 2."""
+    reply = ('Thought: where you stand and what to do next, in at least five sentences\nAction: Finish\n'
+             'Action Input: {"return_type" :"not a valid choice"}')
+    message = react_as_tool_calls({"content": reply})
+    (call,) = message["tool_calls"]
+    assert call["function"] == {"name": "Finish", "arguments": '{"return_type" :"not a valid choice"}'}
+    assert finish_status(call["function"]["arguments"]) == ('{error:""return_type" is not a valid choice"}', 2)
