@@ -57,7 +57,7 @@ def _stub_simulator(port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--queries", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=128)
     args = parser.parse_args()

@@ -145,7 +145,7 @@ def one_import(args, work: Path, engine_port: int, name: str, import_command) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--pairs", default=str(REPO.parent / "shared/data/pairs/api-bank-generated.jsonl"),
                         help="Pairs file the concurrent import reads.")
     parser.add_argument("--seed-pairs", default=str(REPO.parent / "shared/data/pairs/api-bank.jsonl"),

@@ -87,7 +87,7 @@ async def load(url: str, clients: int, seconds: float) -> list[tuple[float, int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--seconds", type=float, default=8.0, help="How long the clients send misses.")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--attempt-timeout", type=float, default=2.0, help="engine_attempt_timeout of the server.")

@@ -36,7 +36,7 @@ print(json.dumps({"load_seconds": load, "max_rss_mb": resource.getrusage(resourc
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--tools", default=str(REPO.parent / "shared/data/toolenv/toolenv2404"))
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()

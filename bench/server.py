@@ -193,7 +193,7 @@ def one_run(args, work: Path, base_cache: Path, hit_bodies: Path, miss_bodies: l
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--tools", default=str(REPO.parent / "shared/data/toolenv/toolenv2404"))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--requests", type=int, default=20000, help="Hit requests per 64-client workload.")

@@ -59,7 +59,7 @@ def make_workload(tools: Path, pairs_dir: Path, n_pairs: int, out: Path, seed: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--tools", type=Path, default=SHARED / "toolenv/toolenv2404")
     parser.add_argument("--pairs", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)

@@ -120,7 +120,7 @@ def gpu_name() -> str | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--recipe", default=str(REPO / "training/configs/simulator_qwen2.5-7b_lora.yaml"))
     parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), help="default: from the recipe's base model")
     parser.add_argument("--tiny", action="store_true", help="tiny shape on the CPU (checks the path)")

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--launcher", choices=("python", "accelerate"), default="accelerate")

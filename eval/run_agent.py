@@ -19,7 +19,7 @@ from mirrorapi.evaluation.cli_args import add_agent_arguments, agent_settings_fr
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     add_agent_arguments(parser)
     args = parser.parse_args(argv)
     try:

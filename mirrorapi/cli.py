@@ -77,20 +77,22 @@ def tools_export(args: argparse.Namespace) -> int:
 
 
 def add_tools_parser(sub) -> None:
-    tools = sub.add_parser("tools", help="Inspect tool documentation (ToolBench tools folders).")
+    tools = sub.add_parser("tools", help="Inspect tool documentation (ToolBench tools folders).", allow_abbrev=False)
     tsub = tools.add_subparsers(dest="tools_command", required=True)
-    stats = tsub.add_parser("stats", help="Count categories, tools and APIs; list unreadable files.")
+    stats = tsub.add_parser("stats", help="Count categories, tools and APIs; list unreadable files.",
+                            allow_abbrev=False)
     stats.add_argument("sources", nargs="+", help="Tools folders, StableToolBench query files or OpenAI function files.")
     stats.add_argument("--json", action="store_true", help="Print one JSON object.")
     stats.set_defaults(func=tools_stats)
-    show = tsub.add_parser("show", help="Print the doc of a tool, or of one of its APIs.")
+    show = tsub.add_parser("show", help="Print the doc of a tool, or of one of its APIs.", allow_abbrev=False)
     show.add_argument("category")
     show.add_argument("tool", help="Tool name as clients send it (`theclique`, `theclique_for_Data`).")
     show.add_argument("api", nargs="?", help="API name as clients send it (`transfermarkt_search`).")
     show.add_argument("--tools", nargs="+", required=True, metavar="SOURCE", help="Tools folders or files to load.")
     show.add_argument("--json", action="store_true", help="Print JSON.")
     show.set_defaults(func=tools_show)
-    export = tsub.add_parser("export", help="Write the function schemas of a toolset (OpenAI function calling or MCP).")
+    export = tsub.add_parser("export", allow_abbrev=False,
+                             help="Write the function schemas of a toolset (OpenAI function calling or MCP).")
     export.add_argument("--tools", nargs="+", required=True, metavar="SOURCE", help="Tools folders or files to load.")
     export.add_argument("--format", choices=("openai", "mcp"), default="openai", help="Schema format (default openai).")
     export.add_argument("--toolset", metavar="SPEC", help="Toolset in URL query syntax, e.g. 'category=Data&tool=APIBank/"
@@ -196,9 +198,10 @@ def _existing_cache(path: str):
 
 
 def add_cache_parser(sub) -> None:
-    cache = sub.add_parser("cache", help="Import, export and inspect the response cache (SQLite).")
+    cache = sub.add_parser("cache", help="Import, export and inspect the response cache (SQLite).", allow_abbrev=False)
     csub = cache.add_subparsers(dest="cache_command", required=True)
-    imp = csub.add_parser("import", help="Import a StableToolBench cache folder, or real pairs (.jsonl).")
+    imp = csub.add_parser("import", help="Import a StableToolBench cache folder, or real pairs (.jsonl).",
+                          allow_abbrev=False)
     imp.add_argument("source", help="<cache>/<cat>/<tool>_for_<cat>/<api>.json folder, or a pairs .jsonl file.")
     imp.add_argument("--cache", required=True, help="The cache database (created if missing).")
     imp.add_argument("--tools", nargs="+", metavar="SOURCE", help="Resolve names with these tools folders.")
@@ -206,7 +209,7 @@ def add_cache_parser(sub) -> None:
     imp.add_argument("--force", action="store_true", help="Import again even if the folder is unchanged.")
     imp.add_argument("--json", action="store_true", help="Print the report as JSON.")
     imp.set_defaults(func=cache_import)
-    exp = csub.add_parser("export", help="Write the cache as a StableToolBench cache folder.")
+    exp = csub.add_parser("export", help="Write the cache as a StableToolBench cache folder.", allow_abbrev=False)
     exp.add_argument("folder")
     exp.add_argument("--cache", required=True, help="The cache database.")
     exp.add_argument("--provenance", nargs="+", metavar="PREFIX",
@@ -215,11 +218,13 @@ def add_cache_parser(sub) -> None:
         "Write the recorded answers and the simulated answers of this simulator identity (`cache stats` lists "
         "them; '' for recorded answers only). Needed when the cache holds several."))
     exp.set_defaults(func=cache_export)
-    prune = csub.add_parser("prune", help="Delete the simulated answers of one simulator identity.")
+    prune = csub.add_parser("prune", help="Delete the simulated answers of one simulator identity.",
+                            allow_abbrev=False)
     prune.add_argument("--cache", required=True, help="The cache database.")
     prune.add_argument("--identity", required=True, help="The simulator identity (as `cache stats` prints it).")
     prune.set_defaults(func=cache_prune)
-    stats = csub.add_parser("stats", help="Entries, APIs, hits, simulator identities and imports of a cache.")
+    stats = csub.add_parser("stats", help="Entries, APIs, hits, simulator identities and imports of a cache.",
+                            allow_abbrev=False)
     stats.add_argument("--cache", required=True, help="The cache database.")
     stats.add_argument("--json", action="store_true", help="Print one JSON object.")
     stats.set_defaults(func=cache_stats)
@@ -237,7 +242,8 @@ def serve(args: argparse.Namespace) -> int:
 def add_serve_parser(sub) -> None:
     from mirrorapi.serving.config import add_server_arguments
 
-    parser = sub.add_parser("serve", help="Run the virtual API server (same as serving/main_mirrorapi.py).")
+    parser = sub.add_parser("serve", help="Run the virtual API server (same as serving/main_mirrorapi.py).",
+                            allow_abbrev=False)
     add_server_arguments(parser)
     parser.set_defaults(func=serve)
 
@@ -278,7 +284,7 @@ def add_benchmark_parser(sub) -> None:
     parser = sub.add_parser("benchmark", help="Agents x methods on /virtual, then SoPR, SoWR and FAC in one report.",
                             description="Run every --agent with every --method against the virtual server, score "
                                         "the answers (SoPR, SoWR against --reference, FAC) with the judge and "
-                                        "write <out>/report.md (+ .json, .png). Reruns resume.")
+                                        "write <out>/report.md (+ .json, .png). Reruns resume.", allow_abbrev=False)
     parser.add_argument("--agent", nargs="+", action="append", required=True, metavar="LABEL MODEL BASE_URL",
                         help="An agent model: a row label, its model name and base URL(s). Repeat for more.")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"Default: {' '.join(METHODS)}.")
@@ -294,7 +300,7 @@ def add_benchmark_parser(sub) -> None:
 
 # -------------------------------------------------------------------------------------------- main
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mirrorapi", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mirrorapi", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     add_tools_parser(sub)
     add_cache_parser(sub)

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
+                                     allow_abbrev=False)
     parser.add_argument("--quick", action="store_true", help="Fewer training steps and requests (about 1-2 minutes).")
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "demo",
                         help="Where to build, keep and report (default runs/demo).")

@@ -104,7 +104,7 @@ def judge_settings_from(args: argparse.Namespace, prefix: str = "") -> JudgeSett
 
 def sowr_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description.splitlines()[0], epilog=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--reference", required=True, help="The reference model's converted answers (one model).")
     parser.add_argument("--candidate", required=True, nargs="+", help="Candidate answers (files or folders).")
     parser.add_argument("--ids", required=True, help="A test_query_ids (or test_instruction) file, or a folder.")

@@ -65,7 +65,7 @@ class RecipeArguments:
 def make_parser():
     from trl import ModelConfig, SFTConfig, TrlParser
 
-    return TrlParser((RecipeArguments, SFTConfig, ModelConfig))
+    return TrlParser((RecipeArguments, SFTConfig, ModelConfig), allow_abbrev=False)
 
 
 def config_file(argv: list[str]) -> str | None:
