@@ -94,7 +94,7 @@ def recorded_benchmark(stabletoolbench: str | os.PathLike, tools: str | os.PathL
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mirrorapi.evaluation.recorded_benchmark",
+    parser = argparse.ArgumentParser(prog="python -m mirrorapi.evaluation.recorded_benchmark", allow_abbrev=False,
                                      description=__doc__.splitlines()[0])
     repo = Path(__file__).resolve().parents[2]
     parser.add_argument("--stabletoolbench", default=str(repo / "data" / "samples" / "stabletoolbench"))
