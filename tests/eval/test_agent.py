@@ -285,6 +285,16 @@ def test_text_protocol_reproduces_the_recorded_runs(react_runs, world):
     assert _raw(react_runs["CoT@1"][0], "588", "CoT@1")["answer_generation"]["valid_data"] is False
 
 
+def test_a_run_in_another_prompt_format_is_not_mixed_in(react_runs, world, eval_cli, capsys):
+    out, _ = react_runs["CoT@1"]
+    (out / "answer" / GROUP / "608_CoT@1.json").rename(out / "608.kept")  # one query left to do: a resume
+    try:
+        assert _run(eval_cli, world, "http://127.0.0.1:9/v1", "CoT@1", out) == 2  # agent-v1 (the default)
+        assert "in prompt format 'agent-react-v1', not 'agent-v1'" in capsys.readouterr().err
+    finally:
+        (out / "608.kept").rename(out / "answer" / GROUP / "608_CoT@1.json")
+
+
 def test_text_protocol_unknown_function_gets_an_error_observation(world, eval_cli, faulty_judge, tmp_path):
     # The FAKE engine replies with the same text every time: a call of a function the query does not have.
     faulty_judge.reply = 'Thought: I will search the web.\nAction: google_search\nAction Input: {"q": "gmhikaru"}'
