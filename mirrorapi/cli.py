@@ -252,12 +252,12 @@ def add_serve_parser(sub) -> None:
 def benchmark(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.agent import AgentRunError
     from mirrorapi.evaluation.answer_files import AnswersError
-    from mirrorapi.evaluation.benchmark import parse_agent, run_benchmark
+    from mirrorapi.evaluation.benchmark import parse_agents, run_benchmark
     from mirrorapi.evaluation.cli_args import agent_settings_from, judge_settings_from
     from mirrorapi.evaluation.judging import JudgeRunError
 
     try:
-        agents = [parse_agent(values) for values in args.agent]
+        agents = parse_agents(args.agent, args.agent_format)
         template = agent_settings_from(args, base_urls=agents[0].base_urls, model=agents[0].model,
                                        method=args.methods[0])
         for method in args.methods:

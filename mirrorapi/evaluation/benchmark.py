@@ -24,6 +24,7 @@ from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentRunError, Agen
 from mirrorapi.evaluation.answer_files import GROUPS, AnswersError, group_order, load_ids
 from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
 from mirrorapi.evaluation.sowr import run_sowr
+from mirrorapi.prompts import AGENT_FORMATS, TEXT_AGENT_FORMATS
 from mirrorapi.versions import package_versions
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class AgentSpec:
     model: str
     base_urls: list[str]
     methods: list[str] | None = None  # this agent's methods, when not the benchmark's
+    prompt_format: str | None = None  # this agent's prompt format, when not the benchmark's
 
 
 def parse_agent(values: list[str]) -> AgentSpec:
@@ -45,6 +47,19 @@ def parse_agent(values: list[str]) -> AgentSpec:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", values[0]):
         raise ValueError(f"--agent label {values[0]!r}: use letters, digits, '.', '_' or '-'")
     return AgentSpec(values[0], values[1], values[2:])
+
+
+def parse_agents(agent_values: list[list[str]], formats: list[list[str]] = ()) -> list[AgentSpec]:
+    """The `--agent` entries, with the prompt formats of `--agent-format LABEL FORMAT`."""
+    agents = [parse_agent(values) for values in agent_values]
+    labels = {agent.label: agent for agent in agents}
+    for label, fmt in formats:
+        if label not in labels:
+            raise ValueError(f"--agent-format {label}: no --agent has that label ({', '.join(labels)})")
+        if fmt not in AGENT_FORMATS:
+            raise ValueError(f"--agent-format {label} {fmt}: unknown prompt format; known: {', '.join(AGENT_FORMATS)}")
+        labels[label].prompt_format = fmt
+    return agents
 
 
 def row_name(agent: AgentSpec, method: str) -> str:
@@ -173,7 +188,8 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
         lines.append(f"- `{row}`: model `{record['model']}` at {', '.join(record['base_urls'])}, method "
                      f"`{record['method']}`, temperature {record['temperature']}, depth "
                      f"{record['single_chain_max_step']}, {record['max_query_count']} calls, observations "
-                     f"cut at {record['max_observation_length']}, prompt `{record['prompt_format']}`")
+                     f"cut at {record['max_observation_length']}, prompt `{record['prompt_format']}`"
+                     + (" with its reply grammar" if record.get("react_grammar") else ""))
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (out / "report.json").write_text(json.dumps({
         "rows": rows, "reference": reference, "judge": {"model": judge.model, "base_urls": judge.base_urls},
@@ -200,7 +216,9 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
     load_queries(queries)  # bad queries stop everything here (AgentRunError), not once per row
     settings, agent_runs = {}, {}
     for (agent, method), row in zip(runs, rows):
-        settings[row] = replace(template, base_urls=agent.base_urls, model=agent.model, method=method)
+        fmt = agent.prompt_format or template.prompt_format
+        settings[row] = replace(template, base_urls=agent.base_urls, model=agent.model, method=method,
+                                prompt_format=fmt, react_grammar=template.react_grammar and fmt in TEXT_AGENT_FORMATS)
         try:
             agent_runs[row] = run_agent(queries, settings[row], out / "answers" / row, tools=tools,
                                         progress=progress, limit=limit)
