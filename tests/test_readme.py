@@ -23,18 +23,20 @@ SCRIPT = REPO / "scripts" / "serve_engine_cpu.sh"
 COMMAND = re.compile(r"(\.venv/bin/|scripts/|make |curl |export |rm |accelerate |vllm |pip |python |transformers )")
 
 
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 def readme_commands() -> list[str]:
-    """Every command of the README's CPU code blocks (those that start no vLLM engine: GPU hosts only),
-    continuation lines joined, comments dropped."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    """Every command of the README's and docs pages' CPU code blocks (```sh, not ```sh gpu), continuation
+    lines joined, comments dropped."""
     commands = []
-    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
-        if re.search(r"^(vllm serve|scripts/serve_engine_vllm)", block, re.MULTILINE):
-            continue
-        for command in block.replace("\\\n", " ").splitlines():
-            command = re.sub(r"\s+#\s.*$", "", command).strip()
-            if COMMAND.match(command):
-                commands.append(command)
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for block in re.findall(r"^```sh\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+            for command in block.replace("\\\n", " ").splitlines():
+                command = re.sub(r"\s+#\s.*$", "", command).strip()
+                if COMMAND.match(command):
+                    commands.append(command)
     return commands
 
 
