@@ -352,6 +352,36 @@ def test_python_blocks_compile_and_import_what_exists():
                     assert all(hasattr(module, alias.name) for alias in node.names), (page, node.module)
 
 
+# ------------------------------------------------------------------------------------------ run for real
+# Commands that start no engine and train nothing: tests/test_demo.py runs them against a real demo's folder.
+CHEAP = re.compile(r"(cat |\.venv/bin/mirrorapi (tools|cache) |\.venv/bin/python data/build_|\S+ .*--help$)")
+
+
+def cheap_commands() -> list[Command]:
+    return [command for command in all_commands() if not command.gpu and CHEAP.match(command.line)]
+
+
+def run_as_in_a_clone(commands: list[Command], latest: Path, root: Path) -> list[str]:
+    """Run the commands with bash in `root`, laid out as a clone after `make demo`: the repository's files,
+    its venv, runs/demo/latest -> `latest`, ../shared when there is one. Returns the failures."""
+    clone = root / "clone"
+    clone.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in (".git", ".venv", "runs"):
+            (clone / entry.name).symlink_to(entry)
+    (clone / ".venv").symlink_to(VENV_BIN.parent)
+    (clone / "runs" / "demo").mkdir(parents=True)
+    (clone / "runs" / "demo" / "latest").symlink_to(latest)
+    if SHARED.is_dir():
+        (root / "shared").symlink_to(SHARED)
+    failures = []
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command.line], cwd=clone, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            failures.append(f"{command}\n  exit {done.returncode}: {(done.stdout + done.stderr)[-800:]}")
+    return failures
+
+
 # ------------------------------------------------------------------------------------------ engines
 def test_every_client_sends_the_name_its_cpu_engine_serves():
     clients = 0
