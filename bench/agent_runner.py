@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from mirrorapi.evaluation.agent import AgentSettings, run_agent_async  # noqa: E402
 from mirrorapi.processes import free_port, stop, wait_until_ready  # noqa: E402
+from mirrorapi.versions import package_versions  # noqa: E402
 
 SAMPLES = REPO / "data" / "samples"
 STB = SAMPLES / "stabletoolbench"
@@ -99,6 +100,7 @@ def main() -> None:
               "simulator_latency_ms": 1000 * LATENCY, "targets": TARGETS}
     result["meets_targets"] = (result["runner_cpu_ms_per_step"] <= TARGETS["runner_cpu_ms_per_step"]
                                and result["peak_queries_in_flight"] >= TARGETS["peak_queries_in_flight"])
+    result["versions"] = package_versions()
     print(json.dumps(result, indent=2))
 
 

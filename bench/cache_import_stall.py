@@ -157,6 +157,7 @@ def main() -> None:
             sys.exit(f"bench/cache_import_stall.py: pairs file not found: {path}")
     sys.path.insert(0, str(REPO))
     from mirrorapi.processes import free_port
+    from mirrorapi.versions import package_versions
 
     # The server and the import run this checkout's code.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
@@ -176,7 +177,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"rate_rps": args.rate, "import_pairs": args.pairs, "target_max_stall_ms": TARGET_STALL_MS,
                       "mirrorapi_cache_import": sliced, "one_transaction_import_for_comparison": one_transaction,
-                      "meets_target": sliced["max_stall_ms"] <= TARGET_STALL_MS and sliced["answers_lost"] == 0}))
+                      "meets_target": sliced["max_stall_ms"] <= TARGET_STALL_MS and sliced["answers_lost"] == 0,
+                      "versions": package_versions()}))
 
 
 if __name__ == "__main__":

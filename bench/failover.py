@@ -95,6 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from mirrorapi.processes import free_port, wait_until_ready
+    from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-failover-"))
     hung, engine_port, port = HungEngine(), free_port(), free_port()
@@ -128,6 +129,7 @@ def main() -> None:
         if error:
             errors[f"{status} {error}"] = errors.get(f"{status} {error}", 0) + 1
     print(json.dumps({
+        "versions": package_versions(),
         "misses": len(results), "succeeded": len(succeeded), "success_rate": round(len(succeeded) / len(results), 4),
         "clients": args.clients, "seconds": args.seconds, "attempt_timeout_s": args.attempt_timeout,
         "cooldown_s": args.cooldown, "engine_latency_s": ENGINE_LATENCY,

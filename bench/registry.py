@@ -54,6 +54,10 @@ def main() -> None:
     result["runs"] = args.runs
     result["targets"] = {"load_seconds": 3.0, "max_rss_mb": 300}
     result["meets_targets"] = result["load_seconds_median"] <= 3.0 and result["max_rss_mb_max"] <= 300
+    sys.path.insert(0, str(REPO))
+    from mirrorapi.versions import package_versions
+
+    result["versions"] = package_versions()
     print(json.dumps(result))
 
 

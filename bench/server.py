@@ -212,6 +212,7 @@ def main() -> None:
         sys.exit(f"bench/server.py: tools folder not found: {args.tools}")
     sys.path.insert(0, str(REPO))
     from mirrorapi.processes import free_port
+    from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-"))
     engine_port = free_port()
@@ -250,6 +251,7 @@ def main() -> None:
         "startup_s": result["startup_s"] <= TARGETS["startup_s"],
     }
     result["stabletoolbench_reference"] = STABLETOOLBENCH
+    result["versions"] = package_versions()
     print(json.dumps(result))
 
 

@@ -200,6 +200,7 @@ def main() -> None:
         "peak_memory_gib": peak_gib, "peak_memory_kind": "GPU allocated" if gpu else "CPU RSS",
         "final_loss": logs[-1].get("loss"), "build_seconds": round(build_seconds, 1),
         "train_seconds": info["metrics"]["train_seconds"], "wall_seconds": round(wall, 1), "kept": args.keep,
+        "versions": info["versions"],  # what the recipe recorded in the model card: the software that trained
     }))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -34,6 +34,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Fixtures that train a model or start an engine. Every test using one, directly or through another
+# fixture, is marked `slow`, so `make test-quick` (-m "not slow") does neither (tests/test_slow_marking.py).
+TRAINS_OR_STARTS_AN_ENGINE = frozenset({
+    "tiny_engine", "simulator_engine", "judge_engine",  # `transformers serve` (below)
+    "trained_simulator_dir", "trained_judge_dir",  # training/sft.py (below)
+    "adapter_dir",  # tests/training/test_sft_lora.py: a LoRA training
+    "launched",  # tests/training/test_sft_accelerate.py: `accelerate launch training/sft.py`
+    "first_run",  # tests/test_demo.py: the whole demo
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if TRAINS_OR_STARTS_AN_ENGINE.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:

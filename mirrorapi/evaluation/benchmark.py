@@ -23,6 +23,7 @@ from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentRunError, Agen
 from mirrorapi.evaluation.answer_files import GROUPS, group_order, load_ids
 from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
 from mirrorapi.evaluation.sowr import run_sowr
+from mirrorapi.versions import package_versions
 
 logger = logging.getLogger(__name__)
 _SHORT = {"CoT@1": "cot", "DFS_woFilter_w2": "dfs"}
@@ -173,7 +174,8 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
         "rows": rows, "reference": reference, "judge": {"model": judge.model, "base_urls": judge.base_urls},
         "repeats": repeats, "averages": averages, "agent_counts": counts,
         "agents": {row: agents[row].record() for row in rows},
-        "failures": {row: run.failures for row, run in agent_runs.items()}}, indent=2) + "\n", encoding="utf-8")
+        "failures": {row: run.failures for row, run in agent_runs.items()},
+        "versions": package_versions()}, indent=2) + "\n", encoding="utf-8")
     return out / "report.md"
 
 

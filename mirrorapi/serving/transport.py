@@ -7,6 +7,12 @@ its headers or body a byte at a time holds a connection for ever (uvicorn issue 
 code cannot help, as it runs only once the headers are complete. `RequestDeadlineProtocol` starts a
 timer at the first byte of each request and closes the connection (HTTP 408 when no response has
 begun) if the whole request has not arrived in `request_timeout` seconds.
+
+Why the close lingers: closing a socket whose client is still sending (a trickler is, by definition)
+makes the kernel answer with a reset, and a reset can make the client's kernel discard the 408 it has
+not read yet. So the 408 is followed by a half-close (FIN), what the client still sends is read and
+dropped, and the socket is closed once the client closes or after `LINGER_SECONDS` (nginx's
+"lingering close").
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ logger = logging.getLogger(__name__)
 JSON_HEADERS = [(b"content-type", b"application/json")]
 REQUEST_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+LINGER_SECONDS = 2.0
 UNAUTHORIZED = ("Unauthorized: this server needs an API key (send `Authorization: Bearer <key>`, or "
                 "StableToolBench's `toolbench_key` header)")
 
@@ -36,8 +43,11 @@ class RequestDeadlineProtocol(HttpToolsProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._deadline = None
+        self._lingering = None
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:  # answered 408 already: drop what a trickler still sends
+            return
         if self._deadline is None and (self.cycle is None or self.cycle.response_complete):  # a new request
             self._deadline = self.loop.call_later(self.request_timeout, self._too_slow)
         super().data_received(data)
@@ -48,6 +58,8 @@ class RequestDeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._lingering is not None:
+            self._lingering.cancel()
         super().connection_lost(exc)
 
     def _disarm(self) -> None:
@@ -65,7 +77,14 @@ class RequestDeadlineProtocol(HttpToolsProtocol):
             body = json.dumps({"error": f"Request Timeout: the request was not received within "
                                         f"{self.request_timeout:g} s", "response": ""}).encode()
             self.transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
-        self.transport.close()  # a handler waiting for the body gets `http.disconnect`
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # a handler waiting for the body gets `http.disconnect`
+            self.cycle.message_event.set()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._lingering = self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
 
 def uvicorn_options(settings: ServerSettings) -> dict:

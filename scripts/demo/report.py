@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mirrorapi.evaluation.fidelity_metrics import compare, slice_metrics
 from mirrorapi.tools import ToolRegistry
+from mirrorapi.versions import package_versions, versions_line
 
 FIDELITY_KEYS = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
                  "error_agreement": "error agreement", "schema_conformance": "schema conformance"}
@@ -108,7 +109,9 @@ def render_markdown(report: dict) -> str:
         f"({report['failed_step']['name']}): {report['failed_step']['error']}"
     lines = ["# mirrorapi demo report", "", f"- status: **{head}**",
              f"- mode: {'quick (reduced)' if report['quick'] else 'full'}; total {report.get('total_seconds')} s",
-             f"- data: {report.get('data_source', '-')}", "", "## Steps", "",
+             f"- data: {report.get('data_source', '-')}",
+             f"- software: {versions_line(report.get('versions', {})) or '-'}",
+             "", "## Steps", "",
              "| # | step | seconds |", "|---|---|---|"]
     lines += [f"| {s['number']} | {s['name']} | {s['seconds']} |" for s in report["steps"]]
     if "data" in report:
@@ -180,6 +183,7 @@ def render_markdown(report: dict) -> str:
 
 
 def write_report(folder: Path, report: dict) -> None:
+    report.setdefault("versions", package_versions())
     png = folder / "fidelity" / "fidelity.png"
     if png.is_file():
         shutil.copyfile(png, folder / "fidelity.png")
