@@ -40,11 +40,10 @@ from mirrorapi.processes import llama_cpp_available, llama_cpp_serve, transforme
 from mirrorapi.prompts import OBSERVATION_SCHEMA, is_strict_observation, simulator_messages  # noqa: E402
 from mirrorapi.records import read_pairs_jsonl  # noqa: E402
 from mirrorapi.tools import ToolRegistry  # noqa: E402
+from mirrorapi.versions import package_versions  # noqa: E402
 
 SAMPLES = REPO / "data" / "samples"
-# llama-cpp-python's server takes the schema in its own dialect ({"type": "json_object", "schema": ...});
-# OpenAI's {"type": "json_schema", ...} is refused there (bench output: `response_format_json_schema`).
-LLAMA_CPP_SCHEMA = {"type": "json_object", "schema": OBSERVATION_SCHEMA}
+# What the virtual server sends (mirrorapi.llama_cpp_engine puts it in llama-cpp-python's dialect).
 OPENAI_SCHEMA = {"type": "json_schema", "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA}}
 
 
@@ -218,16 +217,14 @@ def engine_specs(args, model_dir: Path, work: Path) -> dict:
         return specs
     original = base_gguf(model_dir)
     if "llama.cpp-q4_1" in args.engines and original:
-        specs["llama.cpp-q4_1"] = lambda log: llama_cpp_serve(original, "smollm2", log_path=log,
-                                                              threads=args.threads)
+        specs["llama.cpp-q4_1"] = lambda log: llama_cpp_serve(original, "smollm2", log_path=log)
     for kind in ("f16", "q8_0", "f32"):
         if f"llama.cpp-{kind}" in args.engines and original:
             path = work / f"model-{kind}.gguf"
             started = time.perf_counter()
             export_gguf(model_dir, path, original, kind)
             print(f"exported {kind} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-            specs[f"llama.cpp-{kind}"] = (lambda p: lambda log: llama_cpp_serve(p, "smollm2", log_path=log,
-                                                                                 threads=args.threads))(path)
+            specs[f"llama.cpp-{kind}"] = (lambda p: lambda log: llama_cpp_serve(p, "smollm2", log_path=log))(path)
     return specs
 
 
@@ -247,13 +244,15 @@ def measure_engine(name, start, args, prompts, tokenizer, reference, logs: Path)
                 if name not in args.single_only:
                     plain = asyncio.run(greedy_answers(engine, prompts[:args.json_prompts], args.max_tokens))
                     result["valid_json_plain"] = valid_json(plain)
-                    if name.startswith("llama.cpp"):
-                        schema = asyncio.run(greedy_answers(engine, prompts[:args.json_prompts], args.max_tokens,
-                                                            LLAMA_CPP_SCHEMA))
-                        result["valid_json_schema_enforced"] = valid_json(schema)
-                        refused = asyncio.run(greedy_answers(engine, prompts[:1], 8, OPENAI_SCHEMA))[0]
-                        result["response_format_json_schema"] = (
-                            "accepted" if isinstance(refused, str) else f"refused: HTTP {refused['status']}")
+                    started = time.perf_counter()
+                    schema = asyncio.run(greedy_answers(engine, prompts[:args.json_prompts], args.max_tokens,
+                                                        OPENAI_SCHEMA))
+                    took = time.perf_counter() - started
+                    result["valid_json_with_response_format"] = valid_json(schema)
+                    tokens = sum(len(tokenizer(a, add_special_tokens=False).input_ids)
+                                 for a in schema if isinstance(a, str))
+                    result["response_format_tokens_per_s"] = round(tokens / took, 2)
+                    result["response_format_errors"] = [a for a in schema if not isinstance(a, str)][:2]
         result["levels"].append(level)
         print(f"{name} x{clients}: {level['tokens_per_s']} tokens/s, ttft {level['ttft_s_median']} s, "
               f"rss {level['peak_rss_mib']} MiB", file=sys.stderr)
@@ -275,8 +274,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--fidelity-prompts", type=int, default=6)
     parser.add_argument("--fidelity-tokens", type=int, default=64)
-    parser.add_argument("--json-prompts", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores).")
+    parser.add_argument("--json-prompts", type=int, default=4)
     parser.add_argument("--out", help="Also write the JSON here.")
     args = parser.parse_args()
 
@@ -299,6 +297,7 @@ def main() -> int:
             report["finetune"] = finetune_check(Path(args.finetune), model_dir, prompts, args, work)
     with open("/proc/loadavg") as fh:
         report["load_after"] = fh.read().split()[:3]
+    report["versions"] = package_versions()
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
@@ -315,7 +314,7 @@ def finetune_check(finetune: Path, base_dir: Path, prompts, args, work: Path) ->
     export_gguf(finetune, path, base_gguf(base_dir), "f16")
     exported = time.perf_counter() - started
     reference = reference_answers(finetune, prompts[:args.fidelity_prompts], args.fidelity_tokens)
-    with llama_cpp_serve(path, "finetune", log_path=work / "finetune.log", threads=args.threads) as engine:
+    with llama_cpp_serve(path, "finetune", log_path=work / "finetune.log") as engine:
         answers = asyncio.run(greedy_answers(engine, prompts[:args.fidelity_prompts], args.fidelity_tokens))
         single = asyncio.run(closed_loop(engine, prompts, tokenizer, 1, args.window, args.max_tokens))
     return {"folder": str(finetune), "export_s": round(exported, 1), "gguf_mib": path.stat().st_size // 2**20,

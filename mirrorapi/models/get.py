@@ -24,7 +24,6 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import asdict
-from importlib.metadata import version
 from pathlib import Path
 
 from mirrorapi.models.catalogue import (
@@ -36,9 +35,7 @@ from mirrorapi.models.catalogue import (
     is_complete,
 )
 from mirrorapi.models.from_gguf import hf_folder_from_gguf
-
-CONVERSION_LIBRARIES = ("torch", "transformers", "gguf", "safetensors", "tokenizers", "mirrorapi")
-
+from mirrorapi.versions import package_versions, versions_line
 
 def get_base_model(name: str, models_dir: str | os.PathLike | None = None, *, index_url: str | None = None,
                    force: bool = False, source: BaseModelSource | None = None,
@@ -141,16 +138,14 @@ def write_base_model_card(model_dir: Path, source: BaseModelSource, facts: dict)
         "name": source.name,
         "source": asdict(source),
         "weights": {**facts, "dequantised_from": source.quantisation},
-        "conversion": {"tool": "mirrorapi models get (transformers GGUF loader, mirrorapi.models.from_gguf)",
-                       "python": sys.version.split()[0],
-                       **{package: version(package) for package in CONVERSION_LIBRARIES}},
+        "conversion": {"tool": "mirrorapi models get (transformers GGUF loader, mirrorapi.models.from_gguf)"},
+        "versions": package_versions(),
     }
-    (model_dir / "README.md").write_text(_readme(source, facts, info["conversion"]), encoding="utf-8")
+    (model_dir / "README.md").write_text(_readme(source, facts, info["versions"]), encoding="utf-8")
     (model_dir / CARD_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
-def _readme(source: BaseModelSource, facts: dict, conversion: dict) -> str:
-    versions = ", ".join(f"{k} {v}" for k, v in conversion.items() if k not in ("tool",))
+def _readme(source: BaseModelSource, facts: dict, versions: dict) -> str:
     return "\n".join([
         "---",
         f"license: {source.licence.lower()}",
@@ -180,7 +175,7 @@ def _readme(source: BaseModelSource, facts: dict, conversion: dict) -> str:
         (f"| GGUF | `{facts['gguf_file']}`: the package's original {source.quantisation} file, for llama.cpp "
          "(`scripts/serve_engine_cpu.sh` serves it; fine-tunes are exported back to GGUF with its metadata) |"),
         f"| chat template | {'yes' if facts['has_chat_template'] else 'no'} (`chat_template.jinja`) |",
-        f"| converted with | {versions} |",
+        f"| converted with | {versions_line(versions)} |",
         "",
         "Loads without the `gguf` package: `AutoModelForCausalLM.from_pretrained(THIS_FOLDER)`.",
         "",

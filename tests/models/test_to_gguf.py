@@ -11,20 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
+from mirrorapi.cli import main
 from mirrorapi.engine_client import EngineClient
 from mirrorapi.llama_cpp_engine import openai_request
 from mirrorapi.models.catalogue import base_gguf
-from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, permute_for_gguf
-from mirrorapi.processes import llama_cpp_available, llama_cpp_serve
+from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving, permute_for_gguf
+from mirrorapi.processes import (
+    RunningEngine,
+    free_port,
+    llama_cpp_available,
+    llama_cpp_serve,
+    stop,
+    wait_until_engine_answers,
+)
 from mirrorapi.prompts import OBSERVATION_SCHEMA, is_strict_observation, simulator_messages
 from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.tools import ToolRegistry
 
+REPO = Path(__file__).resolve().parents[2]
 needs_llama_cpp = pytest.mark.skipif(not llama_cpp_available(), reason=(
     "llama-cpp-python[server] is not installed (the cpu-engine extra: `make engine`, a ~3-4 min build)"))
 
@@ -83,6 +96,8 @@ def changed_smollm2(smollm2_dir, tmp_path_factory):
                 parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std() * 0.05)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
+    # the Hugging Face model-card field our training cards write (mirrorapi.training.model_card)
+    (out / "README.md").write_text(f"---\nbase_model: {smollm2_dir}\nlibrary_name: transformers\n---\n# fine-tune\n")
     return out
 
 
@@ -91,6 +106,30 @@ def test_a_folder_of_another_model_is_refused(smollm2_dir, tiny_model_dir, tmp_p
     with pytest.raises(GGUFExportError, match="only llama fine-tunes"):
         export_gguf(tiny_model_dir, tmp_path / "out.gguf", base_gguf(smollm2_dir))
     assert not list(tmp_path.iterdir())
+    with pytest.raises(GGUFExportError, match="no GGUF to take the tokenizer from"):
+        gguf_for_serving(tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_the_served_gguf_of_a_base_and_of_its_fine_tune(smollm2_dir, changed_smollm2, capsys):
+    """A base model is served from its original GGUF; a fine-tune naming it as base_model is exported once
+    (f16) into its folder, and exported again only when its weights change."""
+    import gguf
+
+    assert gguf_for_serving(smollm2_dir) == base_gguf(smollm2_dir)
+    assert main(["models", "gguf", str(changed_smollm2)]) == 0
+    exported = Path(capsys.readouterr().out.strip())
+    assert exported == changed_smollm2 / "model-f16.gguf"
+    reader = gguf.GGUFReader(exported)
+    base = gguf.GGUFReader(base_gguf(smollm2_dir))
+    assert reader.fields["tokenizer.ggml.tokens"].contents() == base.fields["tokenizer.ggml.tokens"].contents()
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["blk.0.attn_q.weight"] == "F16" and types["blk.0.attn_norm.weight"] == "F32"
+    assert "output.weight" not in types  # tied: llama.cpp reuses token_embd
+    written = exported.stat().st_mtime_ns
+    assert gguf_for_serving(changed_smollm2) == exported and exported.stat().st_mtime_ns == written
+    assert main(["models", "gguf", str(smollm2_dir.parent / "nothing")]) == 1
+    assert "not a model folder" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -127,25 +166,43 @@ async def _answers(client, prompts, max_tokens, **kwargs):
 
 @pytest.mark.slow
 @needs_llama_cpp
-def test_the_llama_cpp_engine_serves_what_the_virtual_server_asks_for(smollm2_dir, samples, tmp_path):
-    """On the original Q4_1 GGUF: /v1/models names the model, the observation schema is enforced, streaming
+def test_the_cpu_engine_script_serves_a_base_model_with_llama_cpp(smollm2_dir, samples, tmp_path):
+    """scripts/serve_engine_cpu.sh on a base folder (given relative, through a link, as runs/demo/latest is)
+    starts llama.cpp on its GGUF, under the name it prints; what the virtual server needs from it: /v1/models
+    names the model (its /health), the observation schema as `response_format` is enforced, streaming
     answers, and a second identical greedy request gets the same answer."""
     import httpx
     from openai import OpenAI
 
-    prompts = simulator_prompts(samples, 4)
-    schema_format = {"type": "json_schema", "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA}}
-    with llama_cpp_serve(base_gguf(smollm2_dir), "/runs/base", log_path=tmp_path / "engine.log") as engine:
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "latest").symlink_to(smollm2_dir.parent)
+    relative = f"runs/latest/{smollm2_dir.name}"
+    name = f"{tmp_path}/{relative}"  # what "$PWD/runs/latest/<model>" expands to there
+    port, log = free_port(), tmp_path / "engine.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(REPO / "scripts" / "serve_engine_cpu.sh"), relative, str(port)],
+                                   cwd=tmp_path, env={**os.environ, "ENGINE": "llama.cpp", "PYTHON": sys.executable},
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        engine = RunningEngine(f"http://127.0.0.1:{port}/v1", name, process, log)
+        wait_until_engine_answers(engine, 180)
+        assert f"model name (clients' --model): {name}" in log.read_text()
+        assert f"llama.cpp on {base_gguf(smollm2_dir)}" in log.read_text()
         listed = httpx.get(engine.base_url + "/models", timeout=10).json()
-        assert [m["id"] for m in listed["data"]] == ["/runs/base"]
-        client = EngineClient([engine.base_url], engine.model, timeout=300)
-        structured = asyncio.run(_answers(client, prompts, 256, response_format=schema_format))
-        client = EngineClient([engine.base_url], engine.model, timeout=300)
-        plain = asyncio.run(_answers(client, prompts[:2] * 2, 32))
+        assert [m["id"] for m in listed["data"]] == [name]
+        prompts = simulator_prompts(samples, 2)
+        schema_format = {"type": "json_schema", "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA}}
+        client = EngineClient([engine.base_url], name, timeout=300)
+        structured = asyncio.run(_answers(client, prompts, 160, response_format=schema_format))
+        client = EngineClient([engine.base_url], name, timeout=300)
+        plain = asyncio.run(_answers(client, [prompts[0]] * 2, 32))
         openai = OpenAI(base_url=engine.base_url, api_key="none", max_retries=0)
         chunks = [c.choices[0].delta.content or "" for c in openai.chat.completions.create(
-            model=engine.model, messages=prompts[0], max_tokens=16, temperature=0, stream=True) if c.choices]
-    complete = [a for a in structured if a.rstrip().endswith("}")]  # not cut by max_tokens
+            model=name, messages=prompts[0], max_tokens=16, temperature=0, stream=True) if c.choices]
+    finally:
+        stop(process)
+    # With the schema, one object of the two keys (an answer cut by max_tokens is the only way not to be one).
+    complete = [a for a in structured if a.rstrip().endswith("}")]
     assert complete and all(is_strict_observation(a) for a in complete)
-    assert plain[:2] == plain[2:]
+    assert plain[0] == plain[1]
     assert len([c for c in chunks if c]) > 1 and "".join(chunks) == plain[0][:len("".join(chunks))]
