@@ -4,6 +4,8 @@
   exit or a 4xx ends the wait at once); `serve_in_thread`: an ASGI app on uvicorn in this process;
 - `transformers_serve`: `transformers serve` as the CPU engine, ready when the block starts;
 - `llama_cpp_serve`: llama.cpp's OpenAI-compatible server (`llama-cpp-python[server]`) on a GGUF file;
+- `cpu_engine_serve`: the documented CPU engine on a model folder (llama.cpp when it can, else transformers),
+  as scripts/serve_engine_cpu.sh chooses it;
 - `stop`: SIGINT, then SIGTERM, then SIGKILL to a child's process group, each after a bounded grace.
 Used by the tests, the demo and the benchmarks. Everything binds to 127.0.0.1 on a free port and is
 stopped on exit (also on errors).
@@ -27,6 +29,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
+
+from mirrorapi.models.to_gguf import GGUFExportError, gguf_for_serving
 
 
 T = TypeVar("T")
@@ -251,3 +255,22 @@ def llama_cpp_serve(gguf_path: str | os.PathLike, model: str | None = None, port
         if process is not None:
             stop(process)
 
+
+
+@contextlib.contextmanager
+def cpu_engine_serve(model_dir: str | os.PathLike, log_path: str | os.PathLike | None = None,
+                     timeout: float = 180.0) -> Iterator[RunningEngine]:
+    """The CPU engine scripts/serve_engine_cpu.sh starts, on `model_dir`: llama.cpp's server when it is installed
+    (`make engine`) and the folder has a GGUF (`gguf_for_serving`: a base model's own, a fine-tune of one
+    exported), else `transformers serve` (e.g. the tiny test model). Clients send the folder's absolute path
+    either way."""
+    gguf = None
+    if llama_cpp_available():
+        with contextlib.suppress(GGUFExportError):
+            gguf = gguf_for_serving(model_dir)
+    if gguf is None:
+        with transformers_serve(model_dir, log_path=log_path, timeout=timeout) as engine:
+            yield engine
+    else:
+        with llama_cpp_serve(gguf, str(Path(model_dir).resolve()), log_path=log_path, timeout=timeout) as engine:
+            yield engine

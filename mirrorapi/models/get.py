@@ -67,6 +67,7 @@ def get_base_model(name: str, models_dir: str | os.PathLike | None = None, *, in
         facts["gguf_file"] = gguf_path.name
         os.replace(gguf_path, built / gguf_path.name)
         write_base_model_card(built, source, facts)
+        _readable_as_the_umask_says(built)
         _move_into_place(built, target, source)
     progress(f"{name}: ready in {target}")
     return target
@@ -117,6 +118,15 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _readable_as_the_umask_says(folder: Path) -> None:
+    """Files as if created plainly (0666 less the umask): the safetensors writer makes its file 0600, which
+    would hide a shared models folder from its other users."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~umask)
 
 
 def _move_into_place(built: Path, target: Path, source: BaseModelSource) -> None:

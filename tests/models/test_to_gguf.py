@@ -27,9 +27,9 @@ from mirrorapi.models.catalogue import base_gguf
 from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving, permute_for_gguf
 from mirrorapi.processes import (
     RunningEngine,
+    cpu_engine_serve,
     free_port,
     llama_cpp_available,
-    llama_cpp_serve,
     stop,
     wait_until_engine_answers,
 )
@@ -134,11 +134,12 @@ def test_the_served_gguf_of_a_base_and_of_its_fine_tune(smollm2_dir, changed_smo
 
 @pytest.mark.slow
 @needs_llama_cpp
-def test_llama_cpp_answers_what_transformers_answers(changed_smollm2, smollm2_dir, samples, tmp_path):
+def test_llama_cpp_answers_what_transformers_answers(changed_smollm2, samples, tmp_path):
+    """The fine-tune served as the demo serves it (`cpu_engine_serve`: exported to f16 GGUF, llama.cpp) gives
+    transformers' greedy answers."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = export_gguf(changed_smollm2, tmp_path / "finetune.gguf", base_gguf(smollm2_dir), "f16")
     prompts = simulator_prompts(samples, 3)
     tokenizer = AutoTokenizer.from_pretrained(changed_smollm2)
     model = AutoModelForCausalLM.from_pretrained(changed_smollm2).eval()
@@ -149,7 +150,8 @@ def test_llama_cpp_answers_what_transformers_answers(changed_smollm2, smollm2_di
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=48, do_sample=False)
         expected.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
-    with llama_cpp_serve(gguf, "finetune", log_path=tmp_path / "engine.log") as engine:
+    with cpu_engine_serve(changed_smollm2, log_path=tmp_path / "engine.log") as engine:
+        assert "mirrorapi.llama_cpp_engine" in engine.process.args and engine.model == str(changed_smollm2)
         client = EngineClient([engine.base_url], engine.model, timeout=120)
         got = asyncio.run(_answers(client, prompts, 48))
     assert got == expected
