@@ -186,10 +186,12 @@ def render_markdown(report: dict) -> str:
                   "", "Tables: [fac/fac.md](fac/fac.md), "
                   "[judge-agreement/agreement.md](judge-agreement/agreement.md)."]
     if "agents" in report:
+        agents = report["agents"]
+        scope = (f"on the first {agents['queries_per_group']} queries of each group of StableToolBench's examples "
+                 f"({', '.join(agents['groups'])})") if "groups" in agents else "on StableToolBench's example queries"
         lines += ["", "### A small agent run, scored by the trained judge", "",
-                  "StableToolBench's own CoT and DFS trajectories replayed as a tool-calling model (a recorded agent: "
-                  "the tiny model cannot call tools) against a replay-mode virtual server; averages over the groups:",
-                  ""]
+                  "StableToolBench's own CoT and DFS trajectories, replayed as a tool-calling model (a recorded "
+                  f"agent), against a replay-mode virtual server {scope}. Averages over the groups, in %:", ""]
         averages = report["agents"]["averages"]  # {metric: {row: Average}}
         rows = sorted({row for values in averages.values() for row in values})
         lines += ["| row | " + " | ".join(metric.upper() for metric in averages) + " |",

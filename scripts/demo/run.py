@@ -365,15 +365,18 @@ class Demo:
         OpenAI-compatible tool-calling model: a tiny model cannot call tools) against a replay-mode virtual
         server, scored for SoPR, SoWR and FAC by the trained tiny judge."""
         out = self.run_dir / "agents"
+        groups = sorted(p.stem.removesuffix("_instruction")
+                        for p in (STB_EXAMPLE / "solvable_queries_example" / "test_instruction").glob("*.json"))
         say("agent run: mirrorapi.evaluation.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
-            f"agents on {self.sizes.agent_queries} example quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
-            "per group, scored by the judge")
+            f"agents on the first {self.sizes.agent_queries} quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
+            f"of each group of StableToolBench's examples ({', '.join(groups)}), scored by the judge")
         result = recorded_benchmark(STB_EXAMPLE, REPO / "data" / "samples" / "tools", JudgeSettings(base_urls=[judge.base_url], model=judge.model, max_tokens=8),
                                     out, repeats=1, limit=self.sizes.agent_queries)
         if not result.complete:
             raise StepFailed(f"the agent run is incomplete: see {shown(out)}")
         report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-        self.report["agents"] = {"report": str(result.report), "averages": report["averages"],
+        self.report["agents"] = {"report": str(result.report), "averages": report["averages"], "groups": groups,
+                                 "queries_per_group": self.sizes.agent_queries,
                                  "counts": report["agent_counts"]}
         say(f"agent run report: {shown(result.report)}")
 
