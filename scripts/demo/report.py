@@ -129,7 +129,8 @@ def render_markdown(report: dict) -> str:
     head = "ok" if status == "ok" else f"{status} at step {report['failed_step']['number']} " \
         f"({report['failed_step']['name']}): {report['failed_step']['error']}"
     lines = ["# mirrorapi demo report", "", f"- status: **{head}**",
-             f"- mode: {'quick (reduced)' if report['quick'] else 'full'}; total {report.get('total_seconds')} s",
+             f"- mode: {'quick (reduced)' if report['quick'] else 'real weights' if report.get('real') else 'full'}; "
+             f"total {report.get('total_seconds')} s",
              f"- data: {report.get('data_source', '-')}",
              f"- software: {versions_line(report.get('versions', {})) or '-'}",
              "", "## Steps", "",
@@ -155,7 +156,8 @@ def render_markdown(report: dict) -> str:
                          f"| {m['train_loss']:.3f} | {evals or '-'} | {'yes' if t['reused'] else 'no'} |")
     if "serving" in report:
         s = report["serving"]
-        lines += ["", "## 3. Serving", "", f"Engine `{s.get('engine_name', 'transformers serve')}` at {s['engine']}; virtual server "
+        lines += ["", "## 3. Serving", "",
+                  f"Engine `{s.get('engine_name', 'transformers serve')}` at {s['engine']}; virtual server "
                   f"{s['server']}/virtual with {s['health']['tools']['apis']} APIs and "
                   f"{s['health']['cache']['entries']} cache entries imported from the StableToolBench cache folder."]
     if "requests" in report:

@@ -1,10 +1,10 @@
-"""`make demo`: the whole loop on a CPU with real pretrained weights, in six steps.
+"""`make demo`: the whole loop on a CPU, in six steps (with `--real`, on real pretrained weights).
 
 1. data: simulator and judge SFT sets from real pairs (a slice of `../shared/data`, else `data/samples`);
-2. train: SmolLM2-135M-Instruct (`mirrorapi models get`), then `accelerate launch training/sft.py` for the
-   simulator (`simulator_smollm2_cpu.yaml`) and the judge (`judge_smollm2_cpu.yaml`); beside them a tiny
-   model built from scratch and trained as a simulator (`tiny_cpu.yaml`), the reference row of the report.
-   `--quick` (the test suite's run) trains only tiny models (the judge with `tiny_judge_cpu.yaml`);
+2. train: a tiny model built from scratch, then `accelerate launch training/sft.py` for the simulator
+   (`tiny_cpu.yaml`) and the judge (`tiny_judge_cpu.yaml`); with `--real`, SmolLM2-135M-Instruct
+   (`mirrorapi models get`) for the simulator (`simulator_smollm2_cpu.yaml`) and the judge
+   (`judge_smollm2_cpu.yaml`), the tiny simulator beside them as a reference row of the report;
 3. serve: the CPU engine (`cpu_engine_serve`: llama.cpp's server when `make engine` installed it, else
    `transformers serve`) on the simulator, and the virtual server with a cache seeded from a
    StableToolBench cache folder of the training calls' real responses;
@@ -104,8 +104,10 @@ class Sizes:
 # The tiny simulator learns its answer format from a few dozen short records (many epochs): a tiny model
 # that sees hundreds of records once answers nothing parseable.
 TINY_SIMULATOR = {"max_train_samples": 64, "max_length": 768, "max_steps": 300, **QUIET_TRAINING}
-# SmolLM2: the recipes' own sizes (chosen for a ~20 min demo on 2 cores; see the recipes' comments).
-FULL = Sizes({"max_eval_samples": 8, **QUIET_TRAINING}, {"max_eval_samples": 16, **QUIET_TRAINING}, real=True,
+FULL = Sizes(TINY_SIMULATOR, {"max_eval_samples": 32, **QUIET_TRAINING})
+# --real: SmolLM2-135M-Instruct for the simulator and the judge, the recipes' own sizes (see their comments),
+# the tiny simulator beside it.
+REAL = Sizes({"max_eval_samples": 8, **QUIET_TRAINING}, {"max_eval_samples": 16, **QUIET_TRAINING}, real=True,
              tiny_simulator=TINY_SIMULATOR)
 # --quick (the test suite's run): shorter records and fewer steps; the format is still learnt well
 # enough that the held-out misses come back as observations.
@@ -120,6 +122,7 @@ class DemoOptions:
     work_dir: Path
     shared: Path | None  # ../shared/data, or None to use data/samples
     quick: bool = False
+    real: bool = False  # SmolLM2 instead of the tiny model (not with quick)
 
 
 class DemoError(Exception):
@@ -146,7 +149,7 @@ class Demo:
     report: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.sizes = QUICK if self.options.quick else FULL
+        self.sizes = QUICK if self.options.quick else REAL if self.options.real else FULL
         work = self.options.work_dir.resolve()
         self.build, self.run_dir = work / "build", work / time.strftime("%Y%m%d-%H%M%S")
         if self.run_dir.exists():  # two runs within a second
@@ -154,7 +157,8 @@ class Demo:
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True)
         self.stack = contextlib.ExitStack()  # everything started, stopped in reverse order
-        self.report.update(status="running", quick=self.options.quick, run_dir=str(self.run_dir), steps=[])
+        self.report.update(status="running", quick=self.options.quick, real=self.options.real,
+                           run_dir=str(self.run_dir), steps=[])
 
     # ---------------------------------------------------------------------------------- running
     def run(self) -> Path:
@@ -353,7 +357,8 @@ class Demo:
         config = self.server_config(f"{name}-server.yml", engine, self.run_dir / f"{name}-cache.sqlite",
                                     self.data.stb_cache if few_shot else None, few_shot=few_shot)
         with virtual_server(config, self.logs / f"{name}-server.log") as url:
-            say(f"a virtual server for the held-out calls ({'cache of the training calls, few_shot ' + str(few_shot) if few_shot else 'empty cache'}): {url}")
+            cache = f"cache of the training calls, few_shot {few_shot}" if few_shot else "empty cache"
+            say(f"a virtual server for the held-out calls ({cache}): {url}")
             baseline_args = ["--baseline-pairs", shown(self.data.train_pairs)] if baseline else []
             self._run(name, [shown(sys.executable), "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
                              "--out", shown(out), *baseline_args, "--tools", shown(self.data.source.tools),
