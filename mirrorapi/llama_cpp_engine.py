@@ -16,6 +16,9 @@ completion request is rewritten before llama-cpp-python reads it:
 - `response_format: {"type": "json_schema", "json_schema": {"schema": S}}` (what the virtual server sends) is
   refused there (HTTP 500: its request type knows "text" and "json_object" only), while its own dialect
   `{"type": "json_object", "schema": S}` is enforced with a grammar compiled from S. Rewritten to that dialect.
+- its grammar compiler reads an empty sub-schema (`{}`: any JSON value, as our observation's `response`) as
+  "an object", so a fine-tuned simulator asked for `"success"` can only write `{}`; empty sub-schemas are
+  rewritten to the explicit union of JSON types, which it compiles as meant.
 - `repeat_penalty` defaults to 1.1 there; OpenAI's API has no such penalty, and with it greedy answers differ
   from every other engine's (JSON repeats its keys and quotes). Set to 1.0 unless the request gives one.
 Not a new engine and no new endpoint: a pure ASGI wrapper of about forty lines around llama-cpp-python's app.
@@ -29,8 +32,24 @@ import os
 import sys
 
 REWRITTEN_PATHS = ("/v1/chat/completions", "/v1/completions")
+ANY_JSON = {"type": ["string", "number", "boolean", "object", "array", "null"]}
 SERVER_DEFAULTS = {"host": "127.0.0.1", "n_ctx": 8192, "interrupt_requests": False, "logits_all": False,
                    "verbose": False}
+
+
+def explicit_any(schema):
+    """`schema` with every empty sub-schema under `properties`, `items` or `additionalProperties` made ANY_JSON."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: ANY_JSON if v == {} else explicit_any(v) for k, v in out["properties"].items()}
+    for key in ("items", "additionalProperties"):
+        if out.get(key) == {}:
+            out[key] = ANY_JSON
+        elif isinstance(out.get(key), dict):
+            out[key] = explicit_any(out[key])
+    return out
 
 
 def openai_request(body: bytes) -> bytes:
@@ -45,7 +64,7 @@ def openai_request(body: bytes) -> bytes:
     response_format = request.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema")
-        request["response_format"] = {"type": "json_object", **({"schema": schema} if schema else {})}
+        request["response_format"] = {"type": "json_object", **({"schema": explicit_any(schema)} if schema else {})}
     request.setdefault("repeat_penalty", 1.0)
     return json.dumps(request).encode()
 

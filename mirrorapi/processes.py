@@ -48,6 +48,7 @@ class RunningEngine:
     model: str  # the `model` field requests must carry (`transformers serve`: the folder path)
     process: subprocess.Popen
     log_path: Path
+    name: str = "transformers serve"  # which engine, for people reading progress and reports
 
 
 class ProcessExited(RuntimeError):
@@ -245,7 +246,7 @@ def llama_cpp_serve(gguf_path: str | os.PathLike, model: str | None = None, port
     try:
         with interrupts_deferred(), open(log_path, "wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        engine = RunningEngine(f"http://127.0.0.1:{port}/v1", model, process, log_path)
+        engine = RunningEngine(f"http://127.0.0.1:{port}/v1", model, process, log_path, "llama.cpp server")
         try:
             wait_until_engine_answers(engine, timeout)
         except ProcessExited as exc:
