@@ -260,7 +260,7 @@ def measure_engine(name, start, args, prompts, tokenizer, reference, logs: Path)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model-dir", help="HF folder of SmolLM2-135M-Instruct (default: `mirrorapi models get`).")
     parser.add_argument("--finetune", help="A fine-tuned HF folder of the same model: exported to GGUF (f16) "
                                            "and checked against transformers, single stream.")

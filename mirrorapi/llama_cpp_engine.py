@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
     from llama_cpp.server.settings import ModelSettings, ServerSettings, Settings
 
-    parser = argparse.ArgumentParser(prog="python -m mirrorapi.llama_cpp_engine", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mirrorapi.llama_cpp_engine", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     add_args_from_model(parser, Settings)
     threads = len(os.sched_getaffinity(0))
     parser.set_defaults(**SERVER_DEFAULTS, n_threads=threads, n_threads_batch=threads)

@@ -56,7 +56,11 @@ def test_the_openai_request_is_put_in_llama_cpp_python_s_dialect():
     body = {"model": "m", "messages": [], "response_format": {"type": "json_schema", "json_schema": {
         "name": "observation", "schema": OBSERVATION_SCHEMA}}}
     rewritten = json.loads(openai_request(json.dumps(body).encode()))
-    assert rewritten["response_format"] == {"type": "json_object", "schema": OBSERVATION_SCHEMA}
+    schema = rewritten["response_format"].pop("schema")
+    assert rewritten["response_format"] == {"type": "json_object"}
+    # llama.cpp's grammar compiler reads an empty schema as "an object": `response` must stay any JSON value.
+    assert schema == {**OBSERVATION_SCHEMA, "properties": {"error": {"type": "string"}, "response": {
+        "type": ["string", "number", "boolean", "object", "array", "null"]}}}
     assert rewritten["repeat_penalty"] == 1.0
     assert json.loads(openai_request(json.dumps({"repeat_penalty": 1.3}).encode()))["repeat_penalty"] == 1.3
     assert openai_request(b"not json") == b"not json"  # the server refuses it with its own error
