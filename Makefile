@@ -33,11 +33,13 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK)
 
 # llama.cpp's OpenAI-compatible server (llama-cpp-python[server]), the CPU engine scripts/serve_engine_cpu.sh
 # starts. Built from the sdist pinned in $(ENGINE_LOCK) (hash checked): ~3 min on 2 idle cores, once; pip
-# keeps the built wheel in its cache, so a new venv installs it in seconds. CPU only, for this machine's
-# instruction set (GGML_NATIVE: AVX2 here), without the multimodal library, tests or examples. The lock pins
+# keeps the built wheel in its cache, so a new venv installs it in seconds (after changing the flags below:
+# `.venv/bin/pip cache remove llama_cpp_python`). CPU only, AVX2 (any x86-64 CPU since 2013), without the
+# multimodal library, tests or examples. Not GGML_NATIVE: on this machine's AVX-512/AMX CPU it enables
+# llama.cpp's AMX int8 kernels, which crash (SIGSEGV) on the Q4_1 GGUF here. The lock pins
 # everything it shares with $(LOCK) to the same versions (`make lock` writes both).
-ENGINE_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF \
-	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+ENGINE_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_BLAS=OFF -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
 engine: $(VENV)/.engine-installed
 

@@ -12,6 +12,8 @@ data/samples/pairs.jsonl, chat completions with max_tokens 200, temperature 0, s
 For 1, 4 and 16 concurrent clients in a closed loop for `--window` seconds: tokens/s of all clients together
 (tokens of the streamed text, counted with the model's tokenizer, partial answers included), time to first
 token (median, p90), requests finished, and the engine's peak RSS.
+`transformers serve` ignores `response_format` (its log: "Ignoring unsupported fields"), and its greedy
+answers are transformers' own, so valid JSON is measured on the llama.cpp engines only.
 Fidelity: greedy answers (64 tokens) of each engine against transformers' `generate` in this process on the
 same prompts: answers identical, mean common prefix in tokens. Valid JSON: share of answers that are one
 strict `{"error", "response"}` object, without and with the observation schema as `response_format`.
@@ -43,6 +45,9 @@ from mirrorapi.tools import ToolRegistry  # noqa: E402
 from mirrorapi.versions import package_versions  # noqa: E402
 
 SAMPLES = REPO / "data" / "samples"
+# transformers' continuous batching sizes its paged KV cache from free memory unless told (12.6 GiB here):
+# 512 blocks of 32 tokens hold 16 concurrent prompts of ~1k tokens.
+CB_ARGS = ["--cb-block-size", "32", "--cb-num-blocks", "512"]
 # What the virtual server sends (mirrorapi.llama_cpp_engine puts it in llama-cpp-python's dialect).
 OPENAI_SCHEMA = {"type": "json_schema", "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA}}
 
@@ -85,13 +90,21 @@ def tree_rss_bytes(pid: int) -> int:
 
 
 class PeakRss:
-    def __init__(self, pid: int):
-        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+    """The peak RSS of an engine's process group, sampled every 0.25 s; above `limit` bytes the group is killed
+    (`over_limit`): the machine is shared (transformers' continuous batching took 12.6 GiB on CPU)."""
+
+    def __init__(self, pid: int, limit: int = 8 * 2**30):
+        self.pid, self.limit, self.peak, self.over_limit = pid, limit, 0, False
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
             self.peak = max(self.peak, tree_rss_bytes(self.pid))
+            if self.peak > self.limit and not self.over_limit:
+                self.over_limit = True
+                with contextlib.suppress(OSError):
+                    os.killpg(self.pid, signal.SIGKILL)
             self._stop.wait(0.25)
 
     def __enter__(self):
@@ -152,7 +165,7 @@ def _round(x):
 
 
 async def greedy_answers(engine, prompts, max_tokens: int, response_format=None) -> list[str | dict]:
-    from openai import APIStatusError, AsyncOpenAI
+    from openai import APIError, APIStatusError, AsyncOpenAI
 
     client = AsyncOpenAI(base_url=engine.base_url, api_key="none", max_retries=0, timeout=600)
     answers = []
@@ -164,6 +177,8 @@ async def greedy_answers(engine, prompts, max_tokens: int, response_format=None)
             answers.append(answer.choices[0].message.content or "")
         except APIStatusError as exc:
             answers.append({"status": exc.status_code, "error": str(exc)[:300]})
+        except APIError as exc:  # the engine went away (e.g. killed over the memory limit)
+            answers.append({"status": None, "error": repr(exc)[:300]})
     await client.close()
     return answers
 
@@ -212,7 +227,7 @@ def engine_specs(args, model_dir: Path, work: Path) -> dict:
         specs["transformers"] = lambda log: transformers_serve(model_dir, log_path=log, timeout=300)
     if "transformers-cb" in args.engines:
         specs["transformers-cb"] = lambda log: transformers_serve(model_dir, log_path=log, timeout=300,
-                                                                  extra_args=["--continuous-batching"])
+                                                                  extra_args=["--continuous-batching", *CB_ARGS])
     if not llama_cpp_available():
         return specs
     original = base_gguf(model_dir)
@@ -238,10 +253,12 @@ def measure_engine(name, start, args, prompts, tokenizer, reference, logs: Path)
             startup = time.perf_counter() - began
             level = asyncio.run(closed_loop(engine, prompts, tokenizer, clients, args.window, args.max_tokens))
             level.update(startup_s=round(startup, 1), peak_rss_mib=round(rss.peak / 2**20))
-            if clients == 1:
+            if rss.over_limit:
+                level["killed_over_rss_limit_mib"] = round(rss.limit / 2**20)
+            if clients == 1 and name not in args.throughput_only and not rss.over_limit:
                 answers = asyncio.run(greedy_answers(engine, prompts[:args.fidelity_prompts], args.fidelity_tokens))
                 result["fidelity_vs_transformers_generate"] = fidelity(tokenizer, answers, reference)
-                if name not in args.single_only:
+                if name not in args.single_only and name.startswith("llama.cpp"):
                     plain = asyncio.run(greedy_answers(engine, prompts[:args.json_prompts], args.max_tokens))
                     result["valid_json_plain"] = valid_json(plain)
                     started = time.perf_counter()
@@ -264,10 +281,12 @@ def main() -> int:
     parser.add_argument("--model-dir", help="HF folder of SmolLM2-135M-Instruct (default: `mirrorapi models get`).")
     parser.add_argument("--finetune", help="A fine-tuned HF folder of the same model: exported to GGUF (f16) "
                                            "and checked against transformers, single stream.")
-    parser.add_argument("--engines", nargs="+", default=["transformers", "transformers-cb", "llama.cpp-q4_1",
-                                                         "llama.cpp-f16", "llama.cpp-q8_0", "llama.cpp-f32"])
+    parser.add_argument("--engines", nargs="+", default=["transformers", "llama.cpp-q4_1", "llama.cpp-f16",
+                                                         "llama.cpp-q8_0", "llama.cpp-f32", "transformers-cb"])
     parser.add_argument("--single-only", nargs="*", default=["llama.cpp-f32"],
                         help="Engines measured with one client only.")
+    parser.add_argument("--throughput-only", nargs="*", default=["transformers-cb"],
+                        help="Engines measured for speed only (no fidelity or JSON answers: too slow).")
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--window", type=float, default=30.0, help="Seconds of load per level (default 30).")
     parser.add_argument("--max-tokens", type=int, default=200)
@@ -292,7 +311,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as work:
         work = Path(work)
         for name, start in engine_specs(args, model_dir, work).items():
-            report["engines"][name] = measure_engine(name, start, args, prompts, tokenizer, reference, work)
+            try:
+                report["engines"][name] = measure_engine(name, start, args, prompts, tokenizer, reference, work)
+            except Exception as exc:  # noqa: BLE001 - one engine failing leaves the others' figures
+                report["engines"][name] = {"error": repr(exc)[:500]}
+            if args.out:  # written after each engine: a long run cut short keeps what it measured
+                Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         if args.finetune and llama_cpp_available():
             report["finetune"] = finetune_check(Path(args.finetune), model_dir, prompts, args, work)
     with open("/proc/loadavg") as fh:

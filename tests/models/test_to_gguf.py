@@ -193,7 +193,7 @@ def test_the_cpu_engine_script_serves_a_base_model_with_llama_cpp(smollm2_dir, s
         engine = RunningEngine(f"http://127.0.0.1:{port}/v1", name, process, log)
         wait_until_engine_answers(engine, 180)
         assert f"model name (clients' --model): {name}" in log.read_text()
-        assert f"llama.cpp on {base_gguf(smollm2_dir)}" in log.read_text()
+        assert f"llama.cpp on {name}/{base_gguf(smollm2_dir).name}" in log.read_text()
         listed = httpx.get(engine.base_url + "/models", timeout=10).json()
         assert [m["id"] for m in listed["data"]] == [name]
         prompts = simulator_prompts(samples, 2)
