@@ -13,7 +13,9 @@ The first step is warm-up and not timed. Variants:
               and the lower layers frozen, so backward stops at layer L-K
   lora        PEFT LoRA r=16 on every linear layer of every decoder layer
   lora_topK   the same on the top K layers only (PEFT `layers_to_transform`)
-  full_keep   `full`, computing the 49k-vocabulary logits only where the loss is (`logits_to_keep`)
+  X_keep      variant X computing the 49k-vocabulary logits only where the loss is (`logits_to_keep`; the
+              recipes' SFTTrainer computes them for every prompt token too: 90% of the simulator's tokens at
+              max_length 512, 98% of the judge's)
 
 FLOPs per step count the matrix products: forward 2 x params for every input token, backward 2 x params of
 the layers gradients flow through (input gradients) plus 2 x the trained weights (weight gradients). The ratio
@@ -59,7 +61,7 @@ def prepare(variant: str, model):
     """Sets requires_grad (or wraps in PEFT) for the variant; returns (model, decoder-layer params gradients
     flow through, decoder-layer params trained, whether the LM head/embedding is trained, trained params)."""
     layers = model.model.layers
-    top = int(variant.rsplit("top", 1)[1]) if "top" in variant else len(layers)
+    top = int(variant.removesuffix("_keep").rsplit("top", 1)[1]) if "top" in variant else len(layers)
     trained_layers = list(range(len(layers) - top, len(layers)))
     layer_params = sum(p.numel() for p in layers[0].parameters())
     if variant.startswith("lora"):
@@ -101,7 +103,7 @@ def run_variant(args) -> dict:
         labels = input_ids.clone()
         labels[0, :prompt_len] = -100
         kwargs = {}
-        if args.variant == "full_keep":  # logits only from the last prompt token on (labels are shifted by one)
+        if args.variant.endswith("_keep"):  # logits only from the last prompt token on (labels are shifted by one)
             keep = len(ids) - prompt_len + 1
             kwargs["logits_to_keep"] = keep
             labels = labels[:, -keep:]
