@@ -2,24 +2,57 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Every package of a CPU install but torch, pinned with its hashes: what `make venv` and CI install.
+LOCK := requirements-cpu.lock
+# The cpu-engine extra (llama.cpp's server), locked apart: `make engine` installs it into the venv.
+ENGINE_LOCK := requirements-cpu-engine.lock
 # Extra pip flags for torch, e.g. PIP_TORCH_FLAGS="--index-url https://download.pytorch.org/whl/cpu"
 # on a machine whose package index has no CPU build of torch 2.13.0.
 PIP_TORCH_FLAGS ?=
 
-.PHONY: venv test test-quick demo bench clean
+.PHONY: venv engine test test-quick demo bench lock lock-upgrade clean
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+# A fresh venv installed from the lock, nothing resolved on the day:
+# 1. torch, pinned by version in constraints-cpu.txt but not by hash: its CPU build is a different file on
+#    each index that has one (this machine's /opt/wheels, PyTorch's CPU index, PyPI's macOS wheels), and
+#    PyPI's Linux torch 2.13.0 is the CUDA build. --no-deps: its own requirements are in the lock.
+# 2. the lock, --require-hashes --no-deps: exactly the files it names.
+# 3. mirrorapi itself, --no-deps, built by the lock's setuptools (no build isolation: nothing unpinned).
+# 4. pip check: fails when a package needs something the lock lacks, or when step 1 took PyPI's CUDA build
+#    (it needs nvidia-* wheels): then PIP_TORCH_FLAGS is needed.
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK)
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -c constraints-cpu.txt $(PIP_TORCH_FLAGS) "torch==2.13.0"
-	$(BIN)/pip install -q -c constraints-cpu.txt -e ".[train,serve,eval,dev]"
+	$(BIN)/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
+	$(BIN)/pip install -q --no-deps --require-hashes -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/pip check || { echo "torch needs nvidia-* above? this index has no CPU build: set PIP_TORCH_FLAGS"; exit 1; }
+	touch $@
+
+# llama.cpp's OpenAI-compatible server (llama-cpp-python[server]), the CPU engine scripts/serve_engine_cpu.sh
+# starts. Built from the sdist pinned in $(ENGINE_LOCK) (hash checked): ~3 min on 2 idle cores, once; pip
+# keeps the built wheel in its cache, so a new venv installs it in seconds (after changing the flags below:
+# `.venv/bin/pip cache remove llama_cpp_python`). CPU only, AVX2 (any x86-64 CPU since 2013), without the
+# multimodal library, tests or examples. Not GGML_NATIVE: on this machine's AVX-512/AMX CPU it enables
+# llama.cpp's AMX int8 kernels, which crash (SIGSEGV) on the Q4_1 GGUF here. The lock pins
+# everything it shares with $(LOCK) to the same versions (`make lock` writes both).
+ENGINE_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_BLAS=OFF -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+
+engine: $(VENV)/.engine-installed
+
+$(VENV)/.engine-installed: $(VENV)/.installed $(ENGINE_LOCK)
+	CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(BIN)/pip install -q --no-deps --require-hashes -r $(ENGINE_LOCK)
+	$(BIN)/pip check
 	touch $@
 
 test: venv
 	$(BIN)/python -m pytest
 
-# Everything but the tests marked slow (they train a tiny model or start an engine).
+# Everything but the tests marked slow: those that train a model or start an engine (tests/conftest.py
+# marks every test using such a fixture).
 test-quick: venv
 	$(BIN)/python -m pytest -m "not slow"
 
@@ -33,5 +66,36 @@ bench: venv
 	$(BIN)/python bench/train_tiny.py
 	$(BIN)/python bench/server.py
 
+# Refresh the lock after pyproject.toml's dependencies changed: pins already in the lock are kept, only what
+# the change needs moves (after a merge conflict in the lock: take either side whole, then run this).
+# `make lock-upgrade` moves every package to the newest release its ranges allow.
+# uv, not pip-tools: ~2 s instead of ~70 s, it reads no pip configuration of the machine, and it resolves for
+# a stated target (CPython 3.11 on x86_64 Linux) whatever machine runs it. The resolver must see torch's CPU
+# build, whose requirements (unlike the CUDA build's) name no nvidia-* wheels: here /opt/wheels; elsewhere
+# PyTorch's CPU index (uv's --torch-backend cpu).
+UV_VERSION := 0.13.9
+LOCK_TOOLS := .cache/lock-tools
+LOCK_EXTRAS := train serve eval dev
+LOCK_TORCH_FLAGS ?= $(if $(wildcard /opt/wheels/torch-*+cpu-*.whl),--find-links /opt/wheels,--torch-backend cpu)
+
+lock: $(LOCK_TOOLS)/uv-$(UV_VERSION)
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml $(addprefix --extra ,$(LOCK_EXTRAS)) -c constraints-cpu.txt \
+		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes $(LOCK_TORCH_FLAGS) \
+		--no-emit-package torch --custom-compile-command "make lock" -q -o $(LOCK) $(LOCK_FLAGS)
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra cpu-engine -c constraints-cpu.txt -c $(LOCK) \
+		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes $(LOCK_TORCH_FLAGS) \
+		--no-emit-package torch --custom-compile-command "make lock" -q -o $(ENGINE_LOCK) $(LOCK_FLAGS)
+	@if grep -qE '^(nvidia-|triton==|cuda-)' $(LOCK); then \
+		echo "$(LOCK) names CUDA wheels: the resolver saw PyPI's CUDA torch, not the CPU build"; exit 1; fi
+
+lock-upgrade: LOCK_FLAGS = --upgrade
+lock-upgrade: lock
+
+$(LOCK_TOOLS)/uv-$(UV_VERSION):
+	rm -rf $(LOCK_TOOLS)
+	$(PYTHON) -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/pip install -q "uv==$(UV_VERSION)"
+	touch $@
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(LOCK_TOOLS) runs .pytest_cache

@@ -6,7 +6,7 @@ Set-up (three processes besides this one's runner):
 - the agent engine: the RECORDED agent (replaying StableToolBench's CoT runs of its 3 example
   queries) answering every chat completion after 50 ms;
 - the tools: the real virtual server (`serving/main_mirrorapi.py`, `is_save: false`, so every call
-  is a cache miss) in front of a stub simulator engine answering after 50 ms (bench/server.py's);
+  is a cache miss) in front of a stub simulator engine answering after 50 ms (mirrorapi/testing/fake_engines.py);
 - the queries: `--queries` copies of the 3 example queries (distinct ids; the recording matches
   them by their text).
 `runner_cpu_ms_per_step` = this process's CPU time (user + system) over the run / agent steps
@@ -16,7 +16,6 @@ agent engine held at once (each query has at most one). Targets: <= 2 ms, >= 64.
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import multiprocessing
 import subprocess
@@ -32,6 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from mirrorapi.evaluation.agent import AgentSettings, run_agent_async  # noqa: E402
 from mirrorapi.processes import free_port, stop, wait_until_ready  # noqa: E402
+from mirrorapi.testing.fake_engines import stub_engine_process  # noqa: E402
+from mirrorapi.versions import package_versions  # noqa: E402
 
 SAMPLES = REPO / "data" / "samples"
 STB = SAMPLES / "stabletoolbench"
@@ -48,15 +49,8 @@ def _agent_engine(port: int) -> None:
     uvicorn.run(agent.app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def _stub_simulator(port: int) -> None:
-    spec = importlib.util.spec_from_file_location("bench_server", REPO / "bench" / "server.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.stub_engine(port)  # answers every chat completion after 50 ms
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--queries", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=128)
     args = parser.parse_args()
@@ -68,9 +62,8 @@ def main() -> None:
     ctx = multiprocessing.get_context("spawn")
     agent_port, sim_port, server_port = free_port(), free_port(), free_port()
     agent = ctx.Process(target=_agent_engine, args=(agent_port,), daemon=True)
-    simulator = ctx.Process(target=_stub_simulator, args=(sim_port,), daemon=True)
+    simulator = stub_engine_process(sim_port, LATENCY)
     agent.start()
-    simulator.start()
     config = work / "server.yml"
     config.write_text(f"api_base: http://127.0.0.1:{sim_port}/v1\nmodel: stub\nport: {server_port}\n"
                       f"tools_folder: [{SAMPLES / 'tools'}, {work / 'G1_instruction.json'}]\nis_save: false\n"
@@ -91,6 +84,7 @@ def main() -> None:
         stop(server)
         agent.terminate()
         simulator.terminate()
+        simulator.wait(10)
     steps = stats["requests"]
     result = {"queries": args.queries, "concurrency": args.concurrency, "answered": run.done,
               "failed": len(run.failures), "agent_steps": steps, "wall_s": round(wall, 2),
@@ -99,6 +93,7 @@ def main() -> None:
               "simulator_latency_ms": 1000 * LATENCY, "targets": TARGETS}
     result["meets_targets"] = (result["runner_cpu_ms_per_step"] <= TARGETS["runner_cpu_ms_per_step"]
                                and result["peak_queries_in_flight"] >= TARGETS["peak_queries_in_flight"])
+    result["versions"] = package_versions()
     print(json.dumps(result, indent=2))
 
 

@@ -3,7 +3,7 @@
     python bench/cache_import_stall.py [--pairs ../shared/data/pairs/api-bank-generated.jsonl] [--rate 200]
 
 A server (`serving/main_mirrorapi.py`, the bundled sample tools, a stub engine answering every chat
-completion after 50 ms: bench/server.py's benchmark instrument) on a cache seeded with the real
+completion after 50 ms: mirrorapi/testing/fake_engines.py's benchmark instrument) on a cache seeded with the real
 API-Bank pairs. 20 paced keep-alive connections send `--rate` requests/s together: 16 send hits (seeded
 calls), 4 send misses (new calls: simulated, then stored by the writer thread before they are answered). Two seconds in,
 `mirrorapi cache import PAIRS --cache <the server's cache>` runs in its own process (20,000 real
@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_STALL_MS = 100.0
-ENGINE_LATENCY = 0.05  # bench/server.py's stub engine
+ENGINE_LATENCY = 0.05  # the stub engine's answer time
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"
 ONE_TRANSACTION = """
 import sys
@@ -145,7 +145,7 @@ def one_import(args, work: Path, engine_port: int, name: str, import_command) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--pairs", default=str(REPO.parent / "shared/data/pairs/api-bank-generated.jsonl"),
                         help="Pairs file the concurrent import reads.")
     parser.add_argument("--seed-pairs", default=str(REPO.parent / "shared/data/pairs/api-bank.jsonl"),
@@ -157,13 +157,14 @@ def main() -> None:
             sys.exit(f"bench/cache_import_stall.py: pairs file not found: {path}")
     sys.path.insert(0, str(REPO))
     from mirrorapi.processes import free_port
+    from mirrorapi.testing.fake_engines import stub_engine_process
+    from mirrorapi.versions import package_versions
 
     # The server and the import run this checkout's code.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-stall-"))
     engine_port = free_port()
-    engine = subprocess.Popen([sys.executable, str(REPO / "bench/server.py"), "--role", "stub-engine",
-                               "--port", str(engine_port)])
+    engine = stub_engine_process(engine_port, ENGINE_LATENCY)
     try:
         sliced = one_import(args, work, engine_port, "sliced", lambda db: [
             sys.executable, "-m", "mirrorapi.cli", "cache", "import", args.pairs, "--cache", str(db),
@@ -176,7 +177,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"rate_rps": args.rate, "import_pairs": args.pairs, "target_max_stall_ms": TARGET_STALL_MS,
                       "mirrorapi_cache_import": sliced, "one_transaction_import_for_comparison": one_transaction,
-                      "meets_target": sliced["max_stall_ms"] <= TARGET_STALL_MS and sliced["answers_lost"] == 0}))
+                      "meets_target": sliced["max_stall_ms"] <= TARGET_STALL_MS and sliced["answers_lost"] == 0,
+                      "versions": package_versions()}))
 
 
 if __name__ == "__main__":

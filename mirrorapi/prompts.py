@@ -21,13 +21,25 @@ Simulator formats
   as upstream builds them (cut at the first `_for_`), and the server's defaults for these formats are
   upstream's request settings (`STABLETOOLBENCH_REQUEST_SETTINGS`: seed 42, 2,048 tokens, no
   structured output).
+- `stabletoolbench-cot`: MirrorAPI's chain-of-thought mode. The `stabletoolbench` user message; the system
+  prompt (a user's file, like the other stabletoolbench formats) must start with the tag line
+  `[CHAIN_OF_THOUGHT]`, as StableToolBench's `COT_SYSTEM` does. The model answers
+  `{"mechanism_of_the_api", "error", "response"}`: the observation is `error`/`response`, the rationale
+  (`cot_rationale`) goes to the request log, never to the agent.
 
 Agent format
 - `agent-v1`: the tool-using agent of the benchmark runner (StableToolBench's CoT / DFS protocol):
   a system prompt with the task rules and the tool list, the query as the user message, and the
   "try something different" message DFS sends before a sibling branch. Our own wording of the
   protocol StableToolBench's agents follow (think, call one function per step, finish with
-  `Finish`, give up with `give_up_and_restart`).
+  `Finish`, give up with `give_up_and_restart`). The functions go to the engine as OpenAI `tools`.
+- `agent-react-v1`: the same protocol for a model whose engine cannot pass tool calls (a chat template
+  without tool support, e.g. SmolLM2's): a text protocol in the layout ToolBench's ReAct-style agents
+  used. The system prompt lists the functions with their JSON-schema arguments and asks for
+  `Thought: ...` / `Action: <function name>` / `Action Input: <JSON object>`; each result comes back
+  as a user message `Observation: <result>`. `parse_react_step` reads a reply into one call;
+  `react_conversation` renders the runner's history (StableToolBench's messages: `tool_calls`,
+  `tool` results) as that text, so answer files keep StableToolBench's format.
 
 Judge formats
 - `fac-v1`: query + final answer -> `Verdict: Solved|Unsolved` and `Reason: ...` on labelled lines.
@@ -35,6 +47,8 @@ Judge formats
   (StableToolBench's SoPR statuses; Unsure scores 0.5) and `Reason: ...`.
 - `sowr-v1`: query + two answers (A, B) with their tool calls -> `Preferred: A|B` and `Reason: ...`
   (the pairwise step of StableToolBench's SoWR).
+- `tooleyes-v1`: query + the trajectory's tool calls + final answer -> five labelled 0-10 ratings
+  (`Focus`, `Validity`, `Quality`, `Selection`, `Relevance`: five lines), ToolEyes' judged criteria.
 Both show the judge the text of the final answer (`extract_final_answer`), query and answer cut by
 `cut_judge_text`, for FAC, judge agreement and the judge's training data alike.
 """
@@ -53,11 +67,15 @@ from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.tools import ApiDoc
 
 SESSION_FORMAT = "mirrorapi-session-v1"
-SIMULATOR_FORMATS = ("mirrorapi-v1", SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache")
+COT_FORMAT = "stabletoolbench-cot"  # see the CoT block below
+SIMULATOR_FORMATS = ("mirrorapi-v1", SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache", COT_FORMAT)
 DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
 JUDGE_FORMATS = ("fac-v1", "sopr-v1")
-AGENT_FORMATS = ("agent-v1",)
+TOOLEYES_FORMAT = "tooleyes-v1"  # see the ToolEyes block below
+AGENT_FORMATS = ("agent-v1", "agent-react-v1")
 DEFAULT_AGENT_FORMAT = "agent-v1"
+# Agent formats in which the model acts through its text, not through the engine's tool calls.
+TEXT_AGENT_FORMATS = ("agent-react-v1",)
 PREFERENCE_FORMATS = ("sowr-v1",)
 DEFAULT_JUDGE_FORMAT = "fac-v1"
 
@@ -210,9 +228,11 @@ def simulator_messages(
         default_system = SIMULATOR_SYSTEM_SESSION_V1 if fmt == SESSION_FORMAT else SIMULATOR_SYSTEM_V1
         return [{"role": "system", "content": system_prompt or default_system},
                 {"role": "user", "content": "\n\n".join(parts)}]
-    if fmt in ("stabletoolbench", "stabletoolbench-cache"):
+    if fmt in ("stabletoolbench", "stabletoolbench-cache", COT_FORMAT):
         if not system_prompt:
             raise ValueError(f"prompt format {fmt!r} needs a system prompt (the MirrorAPI model's own, from a file)")
+        if fmt == COT_FORMAT:
+            check_cot_system_prompt(system_prompt)
         return [{"role": "system", "content": system_prompt},
                 {"role": "user", "content": _stabletoolbench_user(doc, arguments, fmt == "stabletoolbench-cache")}]
     raise ValueError(f"unknown simulator prompt format {fmt!r}; known: {', '.join(SIMULATOR_FORMATS)}")
@@ -281,6 +301,34 @@ def is_strict_observation(text: str) -> bool:
     except ValueError:
         return False
     return isinstance(obj, dict) and isinstance(obj.get("error"), str) and "response" in obj
+
+
+# ------------------------------------------------------------------------- chain-of-thought simulator
+# MirrorAPI's CoT mode (StableToolBench server/system_prompts.py `COT_SYSTEM`, commit aa4ed9f): the system
+# prompt's first line is the tag; the answer adds `mechanism_of_the_api` before `error` and `response`.
+COT_TAG = "[CHAIN_OF_THOUGHT]"
+COT_RATIONALE_KEY = "mechanism_of_the_api"
+_COT_RATIONALE = re.compile(r'"mechanism_of_the_api"\s*:\s*"(.*?)"\s*,\s*"error"', re.DOTALL)
+
+
+def check_cot_system_prompt(system_prompt: str) -> None:
+    """A CoT-mode system prompt starts with the tag line (the tag is what switches MirrorAPI to CoT)."""
+    if system_prompt.lstrip().split("\n", 1)[0].strip() != COT_TAG:
+        raise ValueError(f"prompt format {COT_FORMAT!r} needs a system prompt whose first line is {COT_TAG}")
+
+
+def cot_rationale(text: str) -> str:
+    """The `mechanism_of_the_api` of a CoT answer ("" when there is none): from its JSON, else (upstream's
+    answers put unescaped quotes in it) the text between its key and `"error"`."""
+    observation_text = (text or "").strip()
+    try:
+        value = json.loads(observation_text)
+        if isinstance(value, dict) and isinstance(value.get(COT_RATIONALE_KEY), str):
+            return value[COT_RATIONALE_KEY]
+    except ValueError:
+        pass
+    found = _COT_RATIONALE.search(observation_text)
+    return found.group(1) if found else ""
 
 
 # -------------------------------------------------------------------------------------- judge
@@ -422,6 +470,158 @@ AGENT_SYSTEM_V1 = (
 )
 
 
+AGENT_SYSTEM_REACT_V1 = (
+    "You are an agent that solves a user's task with the functions listed below. You use a function by "
+    "writing its name and arguments; its result is then shown to you.\n"
+    "Reply to every message in exactly this layout, then stop:\n"
+    "Thought: where you stand and what to do next, in at most five sentences\n"
+    "Action: the name of ONE function from the list\n"
+    "Action Input: the arguments of that function as one JSON object\n"
+    "The result comes back to you as \"Observation: ...\". Do not write observations yourself.\n"
+    "Rules:\n"
+    "1. A step cannot be undone. When you are stuck, or the functions keep failing, write \"Action: Finish\" "
+    "and \"Action Input: {\"return_type\": \"give_up_and_restart\"}\" to start over.\n"
+    "2. Always end with \"Action: Finish\" and \"Action Input: {\"return_type\": \"give_answer\", "
+    "\"final_answer\": \"...\"}\": the final answer is the only part the user sees, so make it complete.\n"
+    "3. Use the function names exactly as listed, never the tool names.\n"
+    "Task: answer the user's real-time query with the functions. You can use these tools:\n"
+    "{tools}\n"
+    "Functions (name: description; arguments as a JSON schema):\n"
+    "{functions}"
+)
+REACT_OBSERVATION = "Observation: "
+# What the model is told after a reply in which no `Action:` line was found.
+REACT_NO_ACTION = (REACT_OBSERVATION + "no action found in your reply. Reply with a \"Thought:\" line, an "
+                   "\"Action:\" line naming one function and an \"Action Input:\" line with its JSON arguments.")
+_REACT_LABEL = re.compile(r"^[\s*#>_`-]*(thought|action input|action|observation)[\s*_`]*:[\s*_]*",
+                          re.IGNORECASE | re.MULTILINE)
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def agent_function_list(functions: list[dict]) -> str:
+    """One line per function for text agent formats: `name: description; arguments: {json schema}`."""
+    lines = []
+    for schema in functions:
+        function = schema.get("function", schema)
+        parameters = json.dumps(function.get("parameters") or {}, ensure_ascii=False, separators=(",", ":"))
+        lines.append(f"{function.get('name')}: {function.get('description') or ''}; arguments: {parameters}")
+    return "\n".join(lines)
+
+
+class ReactStep:
+    """One `agent-react-v1` reply read as a step: the thought, at most one action and its arguments.
+
+    `arguments` is the Action Input as the function gets it (a JSON string); `problem` says what was
+    wrong with the reply's layout ("" when nothing was)."""
+
+    def __init__(self, thought: str, action: str | None, arguments: str | None, problem: str = ""):
+        self.thought, self.action, self.arguments, self.problem = thought, action, arguments, problem
+
+    def __repr__(self) -> str:
+        return f"ReactStep({self.thought!r}, {self.action!r}, {self.arguments!r}, {self.problem!r})"
+
+
+def _react_arguments(text: str) -> tuple[str, str]:
+    """(arguments, problem) from the text after `Action Input:`: JSON as written when it parses, else the
+    object json_repair recovers (small models leave quotes and braces open), else the text as it is."""
+    text = re.sub(r"^```(?:json)?\s*|\s*```\s*$", "", text.strip()).strip()
+    if not text:
+        return "{}", "empty Action Input"
+    try:
+        json.loads(text, strict=False)
+        return text, ""
+    except ValueError:
+        pass
+    if "{" in text:
+        repaired = json_repair.loads(text[text.index("{"):])
+        if isinstance(repaired, dict):
+            return json.dumps(repaired, ensure_ascii=False), "Action Input repaired"
+    return text, "Action Input is not JSON"
+
+
+def parse_react_step(text: str) -> ReactStep:
+    """Read an `agent-react-v1` reply. The first `Action:` is the step's one call; what follows an
+    `Observation:` line the model wrote itself is dropped (it is not a result). Labels are matched
+    without regard to case or markdown (`**Action:**`). An action without `Action Input` gets `{}`."""
+    text = text or ""
+    parts: list[tuple[str, str]] = []  # (label, text) in order
+    found = list(_REACT_LABEL.finditer(text))
+    lead = text[:found[0].start()] if found else text
+    for index, match in enumerate(found):
+        end = found[index + 1].start() if index + 1 < len(found) else len(text)
+        parts.append((match.group(1).lower(), text[match.end():end].strip()))
+    thought_parts, action, arguments, problems = [lead.strip()] if lead.strip() else [], None, None, []
+    for label, body in parts:
+        if label == "observation":
+            if action is not None:
+                problems.append("wrote an Observation itself (dropped)")
+            break
+        if label == "thought" and action is None:
+            thought_parts.append(body)
+        elif label == "action" and action is None:
+            name = _FUNCTION_NAME.match(body.strip("`'\"* "))
+            action = name.group(0) if name else ""
+        elif label == "action input" and action is not None and arguments is None:
+            arguments, problem = _react_arguments(body)
+            problems += [problem] if problem else []
+        elif action is not None:
+            problems.append("more than one action; the first is taken")
+            break
+    thought = "\n".join(thought_parts).strip()
+    if action is None:
+        return ReactStep(thought, None, None, "no Action line")
+    if arguments is None:
+        arguments, problems = "{}", problems + ["no Action Input"]
+    return ReactStep(thought, action, arguments, "; ".join(problems))
+
+
+# A JSON object in GBNF (llama.cpp's grammar language); whitespace kept short so a model cannot loop in it.
+_GBNF_JSON = r"""object ::= "{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* )? ws "}"
+value ::= object | array | string | number | "true" | "false" | "null"
+array ::= "[" ws ( value ( ws "," ws value )* )? ws "]"
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\""
+number ::= "-"? [0-9]+ ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+ws ::= " "?
+"""
+
+
+def react_grammar(function_names: list[str], thought_chars: int = 400) -> str:
+    """A GBNF grammar of one `agent-react-v1` reply: a one-line thought (at most `thought_chars` characters),
+    one of `function_names`, a JSON object. For engines with grammar-constrained decoding (llama.cpp's
+    servers take it as the request's `grammar`), so a model that does not keep the layout still acts."""
+    names = " | ".join(json.dumps(name) for name in dict.fromkeys(function_names))
+    return (f'root ::= "Thought: " thought "\\nAction: " action "\\nAction Input: " object\n'
+            f"thought ::= [^\\n]{{1,{thought_chars}}}\naction ::= {names}\n" + _GBNF_JSON)
+
+
+def render_react_step(thought: str, calls: list[tuple[str, str]]) -> str:
+    """An assistant step (its text, its calls as (name, arguments)) in the `agent-react-v1` layout."""
+    lines = [f"Thought: {thought.strip()}"] if thought and thought.strip() else []
+    for name, arguments in calls:
+        lines += [f"Action: {name}", f"Action Input: {arguments}"]
+    return "\n".join(lines) or "Thought:"
+
+
+def react_conversation(messages: list[dict]) -> list[dict]:
+    """The runner's history (StableToolBench's messages) as `agent-react-v1` text messages: assistant steps
+    rendered as Thought / Action / Action Input, each tool result as a user message `Observation: ...`,
+    and after a reply without an action, the reminder of the layout."""
+    out: list[dict] = []
+    for message in messages:
+        role, content = message.get("role"), message.get("content") or ""
+        if role == "assistant":
+            calls = [((c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments", ""))
+                     for c in message.get("tool_calls") or []]
+            out.append({"role": "assistant", "content": render_react_step(content, calls)})
+            if not calls:
+                out.append({"role": "user", "content": REACT_NO_ACTION})
+        elif role in ("tool", "function"):
+            out.append({"role": "user", "content": REACT_OBSERVATION + content})
+        else:
+            out.append({"role": role, "content": content})
+    return out
+
+
 def agent_tool_list(tools: list[tuple[str, str]]) -> str:
     """The numbered tool list of the agent's system prompt: `1.<std_tool>: <description>`.
 
@@ -436,12 +636,15 @@ def agent_tool_list(tools: list[tuple[str, str]]) -> str:
 
 
 def agent_messages(query: str, tools: list[tuple[str, str]], fmt: str = DEFAULT_AGENT_FORMAT,
-                   system_prompt: str | None = None) -> list[dict]:
+                   system_prompt: str | None = None, functions: list[dict] = ()) -> list[dict]:
     """The first two messages of an agent run. `system_prompt` (a user's own text, e.g. from a file)
-    replaces ours; `{tools}` in it is replaced by the tool list."""
+    replaces ours; `{tools}` in it is replaced by the tool list, `{functions}` by the function list
+    (`functions`: the OpenAI tool schemas, which text formats show in the prompt)."""
     if fmt not in AGENT_FORMATS:
         raise ValueError(f"unknown agent prompt format {fmt!r}; known: {', '.join(AGENT_FORMATS)}")
-    system = (system_prompt or AGENT_SYSTEM_V1).replace("{tools}", agent_tool_list(tools))
+    default = AGENT_SYSTEM_REACT_V1 if fmt == "agent-react-v1" else AGENT_SYSTEM_V1
+    system = (system_prompt or default).replace("{tools}", agent_tool_list(tools))
+    system = system.replace("{functions}", agent_function_list(functions))
     # The query between newlines and a closing "Begin!": the user-message layout StableToolBench's
     # agents were trained with.
     return [{"role": "system", "content": system}, {"role": "user", "content": f"\n{query}\nBegin!\n"}]
@@ -494,3 +697,32 @@ def parse_preference(text: str) -> tuple[str | None, str]:
         choice = first.upper() if first.upper() in ("A", "B") else None
     reason = _REASON.search(text[found.end():] if found else text)
     return choice, (reason.group(1).strip() if reason else "")
+
+
+# ------------------------------------------------------------------------------- ToolEyes judge (tooleyes-v1)
+# ToolEyes' judged criteria (arXiv 2401.00741; Code/Evaluation/util/utils.py reads them as thought_foucus,
+# thought_validity, thought_quality, action_thought_match, relavance, each 0-10), in our own words.
+TOOLEYES_RATINGS = ("focus", "validity", "quality", "selection", "relevance")
+TOOLEYES_SYSTEM_V1 = (
+    "You rate how an AI assistant used tools to serve a user's query. You see the query, the tool calls it made "
+    "(with what they returned) and its final answer. Rate each criterion from 0 (worst) to 10 (best):\n"
+    "Focus: its steps stay on what the user asked, without drifting to other goals.\n"
+    "Validity: its plan of calls is feasible and each step follows from what came before.\n"
+    "Quality: the plan is efficient and complete, without useless or repeated calls.\n"
+    "Selection: each tool called suits the step it was called for.\n"
+    "Relevance: the final answer addresses the query with the information the tools returned.\n"
+    "Reply with exactly five lines:\nFocus: N\nValidity: N\nQuality: N\nSelection: N\nRelevance: N")
+_RATING = re.compile(r"^[\s*#>_-]*(focus|validity|quality|selection|relevance)[\s*_]*[:：][\s*_]*(\d+(?:\.\d+)?)",
+                     re.IGNORECASE | re.MULTILINE)
+
+
+def tooleyes_messages(query: str, steps: str, answer: str) -> list[dict]:
+    user = (f"Query:\n{cut_judge_text(query)}\n\nTool calls:\n{steps or '(none)'}\n\n"
+            f"Final answer:\n{cut_judge_text(answer) or '(none)'}")
+    return [{"role": "system", "content": TOOLEYES_SYSTEM_V1}, {"role": "user", "content": user}]
+
+
+def parse_tooleyes_ratings(text: str) -> dict[str, float] | None:
+    """The five ratings (clipped to 0-10) of a `tooleyes-v1` answer; None unless all five are there."""
+    found = {name.lower(): min(10.0, float(value)) for name, value in _RATING.findall(text or "")}
+    return found if set(found) >= set(TOOLEYES_RATINGS) else None

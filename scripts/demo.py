@@ -21,8 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
+                                     allow_abbrev=False)
     parser.add_argument("--quick", action="store_true", help="Fewer training steps and requests (about 1-2 minutes).")
+    parser.add_argument("--real", action="store_true",
+                        help="SmolLM2-135M-Instruct for the simulator and the judge (mirrorapi models get; "
+                             "llama.cpp's server when `make engine` installed it), beside the tiny model.")
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "demo",
                         help="Where to build, keep and report (default runs/demo).")
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared" / "data",
@@ -56,11 +60,14 @@ def main(argv=None) -> int:
     progress.propagate = False
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
+    if args.real and args.quick:
+        make_parser().error("--real and --quick: choose one (--quick is the tiny model's short run)")
     shared = None if args.samples or not args.shared.is_dir() else args.shared
-    print(f"mirrorapi demo{' (quick)' if args.quick else ''}: the whole loop on a CPU with a tiny model; "
+    model = "SmolLM2-135M-Instruct" if args.real else "a tiny model"
+    print(f"mirrorapi demo{' (quick)' if args.quick else ''}: the whole loop on a CPU with {model}; "
           f"work folder {args.work_dir}", flush=True)
     try:
-        report = run_demo(DemoOptions(args.work_dir, shared, args.quick))
+        report = run_demo(DemoOptions(args.work_dir, shared, args.quick, args.real))
     except DemoError as exc:
         what = "interrupted during" if exc.interrupted else "failed at"
         print(f"demo {what} step {exc.number} ({exc.step})" + ("" if exc.interrupted else f": {exc}"), file=sys.stderr)

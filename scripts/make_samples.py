@@ -35,7 +35,7 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--shared", default="../shared/data", type=Path)
     parser.add_argument("--out", default="data/samples", type=Path)
     args = parser.parse_args()

@@ -13,7 +13,7 @@ from mirrorapi.training.tiny_model import build_tiny_model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--out", required=True, type=Path, help="Folder to write the model into.")
     parser.add_argument("--corpus", nargs="+", type=Path, help="Text/JSON/JSONL files to train the tokenizer on "
                         "(default: the bundled data/samples).")

@@ -17,7 +17,7 @@ from mirrorapi.serving.config import add_server_arguments, settings_from_args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="main_mirrorapi.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="main_mirrorapi.py", description=__doc__.splitlines()[0], allow_abbrev=False)
     args = add_server_arguments(parser).parse_args(argv)
     try:
         serve(settings_from_args(args))

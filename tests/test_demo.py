@@ -278,3 +278,13 @@ def test_a_failing_step_is_named_and_everything_is_stopped(first_run):
     assert "training" in report  # the steps before the failure are in the report
     assert "failed at step 3 (serve)" in (folder / "report.md").read_text()
     assert (first_run.work / "latest").resolve() == first_run.report_dir.resolve()
+
+
+def test_the_docs_commands_that_start_no_engine_run_against_this_demo(first_run, tmp_path):
+    """The README's and docs' commands that neither train nor start an engine (tool and cache commands, data
+    builders, --help), run as written in a clone whose runs/demo/latest is this demo's."""
+    from test_readme import cheap_commands, run_as_in_a_clone
+
+    commands = cheap_commands()
+    assert len(commands) >= 10
+    assert not (failures := run_as_in_a_clone(commands, first_run.work / "latest", tmp_path)), "\n".join(failures)

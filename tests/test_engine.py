@@ -1,17 +1,19 @@
 """EngineClient against a real `transformers serve`, and against engines that are down or hang."""
 
 import asyncio
-import contextlib
-import http.server
-import socket
-import threading
 import time
 
 import openai
 import pytest
 
 from mirrorapi.engine_client import EngineClient, EngineError
-from mirrorapi.processes import free_port
+from mirrorapi.testing.fake_engines import HungEngine, StatusEngine, unreachable_engine_url
+
+
+@pytest.fixture()
+def hung_engine():
+    with HungEngine() as engine:
+        yield engine
 
 
 @pytest.mark.slow
@@ -63,10 +65,8 @@ def test_a_streamed_call_given_up_on_stops_costing_the_engine(tiny_engine):
 
 
 def test_engine_down_is_an_error_within_the_deadline():
-    port = free_port()  # nothing listens there
-
     async def run():
-        engine = EngineClient([f"http://127.0.0.1:{port}/v1"], "m", timeout=3, retries=2, backoff=0.1)
+        engine = EngineClient([unreachable_engine_url()], "m", timeout=3, retries=2, backoff=0.1)
         try:
             health = await engine.health()
             start = time.monotonic()
@@ -81,27 +81,9 @@ def test_engine_down_is_an_error_within_the_deadline():
     assert elapsed < 3.5
 
 
-def test_engine_that_never_answers_times_out():
-    # Fake engine (a fault we cannot provoke with a real one): accepts connections, never replies.
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    port = server.getsockname()[1]
-    held = []
-    stop = threading.Event()
-
-    def accept():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                pass
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-
+def test_engine_that_never_answers_times_out(hung_engine):
     async def run():
-        engine = EngineClient([f"http://127.0.0.1:{port}/v1"], "m", timeout=1.5, retries=3, backoff=0.1)
+        engine = EngineClient([hung_engine.url], "m", timeout=1.5, retries=3, backoff=0.1)
         try:
             start = time.monotonic()
             with pytest.raises(EngineError) as err:
@@ -109,14 +91,7 @@ def test_engine_that_never_answers_times_out():
             return err.value, time.monotonic() - start
         finally:
             await engine.aclose()
-    try:
-        error, elapsed = asyncio.run(run())
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
+    error, elapsed = asyncio.run(run())
     assert error.kind == "timeout"
     assert 1.4 < elapsed < 2.5  # one deadline for all attempts
 
@@ -124,110 +99,28 @@ def test_engine_that_never_answers_times_out():
 
 @pytest.mark.parametrize("status, attempts", [(400, 1), (503, 3)])
 def test_rejected_requests_are_not_retried_server_errors_are(status, attempts):
-    # Fake engine (a fault we cannot provoke: `transformers serve` answers 500 even to a malformed
-    # request): answers every chat completion with `status`, counting them.
-    seen = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["content-length"]))
-            seen.append(self.path)
-            self.send_response(status)
-            self.send_header("content-length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-
-    async def run():
-        engine = EngineClient([f"http://127.0.0.1:{server.server_port}/v1"], "m", timeout=10, retries=2, backoff=0.05)
+    # A StatusEngine: `transformers serve` cannot be made to answer a chosen status (it answers 500
+    # even to a malformed request).
+    async def run(url):
+        engine = EngineClient([url], "m", timeout=10, retries=2, backoff=0.05)
         try:
             with pytest.raises(EngineError) as err:
                 await engine.chat([{"role": "user", "content": "hi"}])
             return err.value
         finally:
             await engine.aclose()
-    try:
-        error = asyncio.run(run())
-    finally:
-        server.shutdown()
-        server.server_close()
+    with StatusEngine(status) as engine:
+        error = asyncio.run(run(engine.url))
     assert (error.kind, error.status) == ("http", status)
-    assert seen == ["/v1/chat/completions"] * attempts
+    assert engine.paths == ["/v1/chat/completions"] * attempts
 
 
 # ------------------------------------------------------------------------------ replicas (issue 11)
-class HungEngine:
-    """Fake engine (a fault we cannot provoke with a real one): accepts connections and never answers,
-    until `heal(url)`: from then on new connections are relayed byte for byte to the real engine at
-    `url`, as when a network path or a stalled replica comes back."""
-
-    def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.1)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
-        self.target: tuple[str, int] | None = None
-        self.connections = 0  # accepted while hung
-        self.relayed = 0  # accepted once healed
-        self.relayed_posts = 0  # chat completions relayed (connections are kept alive and reused)
-        self.held: list[socket.socket] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def heal(self, url: str) -> None:
-        host, port = url.split("//")[1].split("/")[0].split(":")
-        self.target = (host, int(port))
-
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn = self.listener.accept()[0]
-            except OSError:
-                continue
-            self.held.append(conn)
-            if self.target is None:
-                self.connections += 1
-                continue
-            self.relayed += 1
-            upstream = socket.create_connection(self.target)
-            self.held.append(upstream)
-            for source, sink in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=self._pipe, args=(source, sink, source is conn), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if from_client:
-                    self.relayed_posts += data.count(b"POST /v1/chat/completions")
-                sink.sendall(data)
-        with contextlib.suppress(OSError):
-            sink.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        for conn in self.held:
-            conn.close()
-        self.listener.close()
-
-
-@pytest.fixture()
-def hung_engine():
-    engine = HungEngine()
-    yield engine
-    engine.close()
-
-
 def test_an_attempt_that_can_move_on_has_its_own_timeout(hung_engine):
     # [hung, down]: the hung replica is given up after the attempt timeout and the call moves on (it
     # ends as `unreachable`: nothing listens on the second). Old behaviour: the first attempt took the
     # whole 30 s deadline.
-    down = f"http://127.0.0.1:{free_port()}/v1"
+    down = unreachable_engine_url()
 
     async def run():
         engine = EngineClient([hung_engine.url, down], "m", timeout=30, attempt_timeout=0.5, retries=1)

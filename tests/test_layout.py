@@ -27,7 +27,6 @@ def test_import_contracts_hold():
     assert lint, "import-linter is not installed (it is in the dev extra)"
     result = subprocess.run([lint, "--config", str(REPO / ".importlinter")], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "0 broken" in result.stdout
 
 
 def test_a_broken_contract_is_reported(tmp_path):
@@ -37,10 +36,11 @@ def test_a_broken_contract_is_reported(tmp_path):
     handler = copy / "serving" / "handler.py"
     handler.write_text(handler.read_text() + "\nfrom mirrorapi.evaluation import judging  # noqa\n")
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
-    result = subprocess.run([lint, "--config", str(REPO / ".importlinter")], cwd=tmp_path, capture_output=True,
-                            text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert result.returncode != 0
-    assert "Serving imports nothing from data, training or evaluation BROKEN" in result.stdout
+    def check(contract: str) -> int:
+        return subprocess.run([lint, "--config", str(REPO / ".importlinter"), "--contract", contract], cwd=tmp_path,
+                              capture_output=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}).returncode
+    assert check("serving") != 0  # the contract the new import breaks
+    assert check("protocol") == 0  # and not one it leaves alone: the check tells them apart
 
 
 def _deferred_own_imports(path: Path) -> list[str]:

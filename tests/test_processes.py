@@ -13,9 +13,12 @@ import pytest
 
 from mirrorapi.processes import ProcessExited, stop, wait_until_ready
 
-# A child that says it is ready once its signal handlers are set, then sleeps.
+# A child that says it is ready once its signal handlers are set, then sleeps. SIGINT and SIGTERM start at
+# their default action: a child of a shell job started in the background inherits SIGINT ignored.
 IGNORING = """
 import signal, sys, time
+for name in ("SIGINT", "SIGTERM"):
+    signal.signal(getattr(signal, name), signal.SIG_DFL)
 for name in sys.argv[1:]:
     signal.signal(getattr(signal, name), signal.SIG_IGN)
 print("ready", flush=True)

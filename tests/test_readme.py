@@ -1,98 +1,418 @@
-"""The README as a newcomer follows it: one way to start a CPU engine, clients that send the model
-name that engine serves, no placeholder paths, and that name accepted by a real engine started
-through the script (`transformers serve` is pinned to the exact string it was started with)."""
+"""Every command of the README and of docs/*.md runs as written in a fresh clone after `make demo`.
+
+The commands are the lines of the pages' ```sh blocks (```sh gpu: GPU hosts; their vLLM engines are not started
+here, everything else is checked the same way; ```text blocks are output). For each command: its program
+resolves (a console script of the venv, an executable scripts/*.sh, a script file given to .venv/bin/python, a
+make target, a system tool), it holds no placeholder, every path it reads exists by then (in the repository,
+under runs/demo/latest/, whose names tests/test_demo.py checks after a real demo run, written by an earlier
+command of the same page, or in ../shared when that is there), and its arguments pass the real parser of the
+script or subcommand, which is called without running anything after it. CPU engines: one way to start them,
+clients that send the model name the engine serves (`transformers serve` is pinned to the exact string it was
+started with; the slow test below proves that against a real engine). Running the cheap commands for real
+against a real demo's folder: tests/test_demo.py.
+"""
 
 from __future__ import annotations
 
+import argparse
+import ast
+import contextlib
+import importlib
+import io
 import os
 import re
+import runpy
+import shlex
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
 import pytest
+import yaml
 
 from mirrorapi.processes import RunningEngine, free_port, stop, wait_until_engine_answers
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "serve_engine_cpu.sh"
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+VENV_BIN = Path(sys.executable).parent  # the venv the tests run in: `make venv`'s .venv
+SHARED = REPO.parent / "shared"
+
+# Programs of the GPU extras (`pip install -e ".[...,vllm]"`), which a CPU venv does not have.
+GPU_PROGRAMS = {".venv/bin/vllm"}
+SHELL_BUILTINS = {"export", "kill", "jobs", "wait", "cd"}
+# Programs of the venv: written bare, they are not on the PATH `make venv` leaves (or are another Python's).
+VENV_PROGRAMS = {"python", "python3", "pip", "mirrorapi", "accelerate", "transformers", "vllm", "pytest"}
+# Flags whose value a command writes (a file or a folder), not reads.
+OUTPUT_FLAGS = {"--out", "--output_dir", "--cache-path", "--keep", "--work-dir", "--models-dir", "--write-pairs"}
+# The repository's own top folders: a path under one of them must be in the clone.
+REPO_FOLDERS = ("data", "training", "serving", "eval", "scripts", "bench", "tests", "docs", "mirrorapi")
+# All-caps words that are values, not stand-ins: an API key value, file stems.
+CAPS_VALUES = {"EMPTY", "README"}
 
 
-# How a command line of the README starts (its other code blocks are diagrams and sample output).
-COMMAND = re.compile(r"(\.venv/bin/|scripts/|make |curl |export |rm |accelerate |vllm |pip |python |transformers )")
+@dataclass
+class Command:
+    page: str
+    line: str  # as written, continuation lines joined, the comment dropped
+    argv: list[str]  # the words after VAR=value prefixes, `&` dropped
+    env: dict[str, str] = field(default_factory=dict)
+    gpu: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.page}: {self.line}"
 
 
-def readme_commands() -> list[str]:
-    """Every command of the README's CPU code blocks (those that start no vLLM engine: GPU hosts only),
-    continuation lines joined, comments dropped."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def page_commands(page: Path) -> list[Command]:
+    text = page.read_text(encoding="utf-8")
     commands = []
-    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
-        if re.search(r"^(vllm serve|scripts/serve_engine_vllm)", block, re.MULTILINE):
-            continue
-        for command in block.replace("\\\n", " ").splitlines():
-            command = re.sub(r"\s+#\s.*$", "", command).strip()
-            if COMMAND.match(command):
-                commands.append(command)
+    for info, block in re.findall(r"^```sh( gpu)?\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+        pending = ""
+        for line in block.replace("\\\n", " ").splitlines():
+            line = f"{pending}\n{line}" if pending else line
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:  # a quoted string goes on on the next line (a curl body)
+                pending = line
+                continue
+            pending = ""
+            if not words:
+                continue
+            env = {}
+            while re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+                key, value = words.pop(0).split("=", 1)
+                env[key] = value
+            if words[-1] == "&":
+                words.pop()
+            line = re.sub(r"\s+#\s.*$", "", line).replace("\n", " ").strip()
+            commands.append(Command(page.relative_to(REPO).as_posix(), line, words, env, gpu=bool(info)))
     return commands
 
 
-def test_every_client_sends_the_name_its_cpu_engine_serves():
-    started: dict[str, str] = {}  # port -> the folder the script was started on
-    clients = 0
-    for command in readme_commands():
-        assert not re.match(r"(\S*/)?transformers serve", command), f"not through the script: {command}"
-        if engine := re.match(r"scripts/serve_engine_cpu\.sh (\S+) (\d+)", command):
-            started[engine.group(2)] = engine.group(1)
-            continue
-        model = re.search(r'--model "\$PWD/([^"]+)"|"model": "\'"\$PWD"\'/([^"]+)"', command)
-        if not model:
-            continue
-        clients += 1
-        folder = model.group(1) or model.group(2)
-        port = re.search(r"(?:--base-url|--api-base) http://127\.0\.0\.1:(\d+)|127\.0\.0\.1:(\d+)/v1/chat", command)
-        # The virtual server's own `api_base` is the config's 12345 unless given.
-        port = (port.group(1) or port.group(2)) if port else "12345"
-        assert started.get(port) == folder, f"{command}\n sends $PWD/{folder} to port {port}, which serves " \
-                                            f"{started.get(port, 'nothing started before it')}"
-    assert clients >= 5  # server, FAC, judge agreement, fidelity server, the training section's check
+def all_commands() -> list[Command]:
+    return [command for page in PAGES for command in page_commands(page)]
 
 
-def test_no_placeholder_paths():
-    for command in readme_commands():
-        for placeholder in ("HELDOUT.jsonl", "TRAIN.jsonl", "../StableToolBench", "LOCAL_MODEL_DIR", "train_sft.json"):
-            assert placeholder not in command, command
-
-
-def test_inputs_exist_or_are_built_before_use():
-    """A runs/ path a command reads is under runs/demo/latest (whose names tests/test_demo.py checks
-    after a real demo run) or was written by an earlier README command."""
-    written: set[str] = set()
-    for command in readme_commands():
-        if command.startswith("rm "):
-            continue
-        outputs = set(re.findall(r"(?:--out|--output_dir|--cache-path|cache import \S+ --cache|cache export) "
-                                 r"(runs/[\w./-]+)", command))
-        for path in set(re.findall(r"(?<![\w/$])runs/[\w./-]+", command)) - outputs:
-            assert path.startswith("runs/demo/latest/") or any(path.startswith(w) or w.startswith(path + "/")
-                                                                for w in written), \
-                f"{path} is read before any command writes it: {command}"
-        written |= outputs
-        if "training/configs/tiny_cpu.yaml" in command and "--output_dir" not in command:
-            written.add("runs/tiny-simulator")  # the recipe's own output_dir
+def readme_commands() -> list[str]:
+    """The command lines of every page's CPU blocks (tests/test_demo.py reads their runs/demo/latest names)."""
+    return [command.line for command in all_commands() if not command.gpu]
 
 
 def readme_demo_paths() -> set[str]:
-    """The names under runs/demo/latest/ that README commands use."""
+    """The names under runs/demo/latest/ that the pages' commands use."""
     return {re.match(r"runs/demo/latest/([\w.-]+)", p).group(1) for c in readme_commands()
             for p in re.findall(r"runs/demo/latest/[\w.-]+", c)}
+
+
+def test_the_pages_have_commands_and_the_readme_is_short():
+    assert len(PAGES) >= 6 and all(page_commands(page) for page in PAGES)
+    assert len((REPO / "README.md").read_text(encoding="utf-8").splitlines()) <= 300
+
+
+# ------------------------------------------------------------------------------------------ programs
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(encoding="utf-8"), re.MULTILINE))
+
+
+def extras() -> set[str]:
+    import tomllib
+
+    return set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+
+
+def program_problem(command: Command) -> str | None:
+    """Why the command's program would not run here, or None."""
+    program, args = command.argv[0], command.argv[1:]
+    if program.startswith(".venv/bin/"):
+        if command.gpu and program in GPU_PROGRAMS:
+            return None
+        if not (VENV_BIN / program.removeprefix(".venv/bin/")).is_file():
+            return f"{program} is not in the venv"
+        if program == ".venv/bin/python":
+            if args[:1] == ["-m"]:
+                return None if importlib.util.find_spec(args[1]) else f"no module {args[1]}"
+            if not args or not (REPO / args[0]).is_file():
+                return f"{args[:1]} is not a script of the repository"
+        if program == ".venv/bin/pip" and args[:2] == ["install", "-e"]:
+            unknown = set(re.fullmatch(r"\.\[([\w,]+)\]", args[2]).group(1).split(",")) - extras()
+            return f"unknown extras {unknown}" if unknown else None
+        return None
+    if program.startswith("scripts/"):
+        path = REPO / program
+        return None if path.is_file() and os.access(path, os.X_OK) else f"{program} is not an executable script"
+    if program == "make":
+        unknown = [a for a in args if "=" not in a and a not in make_targets()]
+        return f"no make target {unknown}" if unknown else None
+    if program in VENV_PROGRAMS:
+        return f"a bare {program}: write .venv/bin/{program}"
+    if program in SHELL_BUILTINS or shutil.which(program):
+        return None
+    return f"{program} is not on the PATH"
+
+
+def test_every_program_resolves():
+    problems = [f"{c}\n  {p}" for c in all_commands() if (p := program_problem(c))]
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------ placeholders
+def placeholder_in(command: Command) -> str | None:
+    if "..." in command.line or "…" in command.line:
+        return "..."
+    if re.search(r"<[\w |./-]+>|\[--", command.line):
+        return "<...> or [--optional]"
+    for word in command.argv[1:]:
+        if "://" in word or word.startswith(("{", "$")) or ":" in word:  # URLs, JSON bodies, headers
+            continue
+        word = re.sub(r"^[A-Z_][A-Z0-9_]*=", "", word)  # a make variable: DEMO_ARGS=--quick
+        for part in re.split(r"[/=,]", word.removeprefix("$PWD/")):
+            stem = part.split(".")[0]
+            if re.fullmatch(r"[A-Z][A-Z0-9_]+", stem) and stem not in CAPS_VALUES:
+                return stem
+    for name in re.findall(r"\$\{?(\w+)", command.line):
+        if name != "PWD":
+            return f"${name}"  # checked against the page's exports in test_no_placeholders
+    return None
+
+
+def test_no_placeholders():
+    for page in PAGES:
+        exported: set[str] = set()
+        for command in page_commands(page):
+            if command.argv[0] == "export":
+                exported |= {word.split("=")[0] for word in command.argv[1:]}
+            found = placeholder_in(command)
+            if found and not (found.startswith("$") and found[1:] in exported):
+                pytest.fail(f"{command}\n  holds the placeholder {found}")
+            for name in ("HELDOUT.jsonl", "TRAIN.jsonl", "../StableToolBench", "LOCAL_MODEL_DIR", "train_sft.json"):
+                assert name not in command.line, command
+
+
+# ------------------------------------------------------------------------------------------ paths
+def recipe(path: str) -> dict:
+    return yaml.safe_load((REPO / path).read_text(encoding="utf-8"))
+
+
+def recipe_outputs() -> set[str]:
+    return {recipe(f"training/configs/{p.name}")["output_dir"] for p in (REPO / "training/configs").glob("*.yaml")}
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def reads_and_writes(command: Command) -> tuple[set[str], set[str]]:
+    """The paths a command reads and those it writes (relative to the repository root)."""
+    argv = [word.removeprefix("$PWD/") for word in command.argv]
+    writes = {argv[i + 1] for i, word in enumerate(argv[:-1]) if word in OUTPUT_FLAGS}
+    if argv[:3] == [".venv/bin/mirrorapi", "cache", "import"]:
+        writes.add(flag_value(argv, "--cache"))
+    if argv[:3] == [".venv/bin/mirrorapi", "cache", "export"]:
+        writes.add(argv[3])
+    if config := flag_value(argv, "--config"):
+        if config.startswith("training/configs/"):  # a recipe: it reads its model and data, writes output_dir
+            keys = recipe(config)
+            writes.add(flag_value(argv, "--output_dir") or keys["output_dir"])
+            argv = argv + [flag_value(argv, "--model_name_or_path") or keys["model_name_or_path"],
+                           flag_value(argv, "--dataset_path") or keys["dataset_path"]]
+    if argv[0] == "rm":
+        return set(), set()
+    paths = {word for word in argv[1:] if re.match(rf"(runs|\.\./shared|{'|'.join(REPO_FOLDERS)})/", word)}
+    return paths - writes, writes
+
+
+def path_problem(path: str, written: set[str]) -> str | None:
+    if path.startswith("runs/"):
+        if path.startswith("runs/demo/latest/") or any(path == w or path.startswith(w + "/") or
+                                                       w.startswith(path + "/") for w in written):
+            return None
+        if any(path == w or path.startswith(w + "/") for w in recipe_outputs()):
+            return None  # a trained model: the output_dir of a training recipe (training.md)
+        return "is read before any command of the page writes it"
+    if path.startswith("../shared/"):
+        if not SHARED.is_dir():
+            return None
+        return None if list(REPO.glob(path)) or (REPO / path).exists() else "is not in ../shared"
+    return None if list(REPO.glob(path)) else "is not in the repository"
+
+
+def test_inputs_exist_or_are_built_before_use():
+    """A path a command reads is in the clone, in ../shared, under runs/demo/latest or written by an earlier
+    command of the same page (or a training recipe's output_dir: a trained model)."""
+    problems = []
+    for page in PAGES:
+        written: set[str] = set()
+        for command in page_commands(page):
+            reads, writes = reads_and_writes(command)
+            problems += [f"{command}\n  {path} {why}" for path in sorted(reads)
+                         if (why := path_problem(path, written))]
+            written |= writes
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------ flags
+class _Parsed(Exception):
+    """Raised by the outermost parse_known_args: the real parser accepted the arguments; nothing runs after."""
+
+    def __init__(self, extras: list[str]):
+        self.extras = extras
+
+
+@contextlib.contextmanager
+def parse_only():
+    """argparse parsers parse as usual (an error exits with status 2), then raise _Parsed instead of returning."""
+    original = argparse.ArgumentParser.parse_known_args
+    depth = 0
+
+    def parse_known_args(self, args=None, namespace=None):
+        nonlocal depth
+        depth += 1
+        try:
+            namespace, extras = original(self, args, namespace)
+        finally:
+            depth -= 1
+        if depth == 0:  # not a subcommand's parser inside its parent's
+            raise _Parsed(extras)
+        return namespace, extras
+
+    argparse.ArgumentParser.parse_known_args = parse_known_args
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.parse_known_args = original
+
+
+def parse_problem(target: str, args: list[str]) -> str | None:
+    """Run the script (or `mirrorapi`) with `args` until its argument parser has accepted or refused them."""
+    argv0 = str(REPO / target) if target.endswith(".py") else target
+    saved_argv, err = sys.argv, io.StringIO()
+    sys.argv = [argv0, *args]
+    try:
+        with parse_only(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            if target == "mirrorapi":
+                from mirrorapi.cli import main
+
+                main(args)
+            else:
+                runpy.run_path(argv0, run_name="__main__")
+    except _Parsed as parsed:
+        after_dashes = args[args.index("--") + 1:] if "--" in args else []
+        unknown = [a for a in parsed.extras if a not in after_dashes and a != "--"]
+        return f"unknown arguments {unknown}" if unknown else None
+    except SystemExit as exit_:
+        if exit_.code == 0 and "--help" in args:
+            return None
+        return f"exit {exit_.code}: {err.getvalue().strip()[-500:]}"
+    finally:
+        sys.argv = saved_argv
+    return "the script ran past its argument parser without parsing"
+
+
+def parse_targets(command: Command) -> list[tuple[str, list[str]]]:
+    """(script or 'mirrorapi', its arguments) for each parser the command goes through."""
+    program, args = command.argv[0], command.argv[1:]
+    if program == ".venv/bin/python" and args[0].endswith(".py"):
+        return [(args[0], args[1:])]
+    if program == ".venv/bin/mirrorapi":
+        return [("mirrorapi", args)]
+    if program == ".venv/bin/accelerate" and args[0] == "launch":
+        from accelerate.commands.launch import launch_command_parser
+
+        with contextlib.redirect_stderr(io.StringIO()):
+            launch = launch_command_parser().parse_args(args[1:])  # an unknown launch flag exits here
+        return [(launch.training_script, launch.training_script_args)]
+    return []
+
+
+def test_every_flag_passes_the_real_parser(monkeypatch):
+    monkeypatch.chdir(REPO)  # scripts read their recipe files relative to the root, as typed
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    problems = []
+    for command in all_commands():
+        try:
+            targets = parse_targets(command)
+        except SystemExit:
+            problems.append(f"{command}\n  accelerate launch refuses its flags")
+            continue
+        for target, args in targets:
+            if problem := parse_problem(target, [a.replace("$PWD", str(REPO)) for a in args]):
+                problems.append(f"{command}\n  {problem}")
+    assert not problems, "\n".join(problems)
+
+
+def test_python_blocks_compile_and_import_what_exists():
+    for page in PAGES:
+        for block in re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL):
+            for node in ast.walk(ast.parse(block)):
+                if isinstance(node, ast.ImportFrom):
+                    module = importlib.import_module(node.module)
+                    assert all(hasattr(module, alias.name) for alias in node.names), (page, node.module)
+
+
+# ------------------------------------------------------------------------------------------ run for real
+# Commands that start no engine and train nothing: tests/test_demo.py runs them against a real demo's folder.
+CHEAP = re.compile(r"(cat |\.venv/bin/mirrorapi (tools|cache) |\.venv/bin/python data/build_|"
+                   r"\.venv/bin/python eval/apibank\.py --write-pairs |\S+ .*--help$)")
+
+
+def cheap_commands() -> list[Command]:
+    return [command for command in all_commands() if not command.gpu and CHEAP.match(command.line)]
+
+
+def run_as_in_a_clone(commands: list[Command], latest: Path, root: Path) -> list[str]:
+    """Run the commands with bash in `root`, laid out as a clone after `make demo`: the repository's files,
+    its venv, runs/demo/latest -> `latest`, ../shared when there is one. Returns the failures."""
+    clone = root / "clone"
+    clone.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in (".git", ".venv", "runs"):
+            (clone / entry.name).symlink_to(entry)
+    (clone / ".venv").symlink_to(VENV_BIN.parent)
+    (clone / "runs" / "demo").mkdir(parents=True)
+    (clone / "runs" / "demo" / "latest").symlink_to(latest)
+    if SHARED.is_dir():
+        (root / "shared").symlink_to(SHARED)
+    failures = []
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command.line], cwd=clone, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            failures.append(f"{command}\n  exit {done.returncode}: {(done.stdout + done.stderr)[-800:]}")
+    return failures
+
+
+# ------------------------------------------------------------------------------------------ engines
+def test_every_client_sends_the_name_its_cpu_engine_serves():
+    clients = 0
+    for page in PAGES:
+        started: dict[str, str] = {}  # port -> the folder the script was started on, on this page
+        for command in page_commands(page):
+            if command.gpu:
+                continue
+            line = command.line
+            assert not re.match(r"(\S*/)?transformers serve", line), f"not through the script: {command}"
+            if engine := re.match(r"scripts/serve_engine_cpu\.sh (\S+) (\d+)", line):
+                started[engine.group(2)] = engine.group(1)
+                continue
+            model = re.search(r'--model "\$PWD/([^"]+)"|"model": "\'"\$PWD"\'/([^"]+)"', line)
+            if not model:
+                continue
+            clients += 1
+            folder = model.group(1) or model.group(2)
+            port = re.search(r"(?:--base-url|--api-base) http://127\.0\.0\.1:(\d+)|127\.0\.0\.1:(\d+)/v1/chat", line)
+            # The virtual server's own `api_base` is the config's 12345 unless given.
+            port = (port.group(1) or port.group(2)) if port else "12345"
+            assert started.get(port) == folder, f"{command}\n sends $PWD/{folder} to port {port}, which serves " \
+                                                f"{started.get(port, 'nothing started before it on this page')}"
+    assert clients >= 6  # server, FAC, SoPR, judge agreement, fidelity servers, the training page's check
 
 
 @pytest.mark.slow
 def test_the_script_serves_the_name_clients_are_told_to_send(tiny_model_dir, tmp_path):
     """The script started on a relative path through a link (as `runs/demo/latest/simulator` is) answers
-    `$PWD/<that path>`; another spelling of the same folder is refused, which is why the README has one."""
+    `$PWD/<that path>`; another spelling of the same folder is refused, which is why the docs have one."""
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "latest").symlink_to(tiny_model_dir.parent)
     relative = f"runs/latest/{tiny_model_dir.name}"

@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--adapter", required=True, help="Adapter folder (adapter_config.json).")
     parser.add_argument("--out", required=True, help="Folder for the merged model.")
     parser.add_argument("--base-model", help="Base model (default: the one recorded in the adapter).")

@@ -25,7 +25,7 @@ SIMULATOR_SCRIPT, JUDGE_SCRIPT = "build_simulator_sft.py", "build_judge_sft.py"
 
 def _parser(usage: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=usage.splitlines()[0], epilog=usage,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
 
 
 def _fail(script: str, message: str) -> int:

@@ -37,12 +37,15 @@ from mirrorapi.data.transport_failures import in_band_error, transport_failure
 from mirrorapi.few_shot import candidate_pool, select_examples
 from mirrorapi.prompts import (
     DEFAULT_SIMULATOR_FORMAT,
+    COT_FORMAT,
+    COT_RATIONALE_KEY,
     HISTORY_CHAR_BUDGET,
     RESPONSE_CHAR_BUDGET,
     SESSION_FORMAT,
     SIMULATOR_FORMATS,
     history_line,
     select_history,
+    check_cot_system_prompt,
     simulator_messages,
     truncate_response,
 )
@@ -78,6 +81,8 @@ class SimulatorDataOptions:
             raise ValueError("history must be >= 0 and history_char_budget > 0")
         if self.prompt_format not in ("mirrorapi-v1", SESSION_FORMAT) and not self.system_prompt:
             raise ValueError(f"prompt format {self.prompt_format!r} needs a system prompt file")
+        if self.prompt_format == COT_FORMAT:
+            check_cot_system_prompt(self.system_prompt)
         if self.few_shot < 0:
             raise ValueError(f"few_shot must be >= 0, got {self.few_shot}")
         for name in ("ood_fraction", "id_fraction"):
@@ -100,6 +105,9 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
     for pair, doc, history in _with_history(pairs, registry, options, read, dropped, transport, unknown_examples,
                                             progress):
         error, response = pair["response"]["error"], pair["response"]["response"]
+        if options.prompt_format == COT_FORMAT and not pair.get("rationale"):
+            dropped["no_rationale"] += 1  # a CoT target needs the mechanism (MirrorAPI's train_cot.json has one)
+            continue
         key = (doc.category, doc.tool, doc.api, canonical_json(pair["tool_input"]), *history)
         observation = (error, canonical_json(response))
         if key in seen:
@@ -125,7 +133,8 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
         "read": {"total": sum(read.values()), **dict(sorted(read.items()))},
         "dropped": {"unknown_api": dropped["unknown_api"], "transport_failure": sum(transport.values()),
                     "transport_failure_by_kind": dict(sorted(transport.items())),
-                    "duplicate": dropped["duplicate"], "duplicate_conflicting": dropped["duplicate_conflicting"]},
+                    "duplicate": dropped["duplicate"], "duplicate_conflicting": dropped["duplicate_conflicting"],
+                    **({"no_rationale": dropped["no_rationale"]} if options.prompt_format == COT_FORMAT else {})},
         "unknown_api_examples": unknown_examples,
         "kept": {"total": len(kept), **{k: kept_kinds[k] for k in ("success", "error", "in_band_error")},
                  "truncated": truncated},
@@ -199,11 +208,20 @@ def _render(entry: tuple, options: SimulatorDataOptions, examples: list[tuple[di
         "prompt": simulator_messages(doc, arguments, examples, fmt=options.prompt_format,
                                      system_prompt=options.system_prompt,
                                      history=list(history) if options.history else None),
-        "completion": [{"role": "assistant", "content": observation_json(error, response)}],
+        "completion": [{"role": "assistant", "content": _target(error, response, pair, options.prompt_format)}],
         "prompt_format": options.prompt_format,
         "source": pair["source"], "episode": str(pair["episode"]), "step": int(pair["step"]),
         "category": doc.category, "tool": doc.tool, "api": doc.api, "arguments": arguments_key, "kind": kind,
     }
+
+
+def _target(error: str, response, pair: dict, prompt_format: str) -> str:
+    """The answer a record teaches: the observation; in CoT mode the rationale first (MirrorAPI's CoT schema)."""
+    observation = observation_json(error, response)
+    if prompt_format != COT_FORMAT:
+        return observation
+    return "{" + json.dumps(COT_RATIONALE_KEY) + ":" + json.dumps(pair["rationale"], ensure_ascii=False) + "," + \
+        observation[1:]
 
 
 def _split_stats(records: list[dict]) -> dict:

@@ -10,7 +10,9 @@ category, tool_name, api_name, tool_input, response: {error, response}`); a pair
   repr of an argument dict to an observation (notes §3); every entry is its own episode;
 - MirrorAPI-style alpaca files (`system`/`instruction`/`output`, a JSON list or JSONL): the
   instruction is StableToolBench's `API doc:` + repr + `Request:` + repr layout, the output the
-  model's JSON answer (`mechanism_of_the_api` is dropped).
+  model's JSON answer. MirrorAPI's `train_cot.json` layout (the CoT system prompt, whose own example holds an
+  `API doc:`, before the real one; the doc and request possibly in `input`) is read from the last `API doc:`;
+  a CoT answer's `mechanism_of_the_api` is kept as the pair's `rationale` (the CoT SFT target), else dropped.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from mirrorapi.names import api_key_name, standardize, standardize_category
-from mirrorapi.prompts import parse_simulator_output
+from mirrorapi.prompts import cot_rationale, parse_simulator_output
 from mirrorapi.records import OnBad, SourceError, ignore_bad, read_jsonl
 from mirrorapi.tools import ApiDoc
 
@@ -51,7 +53,7 @@ def _alpaca(path: Path, on_bad: OnBad) -> Iterator[dict]:
             continue
         # Alpaca's optional `input` follows the instruction (LLaMA-Factory joins them with a newline).
         instruction = record["instruction"] + ("\n" + record["input"] if record.get("input") else "")
-        parsed = _parse_instruction(instruction)
+        parsed = _parse_instruction(instruction[max(instruction.rfind("API doc:\n"), 0):])
         if parsed is None:
             on_bad(f"{where}: instruction is not `API doc: ... Request: ...`")
             continue
@@ -62,7 +64,7 @@ def _alpaca(path: Path, on_bad: OnBad) -> Iterator[dict]:
             continue
         yield {"source": "alpaca", "episode": f"alpaca:{where}", "step": 0, "category": doc.category,
                "tool_name": doc.tool, "api_name": doc.api, "tool_input": arguments, "response": observation,
-               "doc": doc}
+               "doc": doc, **({"rationale": rationale} if (rationale := cot_rationale(record["output"])) else {})}
 
 
 def _parse_instruction(instruction: str) -> tuple[ApiDoc, dict] | None:

@@ -10,6 +10,12 @@ Methods (StableToolBench's, notes §6):
   after `max_query_count` model calls.
 Budgets default to what StableToolBench's pipeline runs with: depth 12, 200 model calls.
 
+The model acts through the engine's tool calls (`agent-v1`: the functions are sent as `tools`), or,
+for a model whose engine cannot pass tool calls for its chat template, through text (`agent-react-v1`,
+mirrorapi/prompts.py): the functions are listed in the system prompt, each reply is parsed into one
+call (`parse_react_step`) and the history is sent as text (`react_conversation`). Either way the
+tree and the answer files hold the same StableToolBench messages (`tool_calls`, `tool` results).
+
 Every finished query is written at once as `<out>/answer/<group>/<query_id>_<method>.json` in
 StableToolBench's raw answer format (what its `convert_to_answer_format.py` reads: assistant
 messages carry `tool_calls`, never a `function_call` key, tool messages carry `tool_call_id`; the
@@ -54,7 +60,8 @@ from mirrorapi.evaluation.agent_env import (
 )
 from mirrorapi.evaluation.answer_convert import convert_answer_folder
 from mirrorapi.evaluation.judging import engine_concurrency
-from mirrorapi.prompts import agent_diversity_message, agent_messages
+from mirrorapi.prompts import (TEXT_AGENT_FORMATS, agent_diversity_message, agent_messages, parse_react_step,
+                               react_conversation, react_grammar)
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -97,6 +104,7 @@ class AgentSettings:
     prompt_format: str = "agent-v1"
     system_prompt_file: str | None = None
     tool_choice: str | None = None  # sent as is when set ("auto", "required")
+    react_grammar: bool = False  # text formats: constrain replies to the layout (llama.cpp's `grammar` field)
 
     def record(self) -> dict:
         """The settings as they go into answer files (no API key)."""
@@ -174,6 +182,21 @@ def train_messages(node: Node) -> list[list[dict]]:
 
 
 # ------------------------------------------------------------------------------------ one query
+REACT_STOP = "\nObservation:"
+
+
+def react_as_tool_calls(message: dict) -> dict:
+    """An `agent-react-v1` reply as the assistant message of a tool-calling model: the thought as content,
+    the action (if any) as its one tool call."""
+    text = message.get("content") if isinstance(message.get("content"), str) else ""
+    step = parse_react_step(text)
+    if step.problem:
+        logger.debug("agent-react-v1 reply: %s: %r", step.problem, text[:200])
+    calls = [{"type": "function", "function": {"name": step.action, "arguments": step.arguments}}] \
+        if step.action is not None else []
+    return {"role": "assistant", "content": step.thought, "tool_calls": calls}
+
+
 class ModelRefused(Exception):
     """The engine rejected the request itself (HTTP 4xx): the chain ends here, as upstream ends it."""
 
@@ -185,16 +208,25 @@ class QueryRun:
                  settings: AgentSettings, system_prompt: str | None):
         self.query, self.tools, self.engine, self.server, self.settings = query, tools, engine, server, settings
         self.root = Node("Action Input", messages=agent_messages(str(query.get("query", "")), tools.tool_descriptions,
-                                                                 settings.prompt_format, system_prompt))
+                                                                 settings.prompt_format, system_prompt, tools.schemas))
         self.query_count = self.total_tokens = self.expanded = 0
         self.terminals: list[Node] = []
         self.give_ups: list[Node] = []
-        self._extra = {"tools": tools.schemas}
-        if settings.tool_choice:
-            self._extra["tool_choice"] = settings.tool_choice
+        self.text_protocol = settings.prompt_format in TEXT_AGENT_FORMATS
+        if self.text_protocol:
+            # Ends the reply where the model would start inventing the function's result (and saves its tokens).
+            self._extra: dict = {"stop": [REACT_STOP]}
+            if settings.react_grammar:
+                self._extra["grammar"] = react_grammar([f.name for f in tools.functions] + [FINISH])
+        else:
+            self._extra = {"tools": tools.schemas}
+            if settings.tool_choice:
+                self._extra["tool_choice"] = settings.tool_choice
 
     async def _ask(self, messages: list[dict]) -> dict:
         self.query_count += 1
+        if self.text_protocol:
+            messages = react_conversation(messages)
         try:
             message, usage = await self.engine.complete(messages, temperature=self.settings.temperature,
                                                         max_tokens=self.settings.max_tokens, extra_body=self._extra)
@@ -203,7 +235,7 @@ class QueryRun:
                 raise ModelRefused(str(exc)) from None
             raise QueryFailed(f"agent engine: {exc}") from None
         self.total_tokens += int(usage.get("total_tokens") or 0)
-        return message
+        return react_as_tool_calls(message) if self.text_protocol else message
 
     async def step(self, node: Node, extra_message: dict | None = None) -> Node:
         """One model call from `node`; returns the last node it added."""
@@ -386,9 +418,14 @@ def _finished(path: Path) -> dict | None:
 def _check_same_agent(data: dict, settings: AgentSettings, path: Path) -> None:
     """A rerun resumes a run; it must not mix another model's answers into it."""
     earlier = data.get("agent_settings")
-    if isinstance(earlier, dict) and (earlier.get("model"), earlier.get("method")) != (settings.model, settings.method):
+    if not isinstance(earlier, dict):
+        return
+    if (earlier.get("model"), earlier.get("method")) != (settings.model, settings.method):
         raise AgentRunError(f"{path} holds an answer of model {earlier.get('model')!r} ({earlier.get('method')}), "
                             f"not {settings.model!r} ({settings.method}); use another --out")
+    if earlier.get("prompt_format", "agent-v1") != settings.prompt_format:
+        raise AgentRunError(f"{path} holds an answer in prompt format {earlier.get('prompt_format', 'agent-v1')!r}, "
+                            f"not {settings.prompt_format!r}; use another --out")
 
 
 def _write_atomically(path: Path, data: Any) -> None:

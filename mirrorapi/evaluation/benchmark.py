@@ -19,10 +19,13 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mirrorapi.evaluation import tooleyes
 from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentRunError, AgentSettings, load_queries, run_agent
-from mirrorapi.evaluation.answer_files import GROUPS, group_order, load_ids
+from mirrorapi.evaluation.answer_files import GROUPS, AnswersError, group_order, load_ids
 from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
 from mirrorapi.evaluation.sowr import run_sowr
+from mirrorapi.prompts import AGENT_FORMATS, TEXT_AGENT_FORMATS
+from mirrorapi.versions import package_versions
 
 logger = logging.getLogger(__name__)
 _SHORT = {"CoT@1": "cot", "DFS_woFilter_w2": "dfs"}
@@ -34,6 +37,7 @@ class AgentSpec:
     model: str
     base_urls: list[str]
     methods: list[str] | None = None  # this agent's methods, when not the benchmark's
+    prompt_format: str | None = None  # this agent's prompt format, when not the benchmark's
 
 
 def parse_agent(values: list[str]) -> AgentSpec:
@@ -43,6 +47,19 @@ def parse_agent(values: list[str]) -> AgentSpec:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", values[0]):
         raise ValueError(f"--agent label {values[0]!r}: use letters, digits, '.', '_' or '-'")
     return AgentSpec(values[0], values[1], values[2:])
+
+
+def parse_agents(agent_values: list[list[str]], formats: list[list[str]] = ()) -> list[AgentSpec]:
+    """The `--agent` entries, with the prompt formats of `--agent-format LABEL FORMAT`."""
+    agents = [parse_agent(values) for values in agent_values]
+    labels = {agent.label: agent for agent in agents}
+    for label, fmt in formats:
+        if label not in labels:
+            raise ValueError(f"--agent-format {label}: no --agent has that label ({', '.join(labels)})")
+        if fmt not in AGENT_FORMATS:
+            raise ValueError(f"--agent-format {label} {fmt}: unknown prompt format; known: {', '.join(AGENT_FORMATS)}")
+        labels[label].prompt_format = fmt
+    return agents
 
 
 def row_name(agent: AgentSpec, method: str) -> str:
@@ -83,10 +100,10 @@ def run_counts(answers: Path, groups: list[str]) -> dict[str, dict]:
     return counts
 
 
-def _table_lines(markdown: Path) -> list[str]:
+def _table_lines(markdown: Path, header: str = "| Method |") -> list[str]:
     """The first table of one of our metric files (its header line through its last row)."""
     lines = markdown.read_text(encoding="utf-8").splitlines() if markdown.exists() else []
-    start = next((i for i, line in enumerate(lines) if line.startswith("| Method |")), None)
+    start = next((i for i, line in enumerate(lines) if line.startswith(header)), None)
     if start is None:
         return ["(not computed)"]
     end = start
@@ -142,6 +159,10 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
              (f"Judge `{judge.model}` ({', '.join(judge.base_urls)}); {repeats} round(s) for SoPR and SoWR; "
              f"SoWR reference `{reference}`."), "", "## SoPR", "", *_table_lines(scores / "sopr.md"), "",
              "## SoWR", "", *_table_lines(scores / "sowr.md"), "", "## FAC", "", *_table_lines(scores / "fac.md"), ""]
+    lines += ["## ToolEyes (rule-based parts)", "",
+              "s_FA and tool reality by rule, from the same trajectories; the judged capabilities (s_IC, s_BP, "
+              "s_TS, s_AO): `eval/tooleyes.py --answers <out>/answers` with a judge.", "",
+              *_table_lines(scores / "tooleyes.md", header="| Model |"), ""]
     if image is not None:
         lines += [f"![Averages]({image.name})", ""]
     lines += ["## Agent runs", "",
@@ -167,13 +188,15 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
         lines.append(f"- `{row}`: model `{record['model']}` at {', '.join(record['base_urls'])}, method "
                      f"`{record['method']}`, temperature {record['temperature']}, depth "
                      f"{record['single_chain_max_step']}, {record['max_query_count']} calls, observations "
-                     f"cut at {record['max_observation_length']}, prompt `{record['prompt_format']}`")
+                     f"cut at {record['max_observation_length']}, prompt `{record['prompt_format']}`"
+                     + (" with its reply grammar" if record.get("react_grammar") else ""))
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (out / "report.json").write_text(json.dumps({
         "rows": rows, "reference": reference, "judge": {"model": judge.model, "base_urls": judge.base_urls},
         "repeats": repeats, "averages": averages, "agent_counts": counts,
         "agents": {row: agents[row].record() for row in rows},
-        "failures": {row: run.failures for row, run in agent_runs.items()}}, indent=2) + "\n", encoding="utf-8")
+        "failures": {row: run.failures for row, run in agent_runs.items()},
+        "versions": package_versions()}, indent=2) + "\n", encoding="utf-8")
     return out / "report.md"
 
 
@@ -193,7 +216,9 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
     load_queries(queries)  # bad queries stop everything here (AgentRunError), not once per row
     settings, agent_runs = {}, {}
     for (agent, method), row in zip(runs, rows):
-        settings[row] = replace(template, base_urls=agent.base_urls, model=agent.model, method=method)
+        fmt = agent.prompt_format or template.prompt_format
+        settings[row] = replace(template, base_urls=agent.base_urls, model=agent.model, method=method,
+                                prompt_format=fmt, react_grammar=template.react_grammar and fmt in TEXT_AGENT_FORMATS)
         try:
             agent_runs[row] = run_agent(queries, settings[row], out / "answers" / row, tools=tools,
                                         progress=progress, limit=limit)
@@ -222,6 +247,10 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
         failures += sowr.failures
     elif len(rows) > 1:
         logger.error("SoWR not computed: the reference %s or every candidate has no answers", reference)
+    try:  # ToolEyes' rule-based parts cost no judge call
+        tooleyes.write_report(tooleyes.score(answers), None, scores)
+    except AnswersError as exc:
+        logger.error("ToolEyes not computed: %s", exc)
     report = write_report(out, rows, reference, settings, judge, group_order(id_lists), agent_runs, repeats)
     return BenchmarkResult(report, agent_runs, failures)
 

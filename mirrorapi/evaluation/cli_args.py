@@ -6,6 +6,7 @@ import argparse
 
 from mirrorapi.evaluation.agent import METHODS, AgentSettings, check_method
 from mirrorapi.evaluation.judging import JudgeSettings
+from mirrorapi.prompts import AGENT_FORMATS, DEFAULT_AGENT_FORMAT
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser, single_model: bool = True) -> None:
@@ -21,6 +22,19 @@ def add_agent_arguments(parser: argparse.ArgumentParser, single_model: bool = Tr
         parser.add_argument("--model", required=True, help="The agent's model name on that engine.")
         parser.add_argument("--method", default="CoT@1", help=f"{' or '.join(METHODS)} (default CoT@1).")
         parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
+    parser.add_argument("--prompt-format", choices=AGENT_FORMATS, default=DEFAULT_AGENT_FORMAT,
+                        help="agent-v1: the functions go to the engine as OpenAI tools and the model answers with "
+                             "tool calls; agent-react-v1: a text protocol (Thought / Action / Action Input) for "
+                             "models whose engine cannot pass tool calls, e.g. SmolLM2 (default agent-v1)."
+                             + ("" if single_model else " --agent-format sets it per agent."))
+    if not single_model:
+        parser.add_argument("--agent-format", nargs=2, action="append", default=[], metavar=("LABEL", "FORMAT"),
+                            help="The prompt format of one --agent (by its label), e.g. --agent-format smollm2 "
+                                 "agent-react-v1; the others use --prompt-format.")
+    parser.add_argument("--react-grammar", action="store_true",
+                        help="agent-react-v1 only: send a GBNF grammar of the reply layout (one thought line, one of "
+                             "the query's functions, a JSON object) as the request's `grammar`, which llama.cpp's "
+                             "servers enforce, so a model that does not keep the layout still acts.")
     parser.add_argument("--api-key", default="EMPTY", help="API key of the agent engine (default EMPTY).")
     parser.add_argument("--concurrency", type=int, default=None,
                         help="Queries in flight (default: 16 on vLLM, 2 on other engines such as transformers serve).")
@@ -54,7 +68,8 @@ def agent_settings_from(args: argparse.Namespace, base_urls: list[str] | None = 
                          max_tokens=args.max_tokens, single_chain_max_step=args.single_chain_max_step,
                          max_query_count=args.max_query_count, max_observation_length=args.max_observation_length,
                          concurrency=args.concurrency, timeout=args.timeout, server_timeout=args.server_timeout,
-                         system_prompt_file=args.system_prompt_file, tool_choice=args.tool_choice)
+                         system_prompt_file=args.system_prompt_file, tool_choice=args.tool_choice,
+                         prompt_format=args.prompt_format, react_grammar=args.react_grammar)
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> argparse.ArgumentParser:
@@ -89,7 +104,7 @@ def judge_settings_from(args: argparse.Namespace, prefix: str = "") -> JudgeSett
 
 def sowr_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description.splitlines()[0], epilog=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--reference", required=True, help="The reference model's converted answers (one model).")
     parser.add_argument("--candidate", required=True, nargs="+", help="Candidate answers (files or folders).")
     parser.add_argument("--ids", required=True, help="A test_query_ids (or test_instruction) file, or a folder.")

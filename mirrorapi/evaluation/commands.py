@@ -23,7 +23,7 @@ from mirrorapi.evaluation.judging import JUDGE_METRICS, JudgeRunError, run_scori
 def command_parser(usage: str) -> argparse.ArgumentParser:
     """A parser whose description is the first line of the script's docstring and whose epilog is all of it."""
     return argparse.ArgumentParser(description=usage.splitlines()[0], epilog=usage,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
 
 
 def _fail(message: str) -> int:

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from mirrorapi.versions import package_versions
+
 METRIC_TITLES = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
                  "error_agreement": "error agreement", "schema_conformance": "schema conformance",
                  "embedding_cosine": "embedding cosine"}
@@ -118,7 +120,8 @@ def write_report(out: Path, report: dict, rows: list[dict]) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "fidelity.md", "json": out / "fidelity.json", "png": out / "fidelity.png",
              "calls": out / "calls.jsonl"}
-    paths["json"].write_text(json.dumps(report, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    paths["json"].write_text(json.dumps({**report, "versions": package_versions()}, ensure_ascii=False, indent=2)
+                             + "\n", encoding="utf-8")
     paths["md"].write_text(render_markdown(report), encoding="utf-8")
     with open(paths["calls"], "w", encoding="utf-8") as fh:
         for row in rows:

@@ -25,6 +25,7 @@ from mirrorapi.evaluation.judging import (
 )
 from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, extract_final_answer, judge_messages, parse_verdict
 from mirrorapi.records import SourceError
+from mirrorapi.versions import package_versions
 
 LABELS = ("Solved", "Unsolved")
 UNPARSEABLE = "unparseable"
@@ -158,6 +159,7 @@ def run_agreement(labelled: list[str | Path], settings: JudgeSettings, out: str 
     records = load_labelled(labelled, limit)
     rows, failures = asyncio.run(predict(records, settings, out, fmt, progress))
     report = agreement_report(rows, settings.model, fmt, pending=len(records) - len(rows))
-    (out / "agreement.json").write_text(json.dumps(report, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    (out / "agreement.json").write_text(json.dumps({**report, "versions": package_versions()}, ensure_ascii=False,
+                                                   indent=2) + "\n", encoding="utf-8")
     (out / "agreement.md").write_text(render_markdown(report), encoding="utf-8")
     return report, failures

@@ -14,6 +14,10 @@ and the next one when the request ends with an extra user message (DFS asking fo
 action), which replays a recorded DFS search in the order it was made. A conversation that leaves
 the recording, or reaches its end without a Finish, gets `Finish` with `give_up_and_restart`.
 
+With `text_protocol`, it speaks the `agent-react-v1` text protocol instead (mirrorapi/prompts.py): it
+reads the Thought / Action / Action Input replies and `Observation:` messages of the request back into
+steps and answers with the recorded step rendered in that layout, as a text-only model would.
+
 `recorded_cache_folder` writes the recorded observations as a StableToolBench cache folder, so a
 virtual server that imports it answers the recorded calls as they were answered.
 """
@@ -21,6 +25,7 @@ virtual server that imports it answers the recorded calls as they were answered.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -32,6 +37,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 
 from mirrorapi.names import api_key_name, standardize
+from mirrorapi.prompts import REACT_OBSERVATION, parse_react_step, render_react_step
 from mirrorapi.processes import serve_in_thread
 
 RECORDED_MODEL = "recorded-agent"
@@ -176,12 +182,33 @@ def _matches(step: Step, message: dict) -> bool:
 GIVE_UP_ARGUMENTS = json.dumps({"return_type": "give_up_and_restart"}, indent=2)
 
 
+def _from_react_text(messages: list[dict]) -> list[dict]:
+    """An `agent-react-v1` conversation read back into tool-calling messages (the replay walks those)."""
+    out = []
+    for message in messages:
+        content = str(message.get("content") or "")
+        if message.get("role") == "assistant":
+            step = parse_react_step(content)
+            calls = [{"function": {"name": step.action, "arguments": step.arguments}}] if step.action else []
+            out.append({"role": "assistant", "content": step.thought, "tool_calls": calls})
+        elif message.get("role") == "user" and content.startswith(REACT_OBSERVATION) and out \
+                and out[-1].get("role") in ("assistant", "tool"):
+            out.append({"role": "tool", "content": content[len(REACT_OBSERVATION):]})
+        else:
+            out.append(message)
+    return out
+
+
 class RecordedAgent:
     """The replaying engine (see module docstring). `latency` seconds are waited before each answer."""
 
-    def __init__(self, recordings: dict[str, Recording], latency: float = 0.0, model: str = RECORDED_MODEL):
+    def __init__(self, recordings: dict[str, Recording], latency: float = 0.0, model: str = RECORDED_MODEL,
+                 text_protocol: bool = False):
         self.recordings, self.latency, self.model = recordings, latency, model
+        self.text_protocol = text_protocol
         self.requests = self.in_flight = self.peak_in_flight = 0
+        # The latest chat completion requests as received (tests check what a runner sent).
+        self.bodies: collections.deque[dict] = collections.deque(maxlen=1000)
         self._ids = itertools.count()
 
     def recording_for(self, messages: list[dict]) -> Recording | None:
@@ -211,9 +238,11 @@ class RecordedAgent:
         return options[index] if index < len(options) else None
 
     def reply(self, messages: list[dict]) -> dict:
-        step = self.next_step(messages)
+        step = self.next_step(_from_react_text(messages) if self.text_protocol else messages)
         calls = step.calls if step is not None else [("Finish", GIVE_UP_ARGUMENTS)]
         content = step.content if step is not None else "The recording has no step for this state; giving up."
+        if self.text_protocol:
+            return {"role": "assistant", "content": render_react_step(content, calls)}
         return {"role": "assistant", "content": content or None,
                 "tool_calls": [{"id": f"call_rec_{next(self._ids)}", "type": "function",
                                 "function": {"name": name, "arguments": arguments}} for name, arguments in calls]}
@@ -233,6 +262,7 @@ class RecordedAgent:
         async def chat(request: Request):
             body = await request.json()
             self.requests += 1
+            self.bodies.append(body)
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             try:
@@ -243,18 +273,19 @@ class RecordedAgent:
             message = self.reply(body.get("messages") or [])
             return {"id": f"rec-{self.requests}", "object": "chat.completion", "created": int(time.time()),
                     "model": body.get("model", self.model),
-                    "choices": [{"index": 0, "finish_reason": "tool_calls", "message": message}],
+                    "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                                 "message": message}],
                     "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
         return app
 
 
 @contextlib.contextmanager
 def serve_recorded_agent(recordings: dict[str, Recording] | list[str | Path], port: int, latency: float = 0.0,
-                         host: str = "127.0.0.1") -> Iterator[tuple[str, RecordedAgent]]:
+                         host: str = "127.0.0.1", text_protocol: bool = False) -> Iterator[tuple[str, RecordedAgent]]:
     """Serve a RecordedAgent on host:port in a background thread; yields (base URL, agent)."""
     if not isinstance(recordings, dict):
         recordings = load_recordings(recordings)
-    agent = RecordedAgent(recordings, latency=latency)
+    agent = RecordedAgent(recordings, latency=latency, text_protocol=text_protocol)
     with serve_in_thread(agent.app(), port, host) as url:
         yield url + "/v1", agent
 

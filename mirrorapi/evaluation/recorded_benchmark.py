@@ -7,18 +7,30 @@
   of those runs (so a replayed call gets the answer it got then);
 - the judge is any engine (the demo's tiny judge).
 The report then has a row per method, StableToolBench-style tables, counts and a plot.
+
+Real agents can run beside the replays (`agents`, e.g. SmolLM2-135M-Instruct in the `agent-react-v1`
+text protocol). Their calls rarely match a recorded one, so with `simulator` (an engine's base URL and
+model) the server simulates what its cache lacks; the replays still get their recorded answers (hits).
+
+    python -m mirrorapi.evaluation.recorded_benchmark --judge-base-url URL --judge-model NAME --out DIR \
+        [--agent LABEL MODEL BASE_URL --agent-format LABEL agent-react-v1] \
+        [--simulator-base-url URL --simulator-model NAME] [--limit N] [--single-chain-max-step 12]
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from mirrorapi.evaluation.agent import AgentSettings
-from mirrorapi.evaluation.benchmark import AgentSpec, BenchmarkResult, run_benchmark
+from mirrorapi.evaluation.benchmark import AgentSpec, BenchmarkResult, parse_agents, run_benchmark
+from mirrorapi.evaluation.cli_args import add_judge_arguments, judge_settings_from
 from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.evaluation.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
 from mirrorapi.processes import free_port, serve_in_thread
@@ -29,10 +41,17 @@ RECORDINGS = {"CoT@1": "virtual_chatgpt_cot", "DFS_woFilter_w2": "virtual_chatgp
 
 
 @contextlib.contextmanager
-def replay_server(tools: list[Path], cache_folder: Path, workdir: Path) -> Iterator[str]:
-    """A virtual server in replay mode (no simulator engine) on a free loopback port; yields the /virtual URL."""
+def replay_server(tools: list[Path], cache_folder: Path, workdir: Path,
+                  simulator: tuple[str, str] | None = None, few_shot: int = 2) -> Iterator[str]:
+    """A virtual server on a free loopback port whose cache holds `cache_folder`; yields the /virtual URL.
+    Replay mode (a miss is an error observation), or with `simulator` = (base URL, model) simulate mode:
+    a miss is simulated with `few_shot` recorded answers of the same API as examples, without structured
+    output (llama.cpp's server does not take OpenAI's json_schema response format)."""
     port = free_port()
-    settings = ServerSettings(api_base="http://127.0.0.1:9/v1", model="none", mode="replay", tools_folder=tools,
+    engine = {"api_base": simulator[0], "model": simulator[1], "mode": "simulate", "few_shot": few_shot,
+              "structured_output": False, "max_tokens": 256} if simulator else \
+        {"api_base": "http://127.0.0.1:9/v1", "model": "none", "mode": "replay"}
+    settings = ServerSettings(**engine, tools_folder=tools,
                               cache_folder=cache_folder, cache_path=workdir / "replay-cache.sqlite",
                               log_file=workdir / "replay-requests.log", log_level="warning", port=port)
     with serve_in_thread(create_app(settings), port, timeout=60, access_log=False) as url:
@@ -41,12 +60,16 @@ def replay_server(tools: list[Path], cache_folder: Path, workdir: Path) -> Itera
 
 def recorded_benchmark(stabletoolbench: str | os.PathLike, tools: str | os.PathLike, judge: JudgeSettings,
                        out: str | os.PathLike, repeats: int = 1, progress: bool = False,
-                       limit: int | None = None) -> BenchmarkResult:
+                       limit: int | None = None, agents: list[AgentSpec] = (),
+                       simulator: tuple[str, str] | None = None, template: AgentSettings | None = None
+                       ) -> BenchmarkResult:
     """Recorded CoT and DFS runs on the example queries, scored by `judge`; the report is `<out>/report.md`.
 
     `stabletoolbench`: a folder with `solvable_queries_example/` and `data_example/answer/` (StableToolBench's
     layout; `data/samples/stabletoolbench` has both). `tools`: a tools folder (`data/samples/tools`).
-    `limit`: only the first N queries of each group (the demo's budget; 588 is the first of the examples)."""
+    `limit`: only the first N queries of each group (the demo's budget; 588 is the first of the examples).
+    `agents`: real agents run with CoT@1 beside the replays (their `prompt_format` if set); `simulator`: see
+    `replay_server`; `template`: the agents' other settings (depth, tokens, timeouts)."""
     stb, out = Path(stabletoolbench), Path(out)
     queries = stb / "solvable_queries_example" / "test_instruction"
     query_files = sorted(queries.glob("*.json"))
@@ -56,12 +79,60 @@ def recorded_benchmark(stabletoolbench: str | os.PathLike, tools: str | os.PathL
         recorded_cache_folder(load_recordings([stb / "data_example" / "answer" / folder]), all_queries,
                               workdir / "cache")
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(replay_server([Path(tools), *query_files], workdir / "cache", workdir))
-        agents = []
+        server = stack.enter_context(replay_server([Path(tools), *query_files], workdir / "cache", workdir,
+                                                   simulator))
+        replays = []
         for method, folder in RECORDINGS.items():
             base_url, _ = stack.enter_context(
                 serve_recorded_agent([stb / "data_example" / "answer" / folder], free_port()))
-            agents.append(AgentSpec("chatgpt_replay", "recorded-agent", [base_url], methods=[method]))
-        template = AgentSettings(server=server, base_urls=[], model="recorded-agent", concurrency=4)
-        return run_benchmark(queries, agents, list(RECORDINGS), template, judge, out, tools=[tools],
+            replays.append(AgentSpec("chatgpt_replay", "recorded-agent", [base_url], methods=[method]))
+        real = [replace(agent, methods=agent.methods or ["CoT@1"]) for agent in agents]
+        template = replace(template or AgentSettings(server="", base_urls=[], model="recorded-agent", concurrency=4),
+                           server=server)
+        return run_benchmark(queries, replays + real, list(RECORDINGS), template, judge, out, tools=[tools],
                              repeats=repeats, progress=progress, limit=limit)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mirrorapi.evaluation.recorded_benchmark", allow_abbrev=False,
+                                     description=__doc__.splitlines()[0])
+    repo = Path(__file__).resolve().parents[2]
+    parser.add_argument("--stabletoolbench", default=str(repo / "data" / "samples" / "stabletoolbench"))
+    parser.add_argument("--tools", default=str(repo / "data" / "samples" / "tools"))
+    parser.add_argument("--out", required=True, help="Output folder (reruns resume in it).")
+    parser.add_argument("--agent", nargs="+", action="append", default=[], metavar="LABEL MODEL BASE_URL",
+                        help="A real agent beside the replays, run with CoT@1. Repeat for more.")
+    parser.add_argument("--agent-format", nargs=2, action="append", default=[], metavar=("LABEL", "FORMAT"),
+                        help="The prompt format of one --agent, e.g. agent-react-v1 (default agent-v1).")
+    parser.add_argument("--simulator-base-url", default=None, help="Simulate cache misses with this engine.")
+    parser.add_argument("--simulator-model", default=None, help="The simulator's model name on that engine.")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="Tokens per agent step (default 1024).")
+    parser.add_argument("--react-grammar", action="store_true",
+                        help="agent-react-v1 agents: constrain replies with a grammar (llama.cpp servers).")
+    parser.add_argument("--single-chain-max-step", type=int, default=12, help="Depth budget (StableToolBench: 12).")
+    parser.add_argument("--timeout", type=float, default=300.0, help="Seconds per agent call.")
+    parser.add_argument("--concurrency", type=int, default=4, help="Queries in flight per agent (default 4).")
+    parser.add_argument("--limit", type=int, default=None, help="Only the first N queries.")
+    parser.add_argument("--repeats", type=int, default=1, help="SoPR / SoWR rounds (default 1).")
+    add_judge_arguments(parser, prefix="judge-")
+    args = parser.parse_args(argv)
+    if (args.simulator_base_url is None) != (args.simulator_model is None):
+        parser.error("--simulator-base-url and --simulator-model go together")
+    try:
+        agents = parse_agents(args.agent, args.agent_format)
+        template = AgentSettings(server="", base_urls=[], model="", max_tokens=args.max_tokens,
+                                 single_chain_max_step=args.single_chain_max_step, timeout=args.timeout,
+                                 concurrency=args.concurrency, react_grammar=args.react_grammar)
+        simulator = (args.simulator_base_url, args.simulator_model) if args.simulator_base_url else None
+        result = recorded_benchmark(args.stabletoolbench, args.tools, judge_settings_from(args, "judge-"), args.out,
+                                    repeats=args.repeats, progress=True, limit=args.limit, agents=agents,
+                                    simulator=simulator, template=template)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.report.read_text(encoding="utf-8"))
+    return 0 if result.complete else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 
 from mirrorapi.evaluation.answer_files import GROUPS, group_order
+from mirrorapi.versions import package_versions
 
 _VERDICT_COUNTS = ("Solved", "Unsure", "Unsolved")
 _LISTED = 40  # missing ids listed per group in the Markdown (the JSON has them all)
@@ -119,7 +120,8 @@ def write_tables(out: Path, table: dict) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {ext: out / f"{table['metric']}.{ext}" for ext in ("md", "csv", "json")}
     paths["md"].write_text(render_markdown(table), encoding="utf-8")
-    paths["json"].write_text(json.dumps(table, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    paths["json"].write_text(json.dumps({**table, "versions": package_versions()}, ensure_ascii=False, indent=2)
+                             + "\n", encoding="utf-8")
     groups = table["groups"]
     with open(paths["csv"], "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)

@@ -37,6 +37,7 @@ from mirrorapi.evaluation.answer_files import (
 )
 from mirrorapi.evaluation.judging import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
 from mirrorapi.prompts import cut_judge_text, parse_preference, preference_messages
+from mirrorapi.versions import package_versions
 
 PREFERENCES_FILE = "preferences.jsonl"
 PREFERENCE_FORMAT = "sowr-v1"
@@ -200,7 +201,8 @@ def write_sowr_tables(out: Path, table: dict) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {ext: out / f"sowr.{ext}" for ext in ("md", "csv", "json")}
     paths["md"].write_text(render_sowr_markdown(table), encoding="utf-8")
-    paths["json"].write_text(json.dumps(table, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    paths["json"].write_text(json.dumps({**table, "versions": package_versions()}, ensure_ascii=False, indent=2)
+                             + "\n", encoding="utf-8")
     with open(paths["csv"], "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(["method", *table["groups"], "average", *(f"{g}_ties" for g in table["groups"])])

@@ -26,7 +26,14 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mirrorapi.prompts import DEFAULT_HISTORY_CALLS, HISTORY_CHAR_BUDGET, SIMULATOR_FORMATS, STABLETOOLBENCH_REQUEST_SETTINGS
+from mirrorapi.prompts import (
+    COT_FORMAT,
+    DEFAULT_HISTORY_CALLS,
+    HISTORY_CHAR_BUDGET,
+    SIMULATOR_FORMATS,
+    STABLETOOLBENCH_REQUEST_SETTINGS,
+    check_cot_system_prompt,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +162,8 @@ class ServerSettings(BaseModel):
         if self.cache_url is not None and not self.cache_url.startswith(("postgresql://", "postgres://")):
             raise ValueError(f"cache_url: expected postgresql://..., got {self.cache_url.split(':', 1)[0]}:... "
                              "(a SQLite cache is set with cache_path)")
+        if self.prompt_format == COT_FORMAT:
+            check_cot_system_prompt(self.system_prompt())  # refused at start, not on every request
         if self.cache_path.exists() and self.cache_path.is_dir():
             raise ValueError(f"cache_path: {self.cache_path} is a folder, expected a database file")
         return self

@@ -69,6 +69,7 @@ class Answer:
     coalesced: bool = False
     session: str | None = None  # the session id, for calls that belong to one
     detail: str = ""  # why it failed (for the log line)
+    rationale: str = ""  # CoT mode: the simulator's reasoning (for the log line; the agent gets error/response)
     extra_fields: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
 
@@ -113,6 +114,7 @@ class VirtualApi:
 
             reply = await self.responder.respond(doc, arguments, key, history, stages)
             answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
+            answer.rationale = reply.rationale
             answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
             if session is not None:
                 observation = json.loads(reply.observation)

@@ -9,7 +9,8 @@ in one write() each (O_APPEND), so the log is one file of whole lines.
 A request log line: `time`, `outcome` (the metrics label), `status`, `api` (category/tool/api),
 `provenance` (where the answer came from), `ms`; `engine_ms` and `coalesced` when the engine was
 asked; `detail` of a failure; `extra_fields` of the body that StableToolBench does not define;
-`session` when the call belongs to a simulation session.
+`session` when the call belongs to a simulation session; `rationale` of a CoT-mode simulation
+(prompt format stabletoolbench-cot: the model's `mechanism_of_the_api`, which the agent does not see).
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ class RequestLogWriter:
             line["extra_fields"] = answer.extra_fields
         if answer.session is not None:
             line["session"] = answer.session[:80]
+        if answer.rationale:
+            line["rationale"] = answer.rationale[:4000]
         self.lines.append(_ENCODE(line))
         if len(self.lines) == 1:
             try:

@@ -20,7 +20,9 @@ import logging
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
 from mirrorapi.prompts import (
+    COT_FORMAT,
     OBSERVATION_SCHEMA,
+    cot_rationale,
     SESSION_FORMAT,
     parse_simulator_output,
     simulator_messages,
@@ -87,10 +89,11 @@ class Simulator:
                                   system_prompt=self.system_prompt)
 
     async def simulate(self, doc: ApiDoc, arguments: dict, history: History | None = None,
-                       candidates: list[tuple[str, str]] | None = None) -> tuple[dict, str]:
+                       candidates: list[tuple[str, str]] | None = None) -> tuple[dict, str, str]:
         """(the observation {"error", "response"}, how the model's text was read: json, fenced, literal,
-        regex, repaired) for `arguments` as received, after `history` inside a session; raises EngineError
-        (kinds of the engine client, plus `empty` and `garbage`)."""
+        regex, repaired, the rationale of a CoT-mode answer or "") for `arguments` as received, after
+        `history` inside a session; raises EngineError (kinds of the engine client, plus `empty` and
+        `garbage`)."""
         settings = self.settings
         text = await self.engine.chat(
             self.messages(doc, arguments, history, candidates), temperature=settings.temperature,
@@ -102,8 +105,10 @@ class Simulator:
         if observation is None:
             logger.info("simulator output is not an observation: %r", text[:200])
             raise EngineError("garbage", unusable_output(text))
+        # CoT mode: the model's `mechanism_of_the_api`, for the request log (the agent gets error/response)
+        rationale = cot_rationale(text) if history is None and settings.prompt_format == COT_FORMAT else ""
         observation["response"] = truncate_response(observation["response"])
-        return observation, how
+        return observation, how, rationale
 
 
 def unusable_output(text: str) -> str:

@@ -11,6 +11,12 @@ byte of each request; the ASGI side stops it once the whole request is in (`Requ
 for every route, `guard(scope).received()` on /virtual). If the timer fires first, the client gets
 HTTP 408 (nothing has been answered yet) and the connection is closed. A connection on a Unix socket
 has no peer address to find its guard by, and no deadline.
+
+Why the close lingers: closing a socket whose client is still sending (a trickler is, by definition)
+makes the kernel answer with a reset, and a reset can make the client's kernel discard the 408 it has
+not read yet. So the 408 is followed by a half-close (FIN), what the client still sends is read and
+dropped, and the socket is closed once the client closes or after `LINGER_SECONDS` (nginx's
+"lingering close").
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ logger = logging.getLogger(__name__)
 JSON_HEADERS = [(b"content-type", b"application/json")]
 REQUEST_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+LINGER_SECONDS = 2.0
 UNAUTHORIZED = ("Unauthorized: this server needs an API key (send `Authorization: Bearer <key>`, or "
                 "StableToolBench's `toolbench_key` header)")
 # A body over the bound is read to its end (and dropped) before the 413, up to this much: a client still
@@ -51,6 +58,7 @@ class ReceiveDeadline(asyncio.Protocol):
         self._peer: tuple[str, int] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._receiving = False
+        self._lingering: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
@@ -61,18 +69,25 @@ class ReceiveDeadline(asyncio.Protocol):
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:  # answered 408 already: drop what a trickler still sends
+            return
         if not self._receiving and self._peer is not None:  # the first byte of a request
             self._receiving = True
             self._timer = self._loop.call_later(self.request_timeout, self._too_slow)
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
+        if self._lingering is not None:  # the client has closed too: the transport closes (a falsy return)
+            return None
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.received()
         if self._peer is not None and self.open.get(self._peer) is self:
             del self.open[self._peer]
+        if self._lingering is not None:  # the inner protocol was told at the 408
+            self._lingering.cancel()
+            return
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -97,7 +112,14 @@ class ReceiveDeadline(asyncio.Protocol):
         body = json.dumps({"error": f"Request Timeout: the request was not received within "
                                     f"{self.request_timeout:g} s", "response": ""}).encode()
         self._transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
-        self._transport.close()  # a handler waiting for the body gets `http.disconnect`
+        if not self._transport.can_write_eof():
+            self._transport.close()  # a handler waiting for the body gets `http.disconnect`
+            return
+        self._transport.write_eof()
+        self._lingering = self._loop.call_later(LINGER_SECONDS, self._transport.close)
+        # The inner protocol hears of the end now (a handler waiting for the body gets `http.disconnect`);
+        # given an exception, it leaves the transport open for the linger.
+        self._inner.connection_lost(ConnectionAbortedError("request timeout"))
 
 
 class _NoDeadline:

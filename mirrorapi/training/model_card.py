@@ -12,13 +12,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mirrorapi.versions import package_versions, versions_line
+
 TRAINING_FILE = "mirrorapi_training.json"
 
 
 def write_model_card(out_dir: str | os.PathLike, info: dict[str, Any]) -> Path:
     """`info`: base_model, kind (simulator|judge), prompt_format, adapter (bool), dataset_path,
-    dataset_stats, recipe (config file + command line + resolved keys), metrics, log_history."""
+    dataset_stats, recipe (config file + command line + resolved keys), metrics, log_history; `versions`
+    (the software that trained it) is added unless given (a merged adapter keeps its training's)."""
     out_dir = Path(out_dir)
+    info = {**info, "versions": info.get("versions") or package_versions()}
     (out_dir / TRAINING_FILE).write_text(json.dumps(info, indent=2, ensure_ascii=False, default=str) + "\n",
                                          encoding="utf-8")
     (out_dir / "README.md").write_text(_readme(info), encoding="utf-8")
@@ -67,7 +71,8 @@ def _readme(info: dict) -> str:
     lines += ["", "## Recipe", "", f"Config file: `{recipe.get('config_file')}`; command line: "
               f"`{' '.join(recipe.get('argv', []))}`", "", "```yaml"]
     lines += [f"{k}: {json.dumps(v, default=str)}" for k, v in sorted((recipe.get("resolved") or {}).items())]
-    lines += ["```", "", "## Serving", "", "```", _serve_command(adapter, info), "```", ""]
+    lines += ["```", "", "## Software", "", versions_line(info["versions"]) + " (`versions` in `"
+              f"{TRAINING_FILE}`)", "", "## Serving", "", "```", _serve_command(adapter, info), "```", ""]
     return "\n".join(lines)
 
 

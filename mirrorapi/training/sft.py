@@ -13,6 +13,7 @@ from mirrorapi.training.recipe import (
     check_inputs,
     config_file,
     dataset_stats,
+    freeze_below_top_layers,
     model_init_kwargs,
     training_splits,
 )
@@ -45,6 +46,9 @@ def build_trainer(recipe, training_args, model_args):
     trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=train,
                          eval_dataset=evals or None, processing_class=tokenizer,
                          peft_config=get_peft_config(model_args), callbacks=[ThroughputCallback()])
+    if recipe.train_top_layers is not None:  # before train() builds the optimizer over what requires grad
+        trainable, total = freeze_below_top_layers(trainer.model, recipe.train_top_layers)
+        logger.info("train_top_layers %d: %d of %d parameters trainable", recipe.train_top_layers, trainable, total)
     return trainer, dataset, train, evals
 
 

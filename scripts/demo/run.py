@@ -1,14 +1,19 @@
-"""`make demo`: the whole loop on a CPU with a tiny model, in six steps.
+"""`make demo`: the whole loop on a CPU, in six steps (with `--real`, on real pretrained weights).
 
 1. data: simulator and judge SFT sets from real pairs (a slice of `../shared/data`, else `data/samples`);
 2. train: a tiny model built from scratch, then `accelerate launch training/sft.py` for the simulator
-   (`tiny_cpu.yaml`) and the judge (`tiny_judge_cpu.yaml`);
-3. serve: `transformers serve` on the simulator, and the virtual server with a cache seeded from a
+   (`tiny_cpu.yaml`) and the judge (`tiny_judge_cpu.yaml`); with `--real`, SmolLM2-135M-Instruct
+   (`mirrorapi models get`) for the simulator (`simulator_smollm2_cpu.yaml`) and the judge
+   (`judge_smollm2_cpu.yaml`), the tiny simulator beside them as a reference row of the report;
+3. serve: the CPU engine (`cpu_engine_serve`: llama.cpp's server when `make engine` installed it, else
+   `transformers serve`) on the simulator, and the virtual server with a cache seeded from a
    StableToolBench cache folder of the training calls' real responses;
 4. requests: `/virtual` hits, simulated misses written back, and agents' mistakes (`demo_calls`);
 5. score: `eval/simulator.py` on held-out calls against the nearest-example baseline (through a
    second virtual server whose cache starts empty: the step-3 server has cached the calls step 4
-   simulated, and would answer those from memory), then `eval/fac.py` on StableToolBench's example
+   simulated, and would answer those from memory); with real weights also the untrained base model
+   shown real examples of the same API (`few_shot`, its server's cache seeded with the training calls
+   only) and the tiny model; then `eval/fac.py` on StableToolBench's example
    answers and `eval/judge_agreement.py` on the judge's held-out labelled answers, with the trained judge;
 6. report: everything started is stopped, and a report folder is written.
 
@@ -53,7 +58,8 @@ from demo.report import constant_answer_metrics, counts, fidelity_summary, judge
 
 from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
-from mirrorapi.processes import free_port, transformers_serve
+from mirrorapi.models.get import get_base_model
+from mirrorapi.processes import cpu_engine_serve, free_port
 from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.tools import ToolRegistry
 
@@ -61,8 +67,8 @@ logger = logging.getLogger(__name__)
 
 STEPS = ("data", "train", "serve", "requests", "score", "report")
 TITLES = {"data": "build the simulator and judge SFT sets from real pairs",
-          "train": "build a tiny model from scratch, train the simulator and the judge on the CPU",
-          "serve": "start transformers serve on the simulator, and the virtual server with a seeded cache",
+          "train": "get the base model, train the simulator and the judge on the CPU",
+          "serve": "start the CPU engine on the simulator, and the virtual server with a seeded cache",
           "requests": "send StableToolBench-style /virtual requests",
           "score": "score the simulator on held-out calls, and final answers with the trained judge",
           "report": "stop everything started, write the report"}
@@ -73,12 +79,21 @@ QUIET_TRAINING = {"eval_strategy": "no", "eval_on_start": "false", "save_strateg
                   "disable_tqdm": "true"}
 
 
+BASE_MODEL = "smollm2-135m-instruct"  # `mirrorapi models get` (mirrorapi/models/catalogue.py)
+RECIPES = {"tiny": {"simulator": "training/configs/tiny_cpu.yaml", "judge": "training/configs/tiny_judge_cpu.yaml"},
+           "real": {"simulator": "training/configs/simulator_smollm2_cpu.yaml",
+                    "judge": "training/configs/judge_smollm2_cpu.yaml"}}
+
+
 @dataclass
 class Sizes:
     """How much each step does (a full run, or `--quick` for the test suite)."""
 
     simulator: dict  # recipe overrides
     judge: dict
+    real: bool = False  # SmolLM2 for the simulator and the judge; else the tiny model
+    tiny_simulator: dict | None = None  # with real weights: the tiny simulator's overrides, for the report
+    few_shot: int = 3  # examples the untrained base is shown (real weights only)
     hits: int = 3  # one per source
     misses: int = 2
     heldout_calls: int = 40
@@ -86,10 +101,14 @@ class Sizes:
     agent_queries: int = 2  # example queries per group in the recorded agent run
 
 
-# The simulator learns its answer format from a few dozen short records (many epochs): a tiny model
+# The tiny simulator learns its answer format from a few dozen short records (many epochs): a tiny model
 # that sees hundreds of records once answers nothing parseable.
-FULL = Sizes({"max_train_samples": 64, "max_length": 768, "max_steps": 300, **QUIET_TRAINING},
-             {"max_eval_samples": 32, **QUIET_TRAINING})
+TINY_SIMULATOR = {"max_train_samples": 64, "max_length": 768, "max_steps": 300, **QUIET_TRAINING}
+FULL = Sizes(TINY_SIMULATOR, {"max_eval_samples": 32, **QUIET_TRAINING})
+# --real: SmolLM2-135M-Instruct for the simulator and the judge, the recipes' own sizes (see their comments),
+# the tiny simulator beside it.
+REAL = Sizes({"max_eval_samples": 8, **QUIET_TRAINING}, {"max_eval_samples": 16, **QUIET_TRAINING}, real=True,
+             tiny_simulator=TINY_SIMULATOR)
 # --quick (the test suite's run): shorter records and fewer steps; the format is still learnt well
 # enough that the held-out misses come back as observations.
 QUICK = Sizes({"max_train_samples": 16, "max_length": 512, "max_steps": 40, "warmup_steps": 5,
@@ -103,6 +122,7 @@ class DemoOptions:
     work_dir: Path
     shared: Path | None  # ../shared/data, or None to use data/samples
     quick: bool = False
+    real: bool = False  # SmolLM2 instead of the tiny model (not with quick)
 
 
 class DemoError(Exception):
@@ -129,7 +149,7 @@ class Demo:
     report: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.sizes = QUICK if self.options.quick else FULL
+        self.sizes = QUICK if self.options.quick else REAL if self.options.real else FULL
         work = self.options.work_dir.resolve()
         self.build, self.run_dir = work / "build", work / time.strftime("%Y%m%d-%H%M%S")
         if self.run_dir.exists():  # two runs within a second
@@ -137,7 +157,8 @@ class Demo:
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True)
         self.stack = contextlib.ExitStack()  # everything started, stopped in reverse order
-        self.report.update(status="running", quick=self.options.quick, run_dir=str(self.run_dir), steps=[])
+        self.report.update(status="running", quick=self.options.quick, real=self.options.real,
+                           run_dir=str(self.run_dir), steps=[])
 
     # ---------------------------------------------------------------------------------- running
     def run(self) -> Path:
@@ -179,15 +200,15 @@ class Demo:
         """`<run>/<name>` -> target (relative, so that a moved work folder keeps its links)."""
         (self.run_dir / name).symlink_to(os.path.relpath(target, self.run_dir))
 
-    def train(self, kind: str, recipe: str, dataset: Path, overrides: dict) -> tuple[Path, dict]:
-        inputs = {"base": self.base.name, "data": dataset.parent.name, "recipe": digest(REPO / recipe),
+    def train(self, kind: str, base: Path, recipe: str, dataset: Path, overrides: dict) -> tuple[Path, dict]:
+        inputs = {"base": base.name, "data": dataset.parent.name, "recipe": digest(REPO / recipe),
                   "accelerate": digest(REPO / ACCELERATE_CONFIG), "overrides": overrides, "code": self.code}
         folder = self.build / f"{kind}-{digest(inputs)}"
         reused = complete(folder)
         if not reused:
             command = [shown(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
                        ACCELERATE_CONFIG, "training/sft.py", "--config", recipe, "--model_name_or_path",
-                       shown(self.base), "--dataset_path", shown(dataset), "--output_dir", shown(fresh(folder)),
+                       shown(base), "--dataset_path", shown(dataset), "--output_dir", shown(fresh(folder)),
                        *[str(x) for item in overrides.items() for x in ("--" + item[0], item[1])]]
             say(f"{kind}: $ " + shlex.join(command))
             recipe_steps = yaml.safe_load((REPO / recipe).read_text(encoding="utf-8")).get("max_steps", 0)
@@ -222,12 +243,13 @@ class Demo:
                     say(f"{kind}: step {step}/{total}, loss {loss} ({now - began:.0f} s)")
         return on_line
 
-    def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None) -> Path:
+    def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None,
+                      few_shot: int = 0) -> Path:
         """`<run>/<name>.yml` for `serving/main_mirrorapi.py`; its request lines go to `logs/<name>-requests.jsonl`."""
         config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
                   else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
                   "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
-                  "max_tokens": 512, "engine_timeout": 60, "prompt_format": "mirrorapi-v1"}
+                  "max_tokens": 512, "engine_timeout": 120, "prompt_format": "mirrorapi-v1", "few_shot": few_shot}
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return path
@@ -252,20 +274,25 @@ class Demo:
             self.link(name, target)
 
     def step_train(self) -> None:
-        self.base, reused = build_base_model(self.build, self.data, self.code)
+        tiny, reused = build_base_model(self.build, self.data, self.code)
         say(("reused" if reused else "built") + f" the tiny base model (Qwen2 architecture, random weights, "
-            f"tokenizer trained on the demo's data): {shown(self.base)}")
-        self.report["base_model"] = {"folder": str(self.base), "reused": reused}
-        for kind, recipe, dataset in (("simulator", "training/configs/tiny_cpu.yaml", self.data.simulator),
-                                      ("judge", "training/configs/tiny_judge_cpu.yaml", self.data.judge)):
-            overrides = getattr(self.sizes, kind)
-            setattr(self, kind, self.train(kind, recipe, dataset, overrides)[0])
+            f"tokenizer trained on the demo's data): {shown(tiny)}")
+        self.report["tiny_base_model"] = {"folder": str(tiny), "reused": reused}
+        self.base = tiny
+        if self.sizes.real:
+            self.base = get_base_model(BASE_MODEL, progress=say)
+            self.report["base_model"] = {"name": BASE_MODEL, "folder": str(self.base)}
+            self.tiny_simulator = self.train("tiny-simulator", tiny, RECIPES["tiny"]["simulator"], self.data.simulator,
+                                             self.sizes.tiny_simulator)[0]
+        recipes = RECIPES["real" if self.sizes.real else "tiny"]
+        for kind, dataset in (("simulator", self.data.simulator), ("judge", self.data.judge)):
+            setattr(self, kind, self.train(kind, self.base, recipes[kind], dataset, getattr(self.sizes, kind))[0])
             self.link(kind, getattr(self, kind))
 
     def step_serve(self) -> None:
-        self.engine = self.stack.enter_context(transformers_serve(
+        self.engine = self.stack.enter_context(cpu_engine_serve(
             self.simulator, log_path=self.logs / "simulator-engine.log", timeout=180))
-        say(f"simulator engine: transformers serve {shown(self.simulator)} answers at {self.engine.base_url} "
+        say(f"simulator engine: {self.engine.name} on {shown(self.simulator)} answers at {self.engine.base_url} "
             f"(pid {self.engine.process.pid})")
         config = self.server_config("server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache)
         self.server = self.stack.enter_context(virtual_server(config, self.logs / "server.log"))
@@ -273,8 +300,8 @@ class Demo:
         say(f"virtual server: {self.server}/virtual (settings: {shown(config)}); {health['tools']['apis']} APIs of "
             f"{health['tools']['tools']} tools; cache {health['cache']['entries']} entries, imported from the "
             f"StableToolBench cache folder; engine {'answers' if health['status'] == 'ok' else 'NOT reachable'}")
-        self.report["serving"] = {"engine": self.engine.base_url, "server": self.server, "config": str(config),
-                                  "health": health}
+        self.report["serving"] = {"engine": self.engine.base_url, "engine_name": self.engine.name,
+                                  "server": self.server, "config": str(config), "health": health}
 
     def step_requests(self) -> None:
         train = list(read_pairs_jsonl(self.data.train_pairs))
@@ -292,19 +319,23 @@ class Demo:
         heldout = self.run_dir / "heldout.jsonl"
         chosen = select_heldout(self.data.test_pairs, self.sizes.heldout_calls)
         heldout.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen), encoding="utf-8")
-        config = self.server_config("fidelity-server.yml", self.engine, self.run_dir / "fidelity-cache.sqlite", None)
-        with virtual_server(config, self.logs / "fidelity-server.log") as url:
-            say(f"a second virtual server with an empty cache for the held-out calls: {url}")
-            self._run("simulator fidelity", [python, "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
-                      "--out", shown(fidelity), "--baseline-pairs", shown(self.data.train_pairs), "--tools",
-                      shown(self.data.source.tools), "--concurrency", "4", "--no-progress"], "fidelity.log")
+        self.fidelity_run("fidelity", self.engine, heldout, baseline=True)
         self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
         self.report["fidelity_constant"] = constant_answer_metrics(chosen, self.data.source.tools)
-        say(fidelity_summary(self.report["fidelity"], self.report["fidelity_constant"]))
+        if self.sizes.real:
+            self.stack.close()  # one engine at a time: the machine's cores go to the one being measured
+            others = self.report["fidelity_others"] = {}
+            for side, folder, few_shot in (("base_few_shot", self.base, self.sizes.few_shot),
+                                           ("tiny", self.tiny_simulator, 0)):
+                with cpu_engine_serve(folder, log_path=self.logs / f"{side}-engine.log", timeout=180) as engine:
+                    say(f"{side.replace('_', ' ')}: {engine.name} on {shown(folder)} answers at {engine.base_url}")
+                    out = self.fidelity_run(f"fidelity-{side}", engine, heldout, few_shot=few_shot)
+                others[side] = json.loads((out / "fidelity.json").read_text(encoding="utf-8"))
+        say(fidelity_summary(self.report))
 
-        judge = self.stack.enter_context(transformers_serve(self.judge, log_path=self.logs / "judge-engine.log",
-                                                            timeout=180))
-        say(f"judge engine: transformers serve {shown(self.judge)} answers at {judge.base_url}")
+        judge = self.stack.enter_context(cpu_engine_serve(self.judge, log_path=self.logs / "judge-engine.log",
+                                                          timeout=180))
+        say(f"judge engine: {judge.name} on {shown(self.judge)} answers at {judge.base_url}")
         engine = ["--base-url", judge.base_url, "--model", judge.model, "--no-progress"]
         self._run("FAC", [python, "eval/fac.py", "--answers",
                           shown(STB_EXAMPLE / "data_example" / "model_predictions_converted"), "--ids",
@@ -318,20 +349,39 @@ class Demo:
         say(judge_summary(self.report["fac"], self.report["agreement"]))
         self.agent_run(judge)
 
+    def fidelity_run(self, name: str, engine, heldout: Path, baseline: bool = False, few_shot: int = 0) -> Path:
+        """`eval/simulator.py` on the held-out calls through a virtual server of its own on `engine`, into
+        `<run>/<name>/`. Its cache starts empty; with `few_shot`, it holds the training calls' real responses
+        (the examples the simulator is shown; never a held-out call: the splits keep episodes apart)."""
+        out = self.run_dir / name
+        config = self.server_config(f"{name}-server.yml", engine, self.run_dir / f"{name}-cache.sqlite",
+                                    self.data.stb_cache if few_shot else None, few_shot=few_shot)
+        with virtual_server(config, self.logs / f"{name}-server.log") as url:
+            cache = f"cache of the training calls, few_shot {few_shot}" if few_shot else "empty cache"
+            say(f"a virtual server for the held-out calls ({cache}): {url}")
+            baseline_args = ["--baseline-pairs", shown(self.data.train_pairs)] if baseline else []
+            self._run(name, [shown(sys.executable), "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
+                             "--out", shown(out), *baseline_args, "--tools", shown(self.data.source.tools),
+                             "--concurrency", "4", "--no-progress"], f"{name}.log")
+        return out
+
     def agent_run(self, judge) -> None:
         """A small benchmark run: a recorded agent (StableToolBench's own CoT and DFS trajectories replayed as an
         OpenAI-compatible tool-calling model: a tiny model cannot call tools) against a replay-mode virtual
         server, scored for SoPR, SoWR and FAC by the trained tiny judge."""
         out = self.run_dir / "agents"
+        groups = sorted(p.stem.removesuffix("_instruction")
+                        for p in (STB_EXAMPLE / "solvable_queries_example" / "test_instruction").glob("*.json"))
         say("agent run: mirrorapi.evaluation.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
-            f"agents on {self.sizes.agent_queries} example quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
-            "per group, scored by the judge")
+            f"agents on the first {self.sizes.agent_queries} quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
+            f"of each group of StableToolBench's examples ({', '.join(groups)}), scored by the judge")
         result = recorded_benchmark(STB_EXAMPLE, REPO / "data" / "samples" / "tools", JudgeSettings(base_urls=[judge.base_url], model=judge.model, max_tokens=8),
                                     out, repeats=1, limit=self.sizes.agent_queries)
         if not result.complete:
             raise StepFailed(f"the agent run is incomplete: see {shown(out)}")
         report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-        self.report["agents"] = {"report": str(result.report), "averages": report["averages"],
+        self.report["agents"] = {"report": str(result.report), "averages": report["averages"], "groups": groups,
+                                 "queries_per_group": self.sizes.agent_queries,
                                  "counts": report["agent_counts"]}
         say(f"agent run report: {shown(result.report)}")
 

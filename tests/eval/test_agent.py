@@ -237,3 +237,91 @@ def test_sowr_of_the_two_example_models(world, eval_cli, tiny_engine, tmp_path):
     assert {r["judged"] for r in sopr if r["model"] == "virtual_chatgpt_cot" and r["query_id"] == "588"} == {False}
     markdown = (out / "sowr.md").read_text()
     assert "| Method | I1 Inst | Average |" in markdown and "| virtual_chatgpt_dfs |" in markdown
+
+
+# ------------------------------------------------------------------------- the agent-react-v1 text protocol
+@pytest.fixture(scope="module")
+def react_runs(world, eval_cli):
+    """CoT and DFS runs in the text protocol with the RECORDED agent replying in text (StableToolBench's
+    trajectories rendered as Thought / Action / Action Input); {method: (out folder, request bodies)}."""
+    runs = {}
+    for method, folder in FOLDERS.items():
+        with serve_recorded_agent([world["answers"] / folder], free_port(), text_protocol=True) as (base_url, agent):
+            out = world["root"] / f"react-{method}"
+            assert _run(eval_cli, world, base_url, method, out, "--prompt-format", "agent-react-v1") == 0
+            runs[method] = (out, list(agent.bodies))
+    return runs
+
+
+def test_text_protocol_reproduces_the_recorded_runs(react_runs, world):
+    for method, folder in FOLDERS.items():
+        out, bodies = react_runs[method]
+        converted = json.loads((out / f"{GROUP}.json").read_text())
+        recorded = json.loads((world["stb"] / "data_example" / "model_predictions_converted" / folder
+                               / f"{GROUP}.json").read_text())
+        assert sorted(converted) == sorted(IDS)
+        for qid in IDS:
+            data = _raw(out, qid, method)
+            assert_stabletoolbench_converter_reads(data, method)
+            assert data["agent_settings"]["prompt_format"] == "agent-react-v1"
+            real = json.loads((world["answers"] / folder / GROUP / f"{qid}_{method}.json").read_text())
+            assert data["answer_generation"]["final_answer"] == real["answer_generation"]["final_answer"]
+            assert _tool_path(converted[qid]) == _tool_path(recorded[qid])
+            # The answer file keeps StableToolBench's messages, not the text the model saw.
+            if data["answer_generation"]["valid_data"]:
+                conversation = data["answer_generation"]["train_messages"][-1]
+                assert any(m.get("tool_calls") for m in conversation if m["role"] == "assistant")
+                assert any(m["role"] == "tool" for m in conversation)
+        # The engine got text only: no tools, no tool calls, results as "Observation:" user messages.
+        assert bodies and all("tools" not in body and body["stop"] == ["\nObservation:"] for body in bodies)
+        messages = [m for body in bodies for m in body["messages"]]
+        assert all(m["role"] in ("system", "user", "assistant") and set(m) == {"role", "content"} for m in messages)
+        assert any(m["role"] == "user" and m["content"].startswith("Observation: {") for m in messages)
+        assert "Action Input:" in bodies[0]["messages"][0]["content"]
+        function_names = {f["function"]["name"] for f in _raw(out, "608", method)["answer_generation"]["function"]}
+        system_608 = next(b["messages"][0]["content"] for b in bodies if "gmhikaru" in b["messages"][1]["content"])
+        assert all(f"\n{name}: " in system_608 for name in function_names - {"Finish"})
+    # 588's recorded CoT run has no final answer; replayed in text it has none either.
+    assert _raw(react_runs["CoT@1"][0], "588", "CoT@1")["answer_generation"]["valid_data"] is False
+
+
+def test_a_run_in_another_prompt_format_is_not_mixed_in(react_runs, world, eval_cli, capsys):
+    out, _ = react_runs["CoT@1"]
+    (out / "answer" / GROUP / "608_CoT@1.json").rename(out / "608.kept")  # one query left to do: a resume
+    try:
+        assert _run(eval_cli, world, "http://127.0.0.1:9/v1", "CoT@1", out) == 2  # agent-v1 (the default)
+        assert "in prompt format 'agent-react-v1', not 'agent-v1'" in capsys.readouterr().err
+    finally:
+        (out / "608.kept").rename(out / "answer" / GROUP / "608_CoT@1.json")
+
+
+def test_text_protocol_unknown_function_gets_an_error_observation(world, eval_cli, faulty_judge, tmp_path):
+    # The FAKE engine replies with the same text every time: a call of a function the query does not have.
+    faulty_judge.reply = 'Thought: I will search the web.\nAction: google_search\nAction Input: {"q": "gmhikaru"}'
+    out = tmp_path / "react-unknown"
+    assert _run(eval_cli, world, faulty_judge.base_url, "CoT@1", out, "--prompt-format", "agent-react-v1",
+                "--single-chain-max-step", "4", "--limit", "1") == 0
+    data = _raw(out, "588", "CoT@1")
+    chain = data["trys"][0]["chain"]
+    assert [n["node_type"] for n in chain] == ["Thought", "Action", "Action Input"] * 2
+    assert all(n["observation_code"] == 1 and "No such function name: google_search" in n["observation"]
+               for n in chain if n["node_type"] == "Action Input")
+    assert data["answer_generation"]["valid_data"] is False
+    second = faulty_judge.received[-1]  # the second step (the first requests may be the runner's probes)
+    assert second[-1] == {"role": "user", "content": f"Observation: {chain[2]['observation']}"}
+    assert second[-2]["content"].startswith("Thought: I will search the web.\nAction: "
+                                            "invalid_hallucination_function_name\n")
+
+
+def test_react_grammar_names_the_query_functions(world, eval_cli, tmp_path):
+    with serve_recorded_agent([world["answers"] / "virtual_chatgpt_cot"], free_port(), text_protocol=True) as (
+            base_url, agent):
+        assert _run(eval_cli, world, base_url, "CoT@1", tmp_path / "grammar", "--prompt-format", "agent-react-v1",
+                    "--react-grammar", "--limit", "1") == 0
+        grammars = {body["grammar"] for body in agent.bodies if "grammar" in body}
+    (grammar,) = grammars  # one query, one grammar
+    functions = [f["function"]["name"] for f in _raw(tmp_path / "grammar", "588", "CoT@1")
+                 ["answer_generation"]["function"]]
+    action = next(line for line in grammar.splitlines() if line.startswith("action ::="))
+    assert action == "action ::= " + " | ".join(f'"{name}"' for name in functions)  # Finish is the last one
+    assert grammar.startswith('root ::= "Thought: " thought "\\nAction: " action "\\nAction Input: " object')

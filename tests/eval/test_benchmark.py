@@ -8,7 +8,10 @@ import json
 
 from mirrorapi.cli import main as mirrorapi_main
 from mirrorapi.evaluation.judging import JudgeSettings
+from mirrorapi.evaluation.recorded_agent import serve_recorded_agent
+from mirrorapi.evaluation.recorded_benchmark import main as recorded_benchmark_main
 from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
+from mirrorapi.processes import free_port
 
 
 def test_recorded_benchmark_writes_one_report(samples, tiny_engine, tmp_path):
@@ -30,6 +33,11 @@ def test_recorded_benchmark_writes_one_report(samples, tiny_engine, tmp_path):
     assert (tmp_path / "report.png").stat().st_size > 1000
     sowr = json.loads((tmp_path / "scores" / "sowr.json").read_text())
     assert [row["model"] for row in sowr["rows"]] == ["chatgpt_replay_dfs"]
+    # ToolEyes' rule-based parts: every call of those runs names a listed tool with its required parameters
+    # and well-formed arguments (checked by hand in data/samples), so s_FA and tool reality are 100.
+    assert "## ToolEyes (rule-based parts)" in report
+    for row in ("chatgpt_replay_cot", "chatgpt_replay_dfs"):
+        assert f"| {row} | G1_instruction | 2 | 100.00 | — | — | — | — | — | 100.00 |" in report
 
 
 def test_benchmark_rejects_an_unknown_method(capsys, tmp_path):
@@ -38,3 +46,25 @@ def test_benchmark_rejects_an_unknown_method(capsys, tmp_path):
                            "--judge-base-url", "http://127.0.0.1:9/v1", "--judge-model", "j"])
     assert code == 2
     assert "unknown method 'ReAct'" in capsys.readouterr().err
+
+
+def test_recorded_benchmark_with_a_text_protocol_agent_beside_the_replays(samples, tiny_engine, tmp_path, capsys):
+    """A third row from an agent in the agent-react-v1 text protocol (the RECORDED CoT run replayed as text),
+    through the `python -m` entry, with a simulator (the tiny model) for what the cache lacks."""
+    stb = samples / "stabletoolbench"
+    with serve_recorded_agent([stb / "data_example" / "answer" / "virtual_chatgpt_cot"], free_port(),
+                              text_protocol=True) as (base_url, agent):
+        code = recorded_benchmark_main([
+            "--out", str(tmp_path), "--limit", "2", "--agent", "text_replay", "recorded-agent", base_url,
+            "--agent-format", "text_replay", "agent-react-v1", "--simulator-base-url", tiny_engine.base_url,
+            "--simulator-model", tiny_engine.model, "--judge-base-url", tiny_engine.base_url,
+            "--judge-model", tiny_engine.model, "--judge-max-tokens", "8"])
+        assert code == 0
+        assert agent.bodies and all("tools" not in body for body in agent.bodies)
+    assert "| text_replay_cot | I1 Inst |" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert summary["rows"] == ["chatgpt_replay_cot", "chatgpt_replay_dfs", "text_replay_cot"]
+    assert summary["agents"]["text_replay_cot"]["prompt_format"] == "agent-react-v1"
+    # The same recorded run, in text or in tool calls, ends the same way: 608 answered, 588 without Finish.
+    counts = summary["agent_counts"]
+    assert counts["text_replay_cot"] == counts["chatgpt_replay_cot"]

@@ -5,11 +5,8 @@ any call after a chosen delay)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import socket
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +19,7 @@ from mirrorapi.processes import free_port, serve_in_thread
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.transport import uvicorn_options
+from mirrorapi.testing.fake_engines import STUB_OBSERVATION, HungEngine, StubEngine, unreachable_engine_url
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"  # every tool of the sample and shared pairs
@@ -118,72 +116,18 @@ def stb_cache(real_pairs, tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.fixture()
 def engine_down() -> str:
-    """Fake engine (a fault that cannot be provoked with a real one): a port nobody listens on."""
-    return f"http://127.0.0.1:{free_port()}/v1"
+    return unreachable_engine_url()
 
 
 @pytest.fixture()
 def engine_hanging() -> Iterator[str]:
-    """Fake engine (a fault that cannot be provoked with a real one): accepts connections, never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    listener.settimeout(0.1)
-    held, stop = [], threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(listener.accept()[0])
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
-    stop.set()
-    thread.join(5)
-    for conn in held:
-        conn.close()
-    listener.close()
-
-
-STUB_OBSERVATION = {"error": "", "response": {"answered_by": "stub engine"}}
+    with HungEngine() as engine:
+        yield engine.url
 
 
 @pytest.fixture()
 def engine_stub() -> Iterator:
-    """`engine_stub(delay)` -> the /v1 URL of a fake engine (a stand-in: no real engine gives a valid
-    answer to *every* call, nor takes a chosen time): it answers each chat completion with
+    """`engine_stub(delay)` -> the /v1 URL of a StubEngine answering each chat completion with
     STUB_OBSERVATION after `delay` seconds. Stopped after the test."""
-    stops = []
-
-    def start(delay: float = 0.0) -> str:
-        body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "stub", "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
-                                                               "content": json.dumps(STUB_OBSERVATION)}}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-        loop = asyncio.new_event_loop()
-
-        async def handle(reader, writer):
-            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-                while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                                   if line.lower().startswith(b"content-length:")), 0)
-                    await reader.readexactly(length)
-                    if not head.startswith(b"GET"):
-                        await asyncio.sleep(delay)
-                    writer.write(reply)
-            writer.close()
-        server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-
-        def stop() -> None:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(5)
-            server.close()
-        stops.append(stop)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
-    yield start
-    for stop in stops:
-        stop()
+    with contextlib.ExitStack() as running:
+        yield lambda delay=0.0: running.enter_context(StubEngine(delay=delay)).url

@@ -5,7 +5,7 @@ import json
 from mirrorapi.cli import main
 
 
-def test_import_stats_export(stb_cache, sample_tools, samples, tmp_path, capsys):
+def test_import_stats(stb_cache, sample_tools, samples, tmp_path, capsys):
     folder, written = stb_cache
     db = str(tmp_path / "c.sqlite")
     assert main(["cache", "import", str(folder), "--cache", db, "--tools", str(sample_tools), "--json"]) == 0
@@ -22,11 +22,35 @@ def test_import_stats_export(stb_cache, sample_tools, samples, tmp_path, capsys)
     assert stats["entries"] == report["stored"] + stats["by_provenance"].get("real", 0)
     assert [i["origin"] for i in stats["imports"]] == [str(folder)]
 
+
+def test_export_writes_every_real_call(sample_tools, samples, tmp_path, capsys):
+    """Real pairs imported into an empty cache come back out as a StableToolBench cache folder: one file per
+    API, one key per distinct call (`str(arguments)`, as its server writes them), each with the real answer.
+    The expected counts are computed here from the pairs file itself."""
+    pairs = [json.loads(line) for line in (samples / "pairs.jsonl").read_text(encoding="utf-8").splitlines()]
+    calls = {(p["category"], p["tool_name"], p["api_name"], json.dumps(p["tool_input"], sort_keys=True)): p
+             for p in pairs}
+    apis = {call[:3] for call in calls}
+    assert len(calls) > 100 and len(apis) > 50  # the sample holds what the test is about
+
+    db = str(tmp_path / "c.sqlite")
+    assert main(["cache", "import", str(samples / "pairs.jsonl"), "--cache", db, "--tools", str(sample_tools)]) == 0
+    assert f"{len(pairs)} entries read, {len(calls)} stored" in capsys.readouterr().out
     out = tmp_path / "export"
     assert main(["cache", "export", str(out), "--cache", db, "--provenance", "real"]) == 0
-    line = capsys.readouterr().out
-    assert line.startswith(f"{stats['by_provenance'].get('real', 0):,} entries written")
-    assert all(path.parent.name.endswith("_for_" + path.parent.parent.name) for path in out.glob("*/*/*.json"))
+    assert capsys.readouterr().out.startswith(f"{len(calls):,} entries written to {len(apis)} files")
+
+    files = sorted(out.glob("*/*/*.json"))
+    assert len(files) == len(apis)
+    assert all(path.parent.name.endswith("_for_" + path.parent.parent.name) for path in files)
+    exported = {(path, key): value for path in files
+                for key, value in json.loads(path.read_text(encoding="utf-8")).items()}
+    assert len(exported) == len(calls)
+    answers: dict[tuple, list] = {}  # (category, key) -> the real answers of those calls (some calls recur)
+    for p in pairs:
+        answers.setdefault((p["category"], str(p["tool_input"])), []).append(p["response"])
+    for (path, key), value in exported.items():
+        assert value in answers[(path.parent.parent.name, key)]
 
 
 def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys):

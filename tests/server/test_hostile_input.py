@@ -95,6 +95,8 @@ def _trickle(url: str, data: bytes, pause: float, patience: float) -> tuple[byte
                 received += chunk
             except socket.timeout:
                 pass
+            except OSError:  # reset: what was received stays in `received`
+                break
             if time.monotonic() - start > patience:
                 break
         conn.settimeout(1.0)

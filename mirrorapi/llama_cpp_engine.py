@@ -1,0 +1,124 @@
+"""llama.cpp's OpenAI-compatible server (`llama-cpp-python[server]`), answering the OpenAI requests we send.
+
+    python -m mirrorapi.llama_cpp_engine --model FILE.gguf --model_alias NAME --port N [...]
+
+Every flag is llama-cpp-python's own (`python -m llama_cpp.server --help`); the server is its `create_app`, run by
+uvicorn. Our defaults (SERVER_DEFAULTS; a flag given wins):
+- `--host 127.0.0.1`;
+- `--n_ctx 8192`: SmolLM2's trained context (its KV cache is ~190 MB); simulator prompts with long docs fit;
+- `--n_threads`/`--n_threads_batch`: the cores this process may use;
+- `--interrupt_requests false`: the server runs one request at a time, and by default a new request cuts the
+  streamed answer in progress short (bench/engines.py saw it: 4 clients, no answer finished);
+- `--logits_all false`: logits of the last position only (the others serve only the prompt's `logprobs`);
+- `--verbose false`: no per-request timing lines from llama.cpp on stderr.
+Two differences from OpenAI's API matter to the virtual server and the judges, so each chat or text
+completion request is rewritten before llama-cpp-python reads it:
+- `response_format: {"type": "json_schema", "json_schema": {"schema": S}}` (what the virtual server sends) is
+  refused there (HTTP 500: its request type knows "text" and "json_object" only), while its own dialect
+  `{"type": "json_object", "schema": S}` is enforced with a grammar compiled from S. Rewritten to that dialect.
+- its grammar compiler reads an empty sub-schema (`{}`: any JSON value, as our observation's `response`) as
+  "an object", so a fine-tuned simulator asked for `"success"` can only write `{}`; empty sub-schemas are
+  rewritten to the explicit union of JSON types, which it compiles as meant.
+- `repeat_penalty` defaults to 1.1 there; OpenAI's API has no such penalty, and with it greedy answers differ
+  from every other engine's (JSON repeats its keys and quotes). Set to 1.0 unless the request gives one.
+Not a new engine and no new endpoint: a pure ASGI wrapper of about forty lines around llama-cpp-python's app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+REWRITTEN_PATHS = ("/v1/chat/completions", "/v1/completions")
+ANY_JSON = {"type": ["string", "number", "boolean", "object", "array", "null"]}
+SERVER_DEFAULTS = {"host": "127.0.0.1", "n_ctx": 8192, "interrupt_requests": False, "logits_all": False,
+                   "verbose": False}
+
+
+def explicit_any(schema):
+    """`schema` with every empty sub-schema under `properties`, `items` or `additionalProperties` made ANY_JSON."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: ANY_JSON if v == {} else explicit_any(v) for k, v in out["properties"].items()}
+    for key in ("items", "additionalProperties"):
+        if out.get(key) == {}:
+            out[key] = ANY_JSON
+        elif isinstance(out.get(key), dict):
+            out[key] = explicit_any(out[key])
+    return out
+
+
+def openai_request(body: bytes) -> bytes:
+    """The request body in llama-cpp-python's dialect; a body that is not a JSON object is left for the server
+    to refuse."""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(request, dict):
+        return body
+    response_format = request.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        request["response_format"] = {"type": "json_object", **({"schema": explicit_any(schema)} if schema else {})}
+    request.setdefault("repeat_penalty", 1.0)
+    return json.dumps(request).encode()
+
+
+class OpenAIDialect:
+    """ASGI middleware: buffers the body of a completion request, rewrites it (`openai_request`) and hands it on
+    with its new length; any other request passes untouched."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in REWRITTEN_PATHS:
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending its body
+                return None
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        body = openai_request(body)
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+        scope = dict(scope, headers=[*headers, (b"content-length", str(len(body)).encode())])
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()  # later messages: a disconnect while an answer streams
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+    from llama_cpp.server.app import create_app
+    from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
+    from llama_cpp.server.settings import ModelSettings, ServerSettings, Settings
+
+    parser = argparse.ArgumentParser(prog="python -m mirrorapi.llama_cpp_engine", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
+    add_args_from_model(parser, Settings)
+    threads = len(os.sched_getaffinity(0))
+    parser.set_defaults(**SERVER_DEFAULTS, n_threads=threads, n_threads_batch=threads)
+    args = parser.parse_args(argv)
+    server = parse_model_from_args(ServerSettings, args)
+    model = parse_model_from_args(ModelSettings, args)
+    app = OpenAIDialect(create_app(server_settings=server, model_settings=[model]))
+    uvicorn.run(app, host=server.host, port=server.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

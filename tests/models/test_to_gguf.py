@@ -1,0 +1,214 @@
+"""A fine-tuned SmolLM2 folder exported back to GGUF (mirrorapi.models.to_gguf) and served by llama.cpp's server
+(mirrorapi.llama_cpp_engine): the engine must answer what transformers answers, through the OpenAI API our
+clients use. The llama.cpp tests need `llama-cpp-python[server]` (the `cpu-engine` extra, `make engine`) and
+skip with that reason without it.
+
+References from outside the code under test: transformers' own GGUF loader (its llama tensor processor
+undoes llama.cpp's q/k permutation: ours must be its inverse) and transformers' `generate` (greedy tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+from mirrorapi.cli import main
+from mirrorapi.engine_client import EngineClient
+from mirrorapi.llama_cpp_engine import openai_request
+from mirrorapi.models.catalogue import base_gguf
+from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving, permute_for_gguf
+from mirrorapi.processes import (
+    RunningEngine,
+    cpu_engine_serve,
+    free_port,
+    llama_cpp_available,
+    stop,
+    wait_until_engine_answers,
+)
+from mirrorapi.prompts import OBSERVATION_SCHEMA, is_strict_observation, simulator_messages
+from mirrorapi.records import read_pairs_jsonl
+from mirrorapi.tools import ToolRegistry
+
+REPO = Path(__file__).resolve().parents[2]
+needs_llama_cpp = pytest.mark.skipif(not llama_cpp_available(), reason=(
+    "llama-cpp-python[server] is not installed (the cpu-engine extra: `make engine`, a ~3-4 min build)"))
+
+
+@pytest.mark.parametrize(("n_head", "n_kv"), [(9, 3), (4, 4)])
+def test_the_permutation_is_the_inverse_of_transformers_gguf_loader(n_head, n_kv):
+    processor = LlamaTensorProcessor(config={"num_attention_heads": n_head, "num_key_value_heads": n_kv})
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((n_head * 64, 576)), rng.standard_normal((n_kv * 64, 576))
+    assert np.array_equal(processor.process(permute_for_gguf(q, n_head), "blk.0.attn_q.weight").weights, q)
+    assert np.array_equal(processor.process(permute_for_gguf(k, n_kv), "blk.0.attn_k.weight").weights, k)
+    assert not np.array_equal(permute_for_gguf(q, n_head), q)
+
+
+def test_the_openai_request_is_put_in_llama_cpp_python_s_dialect():
+    body = {"model": "m", "messages": [], "response_format": {"type": "json_schema", "json_schema": {
+        "name": "observation", "schema": OBSERVATION_SCHEMA}}}
+    rewritten = json.loads(openai_request(json.dumps(body).encode()))
+    schema = rewritten["response_format"].pop("schema")
+    assert rewritten["response_format"] == {"type": "json_object"}
+    # llama.cpp's grammar compiler reads an empty schema as "an object": `response` must stay any JSON value.
+    assert schema == {**OBSERVATION_SCHEMA, "properties": {"error": {"type": "string"}, "response": {
+        "type": ["string", "number", "boolean", "object", "array", "null"]}}}
+    assert rewritten["repeat_penalty"] == 1.0
+    assert json.loads(openai_request(json.dumps({"repeat_penalty": 1.3}).encode()))["repeat_penalty"] == 1.3
+    assert openai_request(b"not json") == b"not json"  # the server refuses it with its own error
+
+
+def test_a_lora_adapter_folder_is_refused_with_a_reason(tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(GGUFExportError, match="LoRA adapter: merge it first"):
+        export_gguf(tmp_path, tmp_path / "out.gguf", tmp_path / "base.gguf")
+
+
+# ------------------------------------------------------------------------------------ slow: real weights
+def simulator_prompts(samples, n: int) -> list[list[dict]]:
+    registry = ToolRegistry.load([samples / "tools"])
+    prompts = []
+    for pair in read_pairs_jsonl(samples / "pairs.jsonl"):
+        doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
+        prompts.append(simulator_messages(doc, pair["tool_input"]))
+        if len(prompts) == n:
+            return prompts
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def changed_smollm2(smollm2_dir, tmp_path_factory):
+    """A stand-in for a fine-tune (the export must not depend on how weights changed): every matrix of the
+    base moved by seeded noise, saved in float32 as a trainer saves it, with the base's tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("finetune") / "model"
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std() * 0.05)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
+    # the Hugging Face model-card field our training cards write (mirrorapi.training.model_card)
+    (out / "README.md").write_text(f"---\nbase_model: {smollm2_dir}\nlibrary_name: transformers\n---\n# fine-tune\n")
+    return out
+
+
+@pytest.mark.slow
+def test_a_folder_of_another_model_is_refused(smollm2_dir, tiny_model_dir, tmp_path):
+    with pytest.raises(GGUFExportError, match="only llama fine-tunes"):
+        export_gguf(tiny_model_dir, tmp_path / "out.gguf", base_gguf(smollm2_dir))
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(GGUFExportError, match="no GGUF to take the tokenizer from"):
+        gguf_for_serving(tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_the_served_gguf_of_a_base_and_of_its_fine_tune(smollm2_dir, changed_smollm2, capsys):
+    """A base model is served from its original GGUF; a fine-tune naming it as base_model is exported once
+    (f16) into its folder, and exported again only when its weights change."""
+    import gguf
+
+    assert gguf_for_serving(smollm2_dir) == base_gguf(smollm2_dir)
+    assert main(["models", "gguf", str(changed_smollm2)]) == 0
+    exported = Path(capsys.readouterr().out.strip())
+    assert exported == changed_smollm2 / "model-f16.gguf"
+    reader = gguf.GGUFReader(exported)
+    base = gguf.GGUFReader(base_gguf(smollm2_dir))
+    assert reader.fields["tokenizer.ggml.tokens"].contents() == base.fields["tokenizer.ggml.tokens"].contents()
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["blk.0.attn_q.weight"] == "F16" and types["blk.0.attn_norm.weight"] == "F32"
+    assert "output.weight" not in types  # tied: llama.cpp reuses token_embd
+    written = exported.stat().st_mtime_ns
+    assert gguf_for_serving(changed_smollm2) == exported and exported.stat().st_mtime_ns == written
+    assert main(["models", "gguf", str(smollm2_dir.parent / "nothing")]) == 1
+    assert "not a model folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+def test_llama_cpp_answers_what_transformers_answers(changed_smollm2, samples, tmp_path):
+    """The fine-tune served as the demo serves it (`cpu_engine_serve`: exported to f16 GGUF, llama.cpp) gives
+    transformers' greedy answers."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = simulator_prompts(samples, 3)
+    tokenizer = AutoTokenizer.from_pretrained(changed_smollm2)
+    model = AutoModelForCausalLM.from_pretrained(changed_smollm2).eval()
+    expected = []
+    for messages in prompts:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=48, do_sample=False)
+        expected.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    with cpu_engine_serve(changed_smollm2, log_path=tmp_path / "engine.log") as engine:
+        assert "mirrorapi.llama_cpp_engine" in engine.process.args and engine.model == str(changed_smollm2)
+        client = EngineClient([engine.base_url], engine.model, timeout=120)
+        got = asyncio.run(_answers(client, prompts, 48))
+    assert got == expected
+    assert len({*expected}) == 3 and all(expected)  # three different, non-empty answers were compared
+
+
+async def _answers(client, prompts, max_tokens, **kwargs):
+    try:
+        return [await client.chat(messages, max_tokens=max_tokens, temperature=0, seed=0, **kwargs)
+                for messages in prompts]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+def test_the_cpu_engine_script_serves_a_base_model_with_llama_cpp(smollm2_dir, samples, tmp_path):
+    """scripts/serve_engine_cpu.sh on a base folder (given relative, through a link, as runs/demo/latest is)
+    starts llama.cpp on its GGUF, under the name it prints; what the virtual server needs from it: /v1/models
+    names the model (its /health), the observation schema as `response_format` is enforced, streaming
+    answers, and a second identical greedy request gets the same answer."""
+    import httpx
+    from openai import OpenAI
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "latest").symlink_to(smollm2_dir.parent)
+    relative = f"runs/latest/{smollm2_dir.name}"
+    name = f"{tmp_path}/{relative}"  # what "$PWD/runs/latest/<model>" expands to there
+    port, log = free_port(), tmp_path / "engine.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(REPO / "scripts" / "serve_engine_cpu.sh"), relative, str(port)],
+                                   cwd=tmp_path, env={**os.environ, "ENGINE": "llama.cpp", "PYTHON": sys.executable},
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        engine = RunningEngine(f"http://127.0.0.1:{port}/v1", name, process, log)
+        wait_until_engine_answers(engine, 180)
+        assert f"model name (clients' --model): {name}" in log.read_text()
+        assert f"llama.cpp on {name}/{base_gguf(smollm2_dir).name}" in log.read_text()
+        listed = httpx.get(engine.base_url + "/models", timeout=10).json()
+        assert [m["id"] for m in listed["data"]] == [name]
+        prompts = simulator_prompts(samples, 2)
+        schema_format = {"type": "json_schema", "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA}}
+        client = EngineClient([engine.base_url], name, timeout=300)
+        structured = asyncio.run(_answers(client, prompts, 160, response_format=schema_format))
+        client = EngineClient([engine.base_url], name, timeout=300)
+        plain = asyncio.run(_answers(client, [prompts[0]] * 2, 32))
+        openai = OpenAI(base_url=engine.base_url, api_key="none", max_retries=0)
+        chunks = [c.choices[0].delta.content or "" for c in openai.chat.completions.create(
+            model=name, messages=prompts[0], max_tokens=16, temperature=0, stream=True) if c.choices]
+    finally:
+        stop(process)
+    # With the schema, one object of the two keys (an answer cut by max_tokens is the only way not to be one).
+    complete = [a for a in structured if a.rstrip().endswith("}")]
+    assert complete and all(is_strict_observation(a) for a in complete)
+    assert plain[0] == plain[1]
+    assert len([c for c in chunks if c]) > 1 and "".join(chunks) == plain[0][:len("".join(chunks))]
