@@ -204,7 +204,7 @@ def fidelity(tokenizer, answers: list, reference: list[list[int]]) -> dict:
     """Texts compared (token ids of a streamed text are not given back), common prefix in tokens of each text
     tokenised again."""
     same, prefixes, lengths = 0, [], []
-    for text, ref in zip(answers, reference):
+    for text, ref in zip(answers, reference, strict=True):
         expected = tokenizer.decode(ref, skip_special_tokens=True)
         text = text if isinstance(text, str) else ""
         got, want = (tokenizer(t, add_special_tokens=False).input_ids for t in (text, expected))

@@ -368,7 +368,7 @@ def run(args) -> dict:
             base_url = postgres.enter_context(_postgres_copy(work / "base.sqlite", work))
         runs = []
         for run_index in range(args.runs):
-            def misses(n: int, tag: str) -> list[str]:
+            def misses(n: int, tag: str, run_index: int = run_index) -> list[str]:
                 return [json.dumps({**b, "tool_input": json.dumps({"run": run_index, "miss": i, "by": tag,
                                                                    **json.loads(b["tool_input"])})})
                         for i, b in enumerate(bodies[:n])]

@@ -29,6 +29,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -345,7 +346,7 @@ class EngineClient:
             await self._session.close()
 
 
-def _json_body(data: bytes) -> object:
+def _json_body(data: bytes) -> Any:
     try:
         return json.loads(data)
     except ValueError:
@@ -361,7 +362,7 @@ def _message(completion: object) -> tuple[dict, dict]:
     if not isinstance(message, dict):
         raise EngineError("no_choice", f"engine answered JSON that is not a chat completion: "
                                        f"{json.dumps(completion, ensure_ascii=False)[:200]}")
-    usage = completion.get("usage")
+    usage = completion.get("usage")  # type: ignore[attr-defined]  # a dict: `message` was found in it
     return message, usage if isinstance(usage, dict) else {}
 
 

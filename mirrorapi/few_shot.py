@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 from mirrorapi.records import canonical_json
 

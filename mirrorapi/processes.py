@@ -26,12 +26,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from mirrorapi.models.to_gguf import GGUFExportError, gguf_for_serving
-
 
 T = TypeVar("T")
 
@@ -194,7 +194,7 @@ def _own_group(process: subprocess.Popen) -> bool:
 
 @contextlib.contextmanager
 def transformers_serve(model_dir: str | os.PathLike, port: int | None = None, log_path: str | os.PathLike | None = None,
-                       timeout: float = 180.0, extra_args: list[str] = ()) -> Iterator[RunningEngine]:
+                       timeout: float = 180.0, extra_args: Sequence[str] = ()) -> Iterator[RunningEngine]:
     """`transformers serve MODEL_DIR --device cpu` on 127.0.0.1, ready to answer when the block starts."""
     model = str(Path(model_dir).resolve())
     port = port or free_port()
@@ -224,7 +224,7 @@ def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("sse_starlette") is not None
 
 
-def llama_cpp_command(gguf_path: str | os.PathLike, model: str, port: int, extra_args: list[str] = ()) -> list[str]:
+def llama_cpp_command(gguf_path: str | os.PathLike, model: str, port: int, extra_args: Sequence[str] = ()) -> list[str]:
     """The command line of llama.cpp's server for one GGUF, answering requests whose `model` is `model`
     (`mirrorapi.llama_cpp_engine`: llama-cpp-python's server taking OpenAI's `response_format`, with our
     defaults: 127.0.0.1, all cores, one request at a time without cutting the one in progress)."""
@@ -235,7 +235,7 @@ def llama_cpp_command(gguf_path: str | os.PathLike, model: str, port: int, extra
 @contextlib.contextmanager
 def llama_cpp_serve(gguf_path: str | os.PathLike, model: str | None = None, port: int | None = None,
                     log_path: str | os.PathLike | None = None, timeout: float = 120.0,
-                    extra_args: list[str] = ()) -> Iterator[RunningEngine]:
+                    extra_args: Sequence[str] = ()) -> Iterator[RunningEngine]:
     """llama.cpp's server on `gguf_path` on 127.0.0.1, ready to answer when the block starts. `model` is the
     name clients send (default: the GGUF's absolute path)."""
     model = model or str(Path(gguf_path).resolve())

@@ -58,6 +58,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import json_repair
@@ -171,7 +172,8 @@ def select_history(lines: list[str], max_calls: int = DEFAULT_HISTORY_CALLS,
     """The history a prompt shows: of `lines` (oldest first), the newest calls first, at most
     `max_calls`, stopping at the first that would pass `char_budget` (calls are never cut, and an
     older call is never shown without the newer ones)."""
-    chosen, used = [], 0
+    chosen: list = []
+    used = 0
     for line in reversed(lines):
         if len(chosen) == max_calls or used + len(line) > char_budget:
             break
@@ -201,7 +203,7 @@ def _stabletoolbench_user(doc: ApiDoc, arguments: dict, normalised_api_name: boo
 def simulator_messages(
     doc: ApiDoc,
     arguments: dict,
-    examples: list[tuple[dict, dict]] = (),
+    examples: Sequence[tuple[dict, dict]] = (),
     fmt: str = DEFAULT_SIMULATOR_FORMAT,
     system_prompt: str | None = None,
     history: list[str] | None = None,
@@ -498,7 +500,7 @@ _REACT_LABEL = re.compile(r"^[\s*#>_`-]*(thought|action input|action|observation
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
-def agent_function_list(functions: list[dict]) -> str:
+def agent_function_list(functions: Sequence[dict]) -> str:
     """One line per function for text agent formats: `name: description; arguments: {json schema}`."""
     lines = []
     for schema in functions:
@@ -636,7 +638,7 @@ def agent_tool_list(tools: list[tuple[str, str]]) -> str:
 
 
 def agent_messages(query: str, tools: list[tuple[str, str]], fmt: str = DEFAULT_AGENT_FORMAT,
-                   system_prompt: str | None = None, functions: list[dict] = ()) -> list[dict]:
+                   system_prompt: str | None = None, functions: Sequence[dict] = ()) -> list[dict]:
     """The first two messages of an agent run. `system_prompt` (a user's own text, e.g. from a file)
     replaces ours; `{tools}` in it is replaced by the tool list, `{functions}` by the function list
     (`functions`: the OpenAI tool schemas, which text formats show in the prompt)."""
@@ -681,7 +683,7 @@ def preference_messages(query: str, answers: tuple[tuple[str, str], tuple[str, s
     if fmt not in PREFERENCE_FORMATS:
         raise ValueError(f"unknown preference prompt format {fmt!r}; known: {', '.join(PREFERENCE_FORMATS)}")
     parts = [f"Query:\n{query.strip()}"]
-    for label, (steps, answer) in zip("AB", answers):
+    for label, (steps, answer) in zip("AB", answers, strict=True):
         parts.append(f"Answer {label}\nTool calls:\n{steps.strip() or '(none)'}\nFinal answer:\n"
                      f"{answer.strip() or '(no final answer)'}")
     return [{"role": "system", "content": SOWR_SYSTEM_V1}, {"role": "user", "content": "\n\n".join(parts)}]

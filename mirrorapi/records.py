@@ -16,11 +16,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from mirrorapi.names import standardize_category
-
 
 # Encoders built once: `json.dumps` with arguments builds a new encoder on every call (a third of the cost
 # of a small key, on every cache lookup). Same output as `json.dumps` with the same arguments.

@@ -15,9 +15,10 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from rapidfuzz import fuzz, process
 
@@ -146,7 +147,7 @@ class ToolRegistry:
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
-    def load(cls, sources: Iterable[str | os.PathLike]) -> "ToolRegistry":
+    def load(cls, sources: Iterable[str | os.PathLike]) -> ToolRegistry:
         """Load tools folders, query files and OpenAI function files (detected by shape)."""
         registry = cls()
         start = time.perf_counter()
@@ -285,14 +286,14 @@ class ToolRegistry:
                 fn = fn["function"]
             if not isinstance(fn, dict) or not fn.get("name"):
                 continue
-            schema = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+            schema: dict = fn["parameters"] if isinstance(fn.get("parameters"), dict) else {}
             required = set(schema.get("required") or [])
-            props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+            props: dict = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
             params: dict[bool, list] = {True: [], False: []}
             for name, prop in props.items():
                 prop = prop if isinstance(prop, dict) else {}
                 params[name in required].append({
-                    "name": name, "type": _JSON_TYPES.get(prop.get("type"), "STRING"),
+                    "name": name, "type": _JSON_TYPES.get(str(prop.get("type")), "STRING"),
                     "description": _text(prop.get("description")), "default": prop.get("default", ""),
                     "schema": prop,
                 })

@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

@@ -34,7 +34,7 @@ def test_chat_template_marks_the_assistant_turn(tiny_model_dir):
     encoded = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True)
     ids, mask = encoded["input_ids"], encoded["assistant_masks"]
-    assistant = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assistant = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert assistant == '{"error":"","response":"ok"}<|im_end|>'
     prompt = tokenizer.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>assistant\n")

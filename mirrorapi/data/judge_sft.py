@@ -18,8 +18,8 @@ import os
 import random
 import re
 from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Collection, Iterable, Iterator
 
 from mirrorapi.data.splits import split_groups
 from mirrorapi.prompts import (

@@ -26,9 +26,9 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
 
 from tqdm.auto import tqdm
 
@@ -36,21 +36,21 @@ from mirrorapi.data.splits import split_episodes
 from mirrorapi.data.transport_failures import in_band_error, transport_failure
 from mirrorapi.few_shot import candidate_pool, select_examples
 from mirrorapi.prompts import (
-    DEFAULT_SIMULATOR_FORMAT,
     COT_FORMAT,
     COT_RATIONALE_KEY,
+    DEFAULT_SIMULATOR_FORMAT,
     HISTORY_CHAR_BUDGET,
     RESPONSE_CHAR_BUDGET,
     SESSION_FORMAT,
     SIMULATOR_FORMATS,
+    check_cot_system_prompt,
     history_line,
     select_history,
-    check_cot_system_prompt,
     simulator_messages,
     truncate_response,
 )
 from mirrorapi.records import canonical_json, observation_json
-from mirrorapi.tools import ToolRegistry, UnknownName
+from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class SimulatorDataOptions:
         if self.prompt_format not in ("mirrorapi-v1", SESSION_FORMAT) and not self.system_prompt:
             raise ValueError(f"prompt format {self.prompt_format!r} needs a system prompt file")
         if self.prompt_format == COT_FORMAT:
-            check_cot_system_prompt(self.system_prompt)
+            check_cot_system_prompt(self.system_prompt or "")
         if self.few_shot < 0:
             raise ValueError(f"few_shot must be >= 0, got {self.few_shot}")
         for name in ("ood_fraction", "id_fraction"):
@@ -147,7 +147,7 @@ def _with_history(pairs: Iterable[dict], registry: ToolRegistry, options: Simula
                   dropped: Counter, transport: Counter, unknown_examples: list[str], progress: bool):
     """(pair, doc, history) of the pairs that resolve and are not transport failures, in input order;
     `history`: the prompt's lines of the episode's earlier steps (empty without `options.history`)."""
-    usable: list[tuple[dict, object]] = []
+    usable: list[tuple[dict, ApiDoc]] = []
     for pair in tqdm(pairs, desc="pairs", unit=" pairs", disable=None if progress else True, mininterval=1.0):
         read[pair["source"]] += 1
         doc = pair.get("doc")

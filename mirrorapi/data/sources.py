@@ -20,8 +20,8 @@ from __future__ import annotations
 import ast
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.prompts import cot_rationale, parse_simulator_output

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 
 def split_episodes(apis: Sequence[Hashable], episodes: Sequence[Hashable], ood_fraction: float,

@@ -37,6 +37,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,14 @@ from mirrorapi.evaluation.agent_env import (
 )
 from mirrorapi.evaluation.answer_convert import convert_answer_folder
 from mirrorapi.evaluation.judging import engine_concurrency
-from mirrorapi.prompts import (TEXT_AGENT_FORMATS, agent_diversity_message, agent_messages, parse_react_step,
-                               react_conversation, react_grammar)
+from mirrorapi.prompts import (
+    TEXT_AGENT_FORMATS,
+    agent_diversity_message,
+    agent_messages,
+    parse_react_step,
+    react_conversation,
+    react_grammar,
+)
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -188,7 +195,7 @@ REACT_STOP = "\nObservation:"
 def react_as_tool_calls(message: dict) -> dict:
     """An `agent-react-v1` reply as the assistant message of a tool-calling model: the thought as content,
     the action (if any) as its one tool call."""
-    text = message.get("content") if isinstance(message.get("content"), str) else ""
+    text = content if isinstance(content := message.get("content"), str) else ""
     step = parse_react_step(text)
     if step.problem:
         logger.debug("agent-react-v1 reply: %s: %r", step.problem, text[:200])
@@ -246,7 +253,7 @@ class QueryRun:
             leaf = node.child("Thought", f"The agent engine refused the request: {exc}", node.messages)
             leaf.observation_code, leaf.pruned = 1, True
             return leaf
-        content = message.get("content") if isinstance(message.get("content"), str) else ""
+        content = text if isinstance(text := message.get("content"), str) else ""
         calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
         history = list(node.messages)  # the extra (diversity) message is not kept for the children
         current = node
@@ -255,10 +262,10 @@ class QueryRun:
         if not calls:
             history.append({"role": "assistant", "content": content})
             return current
-        assistant = {"role": "assistant", "content": content, "tool_calls": []}
+        assistant: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": []}
         history.append(assistant)
         for index, call in enumerate(calls):
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            function = found if isinstance(found := call.get("function"), dict) else {}
             name = str(function.get("name") or "")
             arguments = function.get("arguments")
             if not isinstance(arguments, str):  # some servers send an object
@@ -440,7 +447,7 @@ class AgentRun:
     done: int  # queries finished in this run
     skipped: int  # finished before (resume)
     failures: list[str]  # one line per query not finished
-    converted: dict[str, Path]  # group -> converted file
+    converted: dict[str, Path | dict]  # group -> converted file (convert_answer_folder's answer)
     seconds: float = 0.0
 
     @property
@@ -470,7 +477,7 @@ async def check_services(engine: EngineClient, server: VirtualClient) -> None:
 
 
 async def run_agent_async(queries: str | os.PathLike, settings: AgentSettings, out: str | os.PathLike,
-                          tools: list[str | os.PathLike] = (), progress: bool = True,
+                          tools: Sequence[str | os.PathLike] = (), progress: bool = True,
                           limit: int | None = None) -> AgentRun:
     """Run every query of `queries` not finished in `out` yet; write raw + converted answers."""
     start = time.monotonic()

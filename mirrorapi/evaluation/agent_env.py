@@ -143,7 +143,10 @@ def query_tools(query: dict, registry: ToolRegistry) -> QueryTools:
     The registry should hold the tools folder and the query files (tools folder first: its docs win,
     the query's own `api_list` fills what the folder lacks).
     """
-    functions, descriptions, missing, seen = [], {}, [], set()
+    functions: list[ToolFunction] = []
+    descriptions: dict[str, str] = {}
+    missing: list[str] = []
+    seen: set[tuple[str, str, str]] = set()
     for item in query.get("api_list") or []:
         if not isinstance(item, dict):
             continue
@@ -236,7 +239,7 @@ class VirtualClient:
         if not isinstance(data, dict):
             return json.dumps({"error": "request invalid, data error", "response": ""}), REQUEST_ERROR
         # json.dumps with its defaults (ASCII escapes), as upstream renders observations.
-        return json.dumps(data), _ERROR_CODES.get(data.get("error"), OK)
+        return json.dumps(data), _ERROR_CODES.get(str(data.get("error")), OK)
 
     async def probe(self, timeout: float = 10.0) -> str | None:
         """None when the server answers HTTP at all, else why not."""

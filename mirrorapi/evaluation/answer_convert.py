@@ -102,7 +102,7 @@ def _first_path(root: dict) -> list[dict]:
 def _link(nodes: list[dict]) -> tuple[list[dict], int]:
     """[system, user, *nodes] linked through `next`; (answer_details, node count)."""
     chain = [{"role": "system", "message": ""}, {"role": "user", "message": ""}] + nodes
-    linked: dict | None = None
+    linked: dict = {}
     for node in reversed(chain):
         linked = {"role": node["role"], "message": node["message"], "next": [linked] if linked else []}
     return [linked], len(chain)

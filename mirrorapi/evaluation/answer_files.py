@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mirrorapi.prompts import EMPTY, GIVE_UP, extract_final_answer
+from mirrorapi.prompts import extract_final_answer
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def _json_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".json")
 
 
-def load_ids(path: str | Path) -> dict[str, list[str]]:
+def load_ids(path: str | os.PathLike) -> dict[str, list[str]]:
     """{group: [query ids]} from a test_query_ids/test_instruction file, or a folder of them."""
     path = Path(path)
     if not path.exists():
@@ -114,7 +115,7 @@ def _is_answer_file(data: Any) -> bool:
     return isinstance(data, dict) and all(isinstance(v, dict) and "answer" in v for v in data.values())
 
 
-def load_answers(path: str | Path) -> dict[str, dict[str, dict]]:
+def load_answers(path: str | os.PathLike) -> dict[str, dict[str, dict]]:
     """{model: {group: {qid: converted record}}} from one `<model>/<group>.json` file or a folder.
 
     A folder holding `<group>.json` files is one model (named after the folder); a folder of such

@@ -31,9 +31,10 @@ import datetime
 import json
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -208,7 +209,7 @@ def _history_date(value: str) -> str:
             return datetime.datetime.strptime(value, fmt).strftime("%m-%d")
         except ValueError:
             continue
-    return object()
+    return object()  # type: ignore[return-value]  # a sentinel equal to no string: no date matches
 
 
 def _fields(**normalizers: Callable[[Any], Any]) -> Callable[[Result, Result], bool]:

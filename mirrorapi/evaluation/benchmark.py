@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def parse_agent(values: list[str]) -> AgentSpec:
     return AgentSpec(values[0], values[1], values[2:])
 
 
-def parse_agents(agent_values: list[list[str]], formats: list[list[str]] = ()) -> list[AgentSpec]:
+def parse_agents(agent_values: list[list[str]], formats: Sequence[list[str]] = ()) -> list[AgentSpec]:
     """The `--agent` entries, with the prompt formats of `--agent-format LABEL FORMAT`."""
     agents = [parse_agent(values) for values in agent_values]
     labels = {agent.label: agent for agent in agents}
@@ -202,7 +203,7 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
 
 def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: list[str], template: AgentSettings,
                   judge: JudgeSettings, out: str | os.PathLike, ids: str | os.PathLike | None = None,
-                  tools: list[str | os.PathLike] = (), reference: str | None = None, repeats: int = 3,
+                  tools: Sequence[str | os.PathLike] = (), reference: str | None = None, repeats: int = 3,
                   progress: bool = True, limit: int | None = None) -> BenchmarkResult:
     """Run every agent with every method, then score (SoPR, SoWR, FAC) and write the report."""
     out = Path(out)
@@ -215,7 +216,7 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
         raise ValueError(f"--reference {reference!r} is not one of the rows: {', '.join(rows)}")
     load_queries(queries)  # bad queries stop everything here (AgentRunError), not once per row
     settings, agent_runs = {}, {}
-    for (agent, method), row in zip(runs, rows):
+    for (agent, method), row in zip(runs, rows, strict=True):
         fmt = agent.prompt_format or template.prompt_format
         settings[row] = replace(template, base_urls=agent.base_urls, model=agent.model, method=method,
                                 prompt_format=fmt, react_grammar=template.react_grammar and fmt in TEXT_AGENT_FORMATS)

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from mirrorapi.evaluation.answer_files import AnswersError
+from mirrorapi.evaluation.cli_args import add_judge_arguments, judge_settings_from
 from mirrorapi.evaluation.fidelity import run_fidelity
 from mirrorapi.evaluation.fidelity_metrics import FidelityError
 from mirrorapi.evaluation.judge_agreement import render_markdown, run_agreement
-from mirrorapi.evaluation.cli_args import add_judge_arguments, judge_settings_from
 from mirrorapi.evaluation.judging import JUDGE_METRICS, JudgeRunError, run_scoring
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------- inputs
-def load_pairs(paths: list[str]) -> list[dict]:
+def load_pairs(paths: Sequence[str]) -> list[dict]:
     """Pairs of the given JSONL files in replay order (source, episode, step); bad lines are logged and skipped."""
     pairs: list[dict] = []
     for path in paths:
@@ -152,8 +153,8 @@ def _cache_entries(health: httpx.Response) -> int | None:
 
 
 
-def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline_pairs: list[str] = (),
-                 tools: list[str] = (), embedding_model: str | None = None, concurrency: int = 8,
+def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline_pairs: Sequence[str] = (),
+                 tools: Sequence[str] = (), embedding_model: str | None = None, concurrency: int = 8,
                  timeout: float = 120.0, progress: bool = True, history: str = "off", heldout_only: bool = False,
                  max_episodes: int | None = None, heldout_history: int = 0) -> dict:
     """Replay `pairs` through the server at `server`, score it and the baseline; write the report into `out`.

@@ -10,7 +10,8 @@ import json
 import logging
 import statistics
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jsonschema
 
@@ -43,7 +44,7 @@ def payload_text(observation: dict | None) -> str:
 
 def is_error(observation: dict | None) -> bool:
     """An error observation: `error` set, or an in-band error reply (tau-bench's "Error: ...")."""
-    return bool(observation) and (bool(observation.get("error")) or in_band_error(observation.get("response", "")))
+    return observation is not None and bool(observation) and (bool(observation.get("error")) or in_band_error(observation.get("response", "")))
 
 
 def json_structure(response: Any) -> Any:
@@ -183,7 +184,7 @@ class Embedder:
         import torch
 
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths batch with little padding
-        vectors = [None] * len(texts)
+        vectors: list = [None] * len(texts)
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 indices = order[start:start + self.batch_size]
@@ -192,7 +193,7 @@ class Embedder:
                 hidden = self.model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0), dim=-1)
-                for i, vector in zip(indices, pooled):
+                for i, vector in zip(indices, pooled, strict=True):
                     vectors[i] = vector
         return torch.stack(vectors)
 
@@ -211,7 +212,7 @@ def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict],
 
     scorer = rouge_scorer.RougeScorer(["rougeL"])
     rows, schemas = [], {}
-    for pair, sim in zip(pairs, simulated):
+    for pair, sim in zip(pairs, simulated, strict=True):
         real = pair["response"]
         real_error = is_error(real)
         if api_id(pair) not in schemas:  # checking a schema is costly: once per API
@@ -244,7 +245,7 @@ def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict],
         for side in SIDES:
             if side in rows[0]:
                 cosines = embedder.cosines([r["real_text"] for r in rows], [r[f"{side}_text"] for r in rows])
-                for row, cosine in zip(rows, cosines):
+                for row, cosine in zip(rows, cosines, strict=True):
                     row[f"{side}_cosine"] = cosine
     return rows
 

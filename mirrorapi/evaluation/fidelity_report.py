@@ -97,13 +97,13 @@ def figure(report: dict):
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 1.3 * len(keys) + 2), 2.8 * len(panels)),
                              squeeze=False)
     width = 0.8 / len(sides)
-    for ax, (name, block) in zip(axes[:, 0], panels):
+    for ax, (name, block) in zip(axes[:, 0], panels, strict=True):
         for i, side in enumerate(sides):
             values = [block[side].get(k) for k in keys]
             positions = [x + (i - (len(sides) - 1) / 2) * width for x in range(len(keys))]
             ax.bar(positions, [math.nan if v is None else v for v in values], width, label=SIDE_TITLES[side])
             # A metric that does not apply (no call of that kind) has no bar; say so, or it reads as 0.
-            for x, value in zip(positions, values):
+            for x, value in zip(positions, values, strict=True):
                 if value is None:
                     ax.text(x, 2, "n/a", ha="center", va="bottom", rotation=90, fontsize=8, color="0.4")
         ax.set_title(f"{name} ({block['n']} calls)")

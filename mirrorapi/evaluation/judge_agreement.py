@@ -35,7 +35,8 @@ def load_labelled(paths: list[str | Path], limit: int | None = None) -> list[dic
     def bad(reason: str) -> None:
         raise AnswersError(f"labelled answers: {reason} (the judge schema: {', '.join(JUDGE_KEYS)})")
 
-    records, per_source = [], Counter()
+    records: list = []
+    per_source: Counter = Counter()
     for path in paths:
         try:
             for record in read_labelled(path, on_bad=bad, labels=LABELS):

@@ -37,8 +37,8 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 
 from mirrorapi.names import api_key_name, standardize
-from mirrorapi.prompts import REACT_OBSERVATION, parse_react_step, render_react_step
 from mirrorapi.processes import serve_in_thread
+from mirrorapi.prompts import REACT_OBSERVATION, parse_react_step, render_react_step
 
 RECORDED_MODEL = "recorded-agent"
 
@@ -170,7 +170,7 @@ def _matches(step: Step, message: dict) -> bool:
         return not step.calls
     if len(calls) > len(step.calls):
         return False
-    for call, (name, arguments) in zip(calls, step.calls):
+    for call, (name, arguments) in zip(calls, step.calls, strict=False):
         called = call.get("name")
         if called != name and called != "invalid_hallucination_function_name":
             return False
@@ -306,8 +306,8 @@ def recorded_cache_folder(recordings: dict[str, Recording], queries: list[dict],
     Returns {"entries": n, "skipped": m}."""
     folder = Path(folder)
     functions = {}
-    for query in queries:
-        for item in query.get("api_list") or []:
+    for query_doc in queries:
+        for item in query_doc.get("api_list") or []:
             tool = standardize(str(item.get("tool_name", "")))
             api = api_key_name(str(item.get("api_name", "")))
             functions[f"{api}_for_{tool}"[-64:]] = (str(item.get("category_name", "")), tool, api)
@@ -327,7 +327,7 @@ def recorded_cache_folder(recordings: dict[str, Recording], queries: list[dict],
         if query not in wanted:
             continue
         for step in _walk(recording.steps):
-            for (name, arguments), observation in zip(step.calls, step.observations):
+            for (name, arguments), observation in zip(step.calls, step.observations, strict=False):
                 target = functions.get(name)
                 try:
                     args = json.loads(arguments, strict=False) if arguments.strip() else {}

@@ -24,7 +24,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,7 +60,7 @@ def replay_server(tools: list[Path], cache_folder: Path, workdir: Path,
 
 def recorded_benchmark(stabletoolbench: str | os.PathLike, tools: str | os.PathLike, judge: JudgeSettings,
                        out: str | os.PathLike, repeats: int = 1, progress: bool = False,
-                       limit: int | None = None, agents: list[AgentSpec] = (),
+                       limit: int | None = None, agents: Sequence[AgentSpec] = (),
                        simulator: tuple[str, str] | None = None, template: AgentSettings | None = None
                        ) -> BenchmarkResult:
     """Recorded CoT and DFS runs on the example queries, scored by `judge`; the report is `<out>/report.md`.

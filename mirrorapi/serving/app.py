@@ -27,7 +27,14 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from mirrorapi.engine_client import EngineClient
-from mirrorapi.serving.cache import CacheError, SqlCache, import_stabletoolbench_cache, is_url, lease_holder, open_cache
+from mirrorapi.serving.cache import (
+    CacheError,
+    SqlCache,
+    import_stabletoolbench_cache,
+    is_url,
+    lease_holder,
+    open_cache,
+)
 from mirrorapi.serving.config import ConfigError, ServerSettings
 from mirrorapi.serving.handler import VirtualApi
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor

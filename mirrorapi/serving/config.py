@@ -20,8 +20,9 @@ import ipaddress
 import logging
 import os
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -110,7 +111,8 @@ class ServerSettings(BaseModel):
         "Simulator calls that may wait for a free replica; a miss beyond gets an error observation at once "
         "(the simulator is busy) instead of a long wait."))
     max_tokens: int = Field(1024, gt=0, description="Most tokens the simulator may generate per response.")
-    prompt_format: Literal[SIMULATOR_FORMATS] = Field("mirrorapi-v1", description=(
+    # A Literal of the formats' tuple (pydantic spreads it; a static checker cannot).
+    prompt_format: Literal[SIMULATOR_FORMATS] = Field("mirrorapi-v1", description=(  # type: ignore[valid-type]
         "Simulator prompt format (mirrorapi/prompts.py): the one the model was trained with."))
     system_prompt_file: Path | None = Field(None, description=(
         "System prompt text file; required by the stabletoolbench formats (released MirrorAPI weights)."))
@@ -140,7 +142,7 @@ class ServerSettings(BaseModel):
         return [value] if isinstance(value, (str, os.PathLike)) else value
 
     @model_validator(mode="after")
-    def _check(self) -> "ServerSettings":
+    def _check(self) -> ServerSettings:
         if not self.tools_folder:
             raise ValueError("tools_folder: give at least one tools folder")
         for folder in self.tools_folder:
@@ -163,7 +165,7 @@ class ServerSettings(BaseModel):
             raise ValueError(f"cache_url: expected postgresql://..., got {self.cache_url.split(':', 1)[0]}:... "
                              "(a SQLite cache is set with cache_path)")
         if self.prompt_format == COT_FORMAT:
-            check_cot_system_prompt(self.system_prompt())  # refused at start, not on every request
+            check_cot_system_prompt(self.system_prompt() or "")  # refused at start, not on every request
         if self.cache_path.exists() and self.cache_path.is_dir():
             raise ValueError(f"cache_path: {self.cache_path} is a folder, expected a database file")
         return self

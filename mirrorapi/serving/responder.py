@@ -21,8 +21,8 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from mirrorapi.engine_client import EngineError
 from mirrorapi.few_shot import FEW_SHOT_CANDIDATES
@@ -145,7 +145,7 @@ class Responder:
             await self._release(call, identity)
         return Reply(text.encode(), provenance, hit=False, rationale=rationale)
 
-    async def _lease_or_answer(self, call: Call, identity: str) -> tuple[str, str] | None:
+    async def _lease_or_answer(self, call: Call, identity: str) -> tuple[bytes, str] | None:
         """None once this process holds the lease on the call (it simulates); else the answer another
         process stored meanwhile."""
         lease_seconds = self.settings.engine_timeout + LEASE_MARGIN_SECONDS

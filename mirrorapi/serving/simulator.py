@@ -22,8 +22,8 @@ from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
 from mirrorapi.prompts import (
     COT_FORMAT,
     OBSERVATION_SCHEMA,
-    cot_rationale,
     SESSION_FORMAT,
+    cot_rationale,
     parse_simulator_output,
     simulator_messages,
     truncate_response,

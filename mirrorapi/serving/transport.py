@@ -25,6 +25,7 @@ import asyncio
 import hmac
 import json
 import logging
+from typing import cast
 
 import uvicorn.config
 import uvicorn.importer
@@ -60,8 +61,8 @@ class ReceiveDeadline(asyncio.Protocol):
         self._receiving = False
         self._lingering: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # a stream (uvloop's is no asyncio subclass)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, (tuple, list)) and len(peer) >= 2:
             self._peer = (str(peer[0]), int(peer[1]))
@@ -107,8 +108,7 @@ class ReceiveDeadline(asyncio.Protocol):
         self._timer = None
         if not self._receiving or self._transport is None or self._transport.is_closing():
             return
-        logger.info("client %s:%d took more than %g s to send a request: disconnected", *self._peer,
-                    self.request_timeout)
+        logger.info("client %s took more than %g s to send a request: disconnected", self._peer, self.request_timeout)
         body = json.dumps({"error": f"Request Timeout: the request was not received within "
                                     f"{self.request_timeout:g} s", "response": ""}).encode()
         self._transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
@@ -128,9 +128,12 @@ class _NoDeadline:
         pass
 
 
+NO_DEADLINE = _NoDeadline()
+
+
 def guard(scope) -> ReceiveDeadline | _NoDeadline:
     """The receive deadline of this request's connection (one that does nothing when it has none)."""
-    return ReceiveDeadline.open.get(scope.get("client")) or _NoDeadline
+    return ReceiveDeadline.open.get(scope.get("client")) or NO_DEADLINE
 
 
 class RequestDeadlineMiddleware:
@@ -140,8 +143,8 @@ class RequestDeadlineMiddleware:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        deadline = guard(scope) if scope["type"] == "http" else _NoDeadline
-        if deadline is _NoDeadline:
+        deadline = guard(scope) if scope["type"] == "http" else NO_DEADLINE
+        if deadline is NO_DEADLINE:
             return await self.app(scope, receive, send)
         if not has_body(scope):
             deadline.received()

@@ -104,6 +104,7 @@ class StubEngine:
         return self
 
     def __exit__(self, *exc) -> None:
+        assert self._loop is not None and self._thread is not None, "not entered"
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._server.close()
@@ -179,7 +180,8 @@ class StatusEngine:
     """Answers every POST with HTTP `status` and an empty JSON object; `paths` lists the paths posted to."""
 
     def __init__(self, status: int):
-        paths = self.paths = []
+        paths: list[str] = []
+        self.paths = paths
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 from mirrorapi.training.merge import merge_lora
 from mirrorapi.training.model_card import write_model_card
@@ -52,7 +53,7 @@ def build_trainer(recipe, training_args, model_args):
     return trainer, dataset, train, evals
 
 
-def run_sft(recipe, training_args, model_args, argv: list[str] = ()) -> dict:
+def run_sft(recipe, training_args, model_args, argv: Sequence[str] = ()) -> dict:
     """Train as the recipe says, save weights and model card (and the merged model with --merge); returns the
     metrics. `argv` (the command line) goes into the model card."""
     trainer, dataset, train, evals = build_trainer(recipe, training_args, model_args)

@@ -9,8 +9,8 @@ loads through the real paths: `from_pretrained(DIR)`, `transformers serve DIR`, 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -82,7 +82,7 @@ def train_tokenizer(corpus: Iterable[Path], vocab_size: int = 1024):
     bpe.train_from_iterator(_texts(corpus), trainer)
     model = json.loads(bpe.to_str())["model"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
-    tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=merges, extra_special_tokens=SPECIAL_TOKENS[1:],
+    tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=merges,  # type: ignore[arg-type]  # it takes pairs too extra_special_tokens=SPECIAL_TOKENS[1:],
                                eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer

@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from mirrorapi.processes import ProcessExited, interrupts_deferred, stop, wait_until_ready
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+
 from demo.build import (
     REPO,
     build_base_model,
@@ -55,7 +56,6 @@ from demo.build import (
 from demo.calls import plan_calls, render_call, send_calls
 from demo.processes import StepFailed, brief, run_command, sigint_ignored, virtual_server
 from demo.report import constant_answer_metrics, counts, fidelity_summary, judge_summary, write_report
-
 from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
 from mirrorapi.models.get import get_base_model

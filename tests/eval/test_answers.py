@@ -5,8 +5,6 @@ import json
 import pytest
 
 from mirrorapi.evaluation.answer_files import (
-    EMPTY,
-    GIVE_UP,
     MISSING,
     AnswersError,
     build_items,
@@ -17,7 +15,7 @@ from mirrorapi.evaluation.answer_files import (
 )
 from mirrorapi.evaluation.judging import ScoringRun
 from mirrorapi.evaluation.score_tables import render_markdown, score_table
-from mirrorapi.prompts import JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.prompts import EMPTY, GIVE_UP, JUDGE_VERDICTS, judge_messages, parse_verdict
 
 STB_GROUP_SIZES = {"G1_instruction": 163, "G1_category": 153, "G1_tool": 158, "G2_category": 124,
                    "G2_instruction": 106, "G3_instruction": 61}

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from mirrorapi.evaluation.answer_files import build_items, load_answers, load_ids
 from mirrorapi.engine_client import EngineClient
+from mirrorapi.evaluation.answer_files import build_items, load_answers, load_ids
 from mirrorapi.evaluation.judging import JudgeSettings, engine_concurrency, run_scoring
 from mirrorapi.prompts import parse_verdict
 

@@ -56,7 +56,7 @@ def test_replay_with_and_without_history(eval_cli, virtual_server, samples, tmp_
     cache = ResponseCache(tmp_path / "filled.sqlite")
     docs = [registry.resolve(p["category"], p["tool_name"], p["api_name"]) for p in held]
     cache.put_many([(d.category, d.tool, d.api, p["tool_input"], p["response"]["error"], p["response"]["response"])
-                    for d, p in zip(docs, held)], "real")
+                    for d, p in zip(docs, held, strict=True)], "real")
     cache.close()
     url, log = virtual_server(f"http://127.0.0.1:{free_port()}/v1", "unused", mode="replay",
                               missing_required="simulate", cache_path=tmp_path / "filled.sqlite")

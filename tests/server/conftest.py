@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -19,7 +19,7 @@ from mirrorapi.processes import free_port, serve_in_thread
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.transport import uvicorn_options
-from mirrorapi.testing.fake_engines import STUB_OBSERVATION, HungEngine, StubEngine, unreachable_engine_url
+from mirrorapi.testing.fake_engines import HungEngine, StubEngine, unreachable_engine_url
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"  # every tool of the sample and shared pairs

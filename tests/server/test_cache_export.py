@@ -15,9 +15,8 @@ from mirrorapi.cli import main
 from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache, export_stabletoolbench_cache, import_pairs
+from mirrorapi.testing.fake_engines import STUB_OBSERVATION
 from mirrorapi.tools import ToolRegistry
-
-from .conftest import STUB_OBSERVATION
 
 
 def stabletoolbench_lookup(cache_folder: Path, body: dict):

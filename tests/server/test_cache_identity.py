@@ -14,8 +14,7 @@ from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import CacheError, ResponseCache
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.simulator import simulator_identity
-
-from .conftest import STUB_OBSERVATION
+from mirrorapi.testing.fake_engines import STUB_OBSERVATION
 
 API = ("Data", "theclique", "transfermarkt_search")
 MESSI = {"name": "Lionel Messi"}

@@ -14,8 +14,7 @@ import pytest
 
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import Call, ResponseCache, new_entry
-
-from .conftest import STUB_OBSERVATION
+from mirrorapi.testing.fake_engines import STUB_OBSERVATION
 
 API = ("Data", "theclique", "transfermarkt_search")
 LOCK_SECONDS = 1.5

@@ -93,7 +93,7 @@ def _trickle(url: str, data: bytes, pause: float, patience: float) -> tuple[byte
                 if not chunk:
                     break
                 received += chunk
-            except socket.timeout:
+            except TimeoutError:
                 pass
             except OSError:  # reset: what was received stays in `received`
                 break
@@ -126,7 +126,7 @@ def test_a_client_that_trickles_is_disconnected(guarded, part):
                     received += conn.recv(4096)
                     if received:
                         break
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 except OSError:
                     break

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import load_from_disk
 
 from mirrorapi.training.recipe import parse_recipe
 from mirrorapi.training.sft import build_trainer
@@ -52,7 +51,7 @@ def test_packed_loss_equals_each_record_alone(packed):
     starts = [*(positions[0] == 0).nonzero().flatten().tolist(), input_ids.shape[1]]
     tokenizer = trainer.processing_class
     completions = {r["completion"][0]["content"] for r in train}
-    for start, end in zip(starts, starts[1:]):
+    for start, end in zip(starts, starts[1:], strict=False):
         ids, record_labels = input_ids[:, start:end], labels[:, start:end]
         with torch.no_grad():
             alone = model(input_ids=ids, use_cache=False).logits
@@ -73,5 +72,5 @@ def test_unpacked_records_are_the_packed_ones(packed, tiny_model_dir, simulator_
     starts = [*(positions == 0).nonzero().flatten().tolist(), len(positions)]
     whole = {tuple(tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=True,
                                                  return_dict=True)["input_ids"]) for r in train}
-    for start, end in zip(starts, starts[1:]):
+    for start, end in zip(starts, starts[1:], strict=False):
         assert tuple(batch["input_ids"][0, start:end].tolist()) in whole

@@ -103,7 +103,7 @@ def test_alpaca_records_are_parsed_back_to_doc_request_and_observation(tmp_path,
     bad = []
     pairs = list(read_alpaca(path, bad.append))
     assert len(pairs) == 20 and len(bad) == 1
-    for pair, (doc, original) in zip(pairs, expected):
+    for pair, (doc, original) in zip(pairs, expected, strict=True):
         assert (pair["doc"].api_title, pair["doc"].description) == (doc.api_title, doc.description)
         assert pair["doc"].required_parameters == doc.required_parameters
         assert (pair["category"], pair["tool_name"], pair["api_name"]) == (doc.category, doc.tool, doc.api)

@@ -47,7 +47,7 @@ def simulator_answers(trained_simulator_dir, simulator_training_prompts):
 @pytest.mark.slow
 def test_trained_simulator_answers_json_observations(simulator_answers):
     valid = [is_strict_observation(a) for a in simulator_answers]
-    assert sum(valid) / len(valid) >= 0.95, [a for a, ok in zip(simulator_answers, valid) if not ok]
+    assert sum(valid) / len(valid) >= 0.95, [a for a, ok in zip(simulator_answers, valid, strict=True) if not ok]
 
 
 @pytest.mark.slow

@@ -33,8 +33,9 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from mirrorapi.records import canonical_json, observation_json
 
@@ -161,6 +162,15 @@ class SqlCache(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Write what is pending and close."""
+
+    # ------------------------------------------------------------------- the server's side (async)
+    @abc.abstractmethod
+    async def maintain(self, idle_seconds: float) -> None:
+        """Write the counted hits, forget sessions idle longer than `idle_seconds` and expired leases."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Write everything handed over and the counted hits, then close."""
 
     # ------------------------------------------------------------------------------- writes
     def put(self, category: str, tool: str, api: str, arguments: Any, error: str, response: Any,

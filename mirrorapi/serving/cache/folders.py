@@ -13,8 +13,9 @@ import itertools
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
@@ -79,7 +80,7 @@ def import_stabletoolbench_cache(cache: SqlCache, folder: str | os.PathLike, reg
     folder = Path(folder).resolve()
     if not folder.is_dir():
         raise CacheError(f"StableToolBench cache folder not found: {folder}")
-    report = {"origin": str(folder), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
+    report: dict[str, Any] = {"origin": str(folder), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
               "skipped_placeholders": 0, "unreadable": []}
     fingerprint = _fingerprint(folder)
     if not force and cache.import_fingerprint(str(folder)) == fingerprint:
@@ -100,7 +101,7 @@ def import_stabletoolbench_cache(cache: SqlCache, folder: str | os.PathLike, reg
 
 def import_pairs(cache: SqlCache, path: str | os.PathLike, registry: ToolRegistry | None = None) -> dict:
     """Load real pairs (our JSONL schema) with provenance `real`; the first pair of a key wins."""
-    report = {"origin": str(path), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
+    report: dict[str, Any] = {"origin": str(path), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
               "skipped_placeholders": 0, "unreadable": []}
     try:
         _store(cache, read_pairs_jsonl(path, on_bad=report["unreadable"].append), registry, REAL, report)

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from mirrorapi.serving.cache.base import (
     HIT_FLUSH_ROWS,
@@ -347,7 +349,7 @@ class ResponseCache(SqlCache):
         ids = sorted(hits)  # in the order of the table: the pages are written once each
         for start in range(0, len(ids), HIT_FLUSH_ROWS):
             rows = [(hits[id_], id_) for id_ in ids[start:start + HIT_FLUSH_ROWS]]
-            await writer.submit(lambda db, rows=rows: db.executemany(_COUNT_HITS, rows))
+            await writer.submit(functools.partial(_count_hits, rows=rows))
         now = time.time()
         await writer.submit(lambda db: (
             db.execute("DELETE FROM sessions WHERE id IN (SELECT id FROM sessions WHERE used < ? LIMIT 1000)",
@@ -425,7 +427,7 @@ class _LoopWriter:
                 self._db.execute("ROLLBACK")
             return self._fail(jobs, exc)
         self._waiting_since = None
-        for (_, future), result in zip(jobs, results):
+        for (_, future), result in zip(jobs, results, strict=True):
             if not future.done():
                 future.set_result(result)
 
@@ -449,3 +451,7 @@ class _LoopWriter:
         for _, future in jobs:
             if not future.done():
                 future.set_exception(CacheError(f"cache write failed: {exc}"))
+
+
+def _count_hits(db: sqlite3.Connection, rows: list[tuple[int, int]]) -> None:
+    db.executemany(_COUNT_HITS, rows)

@@ -1,0 +1,44 @@
+"""The lint and type gate: ruff (pyflakes, import order, bugbear, pyupgrade, no print in the library) over the
+repository and mypy over the library, with the versions the lock pins and the settings in pyproject.toml."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name, path=str(BIN))
+    assert path, f"{name} is not installed (it is in the dev extra: make venv)"
+    return path
+
+
+def test_ruff_finds_nothing():
+    result = subprocess.run([tool("ruff"), "check", "--no-cache", "."], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_library_type_checks():
+    result = subprocess.run([tool("mypy"), "--cache-dir", str(REPO / ".mypy_cache")], cwd=REPO, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("checker, bad", [
+    ("ruff", "import os\n\n\ndef f():\n    print('x')\n"),  # an unused import and a print in the library
+    ("mypy", "def f() -> int:\n    return 'x'\n"),
+])
+def test_the_gate_can_fail(tmp_path, checker, bad):
+    """Each checker, with the project's settings, rejects a library module with a plain mistake."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "mirrorapi").mkdir()
+    (tmp_path / "mirrorapi" / "__init__.py").write_text("")
+    (tmp_path / "mirrorapi" / "broken.py").write_text(bad)
+    command = [tool("ruff"), "check", "--no-cache", "."] if checker == "ruff" else [tool("mypy"), "--no-incremental"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 1 and "broken.py" in result.stdout
