@@ -8,6 +8,12 @@ Simulator formats
 - `mirrorapi-v1` (ours, default): a fixed system prompt; the user message holds the API doc as
   compact JSON (static part first, so a prefix cache can share it), optional real examples, then
   the request as canonical JSON. The answer is one JSON object `{"error": str, "response": ...}`.
+- `mirrorapi-v2`: `mirrorapi-v1` with responses written as JSON values: a response that is a string holding a
+  JSON object or array (most recorded APIs: the pairs keep every response as text) is written as that object
+  or array, unescaped, in the answer the model is trained to give and in the examples it is shown
+  (`structured_response`). A small model then writes JSON, not JSON escaped inside a string (every quote a
+  `\"`), and an engine with structured output enforces the inner JSON with its grammar too: the
+  observation schema's `response` is any JSON value. The server answers the value as the model wrote it.
 - `mirrorapi-session-v1`: `mirrorapi-v1` for a call inside a session (an episode): the system prompt
   asks for answers consistent with the session, and between the examples and the request the user
   message lists the session's earlier calls and answers, newest first, whole calls only, within a
@@ -68,7 +74,10 @@ from mirrorapi.tools import ApiDoc
 
 SESSION_FORMAT = "mirrorapi-session-v1"
 COT_FORMAT = "stabletoolbench-cot"  # see the CoT block below
-SIMULATOR_FORMATS = ("mirrorapi-v1", SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache", COT_FORMAT)
+STRUCTURED_FORMAT = "mirrorapi-v2"  # responses as JSON values (see the docstring)
+OUR_SIMULATOR_FORMATS = ("mirrorapi-v1", STRUCTURED_FORMAT, SESSION_FORMAT)  # our system prompt, no file needed
+SIMULATOR_FORMATS = ("mirrorapi-v1", STRUCTURED_FORMAT, SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache",
+                     COT_FORMAT)
 DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
 JUDGE_FORMATS = ("fac-v1", "sopr-v1")
 TOOLEYES_FORMAT = "tooleyes-v1"  # see the ToolEyes block below
@@ -125,6 +134,24 @@ def truncate_response(response: Any) -> Any:
     if isinstance(response, str) and len(response) > RESPONSE_CHAR_BUDGET:
         return response[:RESPONSE_CHAR_BUDGET] + TRUNCATION_MARK
     return response
+
+
+def structured_response(response: Any) -> Any:
+    """`mirrorapi-v2`'s rendering of a response: a string holding a JSON object or array becomes that value;
+    anything else (plain text, a Python repr, a cut response, a scalar) stays as it is."""
+    if isinstance(response, str) and response.lstrip()[:1] in ("{", "["):
+        try:
+            value = json.loads(response)
+        except ValueError:
+            return response
+        if isinstance(value, (dict, list)):
+            return value
+    return response
+
+
+def render_observation(error: str, response: Any, fmt: str) -> str:
+    """An observation as a simulator prompt format writes it (a target, an example)."""
+    return observation_json(error, structured_response(response) if fmt == STRUCTURED_FORMAT else response)
 
 
 # ---------------------------------------------------------------------------------- simulator
@@ -216,10 +243,10 @@ def simulator_messages(
     """
     if history is not None and fmt != SESSION_FORMAT:
         raise ValueError(f"prompt format {fmt!r} has no session history; use {SESSION_FORMAT!r}")
-    if fmt in ("mirrorapi-v1", SESSION_FORMAT):
+    if fmt in OUR_SIMULATOR_FORMATS:
         parts = ["API documentation:\n" + render_doc_v1(doc)]
         if examples:
-            shots = [f"Request: {canonical_json(a)}\nResponse: {observation_json(o.get('error', ''), o.get('response', ''))}"
+            shots = [f"Request: {canonical_json(a)}\nResponse: {render_observation(o.get('error', ''), o.get('response', ''), fmt)}"
                      for a, o in examples]
             parts.append("Examples:\n" + "\n".join(shots))
         if fmt == SESSION_FORMAT:

@@ -69,6 +69,7 @@ class Answer:
     session: str | None = None  # the session id, for calls that belong to one
     detail: str = ""  # why it failed (for the log line)
     rationale: str = ""  # CoT mode: the simulator's reasoning (for the log line; the agent gets error/response)
+    parsed: str = ""  # simulated: how the model's text was read (json = as written; fenced, ..., repaired)
     extra_fields: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
 
@@ -120,6 +121,7 @@ class VirtualApi:
             finally:
                 stages["engine"] = clock() - now
             answer.coalesced, answer.rationale = simulation.coalesced, simulation.rationale
+            answer.parsed = simulation.how
             answer.provenance = self.simulator.provenance
             answer.body = observation_bytes(simulation.observation["error"], simulation.observation["response"])
             answer.outcome = "simulated"
@@ -164,7 +166,7 @@ class VirtualApi:
             finally:
                 stages["engine"] = clock() - now
             observation = simulation.observation
-            answer.coalesced = simulation.coalesced
+            answer.coalesced, answer.parsed = simulation.coalesced, simulation.how
             answer.provenance = self.simulator.session_provenance
             answer.body = observation_bytes(observation["error"], observation["response"])
             answer.outcome = "simulated"

@@ -150,6 +150,9 @@ class Demo:
 
     def __post_init__(self):
         self.sizes = QUICK if self.options.quick else REAL if self.options.real else FULL
+        # Real weights: responses as JSON values (mirrorapi-v2): SmolLM2 writes escaped JSON inside a string badly,
+        # and the engine's grammar can then enforce the inner JSON too. The tiny demo keeps mirrorapi-v1.
+        self.prompt_format = "mirrorapi-v2" if self.sizes.real else "mirrorapi-v1"
         work = self.options.work_dir.resolve()
         self.build, self.run_dir = work / "build", work / time.strftime("%Y%m%d-%H%M%S")
         if self.run_dir.exists():  # two runs within a second
@@ -249,7 +252,7 @@ class Demo:
         config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
                   else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
                   "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
-                  "max_tokens": 512, "engine_timeout": 120, "prompt_format": "mirrorapi-v1", "few_shot": few_shot}
+                  "max_tokens": 512, "engine_timeout": 120, "prompt_format": self.prompt_format, "few_shot": few_shot}
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return path
@@ -259,7 +262,7 @@ class Demo:
         source = choose_data(self.options.shared)
         say(f"from {source.description}")
         self.code = code_version()
-        self.data = build_data(self.build, source, self.code)
+        self.data = build_data(self.build, source, self.code, self.prompt_format)
         s = self.data.summary
         say(("reused " if self.data.reused else "built ") + shown(self.data.folder))
         say(f"{s['pairs']} real pairs (" + ", ".join(f"{n} {k}" for k, n in s["by_source"].items() if k != "total")
