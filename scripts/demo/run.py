@@ -54,7 +54,15 @@ from demo.build import (
 )
 from demo.calls import plan_calls, render_call, send_calls
 from demo.processes import StepFailed, brief, run_command, sigint_ignored, virtual_server
-from demo.report import constant_answer_metrics, counts, fidelity_summary, judge_summary, write_report
+from demo.report import (
+    agent_baselines,
+    constant_answer_metrics,
+    counts,
+    fidelity_summary,
+    judge_summary,
+    parse_counts,
+    write_report,
+)
 
 from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
@@ -366,6 +374,8 @@ class Demo:
             self._run(name, [shown(sys.executable), "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
                              "--out", shown(out), *baseline_args, "--tools", shown(self.data.source.tools),
                              "--concurrency", "4", "--no-progress"], f"{name}.log")
+        side = "simulated" if baseline else name.removeprefix("fidelity-")
+        self.report.setdefault("parsing", {})[side] = parse_counts(self.logs / f"{name}-server-requests.jsonl")
         return out
 
     def agent_run(self, judge) -> None:
@@ -385,7 +395,7 @@ class Demo:
         report = json.loads((out / "report.json").read_text(encoding="utf-8"))
         self.report["agents"] = {"report": str(result.report), "averages": report["averages"], "groups": groups,
                                  "queries_per_group": self.sizes.agent_queries,
-                                 "counts": report["agent_counts"]}
+                                 "counts": report["agent_counts"], "solved_to_all": agent_baselines(out / "scores")}
         say(f"agent run report: {shown(result.report)}")
 
     def _run(self, what: str, command: list[str], log: str) -> None:
