@@ -67,6 +67,7 @@ import re
 from typing import Any
 
 import json_repair
+import jsonschema
 
 from mirrorapi.names import api_key_name
 from mirrorapi.records import canonical_json, observation_json
@@ -108,6 +109,64 @@ OBSERVATION_SCHEMA = {
     "required": ["error", "response"],
     "additionalProperties": False,
 }
+
+_SKELETON_TYPES = {"str": {"type": "string"}, "int": {"type": "number"}, "float": {"type": "number"},
+                   "bool": {"type": "boolean"}, "empty list": {"type": "array"}}
+
+
+def skeleton_schema(template: Any) -> dict:
+    """A ToolBench `template_response` type skeleton as a JSON schema.
+
+    Keys of objects are required (extra keys allowed); lists take the schema of their first item;
+    int and float both mean "number" and `NoneType` means any type, since one sampled value says
+    no more than that.
+    """
+    if isinstance(template, dict):
+        properties = {k: skeleton_schema(v) for k, v in template.items() if k != "_list_length"}
+        return {"type": "object", "properties": properties, "required": sorted(properties)}
+    if isinstance(template, list):
+        return {"type": "array", "items": skeleton_schema(template[0])} if template else {"type": "array"}
+    if isinstance(template, str) and template.startswith("list of"):
+        return {"type": "array"}
+    return dict(_SKELETON_TYPES.get(template, {})) if isinstance(template, str) else {}
+
+
+def response_schema(doc: ApiDoc | None) -> dict | None:
+    """The doc's JSON schema (ToolEnv2404 `schema`), else its template skeleton; None when it has neither (or an
+    unusable one)."""
+    if doc is None:
+        return None
+    template = doc.template_response
+    skeleton = template if isinstance(template, (dict, list)) or template in _SKELETON_TYPES else None
+    schema = doc.response_schema or (skeleton_schema(skeleton) if skeleton is not None else None)
+    if not schema:
+        return None
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError:
+        return None
+    return schema
+
+
+def observation_schema(doc: ApiDoc, fmt: str) -> dict:
+    """The JSON schema a simulator's answer is held to when the engine has structured output.
+
+    `mirrorapi-v2`, for an API whose doc gives an object or array response (its schema, or its template as a
+    skeleton): a success (`error` "") must answer a `response` of that shape, so the engine's grammar writes
+    the documented JSON whenever the model answers a success; an error answers any `response`; a tau-bench
+    style in-band error (`error` "", `response` "Error: ...") stays possible. Otherwise OBSERVATION_SCHEMA."""
+    schema = response_schema(doc) if fmt == STRUCTURED_FORMAT else None
+    if not schema or schema.get("type") not in ("object", "array"):
+        return OBSERVATION_SCHEMA
+
+    def branch(error: dict, response: dict) -> dict:
+        return {"type": "object", "properties": {"error": error, "response": response},
+                "required": ["error", "response"], "additionalProperties": False}
+
+    return {"anyOf": [branch({"const": ""}, schema),
+                      branch({"type": "string", "minLength": 1}, {}),
+                      branch({"const": ""}, {"type": "string", "pattern": "^Error.*$"})]}
+
 
 SIMULATOR_SYSTEM_V1 = (
     "You are the server behind a web API. You receive the API's documentation and one request, and you "

@@ -30,6 +30,7 @@ from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
 from mirrorapi.prompts import (
     COT_FORMAT,
     OBSERVATION_SCHEMA,
+    observation_schema,
     cot_rationale,
     SESSION_FORMAT,
     parse_simulator_output,
@@ -44,6 +45,14 @@ from mirrorapi.tools import ApiDoc
 logger = logging.getLogger(__name__)
 
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA}}
+
+
+def response_format(doc: ApiDoc, prompt_format: str) -> dict:
+    """OpenAI's `response_format` for one call: the observation schema, in `mirrorapi-v2` the doc's response
+    shape for a success (`mirrorapi.prompts.observation_schema`)."""
+    schema = observation_schema(doc, prompt_format)
+    return RESPONSE_FORMAT if schema is OBSERVATION_SCHEMA else \
+        {"type": "json_schema", "json_schema": {"name": "observation", "schema": schema}}
 
 
 @dataclass(slots=True)
@@ -142,7 +151,8 @@ class Simulator:
         try:
             text = await self.engine.chat(
                 self.messages(doc, arguments, history), temperature=settings.temperature, max_tokens=settings.max_tokens,
-                response_format=RESPONSE_FORMAT if settings.structured_output else None, seed=settings.seed)
+                response_format=response_format(doc, settings.prompt_format) if settings.structured_output else None,
+                seed=settings.seed)
         except EngineError as exc:
             self.engine_calls[exc.kind] += 1
             raise

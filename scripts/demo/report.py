@@ -155,12 +155,20 @@ def _short(value, n: int = 90) -> str:
     return (text if len(text) <= n else text[: n - 3] + "...").replace("|", "\\|")
 
 
+def _mode(report: dict) -> str:
+    if report["quick"]:
+        return "quick (reduced)"
+    if report.get("real"):
+        return "real weights, simulator trained longer (--full)" if report.get("full") else "real weights (--real)"
+    return "tiny model"
+
+
 def render_markdown(report: dict) -> str:
     status = report["status"]
     head = "ok" if status == "ok" else f"{status} at step {report['failed_step']['number']} " \
         f"({report['failed_step']['name']}): {report['failed_step']['error']}"
     lines = ["# mirrorapi demo report", "", f"- status: **{head}**",
-             f"- mode: {'quick (reduced)' if report['quick'] else 'real weights' if report.get('real') else 'full'}; "
+             f"- mode: {_mode(report)}; "
              f"total {report.get('total_seconds')} s",
              f"- data: {report.get('data_source', '-')}",
              f"- software: {versions_line(report.get('versions', {})) or '-'}",
