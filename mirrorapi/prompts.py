@@ -153,8 +153,10 @@ def observation_schema(doc: ApiDoc, fmt: str) -> dict:
 
     `mirrorapi-v2`, for an API whose doc gives an object or array response (its schema, or its template as a
     skeleton): a success (`error` "") must answer a `response` of that shape, so the engine's grammar writes
-    the documented JSON whenever the model answers a success; an error answers any `response`; a tau-bench
-    style in-band error (`error` "", `response` "Error: ...") stays possible. Otherwise OBSERVATION_SCHEMA."""
+    the documented JSON whenever the model answers a success; an error answers any `response`. No branch for a
+    tau-bench in-band error (`error` "", `response` "Error: ..."): a model that leans towards a plain string
+    for a success escapes into it (measured: "Errores", "Errormg" for 10 of 21 successes). Otherwise
+    OBSERVATION_SCHEMA."""
     schema = response_schema(doc) if fmt == STRUCTURED_FORMAT else None
     if not schema or schema.get("type") not in ("object", "array"):
         return OBSERVATION_SCHEMA
@@ -163,9 +165,7 @@ def observation_schema(doc: ApiDoc, fmt: str) -> dict:
         return {"type": "object", "properties": {"error": error, "response": response},
                 "required": ["error", "response"], "additionalProperties": False}
 
-    return {"anyOf": [branch({"const": ""}, schema),
-                      branch({"type": "string", "minLength": 1}, {}),
-                      branch({"const": ""}, {"type": "string", "pattern": "^Error.*$"})]}
+    return {"anyOf": [branch({"const": ""}, schema), branch({"type": "string", "minLength": 1}, {})]}
 
 
 SIMULATOR_SYSTEM_V1 = (

@@ -1,5 +1,5 @@
 """Structured output per API in `mirrorapi-v2`: a success must answer the documented response shape, an error
-anything, a tau-bench in-band error ("Error: ...") stays possible; v1 and undocumented APIs keep the plain
+anything; v1 and undocumented APIs keep the plain
 observation schema. The expected verdicts are written from the doc templates below, and the schema must compile
 into llama.cpp's grammar (the CPU engine) as it is sent."""
 
@@ -27,7 +27,7 @@ USER = {"name": {"first_name": "str", "last_name": "str"}, "email": "str", "_lis
     ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x", "x": 1}}, True),
     ({"error": "", "response": "success"}, False),  # a success must be the documented object
     ({"error": "", "response": {"email": "m@x"}}, False),  # a documented key is missing
-    ({"error": "", "response": "Error: user not found"}, True),  # tau-bench's in-band error
+    ({"error": "", "response": "Error: user not found"}, False),  # an in-band error is not the documented shape
     ({"error": "Unknown user", "response": ""}, True),
     ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x"}, "more": 1}, False),
 ])
