@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mirrorapi.data.simulator_sft import STATS_FILE
+from mirrorapi.training.lm_head import compact_lm_head_supported
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +151,6 @@ def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
             raise RecipeError("train_top_layers is full fine-tuning of the top layers; with use_peft, choose the "
                               "layers with lora_target_modules instead")
     if recipe.logits_only_where_loss:
-        from mirrorapi.training.lm_head import compact_lm_head_supported
-
         if not compact_lm_head_supported():
             raise RecipeError("logits_only_where_loss steers TRL's fused LM head (trl>=1.0, add_fused_lm_head), "
                               "which the installed TRL lacks; set it to false")
