@@ -1,7 +1,7 @@
 """CPU fine-tuning speed of a real small model (SmolLM2-135M-Instruct) per training variant, side by side.
 
     python bench/train_cpu.py --model-dir MODEL --dataset-path SFT_SET [--steps 6] [--max-length 768]
-                              [--variants full top8 lora lora_top8 full_keep]
+                              [--variants full top8 lora lora_top8 top10 top10_fused top10_keep]
 
 Each variant runs in a fresh process (so its peak RSS is its own) on the same records of the SFT set's train
 split (the first `--steps` + 1 that fit in `--max-length`, chat template applied as training/sft.py does), one
@@ -13,9 +13,13 @@ The first step is warm-up and not timed. Variants:
               and the lower layers frozen, so backward stops at layer L-K
   lora        PEFT LoRA r=16 on every linear layer of every decoder layer
   lora_topK   the same on the top K layers only (PEFT `layers_to_transform`)
-  X_keep      variant X computing the 49k-vocabulary logits only where the loss is (`logits_to_keep`; the
-              recipes' SFTTrainer computes them for every prompt token too: 90% of the simulator's tokens at
-              max_length 512, 98% of the judge's)
+  X           the loss from the model's own forward: the full (tokens x 49k vocabulary) logits, then
+              cross-entropy (what a plain transformers training loop does)
+  X_fused     the loss as the recipes' SFTTrainer computes it: TRL's fused LM head (`add_fused_lm_head`,
+              chunked, no full logits), which on a CPU still projects every position
+  X_keep      X_fused with the recipe option `logits_only_where_loss` (mirrorapi/training/lm_head.py): only
+              the positions whose label carries a loss reach the LM head (~10% of a simulator record's
+              tokens at max_length 512, ~2% of a judge record's)
 
 FLOPs per step count the matrix products: forward 2 x params for every input token, backward 2 x params of
 the layers gradients flow through (input gradients) plus 2 x the trained weights (weight gradients). The ratio
@@ -61,7 +65,8 @@ def prepare(variant: str, model):
     """Sets requires_grad (or wraps in PEFT) for the variant; returns (model, decoder-layer params gradients
     flow through, decoder-layer params trained, whether the LM head/embedding is trained, trained params)."""
     layers = model.model.layers
-    top = int(variant.removesuffix("_keep").rsplit("top", 1)[1]) if "top" in variant else len(layers)
+    top = int(variant.split("_")[-1 if variant.startswith("lora") else 0].rsplit("top", 1)[1]) \
+        if "top" in variant else len(layers)
     trained_layers = list(range(len(layers) - top, len(layers)))
     layer_params = sum(p.numel() for p in layers[0].parameters())
     if variant.startswith("lora"):
@@ -87,6 +92,9 @@ def run_variant(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
+    sys.path.insert(0, str(REPO))
+    from mirrorapi.training.lm_head import logits_only_where_loss
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     records = load_records(args.dataset_path, args.model_dir, args.max_length, args.steps + 1)
@@ -94,7 +102,13 @@ def run_variant(args) -> dict:
     model.config.use_cache = False
     head = model.lm_head.weight.numel()
     body = sum(p.numel() for p in model.model.layers.parameters())
-    model, through, trained_body, head_trained, trained = prepare(args.variant, model)
+    fused = args.variant.endswith(("_fused", "_keep"))
+    if fused:  # as SFTTrainer patches the model, with the outputs it asks for
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+    model, through, trained_body, head_trained, trained = prepare(args.variant.removesuffix("_fused")
+                                                                  .removesuffix("_keep"), model)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     times, tokens, flops = [], 0, 0.0
@@ -102,14 +116,10 @@ def run_variant(args) -> dict:
         input_ids = torch.tensor([ids])
         labels = input_ids.clone()
         labels[0, :prompt_len] = -100
-        kwargs = {}
-        if args.variant.endswith("_keep"):  # logits only from the last prompt token on (labels are shifted by one)
-            keep = len(ids) - prompt_len + 1
-            kwargs["logits_to_keep"] = keep
-            labels = labels[:, -keep:]
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            out = model(input_ids=input_ids, labels=labels, **kwargs)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16), \
+                logits_only_where_loss(args.variant.endswith("_keep")):
+            out = model(input_ids=input_ids, labels=labels, **({"fused_lm_head": True} if fused else {}))
         out.loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -118,7 +128,7 @@ def run_variant(args) -> dict:
             continue  # warm-up
         times.append(elapsed)
         tokens += len(ids)
-        logit_tokens = kwargs.get("logits_to_keep", len(ids))
+        logit_tokens = len(ids) - prompt_len if args.variant.endswith("_keep") else len(ids)
         flops += 2 * body * len(ids) + 2 * head * logit_tokens  # forward
         flops += 2 * through * len(ids) + 2 * head * logit_tokens  # input gradients
         flops += 2 * trained_body * len(ids) + (2 * head * logit_tokens if head_trained else 0)  # weight gradients
@@ -135,7 +145,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--dataset-path", required=True, help="simulator SFT folder (data/build_simulator_sft.py)")
-    parser.add_argument("--variants", nargs="+", default=["full", "top8", "lora", "lora_top8", "full_keep"])
+    parser.add_argument("--variants", nargs="+", default=["full", "top8", "lora", "lora_top8", "top10", "top10_fused",
+                                                           "top10_keep"])
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # one variant, in the child process
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--max-length", type=int, default=768)

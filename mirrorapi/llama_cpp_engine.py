@@ -16,7 +16,8 @@ completion request is rewritten before llama-cpp-python reads it:
 - `response_format: {"type": "json_schema", "json_schema": {"schema": S}}` (what the virtual server sends) is
   refused there (HTTP 500: its request type knows "text" and "json_object" only), while its own dialect
   `{"type": "json_object", "schema": S}` is enforced with a grammar compiled from S. Rewritten to that dialect.
-- its grammar compiler reads an empty sub-schema (`{}`: any JSON value, as our observation's `response`) as
+- its grammar compiler reads an empty sub-schema (`{}`: any JSON value, as our observation's `response`; also in
+  `anyOf` branches) as
   "an object", so a fine-tuned simulator asked for `"success"` can only write `{}`; empty sub-schemas are
   rewritten to the explicit union of JSON types, which it compiles as meant.
 - `repeat_penalty` defaults to 1.1 there; OpenAI's API has no such penalty, and with it greedy answers differ
@@ -49,6 +50,9 @@ def explicit_any(schema):
             out[key] = ANY_JSON
         elif isinstance(out.get(key), dict):
             out[key] = explicit_any(out[key])
+    for key in ("anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [ANY_JSON if v == {} else explicit_any(v) for v in out[key]]
     return out
 
 

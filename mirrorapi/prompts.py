@@ -8,6 +8,12 @@ Simulator formats
 - `mirrorapi-v1` (ours, default): a fixed system prompt; the user message holds the API doc as
   compact JSON (static part first, so a prefix cache can share it), optional real examples, then
   the request as canonical JSON. The answer is one JSON object `{"error": str, "response": ...}`.
+- `mirrorapi-v2`: `mirrorapi-v1` with responses written as JSON values: a response that is a string holding a
+  JSON object or array (most recorded APIs: the pairs keep every response as text) is written as that object
+  or array, unescaped, in the answer the model is trained to give and in the examples it is shown
+  (`structured_response`). A small model then writes JSON, not JSON escaped inside a string (every quote a
+  `\"`), and an engine with structured output enforces the inner JSON with its grammar too: the
+  observation schema's `response` is any JSON value. The server answers the value as the model wrote it.
 - `mirrorapi-session-v1`: `mirrorapi-v1` for a call inside a session (an episode): the system prompt
   asks for answers consistent with the session, and between the examples and the request the user
   message lists the session's earlier calls and answers, newest first, whole calls only, within a
@@ -62,6 +68,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import json_repair
+import jsonschema
 
 from mirrorapi.names import api_key_name
 from mirrorapi.records import canonical_json, observation_json
@@ -69,7 +76,10 @@ from mirrorapi.tools import ApiDoc
 
 SESSION_FORMAT = "mirrorapi-session-v1"
 COT_FORMAT = "stabletoolbench-cot"  # see the CoT block below
-SIMULATOR_FORMATS = ("mirrorapi-v1", SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache", COT_FORMAT)
+STRUCTURED_FORMAT = "mirrorapi-v2"  # responses as JSON values (see the docstring)
+OUR_SIMULATOR_FORMATS = ("mirrorapi-v1", STRUCTURED_FORMAT, SESSION_FORMAT)  # our system prompt, no file needed
+SIMULATOR_FORMATS = ("mirrorapi-v1", STRUCTURED_FORMAT, SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache",
+                     COT_FORMAT)
 DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
 JUDGE_FORMATS = ("fac-v1", "sopr-v1")
 TOOLEYES_FORMAT = "tooleyes-v1"  # see the ToolEyes block below
@@ -101,6 +111,64 @@ OBSERVATION_SCHEMA = {
     "additionalProperties": False,
 }
 
+_SKELETON_TYPES = {"str": {"type": "string"}, "int": {"type": "number"}, "float": {"type": "number"},
+                   "bool": {"type": "boolean"}, "empty list": {"type": "array"}}
+
+
+def skeleton_schema(template: Any) -> dict:
+    """A ToolBench `template_response` type skeleton as a JSON schema.
+
+    Keys of objects are required (extra keys allowed); lists take the schema of their first item;
+    int and float both mean "number" and `NoneType` means any type, since one sampled value says
+    no more than that.
+    """
+    if isinstance(template, dict):
+        properties = {k: skeleton_schema(v) for k, v in template.items() if k != "_list_length"}
+        return {"type": "object", "properties": properties, "required": sorted(properties)}
+    if isinstance(template, list):
+        return {"type": "array", "items": skeleton_schema(template[0])} if template else {"type": "array"}
+    if isinstance(template, str) and template.startswith("list of"):
+        return {"type": "array"}
+    return dict(_SKELETON_TYPES.get(template, {})) if isinstance(template, str) else {}
+
+
+def response_schema(doc: ApiDoc | None) -> dict | None:
+    """The doc's JSON schema (ToolEnv2404 `schema`), else its template skeleton; None when it has neither (or an
+    unusable one)."""
+    if doc is None:
+        return None
+    template = doc.template_response
+    skeleton = template if isinstance(template, (dict, list)) or template in _SKELETON_TYPES else None
+    schema = doc.response_schema or (skeleton_schema(skeleton) if skeleton is not None else None)
+    if not schema:
+        return None
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError:
+        return None
+    return schema
+
+
+def observation_schema(doc: ApiDoc, fmt: str) -> dict:
+    """The JSON schema a simulator's answer is held to when the engine has structured output.
+
+    `mirrorapi-v2`, for an API whose doc gives an object or array response (its schema, or its template as a
+    skeleton): a success (`error` "") must answer a `response` of that shape, so the engine's grammar writes
+    the documented JSON whenever the model answers a success; an error answers any `response`. No branch for a
+    tau-bench in-band error (`error` "", `response` "Error: ..."): a model that leans towards a plain string
+    for a success escapes into it (measured: "Errores", "Errormg" for 10 of 21 successes). Otherwise
+    OBSERVATION_SCHEMA."""
+    schema = response_schema(doc) if fmt == STRUCTURED_FORMAT else None
+    if not schema or schema.get("type") not in ("object", "array"):
+        return OBSERVATION_SCHEMA
+
+    def branch(error: dict, response: dict) -> dict:
+        return {"type": "object", "properties": {"error": error, "response": response},
+                "required": ["error", "response"], "additionalProperties": False}
+
+    return {"anyOf": [branch({"const": ""}, schema), branch({"type": "string", "minLength": 1}, {})]}
+
+
 SIMULATOR_SYSTEM_V1 = (
     "You are the server behind a web API. You receive the API's documentation and one request, and you "
     "answer exactly as the real API would. Reply with a single JSON object with two keys: \"error\" (an "
@@ -126,6 +194,24 @@ def truncate_response(response: Any) -> Any:
     if isinstance(response, str) and len(response) > RESPONSE_CHAR_BUDGET:
         return response[:RESPONSE_CHAR_BUDGET] + TRUNCATION_MARK
     return response
+
+
+def structured_response(response: Any) -> Any:
+    """`mirrorapi-v2`'s rendering of a response: a string holding a JSON object or array becomes that value;
+    anything else (plain text, a Python repr, a cut response, a scalar) stays as it is."""
+    if isinstance(response, str) and response.lstrip()[:1] in ("{", "["):
+        try:
+            value = json.loads(response)
+        except ValueError:
+            return response
+        if isinstance(value, (dict, list)):
+            return value
+    return response
+
+
+def render_observation(error: str, response: Any, fmt: str) -> str:
+    """An observation as a simulator prompt format writes it (a target, an example)."""
+    return observation_json(error, structured_response(response) if fmt == STRUCTURED_FORMAT else response)
 
 
 # ---------------------------------------------------------------------------------- simulator
@@ -218,10 +304,10 @@ def simulator_messages(
     """
     if history is not None and fmt != SESSION_FORMAT:
         raise ValueError(f"prompt format {fmt!r} has no session history; use {SESSION_FORMAT!r}")
-    if fmt in ("mirrorapi-v1", SESSION_FORMAT):
+    if fmt in OUR_SIMULATOR_FORMATS:
         parts = ["API documentation:\n" + render_doc_v1(doc)]
         if examples:
-            shots = [f"Request: {canonical_json(a)}\nResponse: {observation_json(o.get('error', ''), o.get('response', ''))}"
+            shots = [f"Request: {canonical_json(a)}\nResponse: {render_observation(o.get('error', ''), o.get('response', ''), fmt)}"
                      for a, o in examples]
             parts.append("Examples:\n" + "\n".join(shots))
         if fmt == SESSION_FORMAT:

@@ -8,7 +8,8 @@ code under test: a change to a format shows up here and needs a new format versi
   tool_description, tool_name (the client's tool name cut at its first `_for_`) and tool_category;
   a blank line; `Request:`; the repr of the arguments in the agent's order without `toolbench_key`;
   no trailing newline. The request: seed 42, max_tokens 2048, no response_format.
-- `mirrorapi-v1`, `mirrorapi-session-v1`, `fac-v1`, `sopr-v1`: the layouts documented in mirrorapi/prompts.py.
+- `mirrorapi-v1`, `mirrorapi-v2`, `mirrorapi-session-v1`, `fac-v1`, `sopr-v1`: the layouts documented in
+  mirrorapi/prompts.py.
 """
 
 import asyncio
@@ -139,6 +140,27 @@ def test_mirrorapi_v1(registry):
             'Examples:\nRequest: {"is_id":"DOUANE_AGENCE_GONDRAND"}\nResponse: {"error":"","response":"Gondrand, Nouméa"}'
             '\n\nRequest:\n{"is_id":"EKVF"}'},
     ]
+
+
+def test_mirrorapi_v2_writes_json_responses_as_values(registry):
+    """v1's layout; an example whose response text holds a JSON object or array shows it as that value, unescaped;
+    other text (plain, a Python repr, broken JSON) stays a string."""
+    doc = registry.resolve("Logistics", "transitaires", "transitaire")
+    examples = [({"is_id": "A"}, {"error": "", "response": '{"id": "A", "tags": ["x"]}'}),
+                ({"is_id": "B"}, {"error": "", "response": "[1, 2]"}),
+                ({"is_id": "C"}, {"error": "", "response": "{'id': 'C'}"}),
+                ({"is_id": "D"}, {"error": "Not found", "response": '{"id": '})]
+    v1 = simulator_messages(doc, {"is_id": "EKVF"}, examples)
+    v2 = simulator_messages(doc, {"is_id": "EKVF"}, examples, fmt="mirrorapi-v2")
+    assert v2[0] == {"role": "system", "content": MIRRORAPI_V1_SYSTEM}
+    shots_v1 = v1[1]["content"].split("Examples:\n")[1].split("\n\nRequest:")[0]
+    shots_v2 = v2[1]["content"].split("Examples:\n")[1].split("\n\nRequest:")[0]
+    assert v2[1]["content"].replace(shots_v2, shots_v1) == v1[1]["content"]  # only the examples differ
+    assert shots_v2 == (
+        'Request: {"is_id":"A"}\nResponse: {"error":"","response":{"id":"A","tags":["x"]}}\n'
+        'Request: {"is_id":"B"}\nResponse: {"error":"","response":[1,2]}\n'
+        'Request: {"is_id":"C"}\nResponse: {"error":"","response":"{\'id\': \'C\'}"}\n'
+        'Request: {"is_id":"D"}\nResponse: {"error":"Not found","response":"{\\"id\\": "}')
 
 
 FAC_V1_SYSTEM = (

@@ -56,7 +56,9 @@ def simulator_sft_parser(usage: str) -> argparse.ArgumentParser:
     parser.add_argument("--tools", nargs="+", default=[], metavar="SOURCE",
                         help="Tools folders / query files with the docs of the pairs' APIs.")
     parser.add_argument("--out", required=True, help="Output folder (replaced when the build succeeds).")
-    parser.add_argument("--prompt-format", default="mirrorapi-v1", choices=SIMULATOR_FORMATS)
+    parser.add_argument("--prompt-format", default="mirrorapi-v1", choices=SIMULATOR_FORMATS,
+                        help="Simulator prompt format (mirrorapi/prompts.py); mirrorapi-v2 writes responses that hold "
+                             "JSON as JSON values, not escaped strings (the SmolLM2 recipes' data).")
     parser.add_argument("--system-prompt-file", help="System prompt for the stabletoolbench formats.")
     parser.add_argument("--few-shot", type=int, default=0,
                         help="Real examples of the same API per prompt; match the server's `few_shot` setting.")

@@ -40,11 +40,13 @@ from mirrorapi.prompts import (
     COT_RATIONALE_KEY,
     DEFAULT_SIMULATOR_FORMAT,
     HISTORY_CHAR_BUDGET,
+    OUR_SIMULATOR_FORMATS,
     RESPONSE_CHAR_BUDGET,
     SESSION_FORMAT,
     SIMULATOR_FORMATS,
     check_cot_system_prompt,
     history_line,
+    render_observation,
     select_history,
     simulator_messages,
     truncate_response,
@@ -79,7 +81,7 @@ class SimulatorDataOptions:
                              f"(got history={self.history}, prompt format {self.prompt_format!r})")
         if self.history < 0 or self.history_char_budget <= 0:
             raise ValueError("history must be >= 0 and history_char_budget > 0")
-        if self.prompt_format not in ("mirrorapi-v1", SESSION_FORMAT) and not self.system_prompt:
+        if self.prompt_format not in OUR_SIMULATOR_FORMATS and not self.system_prompt:
             raise ValueError(f"prompt format {self.prompt_format!r} needs a system prompt file")
         if self.prompt_format == COT_FORMAT:
             check_cot_system_prompt(self.system_prompt or "")
@@ -217,7 +219,7 @@ def _render(entry: tuple, options: SimulatorDataOptions, examples: list[tuple[di
 
 def _target(error: str, response, pair: dict, prompt_format: str) -> str:
     """The answer a record teaches: the observation; in CoT mode the rationale first (MirrorAPI's CoT schema)."""
-    observation = observation_json(error, response)
+    observation = render_observation(error, response, prompt_format)
     if prompt_format != COT_FORMAT:
         return observation
     return "{" + json.dumps(COT_RATIONALE_KEY) + ":" + json.dumps(pair["rationale"], ensure_ascii=False) + "," + \

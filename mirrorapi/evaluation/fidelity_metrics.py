@@ -17,6 +17,7 @@ import jsonschema
 
 from mirrorapi.data.transport_failures import in_band_error, transport_failure
 from mirrorapi.names import api_key_name, standardize, standardize_category
+from mirrorapi.prompts import response_schema, skeleton_schema  # noqa: F401 (skeleton_schema: re-exported)
 from mirrorapi.records import parse_repr_key
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 
@@ -58,44 +59,6 @@ def json_structure(response: Any) -> Any:
             return None
         return value if isinstance(value, (dict, list)) else None
     return None
-
-
-_SKELETON_TYPES = {"str": {"type": "string"}, "int": {"type": "number"}, "float": {"type": "number"},
-                   "bool": {"type": "boolean"}, "empty list": {"type": "array"}}
-
-
-def skeleton_schema(template: Any) -> dict:
-    """A ToolBench `template_response` type skeleton as a JSON schema.
-
-    Keys of objects are required (extra keys allowed); lists take the schema of their first item;
-    int and float both mean "number" and `NoneType` means any type, since one sampled value says
-    no more than that.
-    """
-    if isinstance(template, dict):
-        properties = {k: skeleton_schema(v) for k, v in template.items() if k != "_list_length"}
-        return {"type": "object", "properties": properties, "required": sorted(properties)}
-    if isinstance(template, list):
-        return {"type": "array", "items": skeleton_schema(template[0])} if template else {"type": "array"}
-    if isinstance(template, str) and template.startswith("list of"):
-        return {"type": "array"}
-    return dict(_SKELETON_TYPES.get(template, {})) if isinstance(template, str) else {}
-
-
-def response_schema(doc: ApiDoc | None) -> dict | None:
-    """The doc's JSON schema (ToolEnv2404 `schema`), else its template skeleton; None when it has neither."""
-    if doc is None:
-        return None
-    template = doc.template_response
-    skeleton = template if isinstance(template, (dict, list)) or template in _SKELETON_TYPES else None
-    schema = doc.response_schema or (skeleton_schema(skeleton) if skeleton is not None else None)
-    if not schema:
-        return None
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError:
-        logger.warning("%s/%s: unusable response schema, skipped", doc.tool, doc.api)
-        return None
-    return schema
 
 
 def conforms(schema: dict, response: Any) -> bool:

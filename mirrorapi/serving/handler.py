@@ -70,6 +70,7 @@ class Answer:
     session: str | None = None  # the session id, for calls that belong to one
     detail: str = ""  # why it failed (for the log line)
     rationale: str = ""  # CoT mode: the simulator's reasoning (for the log line; the agent gets error/response)
+    parsed: str = ""  # simulated: how the model's text was read (json = as written; fenced, ..., repaired)
     extra_fields: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
 
@@ -114,7 +115,7 @@ class VirtualApi:
 
             reply = await self.responder.respond(doc, arguments, key, history, stages)
             answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
-            answer.rationale = reply.rationale
+            answer.rationale, answer.parsed = reply.rationale, reply.parsed
             answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
             if session is not None:
                 observation = json.loads(reply.observation)

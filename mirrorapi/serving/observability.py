@@ -109,6 +109,8 @@ class RequestLogWriter:
         if "engine" in answer.stages:
             line["engine_ms"] = round(answer.stages["engine"] * 1000, 1)
             line["coalesced"] = answer.coalesced
+        if answer.parsed:  # how the model's text was read: json (as written), fenced, literal, regex, repaired
+            line["parsed"] = answer.parsed
         if answer.detail:
             line["detail"] = answer.detail[:300]
         if answer.extra_fields:

@@ -48,6 +48,7 @@ class Reply:
     provenance: str
     hit: bool  # found in the cache (else simulated, by this call or one it joined)
     coalesced: bool = False  # answered by an identical simulation already in flight (here or in another process)
+    parsed: str = ""  # simulated here: how the model's text was read (json = as written; fenced, ..., repaired)
     rationale: str = ""  # CoT mode: the simulator's reasoning (for the request log; the agent gets the observation)
 
 
@@ -103,7 +104,7 @@ class Responder:
             self.metrics.coalesced()
         reply = await asyncio.shield(task)
         return Reply(reply.observation, reply.provenance, hit=False, coalesced=reply.coalesced or joined,
-                     rationale=reply.rationale)
+                     parsed=reply.parsed, rationale=reply.rationale)
 
     def _landed(self, flight: tuple, task: asyncio.Task) -> None:
         self._in_flight.pop(flight, None)
@@ -122,7 +123,7 @@ class Responder:
             candidates = None
             if self.settings.few_shot:
                 candidates = await self.cache.recorded_examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
-            observation, _, rationale = await self.simulator.simulate(doc, arguments, history, candidates)
+            observation, how, rationale = await self.simulator.simulate(doc, arguments, history, candidates)
         except EngineError as exc:
             self.metrics.engine_call(exc.kind)
             await self._release(call, identity)
@@ -143,7 +144,7 @@ class Responder:
                                call.api, exc)
         else:
             await self._release(call, identity)
-        return Reply(text.encode(), provenance, hit=False, rationale=rationale)
+        return Reply(text.encode(), provenance, hit=False, parsed=how, rationale=rationale)
 
     async def _lease_or_answer(self, call: Call, identity: str) -> tuple[bytes, str] | None:
         """None once this process holds the lease on the call (it simulates); else the answer another

@@ -24,6 +24,7 @@ from mirrorapi.prompts import (
     OBSERVATION_SCHEMA,
     SESSION_FORMAT,
     cot_rationale,
+    observation_schema,
     parse_simulator_output,
     simulator_messages,
     truncate_response,
@@ -35,6 +36,14 @@ from mirrorapi.tools import ApiDoc
 logger = logging.getLogger(__name__)
 
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA}}
+
+
+def response_format(doc: ApiDoc, prompt_format: str) -> dict:
+    """OpenAI's `response_format` for one call: the observation schema, in `mirrorapi-v2` the doc's response
+    shape for a success (`mirrorapi.prompts.observation_schema`)."""
+    schema = observation_schema(doc, prompt_format)
+    return RESPONSE_FORMAT if schema is OBSERVATION_SCHEMA else \
+        {"type": "json_schema", "json_schema": {"name": "observation", "schema": schema}}
 
 
 def simulator_identity(settings: ServerSettings, in_session: bool = False) -> str:
@@ -97,8 +106,8 @@ class Simulator:
         settings = self.settings
         text = await self.engine.chat(
             self.messages(doc, arguments, history, candidates), temperature=settings.temperature,
-            max_tokens=settings.max_tokens, response_format=RESPONSE_FORMAT if settings.structured_output else None,
-            seed=settings.seed)
+            max_tokens=settings.max_tokens, seed=settings.seed,
+            response_format=response_format(doc, settings.prompt_format) if settings.structured_output else None)
         if not text:
             raise EngineError("empty", "the engine's message holds no text")
         observation, how = parse_simulator_output(text)

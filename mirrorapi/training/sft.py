@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from mirrorapi.training.lm_head import logits_only_where_loss
 from mirrorapi.training.merge import merge_lora
 from mirrorapi.training.model_card import write_model_card
 from mirrorapi.training.recipe import (
@@ -58,12 +59,13 @@ def run_sft(recipe, training_args, model_args, argv: Sequence[str] = ()) -> dict
     metrics. `argv` (the command line) goes into the model card."""
     trainer, dataset, train, evals = build_trainer(recipe, training_args, model_args)
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=True if recipe.resume else training_args.resume_from_checkpoint)
-    metrics = {"train_loss": trainer.state.log_history[-1].get("train_loss"), "steps": trainer.state.global_step,
-               "train_seconds": round(time.perf_counter() - start, 1), "train_records": len(train),
-               **{f"{name}_records": len(data) for name, data in evals.items()}}
-    if evals:
-        metrics.update(final_eval_losses(trainer))
+    with logits_only_where_loss(recipe.logits_only_where_loss):
+        trainer.train(resume_from_checkpoint=True if recipe.resume else training_args.resume_from_checkpoint)
+        metrics = {"train_loss": trainer.state.log_history[-1].get("train_loss"), "steps": trainer.state.global_step,
+                   "train_seconds": round(time.perf_counter() - start, 1), "train_records": len(train),
+                   **{f"{name}_records": len(data) for name, data in evals.items()}}
+        if evals:
+            metrics.update(final_eval_losses(trainer))
     trainer.save_model(training_args.output_dir)
 
     if trainer.accelerator.is_main_process:

@@ -135,10 +135,12 @@ def _write_jsonl(path: Path, records) -> int:
     return n
 
 
-def build_data(build: Path, source: DataSource, code: str) -> DemoData:
+def build_data(build: Path, source: DataSource, code: str, prompt_format: str = "mirrorapi-v1", few_shot: int = 0,
+               few_shot_chars: int = 2048) -> DemoData:
     pairs = read_slice(source)
+    options = SimulatorDataOptions(prompt_format=prompt_format, few_shot=few_shot, few_shot_char_budget=few_shot_chars)
     inputs = {"pairs": digest(pairs), "tools": digest(source.tools), "labelled": digest(source.labelled),
-              "options": vars(SimulatorDataOptions()), "code": code}
+              "options": vars(options), "code": code}
     folder = build / f"data-{digest(inputs)}"
     data = DemoData(folder, complete(folder), source, folder / "pairs.jsonl", folder / "train.jsonl",
                     folder / "test.jsonl", folder / "judge_test.jsonl", folder / "simulator", folder / "judge",
@@ -149,7 +151,7 @@ def build_data(build: Path, source: DataSource, code: str) -> DemoData:
     fresh(folder)
     _write_jsonl(data.pairs, pairs)
     registry = ToolRegistry.load([source.tools])
-    splits, stats = build_simulator_records(read_pairs_jsonl(data.pairs), registry, SimulatorDataOptions())
+    splits, stats = build_simulator_records(read_pairs_jsonl(data.pairs), registry, options)
     write_sft_dataset(data.simulator, splits, stats)
     split_of = {(r["source"], r["episode"], r["step"]): name for name, records in splits.items() for r in records}
     where = [(pair, split_of.get((pair["source"], str(pair["episode"]), int(pair["step"])))) for pair in pairs]

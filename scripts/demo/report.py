@@ -1,5 +1,6 @@
 """The demo's report folder: `report.json` (everything), `report.md` (a summary of every step) and
-`fidelity.png` (copied from the fidelity evaluation), beside the evaluations' own reports and the logs.
+`fidelity.png` (every row of the fidelity table, the constant answer included; the evaluation's own per-source
+figure stays in `fidelity/`), beside the evaluations' own reports and the logs.
 Written also when a step failed or was interrupted: what was done until then, and where it stopped.
 
 Every score stands beside what a trivial answer gets on the same items, so that a tiny model's number
@@ -10,7 +11,6 @@ apply (no call of that kind, no schema) reads "n/a", never 0."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from mirrorapi.evaluation.fidelity_metrics import compare, slice_metrics
@@ -80,6 +80,37 @@ def always_solved_fac(row: dict, repeats: int = 1) -> float:
     return sum(100.0 * c["judge_calls"] / (c["ids"] * repeats) if c["ids"] else 0.0 for c in cells) / len(cells)
 
 
+def parse_counts(request_log: Path) -> dict:
+    """How the virtual server read the engine's answers of one fidelity run (its request log): `simulated` answers,
+    `as_written` those that were one strict JSON observation as the engine wrote them (the raw rate), `by_how`
+    the readings (json, fenced, literal, regex, repaired), `engine_errors` answers that were no observation."""
+    counts = {"simulated": 0, "as_written": 0, "by_how": {}, "engine_errors": 0}
+    if not request_log.is_file():
+        return counts
+    for line in request_log.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record.get("outcome") == "simulated":
+            counts["simulated"] += 1
+            how = record.get("parsed", "?")
+            counts["by_how"][how] = counts["by_how"].get(how, 0) + 1
+            counts["as_written"] += how == "json"
+        elif record.get("outcome") == "engine_error":
+            counts["engine_errors"] += 1
+    return counts
+
+
+def agent_baselines(scores: Path) -> dict[str, dict[str, float]]:
+    """{metric: {row: score}} of a judge that says Solved to every answer it is asked about, for the agent run's
+    SoPR and FAC tables (`scores/<metric>.json`): answers that never reach a judge stay Unsolved."""
+    found = {}
+    for metric in ("sopr", "fac"):
+        path = scores / f"{metric}.json"
+        if path.is_file():
+            table = json.loads(path.read_text(encoding="utf-8"))
+            found[metric] = {row["model"]: always_solved_fac(row, table.get("repeats", 1)) for row in table["rows"]}
+    return found
+
+
 def judge_summary(fac: dict, agreement: dict) -> str:
     lines = [f"FAC of StableToolBench's example answers, {row['model']}: {row['average']['score']:.1f} "
              f"(a judge saying Solved to all: {always_solved_fac(row, fac.get('repeats', 1)):.1f}; "
@@ -124,12 +155,20 @@ def _short(value, n: int = 90) -> str:
     return (text if len(text) <= n else text[: n - 3] + "...").replace("|", "\\|")
 
 
+def _mode(report: dict) -> str:
+    if report["quick"]:
+        return "quick (reduced)"
+    if report.get("real"):
+        return "real weights, simulator trained longer (--full)" if report.get("full") else "real weights (--real)"
+    return "tiny model"
+
+
 def render_markdown(report: dict) -> str:
     status = report["status"]
     head = "ok" if status == "ok" else f"{status} at step {report['failed_step']['number']} " \
         f"({report['failed_step']['name']}): {report['failed_step']['error']}"
     lines = ["# mirrorapi demo report", "", f"- status: **{head}**",
-             f"- mode: {'quick (reduced)' if report['quick'] else 'real weights' if report.get('real') else 'full'}; "
+             f"- mode: {_mode(report)}; "
              f"total {report.get('total_seconds')} s",
              f"- data: {report.get('data_source', '-')}",
              f"- software: {versions_line(report.get('versions', {})) or '-'}",
@@ -180,8 +219,24 @@ def render_markdown(report: dict) -> str:
                   for side, metrics in sides.items()]
         lines += ["", "All in %; n/a: no call of that kind among those scored. The constant answer is "
                   f"`{json.dumps(CONSTANT_ANSWER)}` for every call: its error agreement is the share of calls that did "
-                  "not fail. Definitions in [fidelity/fidelity.md](fidelity/fidelity.md).", "",
-                  "![fidelity per source](fidelity.png)"]
+                  "not fail. Valid JSON is measured on what the virtual server answered (as served); definitions in "
+                  "[fidelity/fidelity.md](fidelity/fidelity.md)."]
+        parsing = report.get("parsing") or {}
+        if parsing:
+            lines += ["", "How the virtual server read each model's answers (raw: one strict JSON observation as the "
+                      "engine wrote it; the rest was read by the server's fallbacks, or was no observation and came "
+                      "back as an error observation).", ""]
+            lines += ["| model | simulated | raw: JSON as written | read by a fallback | no observation |",
+                      "|---|---|---|---|---|"]
+            for side, c in parsing.items():
+                fallback = ", ".join(f"{how} {n}" for how, n in sorted(c["by_how"].items()) if how != "json") or "0"
+                raw = f"{c['as_written']} ({100 * c['as_written'] / c['simulated']:.1f}%)" if c["simulated"] else "0"
+                lines.append(f"| {names.get(side, side)} | {c['simulated']} | {raw} | {fallback} | "
+                             f"{c['engine_errors']} |")
+        if report.get("figures_from"):
+            lines += ["", report["figures_from"]]
+        lines += ["", "![fidelity, every row of the table](fidelity.png)", "",
+                  "Per source: [fidelity/fidelity.png](fidelity/fidelity.png)."]
     if "fac" in report and "agreement" in report:
         lines += ["", "### FAC and judge agreement with the trained judge, beside a judge that says Solved to all", "",
                   *("- " + line for line in judge_summary(report["fac"], report["agreement"]).splitlines()),
@@ -193,13 +248,19 @@ def render_markdown(report: dict) -> str:
                  f"({', '.join(agents['groups'])})") if "groups" in agents else "on StableToolBench's example queries"
         lines += ["", "### A small agent run, scored by the trained judge", "",
                   "StableToolBench's own CoT and DFS trajectories, replayed as a tool-calling model (a recorded "
-                  f"agent), against a replay-mode virtual server {scope}. Averages over the groups, in %:", ""]
+                  f"agent), against a replay-mode virtual server {scope}. The table gives averages over the groups "
+                  "in %, each agent beside what a judge saying Solved to all gives it (SoWR compares two answers, so "
+                  "it has no such baseline).", ""]
         averages = report["agents"]["averages"]  # {metric: {row: Average}}
+        baselines = report["agents"].get("solved_to_all", {})
         rows = sorted({row for values in averages.values() for row in values})
         lines += ["| row | " + " | ".join(metric.upper() for metric in averages) + " |",
                   "|---" * (len(averages) + 1) + "|"]
-        lines += [f"| {row} | " + " | ".join(_num(values.get(row)) for values in averages.values()) + " |"
-                  for row in rows]
+        for row in rows:
+            lines.append(f"| {row} | " + " | ".join(_num(values.get(row)) for values in averages.values()) + " |")
+            if baselines:
+                lines.append(f"| {row}, judge saying Solved to all | " + " | ".join(
+                    _num(baselines.get(metric, {}).get(row)) for metric in averages) + " |")
         lines += ["", "Full tables: [agents/report.md](agents/report.md)."]
     lines += ["", "## Files", "", "`report.json` (everything above, in full), `logs/` (every command's output), "
               "`server.yml` (the virtual server's settings), `heldout.jsonl` (the calls scored), `cache.sqlite` (the "
@@ -208,11 +269,35 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def plot_fidelity(report: dict, path: Path) -> None:
+    """Every row of the fidelity table as bars, a group per metric; a cell that does not apply is marked n/a."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    sides, names = _fidelity_sides(report), side_names(report)
+    width = 0.8 / len(sides)
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    for i, (side, metrics) in enumerate(sides.items()):
+        xs = [k + i * width for k in range(len(FIDELITY_KEYS))]
+        values = [metrics.get(key) for key in FIDELITY_KEYS]
+        bars = ax.bar(xs, [v or 0.0 for v in values], width, label=names[side])
+        ax.bar_label(bars, labels=[_num(v) for v in values], fontsize=6, rotation=90, padding=2)
+    ax.set_xticks([k + width * (len(sides) - 1) / 2 for k in range(len(FIDELITY_KEYS))], list(FIDELITY_KEYS.values()))
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 118)
+    ax.set_title(f"Simulator fidelity on {report['fidelity']['calls']} held-out real calls")
+    ax.legend(fontsize=7, ncol=len(sides), loc="upper center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_report(folder: Path, report: dict) -> None:
     report.setdefault("versions", package_versions())
-    png = folder / "fidelity" / "fidelity.png"
-    if png.is_file():
-        shutil.copyfile(png, folder / "fidelity.png")
+    if report.get("fidelity"):
+        plot_fidelity(report, folder / "fidelity.png")
     (folder / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n",
                                         encoding="utf-8")
     (folder / "report.md").write_text(render_markdown(report), encoding="utf-8")

@@ -55,7 +55,15 @@ from demo.build import (
 )
 from demo.calls import plan_calls, render_call, send_calls
 from demo.processes import StepFailed, brief, run_command, sigint_ignored, virtual_server
-from demo.report import constant_answer_metrics, counts, fidelity_summary, judge_summary, write_report
+from demo.report import (
+    agent_baselines,
+    constant_answer_metrics,
+    counts,
+    fidelity_summary,
+    judge_summary,
+    parse_counts,
+    write_report,
+)
 from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
 from mirrorapi.models.get import get_base_model
@@ -94,6 +102,9 @@ class Sizes:
     real: bool = False  # SmolLM2 for the simulator and the judge; else the tiny model
     tiny_simulator: dict | None = None  # with real weights: the tiny simulator's overrides, for the report
     few_shot: int = 3  # examples the untrained base is shown (real weights only)
+    # Real examples of the same API in the trained simulators' prompts (data and server alike) and their budget.
+    simulator_few_shot: int = 0
+    simulator_few_shot_chars: int = 2048
     hits: int = 3  # one per source
     misses: int = 2
     heldout_calls: int = 40
@@ -107,8 +118,14 @@ TINY_SIMULATOR = {"max_train_samples": 64, "max_length": 768, "max_steps": 300, 
 FULL = Sizes(TINY_SIMULATOR, {"max_eval_samples": 32, **QUIET_TRAINING})
 # --real: SmolLM2-135M-Instruct for the simulator and the judge, the recipes' own sizes (see their comments),
 # the tiny simulator beside it.
+# The simulator sees 2 real examples of the same API (within 1,024 characters), as the server will show it:
+# measured, the untrained base shown examples already wrote valid JSON where the zero-shot fine-tune wrote "success".
 REAL = Sizes({"max_eval_samples": 8, **QUIET_TRAINING}, {"max_eval_samples": 16, **QUIET_TRAINING}, real=True,
-             tiny_simulator=TINY_SIMULATOR)
+             tiny_simulator=TINY_SIMULATOR, simulator_few_shot=2, simulator_few_shot_chars=1024)
+# --full: the same, with the simulator trained longer than the demo's 20 minutes allow.
+LONG_SIMULATOR_STEPS = 600
+REAL_LONG = Sizes({**REAL.simulator, "max_steps": LONG_SIMULATOR_STEPS}, REAL.judge, real=True,
+                  tiny_simulator=TINY_SIMULATOR, simulator_few_shot=2, simulator_few_shot_chars=1024)
 # --quick (the test suite's run): shorter records and fewer steps; the format is still learnt well
 # enough that the held-out misses come back as observations.
 QUICK = Sizes({"max_train_samples": 16, "max_length": 512, "max_steps": 40, "warmup_steps": 5,
@@ -123,6 +140,7 @@ class DemoOptions:
     shared: Path | None  # ../shared/data, or None to use data/samples
     quick: bool = False
     real: bool = False  # SmolLM2 instead of the tiny model (not with quick)
+    full: bool = False  # real, with the simulator trained for LONG_SIMULATOR_STEPS
 
 
 class DemoError(Exception):
@@ -149,7 +167,11 @@ class Demo:
     report: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.sizes = QUICK if self.options.quick else REAL if self.options.real else FULL
+        self.sizes = QUICK if self.options.quick else REAL_LONG if self.options.full else REAL if self.options.real \
+            else FULL
+        # Real weights: responses as JSON values (mirrorapi-v2): SmolLM2 writes escaped JSON inside a string badly,
+        # and the engine's grammar can then enforce the inner JSON too. The tiny demo keeps mirrorapi-v1.
+        self.prompt_format = "mirrorapi-v2" if self.sizes.real else "mirrorapi-v1"
         work = self.options.work_dir.resolve()
         self.build, self.run_dir = work / "build", work / time.strftime("%Y%m%d-%H%M%S")
         if self.run_dir.exists():  # two runs within a second
@@ -157,7 +179,7 @@ class Demo:
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True)
         self.stack = contextlib.ExitStack()  # everything started, stopped in reverse order
-        self.report.update(status="running", quick=self.options.quick, real=self.options.real,
+        self.report.update(status="running", quick=self.options.quick, real=self.options.real, full=self.options.full,
                            run_dir=str(self.run_dir), steps=[])
 
     # ---------------------------------------------------------------------------------- running
@@ -244,12 +266,13 @@ class Demo:
         return on_line
 
     def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None,
-                      few_shot: int = 0) -> Path:
+                      few_shot: int = 0, few_shot_chars: int = 2048) -> Path:
         """`<run>/<name>.yml` for `serving/main_mirrorapi.py`; its request lines go to `logs/<name>-requests.jsonl`."""
         config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
                   else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
                   "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
-                  "max_tokens": 512, "engine_timeout": 120, "prompt_format": "mirrorapi-v1", "few_shot": few_shot}
+                  "max_tokens": 512, "engine_timeout": 120, "prompt_format": self.prompt_format, "few_shot": few_shot,
+                  "few_shot_char_budget": few_shot_chars}
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return path
@@ -259,7 +282,8 @@ class Demo:
         source = choose_data(self.options.shared)
         say(f"from {source.description}")
         self.code = code_version()
-        self.data = build_data(self.build, source, self.code)
+        self.data = build_data(self.build, source, self.code, self.prompt_format, self.sizes.simulator_few_shot,
+                               self.sizes.simulator_few_shot_chars)
         s = self.data.summary
         say(("reused " if self.data.reused else "built ") + shown(self.data.folder))
         say(f"{s['pairs']} real pairs (" + ", ".join(f"{n} {k}" for k, n in s["by_source"].items() if k != "total")
@@ -294,7 +318,8 @@ class Demo:
             self.simulator, log_path=self.logs / "simulator-engine.log", timeout=180))
         say(f"simulator engine: {self.engine.name} on {shown(self.simulator)} answers at {self.engine.base_url} "
             f"(pid {self.engine.process.pid})")
-        config = self.server_config("server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache)
+        config = self.server_config("server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache,
+                                    self.sizes.simulator_few_shot, self.sizes.simulator_few_shot_chars)
         self.server = self.stack.enter_context(virtual_server(config, self.logs / "server.log"))
         health = httpx.get(self.server + "/health", timeout=10).json()
         say(f"virtual server: {self.server}/virtual (settings: {shown(config)}); {health['tools']['apis']} APIs of "
@@ -319,18 +344,25 @@ class Demo:
         heldout = self.run_dir / "heldout.jsonl"
         chosen = select_heldout(self.data.test_pairs, self.sizes.heldout_calls)
         heldout.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen), encoding="utf-8")
-        self.fidelity_run("fidelity", self.engine, heldout, baseline=True)
+        trained_shots = (self.sizes.simulator_few_shot, self.sizes.simulator_few_shot_chars)
+        self.fidelity_run("fidelity", self.engine, heldout, baseline=True, few_shot=trained_shots)
         self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
         self.report["fidelity_constant"] = constant_answer_metrics(chosen, self.data.source.tools)
         if self.sizes.real:
             self.stack.close()  # one engine at a time: the machine's cores go to the one being measured
             others = self.report["fidelity_others"] = {}
-            for side, folder, few_shot in (("base_few_shot", self.base, self.sizes.few_shot),
-                                           ("tiny", self.tiny_simulator, 0)):
+            for side, folder, few_shot in (("base_few_shot", self.base, (self.sizes.few_shot, 2048)),
+                                           ("tiny", self.tiny_simulator, trained_shots)):
                 with cpu_engine_serve(folder, log_path=self.logs / f"{side}-engine.log", timeout=180) as engine:
                     say(f"{side.replace('_', ' ')}: {engine.name} on {shown(folder)} answers at {engine.base_url}")
                     out = self.fidelity_run(f"fidelity-{side}", engine, heldout, few_shot=few_shot)
                 others[side] = json.loads((out / "fidelity.json").read_text(encoding="utf-8"))
+        if self.sizes.real:
+            steps = self.report["training"]["simulator"]["metrics"]["steps"]
+            self.report["figures_from"] = (
+                f"These figures come from a `--{'full' if self.options.full else 'real'}` run: the simulator fine-tuned "
+                f"for {steps} steps" + (" (longer than the demo's time allows)." if self.options.full else
+                                        f"; `--full` trains it for {LONG_SIMULATOR_STEPS}."))
         say(fidelity_summary(self.report))
 
         judge = self.stack.enter_context(cpu_engine_serve(self.judge, log_path=self.logs / "judge-engine.log",
@@ -349,20 +381,23 @@ class Demo:
         say(judge_summary(self.report["fac"], self.report["agreement"]))
         self.agent_run(judge)
 
-    def fidelity_run(self, name: str, engine, heldout: Path, baseline: bool = False, few_shot: int = 0) -> Path:
+    def fidelity_run(self, name: str, engine, heldout: Path, baseline: bool = False,
+                     few_shot: tuple[int, int] = (0, 2048)) -> Path:
         """`eval/simulator.py` on the held-out calls through a virtual server of its own on `engine`, into
         `<run>/<name>/`. Its cache starts empty; with `few_shot`, it holds the training calls' real responses
         (the examples the simulator is shown; never a held-out call: the splits keep episodes apart)."""
         out = self.run_dir / name
         config = self.server_config(f"{name}-server.yml", engine, self.run_dir / f"{name}-cache.sqlite",
-                                    self.data.stb_cache if few_shot else None, few_shot=few_shot)
+                                    self.data.stb_cache if few_shot[0] else None, *few_shot)
         with virtual_server(config, self.logs / f"{name}-server.log") as url:
-            cache = f"cache of the training calls, few_shot {few_shot}" if few_shot else "empty cache"
+            cache = f"cache of the training calls, few_shot {few_shot[0]}" if few_shot[0] else "empty cache"
             say(f"a virtual server for the held-out calls ({cache}): {url}")
             baseline_args = ["--baseline-pairs", shown(self.data.train_pairs)] if baseline else []
             self._run(name, [shown(sys.executable), "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
                              "--out", shown(out), *baseline_args, "--tools", shown(self.data.source.tools),
                              "--concurrency", "4", "--no-progress"], f"{name}.log")
+        side = "simulated" if baseline else name.removeprefix("fidelity-")
+        self.report.setdefault("parsing", {})[side] = parse_counts(self.logs / f"{name}-server-requests.jsonl")
         return out
 
     def agent_run(self, judge) -> None:
@@ -382,7 +417,7 @@ class Demo:
         report = json.loads((out / "report.json").read_text(encoding="utf-8"))
         self.report["agents"] = {"report": str(result.report), "averages": report["averages"], "groups": groups,
                                  "queries_per_group": self.sizes.agent_queries,
-                                 "counts": report["agent_counts"]}
+                                 "counts": report["agent_counts"], "solved_to_all": agent_baselines(out / "scores")}
         say(f"agent run report: {shown(result.report)}")
 
     def _run(self, what: str, command: list[str], log: str) -> None:

@@ -56,6 +56,32 @@ def test_records_are_what_the_server_would_send_and_receive(simulator_sft_dir, r
     assert stats["kept"]["error"] > 0 and stats["kept"]["in_band_error"] > 0  # genuine errors are kept
 
 
+def test_v2_targets_write_json_responses_as_values(registry):
+    """mirrorapi-v2: the same records as v1, but a response text holding a JSON object or array is taught as that
+    value (the answer parses to the real response's JSON); other responses are taught exactly as in v1."""
+    v1, _ = build_simulator_records(SAMPLE_PAIRS, registry, SimulatorDataOptions())
+    v2, stats = build_simulator_records(SAMPLE_PAIRS, registry, SimulatorDataOptions(prompt_format="mirrorapi-v2"))
+    assert stats["prompt_format"] == "mirrorapi-v2" and v1.keys() == v2.keys()
+    structured = 0
+    for name in v1:
+        for old, new in zip(v1[name], v2[name], strict=True):
+            assert new["prompt"] == old["prompt"] and new["prompt_format"] == "mirrorapi-v2"
+            old_answer = json.loads(old["completion"][0]["content"])
+            new_answer = json.loads(new["completion"][0]["content"])
+            assert new_answer["error"] == old_answer["error"]
+            response = old_answer["response"]
+            try:
+                value = json.loads(response) if isinstance(response, str) else None
+            except ValueError:
+                value = None
+            if isinstance(value, (dict, list)):
+                assert new_answer["response"] == value
+                structured += 1
+            else:
+                assert new["completion"] == old["completion"]
+    assert structured > 0
+
+
 def test_each_quality_rule_is_applied_and_counted(registry):
     options = SimulatorDataOptions(ood_fraction=0, id_fraction=0)
     _, base = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, options)

@@ -1,0 +1,52 @@
+"""Structured output per API in `mirrorapi-v2`: a success must answer the documented response shape, an error
+anything; v1 and undocumented APIs keep the plain
+observation schema. The expected verdicts are written from the doc templates below, and the schema must compile
+into llama.cpp's grammar (the CPU engine) as it is sent."""
+
+import json
+
+import jsonschema
+import pytest
+
+from mirrorapi.llama_cpp_engine import explicit_any
+from mirrorapi.prompts import OBSERVATION_SCHEMA, observation_schema
+from mirrorapi.tools import ApiDoc
+
+
+def doc(template):
+    return ApiDoc(category="TauBench", tool="taubench_airline", api="get_user_details", tool_title="t",
+                  api_title="a", tool_description="", description="", method="GET", required_parameters=[],
+                  optional_parameters=[], template_response=template)
+
+
+USER = {"name": {"first_name": "str", "last_name": "str"}, "email": "str", "_list_length": 1}
+
+
+@pytest.mark.parametrize("answer, valid", [
+    ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x"}}, True),
+    ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x", "x": 1}}, True),
+    ({"error": "", "response": "success"}, False),  # a success must be the documented object
+    ({"error": "", "response": {"email": "m@x"}}, False),  # a documented key is missing
+    ({"error": "", "response": "Error: user not found"}, False),  # an in-band error is not the documented shape
+    ({"error": "Unknown user", "response": ""}, True),
+    ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x"}, "more": 1}, False),
+])
+def test_v2_success_has_the_documented_shape(answer, valid):
+    schema = observation_schema(doc(USER), "mirrorapi-v2")
+    assert jsonschema.validators.validator_for(schema)(schema).is_valid(answer) is valid
+
+
+def test_v1_and_undocumented_apis_keep_the_observation_schema():
+    assert observation_schema(doc(USER), "mirrorapi-v1") is OBSERVATION_SCHEMA
+    assert observation_schema(doc("str"), "mirrorapi-v2") is OBSERVATION_SCHEMA
+    assert observation_schema(doc(None), "mirrorapi-v2") is OBSERVATION_SCHEMA
+
+
+def test_the_schema_compiles_into_a_llama_cpp_grammar():
+    pytest.importorskip("llama_cpp")  # the CPU engine's own converter (make engine)
+    from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
+
+    for template in (USER, [{"flight_number": "str", "price": "int", "_list_length": 2}]):
+        schema = explicit_any(observation_schema(doc(template), "mirrorapi-v2"))
+        assert "{}" not in json.dumps(schema)  # every "any value" spelt out, as the engine needs it
+        LlamaGrammar.from_string(json_schema_to_gbnf(json.dumps(schema)), verbose=False)
