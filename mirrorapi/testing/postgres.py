@@ -8,14 +8,19 @@ installed package; here the server listens on a free 127.0.0.1 port, like every 
 
 PostgreSQL refuses to run as root. Run as root (a CI container), the server runs as the unprivileged
 `nobody`, which owns the data folder; elsewhere as the current user.
+
+To try the PostgreSQL cache by hand: `python -m mirrorapi.testing.postgres --port 5433` prints the URL of a
+throwaway server and serves until Ctrl-C (its data is deleted then).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -65,10 +70,11 @@ class RunningPostgres:
 
 
 @contextlib.contextmanager
-def temporary_postgres(folder: str | os.PathLike | None = None, *, durable: bool = True,
+def temporary_postgres(folder: str | os.PathLike | None = None, *, durable: bool = True, port: int | None = None,
                        timeout: float = 60.0) -> Iterator[RunningPostgres]:
     """A PostgreSQL server of its own, listening on a free 127.0.0.1 port (no Unix socket), with its data in a
-    new folder (under `folder`, else the system's temporary folder), user `postgres` with trust
+    new folder (under `folder`, else the system's temporary folder; root: one `nobody` may enter), on `port`
+    (default: a free one), user `postgres` with trust
     authentication (loopback only). Stopped, and its data deleted, when the block ends. `durable=False`
     (tests): no fsync, so a commit costs no disk flush (data lost on a power cut, never on a process crash)."""
     bin_folder = postgres_bin()
@@ -83,7 +89,7 @@ def temporary_postgres(folder: str | os.PathLike | None = None, *, durable: bool
         result = subprocess.run(initdb, capture_output=True, text=True, timeout=timeout, **run_as)
         if result.returncode != 0:
             raise RuntimeError(f"initdb failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
-        port = free_port()
+        port = port or free_port()
         log = data / "server.log"
         settings = {"listen_addresses": "127.0.0.1", "port": str(port), "unix_socket_directories": "",
                     "max_connections": "200", "logging_collector": "off"}
@@ -126,3 +132,19 @@ def create_database(url: str, name: str | None = None) -> str:
     with psycopg.connect(url, autocommit=True) as db:
         db.execute(f'CREATE DATABASE "{name}"')
     return url.rsplit("/", 1)[0] + "/" + name
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m mirrorapi.testing.postgres", allow_abbrev=False,
+                                     description="A throwaway PostgreSQL server on 127.0.0.1 (data deleted on exit).")
+    parser.add_argument("--port", type=int, default=5433, help="Port to listen on (default 5433).")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    with temporary_postgres(port=args.port) as server:
+        print(server.url, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.process.wait()
+
+
+if __name__ == "__main__":
+    main()
