@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import signal
@@ -91,6 +92,19 @@ def test_two_servers_on_one_postgresql_share_misses_hits_and_leases(postgres_dat
         # One of the two waited for the other's answer (or, arriving after it was stored, found it: a hit).
         joined = sum(metric(u, "mirrorapi_coalesced_requests_total") for u in (a, b))
         assert joined + outcomes(a)["hit"] + outcomes(b)["hit"] - 1 == 1
+
+
+def test_workers_on_one_postgresql_cache(postgres_database, tmp_path):
+    """`--workers 2` with `cache_url`: each worker opens the PostgreSQL store; what one stores, any serves."""
+    with StubEngine(delay=0.2) as engine, \
+            server_process(postgres_database, engine.url, tmp_path / "w.log", workers=2) as (url, _):
+        def ask(n: int) -> dict:
+            with httpx.Client(timeout=30) as http:  # a connection each: the kernel spreads them over the workers
+                return http.post(url + "/virtual", json=call(f"player {n}")).json()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(ask, range(8))) == [STUB_OBSERVATION] * 8
+            assert list(pool.map(ask, range(8))) == [STUB_OBSERVATION] * 8
+        assert outcomes(url) == {"hit": 8, "simulated": 8}  # summed over the workers
 
 
 def test_kill_9_of_a_server_loses_no_answer_it_gave(postgres_database, tmp_path):
