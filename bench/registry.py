@@ -2,15 +2,21 @@
 
     python bench/registry.py [--tools ../shared/data/toolenv/toolenv2404] [--runs 5]
 
-Each run loads the folder in a fresh process (so memory is the registry's own); prints one JSON
-object with medians. Target (issue #2): the 12,300-tool ToolEnv2404 in <= 3 s and <= 300 MB.
+Each run loads the folder twice, each time in a fresh process (so memory is the registry's own): cold
+(no compiled index: every JSON file is read, then the index is written, `mirrorapi/tools_index.py`, in a
+temporary MIRRORAPI_TOOLS_INDEX_DIR) and warm (the index of the cold load). The tool files stay in the OS page cache throughout (dropping it
+would slow every other job on the machine), so cold is the parsing, not the disk. Prints one JSON
+object with medians and the load average. Targets: cold <= 3 s and <= 300 MB (issue 2), warm <= 1 s
+(issue 21 §2; StableToolBench's server starts in 1.0 s here).
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,19 +48,27 @@ def main() -> None:
     args = parser.parse_args()
     if not Path(args.tools).is_dir():
         sys.exit(f"bench/registry.py: tools folder not found: {args.tools}")
-    runs = []
-    for _ in range(args.runs):
-        out = subprocess.run([sys.executable, "-c", ONE_RUN, args.tools], capture_output=True, text=True, check=True)
-        runs.append(json.loads(out.stdout))
-    result = {k: runs[0][k] for k in ("categories", "tools", "apis", "unreadable")}
-    for key in ("load_seconds", "max_rss_mb", "lookup_us"):
-        values = [r[key] for r in runs]
-        result[key + "_median"] = round(statistics.median(values), 3)
-        result[key + "_max"] = round(max(values), 3)
-    result["runs"] = args.runs
-    result["targets"] = {"load_seconds": 3.0, "max_rss_mb": 300}
-    result["meets_targets"] = result["load_seconds_median"] <= 3.0 and result["max_rss_mb_max"] <= 300
     sys.path.insert(0, str(REPO))
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    runs = {"cold": [], "warm": []}
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory() as index_dir:  # empty at each cold load
+            env = dict(os.environ, MIRRORAPI_TOOLS_INDEX_DIR=index_dir)
+            for kind in ("cold", "warm"):
+                out = subprocess.run([sys.executable, "-c", ONE_RUN, args.tools], capture_output=True, text=True,
+                                     check=True, env=env)
+                runs[kind].append(json.loads(out.stdout))
+    result = {k: runs["cold"][0][k] for k in ("categories", "tools", "apis", "unreadable")}
+    for kind in ("cold", "warm"):
+        for key in ("load_seconds", "max_rss_mb", "lookup_us"):
+            values = [r[key] for r in runs[kind]]
+            result[f"{kind}_{key}_median"] = round(statistics.median(values), 3)
+            result[f"{kind}_{key}_max"] = round(max(values), 3)
+    result["runs"] = args.runs
+    result["load_average"] = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}
+    result["targets"] = {"cold_load_seconds": 3.0, "max_rss_mb": 300, "warm_load_seconds": 1.0}
+    result["meets_targets"] = (result["cold_load_seconds_median"] <= 3.0 and result["warm_load_seconds_median"] <= 1.0
+                               and max(result["cold_max_rss_mb_max"], result["warm_max_rss_mb_max"]) <= 300)
     from mirrorapi.versions import package_versions
 
     result["versions"] = package_versions()

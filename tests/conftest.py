@@ -20,7 +20,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,10 @@ SAMPLES = REPO / "data" / "samples"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Compiled tools indexes (mirrorapi/tools_index.py) go to this run's own folder: none beside the repo's
+# sample folders, in the shared data's parent or in the user's cache; every run starts cold.
+os.environ["MIRRORAPI_TOOLS_INDEX_DIR"] = tempfile.mkdtemp(prefix="mirrorapi-tests-tools-index-")
+atexit.register(shutil.rmtree, os.environ["MIRRORAPI_TOOLS_INDEX_DIR"], ignore_errors=True)
 
 # Fixtures that train a model or start an engine. Every test using one, directly or through another
 # fixture, is marked `slow`, so `make test-quick` (-m "not slow") does neither (tests/test_slow_marking.py).

@@ -170,3 +170,87 @@ def test_cli_show_and_errors_without_traceback(samples, tmp_path):
     unknown = subprocess.run(run + ["tools", "show", "APIBank", "apibank_acount", "--tools", str(samples / "tools")],
                              capture_output=True, text=True)
     assert "apibank_account" in unknown.stderr  # the closest known name
+
+
+# ------------------------------------------------------------------------ the compiled index
+def _settled_tools_folder(tmp_path, apis=("first", "second")):
+    """A tools folder whose files and folders were last changed a minute ago (an index is written only for
+    a folder that has settled, mirrorapi.tools_index.SETTLE_SECONDS)."""
+    folder = tmp_path / "tools"
+    (folder / "Data").mkdir(parents=True)
+    tool = {"tool_name": "Weather", "tool_description": "d", "api_list": [
+        {"name": name, "description": f"the {name} API", "method": "GET", "required_parameters": [],
+         "optional_parameters": [], "template_response": {"t": "str"}} for name in apis]}
+    (folder / "Data" / "weather.json").write_text(json.dumps(tool))
+    (folder / "Data" / "broken.json").write_text("{not json")
+    _age(folder)
+    return folder
+
+
+def _age(folder, seconds=60):
+    import os
+    import time
+
+    past = time.time() - seconds
+    for path in [*folder.rglob("*"), folder]:
+        os.utime(path, (past, past))
+
+
+def test_index_is_written_then_read_with_the_same_docs(tmp_path):
+    folder = _settled_tools_folder(tmp_path)
+    first = ToolRegistry.load([folder])
+    second = ToolRegistry.load([folder])
+    assert first.indexes == [(str(folder), "written")] and second.indexes == [(str(folder), "read")]
+    assert [d.to_dict() for d in second] == [d.to_dict() for d in first]
+    assert second.unreadable == first.unreadable and len(second.unreadable) == 1
+
+
+def test_index_is_rebuilt_when_a_file_changes_or_is_added(tmp_path):
+    folder = _settled_tools_folder(tmp_path)
+    ToolRegistry.load([folder])
+    path = folder / "Data" / "weather.json"
+    path.write_text(path.read_text().replace("the first API", "the FIRST API"))  # same size, in place
+    _age(folder, seconds=30)
+    edited = ToolRegistry.load([folder])
+    assert edited.indexes == [(str(folder), "written")]
+    assert edited.resolve("Data", "weather", "first").description == "the FIRST API"
+    (folder / "Data" / "sun.json").write_text(json.dumps({"tool_name": "Sun", "api_list": [{"name": "rise"}]}))
+    _age(folder, seconds=20)
+    assert ToolRegistry.load([folder]).resolve("Data", "sun", "rise").api == "rise"
+
+
+def test_a_folder_changed_just_now_gets_no_index_yet(tmp_path):
+    folder = _settled_tools_folder(tmp_path)
+    (folder / "Data" / "weather.json").touch()
+    assert ToolRegistry.load([folder]).indexes == [(str(folder), "not written: changed just now")]
+
+
+def test_a_damaged_index_is_rebuilt(tmp_path):
+    from mirrorapi.tools_index import locations
+
+    folder = _settled_tools_folder(tmp_path)
+    ToolRegistry.load([folder])
+    (index,) = [p for p in locations(folder) if p.exists()]
+    index.write_bytes(index.read_bytes()[:100])  # truncated
+    again = ToolRegistry.load([folder])
+    assert again.indexes == [(str(folder), "written")] and again.resolve("Data", "weather", "second")
+
+
+def test_index_beside_the_folder_or_in_the_cache_folder_when_read_only(tmp_path, monkeypatch):
+    from mirrorapi.tools_index import INDEX_DIR_ENV
+
+    monkeypatch.delenv(INDEX_DIR_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    folder = _settled_tools_folder(tmp_path / "writable")
+    ToolRegistry.load([folder])
+    assert (folder.parent / ".tools.mirrorapi-index").is_file() and not (tmp_path / "xdg").exists()
+
+    folder = _settled_tools_folder(tmp_path / "read-only")
+    folder.parent.chmod(0o555)  # no write bit: respected even by root
+    try:
+        assert ToolRegistry.load([folder]).indexes == [(str(folder), "written")]
+        assert ToolRegistry.load([folder]).indexes == [(str(folder), "read")]
+    finally:
+        folder.parent.chmod(0o755)
+    assert not (folder.parent / ".tools.mirrorapi-index").exists()
+    assert len(list((tmp_path / "xdg" / "mirrorapi" / "tools-index").iterdir())) == 1

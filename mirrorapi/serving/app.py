@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
+import tempfile
 
 import uvicorn
 from fastapi import FastAPI
@@ -45,6 +47,7 @@ from mirrorapi.serving.transport import (
     UNAUTHORIZED,
     BodyTooLarge,
     ClientGone,
+    ReceiveDeadline,
     RequestDeadlineMiddleware,
     authorized,
     error_body,
@@ -62,14 +65,18 @@ logger = logging.getLogger(__name__)
 STARTUP_ERRORS = (ConfigError, RegistryError, CacheError)
 CACHE_MAINTENANCE_SECONDS = 5.0
 OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (probes of orchestrators)
+# The settings of the worker processes (`serve_workers`), as JSON: uvicorn starts them by importing a factory.
+WORKER_SETTINGS_ENV = "_MIRRORAPI_WORKER_SETTINGS"
 
 
 class VirtualEndpoint:
     """`/virtual` as the outermost ASGI app, in front of the FastAPI app that serves everything else
     (the API key, the 405 and the 413 of every path are answered here too, in the `{"error", "response"}`
-    shape). Why not a FastAPI route: measured side by side (bench/virtual_route.py), a route with typed
-    dependencies costs FIGURE_PENDING of a cache hit's server CPU, against a budget of 10%. `answer` turns
-    every failure into a response, so nothing is lost by bypassing Starlette's error middleware."""
+    shape). Why not a FastAPI route: measured side by side (bench/server.py runs bench/virtual_route.py, the
+    same server with /virtual as a route with typed dependencies, beside this one), a cache hit through the
+    route costs 4.2 times the server CPU (0.332 ms against 0.079 ms, 64 clients, load 2.5-9 on 2 cores), where
+    issue 19 allowed 10% more. `answer` turns every failure into a response, so nothing is lost by bypassing
+    Starlette's error middleware."""
 
     def __init__(self, app: FastAPI):
         self.app, self.state = app, app.state
@@ -157,8 +164,9 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
         logger.warning("%s", warning)
     registry = ToolRegistry.load(settings.tools_folder)
     stats = registry.stats()
-    logger.info("tools: %d categories, %d tools, %d APIs loaded in %.2f s (%d unreadable files skipped)",
-                stats["categories"], stats["tools"], stats["apis"], stats["load_seconds"], stats["unreadable"])
+    logger.info("tools: %d categories, %d tools, %d APIs loaded in %.2f s (%d unreadable files skipped; compiled "
+                "index: %s)", stats["categories"], stats["tools"], stats["apis"], stats["load_seconds"],
+                stats["unreadable"], ", ".join(stats["indexes"]) or "none")
     cache = open_server_cache(settings)
     if settings.cache_folder is not None:
         import_stabletoolbench_cache(cache, settings.cache_folder, registry=registry)
@@ -180,6 +188,8 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
                               attempt_timeout=settings.attempt_timeout(), retries=settings.engine_retries,
                               cooldown=settings.engine_cooldown, max_in_flight=settings.engine_max_in_flight,
                               max_waiting=settings.engine_max_waiting)
+        if settings.mode == "simulate":
+            logger.info("%s", settings.attempt_timeout_reason())
         simulator = Simulator(engine, cache, settings)
         app.state.engine = engine
         app.state.virtual = virtual = VirtualApi(settings, registry, cache, simulator, app.state.metrics,
@@ -256,9 +266,46 @@ def configure_logging(settings: ServerSettings) -> None:
 
 
 def serve(settings: ServerSettings) -> None:
-    """Build the app and run uvicorn until interrupted (raises RegistryError / CacheError at start-up)."""
+    """Build the app and run uvicorn until interrupted (raises RegistryError / CacheError at start-up); with
+    `workers` > 1, uvicorn's worker processes (`serve_workers`)."""
     configure_logging(settings)
     logger.info("settings (not default): %s", {k: v for k, v in settings.non_default().items()
                                                if k not in ("api_key", "server_api_key")})
+    if settings.workers > 1:
+        return serve_workers(settings)
     app = create_app(settings)
     uvicorn.run(app, **uvicorn_options(settings))
+
+
+def serve_workers(settings: ServerSettings) -> None:
+    """`settings.workers` processes on one port: uvicorn's process manager (it binds the socket, starts the
+    workers, restarts one that dies, stops them on SIGINT/SIGTERM), each worker a whole server (`worker_app`).
+    What they share: the cache file (a simulation is leased in it, so two workers do not simulate one call
+    twice), the request log (whole lines, O_APPEND) and the metrics (prometheus-client's multiprocess mode:
+    a folder of this run where each worker writes its values, and /metrics of any worker adds them up).
+
+    This process first builds one app as a check: a user's mistake fails here in one line, before anything
+    listens (a worker failing at start would be restarted by uvicorn for ever), and the StableToolBench
+    cache folder is imported here, once, not by every worker at the same time."""
+    check = create_app(settings)
+    check.state.cache.close()
+    del check
+    gc.unfreeze()  # create_app froze the tool docs; this process keeps none of them
+    gc.collect()
+    worker_settings = settings.model_copy(update={"cache_folder": None})  # imported above
+    with tempfile.TemporaryDirectory(prefix="mirrorapi-metrics-") as metrics:
+        # Read by prometheus-client when a worker imports it: set before uvicorn starts them (they inherit it).
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
+        os.environ[WORKER_SETTINGS_ENV] = worker_settings.model_dump_json()
+        options = uvicorn_options(settings)
+        options["http"] = "mirrorapi.serving.transport:ReceiveDeadline"  # workers import it by name
+        logger.info("starting %d worker processes (metrics summed over them in %s)", settings.workers, metrics)
+        uvicorn.run(f"{__name__}:worker_app", factory=True, workers=settings.workers, **options)
+
+
+def worker_app() -> VirtualEndpoint:
+    """The app of one worker process of `serve_workers` (uvicorn calls it in the worker)."""
+    settings = ServerSettings.model_validate_json(os.environ[WORKER_SETTINGS_ENV])
+    configure_logging(settings)
+    ReceiveDeadline.request_timeout = settings.request_timeout  # this process serves this one server only
+    return create_app(settings)

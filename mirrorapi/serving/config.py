@@ -190,6 +190,19 @@ class ServerSettings(BaseModel):
             return min(self.engine_attempt_timeout, self.engine_timeout)
         return self.engine_timeout / max(1, min(len(self.api_base), self.engine_retries + 1))
 
+    def attempt_timeout_reason(self) -> str:
+        """One line for the start-up log: the attempt timeout chosen, and why."""
+        chosen = self.attempt_timeout()
+        if self.engine_attempt_timeout is not None:
+            how = "engine_attempt_timeout"
+        else:
+            tries = max(1, min(len(self.api_base), self.engine_retries + 1))
+            how = (f"engine_attempt_timeout unset: engine_timeout {self.engine_timeout:g} s shared by the {tries} "
+                   "replicas a call can try" if tries > 1 else "engine_attempt_timeout unset, one replica to try: "
+                   "the whole engine_timeout")
+        return (f"engine: {len(self.api_base)} replica(s); a call may take {self.engine_timeout:g} s, an attempt "
+                f"{chosen:g} s before the next replica is tried ({how})")
+
     def system_prompt(self) -> str | None:
         return self.system_prompt_file.read_text(encoding="utf-8") if self.system_prompt_file else None
 

@@ -221,6 +221,7 @@ _ENGINE_REASONS = {
     "not_json": "the simulator engine's answer is not JSON",
     "no_choice": "the simulator engine's answer is not a chat completion (no choices)",
     "empty": "the simulator's output was empty",
+    "busy": "the simulator is busy: too many calls are waiting for it; try again later",
 }
 
 

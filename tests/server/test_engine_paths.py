@@ -121,3 +121,37 @@ def test_an_api_base_without_v1_is_reported_at_start_up(serve, engine_down, tmp_
     lines = [r.getMessage() for r in caplog.records if "does not end in /v1" in r.getMessage()]
     assert lines == [f"api_base {base} does not end in /v1: OpenAI-compatible engines (vllm serve, transformers "
                      f"serve) answer at {base}/v1/chat/completions"]
+
+
+def test_without_an_attempt_timeout_a_hung_replica_leaves_time_for_the_other(serve, engine_stub, tmp_path, caplog):
+    """Issue 21 §2: two replicas, one hung, engine_timeout 2 and no engine_attempt_timeout: the attempt timeout is
+    derived (1 s: the deadline shared by the two replicas), so a call that meets the hung one fails over to the
+    other in time. (With the whole deadline per attempt, such a call failed.)"""
+    from mirrorapi.testing.fake_engines import HungEngine
+
+    with HungEngine() as hung, caplog.at_level("INFO", logger="mirrorapi.serving.app"), \
+            serve(api_base=[hung.url, engine_stub()], engine_timeout=2.0, engine_cooldown=60,
+                  cache_path=str(tmp_path / "c.sqlite")) as server:
+        answers = [server.virtual({**README_REQUEST, "tool_input": f'{{"call": {i}}}'}).json() for i in range(3)]
+        assert hung.connections >= 1  # the hung replica was met
+    assert all(answer["error"] == "" for answer in answers), answers
+    assert "an attempt 1 s before the next replica is tried (engine_attempt_timeout unset: engine_timeout 2 s " \
+           "shared by the 2 replicas a call can try)" in caplog.text
+
+
+def test_a_miss_beyond_the_simulators_queue_is_told_it_is_busy(serve, tmp_path):
+    """Issue 21 §2: one call in flight per replica and none waiting: the misses sent together with the one that
+    takes the replica (its answer takes 2 s) are answered at once that the simulator is busy."""
+    from mirrorapi.testing.fake_engines import StubEngine
+
+    busy = {"error": "Failed to generate fake response (the simulator is busy: too many calls are waiting for it; "
+                     "try again later)", "response": ""}
+    with StubEngine(delay=2.0) as engine, \
+            serve(api_base=[engine.url], engine_max_in_flight=1, engine_max_waiting=0,
+                  cache_path=str(tmp_path / "c.sqlite")) as server, \
+            concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: server.virtual({**README_REQUEST, "tool_input": f'{{"call": {i}}}'}).json(),
+                                range(4)))
+    simulated = [a for a in answers if a["error"] == ""]
+    assert len(simulated) >= 1 and busy in answers
+    assert all(a == busy for a in answers if a["error"]), answers

@@ -9,11 +9,13 @@ import pytest
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
 from mirrorapi.prompts import SESSION_FORMAT, history_line, select_history, simulator_messages
 from mirrorapi.records import read_pairs_jsonl
-from mirrorapi.serving.cache import ResponseCache, import_pairs
+from mirrorapi.serving.cache import ResponseCache, import_pairs, open_cache
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.sessions import EMPTY_HISTORY, Session
 from mirrorapi.serving.simulator import Simulator, simulator_identity
 from mirrorapi.tools import ToolRegistry
+
+from .conftest import store_settings
 
 # A real API-Bank episode (data/samples/pairs.jsonl, api-bank-generated gen-00133): a login, then a
 # call that carries the token it returned.
@@ -109,11 +111,11 @@ def test_session_answers_are_stored_under_the_history_and_replay_identically(ser
         ("apibank_finance", f"simulated:{simulator_engine.model}@mirrorapi-v1")]
 
 
-def test_recorded_answer_wins_inside_a_session(serve, samples, engine_down, tmp_path):
-    cache = ResponseCache(tmp_path / "c.sqlite")
+def test_recorded_answer_wins_inside_a_session(serve, samples, engine_down, cache_location):
+    cache = open_cache(cache_location)
     import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
     cache.close()
-    with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"), engine_retries=0) as server:
+    with serve(api_base=[engine_down], engine_retries=0, **store_settings(cache_location)) as server:
         headers = {"X-Session-Id": "s"}
         answers = [server.client.post("/virtual", json=body(*LOGIN[:4]), headers=headers).json() for _ in range(2)]
         assert answers == [LOGIN[4], LOGIN[4]]  # the real answer, whatever the history
@@ -121,7 +123,7 @@ def test_recorded_answer_wins_inside_a_session(serve, samples, engine_down, tmp_
         # A miss in a session with the engine down: an error observation, nothing stored or remembered.
         missing = server.client.post("/virtual", json=body(*BALANCE[:3], {"token": "nope"}), headers=headers).json()
         assert missing["error"].startswith("Failed to generate fake response")
-    assert ResponseCache(tmp_path / "c.sqlite").session_count() == 0
+    assert open_cache(cache_location).session_count() == 0
 
 
 def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_path):
@@ -145,11 +147,11 @@ def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_p
     assert records[3]["prompt"][1]["content"].count('{"tool":') == 2  # K = 2 of the 3 earlier calls
 
 
-def test_health_reports_sessions(serve, samples, engine_down, tmp_path):
-    cache = ResponseCache(tmp_path / "c.sqlite")
+def test_health_reports_sessions(serve, samples, engine_down, cache_location):
+    cache = open_cache(cache_location)
     import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
     cache.close()
-    with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"), engine_retries=0) as server:
+    with serve(api_base=[engine_down], engine_retries=0, **store_settings(cache_location)) as server:
         server.client.post("/virtual", json=body(*LOGIN[:4]), headers={"X-Session-Id": "a"})  # recorded: a hit
         server.virtual(body(*LOGIN[:4], session_id="b"))
         server.virtual(body(*LOGIN[:4], session_id=""))  # "" is no session

@@ -36,12 +36,13 @@ from mirrorapi.serving.cache.folders import (
     import_stabletoolbench_cache,
     unsafe_name,
 )
+from mirrorapi.serving.cache.postgres import PostgresCache
 from mirrorapi.serving.cache.sqlite import ResponseCache
 
 __all__ = ["IMPORTED", "NO_SESSION", "REAL", "RECORDED", "SCHEMA_VERSION", "SIMULATED", "CacheError", "Call", "Entry",
-           "ResponseCache", "SqlCache", "copy_cache", "export_identity", "export_stabletoolbench_cache", "identity_of",
+           "PostgresCache", "ResponseCache", "SqlCache", "copy_cache", "export_identity", "export_stabletoolbench_cache", "identity_of",
            "import_pairs", "import_stabletoolbench_cache", "is_url", "lease_holder", "new_entry", "open_cache",
-           "unsafe_name"]
+           "sqlite_path", "unsafe_name"]
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -49,10 +50,18 @@ def is_url(location: str | os.PathLike) -> bool:
 
 
 def open_cache(location: str | os.PathLike, **options) -> SqlCache:
-    """The cache at `location`: a `postgresql://` URL, or the path of a SQLite file (created if missing)."""
+    """The cache at `location`: a `postgresql://` URL, or the path of a SQLite file (created if missing;
+    `sqlite:///PATH` names one too, see `sqlite_path`). `options`: the SQLite store's (ignored for PostgreSQL)."""
     if is_url(location):
-        raise CacheError("PostgreSQL stores are not supported by this build yet")
-    return ResponseCache(location, **options)
+        return PostgresCache(str(location))
+    return ResponseCache(sqlite_path(location), **options)
+
+
+def sqlite_path(location: str | os.PathLike) -> str:
+    """The file a SQLite location names: a path, or a URL as SQLAlchemy writes them (`sqlite:///relative/path`,
+    `sqlite:////absolute/path`)."""
+    location = str(location)
+    return location[len("sqlite:///"):] if location.startswith("sqlite:///") else location
 
 
 def copy_cache(source: SqlCache, destination: SqlCache) -> dict:

