@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from mirrorapi.processes import RunningEngine, free_port, stop, wait_until_engine_answers
+from mirrorapi.testing.postgres import temporary_postgres
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "serve_engine_cpu.sh"
@@ -358,6 +359,10 @@ CHEAP = re.compile(r"(cat |\.venv/bin/mirrorapi (tools|cache) |\.venv/bin/python
                    r"\.venv/bin/python eval/apibank\.py --write-pairs |\S+ .*--help$)")
 
 
+# The throwaway PostgreSQL a page starts in the background for the cache commands after it (docs/serving.md).
+BACKGROUND_POSTGRES = re.compile(r"\.venv/bin/python -m mirrorapi\.testing\.postgres --port (\d+) &")
+
+
 def cheap_commands() -> list[Command]:
     return [command for command in all_commands() if not command.gpu and CHEAP.match(command.line)]
 
@@ -376,10 +381,15 @@ def run_as_in_a_clone(commands: list[Command], latest: Path, root: Path) -> list
     if SHARED.is_dir():
         (root / "shared").symlink_to(SHARED)
     failures = []
-    for command in commands:
-        done = subprocess.run(["bash", "-c", command.line], cwd=clone, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            failures.append(f"{command}\n  exit {done.returncode}: {(done.stdout + done.stderr)[-800:]}")
+    with contextlib.ExitStack() as background:
+        # What the pages start in the background and their cheap commands then use: the throwaway PostgreSQL.
+        for port in sorted({int(m.group(1)) for c in all_commands() if (m := BACKGROUND_POSTGRES.match(c.line))}):
+            background.enter_context(temporary_postgres(port=port))
+        for command in commands:
+            done = subprocess.run(["bash", "-c", command.line], cwd=clone, capture_output=True, text=True,
+                                  timeout=300)
+            if done.returncode != 0:
+                failures.append(f"{command}\n  exit {done.returncode}: {(done.stdout + done.stderr)[-800:]}")
     return failures
 
 

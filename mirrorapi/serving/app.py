@@ -289,6 +289,7 @@ def serve_workers(settings: ServerSettings) -> None:
     cache folder is imported here, once, not by every worker at the same time."""
     check = create_app(settings)
     check.state.cache.close()
+    check.state.request_log.close()
     del check
     gc.unfreeze()  # create_app froze the tool docs; this process keeps none of them
     gc.collect()

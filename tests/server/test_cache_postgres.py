@@ -86,7 +86,8 @@ def test_an_unreachable_server_is_one_line_without_the_password(capsys):
     url = f"postgresql://postgres:s3cret@127.0.0.1:{free_port()}/cache"
     assert main(["cache", "stats", "--cache", url]) == 2
     error = capsys.readouterr().err
-    assert error.startswith(f"mirrorapi: error: cannot open cache database postgresql://postgres@{url.split('@')[1]}: ")
+    address = url.split("@")[1]
+    assert error.startswith(f"mirrorapi: error: cannot open cache database postgresql://postgres@{address}: ")
     assert error.count("\n") == 1 and "s3cret" not in error
 
 
@@ -120,3 +121,36 @@ def test_servers_starting_together_create_the_schema_once(postgres_database):
     assert errors == [] and len(caches) == 8
     for cache in caches:
         cache.close()
+
+
+def test_a_connection_the_database_dropped_is_an_error_once_then_connected_again(postgres_database):
+    """PostgreSQL restarted (here: the server's connections terminated): the call that meets the drop fails with
+    a one-line CacheError; the next ones connect again, on the admin connection and on the request path."""
+    cache = open_cache(postgres_database)
+    cache.put(*API, {"name": "Messi"}, "", "real Messi", "real")
+
+    def drop_connections() -> None:
+        with psycopg.connect(postgres_database, autocommit=True) as db:
+            db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid != pg_backend_pid()")
+
+    drop_connections()
+    with pytest.raises(CacheError, match="^cache database postgresql://"):
+        cache.count()
+    assert cache.count() == 1
+
+    async def request_path() -> list:
+        call = Call(*API, '{"name":"Messi"}')
+        assert await cache.lookup(call, "A") is not None  # opens the pool
+        drop_connections()
+        answers = []
+        for _ in range(3):
+            try:
+                answers.append(await cache.lookup(call, "A"))
+            except CacheError:
+                answers.append("error")
+        await cache.aclose()
+        return answers
+
+    answers = asyncio.run(request_path())
+    assert answers[-1] is not None and answers[-1] != "error" and answers.count("error") <= 1

@@ -149,20 +149,23 @@ def test_kill_9_of_a_server_loses_no_answer_it_gave(postgres_database, tmp_path)
         assert outcomes(b) == {"hit": len(answered), "simulated": 0}
 
 
+EPISODE_1 = {"X-Session-Id": "episode-1"}
+
+
 def test_a_killed_server_started_again_continues_its_sessions(cache_location, tmp_path):
     """Sessions live in the store: after `kill -9` and a new start, the next call of a session carries the
     history of the calls before the crash (its answer is stored under step 2, not as a new session's step 0)."""
     with StubEngine() as engine:
         with server_process(cache_location, engine.url, tmp_path / "first.log") as (url, server):
             for name in ("Messi", "Pele"):
-                reply = httpx.post(url + "/virtual", json=call(name), headers={"X-Session-Id": "episode-1"}, timeout=30)
+                reply = httpx.post(url + "/virtual", json=call(name), headers=EPISODE_1, timeout=30)
                 assert reply.json() == STUB_OBSERVATION
             assert httpx.get(url + "/health", timeout=10).json()["sessions"]["open"] == 1
             server.send_signal(signal.SIGKILL)
             server.wait(10)
         with server_process(cache_location, engine.url, tmp_path / "second.log") as (url, _):
             assert httpx.get(url + "/health", timeout=10).json()["sessions"]["open"] == 1
-            reply = httpx.post(url + "/virtual", json=call("Zidane"), headers={"X-Session-Id": "episode-1"}, timeout=30)
+            reply = httpx.post(url + "/virtual", json=call("Zidane"), headers=EPISODE_1, timeout=30)
             assert reply.json() == STUB_OBSERVATION
             # A session the server never saw starts empty.
             httpx.post(url + "/virtual", json=call("Zidane"), headers={"X-Session-Id": "episode-2"}, timeout=30)

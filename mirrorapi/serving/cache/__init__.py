@@ -40,9 +40,9 @@ from mirrorapi.serving.cache.postgres import PostgresCache
 from mirrorapi.serving.cache.sqlite import ResponseCache
 
 __all__ = ["IMPORTED", "NO_SESSION", "REAL", "RECORDED", "SCHEMA_VERSION", "SIMULATED", "CacheError", "Call", "Entry",
-           "PostgresCache", "ResponseCache", "SqlCache", "copy_cache", "export_identity", "export_stabletoolbench_cache", "identity_of",
-           "import_pairs", "import_stabletoolbench_cache", "is_url", "lease_holder", "new_entry", "open_cache",
-           "sqlite_path", "unsafe_name"]
+           "PostgresCache", "ResponseCache", "SqlCache", "copy_cache", "export_identity", "export_stabletoolbench_cache",
+           "identity_of", "import_pairs", "import_stabletoolbench_cache", "is_url", "lease_holder", "new_entry",
+           "open_cache", "sqlite_path", "unsafe_name"]
 
 
 def is_url(location: str | os.PathLike) -> bool:

@@ -96,7 +96,8 @@ _VALUES = ", ".join(["%s"] * (len(ENTRY_COLUMNS) + 1))
 _INSERT = f"INSERT INTO entries (call, {_COLUMNS}) VALUES ({_VALUES}) ON CONFLICT (call, identity) DO NOTHING"
 # A simulated answer is not stored where a recorded one exists (it would never be served)...
 _INSERT_SIMULATED = (f"INSERT INTO entries (call, {_COLUMNS}) SELECT {_VALUES} WHERE NOT EXISTS "
-                     "(SELECT 1 FROM entries WHERE call = %s AND identity = '') ON CONFLICT (call, identity) DO NOTHING")
+                     "(SELECT 1 FROM entries WHERE call = %s AND identity = '') "
+                     "ON CONFLICT (call, identity) DO NOTHING")
 # ... and a recorded answer replaces every simulated answer of the same call, in every session history.
 _DROP_SHADOWED = ("DELETE FROM entries WHERE category = %s AND tool = %s AND api = %s AND arguments = %s "
                   "AND identity != ''")
@@ -198,6 +199,7 @@ class PostgresCache(SqlCache):
         self._pool_connections = pool_connections
         self._pool: AsyncConnectionPool | None = None
         self._pool_lock: asyncio.Lock | None = None
+        self._checking: asyncio.Future | None = None  # the pool's check of its idle connections, when running
         self._pending_hits: dict[int, int] = {}  # entry id -> hits not written yet
         try:
             self._db = psycopg.connect(self._conninfo, autocommit=True)
@@ -232,12 +234,28 @@ class PostgresCache(SqlCache):
             raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
 
     # ------------------------------------------------------------------------ SqlCache
+    def _live(self) -> psycopg.Connection:
+        """The plain connection, connected again if the server dropped it (a restart of PostgreSQL: the call
+        that met the drop failed; this one goes on). /health uses it, so a server never stays unhealthy."""
+        if self._db.broken:
+            import psycopg
+
+            logger.warning("cache database %s: connection lost, connecting again", self.location)
+            try:
+                self._db = psycopg.connect(self._conninfo, autocommit=True)
+            except self._errors as exc:
+                raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
+        return self._db
+
     def _execute(self, sql: str, parameters: Iterable[Any] = ()) -> psycopg.Cursor:
         # The shared SQL is written with SQLite's `?` placeholders (it has no literal `?` or `%`).
-        return self._db.execute(sql.replace("%", "%%").replace("?", "%s"), tuple(parameters))
+        try:
+            return self._live().execute(sql.replace("%", "%%").replace("?", "%s"), tuple(parameters))
+        except self._errors as exc:  # one line for the CLI and /health, not a psycopg traceback
+            raise CacheError(f"cache database {self.location}: {_one_line(exc)}") from None
 
     def _transaction(self) -> contextlib.AbstractContextManager:
-        return self._db.transaction()
+        return self._live().transaction()
 
     def _write_entries(self, entries: list[Entry]) -> int:
         return _write_entries(self._db, entries)
@@ -245,7 +263,7 @@ class PostgresCache(SqlCache):
     def get(self, category: str, tool: str, api: str, arguments: str, identity: str = RECORDED,
             history: str = NO_SESSION, count_hit: bool = True) -> tuple[str, str] | None:
         keys = _keys(Call(category, tool, api, arguments, history))
-        rows = self._db.execute(_FIND[len(keys)], keys).fetchall()
+        rows = self._live().execute(_FIND[len(keys)], keys).fetchall()
         return self._served(rows, identity, history, count_hit)
 
     def _served(self, rows: list, identity: str, history: str, count_hit: bool) -> tuple[str, str] | None:
@@ -274,7 +292,7 @@ class PostgresCache(SqlCache):
     def stats(self) -> dict:
         stats = super().stats()
         stats["path"] = stats["location"]
-        stats["bytes"] = int(self._db.execute(
+        stats["bytes"] = int(self._live().execute(
             "SELECT coalesce(sum(pg_total_relation_size(to_regclass(name))), 0) FROM unnest(%s::text[]) AS name",
             (list(_TABLE_NAMES),)).fetchone()[0])  # type: ignore[index]  # an aggregate: always one row
         return stats
@@ -282,6 +300,8 @@ class PostgresCache(SqlCache):
     def close(self) -> None:
         try:
             self.flush_hits()
+        except (self._errors, CacheError) as exc:  # the database is away: only hit counts are lost
+            logger.warning("hit counts not written to %s: %s", self.location, _one_line(exc))
         finally:
             self._db.close()
 
@@ -364,8 +384,9 @@ class PostgresCache(SqlCache):
         try:
             async with self._connection() as db:
                 for start in range(0, len(ids), HIT_FLUSH_ROWS):
+                    rows = [(hits[id_], id_) for id_ in ids[start:start + HIT_FLUSH_ROWS]]
                     async with db.transaction(), db.cursor() as cursor:
-                        await cursor.executemany(_COUNT_HITS, [(hits[id_], id_) for id_ in ids[start:start + HIT_FLUSH_ROWS]])
+                        await cursor.executemany(_COUNT_HITS, rows)
                 now = time.time()
                 await db.execute(_FORGET_SESSIONS, (now - idle_seconds,))
                 await db.execute("DELETE FROM leases WHERE expires < %s", (now,))
@@ -391,10 +412,16 @@ class PostgresCache(SqlCache):
         """A pooled connection (autocommit: each statement, or `transaction()` block, commits); psycopg errors
         become CacheError, so that the server answers with an observation and goes on."""
         pool = self._pool or await self._open_pool()
+        connection = None
         try:
-            async with pool.connection() as db:
-                yield db
+            async with pool.connection() as connection:
+                yield connection
         except self._errors as exc:
+            if connection is not None and connection.broken and self._checking is None:
+                # The server dropped it (a restart of PostgreSQL): the pool's other idle connections are likely
+                # dropped too; check them now, in the background, rather than fail one request with each.
+                self._checking = asyncio.ensure_future(pool.check())
+                self._checking.add_done_callback(lambda _: setattr(self, "_checking", None))
             raise CacheError(f"cache database {self.location}: {_one_line(exc)}") from None
 
     async def _fetch(self, sql: str, parameters: tuple) -> list[tuple]:
