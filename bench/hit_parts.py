@@ -17,7 +17,6 @@ cost (medians over `--runs`, the variants alternating within each run).
 import argparse
 import importlib.util
 import json
-import os
 import random
 import shutil
 import signal
