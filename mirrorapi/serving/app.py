@@ -294,11 +294,17 @@ def serve_workers(settings: ServerSettings) -> None:
         options = uvicorn_options(settings)
         options["http"] = "mirrorapi.serving.transport:ReceiveDeadline"  # workers import it by name
         logger.info("starting %d worker processes (metrics summed over them in %s)", settings.workers, metrics)
-        uvicorn.run(f"{__name__}:worker_app", factory=True, workers=settings.workers, **options)
+        try:
+            uvicorn.run(f"{__name__}:worker_app", factory=True, workers=settings.workers, **options)
+        finally:  # this process may go on (a caller of serve): no pointer to a folder about to be removed
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            os.environ.pop(WORKER_SETTINGS_ENV, None)
 
 
 def worker_app() -> VirtualEndpoint:
     """The app of one worker process of `serve_workers` (uvicorn calls it in the worker)."""
+    if WORKER_SETTINGS_ENV not in os.environ:
+        raise RuntimeError("worker_app is the app of a worker started by `mirrorapi serve --workers N`; run that")
     settings = ServerSettings.model_validate_json(os.environ[WORKER_SETTINGS_ENV])
     configure_logging(settings)
     ReceiveDeadline.request_timeout = settings.request_timeout  # this process serves this one server only

@@ -3,6 +3,7 @@ and the lease that makes an identical miss arriving at two of them one simulatio
 
 import concurrent.futures
 import json
+import os
 import re
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from mirrorapi.processes import free_port, wait_until_ready
+from mirrorapi.processes import free_port, poll_until, wait_until_ready
 from mirrorapi.testing.fake_engines import StubEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def test_an_identical_miss_at_two_servers_on_one_cache_is_simulated_once(serve, 
     assert (calls, coalesced) == (1, 1)
 
 
-def test_workers_share_one_port_one_cache_one_request_log_and_their_metrics(sample_tools, tmp_path):
+def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_is_replaced(sample_tools, tmp_path):
     log_file, server_log = tmp_path / "requests.jsonl", tmp_path / "server.log"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -45,7 +46,7 @@ def test_workers_share_one_port_one_cache_one_request_log_and_their_metrics(samp
              str(port), "--log-file", str(log_file)], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
         try:
             wait_until_ready(url + "/live", 120, process=process, log_path=server_log)
-            workers = _children(process.pid)
+            workers = _workers(process.pid)
 
             def call(i: int) -> dict:
                 with httpx.Client(timeout=60) as client:  # a connection each: the kernel spreads them over the workers
@@ -55,23 +56,40 @@ def test_workers_share_one_port_one_cache_one_request_log_and_their_metrics(samp
                 misses = list(pool.map(call, range(16)))
                 hits = list(pool.map(call, range(16)))  # now in the cache, whichever worker stored them
             metrics = httpx.get(url + "/metrics", timeout=10).text
+            os.kill(workers[0], signal.SIGKILL)  # a worker dies: uvicorn starts another, the others go on serving
+
+            def replaced_workers() -> list[int] | None:
+                now = _workers(process.pid)
+                return now if workers[0] not in now and len(now) == 2 else None
+            replaced = poll_until(replaced_workers, 120, "the killed worker was not replaced")
+            after = call(0)
         finally:
             process.send_signal(signal.SIGTERM)
             status = process.wait(60)
-    assert len(workers) >= 2  # uvicorn's worker processes, children of the one that was started
+    assert len(workers) == 2  # uvicorn's worker processes, children of the one that was started
+    assert len(replaced) == 2 and after == misses[0]  # uvicorn started another; the cache still answers
     assert hits == misses and all(answer["error"] == "" for answer in misses)
     # Any worker's /metrics counts the requests of all of them.
     assert 'mirrorapi_requests_total{outcome="simulated"} 16.0' in metrics
     assert 'mirrorapi_requests_total{outcome="hit"} 16.0' in metrics
     lines = [json.loads(line) for line in log_file.read_text().splitlines()]  # whole lines only
-    assert sorted(line["outcome"] for line in lines) == ["hit"] * 16 + ["simulated"] * 16
+    assert sorted(line["outcome"] for line in lines) == ["hit"] * 17 + ["simulated"] * 16  # with the one after the kill
     assert status == 0
     folder = re.search(r"metrics summed over them in (\S+)\)", server_log.read_text()).group(1)
     assert not Path(folder).exists()  # the metrics folder of the run is removed when it ends
 
 
-def _children(pid: int) -> list[int]:
+def _workers(pid: int) -> list[int]:
+    """The live worker processes of the uvicorn parent `pid`: children started by multiprocessing's spawn (not its
+    resource tracker), not yet exited."""
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(child) for child in (task / "children").read_text().split()]
+        for child in (task / "children").read_text().split():
+            try:
+                alive = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+                spawned = b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:  # gone meanwhile
+                continue
+            if alive and spawned:
+                found.append(int(child))
     return found
