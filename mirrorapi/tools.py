@@ -4,7 +4,8 @@ Sources, merged in the order given (the first doc of an API wins; later sources 
 - a ToolBench tools folder `<Category>/<std_tool>.json` (StableToolBench's `tools_folder`);
 - a StableToolBench query file (a JSON list of queries whose `api_list` entries are partial docs);
 - an OpenAI function-calling file (a JSON list of `{name, description, parameters}` or
-  `{"type": "function", "function": {...}}`), loaded as one tool.
+  `{"type": "function", "function": {...}}`), loaded as one tool; inside a tools folder, such a file at
+  `<Category>/<tool>.json` is that tool (ToolEyes' library, data/tooleyes/, is laid out so).
 
 Names are resolved the way StableToolBench's clients send them (see `ToolRegistry.resolve`).
 """
@@ -203,6 +204,8 @@ class ToolRegistry:
                 data = self._read_json(path)
                 if data is None:
                     unreadable.append(self.unreadable.pop())
+                elif isinstance(data, list) and _looks_like_functions(data):
+                    records.append((category, stem, path, tools_index.trimmed(functions_tool_json(data, stem))))
                 elif not isinstance(data, dict):
                     unreadable.append((path, "not a JSON object"))
                 else:
@@ -303,27 +306,8 @@ class ToolRegistry:
                 self.queries.setdefault(str(query["query_id"]), names)
 
     def add_openai_functions(self, data: Any, category: str, tool: str, source: str = "") -> None:
-        """One tool made of OpenAI function-calling schemas; `required` decides required vs optional."""
-        functions = data if isinstance(data, list) else [data]
-        entry = self._tool(standardize_category(category), tool, tool, "")
-        for fn in functions:
-            if isinstance(fn, dict) and fn.get("type") == "function" and isinstance(fn.get("function"), dict):
-                fn = fn["function"]
-            if not isinstance(fn, dict) or not fn.get("name"):
-                continue
-            schema: dict = fn["parameters"] if isinstance(fn.get("parameters"), dict) else {}
-            required = set(schema.get("required") or [])
-            props: dict = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
-            params: dict[bool, list] = {True: [], False: []}
-            for name, prop in props.items():
-                prop = prop if isinstance(prop, dict) else {}
-                params[name in required].append({
-                    "name": name, "type": _JSON_TYPES.get(str(prop.get("type")), "STRING"),
-                    "description": _text(prop.get("description")), "default": prop.get("default", ""),
-                    "schema": prop,
-                })
-            self._add_api(entry, {"name": fn["name"], "description": fn.get("description"), "method": "POST",
-                                  "required_parameters": params[True], "optional_parameters": params[False]}, source)
+        """One tool made of OpenAI function-calling schemas (`functions_tool_json`)."""
+        self._add_tool_json(standardize_category(category), tool, functions_tool_json(data, tool), source)
 
     # ----------------------------------------------------------------------------------- lookup
     def find_tool(self, category: str, tool_name: str) -> Tool:
@@ -389,6 +373,31 @@ class ToolRegistry:
 
 _JSON_TYPES = {"string": "STRING", "integer": "NUMBER", "number": "NUMBER", "boolean": "BOOLEAN",
                "array": "ARRAY", "object": "OBJECT"}
+
+
+def functions_tool_json(data: Any, tool: str) -> dict:
+    """OpenAI function-calling schemas as a ToolBench tool file (`tool_name`, `api_list`): `required` decides
+    required vs optional, each parameter keeps its own JSON schema (`schema`); malformed entries are skipped."""
+    functions = data if isinstance(data, list) else [data]
+    api_list = []
+    for fn in functions:
+        if isinstance(fn, dict) and fn.get("type") == "function" and isinstance(fn.get("function"), dict):
+            fn = fn["function"]
+        if not isinstance(fn, dict) or not fn.get("name"):
+            continue
+        schema: dict = fn["parameters"] if isinstance(fn.get("parameters"), dict) else {}
+        required = set(schema.get("required") or [])
+        props: dict = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
+        params: dict[bool, list] = {True: [], False: []}
+        for name, prop in props.items():
+            prop = prop if isinstance(prop, dict) else {}
+            params[name in required].append({
+                "name": name, "type": _JSON_TYPES.get(str(prop.get("type")), "STRING"),
+                "description": _text(prop.get("description")), "default": prop.get("default", ""), "schema": prop,
+            })
+        api_list.append({"name": fn["name"], "description": fn.get("description"), "method": "POST",
+                         "required_parameters": params[True], "optional_parameters": params[False]})
+    return {"tool_name": tool, "api_list": api_list}
 
 
 def _looks_like_functions(data: Any) -> bool:
