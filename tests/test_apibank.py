@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI, Request
 
-from mirrorapi.evaluation import apibank
+from mirrorapi.evaluation import apibank, benchmark
+from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.processes import free_port, serve_in_thread
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.cache import ResponseCache, import_pairs
@@ -183,3 +184,12 @@ def test_a_replayed_model_scores_what_api_bank_defines(tmp_path):
     assert changed_calls and all(r["result"]["exception"] for r in changed_calls)  # the replay server's miss
     report = apibank.report_markdown(summary, settings)
     assert "| Call (level 1) | Retrieve+Call (level 2) | Response ROUGE-L |" in report
+    assert "- level 1: 12 of 214 dialogues" in report and "(399 call samples in the whole level)" in report
+    assert "- level 2: 4 of 50 dialogues" in report and "(135 call samples in the whole level)" in report
+
+    # The benchmark report includes a finished run written to <out>/apibank (API-Bank's table, counts, settings).
+    apibank.write_report(rows, settings, tmp_path / "bench" / "apibank")
+    judge = JudgeSettings(base_urls=["http://127.0.0.1:9/v1"], model="judge")
+    bench = benchmark.write_report(tmp_path / "bench", [], "", {}, judge, [], {}, 1).read_text(encoding="utf-8")
+    assert "## API-Bank (levels 1-2) on the virtual server" in bench
+    assert "| Call (level 1) | Retrieve+Call (level 2) | Response ROUGE-L |" in bench

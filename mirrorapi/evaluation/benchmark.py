@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mirrorapi.evaluation import tooleyes
+from mirrorapi.evaluation import apibank, tooleyes
 from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentRunError, AgentSettings, load_queries, run_agent
 from mirrorapi.evaluation.answer_files import GROUPS, AnswersError, group_order, load_ids
 from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
@@ -164,6 +164,7 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
               "s_FA and tool reality by rule, from the same trajectories; the judged capabilities (s_IC, s_BP, "
               "s_TS, s_AO): `eval/tooleyes.py --answers <out>/answers` with a judge.", "",
               *_table_lines(scores / "tooleyes.md", header="| Model |"), ""]
+    lines += apibank.report_section(out / "apibank")  # a finished `eval/apibank.py --out <out>/apibank`
     if image is not None:
         lines += [f"![Averages]({image.name})", ""]
     lines += ["## Agent runs", "",

@@ -1,0 +1,124 @@
+"""API-Bank's test data as samples, and the chat a model is shown for each (API-Bank's evaluator.py, restated).
+
+Every API turn of a dialogue gives a call sample and, after it, a response sample (see the package doc).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+LEVELS = {1: "level-1.jsonl", 2: "level-2.jsonl"}
+LEVEL_NAMES = {1: "Call", 2: "Retrieve+Call"}
+CATEGORY = "APIBank"
+TOOL_SEARCHER = "ToolSearcher"
+
+# API-Bank's two instructions (evaluator.py), as the benchmark states them: the model is scored on this text.
+CALL_INSTRUCTION = """
+Based on the given API description and the existing conversation history 1..t, please generate the API request \
+that the AI should call in step t+1 and output it in the format of [ApiName(key1='value1', key2='value2', ...)], \
+replace the ApiName with the actual API name, and replace the key and value with the actual parameters. 
+Your output should start with a square bracket "[" and end with a square bracket "]". Do not output any other \
+explanation or prompt or the result of the API call in your output. 
+This year is 2023.
+Input: 
+User: [User's utterence]
+AI: [AI's utterence]
+
+Expected output:
+[ApiName(key1='value1', key2='value2', ...)]
+
+API descriptions:
+"""
+RESPONSE_INSTRUCTION = """
+Based on the given API description and the existing conversation history 1..t, please generate the next dialog \
+that the AI should response after the API call t.
+This year is 2023.
+Input: 
+User: [User's utterence]
+AI: [AI's utterence]
+[ApiName(key1='value1', key2='value2', \u2026)]
+
+Expected output:
+AI: [AI's utterence]
+
+API descriptions:
+"""
+
+
+@dataclass
+class Sample:
+    """One call or response sample of a dialogue (API-Bank's `Sample`)."""
+
+    level: int
+    dialogue: str  # the dialogue's file in API-Bank's lv1-lv2-samples/
+    history: list[dict]
+    apis: list[str]  # the APIs the dialogue uses (sorted; API-Bank used a set)
+    truth: dict  # the annotated turn: role API (a call sample) or AI (a response sample)
+
+    @property
+    def kind(self) -> str:
+        return "call" if self.truth["role"] == "API" else "response"
+
+
+def load_dialogues(data: str | Path, level: int) -> list[dict]:
+    """`{"file", "turns"}` per dialogue of `<data>/level-N.jsonl` (data/apibank: API-Bank's own dialogues)."""
+    path = Path(data) / LEVELS[level]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no API-Bank level-{level} dialogues (expected data/apibank/{LEVELS[level]})")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def samples_of(dialogue: dict, level: int) -> list[Sample]:
+    turns = dialogue["turns"]
+    apis = sorted({t["api_name"] for t in turns if t["role"] == "API"})
+    out = []
+    for i, turn in enumerate(turns):
+        if turn["role"] != "API":
+            continue
+        out.append(Sample(level, dialogue["file"], turns[:i], apis, turn))
+        if i + 1 < len(turns):  # API-Bank indexes past the end here (a crash); no dialogue of levels 1-2 ends so
+            out.append(Sample(level, dialogue["file"], turns[:i + 1], apis, turns[i + 1]))
+    return out
+
+
+def load_descriptions(data: str | Path) -> dict[str, str]:
+    """API name -> the description text API-Bank shows (`ToolManager.get_api_description`: JSON of name,
+    description, input_parameters, output_parameters; data/apibank/api_descriptions.json holds the class
+    attributes)."""
+    raw = json.loads((Path(data) / "api_descriptions.json").read_text(encoding="utf-8"))
+    return {name: json.dumps(info) for name, info in raw.items()}
+
+
+# ------------------------------------------------------------------------------- prompts
+def call_text(api_name: str, params: dict) -> str:
+    return "[{}({})]".format(api_name, ", ".join(f"{k}='{v}'" for k, v in params.items()))
+
+
+def build_messages(sample: Sample, descriptions: dict[str, str]) -> list[dict]:
+    """API-Bank's chat for a sample: the instruction and descriptions as system message, then the history
+    (an API turn becomes a system message `[Api(k='v')] Response: <Python str of the output>`)."""
+    if sample.kind == "call":
+        shown = [TOOL_SEARCHER] if sample.level == 2 else sample.apis
+        system = CALL_INSTRUCTION + "\n".join(descriptions[name] for name in shown)
+    else:
+        system = RESPONSE_INSTRUCTION + "\n".join(descriptions[name] for name in sample.apis)
+    messages = [{"role": "system", "content": system}]
+    for turn in sample.history:
+        if turn["role"] == "User":
+            messages.append({"role": "user", "content": turn["text"]})
+        elif turn["role"] == "AI":
+            messages.append({"role": "assistant", "content": turn["text"]})
+        elif turn["role"] == "API":
+            content = f"{call_text(turn['api_name'], turn['param_dict'])} Response: {turn['result']['output']}"
+            messages.append({"role": "system", "content": content})
+        else:
+            raise ValueError(f"{sample.dialogue}: unknown role {turn['role']!r}")
+    return messages
+
+
+def parameter_types(data: str | Path) -> dict[str, dict[str, str]]:
+    """API name -> {parameter: declared type} (API-Bank's input_parameters)."""
+    raw = json.loads((Path(data) / "api_descriptions.json").read_text(encoding="utf-8"))
+    return {name: {k: v["type"] for k, v in info["input_parameters"].items()} for name, info in raw.items()}

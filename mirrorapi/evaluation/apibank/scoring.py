@@ -1,0 +1,198 @@
+"""Scoring a model on API-Bank's samples through the virtual server, and the report in API-Bank's layout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mirrorapi.engine_client import EngineClient, EngineError
+from mirrorapi.evaluation.apibank.execution import VirtualApiBank, recorded_results, tools_of, truth_result
+from mirrorapi.evaluation.apibank.rules import call_is_correct, parse_call
+from mirrorapi.evaluation.apibank.samples import (
+    LEVEL_NAMES,
+    LEVELS,
+    Sample,
+    build_messages,
+    call_text,
+    load_descriptions,
+    load_dialogues,
+    parameter_types,
+    samples_of,
+)
+
+
+def rouge_l(reference: str, prediction: str) -> float:
+    from rouge_score import rouge_scorer  # the eval extra's
+
+    if not prediction.strip():
+        return 0.0
+    return rouge_scorer.RougeScorer(["rougeL"]).score(reference, prediction)["rougeL"].fmeasure
+
+
+@dataclass
+class Settings:
+    data: Path
+    tools_folder: Path
+    server: str
+    base_urls: list[str]
+    model: str
+    api_key: str = "EMPTY"
+    levels: tuple[int, ...] = (1, 2)
+    temperature: float = 0.0
+    max_tokens: int = 256
+    concurrency: int = 4
+    limit: int | None = None  # dialogues per level
+
+
+async def _score(sample: Sample, engine: EngineClient, api: VirtualApiBank, descriptions: dict[str, str],
+                 settings: Settings) -> dict:
+    row: dict[str, Any] = {"level": sample.level, "dialogue": sample.dialogue, "kind": sample.kind}
+    try:
+        output = await engine.chat(build_messages(sample, descriptions), temperature=settings.temperature,
+                                   max_tokens=settings.max_tokens)
+    except EngineError as exc:
+        output, row["engine_error"] = "", str(exc)
+    row["output"] = output
+    if sample.kind == "response":
+        row["reference"] = sample.truth["text"]
+        row["rouge_l"] = rouge_l(sample.truth["text"], output)
+        return row
+    truth = sample.truth
+    row["truth"] = call_text(truth["api_name"], truth["param_dict"])
+    parsed = parse_call(output)
+    if parsed is None:
+        return {**row, "correct": False, "why": "no API call found"}
+    name, arguments = parsed
+    if name != truth["api_name"]:
+        return {**row, "correct": False, "why": f"API name mismatch: {name} vs {truth['api_name']}"}
+    result = await api.execute(name, arguments)
+    return {**row, "correct": call_is_correct(result, truth_result(truth)), "result": result}
+
+
+async def _evaluate(settings: Settings) -> list[dict]:
+    descriptions = load_descriptions(settings.data)
+    dialogues = {level: load_dialogues(settings.data, level)[:settings.limit] for level in settings.levels}
+    searcher = recorded_results([d for ds in dialogues.values() for d in ds])
+    engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key)
+    api = VirtualApiBank(settings.server, tools_of(settings.tools_folder), searcher, parameter_types(settings.data))
+    gate = asyncio.Semaphore(settings.concurrency)
+
+    async def one(sample: Sample) -> dict:
+        async with gate:
+            return await _score(sample, engine, api, descriptions, settings)
+    try:
+        samples = [s for level, ds in dialogues.items() for d in ds for s in samples_of(d, level)]
+        return list(await asyncio.gather(*(one(s) for s in samples)))
+    finally:
+        await engine.aclose()
+        await api.http.aclose()
+
+
+def evaluate(settings: Settings) -> list[dict]:
+    """One row per sample: call samples with `correct`, response samples with `rouge_l`."""
+    return asyncio.run(_evaluate(settings))
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per level: call accuracy and mean ROUGE-L (both in %), with their counts."""
+    out = {}
+    for level in sorted({r["level"] for r in rows}):
+        calls = [r for r in rows if r["level"] == level and r["kind"] == "call"]
+        responses = [r for r in rows if r["level"] == level and r["kind"] == "response"]
+        out[level] = {
+            "calls": len(calls), "correct": sum(r["correct"] for r in calls),
+            "accuracy": round(100.0 * sum(r["correct"] for r in calls) / len(calls), 2) if calls else None,
+            "responses": len(responses),
+            "rouge_l": round(100.0 * statistics.fmean(r["rouge_l"] for r in responses), 2) if responses else None,
+            "dialogues": len({r["dialogue"] for r in rows if r["level"] == level}),
+        }
+    return out
+
+
+def report_markdown(summary: dict, settings: Settings) -> str:
+    """API-Bank's layout (its Table 4): API-call accuracy per level, then the response ROUGE-L."""
+    def cell(value: float | None) -> str:
+        return "—" if value is None else f"{value:.2f}"
+    levels = sorted(summary)
+    head = [f"{LEVEL_NAMES[level]} (level {level})" for level in levels]
+    lines = ["# API-Bank (levels 1-2) on the virtual server", "",
+             "| Model | " + " | ".join(head) + " | Response ROUGE-L |",
+             "|---|" + "---|" * len(levels) + "---|"]
+    responses = [summary[level] for level in levels if summary[level]["responses"]]
+    total = sum(s["responses"] for s in responses)
+    pooled = sum(s["rouge_l"] * s["responses"] for s in responses) / total if total else None
+    lines.append(f"| {settings.model} | " + " | ".join(cell(summary[level]["accuracy"]) for level in levels)
+                 + f" | {cell(pooled)} |")
+    lines += ["", "Counts:", ""]
+    for level in levels:
+        s = summary[level]
+        dialogues = load_dialogues(settings.data, level)
+        whole = sum(x.kind == "call" for d in dialogues for x in samples_of(d, level))
+        lines.append(f"- level {level}: {s['dialogues']} of {len(dialogues)} dialogues, "
+                     f"{s['correct']}/{s['calls']} calls correct ({whole} call samples in the whole level), "
+                     f"{s['responses']} responses (ROUGE-L {cell(s['rouge_l'])})")
+    lines += ["", f"Settings: server {settings.server}, model {settings.model} at {', '.join(settings.base_urls)}, "
+              f"temperature {settings.temperature}, max_tokens {settings.max_tokens}, "
+              f"dialogues per level {settings.limit or 'all'}. Accuracy: API-Bank's per-API rules on the result the "
+              "virtual server returned; ROUGE-L: rouge-score rougeL F, in %."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(rows: list[dict], settings: Settings, out: str | Path) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows)
+    (out / "samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows),
+                                       encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps({str(k): v for k, v in summary.items()}, indent=2) + "\n",
+                                      encoding="utf-8")
+    (out / "report.md").write_text(report_markdown(summary, settings), encoding="utf-8")
+    return summary
+
+
+def report_section(run: str | Path) -> list[str]:
+    """The report of a finished run (`write_report`'s `report.md` in `run`) as a section of a larger report
+    (`mirrorapi benchmark` includes `<out>/apibank/`); [] when there is none."""
+    path = Path(run) / "report.md"
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return ["## " + lines[0].removeprefix("# "), *lines[1:], ""]
+
+
+# The command line (eval/apibank.py).
+def parser(doc: str | None = None):
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("--data", type=Path, default=Path("data/apibank"), help="API-Bank dialogues (data/apibank).")
+    p.add_argument("--tools", type=Path, default=Path("data/samples/tools"),
+                   help="The tools folder the server serves; its APIBank/ category names the tools.")
+    p.add_argument("--write-pairs", type=Path, metavar="FILE",
+                   help="Only write API-Bank's recorded calls as pairs JSONL (for `mirrorapi cache import`), then exit.")
+    p.add_argument("--server", help="The virtual server's /virtual URL, e.g. http://127.0.0.1:8080/virtual.")
+    p.add_argument("--base-url", action="append", dest="base_urls", help="The model's OpenAI-compatible /v1 URL.")
+    p.add_argument("--model", help="The model name the engine serves.")
+    p.add_argument("--api-key", default="EMPTY")
+    p.add_argument("--levels", type=int, nargs="+", choices=sorted(LEVELS), default=sorted(LEVELS))
+    p.add_argument("--limit", type=int, help="Only the first N dialogues of each level.")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--out", type=Path, default=Path("runs/apibank"))
+    return p
+
+
+def settings_from(args) -> Settings:
+    missing = [flag for flag, value in (("--server", args.server), ("--base-url", args.base_urls),
+                                        ("--model", args.model)) if not value]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)} (or give --write-pairs FILE)")
+    return Settings(data=args.data, tools_folder=args.tools, server=args.server, base_urls=args.base_urls,
+                    model=args.model, api_key=args.api_key, levels=tuple(args.levels), temperature=args.temperature,
+                    max_tokens=args.max_tokens, concurrency=args.concurrency, limit=args.limit)
