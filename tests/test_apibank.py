@@ -193,3 +193,40 @@ def test_a_replayed_model_scores_what_api_bank_defines(tmp_path):
     bench = benchmark.write_report(tmp_path / "bench", [], "", {}, judge, [], {}, 1).read_text(encoding="utf-8")
     assert "## API-Bank (levels 1-2) on the virtual server" in bench
     assert "| Call (level 1) | Retrieve+Call (level 2) | Response ROUGE-L |" in bench
+
+
+def test_a_run_resumes_from_its_samples_file(tmp_path):
+    """Rows are appended to <out>/samples.jsonl as they come; a rerun asks the model only for the missing ones,
+    and a failed model call is reported and asked again."""
+    descriptions = apibank.load_descriptions(DATA)
+    samples = [s for d in apibank.load_dialogues(DATA, 1)[:2] for s in apibank.samples_of(d, 1)]
+    replies = {json.dumps(apibank.build_messages(s, descriptions), sort_keys=True):
+               as_written(s.truth["api_name"], s.truth["param_dict"]) if s.kind == "call" else s.truth["text"]
+               for s in samples}
+    out = tmp_path / "run"
+    with replay_server(tmp_path) as server:
+        settings = apibank.Settings(data=DATA, tools_folder=TOOLS, server=server, base_urls=["http://127.0.0.1:9/v1"],
+                                    model="replay", levels=(1,), limit=2, timeout=60.0, out=out, progress=False)
+        failed = apibank.evaluate(settings)  # no engine there: every model call fails
+        assert len(failed) == len(samples) and all("engine_error" in r for r in failed)
+        assert apibank.summarize(failed)[1]["engine_errors"] == len(samples)
+        assert not (out / "samples.jsonl").read_text()  # failed calls are not kept as done
+        with replayed_model(replies) as engine:
+            settings.base_urls = [engine]
+            first = apibank.evaluate(settings)
+        lines = (out / "samples.jsonl").read_text().splitlines()
+        assert len(lines) == len(samples)
+        (out / "samples.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])  # cut, as by a kill
+        with replayed_model({}) as engine:  # knows no reply: every sample asked again fails
+            settings.base_urls = [engine]
+            partial = apibank.evaluate(settings)
+        kept = {(r["level"], r["dialogue"], r["sample"]) for r in map(json.loads, lines[:3])}  # the whole lines
+        assert {(r["level"], r["dialogue"], r["sample"]) for r in partial if "engine_error" not in r} == kept
+        with replayed_model(replies) as engine:
+            settings.base_urls = [engine]
+            again = apibank.evaluate(settings)
+        settings.base_urls, settings.model = ["http://127.0.0.1:9/v1"], "replay"
+        resumed = apibank.evaluate(settings)  # all done: no model call at all
+    assert [r["output"] for r in again] == [r["output"] for r in first] == [r["output"] for r in resumed]
+    assert apibank.summarize(resumed)[1]["engine_errors"] == 0
+    assert apibank.summarize(resumed) == apibank.summarize(first)

@@ -56,6 +56,7 @@ class Sample:
     history: list[dict]
     apis: list[str]  # the APIs the dialogue uses (sorted; API-Bank used a set)
     truth: dict  # the annotated turn: role API (a call sample) or AI (a response sample)
+    number: int = 0  # its place among the dialogue's samples
 
     @property
     def kind(self) -> str:
@@ -77,9 +78,9 @@ def samples_of(dialogue: dict, level: int) -> list[Sample]:
     for i, turn in enumerate(turns):
         if turn["role"] != "API":
             continue
-        out.append(Sample(level, dialogue["file"], turns[:i], apis, turn))
+        out.append(Sample(level, dialogue["file"], turns[:i], apis, turn, len(out)))
         if i + 1 < len(turns):  # API-Bank indexes past the end here (a crash); no dialogue of levels 1-2 ends so
-            out.append(Sample(level, dialogue["file"], turns[:i + 1], apis, turns[i + 1]))
+            out.append(Sample(level, dialogue["file"], turns[:i + 1], apis, turns[i + 1], len(out)))
     return out
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.evaluation.apibank.execution import VirtualApiBank, recorded_results, tools_of, truth_result
 from mirrorapi.evaluation.apibank.rules import call_is_correct, parse_call
@@ -46,11 +48,20 @@ class Settings:
     max_tokens: int = 256
     concurrency: int = 4
     limit: int | None = None  # dialogues per level
+    timeout: float = 600.0  # per model call: a CPU engine answers one at a time, the others wait in its queue
+    out: Path | None = None  # rows are appended to <out>/samples.jsonl as they come; a rerun keeps the done ones
+    progress: bool = True
+
+    def signature(self) -> dict:
+        """What a row's answer depends on besides its sample: a rerun reuses only rows of the same."""
+        return {"model": self.model, "server": self.server, "temperature": self.temperature,
+                "max_tokens": self.max_tokens}
 
 
 async def _score(sample: Sample, engine: EngineClient, api: VirtualApiBank, descriptions: dict[str, str],
                  settings: Settings) -> dict:
-    row: dict[str, Any] = {"level": sample.level, "dialogue": sample.dialogue, "kind": sample.kind}
+    row: dict[str, Any] = {"level": sample.level, "dialogue": sample.dialogue, "sample": sample.number,
+                           "kind": sample.kind, **settings.signature()}
     try:
         output = await engine.chat(build_messages(sample, descriptions), temperature=settings.temperature,
                                    max_tokens=settings.max_tokens)
@@ -77,23 +88,62 @@ async def _evaluate(settings: Settings) -> list[dict]:
     descriptions = load_descriptions(settings.data)
     dialogues = {level: load_dialogues(settings.data, level)[:settings.limit] for level in settings.levels}
     searcher = recorded_results([d for ds in dialogues.values() for d in ds])
-    engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key)
+    samples = [s for level, ds in dialogues.items() for d in ds for s in samples_of(d, level)]
+    done = _done_rows(settings)
+    engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
     api = VirtualApiBank(settings.server, tools_of(settings.tools_folder), searcher, parameter_types(settings.data))
     gate = asyncio.Semaphore(settings.concurrency)
+    todo = [s for s in samples if _key(s.level, s.dialogue, s.number) not in done]
+    bar = tqdm(total=len(todo), desc="API-Bank samples", unit="sample", disable=None if settings.progress else True)
+    log = (settings.out / "samples.jsonl").open("a", encoding="utf-8") if settings.out else None
+    if log is not None and log.tell() and not (settings.out / "samples.jsonl").read_bytes().endswith(b"\n"):
+        log.write("\n")  # after a line cut by a kill: the next row starts a line of its own
 
     async def one(sample: Sample) -> dict:
         async with gate:
-            return await _score(sample, engine, api, descriptions, settings)
+            row = await _score(sample, engine, api, descriptions, settings)
+        if log is not None and "engine_error" not in row:  # a failed call is asked again by the next run
+            log.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            log.flush()
+        bar.update()
+        return row
     try:
-        samples = [s for level, ds in dialogues.items() for d in ds for s in samples_of(d, level)]
-        return list(await asyncio.gather(*(one(s) for s in samples)))
+        new = {_key(s.level, s.dialogue, s.number): row for s, row in
+               zip(todo, await asyncio.gather(*(one(s) for s in todo)), strict=True)}
     finally:
+        bar.close()
+        if log is not None:
+            log.close()
         await engine.aclose()
         await api.http.aclose()
+    return [new.get(key) or done[key] for key in (_key(s.level, s.dialogue, s.number) for s in samples)]
+
+
+def _key(level: int, dialogue: str, number: int) -> tuple[int, str, int]:
+    return level, dialogue, number
+
+
+def _done_rows(settings: Settings) -> dict[tuple[int, str, int], dict]:
+    """Rows of an earlier run in `settings.out` with the same signature (creates the folder)."""
+    if settings.out is None:
+        return {}
+    settings.out.mkdir(parents=True, exist_ok=True)
+    path, done = settings.out / "samples.jsonl", {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:  # a line cut by an interrupted run
+                continue
+            if isinstance(row, dict) and "sample" in row and "engine_error" not in row and all(
+                    row.get(k) == v for k, v in settings.signature().items()):
+                done[_key(row["level"], row["dialogue"], row["sample"])] = row
+    return done
 
 
 def evaluate(settings: Settings) -> list[dict]:
-    """One row per sample: call samples with `correct`, response samples with `rouge_l`."""
+    """One row per sample: call samples with `correct`, response samples with `rouge_l`; a row whose model call
+    failed has `engine_error` (and counts as wrong / ROUGE-L 0). With `settings.out`, resumable."""
     return asyncio.run(_evaluate(settings))
 
 
@@ -109,6 +159,7 @@ def summarize(rows: list[dict]) -> dict:
             "responses": len(responses),
             "rouge_l": round(100.0 * statistics.fmean(r["rouge_l"] for r in responses), 2) if responses else None,
             "dialogues": len({r["dialogue"] for r in rows if r["level"] == level}),
+            "engine_errors": sum("engine_error" in r for r in rows if r["level"] == level),
         }
     return out
 
@@ -134,7 +185,8 @@ def report_markdown(summary: dict, settings: Settings) -> str:
         whole = sum(x.kind == "call" for d in dialogues for x in samples_of(d, level))
         lines.append(f"- level {level}: {s['dialogues']} of {len(dialogues)} dialogues, "
                      f"{s['correct']}/{s['calls']} calls correct ({whole} call samples in the whole level), "
-                     f"{s['responses']} responses (ROUGE-L {cell(s['rouge_l'])})")
+                     f"{s['responses']} responses (ROUGE-L {cell(s['rouge_l'])}), "
+                     f"{s['engine_errors']} model calls failed (counted as wrong; rerun to ask them again)")
     lines += ["", f"Settings: server {settings.server}, model {settings.model} at {', '.join(settings.base_urls)}, "
               f"temperature {settings.temperature}, max_tokens {settings.max_tokens}, "
               f"dialogues per level {settings.limit or 'all'}. Accuracy: API-Bank's per-API rules on the result the "
@@ -183,8 +235,11 @@ def parser(doc: str | None = None):
     p.add_argument("--limit", type=int, help="Only the first N dialogues of each level.")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--out", type=Path, default=Path("runs/apibank"))
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="Model calls in flight (a CPU engine answers one at a time: 1 there).")
+    p.add_argument("--timeout", type=float, default=600.0, help="Seconds per model call (queueing included).")
+    p.add_argument("--out", type=Path, default=Path("runs/apibank"),
+                   help="Report folder; samples.jsonl there grows as samples are scored, and a rerun resumes.")
     return p
 
 
@@ -195,4 +250,5 @@ def settings_from(args) -> Settings:
         raise ValueError(f"missing {', '.join(missing)} (or give --write-pairs FILE)")
     return Settings(data=args.data, tools_folder=args.tools, server=args.server, base_urls=args.base_urls,
                     model=args.model, api_key=args.api_key, levels=tuple(args.levels), temperature=args.temperature,
-                    max_tokens=args.max_tokens, concurrency=args.concurrency, limit=args.limit)
+                    max_tokens=args.max_tokens, concurrency=args.concurrency, limit=args.limit,
+                    timeout=args.timeout, out=args.out)
