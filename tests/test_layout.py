@@ -34,7 +34,7 @@ def test_a_broken_contract_is_reported(tmp_path):
     copy = tmp_path / "mirrorapi"
     shutil.copytree(LIBRARY, copy, ignore=shutil.ignore_patterns("__pycache__"))
     handler = copy / "serving" / "handler.py"
-    handler.write_text(handler.read_text() + "\nfrom mirrorapi.evaluation import judging  # noqa\n")
+    handler.write_text(handler.read_text() + "\nfrom mirrorapi.evaluation.judge import scoring  # noqa\n")
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     def check(contract: str) -> int:
         return subprocess.run([lint, "--config", str(REPO / ".importlinter"), "--contract", contract], cwd=tmp_path,

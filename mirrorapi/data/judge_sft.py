@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
 from mirrorapi.data.splits import split_groups
-from mirrorapi.prompts import (
+from mirrorapi.prompts.judge import (
     DEFAULT_JUDGE_FORMAT,
     JUDGE_VERDICTS,
     extract_final_answer,

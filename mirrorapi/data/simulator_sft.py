@@ -35,9 +35,8 @@ from tqdm.auto import tqdm
 from mirrorapi.data.splits import split_episodes
 from mirrorapi.data.transport_failures import in_band_error, transport_failure
 from mirrorapi.few_shot import candidate_pool, select_examples
-from mirrorapi.prompts import (
+from mirrorapi.prompts.simulator import (
     COT_FORMAT,
-    COT_RATIONALE_KEY,
     DEFAULT_SIMULATOR_FORMAT,
     HISTORY_CHAR_BUDGET,
     OUR_SIMULATOR_FORMATS,
@@ -51,6 +50,7 @@ from mirrorapi.prompts import (
     simulator_messages,
     truncate_response,
 )
+from mirrorapi.prompts.simulator_output import COT_RATIONALE_KEY
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from datasets import load_from_disk
 
 from mirrorapi.data.judge_sft import build_judge_records, read_labelled
-from mirrorapi.prompts import judge_messages, parse_verdict
+from mirrorapi.prompts.judge import judge_messages, parse_verdict
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "data" / "samples"

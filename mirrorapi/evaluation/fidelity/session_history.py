@@ -3,7 +3,7 @@
 The same held-out episodes are replayed twice through one server: once call by call (no session,
 each miss simulated alone) and once with one session per episode (`X-Session-Id`: the simulator
 sees the episode's earlier calls and answers). Both passes are scored like any fidelity run
-(`fidelity_metrics.compare`), and in addition:
+(`metrics.compare`), and in addition:
 
 - **per-step fidelity**: the metrics by position in the episode (step 0, 1, 2, 3+). History can
   only matter from step 1 on; step 0 is the control.
@@ -27,8 +27,8 @@ from collections import defaultdict
 from typing import Any
 
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
-from mirrorapi.evaluation.fidelity_metrics import slice_metrics
-from mirrorapi.prompts import SESSION_FORMAT
+from mirrorapi.evaluation.fidelity.metrics import slice_metrics
+from mirrorapi.prompts.simulator import SESSION_FORMAT
 from mirrorapi.tools import ToolRegistry
 
 STEP_BUCKETS = ("0", "1", "2", "3+")
@@ -168,5 +168,5 @@ def render_history_markdown(report: dict) -> str:
             lines.append(f"| {name} history | {_cell(c['score'])} | {c['steps']} | {c['values_carried']} | "
                          f"{c['values_repeated']} |")
     lines += ["", "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, "
-              "the share the simulated answer repeats (`mirrorapi.evaluation.sessions`)."]
+              "the share the simulated answer repeats (`mirrorapi.evaluation.fidelity.session_history`)."]
     return "\n".join(lines) + "\n"
