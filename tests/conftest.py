@@ -137,8 +137,9 @@ def simulator_sft_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def judge_sft_dir(tmp_path_factory) -> Path:
-    from mirrorapi.data.judge_sft import JUDGE_COLUMNS, build_judge_records, read_labelled
+    from mirrorapi.data.judge_sft import JUDGE_COLUMNS, build_judge_records
     from mirrorapi.data.simulator_sft import write_sft_dataset
+    from mirrorapi.records import read_labelled
 
     splits, stats = build_judge_records(read_labelled(SAMPLES / "judge.jsonl", lambda reason: None))
     return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "judge", splits, stats, JUDGE_COLUMNS)

@@ -13,11 +13,11 @@ import logging
 import sys
 import time
 
-from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records, read_labelled
+from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
 from mirrorapi.prompts.simulator import HISTORY_CHAR_BUDGET, SESSION_FORMAT, SIMULATOR_FORMATS
-from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
+from mirrorapi.records import SourceError, read_labelled, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 SIMULATOR_SCRIPT, JUDGE_SCRIPT = "build_simulator_sft.py", "build_judge_sft.py"

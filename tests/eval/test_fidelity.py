@@ -10,10 +10,9 @@ from mirrorapi.evaluation.fidelity.metrics import (
     conforms,
     is_error,
     payload_text,
-    response_schema,
-    skeleton_schema,
 )
 from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
+from mirrorapi.prompts.simulator import response_schema, skeleton_schema
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.testing.processes import free_port

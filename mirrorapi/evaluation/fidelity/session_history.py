@@ -26,9 +26,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
 from mirrorapi.evaluation.fidelity.metrics import slice_metrics
-from mirrorapi.prompts.simulator import SESSION_FORMAT
+from mirrorapi.simulator_pairs import select_pairs
 from mirrorapi.tools import ToolRegistry
 
 STEP_BUCKETS = ("0", "1", "2", "3+")
@@ -41,9 +40,7 @@ def heldout_episodes(pairs: list[dict], registry: ToolRegistry, max_episodes: in
     """The pairs of the episodes `data/build_simulator_sft.py --history <history>` (default fractions
     and seed; the split depends on `--history`, through deduplication) holds out as test_id /
     test_ood, whole episodes; at most `max_episodes` of them (`some_episodes`)."""
-    options = SimulatorDataOptions(SESSION_FORMAT, history=history) if history else SimulatorDataOptions()
-    splits, _ = build_simulator_records(pairs, registry, options)
-    held = {(r["source"], r["episode"]) for name in ("test_id", "test_ood") for r in splits[name]}
+    held = select_pairs(pairs, registry, history=history).heldout_episodes()
     return some_episodes([p for p in pairs if (p["source"], str(p["episode"])) in held], max_episodes)
 
 

@@ -14,7 +14,6 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mirrorapi.data.judge_sft import JUDGE_KEYS, read_labelled
 from mirrorapi.evaluation.answers.items import AnswersError
 from mirrorapi.evaluation.judge.scoring import (
     JsonlStore,
@@ -30,7 +29,7 @@ from mirrorapi.prompts.judge import (
     judge_messages,
     parse_verdict,
 )
-from mirrorapi.records import SourceError
+from mirrorapi.records import JUDGE_KEYS, SourceError, read_labelled
 from mirrorapi.versions import package_versions
 
 LABELS = ("Solved", "Unsolved")
