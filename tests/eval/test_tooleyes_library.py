@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI, Request
 
-from mirrorapi.evaluation.tooleyes_library import library_tools, write_tools_folder
-from mirrorapi.processes import free_port, serve_in_thread
+from mirrorapi.evaluation.benchmarks.tooleyes_library import library_tools, write_tools_folder
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import ServerSettings
+from mirrorapi.testing.processes import free_port, serve_in_thread
 from mirrorapi.tools import ToolRegistry
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "tooleyes"

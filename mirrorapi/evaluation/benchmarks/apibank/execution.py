@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from mirrorapi.evaluation.apibank.rules import Result, typed_arguments
-from mirrorapi.evaluation.apibank.samples import CATEGORY, TOOL_SEARCHER
+from mirrorapi.evaluation.benchmarks.apibank.rules import Result, typed_arguments
+from mirrorapi.evaluation.benchmarks.apibank.samples import CATEGORY, TOOL_SEARCHER
 
 
 def json_value(value: Any) -> Any:

@@ -12,9 +12,9 @@ from typing import Any
 from tqdm import tqdm
 
 from mirrorapi.engine_client import EngineClient, EngineError
-from mirrorapi.evaluation.apibank.execution import VirtualApiBank, recorded_results, tools_of, truth_result
-from mirrorapi.evaluation.apibank.rules import call_is_correct, parse_call
-from mirrorapi.evaluation.apibank.samples import (
+from mirrorapi.evaluation.benchmarks.apibank.execution import VirtualApiBank, recorded_results, tools_of, truth_result
+from mirrorapi.evaluation.benchmarks.apibank.rules import call_is_correct, parse_call
+from mirrorapi.evaluation.benchmarks.apibank.samples import (
     LEVEL_NAMES,
     LEVELS,
     Sample,

@@ -28,7 +28,7 @@ predicted call, typing its arguments, the per-API correctness rules), `execution
 server; the recorded calls as cache pairs), `scoring` (the run, the summary, the report, the command line).
 """
 
-from mirrorapi.evaluation.apibank.execution import (
+from mirrorapi.evaluation.benchmarks.apibank.execution import (
     VirtualApiBank,
     json_value,
     recorded_results,
@@ -36,8 +36,8 @@ from mirrorapi.evaluation.apibank.execution import (
     truth_result,
     write_recorded_pairs,
 )
-from mirrorapi.evaluation.apibank.rules import RULES, call_is_correct, parse_call, typed_arguments
-from mirrorapi.evaluation.apibank.samples import (
+from mirrorapi.evaluation.benchmarks.apibank.rules import RULES, call_is_correct, parse_call, typed_arguments
+from mirrorapi.evaluation.benchmarks.apibank.samples import (
     CALL_INSTRUCTION,
     CATEGORY,
     LEVEL_NAMES,
@@ -52,7 +52,7 @@ from mirrorapi.evaluation.apibank.samples import (
     parameter_types,
     samples_of,
 )
-from mirrorapi.evaluation.apibank.scoring import (
+from mirrorapi.evaluation.benchmarks.apibank.scoring import (
     Settings,
     evaluate,
     parser,
