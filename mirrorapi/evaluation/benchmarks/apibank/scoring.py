@@ -93,7 +93,11 @@ async def _evaluate(settings: Settings) -> list[dict]:
     engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
     api = VirtualApiBank(settings.server, tools_of(settings.tools_folder), searcher, parameter_types(settings.data))
     gate = asyncio.Semaphore(settings.concurrency)
-    todo = [s for s in samples if _key(s.level, s.dialogue, s.number) not in done]
+    # A dialogue's call samples one after another, then its response samples: each shares the previous one's
+    # prompt up to its last turns (same instruction, descriptions, history), which llama.cpp's server does not
+    # compute again (its prefix match); alternating the two instructions would start every prompt afresh.
+    todo = sorted((s for s in samples if _key(s.level, s.dialogue, s.number) not in done),
+                  key=lambda s: (s.level, s.dialogue, s.kind, s.number))
     bar = tqdm(total=len(todo), desc="API-Bank samples", unit="sample", disable=None if settings.progress else True)
     log = (settings.out / "samples.jsonl").open("a", encoding="utf-8") if settings.out else None
     if log is not None and log.tell() and not (settings.out / "samples.jsonl").read_bytes().endswith(b"\n"):
