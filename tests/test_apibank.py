@@ -231,3 +231,8 @@ def test_a_run_resumes_from_its_samples_file(tmp_path):
     assert [r["output"] for r in again] == [r["output"] for r in first] == [r["output"] for r in resumed]
     assert apibank.summarize(resumed)[1]["engine_errors"] == 0
     assert apibank.summarize(resumed) == apibank.summarize(first)
+    # A report of fewer dialogues keeps the file's other rows (a later, larger run reuses them).
+    settings.limit = 1
+    apibank.write_report(apibank.evaluate(settings), settings, out)
+    assert len((out / "samples.jsonl").read_text().splitlines()) == len(samples)
+    assert "- level 1: 1 of 214 dialogues" in (out / "report.md").read_text()

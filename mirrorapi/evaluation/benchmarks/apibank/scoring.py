@@ -127,22 +127,33 @@ def _key(level: int, dialogue: str, number: int) -> tuple[int, str, int]:
     return level, dialogue, number
 
 
+def _row_id(row: dict) -> str:
+    """A row's sample and signature: the rows of one sample by one model and decoding share it."""
+    return json.dumps([row.get(k) for k in ("level", "dialogue", "sample", "model", "server", "temperature",
+                                            "max_tokens")])
+
+
+def _file_rows(path: Path) -> list[dict]:
+    """The whole rows of a samples file, without failed model calls ([] when there is no file)."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut by an interrupted run
+            continue
+        if isinstance(row, dict) and "sample" in row and "engine_error" not in row:
+            rows.append(row)
+    return rows
+
+
 def _done_rows(settings: Settings) -> dict[tuple[int, str, int], dict]:
     """Rows of an earlier run in `settings.out` with the same signature (creates the folder)."""
     if settings.out is None:
         return {}
     settings.out.mkdir(parents=True, exist_ok=True)
-    path, done = settings.out / "samples.jsonl", {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:  # a line cut by an interrupted run
-                continue
-            if isinstance(row, dict) and "sample" in row and "engine_error" not in row and all(
-                    row.get(k) == v for k, v in settings.signature().items()):
-                done[_key(row["level"], row["dialogue"], row["sample"])] = row
-    return done
+    signature = settings.signature()
+    return {_key(r["level"], r["dialogue"], r["sample"]): r for r in _file_rows(settings.out / "samples.jsonl")
+            if all(r.get(k) == v for k, v in signature.items())}
 
 
 def evaluate(settings: Settings) -> list[dict]:
@@ -202,8 +213,12 @@ def write_report(rows: list[dict], settings: Settings, out: str | Path) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
-    (out / "samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows),
-                                       encoding="utf-8")
+    # The report's rows in sample order, then the file's other rows (a larger --limit's, another model's), which
+    # a later run may still reuse.
+    mine = {_row_id(r) for r in rows}
+    kept = [r for r in _file_rows(out / "samples.jsonl") if _row_id(r) not in mine]
+    (out / "samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
+                                               for r in [*rows, *kept]), encoding="utf-8")
     (out / "summary.json").write_text(json.dumps({str(k): v for k, v in summary.items()}, indent=2) + "\n",
                                       encoding="utf-8")
     (out / "report.md").write_text(report_markdown(summary, settings), encoding="utf-8")
