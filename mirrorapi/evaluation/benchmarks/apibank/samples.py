@@ -74,7 +74,7 @@ def load_dialogues(data: str | Path, level: int) -> list[dict]:
 def samples_of(dialogue: dict, level: int) -> list[Sample]:
     turns = dialogue["turns"]
     apis = sorted({t["api_name"] for t in turns if t["role"] == "API"})
-    out = []
+    out: list[Sample] = []
     for i, turn in enumerate(turns):
         if turn["role"] != "API":
             continue

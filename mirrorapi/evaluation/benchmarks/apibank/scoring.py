@@ -99,8 +99,9 @@ async def _evaluate(settings: Settings) -> list[dict]:
     todo = sorted((s for s in samples if _key(s.level, s.dialogue, s.number) not in done),
                   key=lambda s: (s.level, s.dialogue, s.kind, s.number))
     bar = tqdm(total=len(todo), desc="API-Bank samples", unit="sample", disable=None if settings.progress else True)
-    log = (settings.out / "samples.jsonl").open("a", encoding="utf-8") if settings.out else None
-    if log is not None and log.tell() and not (settings.out / "samples.jsonl").read_bytes().endswith(b"\n"):
+    samples_file = settings.out / "samples.jsonl" if settings.out else None
+    log = samples_file.open("a", encoding="utf-8") if samples_file else None
+    if samples_file and log and log.tell() and not samples_file.read_bytes().endswith(b"\n"):
         log.write("\n")  # after a line cut by a kill: the next row starts a line of its own
 
     async def one(sample: Sample) -> dict:
