@@ -33,7 +33,7 @@ import openai
 import pytest
 import yaml
 
-from mirrorapi.testing.postgres import temporary_postgres
+from mirrorapi.testing.postgres_server import temporary_postgres
 from mirrorapi.testing.processes import RunningEngine, free_port, stop, wait_until_engine_answers
 
 REPO = Path(__file__).resolve().parents[1]

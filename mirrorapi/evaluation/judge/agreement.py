@@ -22,7 +22,7 @@ from mirrorapi.evaluation.judge.scoring import (
     JudgeSettings,
     judge_all,
 )
-from mirrorapi.prompts.judge import (
+from mirrorapi.prompts.judge_formats import (
     DEFAULT_JUDGE_FORMAT,
     JUDGE_VERDICTS,
     extract_final_answer,

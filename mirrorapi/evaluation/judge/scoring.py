@@ -26,7 +26,7 @@ from tqdm import tqdm
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.evaluation.answers.items import AnswerItem, build_items, load_answers, load_ids
 from mirrorapi.evaluation.score_tables import score_table, write_tables
-from mirrorapi.prompts.judge import JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.prompts.judge_formats import JUDGE_VERDICTS, judge_messages, parse_verdict
 from mirrorapi.records import read_jsonl
 
 logger = logging.getLogger(__name__)

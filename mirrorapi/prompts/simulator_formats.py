@@ -148,7 +148,7 @@ SIMULATOR_SYSTEM_SESSION_V1 = SIMULATOR_SYSTEM_V1 + (
 
 
 def cut_text(text: str, budget: int) -> str:
-    """`text` cut to `budget` characters, + TRUNCATION_MARK when cut (doc fields here, judge texts in `judge`)."""
+    """`text` cut to `budget` characters, + TRUNCATION_MARK when cut (doc fields here, judge texts in `judge_formats`)."""
     return text if len(text) <= budget else text[:budget] + TRUNCATION_MARK
 
 
