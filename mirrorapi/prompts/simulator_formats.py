@@ -177,7 +177,6 @@ def render_observation(error: str, response: Any, fmt: str) -> str:
     return observation_json(error, structured_response(response) if fmt == STRUCTURED_FORMAT else response)
 
 
-
 def _param_v1(p: dict) -> dict:
     out = {"name": api_key_name(p["name"]), "type": p.get("type", ""),
            "description": cut_text(p.get("description") or "", PARAM_DESCRIPTION_CHAR_BUDGET)}

@@ -34,6 +34,8 @@ from mirrorapi.versions import package_versions
 
 LABELS = ("Solved", "Unsolved")
 UNPARSEABLE = "unparseable"
+
+
 def load_labelled(paths: list[str | Path], limit: int | None = None) -> list[dict]:
     """Records of the judge schema; `limit` keeps the first N of each source. A bad line is an error here
     (the SFT builder skips them instead): agreement over silently thinned data would mislead."""
