@@ -42,7 +42,6 @@ from mirrorapi.serving.cache.base import (
     Call,
     Entry,
     SqlCache,
-    served,
 )
 
 logger = logging.getLogger(__name__)
@@ -254,20 +253,6 @@ class ResponseCache(SqlCache):
         else:
             rows = self._db.execute(_FIND, (category, tool, api, arguments)).fetchall()
         return self._served(rows, identity, history, count_hit)
-
-    def _served(self, rows: list, identity: str, history: str, count_hit: bool) -> tuple[Any, str] | None:
-        row = served(rows, identity, history)
-        if row is None:
-            return None
-        if count_hit:
-            self._pending_hits[row[0]] = self._pending_hits.get(row[0], 0) + 1
-        return row[1], row[2]
-
-    def flush_hits(self) -> None:
-        hits, self._pending_hits = self._pending_hits, {}
-        if hits:
-            with self._transaction():
-                self._db.executemany(_COUNT_HITS, ((hits[id_], id_) for id_ in sorted(hits)))
 
     def stats(self) -> dict:
         stats = super().stats()
