@@ -11,7 +11,8 @@ Writes raw answers `<out>/answer/<group>/<qid>_<method>.json` and converted `<ou
 import argparse
 import sys
 
-from mirrorapi.evaluation.agent import AgentRunError, AgentSettings, run_agent
+from mirrorapi.evaluation.agent.run import run_agent
+from mirrorapi.evaluation.agent.settings import AgentRunError
 from mirrorapi.evaluation.cli_args import add_agent_arguments, agent_settings_from
 
 
@@ -21,9 +22,8 @@ def main(argv=None) -> int:
     add_agent_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        settings: AgentSettings = agent_settings_from(args)
-        run = run_agent(args.queries, settings, args.out, tools=args.tools, progress=not args.no_progress,
-                        limit=args.limit)
+        run = run_agent(args.queries, agent_settings_from(args), args.out, tools=args.tools,
+                        progress=not args.no_progress, limit=args.limit)
     except (AgentRunError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -10,10 +10,10 @@ Answers are converted `<model>/<group>.json` files (eval/run_agent.py's --out). 
 import sys
 from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import AnswersError
+from mirrorapi.evaluation.answers.items import AnswersError
 from mirrorapi.evaluation.cli_args import judge_settings_from, sowr_parser
-from mirrorapi.evaluation.judging import JudgeRunError
-from mirrorapi.evaluation.sowr import run_sowr
+from mirrorapi.evaluation.judge.scoring import JudgeRunError
+from mirrorapi.evaluation.judge.sowr import run_sowr
 
 
 def main(argv=None) -> int:

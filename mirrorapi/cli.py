@@ -287,11 +287,11 @@ def add_serve_parser(sub) -> None:
 
 # --------------------------------------------------------------------------------------- benchmark
 def benchmark(args: argparse.Namespace) -> int:
-    from mirrorapi.evaluation.agent import AgentRunError
-    from mirrorapi.evaluation.answer_files import AnswersError
+    from mirrorapi.evaluation.agent.settings import AgentRunError
+    from mirrorapi.evaluation.answers.items import AnswersError
     from mirrorapi.evaluation.benchmark import parse_agents, run_benchmark
     from mirrorapi.evaluation.cli_args import agent_settings_from, judge_settings_from
-    from mirrorapi.evaluation.judging import JudgeRunError
+    from mirrorapi.evaluation.judge.scoring import JudgeRunError
 
     try:
         agents = parse_agents(args.agent, args.agent_format)
@@ -315,7 +315,7 @@ def benchmark(args: argparse.Namespace) -> int:
 
 
 def add_benchmark_parser(sub) -> None:
-    from mirrorapi.evaluation.agent import METHODS
+    from mirrorapi.evaluation.agent.settings import METHODS
     from mirrorapi.evaluation.cli_args import add_agent_arguments, add_judge_arguments
 
     parser = sub.add_parser("benchmark", help="Agents x methods on /virtual, then SoPR, SoWR and FAC in one report.",

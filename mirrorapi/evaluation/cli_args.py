@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from mirrorapi.evaluation.agent import METHODS, AgentSettings, check_method
-from mirrorapi.evaluation.judging import JudgeSettings
-from mirrorapi.prompts import AGENT_FORMATS, DEFAULT_AGENT_FORMAT
+from mirrorapi.evaluation.agent.settings import METHODS, AgentSettings, check_method
+from mirrorapi.evaluation.judge.scoring import JudgeSettings
+from mirrorapi.prompts.agent import AGENT_FORMATS, DEFAULT_AGENT_FORMAT
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser, single_model: bool = True) -> None:

@@ -12,12 +12,12 @@ import logging
 import sys
 from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import AnswersError
+from mirrorapi.evaluation.answers.items import AnswersError
 from mirrorapi.evaluation.cli_args import add_judge_arguments, judge_settings_from
-from mirrorapi.evaluation.fidelity import run_fidelity
-from mirrorapi.evaluation.fidelity_metrics import FidelityError
-from mirrorapi.evaluation.judge_agreement import render_markdown, run_agreement
-from mirrorapi.evaluation.judging import JUDGE_METRICS, JudgeRunError, run_scoring
+from mirrorapi.evaluation.fidelity.metrics import FidelityError
+from mirrorapi.evaluation.fidelity.replay import run_fidelity
+from mirrorapi.evaluation.judge.agreement import render_markdown, run_agreement
+from mirrorapi.evaluation.judge.scoring import JUDGE_METRICS, JudgeRunError, run_scoring
 
 
 def command_parser(usage: str) -> argparse.ArgumentParser:

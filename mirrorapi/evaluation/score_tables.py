@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import GROUPS, group_order
+from mirrorapi.evaluation.answers.items import GROUPS, group_order
 from mirrorapi.versions import package_versions
 
 _VERDICT_COUNTS = ("Solved", "Unsure", "Unsolved")

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import (
+from mirrorapi.evaluation.answers.items import (
     GROUPS,
     AnswerItem,
     AnswersError,
@@ -35,8 +35,8 @@ from mirrorapi.evaluation.answer_files import (
     load_answers,
     load_ids,
 )
-from mirrorapi.evaluation.judging import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
-from mirrorapi.prompts import cut_judge_text, parse_preference, preference_messages
+from mirrorapi.evaluation.judge.scoring import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
+from mirrorapi.prompts.judge import cut_judge_text, parse_preference, preference_messages
 from mirrorapi.versions import package_versions
 
 PREFERENCES_FILE = "preferences.jsonl"
