@@ -360,7 +360,7 @@ CHEAP = re.compile(r"(cat |\.venv/bin/mirrorapi (tools|cache) |\.venv/bin/python
 
 
 # The throwaway PostgreSQL a page starts in the background for the cache commands after it (docs/serving.md).
-BACKGROUND_POSTGRES = re.compile(r"\.venv/bin/python -m mirrorapi\.testing\.postgres --port (\d+) &")
+BACKGROUND_POSTGRES = re.compile(r"\.venv/bin/python -m mirrorapi\.testing\.postgres_server --port (\d+) &")
 
 
 def cheap_commands() -> list[Command]:
