@@ -16,7 +16,7 @@ import time
 from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
-from mirrorapi.prompts.simulator import HISTORY_CHAR_BUDGET, SESSION_FORMAT, SIMULATOR_FORMATS
+from mirrorapi.prompts.simulator_formats import HISTORY_CHAR_BUDGET, SESSION_FORMAT, SIMULATOR_FORMATS
 from mirrorapi.records import SourceError, read_labelled, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import RegistryError, ToolRegistry
 
@@ -57,7 +57,7 @@ def simulator_sft_parser(usage: str) -> argparse.ArgumentParser:
                         help="Tools folders / query files with the docs of the pairs' APIs.")
     parser.add_argument("--out", required=True, help="Output folder (replaced when the build succeeds).")
     parser.add_argument("--prompt-format", default="mirrorapi-v1", choices=SIMULATOR_FORMATS,
-                        help="Simulator prompt format (mirrorapi/prompts/simulator.py); mirrorapi-v2 writes responses "
+                        help="Simulator prompt format (mirrorapi/prompts/simulator_formats.py); mirrorapi-v2 writes responses "
                              "that hold JSON as JSON values, not escaped strings (the SmolLM2 recipes' data).")
     parser.add_argument("--system-prompt-file", help="System prompt for the stabletoolbench formats.")
     parser.add_argument("--few-shot", type=int, default=0,

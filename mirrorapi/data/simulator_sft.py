@@ -1,6 +1,6 @@
 """Simulator SFT data: real pairs + tool docs -> conversational prompt/completion records.
 
-Prompts are rendered by `mirrorapi.prompts.simulator.simulator_messages` and targets by
+Prompts are rendered by `mirrorapi.prompts.simulator_formats.simulator_messages` and targets by
 `mirrorapi.records.observation_json`, the functions the server uses, so a model is trained on exactly what it will
 be served. Which pairs are kept and which episodes are held out (`test_id`, `test_ood`) is decided in the core,
 `mirrorapi.simulator_pairs.select_pairs` (its quality rules, each counted in `stats.json`), so the fidelity eval
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mirrorapi.few_shot import candidate_pool, select_examples
-from mirrorapi.prompts.simulator import (
+from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_SIMULATOR_FORMAT,
     HISTORY_CHAR_BUDGET,

@@ -6,7 +6,7 @@ import argparse
 
 from mirrorapi.evaluation.agent.settings import METHODS, AgentSettings, check_method
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
-from mirrorapi.prompts.agent import AGENT_FORMATS, DEFAULT_AGENT_FORMAT
+from mirrorapi.prompts.agent_formats import AGENT_FORMATS, DEFAULT_AGENT_FORMAT
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser, single_model: bool = True) -> None:

@@ -36,7 +36,7 @@ from mirrorapi.evaluation.answers.items import (
     load_ids,
 )
 from mirrorapi.evaluation.judge.scoring import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
-from mirrorapi.prompts.judge import cut_judge_text, parse_preference, preference_messages
+from mirrorapi.prompts.judge_formats import cut_judge_text, parse_preference, preference_messages
 from mirrorapi.versions import package_versions
 
 PREFERENCES_FILE = "preferences.jsonl"
