@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from mirrorapi.prompts.simulator_formats import simulator_messages
 from mirrorapi.prompts.simulator_output import cot_rationale, parse_simulator_output
 from mirrorapi.serving.app import create_app
+from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.serving.config import ServerSettings, load_settings
 from mirrorapi.serving.simulator import Simulator, simulator_identity
 from mirrorapi.testing.processes import free_port, serve_in_thread
@@ -155,11 +156,19 @@ def test_the_server_in_cot_mode_answers_error_and_response_and_logs_the_rational
             body = {"category": "Logistics", "tool_name": "transitaires", "api_name": "transitaire",
                     "tool_input": json.dumps({"is_id": "EKVF"})}
             reply = httpx.post(url + "/virtual", json=body, timeout=30).json()
-    assert reply == {"error": "", "response": {"name": "EKVF", "city": "Nouméa"}}
+            again = httpx.post(url + "/virtual", json=body, timeout=30).json()  # from the cache
+    assert reply == again == {"error": "", "response": {"name": "EKVF", "city": "Nouméa"}}
     lines = [json.loads(line) for line in (tmp_path / "requests.log").read_text().splitlines()]
-    simulated = [line for line in lines if line["outcome"] == "simulated"]
-    assert simulated[0]["rationale"] == "Looks the forwarder up by its id."
-    assert "@stabletoolbench-cot," in simulated[0]["provenance"]
+    assert [line["outcome"] for line in lines] == ["simulated", "hit"]
+    assert lines[0]["rationale"] == "Looks the forwarder up by its id."
+    assert "@stabletoolbench-cot," in lines[0]["provenance"] and lines[1]["provenance"] == lines[0]["provenance"]
+    # the stored answer is the observation alone: the rationale never reaches an agent, not even from the cache
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    try:
+        (entry,) = list(cache.rows())
+    finally:
+        cache.close()
+    assert json.loads(entry.observation) == reply and "Looks the forwarder" not in entry.observation
 
 
 def test_the_simulator_keeps_the_rationale_apart(samples, tmp_path):
