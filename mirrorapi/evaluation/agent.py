@@ -40,10 +40,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import Field, field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from tqdm import tqdm
 
+from mirrorapi.command_line import Flag
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.evaluation.agent_env import (
     FINAL_ANSWER,
@@ -62,6 +65,8 @@ from mirrorapi.evaluation.agent_env import (
 from mirrorapi.evaluation.answer_convert import convert_answer_folder
 from mirrorapi.evaluation.judging import engine_concurrency
 from mirrorapi.prompts import (
+    AGENT_FORMATS,
+    DEFAULT_AGENT_FORMAT,
     TEXT_AGENT_FORMATS,
     agent_diversity_message,
     agent_messages,
@@ -91,27 +96,46 @@ class QueryFailed(Exception):
     """One query could not be finished (engine or server down); nothing is written for it."""
 
 
-@dataclass
+@pydantic_dataclass
 class AgentSettings:
-    """What produced a run: recorded in every raw and converted answer."""
+    """What produced a run: recorded in every raw and converted answer. Each field is also a flag of
+    eval/run_agent.py and `mirrorapi benchmark` (mirrorapi/command_line.py), its help the description."""
 
-    server: str  # the /virtual URL
-    base_urls: list[str]
-    model: str
-    method: str = "CoT@1"
-    api_key: str = "EMPTY"
-    temperature: float = 0.0
-    max_tokens: int = 1024
-    single_chain_max_step: int = 12
-    max_query_count: int = 200
-    max_observation_length: int = 1024
-    concurrency: int | None = None  # queries in flight; None: suited to the engine (16 vLLM, 2 others)
-    timeout: float = 300.0  # seconds per model call, retries included
-    server_timeout: float = 120.0
-    prompt_format: str = "agent-v1"
-    system_prompt_file: str | None = None
-    tool_choice: str | None = None  # sent as is when set ("auto", "required")
-    react_grammar: bool = False  # text formats: constrain replies to the layout (llama.cpp's `grammar` field)
+    server: str = Field(description="The /virtual URL, e.g. http://127.0.0.1:8080/virtual.")
+    base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(description=(
+        "OpenAI-compatible base URL(s) of the agent model, e.g. http://127.0.0.1:8000/v1."))
+    model: str = Field(description="The agent's model name on that engine.")
+    method: str = Field(default="CoT@1", description=" or ".join(METHODS) + " (DFS_woFilter_w<width>).")
+    api_key: str = Field(default="EMPTY", description="API key of the agent engine.")
+    temperature: float = Field(default=0.0, ge=0, description="Agent temperature.")
+    max_tokens: int = Field(default=1024, ge=1, description="Tokens per agent step.")
+    single_chain_max_step: int = Field(default=12, ge=1, description="Depth budget of a chain / tree path "
+                                       "(StableToolBench: 12).")
+    max_query_count: int = Field(default=200, ge=1, description="Model calls per query for DFS (StableToolBench: 200).")
+    max_observation_length: int = Field(default=1024, ge=1, description=(
+        "Observations are cut to this many characters plus '...'."))
+    concurrency: int | None = Field(default=None, ge=1, description=(
+        "Queries in flight (default: 16 on vLLM, 2 on other engines such as transformers serve)."))
+    timeout: float = Field(default=300.0, gt=0, description="Seconds per agent call, retries included.")
+    server_timeout: float = Field(default=120.0, gt=0, description="Seconds per /virtual call.")
+    prompt_format: Literal[AGENT_FORMATS] = Field(default=DEFAULT_AGENT_FORMAT, description=(  # type: ignore[valid-type]
+        "agent-v1: the functions go to the engine as OpenAI tools and the model answers with tool calls; "
+        "agent-react-v1: a text protocol (Thought / Action / Action Input) for models whose engine cannot pass "
+        "tool calls, e.g. SmolLM2."))
+    system_prompt_file: str | None = Field(default=None, description=(
+        "Use this text as the agent's system prompt ({tools} is replaced by the tool list)."))
+    tool_choice: str | None = Field(default=None, description=(
+        "Sent as the request's tool_choice when given (\"auto\", \"required\")."))
+    react_grammar: bool = Field(default=False, description=(
+        "agent-react-v1 only: send a GBNF grammar of the reply layout (one thought line, one of the query's "
+        "functions, a JSON object) as the request's `grammar`, which llama.cpp's servers enforce, so a model that "
+        "does not keep the layout still acts."))
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, method: str) -> str:
+        check_method(method)
+        return method
 
     def record(self) -> dict:
         """The settings as they go into answer files (no API key)."""

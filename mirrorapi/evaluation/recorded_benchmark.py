@@ -28,9 +28,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from mirrorapi.command_line import add_settings_arguments, settings_from_args
 from mirrorapi.evaluation.agent import AgentSettings
 from mirrorapi.evaluation.benchmark import AgentSpec, BenchmarkResult, parse_agents, run_benchmark
-from mirrorapi.evaluation.cli_args import add_judge_arguments, judge_settings_from
 from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.evaluation.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
 from mirrorapi.processes import free_port, serve_in_thread
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="Queries in flight per agent (default 4).")
     parser.add_argument("--limit", type=int, default=None, help="Only the first N queries.")
     parser.add_argument("--repeats", type=int, default=1, help="SoPR / SoWR rounds (default 1).")
-    add_judge_arguments(parser, prefix="judge-")
+    add_settings_arguments(parser, JudgeSettings, prefix="judge-")
     args = parser.parse_args(argv)
     if (args.simulator_base_url is None) != (args.simulator_model is None):
         parser.error("--simulator-base-url and --simulator-model go together")
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                                  single_chain_max_step=args.single_chain_max_step, timeout=args.timeout,
                                  concurrency=args.concurrency, react_grammar=args.react_grammar)
         simulator = (args.simulator_base_url, args.simulator_model) if args.simulator_base_url else None
-        result = recorded_benchmark(args.stabletoolbench, args.tools, judge_settings_from(args, "judge-"), args.out,
+        result = recorded_benchmark(args.stabletoolbench, args.tools, settings_from_args(args, JudgeSettings, prefix="judge-"), args.out,
                                     repeats=args.repeats, progress=True, limit=args.limit, agents=agents,
                                     simulator=simulator, template=template)
     except (ValueError, OSError) as exc:
