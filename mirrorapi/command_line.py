@@ -127,7 +127,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser | argparse._ArgumentG
             parser.add_argument(*flags, dest=dest_prefix + name, action="store_true", default=None, help=help_text)
             continue
         parser.add_argument(*flags, dest=dest_prefix + name, nargs="+" if _is_list(field) else None,
-                            type=_scalar_type(field), choices=_choices(field), required=required and field.is_required(), default=None,
+                            type=_scalar_type(field), choices=_choices(field),
+                            required=required and field.is_required(), default=None,
                             metavar=flag.metavar or (None if _choices(field) else spelt.replace("-", "_").upper()),
                             help=help_text.replace("%", "%%"))
 
@@ -248,7 +249,12 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prog
     command: Command = args.mirrorapi_command
     if rest and not command.passthrough:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    args.passthrough, args.prog = rest, prog
+    args.passthrough = rest
+    return _run(command, args, prog)
+
+
+def _run(command: Command, args: argparse.Namespace, prog: str) -> int:
+    args.prog = prog
     try:
         return command.run(args)
     except command.errors as exc:
@@ -257,10 +263,14 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prog
 
 
 def run_script(command: Command, argv: Sequence[str] | None, usage: str, prog: str) -> int:
-    """Run one command as an entry script: `--help` shows the script's docstring (`usage`) too."""
+    """Run one command as an entry script: `--help` shows the script's docstring (`usage`) too. A passthrough
+    command gets the arguments as they are (its own parser is the only one that reads them)."""
+    if command.passthrough:
+        args = argparse.Namespace(mirrorapi_command=command)
+        args.passthrough = list(sys.argv[1:] if argv is None else argv)
+        return _run(command, args, prog)
     parser = argparse.ArgumentParser(prog=prog, description=usage.splitlines()[0], epilog=usage,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
-                                     add_help=not command.passthrough)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     command.add_arguments(parser)
     parser.set_defaults(mirrorapi_command=command)
     return run_parsed(parser, argv, prog)

@@ -67,10 +67,11 @@ SIMULATOR_COLUMNS = ("prompt", "completion", "prompt_format", "source", "episode
 
 @pydantic_dataclass
 class SimulatorDataOptions:
-    """How the simulator's SFT records are built; each field but the first two is also a flag of
+    """How the simulator's SFT records are built; each field but system_prompt is also a flag of
     data/build_simulator_sft.py (mirrorapi/command_line.py), its help the description."""
 
-    prompt_format: Annotated[str, Flag(choices=SIMULATOR_FORMATS)] = Field(default=DEFAULT_SIMULATOR_FORMAT, description=(
+    prompt_format: Annotated[str, Flag(choices=SIMULATOR_FORMATS)] = Field(
+        default=DEFAULT_SIMULATOR_FORMAT, description=(
         "Simulator prompt format (mirrorapi/prompts.py); mirrorapi-v2 writes responses that hold JSON as JSON "
         "values, not escaped strings (the SmolLM2 recipes' data)."))
     system_prompt: str | None = None  # required by the `stabletoolbench` formats (the released model's own)

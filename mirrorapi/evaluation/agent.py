@@ -111,14 +111,16 @@ class AgentSettings:
     max_tokens: int = Field(default=1024, ge=1, description="Tokens per agent step.")
     single_chain_max_step: int = Field(default=12, ge=1, description="Depth budget of a chain / tree path "
                                        "(StableToolBench: 12).")
-    max_query_count: int = Field(default=200, ge=1, description="Model calls per query for DFS (StableToolBench: 200).")
+    max_query_count: int = Field(default=200, ge=1,
+                                 description="Model calls per query for DFS (StableToolBench: 200).")
     max_observation_length: int = Field(default=1024, ge=1, description=(
         "Observations are cut to this many characters plus '...'."))
     concurrency: int | None = Field(default=None, ge=1, description=(
         "Queries in flight (default: 16 on vLLM, 2 on other engines such as transformers serve)."))
     timeout: float = Field(default=300.0, gt=0, description="Seconds per agent call, retries included.")
     server_timeout: float = Field(default=120.0, gt=0, description="Seconds per /virtual call.")
-    prompt_format: Literal[AGENT_FORMATS] = Field(default=DEFAULT_AGENT_FORMAT, description=(  # type: ignore[valid-type]
+    prompt_format: Literal[AGENT_FORMATS] = Field(  # type: ignore[valid-type]
+        default=DEFAULT_AGENT_FORMAT, description=(
         "agent-v1: the functions go to the engine as OpenAI tools and the model answers with tool calls; "
         "agent-react-v1: a text protocol (Thought / Action / Action Input) for models whose engine cannot pass "
         "tool calls, e.g. SmolLM2."))

@@ -78,7 +78,8 @@ def sowr_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
     parser.add_argument("--rounds", type=int, default=3, help="Evaluations per query; majority wins (default 3).")
-    parser.add_argument("--overwrite", action="store_true", help="Drop earlier SoPR verdicts and preferences in --out.")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="Drop earlier SoPR verdicts and preferences in --out.")
     _no_progress(parser)
 
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from mirrorapi.command_line import Flag
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.evaluation.answer_files import AnswerItem, build_items, load_answers, load_ids
-from mirrorapi.evaluation.score_tables import score_table, write_tables
+from mirrorapi.evaluation.score_tables import MetricTable, metric_table, score_table
 from mirrorapi.prompts import JUDGE_VERDICTS, judge_messages, parse_verdict
 from mirrorapi.records import read_jsonl
 
@@ -224,6 +224,7 @@ class ScoringRun:
     ids: dict[str, list[str]]
     failures: list[str]  # judge calls without an answer (their items are pending)
     judge_calls: int  # calls sent in this run (0 when everything was already done)
+    table: MetricTable | None = None  # the metric's table, once `run_scoring` has computed it
 
 
 async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settings: JudgeSettings, out: Path,
@@ -279,5 +280,6 @@ def run_scoring(answers: str | os.PathLike, ids: str | os.PathLike, settings: Ju
     id_lists = load_ids(ids)
     items = build_items(load_answers(answers), id_lists)
     run = asyncio.run(score_items(items, id_lists, settings, Path(out), metric, repeats, overwrite, progress))
-    write_tables(Path(out), score_table(run, metric, repeats, settings.model, JUDGE_METRICS[metric][0]))
+    run.table = metric_table(score_table(run, metric, repeats, settings.model, JUDGE_METRICS[metric][0]))
+    run.table.write(Path(out))
     return run

@@ -23,7 +23,8 @@ def models_get_arguments(parser: argparse.ArgumentParser) -> None:
 def models_gguf_arguments(parser: argparse.ArgumentParser) -> None:
     from mirrorapi.models.to_gguf import SERVED_TENSOR_TYPE, TENSOR_TYPES
 
-    parser.add_argument("model_dir", help="A folder `models get` made, or a fine-tune of one (README.md's base_model).")
+    parser.add_argument("model_dir",
+                        help="A folder `models get` made, or a fine-tune of one (README.md's base_model).")
     parser.add_argument("--type", choices=TENSOR_TYPES, default=SERVED_TENSOR_TYPE,
                         help=f"Tensor type of the matrices (default {SERVED_TENSOR_TYPE}).")
     parser.add_argument("--out", metavar="FILE", help="Export to FILE instead (with --base-gguf).")

@@ -165,7 +165,8 @@ def cache_stats(args: argparse.Namespace) -> int:
     for provenance, n in sorted(stats["by_provenance"].items()):
         if not provenance.startswith("simulated:"):
             print(f"  {provenance}: {n:,}")
-    print(f"simulated:  {stats['entries'] - stats['recorded']:,} in {len(stats['by_identity']):,} simulator identities")
+    print(f"simulated:  {stats['entries'] - stats['recorded']:,} in {len(stats['by_identity']):,} simulator "
+          "identities")
     for identity, item in stats["by_identity"].items():
         print(f"  {identity}: {item['entries']:,} entries, {item['hits']:,} hits")
     print(f"in sessions: {stats['session_entries']:,} (answers stored under a session's history)")
