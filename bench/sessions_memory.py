@@ -95,7 +95,7 @@ async def drive(port: int, calls: list[bytes], sessions: range | None, per_sessi
 
 
 def run_variant(name: str, root: Path, store: list[str], work: Path, args, calls: list[bytes]) -> dict:
-    from mirrorapi.processes import free_port, stop, wait_until_ready
+    from mirrorapi.testing.processes import free_port, stop, wait_until_ready
 
     env = dict(os.environ, PYTHONPATH=str(root))
     subprocess.run([sys.executable, "-m", "mirrorapi.cli", "cache", "import", str(PAIRS), "--cache", store[1],

@@ -6,7 +6,8 @@
     python eval/apibank.py --server http://127.0.0.1:8080/virtual --base-url http://127.0.0.1:12345/v1 \
         --model agent --out runs/apibank
 
-The dialogues are API-Bank's own (data/apibank, Apache-2.0); rules and differences: mirrorapi/evaluation/apibank.py.
+The dialogues are API-Bank's own (data/apibank, Apache-2.0); rules and differences:
+mirrorapi/evaluation/benchmarks/apibank.py.
 Writes <out>/report.md, summary.json and samples.jsonl. Exit: 0 done, 2 bad input or an unreachable server/engine.
 """
 

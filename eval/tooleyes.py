@@ -4,7 +4,7 @@
         --base-url http://127.0.0.1:12346/v1 --model judge
 
 --answers: converted answers (<model>/<group>.json, eval/run_agent.py's --out). Without --base-url only the
-rule-based parts (s_FA, tool reality) are scored. Formulas: mirrorapi/evaluation/tooleyes.py.
+rule-based parts (s_FA, tool reality) are scored. Formulas: mirrorapi/evaluation/benchmarks/tooleyes.py.
 Exit: 0 done, 1 some judge calls failed (their trajectories unrated), 2 bad input.
 """
 

@@ -33,8 +33,8 @@ import openai
 import pytest
 import yaml
 
-from mirrorapi.processes import RunningEngine, free_port, stop, wait_until_engine_answers
 from mirrorapi.testing.postgres import temporary_postgres
+from mirrorapi.testing.processes import RunningEngine, free_port, stop, wait_until_engine_answers
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "serve_engine_cpu.sh"

@@ -14,11 +14,11 @@ import logging
 import time
 
 from mirrorapi.command_line import Command, add_group, add_settings_arguments, settings_from_args
-from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records, read_labelled
+from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
-from mirrorapi.prompts import DEFAULT_SIMULATOR_FORMAT, SESSION_FORMAT
-from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
+from mirrorapi.prompts.simulator import DEFAULT_SIMULATOR_FORMAT, SESSION_FORMAT
+from mirrorapi.records import SourceError, read_labelled, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 USER_ERRORS = (SourceError, RegistryError, ValueError, OSError)

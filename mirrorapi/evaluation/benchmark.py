@@ -20,13 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mirrorapi.evaluation import tooleyes
-from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentRunError, AgentSettings, load_queries, run_agent
-from mirrorapi.evaluation.answer_files import GROUPS, AnswersError, group_order, load_ids
-from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
+from mirrorapi.evaluation.agent.files import ANSWER_DIR, load_queries
+from mirrorapi.evaluation.agent.run import AgentRun, run_agent
+from mirrorapi.evaluation.agent.settings import AgentRunError, AgentSettings
+from mirrorapi.evaluation.answers.items import GROUPS, AnswersError, group_order, load_ids
+from mirrorapi.evaluation.benchmarks import tooleyes
+from mirrorapi.evaluation.judge.scoring import JudgeSettings, run_scoring
+from mirrorapi.evaluation.judge.sowr import run_sowr
 from mirrorapi.evaluation.score_tables import MetricTable
-from mirrorapi.evaluation.sowr import run_sowr
-from mirrorapi.prompts import AGENT_FORMATS, TEXT_AGENT_FORMATS
+from mirrorapi.prompts.agent import AGENT_FORMATS, TEXT_AGENT_FORMATS
 from mirrorapi.versions import package_versions
 
 logger = logging.getLogger(__name__)

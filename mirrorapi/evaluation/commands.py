@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from mirrorapi.command_line import Command, add_command, add_group, add_settings_arguments, settings_from_args
-from mirrorapi.evaluation.agent import METHODS, AgentRunError, AgentSettings
-from mirrorapi.evaluation.answer_files import AnswersError
-from mirrorapi.evaluation.judging import JUDGE_METRICS, JudgeRunError, JudgeSettings
+from mirrorapi.evaluation.agent.settings import METHODS, AgentRunError, AgentSettings
+from mirrorapi.evaluation.answers.items import AnswersError
+from mirrorapi.evaluation.judge.scoring import JUDGE_METRICS, JudgeRunError, JudgeSettings
 
 USER_ERRORS = (ValueError, AnswersError, JudgeRunError)
 
@@ -55,7 +55,7 @@ def fac_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def fac(args: argparse.Namespace) -> int:
-    from mirrorapi.evaluation.judging import run_scoring
+    from mirrorapi.evaluation.judge.scoring import run_scoring
 
     _log_to_stderr()
     if args.repeats < 1:
@@ -84,7 +84,7 @@ def sowr_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def sowr(args: argparse.Namespace) -> int:
-    from mirrorapi.evaluation.sowr import run_sowr
+    from mirrorapi.evaluation.judge.sowr import run_sowr
 
     try:
         run = run_sowr(args.reference, args.candidate, args.ids, settings_from_args(args, JudgeSettings), args.out,
@@ -106,7 +106,7 @@ def judge_agreement_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def judge_agreement(args: argparse.Namespace) -> int:
-    from mirrorapi.evaluation.judge_agreement import render_markdown, run_agreement
+    from mirrorapi.evaluation.judge.agreement import render_markdown, run_agreement
 
     _log_to_stderr()
     if args.limit is not None and args.limit < 1:
@@ -149,8 +149,8 @@ def fidelity_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def fidelity(args: argparse.Namespace) -> int:
-    from mirrorapi.evaluation.fidelity import run_fidelity
-    from mirrorapi.evaluation.fidelity_metrics import FidelityError
+    from mirrorapi.evaluation.fidelity.metrics import FidelityError
+    from mirrorapi.evaluation.fidelity.replay import run_fidelity
 
     _log_to_stderr()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
@@ -187,7 +187,7 @@ def run_agent_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_agent(args: argparse.Namespace) -> int:
-    from mirrorapi.evaluation.agent import run_agent as run
+    from mirrorapi.evaluation.agent.run import run_agent as run
 
     try:
         result = run(args.queries, settings_from_args(args, AgentSettings), args.out, tools=args.tools,
@@ -254,7 +254,7 @@ def benchmark(args: argparse.Namespace) -> int:
 def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
     import httpx
 
-    from mirrorapi.evaluation import apibank
+    from mirrorapi.evaluation.benchmarks import apibank
 
     args = apibank.parser(usage).parse_args(argv)
     try:
@@ -273,7 +273,7 @@ def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
 
 
 def tooleyes_command(argv: list[str] | None, usage: str | None = None) -> int:
-    from mirrorapi.evaluation import tooleyes
+    from mirrorapi.evaluation.benchmarks import tooleyes
 
     args = tooleyes.parser(usage).parse_args(argv)
     try:

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import GROUPS, group_order
+from mirrorapi.evaluation.answers.items import GROUPS, group_order
 from mirrorapi.versions import package_versions
 
 _VERDICT_COUNTS = ("Solved", "Unsure", "Unsolved")

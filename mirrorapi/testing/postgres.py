@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrorapi.processes import ProcessExited, free_port, interrupts_deferred, poll_until, stop
+from mirrorapi.testing.processes import ProcessExited, free_port, interrupts_deferred, poll_until, stop
 
 UNPRIVILEGED_USER = "nobody"  # who runs the server when we are root (every Linux has it)
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 
-from mirrorapi.processes import free_port, poll_until, stop, wait_until_ready
 from mirrorapi.serving.cache import open_cache
 from mirrorapi.serving.sessions import advance
 from mirrorapi.testing.fake_engines import STUB_OBSERVATION, StubEngine
+from mirrorapi.testing.processes import free_port, poll_until, stop, wait_until_ready
 
 from .conftest import REPO, SAMPLE_TOOLS, store_settings
 

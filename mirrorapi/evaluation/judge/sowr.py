@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import (
+from mirrorapi.evaluation.answers.items import (
     GROUPS,
     AnswerItem,
     AnswersError,
@@ -33,9 +33,9 @@ from mirrorapi.evaluation.answer_files import (
     load_answers,
     load_ids,
 )
-from mirrorapi.evaluation.judging import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
+from mirrorapi.evaluation.judge.scoring import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
 from mirrorapi.evaluation.score_tables import MetricTable
-from mirrorapi.prompts import cut_judge_text, parse_preference, preference_messages
+from mirrorapi.prompts.judge import cut_judge_text, parse_preference, preference_messages
 
 PREFERENCES_FILE = "preferences.jsonl"
 PREFERENCE_FORMAT = "sowr-v1"

@@ -14,17 +14,22 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mirrorapi.data.judge_sft import JUDGE_KEYS, read_labelled
-from mirrorapi.evaluation.answer_files import AnswersError
-from mirrorapi.evaluation.judging import (
+from mirrorapi.evaluation.answers.items import AnswersError
+from mirrorapi.evaluation.judge.scoring import (
     JsonlStore,
     JudgeCall,
     JudgeRunError,
     JudgeSettings,
     judge_all,
 )
-from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, extract_final_answer, judge_messages, parse_verdict
-from mirrorapi.records import SourceError
+from mirrorapi.prompts.judge import (
+    DEFAULT_JUDGE_FORMAT,
+    JUDGE_VERDICTS,
+    extract_final_answer,
+    judge_messages,
+    parse_verdict,
+)
+from mirrorapi.records import JUDGE_KEYS, SourceError, read_labelled
 from mirrorapi.versions import package_versions
 
 LABELS = ("Solved", "Unsolved")

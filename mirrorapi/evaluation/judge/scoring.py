@@ -28,9 +28,9 @@ from tqdm import tqdm
 
 from mirrorapi.command_line import Flag
 from mirrorapi.engine_client import EngineClient, EngineError
-from mirrorapi.evaluation.answer_files import AnswerItem, build_items, load_answers, load_ids
+from mirrorapi.evaluation.answers.items import AnswerItem, build_items, load_answers, load_ids
 from mirrorapi.evaluation.score_tables import MetricTable, metric_table, score_table
-from mirrorapi.prompts import JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.prompts.judge import JUDGE_VERDICTS, judge_messages, parse_verdict
 from mirrorapi.records import read_jsonl
 
 logger = logging.getLogger(__name__)

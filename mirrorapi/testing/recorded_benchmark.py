@@ -12,7 +12,7 @@ Real agents can run beside the replays (`agents`, e.g. SmolLM2-135M-Instruct in 
 text protocol). Their calls rarely match a recorded one, so with `simulator` (an engine's base URL and
 model) the server simulates what its cache lacks; the replays still get their recorded answers (hits).
 
-    python -m mirrorapi.evaluation.recorded_benchmark --judge-base-url URL --judge-model NAME --out DIR \
+    python -m mirrorapi.testing.recorded_benchmark --judge-base-url URL --judge-model NAME --out DIR \
         [--agent LABEL MODEL BASE_URL --agent-format LABEL agent-react-v1] \
         [--simulator-base-url URL --simulator-model NAME] [--limit N] [--single-chain-max-step 12]
 """
@@ -29,13 +29,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from mirrorapi.command_line import add_settings_arguments, settings_from_args
-from mirrorapi.evaluation.agent import AgentSettings
+from mirrorapi.evaluation.agent.settings import AgentSettings
 from mirrorapi.evaluation.benchmark import AgentSpec, BenchmarkResult, parse_agents, run_benchmark
-from mirrorapi.evaluation.judging import JudgeSettings
-from mirrorapi.evaluation.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
-from mirrorapi.processes import free_port, serve_in_thread
+from mirrorapi.evaluation.judge.scoring import JudgeSettings
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import ServerSettings
+from mirrorapi.testing.processes import free_port, serve_in_thread
+from mirrorapi.testing.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
 
 RECORDINGS = {"CoT@1": "virtual_chatgpt_cot", "DFS_woFilter_w2": "virtual_chatgpt_dfs"}
 
@@ -94,7 +94,7 @@ def recorded_benchmark(stabletoolbench: str | os.PathLike, tools: str | os.PathL
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mirrorapi.evaluation.recorded_benchmark", allow_abbrev=False,
+    parser = argparse.ArgumentParser(prog="python -m mirrorapi.testing.recorded_benchmark", allow_abbrev=False,
                                      description=__doc__.splitlines()[0])
     repo = Path(__file__).resolve().parents[2]
     parser.add_argument("--stabletoolbench", default=str(repo / "data" / "samples" / "stabletoolbench"))
