@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from mirrorapi.command_line import add_settings_arguments, settings_from_args
+from mirrorapi.command_line import add_settings_arguments, settings_fields, settings_from_args
 from mirrorapi.evaluation.agent.settings import AgentSettings
 from mirrorapi.evaluation.benchmark import AgentSpec, BenchmarkResult, parse_agents, run_benchmark
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="The prompt format of one --agent, e.g. agent-react-v1 (default agent-v1).")
     parser.add_argument("--simulator-base-url", default=None, help="Simulate cache misses with this engine.")
     parser.add_argument("--simulator-model", default=None, help="The simulator's model name on that engine.")
-    add_settings_arguments(parser, AgentSettings, exclude=[name for name in AgentSettings.__pydantic_fields__
+    add_settings_arguments(parser, AgentSettings, exclude=[name for name in settings_fields(AgentSettings)
                                                            if name not in RUN_SETTINGS])
     parser.add_argument("--concurrency", type=int, default=4, help="Queries in flight per agent (default 4: the "
                         "replayed agents answer at once, unlike the engines AgentSettings' default is made for).")
