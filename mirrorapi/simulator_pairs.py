@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from mirrorapi.prompts.simulator import HISTORY_CHAR_BUDGET, history_line, select_history, truncate_response
+from mirrorapi.prompts.simulator_formats import HISTORY_CHAR_BUDGET, history_line, select_history, truncate_response
 from mirrorapi.records import canonical_json
 from mirrorapi.splits import split_episodes
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName

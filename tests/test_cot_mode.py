@@ -15,7 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from mirrorapi.prompts.simulator import simulator_messages
+from mirrorapi.prompts.simulator_formats import simulator_messages
 from mirrorapi.prompts.simulator_output import cot_rationale, parse_simulator_output
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import ServerSettings, load_settings

@@ -76,7 +76,7 @@ def test_no_import_of_our_own_modules_inside_functions():
 
 def test_the_demo_is_not_in_the_library():
     assert not list(LIBRARY.rglob("demo*.py"))
-    assert (REPO / "scripts" / "demo" / "run.py").is_file()
+    assert (REPO / "scripts" / "demo_steps" / "run.py").is_file()
 
 
 @pytest.mark.parametrize("pattern", ENTRY_SCRIPTS)

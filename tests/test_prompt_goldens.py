@@ -17,8 +17,8 @@ import json
 
 import pytest
 
-from mirrorapi.prompts.judge import judge_messages
-from mirrorapi.prompts.simulator import history_line, simulator_messages
+from mirrorapi.prompts.judge_formats import judge_messages
+from mirrorapi.prompts.simulator_formats import history_line, simulator_messages
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ToolRegistry

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from mirrorapi.prompts.judge import judge_completion, judge_messages, parse_verdict
-from mirrorapi.prompts.simulator import RESPONSE_CHAR_BUDGET, simulator_messages, truncate_response
+from mirrorapi.prompts.judge_formats import judge_completion, judge_messages, parse_verdict
+from mirrorapi.prompts.simulator_formats import RESPONSE_CHAR_BUDGET, simulator_messages, truncate_response
 from mirrorapi.prompts.simulator_output import is_strict_observation, parse_simulator_output
 from mirrorapi.records import canonical_json, observation_json, parse_repr_key
 from mirrorapi.tools import ToolRegistry

@@ -17,7 +17,7 @@ from mirrorapi.command_line import Command, add_group, add_settings_arguments, s
 from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
-from mirrorapi.prompts.simulator import DEFAULT_SIMULATOR_FORMAT, SESSION_FORMAT
+from mirrorapi.prompts.simulator_formats import DEFAULT_SIMULATOR_FORMAT, SESSION_FORMAT
 from mirrorapi.records import SourceError, read_labelled, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import RegistryError, ToolRegistry
 

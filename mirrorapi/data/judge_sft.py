@@ -19,7 +19,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from mirrorapi.prompts.judge import (
+from mirrorapi.prompts.judge_formats import (
     DEFAULT_JUDGE_FORMAT,
     JUDGE_VERDICTS,
     extract_final_answer,

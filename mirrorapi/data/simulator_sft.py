@@ -1,6 +1,6 @@
 """Simulator SFT data: real pairs + tool docs -> conversational prompt/completion records.
 
-Prompts are rendered by `mirrorapi.prompts.simulator.simulator_messages` and targets by
+Prompts are rendered by `mirrorapi.prompts.simulator_formats.simulator_messages` and targets by
 `mirrorapi.records.observation_json`, the functions the server uses, so a model is trained on exactly what it will
 be served. Which pairs are kept and which episodes are held out (`test_id`, `test_ood`) is decided in the core,
 `mirrorapi.simulator_pairs.select_pairs` (its quality rules, each counted in `stats.json`), so the fidelity eval
@@ -27,7 +27,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mirrorapi.command_line import Flag
 from mirrorapi.few_shot import candidate_pool, select_examples
-from mirrorapi.prompts.simulator import (
+from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_SIMULATOR_FORMAT,
     HISTORY_CHAR_BUDGET,
@@ -63,7 +63,7 @@ class SimulatorDataOptions:
 
     prompt_format: Annotated[str, Flag(choices=SIMULATOR_FORMATS)] = Field(
         default=DEFAULT_SIMULATOR_FORMAT, description=(
-        "Simulator prompt format (mirrorapi/prompts/simulator.py); mirrorapi-v2 writes responses that hold JSON as JSON "
+        "Simulator prompt format (mirrorapi/prompts/simulator_formats.py); mirrorapi-v2 writes responses that hold JSON as JSON "
         "values, not escaped strings (the SmolLM2 recipes' data)."))
     system_prompt: str | None = None  # required by the `stabletoolbench` formats (the released model's own)
     few_shot: int = Field(default=0, description=(

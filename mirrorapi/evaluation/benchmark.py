@@ -28,7 +28,7 @@ from mirrorapi.evaluation.benchmarks import tooleyes
 from mirrorapi.evaluation.judge.scoring import JudgeSettings, run_scoring
 from mirrorapi.evaluation.judge.sowr import run_sowr
 from mirrorapi.evaluation.score_tables import MetricTable
-from mirrorapi.prompts.agent import AGENT_FORMATS, TEXT_AGENT_FORMATS
+from mirrorapi.prompts.agent_formats import AGENT_FORMATS, TEXT_AGENT_FORMATS
 from mirrorapi.versions import package_versions
 
 logger = logging.getLogger(__name__)

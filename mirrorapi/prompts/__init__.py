@@ -4,8 +4,8 @@ The data builders and the server call the same functions, so a model is always s
 format it was trained on; the format name goes into the training data, the model card and the
 cache provenance (`simulated:<model>@<format>`). One module per family; callers import the family's
 module (this package re-exports nothing):
-- `simulator`: the simulator formats (`mirrorapi-v1`, `-v2`, `-session-v1`, `stabletoolbench*`), the
+- `simulator_formats`: the simulator formats (`mirrorapi-v1`, `-v2`, `-session-v1`, `stabletoolbench*`), the
   observation schema and the response budget; `simulator_output` reads what a simulator answers;
-- `agent`: the agent formats of the benchmark runner (`agent-v1`, `agent-react-v1`) and the ReAct parser;
-- `judge`: the judge formats (`fac-v1`, `sopr-v1`, `sowr-v1`, `tooleyes-v1`) and their parsers.
+- `agent_formats`: the agent formats of the benchmark runner (`agent-v1`, `agent-react-v1`) and the ReAct parser;
+- `judge_formats`: the judge formats (`fac-v1`, `sopr-v1`, `sowr-v1`, `tooleyes-v1`) and their parsers.
 """

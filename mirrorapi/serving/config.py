@@ -32,7 +32,7 @@ from mirrorapi.command_line import (
     read_yaml_settings,
     settings_values,
 )
-from mirrorapi.prompts.simulator import (
+from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_HISTORY_CALLS,
     HISTORY_CHAR_BUDGET,
@@ -117,7 +117,7 @@ class ServerSettings(BaseModel):
     max_tokens: int = Field(1024, gt=0, description="Most tokens the simulator may generate per response.")
     # A Literal of the formats' tuple (pydantic spreads it; a static checker cannot).
     prompt_format: Literal[SIMULATOR_FORMATS] = Field("mirrorapi-v1", description=(  # type: ignore[valid-type]
-        "Simulator prompt format (mirrorapi/prompts/simulator.py): the one the model was trained with."))
+        "Simulator prompt format (mirrorapi/prompts/simulator_formats.py): the one the model was trained with."))
     system_prompt_file: Path | None = Field(None, description=(
         "System prompt text file; required by the stabletoolbench formats (released MirrorAPI weights)."))
     structured_output: bool = Field(True, description=(

@@ -15,7 +15,7 @@ from mirrorapi.evaluation.answers.items import (
 )
 from mirrorapi.evaluation.judge.scoring import ScoringRun
 from mirrorapi.evaluation.score_tables import render_markdown, score_table
-from mirrorapi.prompts.judge import EMPTY, GIVE_UP, JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.prompts.judge_formats import EMPTY, GIVE_UP, JUDGE_VERDICTS, judge_messages, parse_verdict
 
 STB_GROUP_SIZES = {"G1_instruction": 163, "G1_category": 153, "G1_tool": 158, "G2_category": 124,
                    "G2_instruction": 106, "G3_instruction": 61}

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from mirrorapi.engine_client import EngineClient
+from mirrorapi.engine_client import EngineClient, engine_concurrency
 from mirrorapi.evaluation.answers.items import build_items, load_answers, load_ids
-from mirrorapi.evaluation.judge.scoring import JudgeSettings, engine_concurrency, run_scoring
-from mirrorapi.prompts.judge import parse_verdict
+from mirrorapi.evaluation.judge.scoring import JudgeSettings, run_scoring
+from mirrorapi.prompts.judge_formats import parse_verdict
 
 RECORD_KEYS = {"metric", "model", "group", "query_id", "repeat", "verdict", "score", "reason", "judged", "parsed",
                "status", "answer", "raw", "prompt_format", "judge"}

@@ -12,7 +12,7 @@ from mirrorapi.evaluation.fidelity.metrics import (
     payload_text,
 )
 from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
-from mirrorapi.prompts.simulator import response_schema, skeleton_schema
+from mirrorapi.prompts.simulator_formats import response_schema, skeleton_schema
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.testing.processes import free_port

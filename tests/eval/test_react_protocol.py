@@ -14,7 +14,7 @@ import pytest
 from mirrorapi.evaluation.agent.environment import finish_status
 from mirrorapi.evaluation.agent.search import react_as_tool_calls
 from mirrorapi.evaluation.benchmark import parse_agents
-from mirrorapi.prompts.agent import (
+from mirrorapi.prompts.agent_formats import (
     REACT_NO_ACTION,
     agent_messages,
     parse_react_step,

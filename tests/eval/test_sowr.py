@@ -6,7 +6,7 @@ import pytest
 
 from mirrorapi.evaluation.answers.items import AnswerItem
 from mirrorapi.evaluation.judge.sowr import decide
-from mirrorapi.prompts.judge import parse_preference, preference_messages
+from mirrorapi.prompts.judge_formats import parse_preference, preference_messages
 
 
 def item(status: str = "answer") -> AnswerItem:

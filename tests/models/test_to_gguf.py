@@ -25,7 +25,7 @@ from mirrorapi.engine_client import EngineClient
 from mirrorapi.llama_cpp_engine import openai_request
 from mirrorapi.models.catalogue import base_gguf
 from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving, permute_for_gguf
-from mirrorapi.prompts.simulator import OBSERVATION_SCHEMA, simulator_messages
+from mirrorapi.prompts.simulator_formats import OBSERVATION_SCHEMA, simulator_messages
 from mirrorapi.prompts.simulator_output import is_strict_observation
 from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.testing.processes import (

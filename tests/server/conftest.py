@@ -24,7 +24,7 @@ from mirrorapi.serving.cache import is_url
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.transport import uvicorn_options
 from mirrorapi.testing.fake_engines import HungEngine, StubEngine, unreachable_engine_url
-from mirrorapi.testing.postgres import create_database, temporary_postgres
+from mirrorapi.testing.postgres_server import create_database, temporary_postgres
 from mirrorapi.testing.processes import free_port, serve_in_thread
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,12 @@ import pytest
 from datasets import load_from_disk
 
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
-from mirrorapi.prompts.simulator import RESPONSE_CHAR_BUDGET, TRUNCATION_MARK, simulator_messages, truncate_response
+from mirrorapi.prompts.simulator_formats import (
+    RESPONSE_CHAR_BUDGET,
+    TRUNCATION_MARK,
+    simulator_messages,
+    truncate_response,
+)
 from mirrorapi.prompts.simulator_output import is_strict_observation
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.splits import split_episodes

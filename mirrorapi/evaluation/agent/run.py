@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mirrorapi.engine_client import EngineClient
+from mirrorapi.engine_client import EngineClient, engine_concurrency
 from mirrorapi.evaluation.agent.environment import (
     QueryError,
     VirtualClient,
@@ -35,10 +35,10 @@ from mirrorapi.evaluation.agent.files import (
 from mirrorapi.evaluation.agent.search import QueryFailed, run_query
 from mirrorapi.evaluation.agent.settings import AgentRunError, AgentSettings, check_method
 from mirrorapi.evaluation.answers.convert import convert_answer_folder
-from mirrorapi.evaluation.judge.scoring import engine_concurrency
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass
 class AgentRun:

@@ -2,7 +2,7 @@
 
 The model acts through the engine's tool calls (`agent-v1`: the functions are sent as `tools`), or,
 for a model whose engine cannot pass tool calls for its chat template, through text (`agent-react-v1`,
-`mirrorapi.prompts.agent`): the functions are listed in the system prompt, each reply is parsed into one
+`mirrorapi.prompts.agent_formats`): the functions are listed in the system prompt, each reply is parsed into one
 call (`parse_react_step`) and the history is sent as text (`react_conversation`). Either way the
 tree and the answer files hold the same StableToolBench messages (`tool_calls`, `tool` results).
 """
@@ -28,7 +28,7 @@ from mirrorapi.evaluation.agent.environment import (
     unknown_function_observation,
 )
 from mirrorapi.evaluation.agent.settings import AgentSettings, check_method
-from mirrorapi.prompts.agent import (
+from mirrorapi.prompts.agent_formats import (
     TEXT_AGENT_FORMATS,
     agent_diversity_message,
     agent_messages,

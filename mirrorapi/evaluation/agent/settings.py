@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mirrorapi.command_line import Flag
-from mirrorapi.prompts.agent import AGENT_FORMATS, DEFAULT_AGENT_FORMAT
+from mirrorapi.prompts.agent_formats import AGENT_FORMATS, DEFAULT_AGENT_FORMAT
 
 METHODS = ("CoT@1", "DFS_woFilter_w2")
 _DFS = re.compile(r"^DFS_woFilter_w(\d+)$")

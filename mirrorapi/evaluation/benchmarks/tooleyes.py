@@ -34,7 +34,7 @@ from typing import Any
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.evaluation.answers.items import group_order, load_answers, render_steps
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
-from mirrorapi.prompts.judge import extract_final_answer, parse_tooleyes_ratings, tooleyes_messages
+from mirrorapi.prompts.judge_formats import extract_final_answer, parse_tooleyes_ratings, tooleyes_messages
 
 CAPABILITIES = ("s_FA", "s_IC", "s_BP", "s_TS", "s_AO")
 FINISH = "Finish"

@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 
 from mirrorapi.names import api_key_name, standardize, standardize_category
-from mirrorapi.prompts.simulator import response_schema
+from mirrorapi.prompts.simulator_formats import response_schema
 from mirrorapi.records import parse_repr_key
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 from mirrorapi.transport_failures import in_band_error, transport_failure

@@ -22,7 +22,7 @@ from mirrorapi.evaluation.judge.scoring import (
     JudgeSettings,
     judge_all,
 )
-from mirrorapi.prompts.judge import (
+from mirrorapi.prompts.judge_formats import (
     DEFAULT_JUDGE_FORMAT,
     JUDGE_VERDICTS,
     extract_final_answer,
@@ -34,6 +34,8 @@ from mirrorapi.versions import package_versions
 
 LABELS = ("Solved", "Unsolved")
 UNPARSEABLE = "unparseable"
+
+
 def load_labelled(paths: list[str | Path], limit: int | None = None) -> list[dict]:
     """Records of the judge schema; `limit` keeps the first N of each source. A bad line is an error here
     (the SFT builder skips them instead): agreement over silently thinned data would mislead."""

@@ -27,10 +27,10 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from tqdm import tqdm
 
 from mirrorapi.command_line import Flag
-from mirrorapi.engine_client import EngineClient, EngineError
+from mirrorapi.engine_client import DEFAULT_CONCURRENCY, EngineClient, EngineError, engine_concurrency
 from mirrorapi.evaluation.answers.items import AnswerItem, build_items, load_answers, load_ids
 from mirrorapi.evaluation.score_tables import MetricTable, metric_table, score_table
-from mirrorapi.prompts.judge import JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.prompts.judge_formats import JUDGE_VERDICTS, judge_messages, parse_verdict
 from mirrorapi.records import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,6 @@ JUDGE_METRICS = {
     "fac": ("fac-v1", {"Solved": 1.0, "Unsolved": 0.0}),
     "sopr": ("sopr-v1", {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}),
 }
-# Judge requests in flight by engine (the `owned_by` of its /v1/models); others get DEFAULT_CONCURRENCY.
-ENGINE_CONCURRENCY = {"vllm": 16}
-DEFAULT_CONCURRENCY = 2
 ANSWERS_FILE = "answers.jsonl"
 _UNJUDGED_REASON = {"missing": "no answer for this id", "empty": "empty final answer",
                     "give_up": "the agent gave up (give_up_and_restart)"}
@@ -153,18 +150,6 @@ async def check_reachable(engine: EngineClient) -> None:
     if not any(h.reachable for h in health):
         details = "; ".join(f"{h.base_url}: {h.detail}" for h in health)
         raise JudgeRunError(f"the judge engine is not reachable ({details}); start it or fix --base-url")
-
-
-async def engine_concurrency(engine: EngineClient) -> int:
-    """Judge requests in flight when `--concurrency` is not given: what the engine can work on at once.
-
-    vLLM batches requests, so 16 keep it busy. `transformers serve` generates one request at a time
-    on one thread and does not drop a request whose client gave up (non-streaming): 16 in flight on a
-    CPU queue up past the client's timeout, and the engine keeps generating the abandoned ones
-    (issue 15: 70 of 76 calls timed out, the next run found the engine still busy). Any engine not
-    known to batch gets 2: one generating, one queued behind it.
-    """
-    return ENGINE_CONCURRENCY.get(await engine.served_by() or "", DEFAULT_CONCURRENCY)
 
 
 async def judge_all(calls: list[JudgeCall], handle: Callable[[JudgeCall, str], None], settings: JudgeSettings,

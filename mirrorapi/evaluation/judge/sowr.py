@@ -35,7 +35,7 @@ from mirrorapi.evaluation.answers.items import (
 )
 from mirrorapi.evaluation.judge.scoring import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
 from mirrorapi.evaluation.score_tables import MetricTable
-from mirrorapi.prompts.judge import cut_judge_text, parse_preference, preference_messages
+from mirrorapi.prompts.judge_formats import cut_judge_text, parse_preference, preference_messages
 
 PREFERENCES_FILE = "preferences.jsonl"
 PREFERENCE_FORMAT = "sowr-v1"

@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from demo.build import (
+from demo_steps.build import (
     REPO,
     build_base_model,
     build_data,
@@ -53,9 +53,9 @@ from demo.build import (
     mark_complete,
     select_heldout,
 )
-from demo.calls import plan_calls, render_call, send_calls
-from demo.processes import StepFailed, brief, run_command, sigint_ignored, virtual_server
-from demo.report import (
+from demo_steps.calls import plan_calls, render_call, send_calls
+from demo_steps.child_processes import StepFailed, brief, run_command, sigint_ignored, virtual_server
+from demo_steps.report import (
     agent_baselines,
     constant_answer_metrics,
     counts,

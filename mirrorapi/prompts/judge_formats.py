@@ -20,7 +20,7 @@ from typing import Any
 
 import json_repair
 
-from mirrorapi.prompts.simulator import cut_text
+from mirrorapi.prompts.simulator_formats import cut_text
 
 JUDGE_FORMATS = ("fac-v1", "sopr-v1")
 TOOLEYES_FORMAT = "tooleyes-v1"  # see the ToolEyes block below

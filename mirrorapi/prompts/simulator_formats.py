@@ -148,7 +148,7 @@ SIMULATOR_SYSTEM_SESSION_V1 = SIMULATOR_SYSTEM_V1 + (
 
 
 def cut_text(text: str, budget: int) -> str:
-    """`text` cut to `budget` characters, + TRUNCATION_MARK when cut (doc fields here, judge texts in `judge`)."""
+    """`text` cut to `budget` characters, + TRUNCATION_MARK when cut (doc fields here, judge texts in `judge_formats`)."""
     return text if len(text) <= budget else text[:budget] + TRUNCATION_MARK
 
 
@@ -175,7 +175,6 @@ def structured_response(response: Any) -> Any:
 def render_observation(error: str, response: Any, fmt: str) -> str:
     """An observation as a simulator prompt format writes it (a target, an example)."""
     return observation_json(error, structured_response(response) if fmt == STRUCTURED_FORMAT else response)
-
 
 
 def _param_v1(p: dict) -> dict:
