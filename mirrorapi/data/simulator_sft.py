@@ -18,9 +18,14 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import Annotated
 
+from pydantic import Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from mirrorapi.command_line import Flag
 from mirrorapi.few_shot import candidate_pool, select_examples
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
@@ -51,17 +56,29 @@ SIMULATOR_COLUMNS = ("prompt", "completion", "prompt_format", "source", "episode
                      "api", "arguments", "kind")
 
 
-@dataclass
+@pydantic_dataclass
 class SimulatorDataOptions:
-    prompt_format: str = DEFAULT_SIMULATOR_FORMAT
+    """How the simulator's SFT records are built; each field but system_prompt is also a flag of
+    data/build_simulator_sft.py (mirrorapi/command_line.py), its help the description."""
+
+    prompt_format: Annotated[str, Flag(choices=SIMULATOR_FORMATS)] = Field(
+        default=DEFAULT_SIMULATOR_FORMAT, description=(
+        "Simulator prompt format (mirrorapi/prompts/simulator_formats.py); mirrorapi-v2 writes responses that hold JSON as JSON "
+        "values, not escaped strings (the SmolLM2 recipes' data)."))
     system_prompt: str | None = None  # required by the `stabletoolbench` formats (the released model's own)
-    few_shot: int = 0  # real examples of the same API in each prompt, chosen as the server chooses them
-    few_shot_char_budget: int = 2048
-    ood_fraction: float = DEFAULT_OOD_FRACTION  # share of distinct APIs held out entirely (test_ood)
-    id_fraction: float = DEFAULT_ID_FRACTION  # share of the remaining episodes held out (test_id)
-    seed: int = DEFAULT_SPLIT_SEED
-    history: int = 0  # earlier calls of the episode per prompt (format mirrorapi-session-v1); the server's session_history
-    history_char_budget: int = HISTORY_CHAR_BUDGET  # the server's session_char_budget
+    few_shot: int = Field(default=0, description=(
+        "Real examples of the same API per prompt, chosen as the server chooses them; match the server's "
+        "`few_shot` setting."))
+    few_shot_char_budget: int = Field(default=2048, description=(
+        "Most characters of examples per prompt; match the server's `few_shot_char_budget`."))
+    ood_fraction: float = Field(default=DEFAULT_OOD_FRACTION, description="Share of distinct APIs held out entirely (test_ood).")
+    id_fraction: float = Field(default=DEFAULT_ID_FRACTION, description="Share of the other episodes held out (test_id).")
+    seed: int = Field(default=DEFAULT_SPLIT_SEED, description="Seed of the split.")
+    history: Annotated[int, Flag(metavar="K")] = Field(default=0, description=(
+        "Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, chosen "
+        "automatically); match the server's `session_history`."))
+    history_char_budget: int = Field(default=HISTORY_CHAR_BUDGET, description=(
+        "Most characters of history per prompt; match the server's `session_char_budget`."))
 
     def check(self) -> None:
         if self.prompt_format not in SIMULATOR_FORMATS:

@@ -4,5 +4,5 @@
 - `judge/`: FAC / SoPR scoring, SoWR, judge agreement;
 - `fidelity/`: simulator fidelity (replay, metrics, report, session history);
 - `benchmarks/`: API-Bank and ToolEyes;
-- `benchmark`, `score_tables`, `commands`, `cli_args`: `mirrorapi benchmark`, its tables and the eval commands.
+- `benchmark`, `score_tables`, `commands`: `mirrorapi benchmark`, its tables (one writer) and the eval commands.
 """

@@ -56,13 +56,11 @@ from mirrorapi.serving.transport import (
     send_json,
     uvicorn_options,
 )
-from mirrorapi.tools import RegistryError, ToolRegistry
+from mirrorapi.tools import ToolRegistry
 from mirrorapi.toolsets import ToolsetError, select_toolset
 
 logger = logging.getLogger(__name__)
 
-# What a user can get wrong at start-up; each is one line that says what to change.
-STARTUP_ERRORS = (ConfigError, RegistryError, CacheError)
 CACHE_MAINTENANCE_SECONDS = 5.0
 OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (probes of orchestrators)
 # The settings of the worker processes (`serve_workers`), as JSON: uvicorn starts them by importing a factory.

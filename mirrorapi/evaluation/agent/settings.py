@@ -14,7 +14,14 @@ Budgets default to what StableToolBench's pipeline runs with: depth 12, 200 mode
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from mirrorapi.command_line import Flag
+from mirrorapi.prompts.agent_formats import AGENT_FORMATS, DEFAULT_AGENT_FORMAT
 
 METHODS = ("CoT@1", "DFS_woFilter_w2")
 _DFS = re.compile(r"^DFS_woFilter_w(\d+)$")
@@ -24,27 +31,48 @@ class AgentRunError(Exception):
     """A run that cannot start: bad queries, no tools, an unreachable engine or server."""
 
 
-@dataclass
+@pydantic_dataclass
 class AgentSettings:
-    """What produced a run: recorded in every raw and converted answer."""
+    """What produced a run: recorded in every raw and converted answer. Each field is also a flag of
+    eval/run_agent.py and `mirrorapi benchmark` (mirrorapi/command_line.py), its help the description."""
 
-    server: str  # the /virtual URL
-    base_urls: list[str]
-    model: str
-    method: str = "CoT@1"
-    api_key: str = "EMPTY"
-    temperature: float = 0.0
-    max_tokens: int = 1024
-    single_chain_max_step: int = 12
-    max_query_count: int = 200
-    max_observation_length: int = 1024
-    concurrency: int | None = None  # queries in flight; None: suited to the engine (16 vLLM, 2 others)
-    timeout: float = 300.0  # seconds per model call, retries included
-    server_timeout: float = 120.0
-    prompt_format: str = "agent-v1"
-    system_prompt_file: str | None = None
-    tool_choice: str | None = None  # sent as is when set ("auto", "required")
-    react_grammar: bool = False  # text formats: constrain replies to the layout (llama.cpp's `grammar` field)
+    server: str = Field(description="The /virtual URL, e.g. http://127.0.0.1:8080/virtual.")
+    base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(description=(
+        "OpenAI-compatible base URL(s) of the agent model, e.g. http://127.0.0.1:8000/v1."))
+    model: str = Field(description="The agent's model name on that engine.")
+    method: str = Field(default="CoT@1", description=" or ".join(METHODS) + " (DFS_woFilter_w<width>).")
+    api_key: str = Field(default="EMPTY", description="API key of the agent engine.")
+    temperature: float = Field(default=0.0, ge=0, description="Agent temperature.")
+    max_tokens: int = Field(default=1024, ge=1, description="Tokens per agent step.")
+    single_chain_max_step: int = Field(default=12, ge=1, description="Depth budget of a chain / tree path "
+                                       "(StableToolBench: 12).")
+    max_query_count: int = Field(default=200, ge=1,
+                                 description="Model calls per query for DFS (StableToolBench: 200).")
+    max_observation_length: int = Field(default=1024, ge=1, description=(
+        "Observations are cut to this many characters plus '...'."))
+    concurrency: int | None = Field(default=None, ge=1, description=(
+        "Queries in flight (default: 16 on vLLM, 2 on other engines such as transformers serve)."))
+    timeout: float = Field(default=300.0, gt=0, description="Seconds per agent call, retries included.")
+    server_timeout: float = Field(default=120.0, gt=0, description="Seconds per /virtual call.")
+    prompt_format: Literal[AGENT_FORMATS] = Field(  # type: ignore[valid-type]
+        default=DEFAULT_AGENT_FORMAT, description=(
+        "agent-v1: the functions go to the engine as OpenAI tools and the model answers with tool calls; "
+        "agent-react-v1: a text protocol (Thought / Action / Action Input) for models whose engine cannot pass "
+        "tool calls, e.g. SmolLM2."))
+    system_prompt_file: str | None = Field(default=None, description=(
+        "Use this text as the agent's system prompt ({tools} is replaced by the tool list)."))
+    tool_choice: str | None = Field(default=None, description=(
+        "Sent as the request's tool_choice when given (\"auto\", \"required\")."))
+    react_grammar: bool = Field(default=False, description=(
+        "agent-react-v1 only: send a GBNF grammar of the reply layout (one thought line, one of the query's "
+        "functions, a JSON object) as the request's `grammar`, which llama.cpp's servers enforce, so a model that "
+        "does not keep the layout still acts."))
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, method: str) -> str:
+        check_method(method)
+        return method
 
     def record(self) -> dict:
         """The settings as they go into answer files (no API key)."""

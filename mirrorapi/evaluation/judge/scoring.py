@@ -20,12 +20,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
+from pydantic import Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from tqdm import tqdm
 
+from mirrorapi.command_line import Flag
 from mirrorapi.engine_client import DEFAULT_CONCURRENCY, EngineClient, EngineError, engine_concurrency
 from mirrorapi.evaluation.answers.items import AnswerItem, build_items, load_answers, load_ids
-from mirrorapi.evaluation.score_tables import score_table, write_tables
+from mirrorapi.evaluation.score_tables import MetricTable, metric_table, score_table
 from mirrorapi.prompts.judge_formats import JUDGE_VERDICTS, judge_messages, parse_verdict
 from mirrorapi.records import read_jsonl
 
@@ -45,17 +49,21 @@ class JudgeRunError(Exception):
     """A run that cannot start: unreachable judge, an output folder holding another judge's verdicts."""
 
 
-@dataclass
+@pydantic_dataclass
 class JudgeSettings:
-    """How to reach the judge and how to ask it."""
+    """How to reach the judge and how to ask it. Each field is also a flag of every command that asks a
+    judge (eval/fac.py, eval/sowr.py, eval/judge_agreement.py; `--judge-*` in `mirrorapi benchmark`)."""
 
-    base_urls: list[str]
-    model: str
-    api_key: str = "EMPTY"
-    concurrency: int | None = None  # None: suited to the engine (`engine_concurrency`)
-    max_tokens: int = 256
-    temperature: float = 0.0
-    timeout: float = 120.0  # seconds per judge call, retries included
+    base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(description=(
+        "OpenAI-compatible base URL(s) of the judge engine, e.g. http://127.0.0.1:12345/v1."))
+    model: str = Field(description="The judge's model name on that engine.")
+    api_key: str = Field(default="EMPTY", description="API key of the judge engine.")
+    concurrency: int | None = Field(default=None, ge=1, description=(
+        "Judge requests in flight (default: 16 on vLLM, 2 on `transformers serve` and other engines, which work "
+        "on one request at a time)."))
+    max_tokens: int = Field(default=256, ge=1, description="Tokens per judge output.")
+    temperature: float = Field(default=0.0, ge=0, description="Judge temperature.")
+    timeout: float = Field(default=120.0, gt=0, description="Seconds per judge call, retries included.")
 
 
 @dataclass
@@ -201,6 +209,7 @@ class ScoringRun:
     ids: dict[str, list[str]]
     failures: list[str]  # judge calls without an answer (their items are pending)
     judge_calls: int  # calls sent in this run (0 when everything was already done)
+    table: MetricTable | None = None  # the metric's table, once `run_scoring` has computed it
 
 
 async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settings: JudgeSettings, out: Path,
@@ -256,5 +265,6 @@ def run_scoring(answers: str | os.PathLike, ids: str | os.PathLike, settings: Ju
     id_lists = load_ids(ids)
     items = build_items(load_answers(answers), id_lists)
     run = asyncio.run(score_items(items, id_lists, settings, Path(out), metric, repeats, overwrite, progress))
-    write_tables(Path(out), score_table(run, metric, repeats, settings.model, JUDGE_METRICS[metric][0]))
+    run.table = metric_table(score_table(run, metric, repeats, settings.model, JUDGE_METRICS[metric][0]))
+    run.table.write(Path(out))
     return run
