@@ -191,9 +191,10 @@ def test_a_replayed_model_scores_what_api_bank_defines(tmp_path):
     # The benchmark report includes a finished run written to <out>/apibank (API-Bank's table, counts, settings).
     apibank.write_report(rows, settings, tmp_path / "bench" / "apibank")
     judge = JudgeSettings(base_urls=["http://127.0.0.1:9/v1"], model="judge")
-    bench = benchmark.write_report(tmp_path / "bench", [], "", {}, judge, [], {}, 1).read_text(encoding="utf-8")
+    bench = benchmark.write_report(tmp_path / "bench", [], "", {}, judge, [], {}, 1, {}).read_text(encoding="utf-8")
     assert "## API-Bank (levels 1-2) on the virtual server" in bench
     assert "| Call (level 1) | Retrieve+Call (level 2) | Response ROUGE-L |" in bench
+    assert "- level 1: 12 of 214 dialogues" in bench  # built from the run's report.json, as its report.md
 
 
 def test_a_run_resumes_from_its_samples_file(tmp_path):

@@ -56,6 +56,8 @@ from mirrorapi.evaluation.benchmarks.apibank.scoring import (
     Settings,
     evaluate,
     parser,
+    report_data,
+    report_lines,
     report_markdown,
     report_section,
     rouge_l,
@@ -67,5 +69,6 @@ from mirrorapi.evaluation.benchmarks.apibank.scoring import (
 __all__ = ["CALL_INSTRUCTION", "CATEGORY", "LEVELS", "LEVEL_NAMES", "RESPONSE_INSTRUCTION", "RULES", "TOOL_SEARCHER",
            "Sample", "Settings", "VirtualApiBank", "build_messages", "call_is_correct", "call_text", "evaluate",
            "json_value", "load_descriptions", "load_dialogues", "parameter_types", "parse_call", "parser",
-           "recorded_results", "report_markdown", "report_section", "rouge_l", "samples_of", "settings_from", "summarize",
-           "tools_of", "truth_result", "typed_arguments", "write_recorded_pairs", "write_report"]
+           "recorded_results", "report_data", "report_lines", "report_markdown", "report_section", "rouge_l",
+           "samples_of", "settings_from", "summarize", "tools_of", "truth_result", "typed_arguments",
+           "write_recorded_pairs", "write_report"]

@@ -180,37 +180,51 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def report_markdown(summary: dict, settings: Settings) -> str:
-    """API-Bank's layout (its Table 4): API-call accuracy per level, then the response ROUGE-L."""
+def report_data(summary: dict, settings: Settings) -> dict:
+    """What the report shows, as data (`report.json`): per level the summary with the whole level's dialogue and
+    call-sample counts, and the settings."""
+    levels = {}
+    for level, counts in sorted(summary.items()):
+        dialogues = load_dialogues(settings.data, level)
+        levels[str(level)] = {**counts, "level_dialogues": len(dialogues),
+                              "level_calls": sum(x.kind == "call" for d in dialogues for x in samples_of(d, level))}
+    return {"levels": levels, "settings": {
+        "model": settings.model, "base_urls": settings.base_urls, "server": settings.server,
+        "temperature": settings.temperature, "max_tokens": settings.max_tokens, "limit": settings.limit}}
+
+
+def report_lines(data: dict, heading: str = "#") -> list[str]:
+    """API-Bank's layout (its Table 4): API-call accuracy per level, then the response ROUGE-L; counts, settings."""
     def cell(value: float | None) -> str:
         return "—" if value is None else f"{value:.2f}"
-    levels = sorted(summary)
-    head = [f"{LEVEL_NAMES[level]} (level {level})" for level in levels]
-    lines = ["# API-Bank (levels 1-2) on the virtual server", "",
-             "| Model | " + " | ".join(head) + " | Response ROUGE-L |",
-             "|---|" + "---|" * len(levels) + "---|"]
-    responses = [summary[level] for level in levels if summary[level]["responses"]]
-    total = sum(s["responses"] for s in responses)
-    pooled = sum(s["rouge_l"] * s["responses"] for s in responses) / total if total else None
-    lines.append(f"| {settings.model} | " + " | ".join(cell(summary[level]["accuracy"]) for level in levels)
+    levels, run = data["levels"], data["settings"]
+    lines = [f"{heading} API-Bank (levels 1-2) on the virtual server", "",
+             "| Model | " + " | ".join(f"{LEVEL_NAMES[int(level)]} (level {level})" for level in levels)
+             + " | Response ROUGE-L |", "|---|" + "---|" * len(levels) + "---|"]
+    answered = [s for s in levels.values() if s["responses"]]
+    total = sum(s["responses"] for s in answered)
+    pooled = sum(s["rouge_l"] * s["responses"] for s in answered) / total if total else None
+    lines.append(f"| {run['model']} | " + " | ".join(cell(s["accuracy"]) for s in levels.values())
                  + f" | {cell(pooled)} |")
     lines += ["", "Counts:", ""]
-    for level in levels:
-        s = summary[level]
-        dialogues = load_dialogues(settings.data, level)
-        whole = sum(x.kind == "call" for d in dialogues for x in samples_of(d, level))
-        lines.append(f"- level {level}: {s['dialogues']} of {len(dialogues)} dialogues, "
-                     f"{s['correct']}/{s['calls']} calls correct ({whole} call samples in the whole level), "
+    for level, s in levels.items():
+        lines.append(f"- level {level}: {s['dialogues']} of {s['level_dialogues']} dialogues, "
+                     f"{s['correct']}/{s['calls']} calls correct ({s['level_calls']} call samples in the whole level), "
                      f"{s['responses']} responses (ROUGE-L {cell(s['rouge_l'])}), "
                      f"{s['engine_errors']} model calls failed (counted as wrong; rerun to ask them again)")
-    lines += ["", f"Settings: server {settings.server}, model {settings.model} at {', '.join(settings.base_urls)}, "
-              f"temperature {settings.temperature}, max_tokens {settings.max_tokens}, "
-              f"dialogues per level {settings.limit or 'all'}. Accuracy: API-Bank's per-API rules on the result the "
+    lines += ["", f"Settings: server {run['server']}, model {run['model']} at {', '.join(run['base_urls'])}, "
+              f"temperature {run['temperature']}, max_tokens {run['max_tokens']}, "
+              f"dialogues per level {run['limit'] or 'all'}. Accuracy: API-Bank's per-API rules on the result the "
               "virtual server returned; ROUGE-L: rouge-score rougeL F, in %."]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def report_markdown(summary: dict, settings: Settings) -> str:
+    return "\n".join(report_lines(report_data(summary, settings))) + "\n"
 
 
 def write_report(rows: list[dict], settings: Settings, out: str | Path) -> dict:
+    """`samples.jsonl`, `summary.json`, `report.json` (report_data) and `report.md` in `out`; the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
@@ -222,18 +236,19 @@ def write_report(rows: list[dict], settings: Settings, out: str | Path) -> dict:
                                                for r in [*rows, *kept]), encoding="utf-8")
     (out / "summary.json").write_text(json.dumps({str(k): v for k, v in summary.items()}, indent=2) + "\n",
                                       encoding="utf-8")
-    (out / "report.md").write_text(report_markdown(summary, settings), encoding="utf-8")
+    data = report_data(summary, settings)
+    (out / "report.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (out / "report.md").write_text("\n".join(report_lines(data)) + "\n", encoding="utf-8")
     return summary
 
 
 def report_section(run: str | Path) -> list[str]:
-    """The report of a finished run (`write_report`'s `report.md` in `run`) as a section of a larger report
-    (`mirrorapi benchmark` includes `<out>/apibank/`); [] when there is none."""
-    path = Path(run) / "report.md"
+    """A finished run's report (`report.json` in `run`) as a section of a larger report, from its data (`mirrorapi
+    benchmark` includes `<out>/apibank/`); [] when there is none."""
+    path = Path(run) / "report.json"
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return ["## " + lines[0].removeprefix("# "), *lines[1:], ""]
+    return [*report_lines(json.loads(path.read_text(encoding="utf-8")), heading="##"), ""]
 
 
 # The command line (eval/apibank.py).
