@@ -8,7 +8,8 @@
 
 The dialogues are API-Bank's own (data/apibank, Apache-2.0); rules and differences:
 mirrorapi/evaluation/benchmarks/apibank/.
-Writes <out>/report.md, summary.json and samples.jsonl. Exit: 0 done, 2 bad input or an unreachable server/engine.
+Writes <out>/report.md, report.json, summary.json and samples.jsonl (grown as samples are scored: a rerun
+resumes). Exit: 0 done, 2 bad input or an unreachable server/engine.
 """
 
 import sys
