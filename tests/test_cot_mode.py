@@ -162,13 +162,15 @@ def test_the_server_in_cot_mode_answers_error_and_response_and_logs_the_rational
     assert [line["outcome"] for line in lines] == ["simulated", "hit"]
     assert lines[0]["rationale"] == "Looks the forwarder up by its id."
     assert "@stabletoolbench-cot," in lines[0]["provenance"] and lines[1]["provenance"] == lines[0]["provenance"]
-    # the stored answer is the observation alone: the rationale never reaches an agent, not even from the cache
+    # the stored answer is the observation alone: the rationale never reaches an agent, not even from the cache;
+    # it is kept beside the answer's provenance (schema version 4)
     cache = ResponseCache(tmp_path / "cache.sqlite")
     try:
         (entry,) = list(cache.rows())
     finally:
         cache.close()
     assert json.loads(entry.observation) == reply and "Looks the forwarder" not in entry.observation
+    assert entry.rationale == "Looks the forwarder up by its id." and entry.provenance == lines[0]["provenance"]
 
 
 def test_the_simulator_keeps_the_rationale_apart(samples, tmp_path):

@@ -136,7 +136,7 @@ class Responder:
         if self.settings.is_save:
             entry = Entry(call.category, call.tool, call.api, call.arguments, call.history, identity,
                           history.steps if history is not None else 0, _COMPACT(arguments), observation["error"],
-                          text, provenance, time.time())
+                          text, provenance, time.time(), rationale=rationale)
             try:
                 await self.cache.store(entry, self.lease_holder)
             except CacheError as exc:  # the answer is still good: give it, unstored

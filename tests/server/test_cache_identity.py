@@ -4,6 +4,7 @@ decoding settings); recorded answers are shared; old (schema 1) databases open a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 
@@ -11,7 +12,7 @@ import pytest
 
 from mirrorapi.cli import main
 from mirrorapi.records import canonical_json
-from mirrorapi.serving.cache import CacheError, ResponseCache, open_cache
+from mirrorapi.serving.cache import CacheError, Entry, ResponseCache, open_cache
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.simulator import simulator_identity
 from mirrorapi.testing.fake_engines import STUB_OBSERVATION
@@ -112,8 +113,41 @@ def test_a_schema_1_database_opens_and_keeps_its_entries(tmp_path):
     assert cache.get(*API, '{"name":"Zidane"}', "m@mirrorapi-v1") == (
         '{"error":"","response":"simulated Zidane"}', "simulated:m@mirrorapi-v1")
     cache.close()
-    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
     ResponseCache(path).close()  # opens again as is
+
+
+# Version 3 as mirrorapi wrote it (the 2026-11-25 release): entries without the CoT rationale column.
+SCHEMA_3 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, category TEXT NOT NULL, tool TEXT NOT NULL, api TEXT NOT NULL,
+    arguments TEXT NOT NULL, history TEXT NOT NULL, identity TEXT NOT NULL, steps INTEGER NOT NULL,
+    arguments_as_sent TEXT NOT NULL, error TEXT NOT NULL, observation TEXT NOT NULL, provenance TEXT NOT NULL,
+    created REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0);
+CREATE UNIQUE INDEX entries_key ON entries (category, tool, api, arguments, history, identity);
+INSERT INTO meta VALUES ('schema_version', '3');
+INSERT INTO entries (category, tool, api, arguments, history, identity, steps, arguments_as_sent, error,
+    observation, provenance, created, hits) VALUES ('Data', 'theclique', 'transfermarkt_search',
+    '{"name":"Zidane"}', '', 'm@stabletoolbench-cot', 0, '{"name":"Zidane"}', '',
+    '{"error":"","response":"simulated Zidane"}', 'simulated:m@stabletoolbench-cot', 3.0, 2);
+"""
+
+
+def test_a_schema_3_database_opens_with_its_entries_and_keeps_rationales_from_then_on(tmp_path):
+    path = tmp_path / "v3.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA_3)
+    db.close()
+    cache = ResponseCache(path)
+    (old,) = cache.rows()
+    assert (old.observation, old.hits, old.rationale) == ('{"error":"","response":"simulated Zidane"}', 2, "")
+    cot = "m@stabletoolbench-cot"
+    asyncio.run(cache.store(Entry(*API, '{"name":"Kaka"}', "", cot, 0, '{"name":"Kaka"}', "",
+                                  '{"error":"","response":"Kaka"}', "simulated:" + cot, 4.0, rationale="why")))
+    asyncio.run(cache.aclose())
+    assert {e.arguments: e.rationale for e in ResponseCache(path).rows()} == {'{"name":"Zidane"}': "",
+                                                                            '{"name":"Kaka"}': "why"}
 
 
 def test_a_database_of_a_newer_mirrorapi_is_a_clear_error(cache_location):
@@ -122,7 +156,7 @@ def test_a_database_of_a_newer_mirrorapi_is_a_clear_error(cache_location):
         cache._execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
     cache.close()
     with pytest.raises(CacheError, match="schema version 9 was written by a newer mirrorapi; this one reads "
-                                         "versions up to 3"):
+                                         "versions up to 4"):
         open_cache(cache_location)
 
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from mirrorapi.cli import main
-from mirrorapi.serving.cache import CacheError, Call, new_entry, open_cache
+from mirrorapi.serving.cache import CacheError, Call, Entry, new_entry, open_cache
 from mirrorapi.serving.config import ConfigError, load_settings
 from mirrorapi.serving.sessions import advance
 from mirrorapi.testing.processes import free_port
@@ -154,3 +154,26 @@ def test_a_connection_the_database_dropped_is_an_error_once_then_connected_again
 
     answers = asyncio.run(request_path())
     assert answers[-1] is not None and answers[-1] != "error" and answers.count("error") <= 1
+
+
+def test_a_version_3_database_gets_the_rationale_column_and_keeps_its_entries(postgres_database):
+    """Version 3 (before CoT rationales were kept) as the same tables without the column: opening it adds the
+    column, the entries stay, and new answers keep their rationale."""
+    cache = open_cache(postgres_database)
+    cache.put(*API, {"name": "Messi"}, "", "real Messi", "real")
+    cache.close()
+    with psycopg.connect(postgres_database, autocommit=True) as db:
+        db.execute("ALTER TABLE entries DROP COLUMN rationale")
+        db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    cache = open_cache(postgres_database)
+    (old,) = cache.rows()
+    assert (json.loads(old.observation)["response"], old.rationale) == ("real Messi", "")
+    async def store_one_with_a_rationale() -> None:
+        await cache.store(Entry(*API, '{"name":"Kaka"}', "", "A", 0, '{"name":"Kaka"}', "",
+                                '{"error":"","response":"Kaka"}', "simulated:A", 2.0, rationale="why"))
+        assert {e.arguments: e.rationale for e in cache.rows()} == {'{"name":"Messi"}': "", '{"name":"Kaka"}': "why"}
+        await cache.aclose()
+
+    asyncio.run(store_one_with_a_rationale())
+    with psycopg.connect(postgres_database) as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)

@@ -39,7 +39,7 @@ from typing import Any
 
 from mirrorapi.records import canonical_json, observation_json
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 REAL = "real"
 IMPORTED = "imported:"  # + origin (the folder or file name the entries came from)
 SIMULATED = "simulated:"  # + the simulator identity
@@ -50,7 +50,7 @@ IMPORT_PAUSE_SECONDS = 0.002  # between slices, so that a waiting writer gets th
 HIT_FLUSH_ROWS = 500  # hit counts written per transaction by a server (about a millisecond)
 # The columns of an entry, in the order `Entry` holds them and `rows()` / `put_entries` copy them.
 ENTRY_COLUMNS = ("category", "tool", "api", "arguments", "history", "identity", "steps", "arguments_as_sent",
-                 "error", "observation", "provenance", "created", "hits")
+                 "error", "observation", "provenance", "created", "hits", "rationale")
 
 
 class CacheError(Exception):
@@ -90,6 +90,7 @@ class Entry:
     provenance: str
     created: float
     hits: int = 0
+    rationale: str = ""  # CoT mode: the simulator's reasoning behind a simulated answer (never served)
 
     @property
     def call(self) -> Call:

@@ -80,6 +80,7 @@ _TABLES = (
         provenance TEXT NOT NULL,
         created DOUBLE PRECISION NOT NULL,
         hits BIGINT NOT NULL DEFAULT 0,
+        rationale TEXT NOT NULL DEFAULT '',  -- CoT mode: the simulator's reasoning (kept, never served)
         UNIQUE (call, identity))""",
     # Few-shot examples and the removal of simulated answers a recording shadows look an API's rows up.
     "CREATE INDEX IF NOT EXISTS entries_api ON entries (category, tool, api)",
@@ -136,7 +137,7 @@ def _keys(call: Call) -> tuple[bytes, ...]:
 def _row(entry: Entry) -> tuple:
     return (entry.call.digest(), entry.category, entry.tool, entry.api, entry.arguments, entry.history,
             entry.identity, entry.steps, entry.arguments_as_sent, entry.error, entry.observation, entry.provenance,
-            entry.created, entry.hits)
+            entry.created, entry.hits, entry.rationale)
 
 
 def session_key(session_id: str) -> bytes:
@@ -243,6 +244,9 @@ class PostgresCache(SqlCache):
                     for statement in _TABLES[1:]:
                         self._db.execute(statement)
                     self._db.execute("INSERT INTO meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),))
+                elif version == 3:  # version 4 keeps a CoT-mode simulation's rationale beside its answer
+                    self._db.execute("ALTER TABLE entries ADD COLUMN IF NOT EXISTS rationale TEXT NOT NULL DEFAULT ''")
+                    self._db.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
         except self._errors as exc:
             raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
 

@@ -65,7 +65,8 @@ CREATE TABLE {name} (
     error TEXT NOT NULL,
     observation TEXT NOT NULL,            -- the whole {{"error", "response"}} answer, compact JSON
     provenance TEXT NOT NULL,             -- real | imported:<origin> | simulated:<identity>
-    created REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0)
+    created REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0,
+    rationale TEXT NOT NULL DEFAULT '')   -- CoT mode: the simulator's reasoning (kept, never served)
 """
 # A rowid table and a narrow unique index, not a WITHOUT ROWID table: its b-tree would carry the rows
 # (a kilobyte each) between the keys; the narrow index makes a random lookup a third faster (8 -> 5 us).
@@ -88,8 +89,9 @@ _ENTRIES_V2 = ("CREATE TABLE {name} (category TEXT NOT NULL, tool TEXT NOT NULL,
                "PRIMARY KEY (category, tool, api, arguments, identity)) WITHOUT ROWID")  # version 2, for migrating 1
 
 
-_COLUMNS = "category, tool, api, arguments, history, identity, steps, arguments_as_sent, error, observation, " \
-           "provenance, created, hits"
+_COLUMNS_V3 = "category, tool, api, arguments, history, identity, steps, arguments_as_sent, error, observation, " \
+              "provenance, created, hits"
+_COLUMNS = _COLUMNS_V3 + ", rationale"
 
 
 def _migrate_1_to_2(db: sqlite3.Connection) -> None:
@@ -110,22 +112,30 @@ def _migrate_2_to_3(db: sqlite3.Connection) -> None:
     """Version 2 kept answers given inside sessions in a table of their own (`session_entries`); version 3
     keys every answer by its call and the session history ('' outside a session), in one table."""
     db.execute(_ENTRIES.format(name="entries_v3"))
-    db.execute(f"INSERT INTO entries_v3 ({_COLUMNS}) SELECT category, tool, api, arguments, '', identity, 0, "
+    db.execute(f"INSERT INTO entries_v3 ({_COLUMNS_V3}) SELECT category, tool, api, arguments, '', identity, 0, "
                "arguments_as_sent, error, observation, provenance, created, hits FROM entries")
     if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'session_entries'").fetchone():
-        db.execute(f"INSERT INTO entries_v3 ({_COLUMNS}) SELECT category, tool, api, arguments, history, identity, "
+        db.execute(f"INSERT INTO entries_v3 ({_COLUMNS_V3}) SELECT category, tool, api, arguments, history, identity, "
                    "steps, arguments, error, observation, provenance, created, 0 FROM session_entries")
         db.execute("DROP TABLE session_entries")
     db.execute("DROP TABLE entries")
     db.execute("ALTER TABLE entries_v3 RENAME TO entries")
 
 
-_MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}  # version n -> n + 1, all in one transaction at open
+def _migrate_3_to_4(db: sqlite3.Connection) -> None:
+    """Version 4 keeps a CoT-mode simulation's rationale beside its answer (a table migrated from version 2 has
+    the column already: version 3's table is built from today's definition)."""
+    if "rationale" not in {row[1] for row in db.execute("PRAGMA table_info(entries)")}:
+        db.execute("ALTER TABLE entries ADD COLUMN rationale TEXT NOT NULL DEFAULT ''")
 
-_INSERT = f"INSERT OR IGNORE INTO entries ({_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+
+_MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}  # version n -> n + 1, all in one transaction at open
+
+_INSERT = (f"INSERT OR IGNORE INTO entries ({_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+           "?13, ?14)")
 # A simulated answer is not stored where a recorded one exists (it would never be served)...
 _INSERT_SIMULATED = (f"INSERT OR IGNORE INTO entries ({_COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-                     "?11, ?12, ?13 WHERE NOT EXISTS (SELECT 1 FROM entries WHERE category = ?1 AND tool = ?2 AND "
+                     "?11, ?12, ?13, ?14 WHERE NOT EXISTS (SELECT 1 FROM entries WHERE category = ?1 AND tool = ?2 AND "
                      "api = ?3 AND arguments = ?4 AND history = '' AND identity = '')")
 # ... and a recorded answer replaces every simulated answer of the same call. The first recording stays.
 _DROP_SHADOWED = "DELETE FROM entries WHERE category = ? AND tool = ? AND api = ? AND arguments = ? AND identity != ''"
@@ -172,7 +182,8 @@ def _write_entries(db: sqlite3.Connection, entries: Iterable[Entry]) -> int:
     stored = 0
     for entry in entries:
         row = (entry.category, entry.tool, entry.api, entry.arguments, entry.history, entry.identity, entry.steps,
-               entry.arguments_as_sent, entry.error, entry.observation, entry.provenance, entry.created, entry.hits)
+               entry.arguments_as_sent, entry.error, entry.observation, entry.provenance, entry.created, entry.hits,
+               entry.rationale)
         if entry.identity:  # simulated
             stored += db.execute(_INSERT_SIMULATED, row).rowcount
         else:
