@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirrorapi.command_line import add_settings_arguments, settings_from_args
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.evaluation.answers.items import group_order, load_answers, render_steps
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
@@ -38,6 +39,7 @@ from mirrorapi.prompts.judge_formats import extract_final_answer, parse_tooleyes
 
 CAPABILITIES = ("s_FA", "s_IC", "s_BP", "s_TS", "s_AO")
 FINISH = "Finish"
+TOOLEYES_MAX_TOKENS = 64  # a verdict is five short lines; the judge's general default (256) lets a CPU judge ramble
 
 
 @dataclass
@@ -237,20 +239,18 @@ def parser(doc: str | None = None):
     p.add_argument("--answers", required=True,
                    help="Converted answers: <model>/<group>.json (eval/run_agent.py --out).")
     p.add_argument("--out", required=True, type=Path, help="Output folder for tooleyes.md, .json and rows.")
-    p.add_argument("--base-url", nargs="+", metavar="URL",
-                   help="The judge's /v1 URL(s); without: rule-based parts only.")
-    p.add_argument("--model", help="The judge's model name on that engine.")
-    p.add_argument("--api-key", default="EMPTY")
-    p.add_argument("--concurrency", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=64, help="Tokens per judge output (five short lines).")
-    p.add_argument("--timeout", type=float, default=120.0)
+    judge = p.add_argument_group("the judge (without --base-url: the rule-based parts only)")
+    # The judge's flags are JudgeSettings' fields, all but the token cap: a ToolEyes verdict is five short lines.
+    add_settings_arguments(judge, JudgeSettings, required=False, exclude=("max_tokens",))
+    judge.add_argument("--max-tokens", type=int, default=TOOLEYES_MAX_TOKENS,
+                       help=f"Tokens per judge output (five short lines; default {TOOLEYES_MAX_TOKENS}).")
     return p
 
 
 def judge_from(args) -> JudgeSettings | None:
-    if not args.base_url:
+    """The judge of the command line, or None (rule-based parts only); ValueError (SettingsError) if unusable."""
+    if not args.base_urls:
         return None
     if not args.model:
         raise ValueError("--base-url needs --model (the judge's model name)")
-    return JudgeSettings(base_urls=args.base_url, model=args.model, api_key=args.api_key,
-                         concurrency=args.concurrency, max_tokens=args.max_tokens, timeout=args.timeout)
+    return settings_from_args(args, JudgeSettings)
