@@ -259,8 +259,7 @@ def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
     args = apibank.parser(usage).parse_args(argv)
     try:
         if args.write_pairs:
-            dialogues = [d for level in args.levels for d in apibank.load_dialogues(args.data, level)]
-            count = apibank.write_recorded_pairs(dialogues, apibank.tools_of(args.tools), args.write_pairs)
+            count = apibank.write_pairs_from(args)
             print(f"{count} recorded calls -> {args.write_pairs}")
             return 0
         settings = apibank.settings_from(args)

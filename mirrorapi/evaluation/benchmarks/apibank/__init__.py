@@ -63,6 +63,7 @@ from mirrorapi.evaluation.benchmarks.apibank.scoring import (
     rouge_l,
     settings_from,
     summarize,
+    write_pairs_from,
     write_report,
 )
 
@@ -71,4 +72,4 @@ __all__ = ["CALL_INSTRUCTION", "CATEGORY", "LEVELS", "LEVEL_NAMES", "RESPONSE_IN
            "json_value", "load_descriptions", "load_dialogues", "parameter_types", "parse_call", "parser",
            "recorded_results", "report_data", "report_lines", "report_markdown", "report_section", "rouge_l",
            "samples_of", "settings_from", "summarize", "tools_of", "truth_result", "typed_arguments",
-           "write_recorded_pairs", "write_report"]
+           "write_pairs_from", "write_recorded_pairs", "write_report"]

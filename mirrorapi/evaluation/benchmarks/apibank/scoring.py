@@ -5,14 +5,22 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from tqdm import tqdm
 
+from mirrorapi.command_line import Flag, add_settings_arguments, settings_fields, settings_from_args, settings_values
 from mirrorapi.engine_client import EngineClient, EngineError
-from mirrorapi.evaluation.benchmarks.apibank.execution import VirtualApiBank, recorded_results, tools_of, truth_result
+from mirrorapi.evaluation.benchmarks.apibank.execution import (
+    VirtualApiBank,
+    recorded_results,
+    tools_of,
+    truth_result,
+    write_recorded_pairs,
+)
 from mirrorapi.evaluation.benchmarks.apibank.rules import call_is_correct, parse_call
 from mirrorapi.evaluation.benchmarks.apibank.samples import (
     LEVEL_NAMES,
@@ -35,21 +43,29 @@ def rouge_l(reference: str, prediction: str) -> float:
     return rouge_scorer.RougeScorer(["rougeL"]).score(reference, prediction)["rougeL"].fmeasure
 
 
-@dataclass
+@pydantic_dataclass
 class Settings:
-    data: Path
-    tools_folder: Path
-    server: str
-    base_urls: list[str]
-    model: str
-    api_key: str = "EMPTY"
-    levels: tuple[int, ...] = (1, 2)
-    temperature: float = 0.0
-    max_tokens: int = 256
-    concurrency: int = 4
-    limit: int | None = None  # dialogues per level
-    timeout: float = 600.0  # per model call: a CPU engine answers one at a time, the others wait in its queue
-    out: Path | None = None  # rows are appended to <out>/samples.jsonl as they come; a rerun keeps the done ones
+    """An API-Bank run; each field but `out` and `progress` is also a flag of eval/apibank.py (`--<field>`)."""
+
+    server: str = Field(description="The virtual server's /virtual URL, e.g. http://127.0.0.1:8080/virtual.")
+    base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(
+        description="The model's OpenAI-compatible /v1 URL(s).")
+    model: str = Field(description="The model name the engine serves.")
+    data: Path = Field(default=Path("data/apibank"), description="API-Bank dialogues (data/apibank).")
+    tools_folder: Annotated[Path, Flag("tools")] = Field(default=Path("data/samples/tools"), description=(
+        "The tools folder the server serves; its APIBank/ category names the tools."))
+    api_key: str = Field(default="EMPTY", description="API key of the model's engine.")
+    levels: Annotated[tuple[int, ...], Flag(choices=tuple(sorted(LEVELS)))] = Field(
+        default=tuple(sorted(LEVELS)), description="API-Bank levels: 1 (Call), 2 (Retrieve+Call).")
+    temperature: float = Field(default=0.0, ge=0, description="Sampling temperature of the model.")
+    max_tokens: int = Field(default=256, ge=1, description="Tokens per model output.")
+    concurrency: int = Field(default=4, ge=1, description=(
+        "Model calls in flight (a CPU engine answers one at a time: 1 there)."))
+    limit: int | None = Field(default=None, ge=1, description="Only the first N dialogues of each level.")
+    timeout: float = Field(default=600.0, gt=0, description=(
+        "Seconds per model call (queueing included: a CPU engine answers one at a time, the others wait)."))
+    # Rows are appended to <out>/samples.jsonl as they come; a rerun keeps the done ones (None: no file).
+    out: Path | None = None
     progress: bool = True
 
     def signature(self) -> dict:
@@ -257,33 +273,27 @@ def parser(doc: str | None = None):
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
-    p.add_argument("--data", type=Path, default=Path("data/apibank"), help="API-Bank dialogues (data/apibank).")
-    p.add_argument("--tools", type=Path, default=Path("data/samples/tools"),
-                   help="The tools folder the server serves; its APIBank/ category names the tools.")
     p.add_argument("--write-pairs", type=Path, metavar="FILE",
                    help="Only write API-Bank's recorded calls as pairs JSONL (for `mirrorapi cache import`), then exit.")
-    p.add_argument("--server", help="The virtual server's /virtual URL, e.g. http://127.0.0.1:8080/virtual.")
-    p.add_argument("--base-url", action="append", dest="base_urls", help="The model's OpenAI-compatible /v1 URL.")
-    p.add_argument("--model", help="The model name the engine serves.")
-    p.add_argument("--api-key", default="EMPTY")
-    p.add_argument("--levels", type=int, nargs="+", choices=sorted(LEVELS), default=sorted(LEVELS))
-    p.add_argument("--limit", type=int, help="Only the first N dialogues of each level.")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--concurrency", type=int, default=4,
-                   help="Model calls in flight (a CPU engine answers one at a time: 1 there).")
-    p.add_argument("--timeout", type=float, default=600.0, help="Seconds per model call (queueing included).")
+    add_settings_arguments(p, Settings, required=False, exclude=("out", "progress"))
     p.add_argument("--out", type=Path, default=Path("runs/apibank"),
                    help="Report folder; samples.jsonl there grows as samples are scored, and a rerun resumes.")
     return p
 
 
+def write_pairs_from(args) -> int:
+    """`--write-pairs FILE`: API-Bank's recorded calls of the chosen levels as pairs JSONL; how many."""
+    given = settings_values(args, Settings)
+    defaults = {name: field.default for name, field in settings_fields(Settings).items() if not field.is_required()}
+    data, tools, levels = (given.get(name, defaults[name]) for name in ("data", "tools_folder", "levels"))
+    dialogues = [d for level in levels for d in load_dialogues(Path(data), level)]
+    return write_recorded_pairs(dialogues, tools_of(Path(tools)), args.write_pairs)
+
+
 def settings_from(args) -> Settings:
+    """The run of the command line; ValueError (SettingsError: one line naming the flag) if unusable."""
     missing = [flag for flag, value in (("--server", args.server), ("--base-url", args.base_urls),
                                         ("--model", args.model)) if not value]
     if missing:
         raise ValueError(f"missing {', '.join(missing)} (or give --write-pairs FILE)")
-    return Settings(data=args.data, tools_folder=args.tools, server=args.server, base_urls=args.base_urls,
-                    model=args.model, api_key=args.api_key, levels=tuple(args.levels), temperature=args.temperature,
-                    max_tokens=args.max_tokens, concurrency=args.concurrency, limit=args.limit,
-                    timeout=args.timeout, out=args.out)
+    return settings_from_args(args, Settings, out=args.out)
