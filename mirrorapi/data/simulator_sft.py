@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from mirrorapi.data.splits import split_episodes
 from mirrorapi.data.transport_failures import in_band_error, transport_failure
-from mirrorapi.few_shot import candidate_pool, select_examples
+from mirrorapi.few_shot import candidate_pool, select_examples, shrink_response
 from mirrorapi.prompts import (
     COT_FORMAT,
     COT_RATIONALE_KEY,
@@ -67,6 +67,8 @@ class SimulatorDataOptions:
     system_prompt: str | None = None  # required by the `stabletoolbench` formats (the released model's own)
     few_shot: int = 0  # real examples of the same API in each prompt, chosen as the server chooses them
     few_shot_char_budget: int = 2048
+    few_shot_response_chars: int = 0  # the server's few_shot_response_chars: examples' responses shrunk to this
+    target_response_chars: int = 0  # long real responses shrunk to this in the targets (0: cut at the server's budget)
     ood_fraction: float = 0.05  # share of distinct APIs held out entirely (test_ood)
     id_fraction: float = 0.05  # share of the remaining episodes held out (test_id)
     seed: int = 42
@@ -85,8 +87,9 @@ class SimulatorDataOptions:
             raise ValueError(f"prompt format {self.prompt_format!r} needs a system prompt file")
         if self.prompt_format == COT_FORMAT:
             check_cot_system_prompt(self.system_prompt or "")
-        if self.few_shot < 0:
-            raise ValueError(f"few_shot must be >= 0, got {self.few_shot}")
+        for name in ("few_shot", "few_shot_response_chars", "target_response_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("ood_fraction", "id_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -116,7 +119,7 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
             dropped["duplicate" if seen[key] == observation else "duplicate_conflicting"] += 1
             continue
         seen[key] = observation
-        cut = truncate_response(response)
+        cut = truncate_response(shrink_response(response, options.target_response_chars))
         truncated += cut is not response
         kind = "error" if error else "in_band_error" if in_band_error(response) else "success"
         kept_kinds[kind] += 1
@@ -200,7 +203,7 @@ def _example_picker(kept: list[tuple], train: list[int], options: SimulatorDataO
     def pick(index: int) -> list[tuple[dict, dict]]:
         doc, arguments = kept[index][0], kept[index][1]
         return select_examples(pools.get((doc.category, doc.tool, doc.api), []), arguments, options.few_shot,
-                               options.few_shot_char_budget)
+                               options.few_shot_char_budget, options.few_shot_response_chars)
     return pick
 
 

@@ -64,6 +64,7 @@ from demo.report import (
     parse_counts,
     write_report,
 )
+from mirrorapi.data.simulator_sft import SimulatorDataOptions
 from mirrorapi.evaluation.judging import JudgeSettings
 from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
 from mirrorapi.models.get import get_base_model
@@ -105,6 +106,8 @@ class Sizes:
     # Real examples of the same API in the trained simulators' prompts (data and server alike) and their budget.
     simulator_few_shot: int = 0
     simulator_few_shot_chars: int = 2048
+    simulator_few_shot_response_chars: int = 0  # each example's response shrunk to this (0: whole)
+    target_response_chars: int = 0  # training targets of long real responses shrunk to this (0: whole)
     hits: int = 3  # one per source
     misses: int = 2
     heldout_calls: int = 40
@@ -265,14 +268,20 @@ class Demo:
                     say(f"{kind}: step {step}/{total}, loss {loss} ({now - began:.0f} s)")
         return on_line
 
+    @property
+    def trained_shots(self) -> tuple[int, int, int]:
+        """The few-shot settings the trained simulators were trained with: (k, char budget, response chars)."""
+        return (self.sizes.simulator_few_shot, self.sizes.simulator_few_shot_chars,
+                self.sizes.simulator_few_shot_response_chars)
+
     def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None,
-                      few_shot: int = 0, few_shot_chars: int = 2048) -> Path:
+                      few_shot: tuple[int, int, int] = (0, 2048, 0)) -> Path:
         """`<run>/<name>.yml` for `serving/main_mirrorapi.py`; its request lines go to `logs/<name>-requests.jsonl`."""
         config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
                   else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
                   "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
-                  "max_tokens": 512, "engine_timeout": 120, "prompt_format": self.prompt_format, "few_shot": few_shot,
-                  "few_shot_char_budget": few_shot_chars}
+                  "max_tokens": 512, "engine_timeout": 120, "prompt_format": self.prompt_format, "few_shot": few_shot[0],
+                  "few_shot_char_budget": few_shot[1], "few_shot_response_chars": few_shot[2]}
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return path
@@ -282,8 +291,11 @@ class Demo:
         source = choose_data(self.options.shared)
         say(f"from {source.description}")
         self.code = code_version()
-        self.data = build_data(self.build, source, self.code, self.prompt_format, self.sizes.simulator_few_shot,
-                               self.sizes.simulator_few_shot_chars)
+        self.data = build_data(self.build, source, self.code, SimulatorDataOptions(
+            prompt_format=self.prompt_format, few_shot=self.sizes.simulator_few_shot,
+            few_shot_char_budget=self.sizes.simulator_few_shot_chars,
+            few_shot_response_chars=self.sizes.simulator_few_shot_response_chars,
+            target_response_chars=self.sizes.target_response_chars))
         s = self.data.summary
         say(("reused " if self.data.reused else "built ") + shown(self.data.folder))
         say(f"{s['pairs']} real pairs (" + ", ".join(f"{n} {k}" for k, n in s["by_source"].items() if k != "total")
@@ -319,7 +331,7 @@ class Demo:
         say(f"simulator engine: {self.engine.name} on {shown(self.simulator)} answers at {self.engine.base_url} "
             f"(pid {self.engine.process.pid})")
         config = self.server_config("server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache,
-                                    self.sizes.simulator_few_shot, self.sizes.simulator_few_shot_chars)
+                                    self.trained_shots)
         self.server = self.stack.enter_context(virtual_server(config, self.logs / "server.log"))
         health = httpx.get(self.server + "/health", timeout=10).json()
         say(f"virtual server: {self.server}/virtual (settings: {shown(config)}); {health['tools']['apis']} APIs of "
@@ -344,14 +356,14 @@ class Demo:
         heldout = self.run_dir / "heldout.jsonl"
         chosen = select_heldout(self.data.test_pairs, self.sizes.heldout_calls)
         heldout.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen), encoding="utf-8")
-        trained_shots = (self.sizes.simulator_few_shot, self.sizes.simulator_few_shot_chars)
+        trained_shots = self.trained_shots
         self.fidelity_run("fidelity", self.engine, heldout, baseline=True, few_shot=trained_shots)
         self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
         self.report["fidelity_constant"] = constant_answer_metrics(chosen, self.data.source.tools)
         if self.sizes.real:
             self.stack.close()  # one engine at a time: the machine's cores go to the one being measured
             others = self.report["fidelity_others"] = {}
-            for side, folder, few_shot in (("base_few_shot", self.base, (self.sizes.few_shot, 2048)),
+            for side, folder, few_shot in (("base_few_shot", self.base, (self.sizes.few_shot, 2048, 0)),
                                            ("tiny", self.tiny_simulator, trained_shots)):
                 with cpu_engine_serve(folder, log_path=self.logs / f"{side}-engine.log", timeout=180) as engine:
                     say(f"{side.replace('_', ' ')}: {engine.name} on {shown(folder)} answers at {engine.base_url}")
@@ -382,13 +394,13 @@ class Demo:
         self.agent_run(judge)
 
     def fidelity_run(self, name: str, engine, heldout: Path, baseline: bool = False,
-                     few_shot: tuple[int, int] = (0, 2048)) -> Path:
+                     few_shot: tuple[int, int, int] = (0, 2048, 0)) -> Path:
         """`eval/simulator.py` on the held-out calls through a virtual server of its own on `engine`, into
         `<run>/<name>/`. Its cache starts empty; with `few_shot`, it holds the training calls' real responses
         (the examples the simulator is shown; never a held-out call: the splits keep episodes apart)."""
         out = self.run_dir / name
         config = self.server_config(f"{name}-server.yml", engine, self.run_dir / f"{name}-cache.sqlite",
-                                    self.data.stb_cache if few_shot[0] else None, *few_shot)
+                                    self.data.stb_cache if few_shot[0] else None, few_shot)
         with virtual_server(config, self.logs / f"{name}-server.log") as url:
             cache = f"cache of the training calls, few_shot {few_shot[0]}" if few_shot[0] else "empty cache"
             say(f"a virtual server for the held-out calls ({cache}): {url}")
