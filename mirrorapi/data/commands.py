@@ -62,6 +62,14 @@ def simulator_sft_parser(usage: str) -> argparse.ArgumentParser:
     parser.add_argument("--system-prompt-file", help="System prompt for the stabletoolbench formats.")
     parser.add_argument("--few-shot", type=int, default=0,
                         help="Real examples of the same API per prompt; match the server's `few_shot` setting.")
+    parser.add_argument("--few-shot-char-budget", type=int, default=2048,
+                        help="Most characters of examples per prompt; match the server's `few_shot_char_budget`.")
+    parser.add_argument("--few-shot-response-chars", type=int, default=0,
+                        help="Shrink each example's response to about this many characters, JSON kept valid (0: "
+                             "whole); match the server's `few_shot_response_chars`.")
+    parser.add_argument("--target-response-chars", type=int, default=0,
+                        help="Shrink the training targets of longer real responses to about this many characters, "
+                             "JSON kept valid, so their records fit max_length (0: whole, cut at 2,048 characters).")
     parser.add_argument("--history", type=int, default=0, metavar="K",
                         help="Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, "
                              "chosen automatically); match the server's `session_history`.")
@@ -86,7 +94,8 @@ def build_simulator_sft_command(argv: list[str] | None, usage: str) -> int:
     try:
         system_prompt = open(args.system_prompt_file, encoding="utf-8").read() if args.system_prompt_file else None
         prompt_format = SESSION_FORMAT if args.history and args.prompt_format == "mirrorapi-v1" else args.prompt_format
-        options = SimulatorDataOptions(prompt_format, system_prompt, args.few_shot,
+        options = SimulatorDataOptions(prompt_format, system_prompt, args.few_shot, args.few_shot_char_budget,
+                                       args.few_shot_response_chars, args.target_response_chars,
                                        ood_fraction=args.ood_fraction, id_fraction=args.id_fraction, seed=args.seed,
                                        history=args.history, history_char_budget=args.history_char_budget)
         options.check()
