@@ -284,7 +284,8 @@ class Demo:
         config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
                   else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
                   "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
-                  "max_tokens": max_tokens, "engine_timeout": 120, "prompt_format": self.prompt_format, "few_shot": few_shot[0],
+                  "max_tokens": max_tokens, "engine_timeout": 120, "prompt_format": self.prompt_format,
+                  "few_shot": few_shot[0],
                   "few_shot_char_budget": few_shot[1], "few_shot_response_chars": few_shot[2]}
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

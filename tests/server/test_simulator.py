@@ -73,7 +73,8 @@ def test_long_examples_are_shown_shrunk_not_skipped():
     pool = [(canonical_json(long_call), json.dumps({"error": "", "response": json.dumps(flights)})),
             (canonical_json({"origin": "LAX"}), json.dumps({"error": "", "response": "[]"}))]
     request = {"origin": "JFK", "destination": "SEA", "date": "2024-05-17"}
-    assert [a for a, _ in select_examples(pool, request, k=1, char_budget=600)] == [{"origin": "LAX"}]  # whole: skipped
+    whole = select_examples(pool, request, k=1, char_budget=600)
+    assert [a for a, _ in whole] == [{"origin": "LAX"}]  # shown whole, the nearest call does not fit: skipped
     (arguments, observation), = select_examples(pool, request, k=1, char_budget=600, response_chars=400)
     assert arguments == long_call
     shown = json.loads(observation["response"])  # still JSON: the first flights, whole
