@@ -29,9 +29,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mirrorapi.evaluation.agent import AgentSettings, run_agent_async  # noqa: E402
-from mirrorapi.processes import free_port, stop, wait_until_ready  # noqa: E402
+from mirrorapi.evaluation.agent.run import run_agent_async  # noqa: E402
+from mirrorapi.evaluation.agent.settings import AgentSettings
 from mirrorapi.testing.fake_engines import stub_engine_process  # noqa: E402
+from mirrorapi.testing.processes import free_port, stop, wait_until_ready  # noqa: E402
 from mirrorapi.versions import package_versions  # noqa: E402
 
 SAMPLES = REPO / "data" / "samples"
@@ -43,7 +44,7 @@ TARGETS = {"runner_cpu_ms_per_step": 2.0, "peak_queries_in_flight": 64}
 def _agent_engine(port: int) -> None:
     import uvicorn
 
-    from mirrorapi.evaluation.recorded_agent import RecordedAgent, load_recordings
+    from mirrorapi.testing.recorded_agent import RecordedAgent, load_recordings
 
     agent = RecordedAgent(load_recordings([STB / "data_example" / "answer" / "virtual_chatgpt_cot"]), latency=LATENCY)
     uvicorn.run(agent.app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)

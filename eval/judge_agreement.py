@@ -11,11 +11,12 @@ done, 1 some judge calls failed (rerun to retry them), 2 bad input or an unreach
 
 import sys
 
-from mirrorapi.evaluation.commands import judge_agreement_command
+from mirrorapi.command_line import run_script
+from mirrorapi.evaluation.commands import JUDGE_AGREEMENT
 
 
 def main(argv: list[str] | None = None) -> int:
-    return judge_agreement_command(argv, __doc__)
+    return run_script(JUDGE_AGREEMENT, argv, __doc__, "judge_agreement.py")
 
 
 if __name__ == "__main__":

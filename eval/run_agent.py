@@ -8,32 +8,15 @@ No tool calls through the engine (e.g. SmolLM2)? `--prompt-format agent-react-v1
 Writes raw answers `<out>/answer/<group>/<qid>_<method>.json` and converted `<out>/<group>.json`
 (`eval/fac.py --answers <out>`). Reruns skip finished queries. Exit: 0 done, 1 queries failed, 2 bad input.
 """
-import argparse
+
 import sys
 
-from mirrorapi.evaluation.agent import AgentRunError, AgentSettings, run_agent
-from mirrorapi.evaluation.cli_args import add_agent_arguments, agent_settings_from
+from mirrorapi.command_line import run_script
+from mirrorapi.evaluation.commands import RUN_AGENT
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    add_agent_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        settings: AgentSettings = agent_settings_from(args)
-        run = run_agent(args.queries, settings, args.out, tools=args.tools, progress=not args.no_progress,
-                        limit=args.limit)
-    except (AgentRunError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{run.done} queries answered, {run.skipped} done before, {len(run.failures)} failed "
-          f"({run.seconds:.1f} s); converted: {', '.join(str(p) for p in run.converted.values()) or 'none'}")
-    if run.failures:
-        print(f"incomplete: {len(run.failures)} queries failed (listed above); rerun the same command to retry them",
-              file=sys.stderr)
-        return 1
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    return run_script(RUN_AGENT, argv, __doc__, "run_agent.py")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,12 @@ measured instead of the simulator. Calls of an episode are sent in `step` order.
 
 import sys
 
-from mirrorapi.evaluation.commands import fidelity_command
+from mirrorapi.command_line import run_script
+from mirrorapi.evaluation.commands import FIDELITY
 
 
 def main(argv: list[str] | None = None) -> int:
-    return fidelity_command(argv, __doc__)
+    return run_script(FIDELITY, argv, __doc__, "simulator.py")
 
 
 if __name__ == "__main__":

@@ -7,28 +7,15 @@ Answers are converted `<model>/<group>.json` files (eval/run_agent.py's --out). 
 (reused from a SoPR run in the same --out), then pairwise preferences (`sowr-v1`). Exit: 0 done,
 1 judge calls failed (rerun to retry), 2 bad input or an unreachable judge.
 """
+
 import sys
-from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import AnswersError
-from mirrorapi.evaluation.cli_args import judge_settings_from, sowr_parser
-from mirrorapi.evaluation.judging import JudgeRunError
-from mirrorapi.evaluation.sowr import run_sowr
+from mirrorapi.command_line import run_script
+from mirrorapi.evaluation.commands import SOWR
 
 
-def main(argv=None) -> int:
-    args = sowr_parser(__doc__).parse_args(argv)
-    try:
-        run = run_sowr(args.reference, args.candidate, args.ids, judge_settings_from(args), args.out,
-                       rounds=max(1, args.rounds), overwrite=args.overwrite, progress=not args.no_progress)
-    except (ValueError, AnswersError, JudgeRunError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print((Path(args.out) / "sowr.md").read_text(encoding="utf-8"))
-    if run.failures:
-        print(f"{len(run.failures)} judge call(s) failed, e.g. {run.failures[0]}; rerun to retry them.", file=sys.stderr)
-        return 1
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    return run_script(SOWR, argv, __doc__, "sowr.py")
 
 
 if __name__ == "__main__":

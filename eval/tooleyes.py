@@ -4,25 +4,17 @@
         --base-url http://127.0.0.1:12346/v1 --model judge
 
 --answers: converted answers (<model>/<group>.json, eval/run_agent.py's --out). Without --base-url only the
-rule-based parts (s_FA, tool reality) are scored. Formulas: mirrorapi/evaluation/tooleyes.py.
+rule-based parts (s_FA, tool reality) are scored. Formulas: mirrorapi/evaluation/benchmarks/tooleyes.py.
 Exit: 0 done, 1 some judge calls failed (their trajectories unrated), 2 bad input.
 """
+
 import sys
 
-from mirrorapi.evaluation import tooleyes
-from mirrorapi.evaluation.answer_files import AnswersError
+from mirrorapi.evaluation.commands import tooleyes_command
 
 
-def main(argv=None) -> int:
-    args = tooleyes.parser(__doc__).parse_args(argv)
-    try:
-        judge = tooleyes.judge_from(args)
-        result = tooleyes.score(args.answers, judge)
-    except (ValueError, AnswersError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(tooleyes.write_report(result, judge, args.out).read_text(encoding="utf-8"))
-    return 1 if result.unrated else 0
+def main(argv: list[str] | None = None) -> int:
+    return tooleyes_command(argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -376,3 +376,22 @@ def _model_ids(data: bytes) -> list[str] | None:
     if not isinstance(entries, list):
         return None
     return [str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e]
+
+
+# Requests in flight by engine (the `owned_by` of its /v1/models), for judges and agents; others get
+# DEFAULT_CONCURRENCY.
+ENGINE_CONCURRENCY = {"vllm": 16}
+DEFAULT_CONCURRENCY = 2
+
+
+async def engine_concurrency(engine: EngineClient) -> int:
+    """Requests in flight (a judge's calls, an agent's queries) when `--concurrency` is not given: what the
+    engine can work on at once.
+
+    vLLM batches requests, so 16 keep it busy. `transformers serve` generates one request at a time
+    on one thread and does not drop a request whose client gave up (non-streaming): 16 in flight on a
+    CPU queue up past the client's timeout, and the engine keeps generating the abandoned ones
+    (issue 15: 70 of 76 calls timed out, the next run found the engine still busy). Any engine not
+    known to batch gets 2: one generating, one queued behind it.
+    """
+    return ENGINE_CONCURRENCY.get(await engine.served_by() or "", DEFAULT_CONCURRENCY)

@@ -5,7 +5,9 @@
 - an observation `{"error", "response"}` as compact JSON: `observation_json`;
 - StableToolBench cache keys (Python reprs of the argument dict): `parse_repr_key`;
 - JSONL files: `read_jsonl` (the one reader), pairs JSONL (`read_pairs_jsonl`, the schema of
-  `../shared/data/pairs`) and StableToolBench `tool_response_cache` folders (`read_stabletoolbench_cache`).
+  `../shared/data/pairs`), labelled final answers (`read_labelled`, the schema of `../shared/data/judge`)
+  and StableToolBench `tool_response_cache` folders (`read_stabletoolbench_cache`);
+- a built dataset's statistics file: `STATS_FILE`.
 
 A record that cannot be read is reported to `on_bad(reason)` and skipped, never fatal; a file or
 folder that does not exist raises `SourceError`.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,9 @@ def observation_json(error: str, response: Any) -> str:
     simulator is trained to write (`mirrorapi-v1` targets): compact, UTF-8, `error` first."""
     return _COMPACT({"error": error, "response": response})
 
+
+# The statistics a data builder writes beside a dataset's splits (read back by training for the model card).
+STATS_FILE = "stats.json"
 
 PAIR_KEYS = ("source", "episode", "step", "category", "tool_name", "api_name", "tool_input", "response")
 
@@ -112,6 +117,31 @@ def _pair_problem(pair: Any) -> str | None:
     if not isinstance(response, dict) or "response" not in response or not isinstance(response.get("error"), str):
         return "response is not {error: str, response: ...}"
     return None
+
+
+JUDGE_KEYS = ("source", "id", "query", "final_answer", "label")
+
+
+def read_labelled(path: str | os.PathLike, on_bad: OnBad, labels: Collection[str] | None = None) -> Iterator[dict]:
+    """Labelled final answers, the judge schema of `../shared/data/judge` (JUDGE_KEYS, optionally `reason`,
+    `label_kind`): what the judge's training data is built from and judge agreement is measured on. A bad line
+    (or, with `labels`, a label outside them) goes to `on_bad` as `<file>:<line>: <reason>`."""
+    path = Path(path)
+    if not path.is_file():  # checked now, not when the first record is pulled
+        raise SourceError(f"labelled answers file not found: {path}")
+    return _labelled(path, on_bad, labels)
+
+
+def _labelled(path: Path, on_bad: OnBad, labels: Collection[str] | None) -> Iterator[dict]:
+    for number, record in read_jsonl(path, on_bad):
+        missing = [k for k in JUDGE_KEYS if not isinstance(record, dict) or not isinstance(record.get(k), str)]
+        if missing:
+            on_bad(f"{path.name}:{number}: missing or non-string " + ", ".join(missing))
+            continue
+        if labels is not None and record["label"] not in labels:
+            on_bad(f"{path.name}:{number}: label {record['label']!r} is not " + " or ".join(labels))
+            continue
+        yield record
 
 
 def read_stabletoolbench_cache(folder: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator[dict]:

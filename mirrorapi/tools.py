@@ -7,6 +7,10 @@ Sources, merged in the order given (the first doc of an API wins; later sources 
   `{"type": "function", "function": {...}}`), loaded as one tool.
 
 Names are resolved the way StableToolBench's clients send them (see `ToolRegistry.resolve`).
+
+Kept as one module near 400 lines on purpose: the doc types, the source readers and the resolver all work on
+the registry's indexes (by category, standardised tool and API name), and the compiled index
+(`tools_index`) already lives apart; splitting the class would spread one set of invariants over several files.
 """
 
 from __future__ import annotations

@@ -46,20 +46,20 @@ def _interrupt(signum, frame):
 
 def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
-    from demo.processes import child_environment
+    from demo_steps.child_processes import child_environment
 
     try:
         os.environ.update(child_environment(args.work_dir))  # before any Hugging Face library is imported
     except OSError as exc:
         print(f"demo.py: error: cannot use --work-dir {args.work_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    from demo.run import DemoError, DemoOptions, run_demo
+    from demo_steps.run import DemoError, DemoOptions, run_demo
     # Ctrl-C and `kill` stop the demo, even when it was started with SIGINT ignored (a background job).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    progress = logging.getLogger("demo")
+    progress = logging.getLogger("demo_steps")  # the demo_steps.* loggers
     progress.addHandler(handler)
     progress.setLevel(logging.INFO)
     progress.propagate = False

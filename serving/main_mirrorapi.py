@@ -9,22 +9,14 @@ an environment variable (`MIRRORAPI_TOOLS_FOLDER=A,B`); see `--help` and mirrora
 Point StableToolBench's agents at it: `SERVICE_URL=http://127.0.0.1:8080/virtual`.
 """
 
-import argparse
 import sys
 
-from mirrorapi.serving.app import STARTUP_ERRORS, serve
-from mirrorapi.serving.config import add_server_arguments, settings_from_args
+from mirrorapi.command_line import run_script
+from mirrorapi.serving.commands import SERVE
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="main_mirrorapi.py", description=__doc__.splitlines()[0], allow_abbrev=False)
-    args = add_server_arguments(parser).parse_args(argv)
-    try:
-        serve(settings_from_args(args))
-    except STARTUP_ERRORS as exc:  # a user's mistake: one line, exit status 2
-        print(f"main_mirrorapi.py: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_script(SERVE, argv, __doc__, "main_mirrorapi.py")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir, tmp_path_factory):
-    from mirrorapi.processes import transformers_serve
+    from mirrorapi.testing.processes import transformers_serve
 
     log = tmp_path_factory.mktemp("engine") / "transformers-serve.log"
     with transformers_serve(tiny_model_dir, log_path=log, timeout=180) as engine:
@@ -137,8 +137,9 @@ def simulator_sft_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def judge_sft_dir(tmp_path_factory) -> Path:
-    from mirrorapi.data.judge_sft import JUDGE_COLUMNS, build_judge_records, read_labelled
+    from mirrorapi.data.judge_sft import JUDGE_COLUMNS, build_judge_records
     from mirrorapi.data.simulator_sft import write_sft_dataset
+    from mirrorapi.records import read_labelled
 
     splits, stats = build_judge_records(read_labelled(SAMPLES / "judge.jsonl", lambda reason: None))
     return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "judge", splits, stats, JUDGE_COLUMNS)
@@ -155,7 +156,7 @@ def trained_simulator_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory) -
 
 @pytest.fixture(scope="session")
 def simulator_engine(trained_simulator_dir, tmp_path_factory):
-    from mirrorapi.processes import transformers_serve
+    from mirrorapi.testing.processes import transformers_serve
 
     log = tmp_path_factory.mktemp("engine") / "simulator-serve.log"
     with transformers_serve(trained_simulator_dir, log_path=log, timeout=180) as engine:
@@ -174,7 +175,7 @@ def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def judge_engine(trained_judge_dir, tmp_path_factory):
-    from mirrorapi.processes import transformers_serve
+    from mirrorapi.testing.processes import transformers_serve
 
     log = tmp_path_factory.mktemp("engine") / "judge-serve.log"
     with transformers_serve(trained_judge_dir, log_path=log, timeout=180) as engine:

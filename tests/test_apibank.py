@@ -1,4 +1,4 @@
-"""API-Bank levels 1-2 (mirrorapi/evaluation/apibank.py) against API-Bank's own dialogues and rules.
+"""API-Bank levels 1-2 (mirrorapi/evaluation/benchmarks/apibank.py) against API-Bank's own dialogues and rules.
 
 Expected values come from API-Bank (AlibabaResearch/DAMO-ConvAI api-bank/,
 commit 5c38bb7d1d78c7a7f12aa415d620d6305dbe2078):
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI, Request
 
-from mirrorapi.evaluation import apibank
-from mirrorapi.processes import free_port, serve_in_thread
+from mirrorapi.evaluation.benchmarks import apibank
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.cache import ResponseCache, import_pairs
 from mirrorapi.serving.config import ServerSettings
+from mirrorapi.testing.processes import free_port, serve_in_thread
 from mirrorapi.tools import ToolRegistry
 
 ROOT = Path(__file__).resolve().parents[1]

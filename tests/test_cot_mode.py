@@ -15,11 +15,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from mirrorapi.processes import free_port, serve_in_thread
-from mirrorapi.prompts import cot_rationale, parse_simulator_output, simulator_messages
+from mirrorapi.prompts.simulator_formats import simulator_messages
+from mirrorapi.prompts.simulator_output import cot_rationale, parse_simulator_output
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import ServerSettings, load_settings
 from mirrorapi.serving.simulator import Simulator, simulator_identity
+from mirrorapi.testing.processes import free_port, serve_in_thread
 from mirrorapi.tools import ToolRegistry
 
 COT_SYSTEM = """\

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from demo.run import QUICK, STEPS
+from demo_steps.run import QUICK, STEPS
 
 from mirrorapi.names import api_key_name
 from mirrorapi.records import canonical_json

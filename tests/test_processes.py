@@ -1,4 +1,4 @@
-"""mirrorapi.processes on real child processes and a real HTTP server on 127.0.0.1: the readiness poll
+"""mirrorapi.testing.processes on real child processes and a real HTTP server on 127.0.0.1: the readiness poll
 and the stop that escalates when a child ignores the polite signals (issue 15)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from mirrorapi.processes import ProcessExited, stop, wait_until_ready
+from mirrorapi.testing.processes import ProcessExited, stop, wait_until_ready
 
 # A child that says it is ready once its signal handlers are set, then sleeps. SIGINT and SIGTERM start at
 # their default action: a child of a shell job started in the background inherits SIGINT ignored.

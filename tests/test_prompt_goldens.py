@@ -9,7 +9,7 @@ code under test: a change to a format shows up here and needs a new format versi
   a blank line; `Request:`; the repr of the arguments in the agent's order without `toolbench_key`;
   no trailing newline. The request: seed 42, max_tokens 2048, no response_format.
 - `mirrorapi-v1`, `mirrorapi-v2`, `mirrorapi-session-v1`, `fac-v1`, `sopr-v1`: the layouts documented in
-  mirrorapi/prompts.py.
+  mirrorapi/prompts/.
 """
 
 import asyncio
@@ -17,7 +17,8 @@ import json
 
 import pytest
 
-from mirrorapi.prompts import history_line, judge_messages, simulator_messages
+from mirrorapi.prompts.judge_formats import judge_messages
+from mirrorapi.prompts.simulator_formats import history_line, simulator_messages
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ToolRegistry

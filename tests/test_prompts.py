@@ -4,16 +4,9 @@ import json
 
 import pytest
 
-from mirrorapi.prompts import (
-    RESPONSE_CHAR_BUDGET,
-    is_strict_observation,
-    judge_completion,
-    judge_messages,
-    parse_simulator_output,
-    parse_verdict,
-    simulator_messages,
-    truncate_response,
-)
+from mirrorapi.prompts.judge_formats import judge_completion, judge_messages, parse_verdict
+from mirrorapi.prompts.simulator_formats import RESPONSE_CHAR_BUDGET, simulator_messages, truncate_response
+from mirrorapi.prompts.simulator_output import is_strict_observation, parse_simulator_output
 from mirrorapi.records import canonical_json, observation_json, parse_repr_key
 from mirrorapi.tools import ToolRegistry
 

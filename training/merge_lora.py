@@ -7,27 +7,14 @@ Usage:
 `accelerate launch training/sft.py ... --merge true` does the same at the end of training.
 """
 
-import argparse
 import sys
 
+from mirrorapi.command_line import run_script
+from mirrorapi.training.commands import MERGE_LORA
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--adapter", required=True, help="Adapter folder (adapter_config.json).")
-    parser.add_argument("--out", required=True, help="Folder for the merged model.")
-    parser.add_argument("--base-model", help="Base model (default: the one recorded in the adapter).")
-    args = parser.parse_args(argv)
 
-    from mirrorapi.training.merge import merge_lora
-    from mirrorapi.training.recipe import RecipeError
-
-    try:
-        out = merge_lora(args.adapter, args.out, args.base_model)
-    except RecipeError as exc:
-        print(f"merge_lora.py: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"merged {args.adapter} -> {out}")
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    return run_script(MERGE_LORA, argv, __doc__, "merge_lora.py")
 
 
 if __name__ == "__main__":

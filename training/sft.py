@@ -9,23 +9,14 @@ can be given on the command line, which wins; `--help` lists them: mirrorapi's `
 one `sft.py: error:` line (status 2) before any model is loaded.
 """
 
-import logging
 import sys
 
-from mirrorapi.training.recipe import RecipeError, parse_recipe
-from mirrorapi.training.sft import run_sft
+from mirrorapi.command_line import run_script
+from mirrorapi.training.commands import SFT
 
 
-def cli(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        recipe, training_args, model_args = parse_recipe(argv)
-        run_sft(recipe, training_args, model_args, argv)
-    except RecipeError as exc:
-        print(f"sft.py: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+def cli(argv: list[str] | None = None) -> int:
+    return run_script(SFT, argv, __doc__, "sft.py")
 
 
 if __name__ == "__main__":

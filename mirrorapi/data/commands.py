@@ -1,7 +1,8 @@
-"""The data commands behind `data/build_simulator_sft.py` and `data/build_judge_sft.py`: flags, input
-checks, the build, the one-line JSON summary. The scripts hold their usage text and call these.
+"""The data stage's commands: `mirrorapi data build-simulator-sft | build-judge-sft`, which the scripts
+data/build_simulator_sft.py and data/build_judge_sft.py run alone (their docstring is their usage):
+flags, input checks, the build, the one-line JSON summary.
 
-Bad input is one line `<script>: error: ...` on stderr and exit status 2, with nothing written.
+Bad input is one line `<prog>: error: ...` on stderr and exit status 2, with nothing written.
 """
 
 from __future__ import annotations
@@ -10,27 +11,17 @@ import argparse
 import itertools
 import json
 import logging
-import sys
 import time
 
-from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records, read_labelled
+from mirrorapi.command_line import Command, add_group, add_settings_arguments, settings_from_args
+from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
-from mirrorapi.prompts import HISTORY_CHAR_BUDGET, SESSION_FORMAT, SIMULATOR_FORMATS
-from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
+from mirrorapi.prompts.simulator_formats import DEFAULT_SIMULATOR_FORMAT, SESSION_FORMAT
+from mirrorapi.records import SourceError, read_labelled, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import RegistryError, ToolRegistry
 
-SIMULATOR_SCRIPT, JUDGE_SCRIPT = "build_simulator_sft.py", "build_judge_sft.py"
-
-
-def _parser(usage: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(description=usage.splitlines()[0], epilog=usage,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-
-
-def _fail(script: str, message: str) -> int:
-    print(f"{script}: error: {message}", file=sys.stderr)
-    return 2
+USER_ERRORS = (SourceError, RegistryError, ValueError, OSError)
 
 
 def _summary(out: str, stats: dict, start: float, **extra) -> str:
@@ -46,8 +37,7 @@ def _note_unreadable(stats: dict, bad: list[str], inputs: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------- simulator
-def simulator_sft_parser(usage: str) -> argparse.ArgumentParser:
-    parser = _parser(usage)
+def simulator_sft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", nargs="+", default=[], help="Pair JSONL files (the schema of shared/data/pairs).")
     parser.add_argument("--stabletoolbench-cache", nargs="+", default=[], metavar="FOLDER",
                         help="StableToolBench cache folders (<cat>/<tool>_for_<cat>/<api>.json).")
@@ -56,56 +46,30 @@ def simulator_sft_parser(usage: str) -> argparse.ArgumentParser:
     parser.add_argument("--tools", nargs="+", default=[], metavar="SOURCE",
                         help="Tools folders / query files with the docs of the pairs' APIs.")
     parser.add_argument("--out", required=True, help="Output folder (replaced when the build succeeds).")
-    parser.add_argument("--prompt-format", default="mirrorapi-v1", choices=SIMULATOR_FORMATS,
-                        help="Simulator prompt format (mirrorapi/prompts.py); mirrorapi-v2 writes responses that hold "
-                             "JSON as JSON values, not escaped strings (the SmolLM2 recipes' data).")
     parser.add_argument("--system-prompt-file", help="System prompt for the stabletoolbench formats.")
-    parser.add_argument("--few-shot", type=int, default=0,
-                        help="Real examples of the same API per prompt; match the server's `few_shot` setting.")
-    parser.add_argument("--few-shot-char-budget", type=int, default=2048,
-                        help="Most characters of examples per prompt; match the server's `few_shot_char_budget`.")
-    parser.add_argument("--few-shot-response-chars", type=int, default=0,
-                        help="Shrink each example's response to about this many characters, JSON kept valid (0: "
-                             "whole); match the server's `few_shot_response_chars`.")
-    parser.add_argument("--target-response-chars", type=int, default=0,
-                        help="Shrink the training targets of longer real responses to about this many characters, "
-                             "JSON kept valid, so their records fit max_length (0: whole, cut at 2,048 characters).")
-    parser.add_argument("--history", type=int, default=0, metavar="K",
-                        help="Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, "
-                             "chosen automatically); match the server's `session_history`.")
-    parser.add_argument("--history-char-budget", type=int, default=HISTORY_CHAR_BUDGET,
-                        help="Most characters of history per prompt; match the server's `session_char_budget`.")
-    parser.add_argument("--ood-fraction", type=float, default=0.05, help="Share of APIs held out (test_ood).")
-    parser.add_argument("--id-fraction", type=float, default=0.05,
-                        help="Share of the other episodes held out (test_id).")
-    parser.add_argument("--seed", type=int, default=42)
-    return parser
+    add_settings_arguments(parser, SimulatorDataOptions, exclude=("system_prompt",))
 
 
-def build_simulator_sft_command(argv: list[str] | None, usage: str) -> int:
-    args = simulator_sft_parser(usage).parse_args(argv)
+def build_simulator_sft(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not (args.pairs or args.stabletoolbench_cache or args.alpaca):
-        return _fail(SIMULATOR_SCRIPT, "give at least one of --pairs, --stabletoolbench-cache, --alpaca")
+        raise ValueError("give at least one of --pairs, --stabletoolbench-cache, --alpaca")
     if (args.pairs or args.stabletoolbench_cache) and not args.tools:
-        return _fail(SIMULATOR_SCRIPT, "--pairs and --stabletoolbench-cache need --tools (the API docs)")
+        raise ValueError("--pairs and --stabletoolbench-cache need --tools (the API docs)")
     start = time.perf_counter()
     bad: list[str] = []
-    try:
-        system_prompt = open(args.system_prompt_file, encoding="utf-8").read() if args.system_prompt_file else None
-        prompt_format = SESSION_FORMAT if args.history and args.prompt_format == "mirrorapi-v1" else args.prompt_format
-        options = SimulatorDataOptions(prompt_format, system_prompt, args.few_shot, args.few_shot_char_budget,
-                                       args.few_shot_response_chars, args.target_response_chars,
-                                       ood_fraction=args.ood_fraction, id_fraction=args.id_fraction, seed=args.seed,
-                                       history=args.history, history_char_budget=args.history_char_budget)
-        options.check()
-        registry = ToolRegistry.load(args.tools)
-        sources = [read_pairs_jsonl(p, bad.append) for p in args.pairs]
-        sources += [read_stabletoolbench_cache(f, bad.append) for f in args.stabletoolbench_cache]
-        sources += [read_alpaca(f, bad.append) for f in args.alpaca]
-        splits, stats = build_simulator_records(itertools.chain(*sources), registry, options, progress=True)
-    except (SourceError, RegistryError, ValueError, OSError) as exc:
-        return _fail(SIMULATOR_SCRIPT, str(exc))
+    given: dict = {}
+    if args.history and (args.prompt_format or DEFAULT_SIMULATOR_FORMAT) == DEFAULT_SIMULATOR_FORMAT:
+        given["prompt_format"] = SESSION_FORMAT
+    if args.system_prompt_file:
+        given["system_prompt"] = open(args.system_prompt_file, encoding="utf-8").read()
+    options = settings_from_args(args, SimulatorDataOptions, **given)
+    options.check()
+    registry = ToolRegistry.load(args.tools)
+    sources = [read_pairs_jsonl(p, bad.append) for p in args.pairs]
+    sources += [read_stabletoolbench_cache(f, bad.append) for f in args.stabletoolbench_cache]
+    sources += [read_alpaca(f, bad.append) for f in args.alpaca]
+    splits, stats = build_simulator_records(itertools.chain(*sources), registry, options, progress=True)
     _note_unreadable(stats, bad, {"pairs": args.pairs, "stabletoolbench_cache": args.stabletoolbench_cache,
                                   "alpaca": args.alpaca, "tools": args.tools})
     stats["build_seconds"] = round(time.perf_counter() - start, 2)
@@ -115,29 +79,35 @@ def build_simulator_sft_command(argv: list[str] | None, usage: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------- judge
-def judge_sft_parser(usage: str) -> argparse.ArgumentParser:
-    parser = _parser(usage)
+def judge_sft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labelled", nargs="+", required=True, help="Labelled answer JSONL files.")
     parser.add_argument("--out", required=True, help="Output folder (replaced when the build succeeds).")
     parser.add_argument("--prompt-format", default="fac-v1", choices=TRAINABLE_JUDGE_FORMATS)
     parser.add_argument("--test-fraction", type=float, default=0.1, help="Share of queries held out (test).")
     parser.add_argument("--no-balance", action="store_true", help="Keep the training split's natural balance.")
     parser.add_argument("--seed", type=int, default=42)
-    return parser
 
 
-def build_judge_sft_command(argv: list[str] | None, usage: str) -> int:
-    args = judge_sft_parser(usage).parse_args(argv)
+def build_judge_sft(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
     bad: list[str] = []
-    try:
-        records = itertools.chain(*[read_labelled(path, bad.append) for path in args.labelled])
-        splits, stats = build_judge_records(records, args.prompt_format, args.test_fraction,
-                                            not args.no_balance, args.seed)
-    except (SourceError, ValueError, OSError) as exc:
-        return _fail(JUDGE_SCRIPT, str(exc))
+    records = itertools.chain(*[read_labelled(path, bad.append) for path in args.labelled])
+    splits, stats = build_judge_records(records, args.prompt_format, args.test_fraction, not args.no_balance,
+                                        args.seed)
     _note_unreadable(stats, bad, {"labelled": args.labelled})
     write_sft_dataset(args.out, splits, stats, JUDGE_COLUMNS)
     print(_summary(args.out, stats, start))
     return 0
+
+
+BUILD_SIMULATOR_SFT = Command("build-simulator-sft", "Build the simulator's SFT dataset from real request -> "
+                              "response pairs and tool docs.", simulator_sft_arguments, build_simulator_sft,
+                              USER_ERRORS)
+BUILD_JUDGE_SFT = Command("build-judge-sft", "Build the judge's SFT dataset from labelled final answers.",
+                          judge_sft_arguments, build_judge_sft, USER_ERRORS)
+
+
+def register(sub) -> None:
+    """The data stage's subcommands of `mirrorapi`."""
+    add_group(sub, "data", "Build SFT datasets (the commands of data/*.py).", [BUILD_SIMULATOR_SFT, BUILD_JUDGE_SFT])

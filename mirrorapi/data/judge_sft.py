@@ -1,7 +1,7 @@
 """Judge SFT data: labelled final answers -> conversational prompt/completion records.
 
 Input: the judge schema of `../shared/data/judge` (`source, id, query, final_answer, label,
-label_kind`, optionally `reason`). The judge is shown what FAC and judge agreement show it: the
+label_kind`, optionally `reason`; read by `mirrorapi.records.read_labelled`). The judge is shown what FAC and judge agreement show it: the
 text of the final answer (`extract_final_answer`: the inner `final_answer` of Finish JSON), cut as
 `judge_messages` cuts it; targets come from `judge_completion`. Rules, each counted in `stats.json`:
 - an empty final answer (or a give-up) is dropped: FAC scores it Unsolved without asking the judge;
@@ -14,49 +14,23 @@ text of the final answer (`extract_final_answer`: the inner `final_answer` of Fi
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 
-from mirrorapi.data.splits import split_groups
-from mirrorapi.prompts import (
+from mirrorapi.prompts.judge_formats import (
     DEFAULT_JUDGE_FORMAT,
     JUDGE_VERDICTS,
     extract_final_answer,
     judge_completion,
     judge_messages,
 )
-from mirrorapi.records import SourceError, read_jsonl
+from mirrorapi.splits import split_groups
 
-JUDGE_KEYS = ("source", "id", "query", "final_answer", "label")
 JUDGE_COLUMNS = ("prompt", "completion", "prompt_format", "source", "id", "label", "label_kind")
 # Formats whose prompt needs only the query and the final answer (the judge schema has no tool calls).
 TRAINABLE_JUDGE_FORMATS = ("fac-v1",)
-
-
-def read_labelled(path: str | os.PathLike, on_bad: Callable[[str], None],
-                  labels: Collection[str] | None = None) -> Iterator[dict]:
-    """Records of the judge schema; a bad line (or, with `labels`, a label outside them) goes to `on_bad`
-    as `<file>:<line>: <reason>`."""
-    path = Path(path)
-    if not path.is_file():  # checked now, not when the first record is pulled
-        raise SourceError(f"labelled answers file not found: {path}")
-    return _labelled(path, on_bad, labels)
-
-
-def _labelled(path: Path, on_bad: Callable[[str], None], labels: Collection[str] | None) -> Iterator[dict]:
-    for number, record in read_jsonl(path, on_bad):
-        missing = [k for k in JUDGE_KEYS if not isinstance(record, dict) or not isinstance(record.get(k), str)]
-        if missing:
-            on_bad(f"{path.name}:{number}: missing or non-string " + ", ".join(missing))
-            continue
-        if labels is not None and record["label"] not in labels:
-            on_bad(f"{path.name}:{number}: label {record['label']!r} is not " + " or ".join(labels))
-            continue
-        yield record
 
 
 def _group(query: str) -> str:

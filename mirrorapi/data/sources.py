@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mirrorapi.names import api_key_name, standardize, standardize_category
-from mirrorapi.prompts import cot_rationale, parse_simulator_output
+from mirrorapi.prompts.simulator_output import cot_rationale, parse_simulator_output
 from mirrorapi.records import OnBad, SourceError, ignore_bad, read_jsonl
 from mirrorapi.tools import ApiDoc
 

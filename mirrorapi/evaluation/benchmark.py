@@ -3,7 +3,7 @@
     <out>/answers/<agent>_<cot|dfs>/   raw (answer/<group>/) and converted (<group>.json) answers
     <out>/scores/                      answers.jsonl (FAC and SoPR verdicts), preferences.jsonl,
                                        fac.*, sopr.*, sowr.* tables (md, csv, json)
-    <out>/report.md, report.json, report.png
+    <out>/report.md, report.json, report.png   built from the tables scoring returns (MetricTable), not re-read
 
 Every step resumes: a rerun skips finished queries and judgments. SoWR reuses the SoPR verdicts
 (same judge, same number of rounds). The reference of SoWR is one of the rows (default: the first
@@ -20,12 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mirrorapi.evaluation import tooleyes
-from mirrorapi.evaluation.agent import ANSWER_DIR, AgentRun, AgentRunError, AgentSettings, load_queries, run_agent
-from mirrorapi.evaluation.answer_files import GROUPS, AnswersError, group_order, load_ids
-from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
-from mirrorapi.evaluation.sowr import run_sowr
-from mirrorapi.prompts import AGENT_FORMATS, TEXT_AGENT_FORMATS
+from mirrorapi.evaluation.agent.files import ANSWER_DIR, load_queries
+from mirrorapi.evaluation.agent.run import AgentRun, run_agent
+from mirrorapi.evaluation.agent.settings import AgentRunError, AgentSettings
+from mirrorapi.evaluation.answers.items import GROUPS, AnswersError, group_order, load_ids
+from mirrorapi.evaluation.benchmarks import tooleyes
+from mirrorapi.evaluation.judge.scoring import JudgeSettings, run_scoring
+from mirrorapi.evaluation.judge.sowr import run_sowr
+from mirrorapi.evaluation.score_tables import MetricTable
+from mirrorapi.prompts.agent_formats import AGENT_FORMATS, TEXT_AGENT_FORMATS
 from mirrorapi.versions import package_versions
 
 logger = logging.getLogger(__name__)
@@ -101,27 +104,14 @@ def run_counts(answers: Path, groups: list[str]) -> dict[str, dict]:
     return counts
 
 
-def _table_lines(markdown: Path, header: str = "| Method |") -> list[str]:
-    """The first table of one of our metric files (its header line through its last row)."""
-    lines = markdown.read_text(encoding="utf-8").splitlines() if markdown.exists() else []
-    start = next((i for i, line in enumerate(lines) if line.startswith(header)), None)
-    if start is None:
-        return ["(not computed)"]
-    end = start
-    while end < len(lines) and lines[end].startswith("|"):
-        end += 1
-    return lines[start:end]
-
-
-def _averages(scores: Path) -> dict[str, dict[str, float]]:
-    """{metric: {row: Average}} from the metric JSON files."""
-    found = {}
-    for metric, key in (("sopr", "score"), ("sowr", "win_rate"), ("fac", "score")):
-        path = scores / f"{metric}.json"
-        if path.exists():
-            table = json.loads(path.read_text(encoding="utf-8"))
-            found[metric] = {row["model"]: row["average"][key] for row in table["rows"]}
-    return found
+def tooleyes_table(result: tooleyes.ToolEyesResult) -> MetricTable:
+    """ToolEyes' rule-based capability rows (its Table 3 layout) as a MetricTable, for the report."""
+    columns = (*tooleyes.CAPABILITIES, "overall", "tool_reality")
+    rows = [[model, scenario, str(c["n"]), *("—" if c[k] is None else f"{c[k]:.2f}" for k in columns)]
+            for model, scenarios in tooleyes.table(result.rows).items() for scenario, c in scenarios.items()]
+    return MetricTable("tooleyes", "# ToolEyes capability scores", [],
+                       ["Model", "Scenario", "n", "s_FA", "s_IC", "s_BP", "s_TS", "s_AO", "Overall", "tool reality"],
+                       rows, [], [], [], {})
 
 
 def plot(averages: dict[str, dict[str, float]], rows: list[str], path: Path) -> Path | None:
@@ -152,18 +142,23 @@ def plot(averages: dict[str, dict[str, float]], rows: list[str], path: Path) -> 
 
 
 def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, AgentSettings],
-                 judge: JudgeSettings, groups: list[str], agent_runs: dict[str, AgentRun], repeats: int) -> Path:
-    scores = out / "scores"
-    averages = _averages(scores)
+                 judge: JudgeSettings, groups: list[str], agent_runs: dict[str, AgentRun], repeats: int,
+                 tables: dict[str, MetricTable | None]) -> Path:
+    """report.md, report.json and report.png from the tables scoring computed (sopr, sowr, fac, tooleyes)."""
+    def table_lines(metric: str) -> list[str]:
+        table = tables.get(metric)
+        return table.table_lines() if table is not None else ["(not computed)"]
+    averages = {metric: table.averages for metric, table in tables.items()
+                if table is not None and metric in ("sopr", "sowr", "fac")}
     image = plot(averages, rows, out / "report.png")
     lines = ["# Benchmark report", "",
              (f"Judge `{judge.model}` ({', '.join(judge.base_urls)}); {repeats} round(s) for SoPR and SoWR; "
-             f"SoWR reference `{reference}`."), "", "## SoPR", "", *_table_lines(scores / "sopr.md"), "",
-             "## SoWR", "", *_table_lines(scores / "sowr.md"), "", "## FAC", "", *_table_lines(scores / "fac.md"), ""]
+             f"SoWR reference `{reference}`."), "", "## SoPR", "", *table_lines("sopr"), "",
+             "## SoWR", "", *table_lines("sowr"), "", "## FAC", "", *table_lines("fac"), ""]
     lines += ["## ToolEyes (rule-based parts)", "",
               "s_FA and tool reality by rule, from the same trajectories; the judged capabilities (s_IC, s_BP, "
               "s_TS, s_AO): `eval/tooleyes.py --answers <out>/answers` with a judge.", "",
-              *_table_lines(scores / "tooleyes.md", header="| Model |"), ""]
+              *table_lines("tooleyes"), ""]
     if image is not None:
         lines += [f"![Averages]({image.name})", ""]
     lines += ["## Agent runs", "",
@@ -237,21 +232,27 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
             (ids / f"{group}.json").write_text(json.dumps({qid: 0 for qid in values}), encoding="utf-8")
     scores, failures = out / "scores", []
     answers = out / "answers"
+    tables: dict[str, MetricTable | None] = {}
     for metric in ("sopr", "fac"):
         run = run_scoring(answers, ids, judge, scores, metric=metric, repeats=repeats if metric == "sopr" else 1,
                           progress=progress)
         failures += run.failures
+        tables[metric] = run.table
     answered = [row for row in rows if list((answers / row).glob("*.json"))]
     if reference in answered and len(answered) > 1:
         sowr = run_sowr(answers / reference, [answers / row for row in answered if row != reference], ids, judge,
                         scores, rounds=repeats, progress=progress)
         failures += sowr.failures
+        tables["sowr"] = sowr.table
     elif len(rows) > 1:
         logger.error("SoWR not computed: the reference %s or every candidate has no answers", reference)
     try:  # ToolEyes' rule-based parts cost no judge call
-        tooleyes.write_report(tooleyes.score(answers), None, scores)
+        result = tooleyes.score(answers)
+        tooleyes.write_report(result, None, scores)
+        tables["tooleyes"] = tooleyes_table(result)
     except AnswersError as exc:
         logger.error("ToolEyes not computed: %s", exc)
-    report = write_report(out, rows, reference, settings, judge, group_order(id_lists), agent_runs, repeats)
+    report = write_report(out, rows, reference, settings, judge, group_order(id_lists), agent_runs, repeats,
+                          tables)
     return BenchmarkResult(report, agent_runs, failures)
 

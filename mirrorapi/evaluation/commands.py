@@ -1,8 +1,9 @@
-"""The eval commands behind `eval/fac.py`, `eval/judge_agreement.py` and `eval/simulator.py`: flags,
-input checks, exit statuses. The scripts hold their usage text (their docstring) and call these.
+"""The evaluation stage's commands: `mirrorapi benchmark` and `mirrorapi eval fac | sowr | judge-agreement |
+simulator | run-agent | apibank | tooleyes`, which the scripts eval/*.py run alone (their docstring is
+their usage). The agent's and the judge's flags are the fields of AgentSettings and JudgeSettings.
 
-Exit statuses: 0 done, 1 some judge calls failed (a rerun retries them), 2 bad input or an engine or
-server that does not answer; every error is one line on stderr.
+Exit statuses: 0 done, 1 some queries or judge calls failed (a rerun retries them), 2 bad input or an
+engine or server that does not answer; every error is one line on stderr.
 """
 
 from __future__ import annotations
@@ -12,18 +13,12 @@ import logging
 import sys
 from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import AnswersError
-from mirrorapi.evaluation.cli_args import add_judge_arguments, judge_settings_from
-from mirrorapi.evaluation.fidelity import run_fidelity
-from mirrorapi.evaluation.fidelity_metrics import FidelityError
-from mirrorapi.evaluation.judge_agreement import render_markdown, run_agreement
-from mirrorapi.evaluation.judging import JUDGE_METRICS, JudgeRunError, run_scoring
+from mirrorapi.command_line import Command, add_command, add_group, add_settings_arguments, settings_from_args
+from mirrorapi.evaluation.agent.settings import METHODS, AgentRunError, AgentSettings
+from mirrorapi.evaluation.answers.items import AnswersError
+from mirrorapi.evaluation.judge.scoring import JUDGE_METRICS, JudgeRunError, JudgeSettings
 
-
-def command_parser(usage: str) -> argparse.ArgumentParser:
-    """A parser whose description is the first line of the script's docstring and whose epilog is all of it."""
-    return argparse.ArgumentParser(description=usage.splitlines()[0], epilog=usage,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+USER_ERRORS = (ValueError, AnswersError, JudgeRunError)
 
 
 def _fail(message: str) -> int:
@@ -43,63 +38,90 @@ def _log_to_stderr() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 
 
+def _no_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+
+
 # ------------------------------------------------------------------------------------------- FAC / SoPR
-def fac_parser(usage: str) -> argparse.ArgumentParser:
-    parser = command_parser(usage)
+def fac_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answers", required=True, help="A converted answer file <model>/<group>.json, or a folder.")
     parser.add_argument("--ids", required=True, help="A test_query_ids (or test_instruction) file, or a folder.")
-    add_judge_arguments(parser)
+    add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
     parser.add_argument("--metric", choices=sorted(JUDGE_METRICS), default="fac", help="fac (default) or sopr.")
     parser.add_argument("--repeats", type=int, default=1, help="Judge each answer N times; mean ± std (default 1).")
     parser.add_argument("--overwrite", action="store_true", help="Drop this metric's earlier verdicts in --out.")
-    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    return parser
+    _no_progress(parser)
 
 
-def fac_command(argv: list[str] | None, usage: str) -> int:
-    args = fac_parser(usage).parse_args(argv)
+def fac(args: argparse.Namespace) -> int:
+    from mirrorapi.evaluation.judge.scoring import run_scoring
+
     _log_to_stderr()
     if args.repeats < 1:
         return _fail("--repeats must be at least 1")
     try:
-        run = run_scoring(args.answers, args.ids, judge_settings_from(args), args.out, metric=args.metric,
-                          repeats=args.repeats, overwrite=args.overwrite, progress=not args.no_progress)
-    except (ValueError, AnswersError, JudgeRunError) as exc:
+        run = run_scoring(args.answers, args.ids, settings_from_args(args, JudgeSettings), args.out,
+                          metric=args.metric, repeats=args.repeats, overwrite=args.overwrite,
+                          progress=not args.no_progress)
+    except USER_ERRORS as exc:
         return _fail(str(exc))
     print((Path(args.out) / f"{args.metric}.md").read_text(encoding="utf-8"))
     return _judge_failures(run.failures)
 
 
+# ------------------------------------------------------------------------------------------- SoWR
+def sowr_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reference", required=True, help="The reference model's converted answers (one model).")
+    parser.add_argument("--candidate", required=True, nargs="+", help="Candidate answers (files or folders).")
+    parser.add_argument("--ids", required=True, help="A test_query_ids (or test_instruction) file, or a folder.")
+    add_settings_arguments(parser, JudgeSettings)
+    parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
+    parser.add_argument("--rounds", type=int, default=3, help="Evaluations per query; majority wins (default 3).")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="Drop earlier SoPR verdicts and preferences in --out.")
+    _no_progress(parser)
+
+
+def sowr(args: argparse.Namespace) -> int:
+    from mirrorapi.evaluation.judge.sowr import run_sowr
+
+    try:
+        run = run_sowr(args.reference, args.candidate, args.ids, settings_from_args(args, JudgeSettings), args.out,
+                       rounds=max(1, args.rounds), overwrite=args.overwrite, progress=not args.no_progress)
+    except USER_ERRORS as exc:
+        return _fail(str(exc))
+    print((Path(args.out) / "sowr.md").read_text(encoding="utf-8"))
+    return _judge_failures(run.failures)
+
+
 # ------------------------------------------------------------------------------------------- judge agreement
-def judge_agreement_parser(usage: str) -> argparse.ArgumentParser:
-    parser = command_parser(usage)
+def judge_agreement_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labelled", required=True, nargs="+", metavar="FILE.jsonl",
                         help="Labelled answers in the judge schema.")
-    add_judge_arguments(parser)
+    add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", default="runs/judge-agreement", help="Output folder (default runs/judge-agreement).")
     parser.add_argument("--limit", type=int, default=None, help="Judge only the first N records of each source.")
-    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    return parser
+    _no_progress(parser)
 
 
-def judge_agreement_command(argv: list[str] | None, usage: str) -> int:
-    args = judge_agreement_parser(usage).parse_args(argv)
+def judge_agreement(args: argparse.Namespace) -> int:
+    from mirrorapi.evaluation.judge.agreement import render_markdown, run_agreement
+
     _log_to_stderr()
     if args.limit is not None and args.limit < 1:
         return _fail("--limit must be at least 1")
     try:
-        report, failures = run_agreement(args.labelled, judge_settings_from(args), args.out, limit=args.limit,
-                                         progress=not args.no_progress)
-    except (ValueError, AnswersError, JudgeRunError) as exc:
+        report, failures = run_agreement(args.labelled, settings_from_args(args, JudgeSettings), args.out,
+                                         limit=args.limit, progress=not args.no_progress)
+    except USER_ERRORS as exc:
         return _fail(str(exc))
     print(render_markdown(report))
     return _judge_failures(failures)
 
 
 # ------------------------------------------------------------------------------------------- fidelity
-def fidelity_parser(usage: str) -> argparse.ArgumentParser:
-    parser = command_parser(usage)
+def fidelity_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", required=True, nargs="+", metavar="HELDOUT.jsonl",
                         help="Held-out real pairs (the pair schema of shared/data/pairs).")
     parser.add_argument("--server", required=True,
@@ -119,15 +141,17 @@ def fidelity_parser(usage: str) -> argparse.ArgumentParser:
                              "default fractions and seed); needs --tools.")
     parser.add_argument("--heldout-history", type=int, default=0, metavar="K",
                         help="The --history K the SFT set was built with (its split depends on it; default 0).")
-    parser.add_argument("--max-episodes", type=int, default=None, metavar="N", help="Replay at most N episodes, taken from each source in turn.")
+    parser.add_argument("--max-episodes", type=int, default=None, metavar="N",
+                        help="Replay at most N episodes, taken from each source in turn.")
     parser.add_argument("--concurrency", type=int, default=8, help="Episodes replayed at once (default 8).")
     parser.add_argument("--timeout", type=float, default=120.0, help="Seconds per request (default 120).")
-    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    return parser
+    _no_progress(parser)
 
 
-def fidelity_command(argv: list[str] | None, usage: str) -> int:
-    args = fidelity_parser(usage).parse_args(argv)
+def fidelity(args: argparse.Namespace) -> int:
+    from mirrorapi.evaluation.fidelity.metrics import FidelityError
+    from mirrorapi.evaluation.fidelity.replay import run_fidelity
+
     _log_to_stderr()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
     if args.concurrency < 1 or args.timeout <= 0:
@@ -143,3 +167,147 @@ def fidelity_command(argv: list[str] | None, usage: str) -> int:
         return _fail(str(exc))
     print((Path(args.out) / "fidelity.md").read_text(encoding="utf-8"))
     return 0
+
+
+# ------------------------------------------------------------------------------------------- agent runs
+def _query_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queries", required=True,
+                        help="A StableToolBench query file (test_instruction/<group>.json) or a folder of them.")
+    parser.add_argument("--tools", nargs="*", default=[], metavar="FOLDER",
+                        help="Tools folder(s) with the tool docs (the server's tools_folder); the queries' own "
+                             "api_list fills what they lack. Without it, only the api_list docs are used.")
+    parser.add_argument("--limit", type=int, default=None, help="Only the first N queries of each group.")
+    _no_progress(parser)
+
+
+def run_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    _query_arguments(parser)
+    parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
+    add_settings_arguments(parser, AgentSettings)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from mirrorapi.evaluation.agent.run import run_agent as run
+
+    try:
+        result = run(args.queries, settings_from_args(args, AgentSettings), args.out, tools=args.tools,
+                     progress=not args.no_progress, limit=args.limit)
+    except (AgentRunError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    print(f"{result.done} queries answered, {result.skipped} done before, {len(result.failures)} failed "
+          f"({result.seconds:.1f} s); converted: {', '.join(str(p) for p in result.converted.values()) or 'none'}")
+    if result.failures:
+        print(f"incomplete: {len(result.failures)} queries failed (listed above); rerun the same command to retry "
+              "them", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- benchmark
+AGENT_FIELDS = ("base_urls", "model", "method")  # given per --agent and per row, not as flags
+
+
+def benchmark_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agent", nargs="+", action="append", required=True, metavar="LABEL MODEL BASE_URL",
+                        help="An agent model: a row label, its model name and base URL(s). Repeat for more.")
+    parser.add_argument("--agent-format", nargs=2, action="append", default=[], metavar=("LABEL", "FORMAT"),
+                        help="The prompt format of one --agent (by its label), e.g. --agent-format smollm2 "
+                             "agent-react-v1; the others use --prompt-format.")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"Default: {' '.join(METHODS)}.")
+    parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
+    parser.add_argument("--ids", default=None, help="Test ids (test_query_ids); default: the queries' ids.")
+    parser.add_argument("--reference", default=None,
+                        help="SoWR reference row, <label>_<cot|dfs> (default: the first agent's first method).")
+    parser.add_argument("--repeats", type=int, default=3, help="SoPR / SoWR rounds (default 3, as StableToolBench).")
+    _query_arguments(parser)
+    add_settings_arguments(parser, AgentSettings, exclude=AGENT_FIELDS)
+    add_settings_arguments(parser, JudgeSettings, prefix="judge-")
+
+
+def benchmark(args: argparse.Namespace) -> int:
+    from mirrorapi.evaluation.benchmark import parse_agents, run_benchmark
+
+    try:
+        agents = parse_agents(args.agent, args.agent_format)
+        template, *_ = [settings_from_args(args, AgentSettings, base_urls=agents[0].base_urls,
+                                           model=agents[0].model, method=method)
+                        for method in args.methods]  # every method checked before the first row runs
+        judge = settings_from_args(args, JudgeSettings, prefix="judge-")
+        result = run_benchmark(args.queries, agents, args.methods, template, judge, args.out, ids=args.ids,
+                               tools=args.tools, reference=args.reference, repeats=max(1, args.repeats),
+                               progress=not args.no_progress, limit=args.limit)
+    except (*USER_ERRORS, AgentRunError) as exc:
+        print(f"mirrorapi benchmark: error: {exc}", file=sys.stderr)
+        return 2
+    print(result.report.read_text(encoding="utf-8"))
+    if not result.complete:
+        failed = sum(len(run.failures) for run in result.agent_runs.values())
+        print(f"incomplete: {failed} queries and {len(result.judge_failures)} judge calls failed; rerun the same "
+              "command to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- API-Bank, ToolEyes
+# Their flags are built by their own modules' `parser` (mirrorapi/evaluation/apibank.py, tooleyes.py): these
+# commands hand them the arguments as given.
+def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
+    import httpx
+
+    from mirrorapi.evaluation.benchmarks import apibank
+
+    args = apibank.parser(usage).parse_args(argv)
+    try:
+        if args.write_pairs:
+            dialogues = [d for level in args.levels for d in apibank.load_dialogues(args.data, level)]
+            count = apibank.write_recorded_pairs(dialogues, apibank.tools_of(args.tools), args.write_pairs)
+            print(f"{count} recorded calls -> {args.write_pairs}")
+            return 0
+        settings = apibank.settings_from(args)
+        rows = apibank.evaluate(settings)
+    except (ValueError, OSError, httpx.HTTPError) as exc:
+        return _fail(str(exc))
+    apibank.write_report(rows, settings, args.out)
+    print((args.out / "report.md").read_text(encoding="utf-8"))
+    return 0
+
+
+def tooleyes_command(argv: list[str] | None, usage: str | None = None) -> int:
+    from mirrorapi.evaluation.benchmarks import tooleyes
+
+    args = tooleyes.parser(usage).parse_args(argv)
+    try:
+        judge = tooleyes.judge_from(args)
+        result = tooleyes.score(args.answers, judge)
+    except (ValueError, AnswersError) as exc:
+        return _fail(str(exc))
+    print(tooleyes.write_report(result, judge, args.out).read_text(encoding="utf-8"))
+    return 1 if result.unrated else 0
+
+
+# ------------------------------------------------------------------------------------------- registry
+FAC = Command("fac", "Score final answers with an open judge: FAC (default) or SoPR.", fac_arguments, fac)
+SOWR = Command("sowr", "SoWR: win rate of candidate answers against a reference's, with an open judge.",
+               sowr_arguments, sowr)
+JUDGE_AGREEMENT = Command("judge-agreement", "How well a judge agrees with labelled final answers.",
+                          judge_agreement_arguments, judge_agreement)
+FIDELITY = Command("simulator", "A virtual server's fidelity: replay real held-out calls, compare the answers.",
+                   fidelity_arguments, fidelity)
+RUN_AGENT = Command("run-agent", "Run a tool-calling model on StableToolBench queries against /virtual.",
+                    run_agent_arguments, run_agent)
+APIBANK = Command("apibank", "API-Bank level-1 and level-2 API-call accuracy on the virtual server.",
+                  lambda parser: None, lambda args: apibank_command(args.passthrough), passthrough=True)
+TOOLEYES = Command("tooleyes", "ToolEyes' capability scores of agent trajectories.",
+                   lambda parser: None, lambda args: tooleyes_command(args.passthrough), passthrough=True)
+BENCHMARK = Command("benchmark", "Agents x methods on /virtual, then SoPR, SoWR and FAC in one report.",
+                    benchmark_arguments, benchmark, description=(
+                        "Run every --agent with every --method against the virtual server, score the answers "
+                        "(SoPR, SoWR against --reference, FAC) with the judge and write <out>/report.md (+ .json, "
+                        ".png). Reruns resume."))
+
+
+def register(sub) -> None:
+    """The evaluation stage's subcommands of `mirrorapi`."""
+    add_command(sub, BENCHMARK)
+    add_group(sub, "eval", "Score agents, judges and simulators (the commands of eval/*.py).",
+              [RUN_AGENT, FAC, SOWR, JUDGE_AGREEMENT, FIDELITY, APIBANK, TOOLEYES])

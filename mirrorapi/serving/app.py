@@ -56,13 +56,11 @@ from mirrorapi.serving.transport import (
     send_json,
     uvicorn_options,
 )
-from mirrorapi.tools import RegistryError, ToolRegistry
+from mirrorapi.tools import ToolRegistry
 from mirrorapi.toolsets import ToolsetError, select_toolset
 
 logger = logging.getLogger(__name__)
 
-# What a user can get wrong at start-up; each is one line that says what to change.
-STARTUP_ERRORS = (ConfigError, RegistryError, CacheError)
 CACHE_MAINTENANCE_SECONDS = 5.0
 OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (probes of orchestrators)
 # The settings of the worker processes (`serve_workers`), as JSON: uvicorn starts them by importing a factory.
@@ -231,6 +229,12 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
         `unavailable` (none: misses cannot be simulated; cache hits are still served)."""
         engines = [] if settings.mode == "replay" else await app.state.engine.health(timeout=2.0)
         serving = sum(e.ok for e in engines)
+        try:
+            entries, open_sessions, session_entries = await cache.health_counts(settings.session_ttl)
+        except CacheError as exc:  # the shared store is away: hits fail too; say so rather than answer 500
+            return JSONResponse(status_code=503, content={
+                "status": "unavailable", "misses": "not answered: the cache cannot be read", "detail": str(exc),
+                "mode": settings.mode, "model": settings.model, "cache": {"location": cache.location}})
         if settings.mode == "replay":
             status, misses = "ok", "answered from the cache only (replay mode)"
         elif serving == len(engines):
@@ -245,10 +249,10 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
             "prompt_format": settings.prompt_format,
             "engine": [{"base_url": e.base_url, "reachable": e.reachable, "serves_model": e.ok, "detail": e.detail,
                         "cooling_down_s": e.cooling_down} for e in engines],
-            "cache": {"location": cache.location, "entries": cache.count()},
+            "cache": {"location": cache.location, "entries": entries},
             "tools": {k: stats[k] for k in ("categories", "tools", "apis")},
-            "sessions": {"open": cache.open_sessions(settings.session_ttl), "history": settings.session_history,
-                         "cache_entries": cache.session_count()},
+            "sessions": {"open": open_sessions, "history": settings.session_history,
+                         "cache_entries": session_entries},
         })
 
     @app.get("/metrics")

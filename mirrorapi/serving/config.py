@@ -15,19 +15,24 @@ checked here, before the server starts: an unknown key, a wrong type or a missin
 from __future__ import annotations
 
 import argparse
-import difflib
 import ipaddress
 import logging
 import os
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mirrorapi.prompts import (
+from mirrorapi.command_line import (
+    SettingsError,
+    add_settings_arguments,
+    environment_values,
+    one_line,
+    read_yaml_settings,
+    settings_values,
+)
+from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_HISTORY_CALLS,
     HISTORY_CHAR_BUDGET,
@@ -42,8 +47,7 @@ ENV_PREFIX = "MIRRORAPI_"
 CONFIG_ENV = "MIRRORAPI_CONFIG"  # a config file to use when `--config` is not given
 
 
-class ConfigError(ValueError):
-    """A setting that cannot work; the message is one line that says what to change."""
+ConfigError = SettingsError  # a setting that cannot work; the message is one line that says what to change
 
 
 class ServerSettings(BaseModel):
@@ -113,7 +117,7 @@ class ServerSettings(BaseModel):
     max_tokens: int = Field(1024, gt=0, description="Most tokens the simulator may generate per response.")
     # A Literal of the formats' tuple (pydantic spreads it; a static checker cannot).
     prompt_format: Literal[SIMULATOR_FORMATS] = Field("mirrorapi-v1", description=(  # type: ignore[valid-type]
-        "Simulator prompt format (mirrorapi/prompts.py): the one the model was trained with."))
+        "Simulator prompt format (mirrorapi/prompts/simulator_formats.py): the one the model was trained with."))
     system_prompt_file: Path | None = Field(None, description=(
         "System prompt text file; required by the stabletoolbench formats (released MirrorAPI weights)."))
     structured_output: bool = Field(True, description=(
@@ -227,61 +231,6 @@ def is_loopback(host: str) -> bool:
 
 
 FIELDS = ServerSettings.model_fields
-PATH_KEYS = {name for name, f in FIELDS.items() if "Path" in str(f.annotation)}
-LIST_KEYS = {name for name, f in FIELDS.items() if typing.get_origin(f.annotation) is list}
-
-
-def _relative_to(data: dict, base: Path) -> dict:
-    def fix(value):
-        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
-            return os.path.normpath(base / value)
-        return os.path.expanduser(value) if isinstance(value, str) else value
-    return {k: ([fix(v) for v in val] if isinstance(val, list) else fix(val)) if k in PATH_KEYS else val
-            for k, val in data.items()}
-
-
-def read_config_file(path: str | os.PathLike) -> dict:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        raise ConfigError(f"config file {path} is not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected a mapping of keys to values, got {type(data).__name__}")
-    return _relative_to(data, path.resolve().parent)
-
-
-def environment_overrides(environ: Mapping[str, str] | None = None) -> dict:
-    """`MIRRORAPI_<KEY>` for every settings key (strings; pydantic converts them)."""
-    environ = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for name in FIELDS:
-        value = environ.get(ENV_PREFIX + name.upper())
-        if value is not None:
-            out[name] = [v.strip() for v in value.split(",") if v.strip()] if name in LIST_KEYS else value
-    return out
-
-
-def _one_line(error: ValidationError, source: str) -> str:
-    parts = []
-    for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "settings"
-        if item["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, FIELDS, n=1)
-            parts.append(f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        elif item["type"] == "missing":
-            parts.append(f"{key} is required")
-        elif item["type"] == "value_error":
-            parts.append(str(item["msg"]).removeprefix("Value error, "))
-        else:
-            parts.append(f"{key}: {item['msg']} (got {item.get('input')!r})")
-    return f"{source}: " + "; ".join(parts)
 
 
 def load_settings(config: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None,
@@ -289,8 +238,8 @@ def load_settings(config: str | os.PathLike | None = None, overrides: Mapping[st
     """Settings from a YAML file, the environment and explicit overrides; raises `ConfigError`."""
     environ = os.environ if environ is None else environ
     config = config or environ.get(CONFIG_ENV)
-    data = read_config_file(config) if config else {}
-    data.update(environment_overrides(environ))
+    data = read_yaml_settings(config, ServerSettings) if config else {}
+    data.update(environment_values(ServerSettings, ENV_PREFIX, environ))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     # "null"/"none" from the environment or a flag clear a setting whose default is None.
     data = {k: None if isinstance(v, str) and v.lower() in ("null", "none") and k in FIELDS
@@ -298,7 +247,8 @@ def load_settings(config: str | os.PathLike | None = None, overrides: Mapping[st
     try:
         settings = ServerSettings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, f"config {config}" if config else "settings")) from None
+        where = f"config {config}" if config else "settings"
+        raise ConfigError(f"{where}: {one_line(exc, ServerSettings)}") from None
     if settings.toolbench_url:
         logger.warning("toolbench_url is ignored: mirrorapi never calls real APIs")
     return settings
@@ -309,13 +259,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     """`--config FILE` plus one flag per settings key (`--tools-folder` or `--tools_folder`)."""
     parser.add_argument("--config", metavar="FILE", help=f"YAML settings file (default: ${CONFIG_ENV}).")
     group = parser.add_argument_group("settings (each overrides the config file and MIRRORAPI_<KEY>)")
-    for name, field in FIELDS.items():
-        flags = ["--" + name.replace("_", "-")] + (["--" + name] if "_" in name else [])
-        group.add_argument(*flags, dest=name, metavar=name.upper(), nargs="+" if name in LIST_KEYS else None,
-                           help=field.description)
+    add_settings_arguments(group, ServerSettings, required=False, underscore_spelling=True)
     return parser
 
 
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerSettings:
-    overrides = {name: getattr(args, name) for name in FIELDS if getattr(args, name, None) is not None}
-    return load_settings(args.config, overrides, environ)
+    return load_settings(args.config, settings_values(args, ServerSettings), environ)

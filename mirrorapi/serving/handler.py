@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from mirrorapi.engine_client import EngineError
 from mirrorapi.names import api_key_name
-from mirrorapi.prompts import history_line
+from mirrorapi.prompts.simulator_formats import history_line
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.protocol import (

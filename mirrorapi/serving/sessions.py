@@ -2,7 +2,7 @@
 
 A session is named by the client (`X-Session-Id` header or `session_id` body field on /virtual;
 the MCP session on /mcp). Each answered call of a session (a cache hit or a simulation) is kept as
-the line the simulator prompt shows (`mirrorapi.prompts.history_line`), and folded into a digest
+the line the simulator prompt shows (`mirrorapi.prompts.simulator_formats.history_line`), and folded into a digest
 chain: `digest(n+1) = sha256(digest(n) + "\\n" + line(n))`, starting from EMPTY_HISTORY. The digest
 names the whole history so far and is part of the cache key of a session call (outside a session
 that part is ''), so replaying the same episode (whatever the session id) finds the same answers.
@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from mirrorapi.prompts import history_line, select_history
+from mirrorapi.prompts.simulator_formats import history_line, select_history
 
 EMPTY_HISTORY = hashlib.sha256(b"").hexdigest()
 State = tuple[str, int, list[str]]  # (digest, steps, kept lines oldest first): what the store keeps

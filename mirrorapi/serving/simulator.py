@@ -19,16 +19,15 @@ import logging
 
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
-from mirrorapi.prompts import (
+from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     OBSERVATION_SCHEMA,
     SESSION_FORMAT,
-    cot_rationale,
     observation_schema,
-    parse_simulator_output,
     simulator_messages,
     truncate_response,
 )
+from mirrorapi.prompts.simulator_output import cot_rationale, parse_simulator_output
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.sessions import History
 from mirrorapi.tools import ApiDoc
@@ -40,7 +39,7 @@ RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "observation",
 
 def response_format(doc: ApiDoc, prompt_format: str) -> dict:
     """OpenAI's `response_format` for one call: the observation schema, in `mirrorapi-v2` the doc's response
-    shape for a success (`mirrorapi.prompts.observation_schema`)."""
+    shape for a success (`mirrorapi.prompts.simulator_formats.observation_schema`)."""
     schema = observation_schema(doc, prompt_format)
     return RESPONSE_FORMAT if schema is OBSERVATION_SCHEMA else \
         {"type": "json_schema", "json_schema": {"name": "observation", "schema": schema}}

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 
-from mirrorapi.processes import free_port
+from mirrorapi.testing.processes import free_port
 
 # The observation a stub engine answers with unless told otherwise: a StableToolBench-shaped answer.
 STUB_OBSERVATION = {"error": "", "response": {"answered_by": "stub engine"}}

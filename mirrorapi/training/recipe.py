@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mirrorapi.data.simulator_sft import STATS_FILE
+from mirrorapi.records import STATS_FILE
 from mirrorapi.training.lm_head import compact_lm_head_supported
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from mirrorapi.processes import free_port, serve_in_thread, stop, wait_until_ready
+from mirrorapi.testing.processes import free_port, serve_in_thread, stop, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,7 +129,7 @@ def start_virtual_server(folder: Path, samples: Path, api_base: str, model: str,
 @pytest.fixture(scope="session")
 def virtual_server_process():
     """`start(folder, samples, api_base, model, **settings)` -> (base URL, request log, process, output);
-    the caller stops the process (`mirrorapi.processes.stop`) and closes the output."""
+    the caller stops the process (`mirrorapi.testing.processes.stop`) and closes the output."""
     return start_virtual_server
 
 

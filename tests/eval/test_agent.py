@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrorapi.evaluation.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
-from mirrorapi.processes import free_port, stop
+from mirrorapi.testing.processes import free_port, stop
+from mirrorapi.testing.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
 
 GROUP = "G1_instruction"
 IDS = ("588", "608", "1073")

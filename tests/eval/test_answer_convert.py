@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mirrorapi.evaluation.answer_convert import convert_answer, convert_answer_folder
+from mirrorapi.evaluation.answers.convert import convert_answer, convert_answer_folder
 
 RUNS = {"virtual_chatgpt_cot": "CoT@1", "virtual_chatgpt_dfs": "DFS_woFilter_w2"}
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mirrorapi.evaluation.answer_files import (
+from mirrorapi.evaluation.answers.items import (
     MISSING,
     AnswersError,
     build_items,
@@ -13,9 +13,9 @@ from mirrorapi.evaluation.answer_files import (
     load_ids,
     render_steps,
 )
-from mirrorapi.evaluation.judging import ScoringRun
+from mirrorapi.evaluation.judge.scoring import ScoringRun
 from mirrorapi.evaluation.score_tables import render_markdown, score_table
-from mirrorapi.prompts import EMPTY, GIVE_UP, JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.prompts.judge_formats import EMPTY, GIVE_UP, JUDGE_VERDICTS, judge_messages, parse_verdict
 
 STB_GROUP_SIZES = {"G1_instruction": 163, "G1_category": 153, "G1_tool": 158, "G2_category": 124,
                    "G2_instruction": 106, "G3_instruction": 61}
@@ -137,7 +137,7 @@ def _record(model, group, qid, repeat, verdict, score, judged=True, parsed=True)
 
 
 def test_score_table_denominators_repeats_and_average():
-    from mirrorapi.evaluation.answer_files import AnswerItem
+    from mirrorapi.evaluation.answers.items import AnswerItem
 
     ids = {"G1_instruction": ["1", "2", "3", "4"], "G3_instruction": ["7", "8"]}
     items = [AnswerItem("m", "G1_instruction", q, "q", "a", "answer") for q in ("1", "2", "3")]

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 from mirrorapi.cli import main as mirrorapi_main
-from mirrorapi.evaluation.judging import JudgeSettings
-from mirrorapi.evaluation.recorded_agent import serve_recorded_agent
-from mirrorapi.evaluation.recorded_benchmark import main as recorded_benchmark_main
-from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
-from mirrorapi.processes import free_port
+from mirrorapi.evaluation.judge.scoring import JudgeSettings
+from mirrorapi.testing.processes import free_port
+from mirrorapi.testing.recorded_agent import serve_recorded_agent
+from mirrorapi.testing.recorded_benchmark import main as recorded_benchmark_main
+from mirrorapi.testing.recorded_benchmark import recorded_benchmark
 
 
 def test_recorded_benchmark_writes_one_report(samples, tiny_engine, tmp_path):

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from mirrorapi.engine_client import EngineClient
-from mirrorapi.evaluation.answer_files import build_items, load_answers, load_ids
-from mirrorapi.evaluation.judging import JudgeSettings, engine_concurrency, run_scoring
-from mirrorapi.prompts import parse_verdict
+from mirrorapi.engine_client import EngineClient, engine_concurrency
+from mirrorapi.evaluation.answers.items import build_items, load_answers, load_ids
+from mirrorapi.evaluation.judge.scoring import JudgeSettings, run_scoring
+from mirrorapi.prompts.judge_formats import parse_verdict
 
 RECORD_KEYS = {"metric", "model", "group", "query_id", "repeat", "verdict", "score", "reason", "judged", "parsed",
                "status", "answer", "raw", "prompt_format", "judge"}
@@ -149,7 +149,7 @@ def test_failed_judge_calls_stay_pending_until_a_rerun(eval_cli, faulty_judge, s
 
 
 def test_user_mistakes_are_one_line_and_exit_2(eval_cli, faulty_judge, stb_answers, samples, tmp_path, capsys):
-    from mirrorapi.processes import free_port
+    from mirrorapi.testing.processes import free_port
 
     fac = eval_cli("fac")
     ids = str(_example_ids(samples))

@@ -5,18 +5,17 @@ from collections import defaultdict
 
 import pytest
 
-from mirrorapi.evaluation.fidelity import NearestExample, load_pairs
-from mirrorapi.evaluation.fidelity_metrics import (
+from mirrorapi.evaluation.fidelity.metrics import (
     api_id,
     conforms,
     is_error,
     payload_text,
-    response_schema,
-    skeleton_schema,
 )
-from mirrorapi.processes import free_port
+from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
+from mirrorapi.prompts.simulator_formats import response_schema, skeleton_schema
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
+from mirrorapi.testing.processes import free_port
 from mirrorapi.tools import ToolRegistry
 
 SOURCES = ("api-bank", "api-bank-generated", "tau-bench", "toolbench-example")

@@ -2,7 +2,7 @@
 
 import math
 
-from mirrorapi.evaluation.fidelity_report import METRIC_TITLES, figure
+from mirrorapi.evaluation.fidelity.report import METRIC_TITLES, figure
 
 
 def test_not_applicable_is_labelled_and_has_no_bar():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mirrorapi.evaluation.judge_agreement import agreement_stats, cohen_kappa
+from mirrorapi.evaluation.judge.agreement import agreement_stats, cohen_kappa
 
 LABELLED_KEYS = ("source", "id", "query", "final_answer", "label", "label_kind")
 

@@ -4,8 +4,8 @@ the inner text of Finish JSON, cut at 8,000 characters and marked with "..."."""
 import json
 
 from mirrorapi.data.judge_sft import build_judge_records
-from mirrorapi.evaluation.judge_agreement import run_agreement
-from mirrorapi.evaluation.judging import JudgeSettings, run_scoring
+from mirrorapi.evaluation.judge.agreement import run_agreement
+from mirrorapi.evaluation.judge.scoring import JudgeSettings, run_scoring
 
 QUERY = "Which clubs did Lionel Messi play for? Also give his shirt numbers."
 LONG = "Messi played for Barcelona (10, 19, 30), Paris Saint-Germain (30) and Inter Miami (10). " * 100

@@ -11,10 +11,16 @@ import json
 
 import pytest
 
-from mirrorapi.evaluation.agent import react_as_tool_calls
-from mirrorapi.evaluation.agent_env import finish_status
+from mirrorapi.evaluation.agent.environment import finish_status
+from mirrorapi.evaluation.agent.search import react_as_tool_calls
 from mirrorapi.evaluation.benchmark import parse_agents
-from mirrorapi.prompts import REACT_NO_ACTION, agent_messages, parse_react_step, react_conversation, react_grammar
+from mirrorapi.prompts.agent_formats import (
+    REACT_NO_ACTION,
+    agent_messages,
+    parse_react_step,
+    react_conversation,
+    react_grammar,
+)
 
 FUNCTION = "get_channel_clips_for_kick_com_api_kick_api"
 

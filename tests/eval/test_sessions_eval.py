@@ -3,11 +3,11 @@ history, per-step fidelity and the consistency score."""
 
 import json
 
-from mirrorapi.evaluation.fidelity import load_pairs
-from mirrorapi.evaluation.sessions import consistency, heldout_episodes, values
-from mirrorapi.processes import free_port
+from mirrorapi.evaluation.fidelity.replay import load_pairs
+from mirrorapi.evaluation.fidelity.session_history import consistency, heldout_episodes, values
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
+from mirrorapi.testing.processes import free_port
 from mirrorapi.tools import ToolRegistry
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mirrorapi.evaluation.answer_files import AnswerItem
-from mirrorapi.evaluation.sowr import decide
-from mirrorapi.prompts import parse_preference, preference_messages
+from mirrorapi.evaluation.answers.items import AnswerItem
+from mirrorapi.evaluation.judge.sowr import decide
+from mirrorapi.prompts.judge_formats import parse_preference, preference_messages
 
 
 def item(status: str = "answer") -> AnswerItem:

@@ -1,4 +1,5 @@
-"""ToolEyes' capability scores (mirrorapi/evaluation/tooleyes.py) on StableToolBench's recorded trajectories.
+"""ToolEyes' capability scores (mirrorapi/evaluation/benchmarks/tooleyes.py) on StableToolBench's recorded
+trajectories.
 
 Expected values are computed by hand from ToolEyes' formulas (arXiv 2401.00741; Junjie-Ye/ToolEyes
 Code/Evaluation/util/utils.py at c818fcebe017951570a25e552a7984e40093fd52):
@@ -14,9 +15,9 @@ import shutil
 import pytest
 from fastapi import FastAPI
 
-from mirrorapi.evaluation import tooleyes
-from mirrorapi.evaluation.judging import JudgeSettings
-from mirrorapi.processes import free_port, serve_in_thread
+from mirrorapi.evaluation.benchmarks import tooleyes
+from mirrorapi.evaluation.judge.scoring import JudgeSettings
+from mirrorapi.testing.processes import free_port, serve_in_thread
 
 CONVERTED = "stabletoolbench/data_example/model_predictions_converted"
 

@@ -25,7 +25,10 @@ from mirrorapi.engine_client import EngineClient
 from mirrorapi.llama_cpp_engine import openai_request
 from mirrorapi.models.catalogue import base_gguf
 from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving, permute_for_gguf
-from mirrorapi.processes import (
+from mirrorapi.prompts.simulator_formats import OBSERVATION_SCHEMA, simulator_messages
+from mirrorapi.prompts.simulator_output import is_strict_observation
+from mirrorapi.records import read_pairs_jsonl
+from mirrorapi.testing.processes import (
     RunningEngine,
     cpu_engine_serve,
     free_port,
@@ -33,8 +36,6 @@ from mirrorapi.processes import (
     stop,
     wait_until_engine_answers,
 )
-from mirrorapi.prompts import OBSERVATION_SCHEMA, is_strict_observation, simulator_messages
-from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,13 +19,13 @@ import httpx
 import pytest
 
 from mirrorapi.names import api_key_name, standardize
-from mirrorapi.processes import free_port, serve_in_thread
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.cache import is_url
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.transport import uvicorn_options
 from mirrorapi.testing.fake_engines import HungEngine, StubEngine, unreachable_engine_url
-from mirrorapi.testing.postgres import create_database, temporary_postgres
+from mirrorapi.testing.postgres_server import create_database, temporary_postgres
+from mirrorapi.testing.processes import free_port, serve_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"  # every tool of the sample and shared pairs

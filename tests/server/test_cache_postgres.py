@@ -11,10 +11,10 @@ import psycopg
 import pytest
 
 from mirrorapi.cli import main
-from mirrorapi.processes import free_port
 from mirrorapi.serving.cache import CacheError, Call, new_entry, open_cache
 from mirrorapi.serving.config import ConfigError, load_settings
 from mirrorapi.serving.sessions import advance
+from mirrorapi.testing.processes import free_port
 
 from .conftest import SAMPLE_TOOLS
 

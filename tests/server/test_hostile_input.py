@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from mirrorapi.processes import free_port
 from mirrorapi.serving.config import ServerSettings
+from mirrorapi.testing.processes import free_port
 
 BODY = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
         "tool_input": "{\"name\": \"Lionel Messi\"}"}

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from mirrorapi.llama_cpp_engine import explicit_any
-from mirrorapi.prompts import OBSERVATION_SCHEMA, observation_schema
+from mirrorapi.prompts.simulator_formats import OBSERVATION_SCHEMA, observation_schema
 from mirrorapi.tools import ApiDoc
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from mirrorapi.processes import free_port, wait_until_ready
 from mirrorapi.serving.cache import ResponseCache
+from mirrorapi.testing.processes import free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
-from mirrorapi.prompts import SESSION_FORMAT, history_line, select_history, simulator_messages
+from mirrorapi.prompts.simulator_formats import SESSION_FORMAT, history_line, select_history, simulator_messages
 from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.serving.cache import ResponseCache, import_pairs, open_cache
 from mirrorapi.serving.config import load_settings

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import httpx
 
-from mirrorapi.processes import free_port, poll_until, stop, wait_until_ready
 from mirrorapi.serving.cache import open_cache
 from mirrorapi.serving.sessions import advance
 from mirrorapi.testing.fake_engines import STUB_OBSERVATION, StubEngine
+from mirrorapi.testing.postgres_server import temporary_postgres
+from mirrorapi.testing.processes import free_port, poll_until, stop, wait_until_ready
 
 from .conftest import REPO, SAMPLE_TOOLS, store_settings
 
@@ -92,6 +93,26 @@ def test_two_servers_on_one_postgresql_share_misses_hits_and_leases(postgres_dat
         # One of the two waited for the other's answer (or, arriving after it was stored, found it: a hit).
         joined = sum(metric(u, "mirrorapi_coalesced_requests_total") for u in (a, b))
         assert joined + outcomes(a)["hit"] + outcomes(b)["hit"] - 1 == 1
+
+
+def test_a_server_whose_postgresql_stops_says_so_on_health_and_in_observations(tmp_path):
+    """The shared store goes away under a running server (its own PostgreSQL, stopped): /health answers 503
+    naming the cache, not a 500, and a call gets an error observation; neither waits out a long timeout."""
+    with temporary_postgres(durable=False) as database, StubEngine() as engine, \
+            server_process(database.url, engine.url, tmp_path / "s.log") as (url, _):
+        assert httpx.post(url + "/virtual", json=call("Messi"), timeout=30).json() == STUB_OBSERVATION
+        health = httpx.get(url + "/health", timeout=10)
+        assert health.status_code == 200 and health.json()["cache"]["entries"] == 1
+        stop(database.process, grace=10.0)
+
+        started = time.monotonic()
+        health = httpx.get(url + "/health", timeout=60)
+        assert health.status_code == 503, health.text
+        assert health.json()["status"] == "unavailable" and "cache" in health.json()["misses"]
+        assert "127.0.0.1" in health.json()["detail"]
+        answer = httpx.post(url + "/virtual", json=call("Messi"), timeout=60)
+        assert answer.status_code == 200 and answer.json()["error"] and answer.json()["response"] == ""
+        assert time.monotonic() - started < 40  # the pool's wait is bounded (10 s a call), not psycopg's 30 s
 
 
 def test_workers_on_one_postgresql_cache(postgres_database, tmp_path):

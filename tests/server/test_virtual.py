@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from mirrorapi.names import api_key_name, standardize
-from mirrorapi.processes import free_port, poll_until
 from mirrorapi.records import canonical_json, parse_repr_key
+from mirrorapi.testing.processes import free_port, poll_until
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from mirrorapi.processes import free_port, poll_until, wait_until_ready
 from mirrorapi.testing.fake_engines import StubEngine
+from mirrorapi.testing.processes import free_port, poll_until, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 README_REQUEST = {"category": "Artificial_Intelligence_Machine_Learning", "tool_name": "TTSKraken",

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from datasets import load_from_disk
 
-from mirrorapi.data.judge_sft import build_judge_records, read_labelled
-from mirrorapi.prompts import judge_messages, parse_verdict
+from mirrorapi.data.judge_sft import build_judge_records
+from mirrorapi.prompts.judge_formats import judge_messages, parse_verdict
+from mirrorapi.records import read_labelled
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "data" / "samples"

@@ -11,15 +11,15 @@ import pytest
 from datasets import load_from_disk
 
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
-from mirrorapi.data.splits import split_episodes
-from mirrorapi.prompts import (
+from mirrorapi.prompts.simulator_formats import (
     RESPONSE_CHAR_BUDGET,
     TRUNCATION_MARK,
-    is_strict_observation,
     simulator_messages,
     truncate_response,
 )
+from mirrorapi.prompts.simulator_output import is_strict_observation
 from mirrorapi.records import canonical_json, observation_json
+from mirrorapi.splits import split_episodes
 from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[2]

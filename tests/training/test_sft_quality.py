@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrorapi.data.transport_failures import in_band_error, transport_failure
+from mirrorapi.transport_failures import in_band_error, transport_failure
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
 

@@ -7,7 +7,7 @@ import pytest
 
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
 from mirrorapi.data.sources import read_alpaca
-from mirrorapi.prompts import simulator_messages
+from mirrorapi.prompts.simulator_formats import simulator_messages
 from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import ToolRegistry
 

@@ -10,7 +10,8 @@ import torch
 from datasets import load_from_disk
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mirrorapi.prompts import is_strict_observation, parse_verdict
+from mirrorapi.prompts.judge_formats import parse_verdict
+from mirrorapi.prompts.simulator_output import is_strict_observation
 from mirrorapi.training.recipe import RecipeArguments, training_splits
 
 

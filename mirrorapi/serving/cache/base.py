@@ -136,6 +136,7 @@ class SqlCache(abc.ABC):
     the PostgreSQL store rewrites them). Subclasses give `_execute`, `_transaction` and the writes."""
 
     location: str  # the file or URL (without password), for messages
+    _pending_hits: dict[int, int]  # entry id -> hits counted but not written yet
 
     # ------------------------------------------------------------------------------- to implement
     @abc.abstractmethod
@@ -155,9 +156,22 @@ class SqlCache(abc.ABC):
             history: str = NO_SESSION, count_hit: bool = True) -> tuple[str, str] | None:
         """(observation JSON, provenance) that a server of `identity` answers (see `served`), or None."""
 
-    @abc.abstractmethod
     def flush_hits(self) -> None:
-        """Write the hit counts kept in memory."""
+        """Write the hit counts kept in memory (at close; the server adds them in `maintain`)."""
+        hits, self._pending_hits = self._pending_hits, {}
+        if hits:
+            with self._transaction():
+                for id_ in sorted(hits):  # one lock order for every writer: concurrent flushes never deadlock
+                    self._execute("UPDATE entries SET hits = hits + ? WHERE id = ?", (hits[id_], id_))
+
+    def _served(self, rows: list, identity: str, history: str, count_hit: bool) -> tuple[Any, Any] | None:
+        """(observation, provenance) of the row `served` picks, its hit counted in memory; None: no row serves."""
+        row = served(rows, identity, history)
+        if row is None:
+            return None
+        if count_hit:
+            self._pending_hits[row[0]] = self._pending_hits.get(row[0], 0) + 1
+        return row[1], row[2]
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -171,6 +185,12 @@ class SqlCache(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Write everything handed over and the counted hits, then close."""
+
+    async def health_counts(self, idle_seconds: float) -> tuple[int, int, int]:
+        """(entries, sessions used within `idle_seconds`, answers stored under a session history) for /health.
+        Here on the calling thread: a local file answers in microseconds; a store across the network
+        answers on its async connections instead, so that a probe never stalls the server's loop."""
+        return self.count(), self.open_sessions(idle_seconds), self.session_count()
 
     # ------------------------------------------------------------------------------- writes
     def put(self, category: str, tool: str, api: str, arguments: Any, error: str, response: Any,

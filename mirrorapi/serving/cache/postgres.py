@@ -22,6 +22,9 @@ Differences from the SQLite file, each for a reason:
   connection in autocommit mode.
 - Hit counts are kept in memory and added (`hits = hits + n`, in id order so that servers never
   deadlock on each other) by `maintain()`, as the SQLite store does.
+
+(About 450 lines, over the project's ~400: one class and the SQL it runs, kept in one file so each statement
+is read beside its caller; what it shares with the SQLite store is in `base`.)
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ from mirrorapi.serving.cache.base import (
     Call,
     Entry,
     SqlCache,
-    served,
 )
 
 if TYPE_CHECKING:
@@ -119,6 +121,9 @@ _SESSION_FOR_UPDATE = "SELECT digest, steps, lines, used FROM sessions WHERE key
 _PUT_SESSION = ("INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO UPDATE SET "
                 "digest = excluded.digest, steps = excluded.steps, lines = excluded.lines, used = excluded.used")
 _NEW_SESSION = "INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING"
+# /health's three counts in one round trip (count(*) reads the table: a probe every few seconds, not per request).
+_HEALTH_COUNTS = ("SELECT (SELECT count(*) FROM entries), (SELECT count(*) FROM sessions WHERE used >= %s), "
+                  "(SELECT count(*) FROM entries WHERE history != '')")
 _FORGET_SESSIONS = "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions WHERE used < %s LIMIT 1000)"
 
 
@@ -139,18 +144,26 @@ def session_key(session_id: str) -> bytes:
 
 
 def _write_entries(db, entries: Iterable[Entry]) -> int:
-    """Insert entries (inside a transaction, on a sync connection) by the rules of the cache."""
-    stored = 0
+    """Insert entries (inside a transaction, on a sync connection) by the rules of the cache. Each statement
+    goes as one `executemany` (psycopg pipelines it: one round trip per batch, not one per row, which is what
+    an import into a database on another host costs). Recorded answers first: a simulated answer of the same
+    call in the batch is then refused, as it would be after them in any order."""
+    recorded, simulated = [], []
     for entry in entries:
-        row = _row(entry)
-        if entry.identity:  # simulated
-            recorded = Call(entry.category, entry.tool, entry.api, entry.arguments).digest()
-            stored += db.execute(_INSERT_SIMULATED, (*row, recorded)).rowcount
+        if entry.identity:
+            simulated.append((*_row(entry), Call(entry.category, entry.tool, entry.api, entry.arguments).digest()))
         else:
-            inserted = db.execute(_INSERT, row).rowcount
-            if inserted:
-                db.execute(_DROP_SHADOWED, row[1:5])
-            stored += inserted
+            recorded.append(_row(entry))
+    stored = 0
+    with db.cursor() as cursor:
+        if recorded:
+            cursor.executemany(_INSERT, recorded)
+            if cursor.rowcount:  # (where a call was recorded before, there is no simulated row to drop)
+                stored += cursor.rowcount
+                cursor.executemany(_DROP_SHADOWED, [row[1:5] for row in recorded])
+        if simulated:
+            cursor.executemany(_INSERT_SIMULATED, simulated)
+            stored += cursor.rowcount
     return stored
 
 
@@ -266,20 +279,6 @@ class PostgresCache(SqlCache):
         rows = self._live().execute(_FIND[len(keys)], keys).fetchall()
         return self._served(rows, identity, history, count_hit)
 
-    def _served(self, rows: list, identity: str, history: str, count_hit: bool) -> tuple[str, str] | None:
-        row = served(rows, identity, history)
-        if row is None:
-            return None
-        if count_hit:
-            self._pending_hits[row[0]] = self._pending_hits.get(row[0], 0) + 1
-        return row[1], row[2]
-
-    def flush_hits(self) -> None:
-        hits, self._pending_hits = self._pending_hits, {}
-        if hits:
-            with self._transaction(), self._db.cursor() as cursor:
-                cursor.executemany(_COUNT_HITS, [(hits[id_], id_) for id_ in sorted(hits)])
-
     def put_sessions(self, sessions: Iterable[tuple[str, str, int, str, float]]) -> int:
         stored, sessions = 0, iter(sessions)
         while chunk := list(itertools.islice(sessions, IMPORT_TRANSACTION_ROWS)):
@@ -334,6 +333,10 @@ class PostgresCache(SqlCache):
                 if lease_holder is not None:
                     await db.execute(_RELEASE_LEASE, (row[0], entry.identity, lease_holder))
         return stored
+
+    async def health_counts(self, idle_seconds: float) -> tuple[int, int, int]:
+        rows = await self._fetch(_HEALTH_COUNTS, (time.time() - idle_seconds,))
+        return rows[0][0], rows[0][1], rows[0][2]
 
     async def recorded_examples(self, category: str, tool: str, api: str, limit: int) -> list[tuple[str, str]]:
         return [tuple(row) for row in await self._fetch(
@@ -436,7 +439,9 @@ class PostgresCache(SqlCache):
         async with self._pool_lock:
             if self._pool is None:
                 pool = AsyncConnectionPool(self._conninfo, min_size=1, max_size=self._pool_connections,
-                                           kwargs={"autocommit": True}, open=False, name="mirrorapi-cache")
+                                           kwargs={"autocommit": True}, open=False, name="mirrorapi-cache",
+                                           # a request waits this long for a connection, not psycopg's 30 s
+                                           timeout=CONNECT_TIMEOUT_SECONDS)
                 try:
                     await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
                 except Exception as exc:

@@ -8,7 +8,7 @@ On a server, every write happens on the event loop, never in a thread (a thread 
 the GIL, which cost misses a tenth of their throughput: issue 21), and never blocks it: the writes of
 one loop turn are committed together on a connection that does not wait for SQLite's lock. When
 another process holds the lock (an import), the commit is tried again every millisecond, and the
-loop goes on serving meanwhile; nothing handed over is dropped (`_LoopWriter`). Hit counts are kept
+loop goes on serving meanwhile; nothing handed over is dropped (`LoopWriter`). Hit counts are kept
 in memory and written by `maintain()` in slices of HIT_FLUSH_ROWS, so a cache hit costs one indexed
 read and no write.
 
@@ -42,8 +42,8 @@ from mirrorapi.serving.cache.base import (
     Call,
     Entry,
     SqlCache,
-    served,
 )
+from mirrorapi.serving.cache.sqlite_writer import LoopWriter
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class ResponseCache(SqlCache):
         self.path = Path(path)
         self.location = str(self.path)
         self._pending_hits: dict[int, int] = {}  # entry id -> hits not written yet
-        self._writer: _LoopWriter | None = None
+        self._writer: LoopWriter | None = None
         self._autocheckpoint = autocheckpoint
         self._commits = 0  # writer commits since the last checkpoint
         self._checkpointing: asyncio.Future | None = None
@@ -254,20 +254,6 @@ class ResponseCache(SqlCache):
         else:
             rows = self._db.execute(_FIND, (category, tool, api, arguments)).fetchall()
         return self._served(rows, identity, history, count_hit)
-
-    def _served(self, rows: list, identity: str, history: str, count_hit: bool) -> tuple[Any, str] | None:
-        row = served(rows, identity, history)
-        if row is None:
-            return None
-        if count_hit:
-            self._pending_hits[row[0]] = self._pending_hits.get(row[0], 0) + 1
-        return row[1], row[2]
-
-    def flush_hits(self) -> None:
-        hits, self._pending_hits = self._pending_hits, {}
-        if hits:
-            with self._transaction():
-                self._db.executemany(_COUNT_HITS, ((hits[id_], id_) for id_ in sorted(hits)))
 
     def stats(self) -> dict:
         stats = super().stats()
@@ -373,7 +359,7 @@ class ResponseCache(SqlCache):
                     await self._checkpointing
         self.close()
 
-    def _loop_writer(self) -> _LoopWriter:
+    def _loop_writer(self) -> LoopWriter:
         if self._writer is None:
             db = _connect(self.path, busy_timeout=0.0)
             committed = None
@@ -385,7 +371,7 @@ class ResponseCache(SqlCache):
                 # commits (the WAL stays about as small as SQLite's own rule keeps it) and at each `maintain()`.
                 db.execute("PRAGMA wal_autocheckpoint=0")
                 committed = self._committed
-            self._writer = _LoopWriter(db, committed)
+            self._writer = LoopWriter(db, committed)
         return self._writer
 
     def _committed(self) -> None:
@@ -409,86 +395,6 @@ class ResponseCache(SqlCache):
 
 def _key(call: Call) -> tuple[str, str, str, str, str]:
     return call.category, call.tool, call.api, call.arguments, call.history
-
-
-class _LoopWriter:
-    """The writes of a server, committed on the event loop: the jobs handed over in one loop turn run in
-    one transaction right after it. The connection does not wait for SQLite's lock: when another process
-    holds it, the commit is tried again every POLL_SECONDS (SQLite's own busy handler sleeps up to 100 ms
-    between tries, long enough for an importer to take the lock again and again; polling every
-    millisecond gets in between the importer's slices). No job handed over is dropped."""
-
-    POLL_SECONDS = 0.001
-
-    def __init__(self, db: sqlite3.Connection, committed: Callable[[], None] | None = None):
-        """`committed`: called after each commit (on the loop)."""
-        self._db = db
-        self._committed = committed
-        self._jobs: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future]] = []
-        self._scheduled: asyncio.Handle | None = None
-        self._waiting_since: float | None = None
-        self._reported = 0.0
-
-    def submit(self, job: Callable[[sqlite3.Connection], Any]) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._jobs.append((job, future))
-        if self._scheduled is None:
-            self._scheduled = loop.call_soon(self._commit)
-        return future
-
-    async def drain(self) -> None:
-        while self._jobs:
-            await asyncio.gather(*(future for _, future in self._jobs), return_exceptions=True)
-
-    def close(self) -> None:
-        if self._scheduled is not None:
-            self._scheduled.cancel()
-        self._db.close()
-
-    def _commit(self) -> None:
-        self._scheduled = None
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
-                return self._retry_later()
-            return self._fail(self._take(), exc)
-        jobs = self._take()
-        try:
-            results = [job(self._db) for job, _ in jobs]
-            self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("ROLLBACK")
-            return self._fail(jobs, exc)
-        self._waiting_since = None
-        for (_, future), result in zip(jobs, results, strict=True):
-            if not future.done():
-                future.set_result(result)
-        if self._committed is not None:
-            self._committed()
-
-    def _take(self) -> list:
-        jobs, self._jobs = self._jobs, []
-        return jobs
-
-    def _retry_later(self) -> None:
-        now = time.monotonic()
-        if self._waiting_since is None:
-            self._waiting_since, self._reported = now, 0.0
-        elif now - self._waiting_since - self._reported >= 10.0:
-            self._reported = now - self._waiting_since
-            logger.warning("cache writes wait for the database lock (another connection holds it, e.g. an import; "
-                           "%.0f s so far); %d writes queued, none dropped", self._reported, len(self._jobs))
-        self._scheduled = asyncio.get_running_loop().call_later(self.POLL_SECONDS, self._commit)
-
-    @staticmethod
-    def _fail(jobs: list, exc: Exception) -> None:
-        logger.error("cache write failed: %s (%d writes)", exc, len(jobs))
-        for _, future in jobs:
-            if not future.done():
-                future.set_exception(CacheError(f"cache write failed: {exc}"))
 
 
 def _count_hits(db: sqlite3.Connection, rows: list[tuple[int, int]]) -> None:

@@ -1,6 +1,6 @@
 """Fidelity metrics: how close simulated (and baseline) observations are to the real ones.
 
-Used by `mirrorapi.evaluation.fidelity` after a replay; every function here works on plain observations
+Used by `mirrorapi.evaluation.fidelity.replay` after a replay; every function here works on plain observations
 (`{"error": str, "response": ...}`) and pair dicts, so it can score any two sets of answers.
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 import jsonschema
 
-from mirrorapi.data.transport_failures import in_band_error, transport_failure
 from mirrorapi.names import api_key_name, standardize, standardize_category
-from mirrorapi.prompts import response_schema, skeleton_schema  # noqa: F401 (skeleton_schema: re-exported)
+from mirrorapi.prompts.simulator_formats import response_schema
 from mirrorapi.records import parse_repr_key
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
+from mirrorapi.transport_failures import in_band_error, transport_failure
 
 logger = logging.getLogger(__name__)
 

@@ -14,21 +14,28 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mirrorapi.data.judge_sft import JUDGE_KEYS, read_labelled
-from mirrorapi.evaluation.answer_files import AnswersError
-from mirrorapi.evaluation.judging import (
+from mirrorapi.evaluation.answers.items import AnswersError
+from mirrorapi.evaluation.judge.scoring import (
     JsonlStore,
     JudgeCall,
     JudgeRunError,
     JudgeSettings,
     judge_all,
 )
-from mirrorapi.prompts import DEFAULT_JUDGE_FORMAT, JUDGE_VERDICTS, extract_final_answer, judge_messages, parse_verdict
-from mirrorapi.records import SourceError
+from mirrorapi.prompts.judge_formats import (
+    DEFAULT_JUDGE_FORMAT,
+    JUDGE_VERDICTS,
+    extract_final_answer,
+    judge_messages,
+    parse_verdict,
+)
+from mirrorapi.records import JUDGE_KEYS, SourceError, read_labelled
 from mirrorapi.versions import package_versions
 
 LABELS = ("Solved", "Unsolved")
 UNPARSEABLE = "unparseable"
+
+
 def load_labelled(paths: list[str | Path], limit: int | None = None) -> list[dict]:
     """Records of the judge schema; `limit` keeps the first N of each source. A bad line is an error here
     (the SFT builder skips them instead): agreement over silently thinned data would mislead."""

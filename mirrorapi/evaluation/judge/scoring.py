@@ -20,13 +20,17 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
+from pydantic import Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from tqdm import tqdm
 
-from mirrorapi.engine_client import EngineClient, EngineError
-from mirrorapi.evaluation.answer_files import AnswerItem, build_items, load_answers, load_ids
-from mirrorapi.evaluation.score_tables import score_table, write_tables
-from mirrorapi.prompts import JUDGE_VERDICTS, judge_messages, parse_verdict
+from mirrorapi.command_line import Flag
+from mirrorapi.engine_client import DEFAULT_CONCURRENCY, EngineClient, EngineError, engine_concurrency
+from mirrorapi.evaluation.answers.items import AnswerItem, build_items, load_answers, load_ids
+from mirrorapi.evaluation.score_tables import MetricTable, metric_table, score_table
+from mirrorapi.prompts.judge_formats import JUDGE_VERDICTS, judge_messages, parse_verdict
 from mirrorapi.records import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -36,9 +40,6 @@ JUDGE_METRICS = {
     "fac": ("fac-v1", {"Solved": 1.0, "Unsolved": 0.0}),
     "sopr": ("sopr-v1", {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}),
 }
-# Judge requests in flight by engine (the `owned_by` of its /v1/models); others get DEFAULT_CONCURRENCY.
-ENGINE_CONCURRENCY = {"vllm": 16}
-DEFAULT_CONCURRENCY = 2
 ANSWERS_FILE = "answers.jsonl"
 _UNJUDGED_REASON = {"missing": "no answer for this id", "empty": "empty final answer",
                     "give_up": "the agent gave up (give_up_and_restart)"}
@@ -48,17 +49,21 @@ class JudgeRunError(Exception):
     """A run that cannot start: unreachable judge, an output folder holding another judge's verdicts."""
 
 
-@dataclass
+@pydantic_dataclass
 class JudgeSettings:
-    """How to reach the judge and how to ask it."""
+    """How to reach the judge and how to ask it. Each field is also a flag of every command that asks a
+    judge (eval/fac.py, eval/sowr.py, eval/judge_agreement.py; `--judge-*` in `mirrorapi benchmark`)."""
 
-    base_urls: list[str]
-    model: str
-    api_key: str = "EMPTY"
-    concurrency: int | None = None  # None: suited to the engine (`engine_concurrency`)
-    max_tokens: int = 256
-    temperature: float = 0.0
-    timeout: float = 120.0  # seconds per judge call, retries included
+    base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(description=(
+        "OpenAI-compatible base URL(s) of the judge engine, e.g. http://127.0.0.1:12345/v1."))
+    model: str = Field(description="The judge's model name on that engine.")
+    api_key: str = Field(default="EMPTY", description="API key of the judge engine.")
+    concurrency: int | None = Field(default=None, ge=1, description=(
+        "Judge requests in flight (default: 16 on vLLM, 2 on `transformers serve` and other engines, which work "
+        "on one request at a time)."))
+    max_tokens: int = Field(default=256, ge=1, description="Tokens per judge output.")
+    temperature: float = Field(default=0.0, ge=0, description="Judge temperature.")
+    timeout: float = Field(default=120.0, gt=0, description="Seconds per judge call, retries included.")
 
 
 @dataclass
@@ -147,18 +152,6 @@ async def check_reachable(engine: EngineClient) -> None:
         raise JudgeRunError(f"the judge engine is not reachable ({details}); start it or fix --base-url")
 
 
-async def engine_concurrency(engine: EngineClient) -> int:
-    """Judge requests in flight when `--concurrency` is not given: what the engine can work on at once.
-
-    vLLM batches requests, so 16 keep it busy. `transformers serve` generates one request at a time
-    on one thread and does not drop a request whose client gave up (non-streaming): 16 in flight on a
-    CPU queue up past the client's timeout, and the engine keeps generating the abandoned ones
-    (issue 15: 70 of 76 calls timed out, the next run found the engine still busy). Any engine not
-    known to batch gets 2: one generating, one queued behind it.
-    """
-    return ENGINE_CONCURRENCY.get(await engine.served_by() or "", DEFAULT_CONCURRENCY)
-
-
 async def judge_all(calls: list[JudgeCall], handle: Callable[[JudgeCall, str], None], settings: JudgeSettings,
                     desc: str, progress: bool = True) -> list[str]:
     """The one engine start/stop of a judging run: open a client to the judge, check that it answers,
@@ -216,6 +209,7 @@ class ScoringRun:
     ids: dict[str, list[str]]
     failures: list[str]  # judge calls without an answer (their items are pending)
     judge_calls: int  # calls sent in this run (0 when everything was already done)
+    table: MetricTable | None = None  # the metric's table, once `run_scoring` has computed it
 
 
 async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settings: JudgeSettings, out: Path,
@@ -271,5 +265,6 @@ def run_scoring(answers: str | os.PathLike, ids: str | os.PathLike, settings: Ju
     id_lists = load_ids(ids)
     items = build_items(load_answers(answers), id_lists)
     run = asyncio.run(score_items(items, id_lists, settings, Path(out), metric, repeats, overwrite, progress))
-    write_tables(Path(out), score_table(run, metric, repeats, settings.model, JUDGE_METRICS[metric][0]))
+    run.table = metric_table(score_table(run, metric, repeats, settings.model, JUDGE_METRICS[metric][0]))
+    run.table.write(Path(out))
     return run

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from mirrorapi.data.judge_sft import JUDGE_COLUMNS, build_judge_records, read_labelled
+from mirrorapi.data.judge_sft import JUDGE_COLUMNS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
-from mirrorapi.records import read_pairs_jsonl
+from mirrorapi.records import read_labelled, read_pairs_jsonl
 from mirrorapi.serving.cache import ResponseCache, export_stabletoolbench_cache, import_pairs
 from mirrorapi.tools import ToolRegistry
 

@@ -12,7 +12,7 @@ Real agents can run beside the replays (`agents`, e.g. SmolLM2-135M-Instruct in 
 text protocol). Their calls rarely match a recorded one, so with `simulator` (an engine's base URL and
 model) the server simulates what its cache lacks; the replays still get their recorded answers (hits).
 
-    python -m mirrorapi.evaluation.recorded_benchmark --judge-base-url URL --judge-model NAME --out DIR \
+    python -m mirrorapi.testing.recorded_benchmark --judge-base-url URL --judge-model NAME --out DIR \
         [--agent LABEL MODEL BASE_URL --agent-format LABEL agent-react-v1] \
         [--simulator-base-url URL --simulator-model NAME] [--limit N] [--single-chain-max-step 12]
 """
@@ -28,14 +28,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from mirrorapi.evaluation.agent import AgentSettings
+from mirrorapi.command_line import add_settings_arguments, settings_fields, settings_from_args
+from mirrorapi.evaluation.agent.settings import AgentSettings
 from mirrorapi.evaluation.benchmark import AgentSpec, BenchmarkResult, parse_agents, run_benchmark
-from mirrorapi.evaluation.cli_args import add_judge_arguments, judge_settings_from
-from mirrorapi.evaluation.judging import JudgeSettings
-from mirrorapi.evaluation.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
-from mirrorapi.processes import free_port, serve_in_thread
+from mirrorapi.evaluation.judge.scoring import JudgeSettings
 from mirrorapi.serving.app import create_app
 from mirrorapi.serving.config import ServerSettings
+from mirrorapi.testing.processes import free_port, serve_in_thread
+from mirrorapi.testing.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
 
 RECORDINGS = {"CoT@1": "virtual_chatgpt_cot", "DFS_woFilter_w2": "virtual_chatgpt_dfs"}
 
@@ -93,8 +93,12 @@ def recorded_benchmark(stabletoolbench: str | os.PathLike, tools: str | os.PathL
                              repeats=repeats, progress=progress, limit=limit)
 
 
+# The agent settings this harness takes as flags (AgentSettings' own); the others are the replays' own.
+RUN_SETTINGS = ("max_tokens", "react_grammar", "single_chain_max_step", "timeout")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mirrorapi.evaluation.recorded_benchmark", allow_abbrev=False,
+    parser = argparse.ArgumentParser(prog="python -m mirrorapi.testing.recorded_benchmark", allow_abbrev=False,
                                      description=__doc__.splitlines()[0])
     repo = Path(__file__).resolve().parents[2]
     parser.add_argument("--stabletoolbench", default=str(repo / "data" / "samples" / "stabletoolbench"))
@@ -106,25 +110,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="The prompt format of one --agent, e.g. agent-react-v1 (default agent-v1).")
     parser.add_argument("--simulator-base-url", default=None, help="Simulate cache misses with this engine.")
     parser.add_argument("--simulator-model", default=None, help="The simulator's model name on that engine.")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="Tokens per agent step (default 1024).")
-    parser.add_argument("--react-grammar", action="store_true",
-                        help="agent-react-v1 agents: constrain replies with a grammar (llama.cpp servers).")
-    parser.add_argument("--single-chain-max-step", type=int, default=12, help="Depth budget (StableToolBench: 12).")
-    parser.add_argument("--timeout", type=float, default=300.0, help="Seconds per agent call.")
-    parser.add_argument("--concurrency", type=int, default=4, help="Queries in flight per agent (default 4).")
+    add_settings_arguments(parser, AgentSettings, exclude=[name for name in settings_fields(AgentSettings)
+                                                           if name not in RUN_SETTINGS])
+    parser.add_argument("--concurrency", type=int, default=4, help="Queries in flight per agent (default 4: the "
+                        "replayed agents answer at once, unlike the engines AgentSettings' default is made for).")
     parser.add_argument("--limit", type=int, default=None, help="Only the first N queries.")
     parser.add_argument("--repeats", type=int, default=1, help="SoPR / SoWR rounds (default 1).")
-    add_judge_arguments(parser, prefix="judge-")
+    add_settings_arguments(parser, JudgeSettings, prefix="judge-")
     args = parser.parse_args(argv)
     if (args.simulator_base_url is None) != (args.simulator_model is None):
         parser.error("--simulator-base-url and --simulator-model go together")
     try:
         agents = parse_agents(args.agent, args.agent_format)
-        template = AgentSettings(server="", base_urls=[], model="", max_tokens=args.max_tokens,
-                                 single_chain_max_step=args.single_chain_max_step, timeout=args.timeout,
-                                 concurrency=args.concurrency, react_grammar=args.react_grammar)
+        template = settings_from_args(args, AgentSettings, server="", base_urls=[], model="",
+                                      concurrency=args.concurrency)
+        judge = settings_from_args(args, JudgeSettings, prefix="judge-")
         simulator = (args.simulator_base_url, args.simulator_model) if args.simulator_base_url else None
-        result = recorded_benchmark(args.stabletoolbench, args.tools, judge_settings_from(args, "judge-"), args.out,
+        result = recorded_benchmark(args.stabletoolbench, args.tools, judge, args.out,
                                     repeats=args.repeats, progress=True, limit=args.limit, agents=agents,
                                     simulator=simulator, template=template)
     except (ValueError, OSError) as exc:

@@ -1,67 +1,34 @@
-"""The benchmark's agent runner: an OpenAI-compatible tool-calling model against `/virtual`.
-
-Methods (StableToolBench's, notes §6):
-- `CoT@1`: one chain. Each model call adds a Thought node (its text) and, per tool call, an Action
-  node (the function name) and an Action Input node (the arguments, the observation). The chain ends
-  on a final answer, on `give_up_and_restart`, or when a node reaches depth `single_chain_max_step`.
-- `DFS_woFilter_w<N>`: depth-first tree search. Each node gets up to N children; the second and later
-  children are asked for with a message listing the earlier actions from that node. A final answer
-  ends the search; a give-up backtracks two levels, a dead end (depth limit) one; the search also ends
-  after `max_query_count` model calls.
-Budgets default to what StableToolBench's pipeline runs with: depth 12, 200 model calls.
+"""One query's search: the model, the functions, the server, the tree (CoT chain or DFS tree).
 
 The model acts through the engine's tool calls (`agent-v1`: the functions are sent as `tools`), or,
 for a model whose engine cannot pass tool calls for its chat template, through text (`agent-react-v1`,
-mirrorapi/prompts.py): the functions are listed in the system prompt, each reply is parsed into one
+`mirrorapi.prompts.agent_formats`): the functions are listed in the system prompt, each reply is parsed into one
 call (`parse_react_step`) and the history is sent as text (`react_conversation`). Either way the
 tree and the answer files hold the same StableToolBench messages (`tool_calls`, `tool` results).
-
-Every finished query is written at once as `<out>/answer/<group>/<query_id>_<method>.json` in
-StableToolBench's raw answer format (what its `convert_to_answer_format.py` reads: assistant
-messages carry `tool_calls`, never a `function_call` key, tool messages carry `tool_call_id`; the
-nodes of `trys` / `tree` carry `observation`), and the group's converted file
-`<out>/<group>.json` (what `eval/fac.py` reads) is rebuilt from all raw files of the group. The agent
-settings go into both (`agent_settings`, and `agent` in each converted record).
-
-A query fails, is reported on one line and is left unwritten (a rerun retries it) when the agent
-engine or the virtual server cannot be reached or times out. A model error that retrying cannot fix
-(HTTP 400 / 413, e.g. a prompt longer than the model's context) ends the chain like an error message
-does upstream: the answer is written, without a final answer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
-import re
-import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm import tqdm
-
 from mirrorapi.engine_client import EngineClient, EngineError
-from mirrorapi.evaluation.agent_env import (
+from mirrorapi.evaluation.agent.environment import (
     FINAL_ANSWER,
     FINISH,
     GAVE_UP,
     NO_SUCH_FUNCTION,
-    QueryError,
     QueryTools,
     VirtualClient,
     VirtualServerError,
     cut_observation,
     finish_status,
-    query_tools,
     unknown_function_observation,
 )
-from mirrorapi.evaluation.answer_convert import convert_answer_folder
-from mirrorapi.evaluation.judging import engine_concurrency
-from mirrorapi.prompts import (
+from mirrorapi.evaluation.agent.settings import AgentSettings, check_method
+from mirrorapi.prompts.agent_formats import (
     TEXT_AGENT_FORMATS,
     agent_diversity_message,
     agent_messages,
@@ -69,13 +36,9 @@ from mirrorapi.prompts import (
     react_conversation,
     react_grammar,
 )
-from mirrorapi.tools import RegistryError, ToolRegistry
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("CoT@1", "DFS_woFilter_w2")
-_DFS = re.compile(r"^DFS_woFilter_w(\d+)$")
-ANSWER_DIR = "answer"
 # Upstream's back-off lengths (DFS): a final answer ends the search, a give-up goes back two levels.
 _GIVE_UP_BACK, _STOP = 2, 10 ** 6
 # Engine answers that say "this request cannot be answered" (e.g. longer than the model's context):
@@ -83,49 +46,8 @@ _GIVE_UP_BACK, _STOP = 2, 10 ** 6
 _REFUSALS = (400, 413)
 
 
-class AgentRunError(Exception):
-    """A run that cannot start: bad queries, no tools, an unreachable engine or server."""
-
-
 class QueryFailed(Exception):
     """One query could not be finished (engine or server down); nothing is written for it."""
-
-
-@dataclass
-class AgentSettings:
-    """What produced a run: recorded in every raw and converted answer."""
-
-    server: str  # the /virtual URL
-    base_urls: list[str]
-    model: str
-    method: str = "CoT@1"
-    api_key: str = "EMPTY"
-    temperature: float = 0.0
-    max_tokens: int = 1024
-    single_chain_max_step: int = 12
-    max_query_count: int = 200
-    max_observation_length: int = 1024
-    concurrency: int | None = None  # queries in flight; None: suited to the engine (16 vLLM, 2 others)
-    timeout: float = 300.0  # seconds per model call, retries included
-    server_timeout: float = 120.0
-    prompt_format: str = "agent-v1"
-    system_prompt_file: str | None = None
-    tool_choice: str | None = None  # sent as is when set ("auto", "required")
-    react_grammar: bool = False  # text formats: constrain replies to the layout (llama.cpp's `grammar` field)
-
-    def record(self) -> dict:
-        """The settings as they go into answer files (no API key)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("api_key", "concurrency")}
-
-
-def check_method(method: str) -> int:
-    """The width of a method (1 for CoT@1); ValueError for an unknown method."""
-    if method == "CoT@1":
-        return 1
-    found = _DFS.match(method)
-    if found and int(found.group(1)) >= 1:
-        return int(found.group(1))
-    raise ValueError(f"unknown method {method!r}; use CoT@1 or DFS_woFilter_w<width> (e.g. DFS_woFilter_w2)")
 
 
 # ------------------------------------------------------------------------------------ the tree
@@ -384,177 +306,3 @@ async def run_query(query: dict, tools: QueryTools, engine: EngineClient, server
     data["answer_generation"] = generation
     data["agent_settings"] = settings.record()
     return data
-
-
-# ------------------------------------------------------------------------------------ the run
-def load_queries(path: str | os.PathLike) -> dict[str, list[dict]]:
-    """{group: [queries]} from a StableToolBench query file (`test_instruction/<group>.json`) or a folder."""
-    path = Path(path)
-    if not path.exists():
-        raise AgentRunError(f"queries not found: {path} (expected a test_instruction file or folder)")
-    files = sorted(p for p in path.iterdir() if p.suffix == ".json") if path.is_dir() else [path]
-    groups = {}
-    for file in files:
-        try:
-            data = json.loads(file.read_bytes())
-        except (OSError, ValueError) as exc:
-            raise AgentRunError(f"cannot read {file}: {exc}") from None
-        if not isinstance(data, list) or not all(isinstance(q, dict) and "query" in q and "api_list" in q
-                                                 for q in data):
-            raise AgentRunError(f"{file}: expected a StableToolBench query file (a list of {{query, api_list, "
-                                "query_id}})")
-        groups[file.stem] = data
-    if not groups:
-        raise AgentRunError(f"no <group>.json query files in {path}")
-    return groups
-
-
-def raw_answer_path(out: Path, group: str, query_id: str, method: str) -> Path:
-    return out / ANSWER_DIR / group / f"{query_id}_{method}.json"
-
-
-def _finished(path: Path) -> dict | None:
-    """The content of a finished raw answer file; None when absent or torn by an interrupted write (redo it)."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("answer_generation"), dict) else None
-
-
-def _check_same_agent(data: dict, settings: AgentSettings, path: Path) -> None:
-    """A rerun resumes a run; it must not mix another model's answers into it."""
-    earlier = data.get("agent_settings")
-    if not isinstance(earlier, dict):
-        return
-    if (earlier.get("model"), earlier.get("method")) != (settings.model, settings.method):
-        raise AgentRunError(f"{path} holds an answer of model {earlier.get('model')!r} ({earlier.get('method')}), "
-                            f"not {settings.model!r} ({settings.method}); use another --out")
-    if earlier.get("prompt_format", "agent-v1") != settings.prompt_format:
-        raise AgentRunError(f"{path} holds an answer in prompt format {earlier.get('prompt_format', 'agent-v1')!r}, "
-                            f"not {settings.prompt_format!r}; use another --out")
-
-
-def _write_atomically(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-@dataclass
-class AgentRun:
-    done: int  # queries finished in this run
-    skipped: int  # finished before (resume)
-    failures: list[str]  # one line per query not finished
-    converted: dict[str, Path | dict]  # group -> converted file (convert_answer_folder's answer)
-    seconds: float = 0.0
-
-    @property
-    def complete(self) -> bool:
-        return not self.failures
-
-
-def load_registry(tools: list[str | os.PathLike], query_files: list[Path]) -> ToolRegistry:
-    """The tools folder(s) first, then the query files (their api_list fills missing docs)."""
-    try:
-        registry = ToolRegistry.load(tools)
-    except RegistryError as exc:
-        raise AgentRunError(str(exc)) from None
-    for file in query_files:
-        registry.add_query_file(file)
-    return registry
-
-
-async def check_services(engine: EngineClient, server: VirtualClient) -> None:
-    health = await engine.health()
-    if not any(h.reachable for h in health):
-        raise AgentRunError("the agent engine is not reachable (" + "; ".join(f"{h.base_url}: {h.detail}"
-                                                                             for h in health) + "); start it or fix --base-url")
-    problem = await server.probe()
-    if problem:
-        raise AgentRunError(f"{problem}; start it or fix --server")
-
-
-async def run_agent_async(queries: str | os.PathLike, settings: AgentSettings, out: str | os.PathLike,
-                          tools: Sequence[str | os.PathLike] = (), progress: bool = True,
-                          limit: int | None = None) -> AgentRun:
-    """Run every query of `queries` not finished in `out` yet; write raw + converted answers."""
-    start = time.monotonic()
-    check_method(settings.method)
-    out = Path(out)
-    groups = load_queries(queries)
-    query_path = Path(queries)
-    files = sorted(p for p in query_path.iterdir() if p.suffix == ".json") if query_path.is_dir() else [query_path]
-    registry = load_registry(list(tools), files)
-    system_prompt = Path(settings.system_prompt_file).read_text(encoding="utf-8") if settings.system_prompt_file \
-        else None
-    todo, skipped = [], 0
-    for group, items in groups.items():
-        for item in items[:limit] if limit else items:
-            qid = str(item.get("query_id"))
-            path = raw_answer_path(out, group, qid, settings.method)
-            finished = _finished(path)
-            if finished is not None:
-                _check_same_agent(finished, settings, path)
-                skipped += 1
-            else:
-                todo.append((group, qid, item))
-    failures: list[str] = []
-    done = 0
-    if todo:
-        engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout)
-        server = VirtualClient(settings.server, timeout=settings.server_timeout)
-        try:
-            await check_services(engine, server)
-            if settings.concurrency is None:
-                settings = replace(settings, concurrency=await engine_concurrency(engine))
-                logger.info("agent engine %s: %d queries in flight (--concurrency sets another number)",
-                            settings.base_urls[0], settings.concurrency)
-            done = await _run_all(todo, registry, engine, server, settings, system_prompt, out, failures, progress)
-        finally:
-            await engine.aclose()
-            await server.aclose()
-    converted = {group: convert_answer_folder(out / ANSWER_DIR / group, settings.method, out / f"{group}.json")
-                 for group in groups if (out / ANSWER_DIR / group).is_dir()}
-    return AgentRun(done, skipped, failures, converted, time.monotonic() - start)
-
-
-async def _run_all(todo, registry, engine, server, settings, system_prompt, out, failures, progress) -> int:
-    semaphore = asyncio.Semaphore(max(1, settings.concurrency))
-    down = asyncio.Event()  # engine or server unreachable: the rest are not started
-    bar = tqdm(total=len(todo), desc=f"{settings.model} {settings.method}", unit="query",
-               disable=None if progress else True)
-    done = 0
-
-    async def one(group: str, qid: str, item: dict) -> None:
-        nonlocal done
-        async with semaphore:
-            try:
-                if down.is_set():
-                    raise QueryFailed("not started: the agent engine or the virtual server is down")
-                try:
-                    tools = query_tools(item, registry)
-                except QueryError as exc:
-                    raise QueryFailed(str(exc)) from None
-                data = await run_query(item, tools, engine, server, settings, system_prompt)
-                _write_atomically(raw_answer_path(out, group, qid, settings.method), data)
-                done += 1
-            except QueryFailed as exc:
-                line = f"query {group}/{qid} failed: {exc}"
-                failures.append(line)
-                bar.write(line)
-                if "unreachable" in str(exc):
-                    down.set()
-            finally:
-                bar.update()
-
-    try:
-        await asyncio.gather(*(one(*task) for task in todo))
-    finally:
-        bar.close()
-    return done
-
-
-def run_agent(queries, settings: AgentSettings, out, tools=(), progress: bool = True, limit: int | None = None) -> AgentRun:
-    return asyncio.run(run_agent_async(queries, settings, out, tools, progress, limit))

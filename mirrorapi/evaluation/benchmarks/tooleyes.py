@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from mirrorapi.engine_client import EngineClient, EngineError
-from mirrorapi.evaluation.answer_files import group_order, load_answers, render_steps
-from mirrorapi.evaluation.judging import JudgeSettings
-from mirrorapi.prompts import extract_final_answer, parse_tooleyes_ratings, tooleyes_messages
+from mirrorapi.evaluation.answers.items import group_order, load_answers, render_steps
+from mirrorapi.evaluation.judge.scoring import JudgeSettings
+from mirrorapi.prompts.judge_formats import extract_final_answer, parse_tooleyes_ratings, tooleyes_messages
 
 CAPABILITIES = ("s_FA", "s_IC", "s_BP", "s_TS", "s_AO")
 FINISH = "Finish"
@@ -212,7 +212,8 @@ def report_markdown(result: ToolEyesResult, judge: JudgeSettings | None) -> str:
     judged = f"judge {judge.model} ({', '.join(judge.base_urls)}), prompt tooleyes-v1" if judge else \
         "no judge: s_IC, s_BP, s_TS, s_AO and Overall need one (—)"
     lines += ["", f"Scores in %. s_FA and tool reality by rule; {judged}. Unrated trajectories (judge failures): "
-              f"{result.unrated}. Formulas and differences from ToolEyes: mirrorapi/evaluation/tooleyes.py."]
+              f"{result.unrated}. Formulas and differences from ToolEyes: "
+              "mirrorapi/evaluation/benchmarks/tooleyes.py."]
     return "\n".join(lines) + "\n"
 
 

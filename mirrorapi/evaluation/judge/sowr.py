@@ -18,15 +18,13 @@ says so and a rerun retries them.
 from __future__ import annotations
 
 import asyncio
-import csv
 import hashlib
-import json
 import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrorapi.evaluation.answer_files import (
+from mirrorapi.evaluation.answers.items import (
     GROUPS,
     AnswerItem,
     AnswersError,
@@ -35,9 +33,9 @@ from mirrorapi.evaluation.answer_files import (
     load_answers,
     load_ids,
 )
-from mirrorapi.evaluation.judging import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
-from mirrorapi.prompts import cut_judge_text, parse_preference, preference_messages
-from mirrorapi.versions import package_versions
+from mirrorapi.evaluation.judge.scoring import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
+from mirrorapi.evaluation.score_tables import MetricTable
+from mirrorapi.prompts.judge_formats import cut_judge_text, parse_preference, preference_messages
 
 PREFERENCES_FILE = "preferences.jsonl"
 PREFERENCE_FORMAT = "sowr-v1"
@@ -76,7 +74,7 @@ def decide(reference: AnswerItem, candidate: AnswerItem, ref_verdict: str | None
 
 @dataclass
 class SowrRun:
-    table: dict
+    table: MetricTable
     failures: list[str]
     preference_calls: int
 
@@ -133,7 +131,7 @@ async def _sowr(reference: str, items: list[AnswerItem], ids: dict[str, list[str
     failures = list(scoring.failures) + await judge_all(calls, handle, settings, "sowr judge", progress)
     compared = [r for r in decisions.values() if r["how"] in ("preference", "unparseable")]
     store.rewrite(sorted(compared, key=lambda r: _preference_key(r)))
-    table = sowr_table(reference, candidates, ids, decisions, rounds, settings.model)
+    table = sowr_metric_table(sowr_table(reference, candidates, ids, decisions, rounds, settings.model))
     return SowrRun(table, failures, len(calls))
 
 
@@ -173,43 +171,30 @@ def sowr_table(reference: str, candidates: list[str], ids: dict[str, list[str]],
             "pending": pending_total, "rows": rows}
 
 
-def render_sowr_markdown(table: dict) -> str:
+def sowr_metric_table(table: dict) -> MetricTable:
+    """The SoWR table of `sowr_table`'s document (win rates; ties and losses in the counts)."""
     groups = table["groups"]
-    lines = ["# SoWR (solvable win rate)", "",
-             (f"Win rate of each model against `{table['reference']}`; judge `{table['judge']}`, pass rates "
-             f"`{table['pass_rate_format']}` then preferences `{table['prompt_format']}`, majority of "
-             f"{table['rounds']} round(s). Ties are not counted as wins (see Counts)."), ""]
+    notes = [(f"Win rate of each model against `{table['reference']}`; judge `{table['judge']}`, pass rates "
+              f"`{table['pass_rate_format']}` then preferences `{table['prompt_format']}`, majority of "
+              f"{table['rounds']} round(s). Ties are not counted as wins (see Counts)."), ""]
     if not table["complete"]:
-        lines += [(f"**Incomplete:** {table['pending']} vote(s) pending (failed judge calls); rerun the same "
-                  "command to retry them."), ""]
-    lines += ["| Method | " + " | ".join(GROUPS.get(g, g) for g in groups) + " | Average |",
-              "|" + "---|" * (len(groups) + 2)]
-    for row in table["rows"]:
-        lines.append(f"| {row['model']} | " + " | ".join(f"{row['groups'][g]['win_rate']:.1f}" for g in groups)
-                     + f" | {row['average']['win_rate']:.1f} |")
-    lines += ["", "## Counts", "", ("| Method | Group | ids | wins | ties | losses | preference calls | "
-              "unparseable | pending |"), "|" + "---|" * 9]
+        notes += [(f"**Incomplete:** {table['pending']} vote(s) pending (failed judge calls); rerun the same "
+                   "command to retry them."), ""]
+    rows = [[row["model"], *(f"{row['groups'][g]['win_rate']:.1f}" for g in groups),
+             f"{row['average']['win_rate']:.1f}"] for row in table["rows"]]
+    details = ["", "## Counts", "", ("| Method | Group | ids | wins | ties | losses | preference calls | "
+               "unparseable | pending |"), "|" + "---|" * 9]
     for row in table["rows"]:
         for g in groups:
             c = row["groups"][g]
-            lines.append(f"| {row['model']} | {g} | {c['ids']} | {c['wins']} | {c['ties']} | {c['losses']} | "
-                         f"{c['preference_calls']} | {c['unparseable']} | {c['pending']} |")
-    return "\n".join(lines) + "\n"
-
-
-def write_sowr_tables(out: Path, table: dict) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {ext: out / f"sowr.{ext}" for ext in ("md", "csv", "json")}
-    paths["md"].write_text(render_sowr_markdown(table), encoding="utf-8")
-    paths["json"].write_text(json.dumps({**table, "versions": package_versions()}, ensure_ascii=False, indent=2)
-                             + "\n", encoding="utf-8")
-    with open(paths["csv"], "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["method", *table["groups"], "average", *(f"{g}_ties" for g in table["groups"])])
-        for row in table["rows"]:
-            writer.writerow([row["model"], *(row["groups"][g]["win_rate"] for g in table["groups"]),
-                             row["average"]["win_rate"], *(row["groups"][g]["ties"] for g in table["groups"])])
-    return paths
+            details.append(f"| {row['model']} | {g} | {c['ids']} | {c['wins']} | {c['ties']} | {c['losses']} | "
+                           f"{c['preference_calls']} | {c['unparseable']} | {c['pending']} |")
+    csv_rows = [[row["model"], *(row["groups"][g]["win_rate"] for g in groups), row["average"]["win_rate"],
+                 *(row["groups"][g]["ties"] for g in groups)] for row in table["rows"]]
+    return MetricTable("sowr", "# SoWR (solvable win rate)", notes,
+                       ["Method", *(GROUPS.get(g, g) for g in groups), "Average"], rows, details,
+                       ["method", *groups, "average", *(f"{g}_ties" for g in groups)], csv_rows, table,
+                       {row["model"]: row["average"]["win_rate"] for row in table["rows"]})
 
 
 def run_sowr(reference: str | os.PathLike, candidates: list[str | os.PathLike], ids: str | os.PathLike,
@@ -232,5 +217,5 @@ def run_sowr(reference: str | os.PathLike, candidates: list[str | os.PathLike], 
     id_lists = load_ids(ids)
     items = build_items(answers, id_lists)
     run = asyncio.run(_sowr(reference_name, items, id_lists, settings, Path(out), rounds, overwrite, progress))
-    write_sowr_tables(Path(out), run.table)
+    run.table.write(Path(out))
     return run

@@ -4,7 +4,7 @@ Each episode's calls go to `POST /virtual` in `step` order (stateful APIs; episo
 concurrently), with the body StableToolBench's agents send. Every simulated observation is
 compared with the real one, and so is a baseline: the nearest example, i.e. the real response of the
 most similar training call of the same API (`--baseline-pairs`), so a simulator has something real
-to beat. Metrics (all in %, see `fidelity_metrics.slice_metrics`) are given overall, per source and per API.
+to beat. Metrics (all in %, see `metrics.slice_metrics`) are given overall, per source and per API.
 """
 
 from __future__ import annotations
@@ -21,9 +21,14 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from mirrorapi.evaluation.fidelity_metrics import Embedder, FidelityError, api_id, build_report, compare
-from mirrorapi.evaluation.fidelity_report import write_report
-from mirrorapi.evaluation.sessions import heldout_episodes, history_report, render_history_markdown, some_episodes
+from mirrorapi.evaluation.fidelity.metrics import Embedder, FidelityError, api_id, build_report, compare
+from mirrorapi.evaluation.fidelity.report import write_report
+from mirrorapi.evaluation.fidelity.session_history import (
+    heldout_episodes,
+    history_report,
+    render_history_markdown,
+    some_episodes,
+)
 from mirrorapi.few_shot import argument_similarity
 from mirrorapi.records import SourceError, read_pairs_jsonl
 from mirrorapi.tools import RegistryError, ToolRegistry
@@ -160,7 +165,7 @@ def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline
     """Replay `pairs` through the server at `server`, score it and the baseline; write the report into `out`.
 
     `history`: `off` replays each call alone, `on` one session per episode, `both` does both and adds
-    the comparison (`mirrorapi.evaluation.sessions`; the main figures are then the `off` pass).
+    the comparison (`mirrorapi.evaluation.fidelity.session_history`; the main figures are then the `off` pass).
     `heldout_only`: keep the episodes the SFT builder (`--history heldout_history`) holds out (needs
     `tools`); `max_episodes`: at most N episodes, from each source in turn.
     """

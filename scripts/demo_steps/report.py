@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mirrorapi.evaluation.fidelity_metrics import compare, slice_metrics
+from mirrorapi.evaluation.fidelity.metrics import compare, slice_metrics
 from mirrorapi.tools import ToolRegistry
 from mirrorapi.versions import package_versions, versions_line
 

@@ -9,7 +9,7 @@ installed package; here the server listens on a free 127.0.0.1 port, like every 
 PostgreSQL refuses to run as root. Run as root (a CI container), the server runs as the unprivileged
 `nobody`, which owns the data folder; elsewhere as the current user.
 
-To try the PostgreSQL cache by hand: `python -m mirrorapi.testing.postgres --port 5433` prints the URL of a
+To try the PostgreSQL cache by hand: `python -m mirrorapi.testing.postgres_server --port 5433` prints the URL of a
 throwaway server and serves until Ctrl-C (its data is deleted then).
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrorapi.processes import ProcessExited, free_port, interrupts_deferred, poll_until, stop
+from mirrorapi.testing.processes import ProcessExited, free_port, interrupts_deferred, poll_until, stop
 
 UNPRIVILEGED_USER = "nobody"  # who runs the server when we are root (every Linux has it)
 
@@ -135,7 +135,7 @@ def create_database(url: str, name: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mirrorapi.testing.postgres", allow_abbrev=False,
+    parser = argparse.ArgumentParser(prog="python -m mirrorapi.testing.postgres_server", allow_abbrev=False,
                                      description="A throwaway PostgreSQL server on 127.0.0.1 (data deleted on exit).")
     parser.add_argument("--port", type=int, default=5433, help="Port to listen on (default 5433).")
     args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ and the next one when the request ends with an extra user message (DFS asking fo
 action), which replays a recorded DFS search in the order it was made. A conversation that leaves
 the recording, or reaches its end without a Finish, gets `Finish` with `give_up_and_restart`.
 
-With `text_protocol`, it speaks the `agent-react-v1` text protocol instead (mirrorapi/prompts.py): it
+With `text_protocol`, it speaks the `agent-react-v1` text protocol instead (mirrorapi/prompts/agent_formats.py): it
 reads the Thought / Action / Action Input replies and `Observation:` messages of the request back into
 steps and answers with the recorded step rendered in that layout, as a text-only model would.
 
@@ -37,8 +37,8 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 
 from mirrorapi.names import api_key_name, standardize
-from mirrorapi.processes import serve_in_thread
-from mirrorapi.prompts import REACT_OBSERVATION, parse_react_step, render_react_step
+from mirrorapi.prompts.agent_formats import REACT_OBSERVATION, parse_react_step, render_react_step
+from mirrorapi.testing.processes import serve_in_thread
 
 RECORDED_MODEL = "recorded-agent"
 

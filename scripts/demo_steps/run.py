@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from demo.build import (
+from demo_steps.build import (
     REPO,
     build_base_model,
     build_data,
@@ -53,9 +53,9 @@ from demo.build import (
     mark_complete,
     select_heldout,
 )
-from demo.calls import plan_calls, render_call, send_calls
-from demo.processes import StepFailed, brief, run_command, sigint_ignored, virtual_server
-from demo.report import (
+from demo_steps.calls import plan_calls, render_call, send_calls
+from demo_steps.child_processes import StepFailed, brief, run_command, sigint_ignored, virtual_server
+from demo_steps.report import (
     agent_baselines,
     constant_answer_metrics,
     counts,
@@ -65,11 +65,11 @@ from demo.report import (
     write_report,
 )
 from mirrorapi.data.simulator_sft import SimulatorDataOptions
-from mirrorapi.evaluation.judging import JudgeSettings
-from mirrorapi.evaluation.recorded_benchmark import recorded_benchmark
+from mirrorapi.evaluation.judge.scoring import JudgeSettings
 from mirrorapi.models.get import get_base_model
-from mirrorapi.processes import cpu_engine_serve, free_port
 from mirrorapi.records import read_pairs_jsonl
+from mirrorapi.testing.processes import cpu_engine_serve, free_port
+from mirrorapi.testing.recorded_benchmark import recorded_benchmark
 from mirrorapi.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -425,7 +425,7 @@ class Demo:
         out = self.run_dir / "agents"
         groups = sorted(p.stem.removesuffix("_instruction")
                         for p in (STB_EXAMPLE / "solvable_queries_example" / "test_instruction").glob("*.json"))
-        say("agent run: mirrorapi.evaluation.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
+        say("agent run: mirrorapi.testing.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
             f"agents on the first {self.sizes.agent_queries} quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
             f"of each group of StableToolBench's examples ({', '.join(groups)}), scored by the judge")
         result = recorded_benchmark(STB_EXAMPLE, REPO / "data" / "samples" / "tools", JudgeSettings(base_urls=[judge.base_url], model=judge.model, max_tokens=8),

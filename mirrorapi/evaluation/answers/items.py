@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mirrorapi.prompts import extract_final_answer
+from mirrorapi.prompts.judge_formats import extract_final_answer
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ GROUPS = {
 }
 
 # What an item holds instead of an answer to judge; all of them are Unsolved without a judge call.
-# (EMPTY and GIVE_UP come from `extract_final_answer`, in mirrorapi/prompts.py: what a judge is shown.)
+# (EMPTY and GIVE_UP come from `extract_final_answer`, in mirrorapi/prompts/judge_formats.py: what a judge is shown.)
 MISSING = "missing"
 
 

@@ -3,7 +3,7 @@
 The same held-out episodes are replayed twice through one server: once call by call (no session,
 each miss simulated alone) and once with one session per episode (`X-Session-Id`: the simulator
 sees the episode's earlier calls and answers). Both passes are scored like any fidelity run
-(`fidelity_metrics.compare`), and in addition:
+(`metrics.compare`), and in addition:
 
 - **per-step fidelity**: the metrics by position in the episode (step 0, 1, 2, 3+). History can
   only matter from step 1 on; step 0 is the control.
@@ -26,9 +26,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
-from mirrorapi.evaluation.fidelity_metrics import slice_metrics
-from mirrorapi.prompts import SESSION_FORMAT
+from mirrorapi.evaluation.fidelity.metrics import slice_metrics
+from mirrorapi.simulator_pairs import select_pairs
 from mirrorapi.tools import ToolRegistry
 
 STEP_BUCKETS = ("0", "1", "2", "3+")
@@ -41,9 +40,7 @@ def heldout_episodes(pairs: list[dict], registry: ToolRegistry, max_episodes: in
     """The pairs of the episodes `data/build_simulator_sft.py --history <history>` (default fractions
     and seed; the split depends on `--history`, through deduplication) holds out as test_id /
     test_ood, whole episodes; at most `max_episodes` of them (`some_episodes`)."""
-    options = SimulatorDataOptions(SESSION_FORMAT, history=history) if history else SimulatorDataOptions()
-    splits, _ = build_simulator_records(pairs, registry, options)
-    held = {(r["source"], r["episode"]) for name in ("test_id", "test_ood") for r in splits[name]}
+    held = select_pairs(pairs, registry, history=history).heldout_episodes()
     return some_episodes([p for p in pairs if (p["source"], str(p["episode"])) in held], max_episodes)
 
 
@@ -168,5 +165,5 @@ def render_history_markdown(report: dict) -> str:
             lines.append(f"| {name} history | {_cell(c['score'])} | {c['steps']} | {c['values_carried']} | "
                          f"{c['values_repeated']} |")
     lines += ["", "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, "
-              "the share the simulated answer repeats (`mirrorapi.evaluation.sessions`)."]
+              "the share the simulated answer repeats (`mirrorapi.evaluation.fidelity.session_history`)."]
     return "\n".join(lines) + "\n"

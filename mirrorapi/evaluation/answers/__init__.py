@@ -1,0 +1,2 @@
+"""StableToolBench answer files: raw answers converted (`convert`), converted answers read into the items a
+judge scores (`items`)."""

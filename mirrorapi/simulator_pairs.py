@@ -1,0 +1,134 @@
+"""Real pairs chosen for a simulator: the quality rules, and the split that holds whole episodes out.
+
+The data builder (`mirrorapi.data.simulator_sft`) renders the pairs chosen here as training and test records;
+the fidelity eval (`mirrorapi.evaluation.fidelity.session_history`) replays the episodes held out here. Both
+choose through `select_pairs`, so the eval replays exactly the episodes the builder kept out of training.
+Rules, each counted (the builder's `stats.json`):
+- a pair whose API has no doc is dropped (`unknown_api`);
+- transport failures (rate limits, timeouts, auth, gateway and server errors) are dropped
+  (`mirrorapi.transport_failures.transport_failure`, by kind); genuine API errors are kept as error examples;
+- with `need_rationale` (chain-of-thought data), a pair without a `rationale` is dropped (`no_rationale`);
+- a call seen before (same API, same canonical arguments, `mirrorapi.records.canonical_json`) is
+  dropped; the first one in input order is kept, and conflicting answers are counted apart;
+- responses over the server's budget are cut the way the server cuts them (`truncate_response`).
+With `history` K > 0, each pair also carries the earlier calls of its episode (every earlier step that resolved
+and was not a transport failure, duplicates included, as the server's session would hold them), newest first,
+chosen by `select_history` with the server's budget; a call is then a duplicate only when its earlier calls are
+the same too. Then `mirrorapi.splits.split_episodes` holds out APIs (`test_ood`) and calls of seen APIs
+(`test_id`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from mirrorapi.prompts.simulator_formats import HISTORY_CHAR_BUDGET, history_line, select_history, truncate_response
+from mirrorapi.records import canonical_json
+from mirrorapi.splits import split_episodes
+from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
+from mirrorapi.transport_failures import in_band_error, transport_failure
+
+DEFAULT_OOD_FRACTION = 0.05  # share of distinct APIs held out entirely (test_ood)
+DEFAULT_ID_FRACTION = 0.05  # share of the remaining episodes held out (test_id)
+DEFAULT_SPLIT_SEED = 42
+TEST_SPLITS = ("test_id", "test_ood")
+
+
+@dataclass(frozen=True)
+class ChosenPair:
+    doc: ApiDoc
+    arguments: dict
+    error: str
+    response: Any  # cut to the server's budget
+    pair: dict  # the pair as read (its response whole)
+    kind: str  # success | error | in_band_error
+    arguments_key: str  # canonical JSON of the arguments
+    history: tuple[str, ...]  # the episode's earlier calls as the prompt shows them (empty without `history`)
+
+
+@dataclass
+class PairSelection:
+    kept: list[ChosenPair]
+    splits: dict[str, list[int]]  # train / test_id / test_ood: indices into `kept`
+    read: Counter = field(default_factory=Counter)  # pairs read, by source
+    dropped: Counter = field(default_factory=Counter)  # unknown_api, no_rationale, duplicate, duplicate_conflicting
+    transport: Counter = field(default_factory=Counter)  # transport failures by kind
+    kinds: Counter = field(default_factory=Counter)  # kept pairs by kind
+    truncated: int = 0
+    unknown_examples: list[str] = field(default_factory=list)  # the first unknown APIs, for the stats
+
+    def heldout_episodes(self) -> set[tuple[str, str]]:
+        """(source, episode) of every episode held out (test_id or test_ood)."""
+        return {(self.kept[i].pair["source"], str(self.kept[i].pair["episode"]))
+                for name in TEST_SPLITS for i in self.splits[name]}
+
+
+def select_pairs(pairs: Iterable[dict], registry: ToolRegistry, *, history: int = 0,
+                 history_char_budget: int = HISTORY_CHAR_BUDGET, need_rationale: bool = False,
+                 ood_fraction: float = DEFAULT_OOD_FRACTION, id_fraction: float = DEFAULT_ID_FRACTION,
+                 seed: int = DEFAULT_SPLIT_SEED, progress: bool = False) -> PairSelection:
+    """Apply the quality rules and split; the kept pairs in input order and the split's indices into them."""
+    selection = PairSelection([], {})
+    seen: dict[tuple, tuple] = {}
+    for pair, doc, earlier in _with_history(pairs, registry, history, history_char_budget, selection, progress):
+        error, response = pair["response"]["error"], pair["response"]["response"]
+        if need_rationale and not pair.get("rationale"):
+            selection.dropped["no_rationale"] += 1  # a CoT target needs the mechanism (MirrorAPI's train_cot.json)
+            continue
+        key = (doc.category, doc.tool, doc.api, canonical_json(pair["tool_input"]), *earlier)
+        observation = (error, canonical_json(response))
+        if key in seen:
+            selection.dropped["duplicate" if seen[key] == observation else "duplicate_conflicting"] += 1
+            continue
+        seen[key] = observation
+        cut = truncate_response(response)
+        selection.truncated += cut is not response
+        kind = "error" if error else "in_band_error" if in_band_error(response) else "success"
+        selection.kinds[kind] += 1
+        selection.kept.append(ChosenPair(doc, pair["tool_input"], error, cut, pair, kind, key[3], earlier))
+    selection.splits = split_episodes([(c.doc.category, c.doc.tool, c.doc.api) for c in selection.kept],
+                                      [(c.pair["source"], c.pair["episode"]) for c in selection.kept],
+                                      ood_fraction, id_fraction, seed)
+    return selection
+
+
+def _with_history(pairs: Iterable[dict], registry: ToolRegistry, history: int, char_budget: int,
+                  selection: PairSelection, progress: bool) -> list[tuple[dict, ApiDoc, tuple[str, ...]]]:
+    """(pair, doc, history) of the pairs that resolve and are not transport failures, in input order;
+    `history`: the prompt's lines of the episode's earlier steps (empty without `history`)."""
+    usable: list[tuple[dict, ApiDoc]] = []
+    for pair in tqdm(pairs, desc="pairs", unit=" pairs", disable=None if progress else True, mininterval=1.0):
+        selection.read[pair["source"]] += 1
+        doc = pair.get("doc")
+        try:
+            doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
+        except UnknownName:
+            if doc is None:
+                selection.dropped["unknown_api"] += 1
+                if len(selection.unknown_examples) < 10:
+                    selection.unknown_examples.append(f"{pair['category']}/{pair['tool_name']}/{pair['api_name']}")
+                continue
+        failure = transport_failure(pair["response"]["error"], pair["response"]["response"])
+        if failure:
+            selection.transport[failure] += 1
+            continue
+        usable.append((pair, doc))
+    if not history:
+        return [(pair, doc, ()) for pair, doc in usable]
+    episodes: dict[tuple, list[tuple[int, str]]] = {}
+    for pair, doc in usable:
+        line = history_line(doc.tool, doc.api, pair["tool_input"], pair["response"]["error"],
+                            pair["response"]["response"])
+        episodes.setdefault((pair["source"], pair["episode"]), []).append((int(pair["step"]), line))
+    for steps in episodes.values():
+        steps.sort(key=lambda item: item[0])
+    out = []
+    for pair, doc in usable:
+        earlier = [line for step, line in episodes[(pair["source"], pair["episode"])] if step < int(pair["step"])]
+        out.append((pair, doc, tuple(select_history(earlier, history, char_budget))))
+    return out
