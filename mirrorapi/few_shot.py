@@ -29,7 +29,8 @@ def _shrink_value(value, budget: int):
         keep = max(0, budget - 2 - len(SHRINK_MARK))
         return value[:keep] + SHRINK_MARK if keep < len(value) else value
     if isinstance(value, list):
-        kept, used = [], 2
+        kept: list = []
+        used = 2
         for item in value:
             item_size = len(_compact(item)) + (1 if kept else 0)
             if used + item_size > budget:
