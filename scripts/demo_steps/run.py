@@ -1,8 +1,8 @@
-"""`make demo`: the whole loop on a CPU, in six steps (with `--real`, on real pretrained weights).
+"""`make demo`: the whole loop on a CPU, in six steps, on real pretrained weights (`--tiny`, `--quick`: a tiny model).
 
 1. data: simulator and judge SFT sets from real pairs (a slice of `../shared/data`, else `data/samples`);
 2. train: a tiny model built from scratch, then `accelerate launch training/sft.py` for the simulator
-   (`tiny_cpu.yaml`) and the judge (`tiny_judge_cpu.yaml`); with `--real`, SmolLM2-135M-Instruct
+   (`tiny_cpu.yaml`) and the judge (`tiny_judge_cpu.yaml`); by default SmolLM2-135M-Instruct
    (`mirrorapi models get`) for the simulator (`simulator_smollm2_cpu.yaml`) and the judge
    (`judge_smollm2_cpu.yaml`), the tiny simulator beside them as a reference row of the report;
 3. serve: the CPU engine (`cpu_engine_serve`: llama.cpp's server when `make engine` installed it, else
