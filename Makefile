@@ -56,8 +56,9 @@ test: venv
 test-quick: venv
 	$(BIN)/python -m pytest -m "not slow"
 
-# DEMO_ARGS: e.g. --quick, --samples, --work-dir DIR (scripts/demo.py --help)
-demo: venv
+# DEMO_ARGS: e.g. --full, --tiny, --quick, --samples, --work-dir DIR (scripts/demo.py --help). The default run
+# serves SmolLM2 with llama.cpp's server (`engine`); --tiny and --quick need neither it nor the package index.
+demo: venv engine
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
 bench: venv

@@ -10,6 +10,72 @@ from mirrorapi.records import canonical_json
 
 # Candidates read per API when choosing few-shot examples (bounds the cost of a miss).
 FEW_SHOT_CANDIDATES = 256
+SHRINK_MARK = "..."  # the end of a string cut by `shrink_response`
+
+
+def _compact(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _shrink_value(value, budget: int):
+    """`value` with its compact JSON made to fit `budget` characters where its structure allows: a list keeps
+    its first items that fit (at least its first, shrunk), an object keeps every key and shrinks its longest
+    values first, a string is cut and marked. Numbers, booleans and null are kept: the result may be a little
+    over the budget, never invalid JSON."""
+    size = len(_compact(value))
+    if size <= budget:
+        return value
+    if isinstance(value, str):
+        keep = max(0, budget - 2 - len(SHRINK_MARK))
+        return value[:keep] + SHRINK_MARK if keep < len(value) else value
+    if isinstance(value, list):
+        kept: list = []
+        used = 2
+        for item in value:
+            item_size = len(_compact(item)) + (1 if kept else 0)
+            if used + item_size > budget:
+                if not kept:
+                    kept.append(_shrink_value(item, budget - used))
+                break
+            kept.append(item)
+            used += item_size
+        return kept
+    if isinstance(value, dict):
+        shrunk = dict(value)
+        for _ in range(4 * len(shrunk)):  # each round shrinks the longest value; bounded, the budget may be unreachable
+            excess = len(_compact(shrunk)) - budget
+            if excess <= 0:
+                break
+            key = max(shrunk, key=lambda k: len(_compact(shrunk[k])) if isinstance(shrunk[k], (str, list, dict)) else 0)
+            current = len(_compact(shrunk[key]))
+            smaller = _shrink_value(shrunk[key], max(2, current - excess))
+            if len(_compact(smaller)) >= current:
+                break
+            shrunk[key] = smaller
+        return shrunk
+    return value
+
+
+def shrink_response(response, chars: int):
+    """A response made to fit about `chars` characters, still valid where it was JSON: a string that holds a
+    JSON object or array (how the pairs keep responses) is shrunk as that value and written back as compact
+    JSON text; another string is cut and marked. Shorter responses are returned as they are. Used for the
+    few-shot examples a prompt shows and for the training targets of long real answers (StableToolBench also
+    cuts long observations), so a record of a long answer fits a CPU's training length instead of being dropped."""
+    if not chars:
+        return response
+    if isinstance(response, str):
+        if len(response) <= chars:
+            return response
+        if response.lstrip()[:1] in ("{", "["):
+            try:
+                value = json.loads(response)
+            except ValueError:
+                value = None
+            if isinstance(value, (dict, list)):
+                return _compact(_shrink_value(value, chars))
+        return _shrink_value(response, chars + 2)
+    return _shrink_value(response, chars)
 
 
 def candidate_pool(candidates: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -44,11 +110,14 @@ def argument_similarity(a: dict, b: dict) -> float:
     return _similarity(a, _items(a), b, _items(b))
 
 
-def select_examples(candidates: list[tuple[str, str]], arguments: dict, k: int, char_budget: int) -> list[tuple[dict, dict]]:
+def select_examples(candidates: list[tuple[str, str]], arguments: dict, k: int, char_budget: int,
+                    response_chars: int = 0) -> list[tuple[dict, dict]]:
     """Up to `k` (arguments, observation) pairs of `candidate_pool(candidates)` most similar to
     `arguments`, whose rendered size
     (arguments + observation JSON) fits `char_budget` together. Deterministic: ties go to the
-    shorter, then the lexically first example. Examples that do not fit are skipped, never cut."""
+    shorter, then the lexically first example. With `response_chars`, each example's response is first
+    shrunk to about that many characters (`shrink_response`), so the most similar calls are shown even
+    when their answers are long; examples that still do not fit are skipped, never cut."""
     if k <= 0:
         return []
     scored = []
@@ -60,9 +129,15 @@ def select_examples(candidates: list[tuple[str, str]], arguments: dict, k: int, 
             scored.append((-_similarity(arguments, items, args, _items(args)), size, args_json, args, observation_json))
     scored.sort(key=lambda item: item[:3])
     chosen, used = [], 0
-    for _, size, _, args, observation_json in scored:
+    for _, size, args_json, args, observation_json in scored:
+        observation = json.loads(observation_json)
+        if response_chars and isinstance(observation, dict):
+            shrunk = shrink_response(observation.get("response", ""), response_chars)
+            if shrunk is not observation.get("response"):
+                observation = {**observation, "response": shrunk}
+                size = len(args_json) + len(_compact(observation))
         if used + size <= char_budget:
-            chosen.append((args, json.loads(observation_json)))
+            chosen.append((args, observation))
             used += size
             if len(chosen) == k:
                 break

@@ -1,9 +1,9 @@
 """The whole loop on a CPU: data -> train the simulator and the judge -> serve -> /virtual -> score -> report.
 
-    python scripts/demo.py              # what `make demo` runs (about 5 minutes on 2 cores)
-    python scripts/demo.py --quick      # fewer training steps and requests (the test suite's version)
-    python scripts/demo.py --real       # SmolLM2-135M-Instruct as simulator and judge, within the demo's time
-    python scripts/demo.py --full       # --real with the simulator trained longer (LONG_SIMULATOR_STEPS)
+    python scripts/demo.py              # what `make demo` runs: SmolLM2-135M-Instruct as simulator and judge
+    python scripts/demo.py --full       # the same with the simulator trained for its recipe's steps (longer)
+    python scripts/demo.py --tiny       # a tiny model trained from scratch instead: offline, a few minutes
+    python scripts/demo.py --quick      # the tiny model, fewer steps and requests (the test suite's version)
 
 Uses ../shared/data when it is beside the clone (a slice of it), else data/samples. Everything goes
 to --work-dir (default runs/demo): what is built is reused by the next run, and every run writes a
@@ -26,12 +26,12 @@ def make_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
                                      allow_abbrev=False)
     parser.add_argument("--quick", action="store_true", help="Fewer training steps and requests (about 1-2 minutes).")
-    parser.add_argument("--real", action="store_true",
-                        help="SmolLM2-135M-Instruct for the simulator and the judge (mirrorapi models get; "
-                             "llama.cpp's server when `make engine` installed it), beside the tiny model.")
+    parser.add_argument("--tiny", action="store_true",
+                        help="A tiny model trained from scratch as the simulator and the judge, instead of "
+                             "SmolLM2-135M-Instruct (needs no package index; learns the format, not the APIs).")
     parser.add_argument("--full", action="store_true",
-                        help="--real, with the simulator trained for longer than the demo's time allows (the run "
-                             "behind the documented SmolLM2 simulator figures).")
+                        help="The simulator trained for its recipe's steps, longer than the demo's time allows (the "
+                             "run behind the documented SmolLM2 simulator figures).")
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "demo",
                         help="Where to build, keep and report (default runs/demo).")
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared" / "data",
@@ -65,14 +65,15 @@ def main(argv=None) -> int:
     progress.propagate = False
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    if (args.real or args.full) and args.quick:
-        make_parser().error("--real/--full and --quick: choose one (--quick is the tiny model's short run)")
+    if args.full and (args.quick or args.tiny):
+        make_parser().error("--full and --quick/--tiny: choose one (--quick is the tiny model's short run)")
+    real = not (args.quick or args.tiny)
     shared = None if args.samples or not args.shared.is_dir() else args.shared
-    model = "SmolLM2-135M-Instruct" if args.real or args.full else "a tiny model"
+    model = "SmolLM2-135M-Instruct" if real else "a tiny model"
     print(f"mirrorapi demo{' (quick)' if args.quick else ''}: the whole loop on a CPU with {model}; "
           f"work folder {args.work_dir}", flush=True)
     try:
-        report = run_demo(DemoOptions(args.work_dir, shared, args.quick, args.real or args.full, args.full))
+        report = run_demo(DemoOptions(args.work_dir, shared, args.quick, real, args.full))
     except DemoError as exc:
         what = "interrupted during" if exc.interrupted else "failed at"
         print(f"demo {what} step {exc.number} ({exc.step})" + ("" if exc.interrupted else f": {exc}"), file=sys.stderr)

@@ -26,7 +26,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mirrorapi.command_line import Flag
-from mirrorapi.few_shot import candidate_pool, select_examples
+from mirrorapi.few_shot import candidate_pool, select_examples, shrink_response
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_SIMULATOR_FORMAT,
@@ -38,6 +38,7 @@ from mirrorapi.prompts.simulator_formats import (
     check_cot_system_prompt,
     render_observation,
     simulator_messages,
+    truncate_response,
 )
 from mirrorapi.prompts.simulator_output import COT_RATIONALE_KEY
 from mirrorapi.records import STATS_FILE, observation_json
@@ -71,6 +72,12 @@ class SimulatorDataOptions:
         "`few_shot` setting."))
     few_shot_char_budget: int = Field(default=2048, description=(
         "Most characters of examples per prompt; match the server's `few_shot_char_budget`."))
+    few_shot_response_chars: int = Field(default=0, description=(
+        "Shrink each example's response to about this many characters, JSON kept valid (0: whole); match the "
+        "server's `few_shot_response_chars`."))
+    target_response_chars: int = Field(default=0, description=(
+        "Shrink the training targets of longer real responses to about this many characters, JSON kept valid, so "
+        "their records fit max_length (0: whole, cut at the server's 2,048 characters)."))
     ood_fraction: float = Field(default=DEFAULT_OOD_FRACTION, description="Share of distinct APIs held out entirely (test_ood).")
     id_fraction: float = Field(default=DEFAULT_ID_FRACTION, description="Share of the other episodes held out (test_id).")
     seed: int = Field(default=DEFAULT_SPLIT_SEED, description="Seed of the split.")
@@ -92,8 +99,9 @@ class SimulatorDataOptions:
             raise ValueError(f"prompt format {self.prompt_format!r} needs a system prompt file")
         if self.prompt_format == COT_FORMAT:
             check_cot_system_prompt(self.system_prompt or "")
-        if self.few_shot < 0:
-            raise ValueError(f"few_shot must be >= 0, got {self.few_shot}")
+        for name in ("few_shot", "few_shot_response_chars", "target_response_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("ood_fraction", "id_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -147,18 +155,21 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
     def pick(index: int) -> list[tuple[dict, dict]]:
         doc, arguments = kept[index].doc, kept[index].arguments
         return select_examples(pools.get((doc.category, doc.tool, doc.api), []), arguments, options.few_shot,
-                               options.few_shot_char_budget)
+                               options.few_shot_char_budget, options.few_shot_response_chars)
     return pick
 
 
 def _render(chosen: ChosenPair, options: SimulatorDataOptions, examples: list[tuple[dict, dict]]) -> dict:
     doc, arguments, pair, history = chosen.doc, chosen.arguments, chosen.pair, chosen.history
+    response = chosen.response  # cut at the server's budget
+    if options.target_response_chars:  # a long answer shrunk (JSON kept valid) before that cut
+        response = truncate_response(shrink_response(pair["response"]["response"], options.target_response_chars))
     return {
         "prompt": simulator_messages(doc, arguments, examples, fmt=options.prompt_format,
                                      system_prompt=options.system_prompt,
                                      history=list(history) if options.history else None),
         "completion": [{"role": "assistant",
-                        "content": _target(chosen.error, chosen.response, pair, options.prompt_format)}],
+                        "content": _target(chosen.error, response, pair, options.prompt_format)}],
         "prompt_format": options.prompt_format,
         "source": pair["source"], "episode": str(pair["episode"]), "step": int(pair["step"]),
         "category": doc.category, "tool": doc.tool, "api": doc.api, "arguments": chosen.arguments_key,

@@ -124,6 +124,9 @@ class ServerSettings(BaseModel):
         "Ask the engine for JSON of the observation schema (response_format json_schema)."))
     few_shot: int = Field(0, ge=0, description="Real cached examples of the same API shown to the simulator.")
     few_shot_char_budget: int = Field(2048, gt=0, description="Most characters of examples per prompt.")
+    few_shot_response_chars: int = Field(0, ge=0, description=(
+        "Shrink each example's response to about this many characters (valid JSON kept; 0: show examples whole, "
+        "skipping those over the budget). Match the simulator's training data."))
     seed: int | None = Field(None, description=(
         "Sampling seed sent to the engine (the stabletoolbench formats: 42, as upstream sends; with them "
         "max_tokens defaults to 2048 and structured_output to false, also as upstream)."))

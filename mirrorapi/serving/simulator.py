@@ -64,6 +64,8 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
              f"structured_output={'on' if settings.structured_output else 'off'}", f"few_shot={settings.few_shot}"]
     if settings.few_shot:
         parts.append(f"few_shot_chars={settings.few_shot_char_budget}")
+        if settings.few_shot_response_chars:
+            parts.append(f"few_shot_response_chars={settings.few_shot_response_chars}")
     if settings.temperature and settings.seed is not None:
         parts.append(f"seed={settings.seed}")
     system_prompt = None if in_session else settings.system_prompt()
@@ -90,7 +92,8 @@ class Simulator:
         if self.settings.few_shot:
             if candidates is None:
                 candidates = self.cache.examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
-            examples = select_examples(candidates, arguments, self.settings.few_shot, self.settings.few_shot_char_budget)
+            examples = select_examples(candidates, arguments, self.settings.few_shot, self.settings.few_shot_char_budget,
+                                       self.settings.few_shot_response_chars)
         if history is not None:  # our session format; a system prompt file is for the stateless format
             return simulator_messages(doc, arguments, examples, fmt=SESSION_FORMAT, history=history.lines)
         return simulator_messages(doc, arguments, examples, fmt=self.settings.prompt_format,

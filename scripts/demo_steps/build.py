@@ -135,10 +135,8 @@ def _write_jsonl(path: Path, records) -> int:
     return n
 
 
-def build_data(build: Path, source: DataSource, code: str, prompt_format: str = "mirrorapi-v1", few_shot: int = 0,
-               few_shot_chars: int = 2048) -> DemoData:
+def build_data(build: Path, source: DataSource, code: str, options: SimulatorDataOptions) -> DemoData:
     pairs = read_slice(source)
-    options = SimulatorDataOptions(prompt_format=prompt_format, few_shot=few_shot, few_shot_char_budget=few_shot_chars)
     inputs = {"pairs": digest(pairs), "tools": digest(source.tools), "labelled": digest(source.labelled),
               "options": vars(options), "code": code}
     folder = build / f"data-{digest(inputs)}"

@@ -159,7 +159,7 @@ def _mode(report: dict) -> str:
     if report["quick"]:
         return "quick (reduced)"
     if report.get("real"):
-        return "real weights, simulator trained longer (--full)" if report.get("full") else "real weights (--real)"
+        return "real weights, simulator trained longer (--full)" if report.get("full") else "real weights (make demo)"
     return "tiny model"
 
 

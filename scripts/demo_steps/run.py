@@ -1,8 +1,8 @@
-"""`make demo`: the whole loop on a CPU, in six steps (with `--real`, on real pretrained weights).
+"""`make demo`: the whole loop on a CPU, in six steps, on real pretrained weights (`--tiny`, `--quick`: a tiny model).
 
 1. data: simulator and judge SFT sets from real pairs (a slice of `../shared/data`, else `data/samples`);
 2. train: a tiny model built from scratch, then `accelerate launch training/sft.py` for the simulator
-   (`tiny_cpu.yaml`) and the judge (`tiny_judge_cpu.yaml`); with `--real`, SmolLM2-135M-Instruct
+   (`tiny_cpu.yaml`) and the judge (`tiny_judge_cpu.yaml`); by default SmolLM2-135M-Instruct
    (`mirrorapi models get`) for the simulator (`simulator_smollm2_cpu.yaml`) and the judge
    (`judge_smollm2_cpu.yaml`), the tiny simulator beside them as a reference row of the report;
 3. serve: the CPU engine (`cpu_engine_serve`: llama.cpp's server when `make engine` installed it, else
@@ -64,6 +64,7 @@ from demo_steps.report import (
     parse_counts,
     write_report,
 )
+from mirrorapi.data.simulator_sft import SimulatorDataOptions
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
 from mirrorapi.models.get import get_base_model
 from mirrorapi.records import read_pairs_jsonl
@@ -91,6 +92,7 @@ BASE_MODEL = "smollm2-135m-instruct"  # `mirrorapi models get` (mirrorapi/models
 RECIPES = {"tiny": {"simulator": "training/configs/tiny_cpu.yaml", "judge": "training/configs/tiny_judge_cpu.yaml"},
            "real": {"simulator": "training/configs/simulator_smollm2_cpu.yaml",
                     "judge": "training/configs/judge_smollm2_cpu.yaml"}}
+RECIPE_STEPS = yaml.safe_load((REPO / RECIPES["real"]["simulator"]).read_text(encoding="utf-8"))["max_steps"]
 
 
 @dataclass
@@ -101,10 +103,12 @@ class Sizes:
     judge: dict
     real: bool = False  # SmolLM2 for the simulator and the judge; else the tiny model
     tiny_simulator: dict | None = None  # with real weights: the tiny simulator's overrides, for the report
-    few_shot: int = 3  # examples the untrained base is shown (real weights only)
+    base_max_tokens: int = 256  # the untrained base's answers (it rambles to the limit): bounds the row's time
     # Real examples of the same API in the trained simulators' prompts (data and server alike) and their budget.
     simulator_few_shot: int = 0
     simulator_few_shot_chars: int = 2048
+    simulator_few_shot_response_chars: int = 0  # each example's response shrunk to this (0: whole)
+    target_response_chars: int = 0  # training targets of long real responses shrunk to this (0: whole)
     hits: int = 3  # one per source
     misses: int = 2
     heldout_calls: int = 40
@@ -116,16 +120,19 @@ class Sizes:
 # that sees hundreds of records once answers nothing parseable.
 TINY_SIMULATOR = {"max_train_samples": 64, "max_length": 768, "max_steps": 300, **QUIET_TRAINING}
 FULL = Sizes(TINY_SIMULATOR, {"max_eval_samples": 32, **QUIET_TRAINING})
-# --real: SmolLM2-135M-Instruct for the simulator and the judge, the recipes' own sizes (see their comments),
-# the tiny simulator beside it.
-# The simulator sees 2 real examples of the same API (within 1,024 characters), as the server will show it:
-# measured, the untrained base shown examples already wrote valid JSON where the zero-shot fine-tune wrote "success".
-REAL = Sizes({"max_eval_samples": 8, **QUIET_TRAINING}, {"max_eval_samples": 16, **QUIET_TRAINING}, real=True,
-             tiny_simulator=TINY_SIMULATOR, simulator_few_shot=2, simulator_few_shot_chars=1024)
-# --full: the same, with the simulator trained longer than the demo's 20 minutes allow.
-LONG_SIMULATOR_STEPS = 600
-REAL_LONG = Sizes({**REAL.simulator, "max_steps": LONG_SIMULATOR_STEPS}, REAL.judge, real=True,
-                  tiny_simulator=TINY_SIMULATOR, simulator_few_shot=2, simulator_few_shot_chars=1024)
+# The default run: SmolLM2-135M-Instruct for the simulator and the judge, the tiny simulator beside it.
+# Retrieval-augmented simulation: each prompt shows the nearest real call of the same API (the server's own
+# few-shot choice from its cache of the training calls; its response shrunk to 600 characters, JSON kept valid),
+# and long real answers are trained shrunk to 1,024 characters instead of dropped, so the model learns to copy
+# and adapt a real answer (measured in docs/training.md: 150 steps beat the nearest-example baseline).
+DEMO_SIMULATOR_STEPS = 100  # the recipe's 150 (--full) do not fit the demo's 20 minutes
+RETRIEVAL = {"simulator_few_shot": 1, "simulator_few_shot_chars": 1024, "simulator_few_shot_response_chars": 600,
+             "target_response_chars": 1024}
+REAL = Sizes({"max_eval_samples": 8, "max_steps": DEMO_SIMULATOR_STEPS, **QUIET_TRAINING},
+             {"max_eval_samples": 16, **QUIET_TRAINING}, real=True, tiny_simulator=TINY_SIMULATOR, **RETRIEVAL)
+# --full: the recipe's own steps, longer than the demo's 20 minutes allow.
+REAL_LONG = Sizes({"max_eval_samples": 8, **QUIET_TRAINING}, REAL.judge, real=True, tiny_simulator=TINY_SIMULATOR,
+                  **RETRIEVAL)
 # --quick (the test suite's run): shorter records and fewer steps; the format is still learnt well
 # enough that the held-out misses come back as observations.
 QUICK = Sizes({"max_train_samples": 16, "max_length": 512, "max_steps": 40, "warmup_steps": 5,
@@ -140,7 +147,7 @@ class DemoOptions:
     shared: Path | None  # ../shared/data, or None to use data/samples
     quick: bool = False
     real: bool = False  # SmolLM2 instead of the tiny model (not with quick)
-    full: bool = False  # real, with the simulator trained for LONG_SIMULATOR_STEPS
+    full: bool = False  # real, with the simulator trained for the recipe's RECIPE_STEPS
 
 
 class DemoError(Exception):
@@ -265,14 +272,21 @@ class Demo:
                     say(f"{kind}: step {step}/{total}, loss {loss} ({now - began:.0f} s)")
         return on_line
 
+    @property
+    def trained_shots(self) -> tuple[int, int, int]:
+        """The few-shot settings the trained simulators were trained with: (k, char budget, response chars)."""
+        return (self.sizes.simulator_few_shot, self.sizes.simulator_few_shot_chars,
+                self.sizes.simulator_few_shot_response_chars)
+
     def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None,
-                      few_shot: int = 0, few_shot_chars: int = 2048) -> Path:
+                      few_shot: tuple[int, int, int] = (0, 2048, 0), max_tokens: int = 512) -> Path:
         """`<run>/<name>.yml` for `serving/main_mirrorapi.py`; its request lines go to `logs/<name>-requests.jsonl`."""
         config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
                   else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
                   "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
-                  "max_tokens": 512, "engine_timeout": 120, "prompt_format": self.prompt_format, "few_shot": few_shot,
-                  "few_shot_char_budget": few_shot_chars}
+                  "max_tokens": max_tokens, "engine_timeout": 120, "prompt_format": self.prompt_format,
+                  "few_shot": few_shot[0],
+                  "few_shot_char_budget": few_shot[1], "few_shot_response_chars": few_shot[2]}
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return path
@@ -282,8 +296,11 @@ class Demo:
         source = choose_data(self.options.shared)
         say(f"from {source.description}")
         self.code = code_version()
-        self.data = build_data(self.build, source, self.code, self.prompt_format, self.sizes.simulator_few_shot,
-                               self.sizes.simulator_few_shot_chars)
+        self.data = build_data(self.build, source, self.code, SimulatorDataOptions(
+            prompt_format=self.prompt_format, few_shot=self.sizes.simulator_few_shot,
+            few_shot_char_budget=self.sizes.simulator_few_shot_chars,
+            few_shot_response_chars=self.sizes.simulator_few_shot_response_chars,
+            target_response_chars=self.sizes.target_response_chars))
         s = self.data.summary
         say(("reused " if self.data.reused else "built ") + shown(self.data.folder))
         say(f"{s['pairs']} real pairs (" + ", ".join(f"{n} {k}" for k, n in s["by_source"].items() if k != "total")
@@ -319,7 +336,7 @@ class Demo:
         say(f"simulator engine: {self.engine.name} on {shown(self.simulator)} answers at {self.engine.base_url} "
             f"(pid {self.engine.process.pid})")
         config = self.server_config("server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache,
-                                    self.sizes.simulator_few_shot, self.sizes.simulator_few_shot_chars)
+                                    self.trained_shots)
         self.server = self.stack.enter_context(virtual_server(config, self.logs / "server.log"))
         health = httpx.get(self.server + "/health", timeout=10).json()
         say(f"virtual server: {self.server}/virtual (settings: {shown(config)}); {health['tools']['apis']} APIs of "
@@ -344,25 +361,26 @@ class Demo:
         heldout = self.run_dir / "heldout.jsonl"
         chosen = select_heldout(self.data.test_pairs, self.sizes.heldout_calls)
         heldout.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen), encoding="utf-8")
-        trained_shots = (self.sizes.simulator_few_shot, self.sizes.simulator_few_shot_chars)
+        trained_shots = self.trained_shots
         self.fidelity_run("fidelity", self.engine, heldout, baseline=True, few_shot=trained_shots)
         self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
         self.report["fidelity_constant"] = constant_answer_metrics(chosen, self.data.source.tools)
         if self.sizes.real:
             self.stack.close()  # one engine at a time: the machine's cores go to the one being measured
             others = self.report["fidelity_others"] = {}
-            for side, folder, few_shot in (("base_few_shot", self.base, (self.sizes.few_shot, 2048)),
+            for side, folder, few_shot in (("base_few_shot", self.base, trained_shots),
                                            ("tiny", self.tiny_simulator, trained_shots)):
                 with cpu_engine_serve(folder, log_path=self.logs / f"{side}-engine.log", timeout=180) as engine:
                     say(f"{side.replace('_', ' ')}: {engine.name} on {shown(folder)} answers at {engine.base_url}")
-                    out = self.fidelity_run(f"fidelity-{side}", engine, heldout, few_shot=few_shot)
+                    out = self.fidelity_run(f"fidelity-{side}", engine, heldout, few_shot=few_shot,
+                                            max_tokens=self.sizes.base_max_tokens if side == "base_few_shot" else 512)
                 others[side] = json.loads((out / "fidelity.json").read_text(encoding="utf-8"))
         if self.sizes.real:
             steps = self.report["training"]["simulator"]["metrics"]["steps"]
             self.report["figures_from"] = (
-                f"These figures come from a `--{'full' if self.options.full else 'real'}` run: the simulator fine-tuned "
-                f"for {steps} steps" + (" (longer than the demo's time allows)." if self.options.full else
-                                        f"; `--full` trains it for {LONG_SIMULATOR_STEPS}."))
+                f"These figures come from a {'`--full`' if self.options.full else '`make demo`'} run: the simulator "
+                f"fine-tuned for {steps} steps" + (" (longer than the demo's time allows)." if self.options.full else
+                                                   f"; `--full` trains it for the recipe's {RECIPE_STEPS}."))
         say(fidelity_summary(self.report))
 
         judge = self.stack.enter_context(cpu_engine_serve(self.judge, log_path=self.logs / "judge-engine.log",
@@ -382,13 +400,13 @@ class Demo:
         self.agent_run(judge)
 
     def fidelity_run(self, name: str, engine, heldout: Path, baseline: bool = False,
-                     few_shot: tuple[int, int] = (0, 2048)) -> Path:
+                     few_shot: tuple[int, int, int] = (0, 2048, 0), max_tokens: int = 512) -> Path:
         """`eval/simulator.py` on the held-out calls through a virtual server of its own on `engine`, into
         `<run>/<name>/`. Its cache starts empty; with `few_shot`, it holds the training calls' real responses
         (the examples the simulator is shown; never a held-out call: the splits keep episodes apart)."""
         out = self.run_dir / name
         config = self.server_config(f"{name}-server.yml", engine, self.run_dir / f"{name}-cache.sqlite",
-                                    self.data.stb_cache if few_shot[0] else None, *few_shot)
+                                    self.data.stb_cache if few_shot[0] else None, few_shot, max_tokens)
         with virtual_server(config, self.logs / f"{name}-server.log") as url:
             cache = f"cache of the training calls, few_shot {few_shot[0]}" if few_shot[0] else "empty cache"
             say(f"a virtual server for the held-out calls ({cache}): {url}")

@@ -64,3 +64,43 @@ def test_stabletoolbench_format_uses_the_users_system_prompt(cache_with_provenan
     assert system == {"role": "system", "content": "You are the API server of the released model."}
     assert user["content"].startswith("API doc:\n{'api_name': 'Transfermarkt search'")
     assert user["content"].endswith("\n\nRequest:\n{'name': 'x'}")
+
+
+def test_long_examples_are_shown_shrunk_not_skipped():
+    flights = [{"flight": f"HAT{i:03d}", "origin": "JFK", "destination": "SEA", "seats": {"economy": i}}
+               for i in range(40)]
+    long_call = {"origin": "JFK", "destination": "SEA", "date": "2024-05-16"}
+    pool = [(canonical_json(long_call), json.dumps({"error": "", "response": json.dumps(flights)})),
+            (canonical_json({"origin": "LAX"}), json.dumps({"error": "", "response": "[]"}))]
+    request = {"origin": "JFK", "destination": "SEA", "date": "2024-05-17"}
+    whole = select_examples(pool, request, k=1, char_budget=600)
+    assert [a for a, _ in whole] == [{"origin": "LAX"}]  # shown whole, the nearest call does not fit: skipped
+    (arguments, observation), = select_examples(pool, request, k=1, char_budget=600, response_chars=400)
+    assert arguments == long_call
+    shown = json.loads(observation["response"])  # still JSON: the first flights, whole
+    assert shown == flights[:len(shown)] and 1 <= len(shown) < len(flights)
+    assert len(observation["response"]) <= 400
+
+
+def test_shrink_response_keeps_json_valid_and_the_shape():
+    from mirrorapi.few_shot import shrink_response
+
+    user = {"name": "Mia Li", "reservations": [f"R{i:05d}" for i in range(300)], "bio": "x" * 3000, "age": 41}
+    shrunk = json.loads(shrink_response(json.dumps(user), 300))
+    assert set(shrunk) == set(user) and shrunk["age"] == 41 and shrunk["name"] == "Mia Li"
+    assert shrunk["reservations"] == user["reservations"][:len(shrunk["reservations"])]
+    assert shrunk["bio"].endswith("...") and len(json.dumps(shrunk, separators=(",", ":"))) <= 300
+    assert shrink_response("plain text " * 100, 40).endswith("...")
+    assert len(shrink_response("plain text " * 100, 40)) <= 40
+    assert shrink_response('{"a": 1}', 4) == '{"a":1}'  # nothing left to cut: a number stays whole
+    short = '{"a": [1, 2]}'
+    assert shrink_response(short, 100) is short and shrink_response(short, 0) is short
+
+
+def test_examples_shrunk_name_the_simulator_identity(samples):
+    from mirrorapi.serving.simulator import simulator_identity
+
+    base = {"tools_folder": [str(samples / "tools")], "few_shot": 2}
+    whole = simulator_identity(load_settings(overrides=base, environ={}))
+    shrunk = simulator_identity(load_settings(overrides={**base, "few_shot_response_chars": 400}, environ={}))
+    assert "few_shot_response_chars=400" in shrunk and "few_shot_response_chars" not in whole

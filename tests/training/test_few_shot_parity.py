@@ -19,7 +19,8 @@ APIS = {("APIBank", "apibank_account", "GetUserToken")}
 
 
 @pytest.mark.shared
-def test_builder_and_server_show_the_same_examples(shared_data, tmp_path):
+@pytest.mark.parametrize("prompt_format,response_chars", [("mirrorapi-v1", 0), ("mirrorapi-v2", 16)])
+def test_builder_and_server_show_the_same_examples(shared_data, tmp_path, prompt_format, response_chars):
     pairs = [p for p in read_pairs_jsonl(shared_data / "pairs" / "api-bank-generated.jsonl")
              if (p["category"], p["tool_name"], p["api_name"]) in APIS]
     random.Random(7).shuffle(pairs)  # recorded in no particular order
@@ -31,20 +32,25 @@ def test_builder_and_server_show_the_same_examples(shared_data, tmp_path):
     tools = shared_data / "toolenv" / "realtools"
     registry = ToolRegistry.load([tools])
 
-    options = SimulatorDataOptions(few_shot=3, ood_fraction=0.0, id_fraction=0.0)
+    # response_chars 16: every GetUserToken example ({"token": "<a 30-character token>"}) is shown shrunk
+    options = SimulatorDataOptions(prompt_format=prompt_format, few_shot=3, few_shot_response_chars=response_chars,
+                                   ood_fraction=0.0, id_fraction=0.0)
     splits, _ = build_simulator_records(read_pairs_jsonl(pairs_file), registry, options)
     cache = ResponseCache(tmp_path / "cache.sqlite")
     import_pairs(cache, pairs_file, registry)  # what `mirrorapi cache import pairs.jsonl` does
-    settings = load_settings(overrides={"tools_folder": [str(tools)], "few_shot": 3}, environ={})
+    settings = load_settings(overrides={"tools_folder": [str(tools)], "few_shot": 3, "prompt_format": prompt_format,
+                                        "few_shot_response_chars": response_chars}, environ={})
     simulator = Simulator(engine=None, cache=cache, settings=settings)
 
     records = splits["train"]
     assert len(records) == sum(distinct.values())
-    with_examples = 0
+    with_examples = shrunk = 0
     for record in records:
         doc = registry.get(record["category"], record["tool"], record["api"])
         served = simulator.messages(doc, json.loads(record["arguments"]))
         assert served == record["prompt"], record["arguments"]
         with_examples += "Examples:\n" in served[1]["content"]
+        shrunk += '..."}' in served[1]["content"]
     assert with_examples == len(records)
+    assert shrunk > 0 if response_chars else shrunk == 0
     cache.close()

@@ -185,3 +185,32 @@ def test_cli_bad_input_is_one_line_and_status_2(tmp_path, args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "d").exists()
+
+
+def test_long_targets_are_shrunk_to_valid_json_not_dropped(registry):
+    """--target-response-chars: a long JSON answer becomes a shorter JSON value of the same shape (its first
+    list items, every key), so its record fits a CPU's max_length; short answers are left as they were."""
+    bound = 300
+    whole, _ = build_simulator_records(SAMPLE_PAIRS, registry, SimulatorDataOptions(prompt_format="mirrorapi-v2"))
+    shrunk, _ = build_simulator_records(SAMPLE_PAIRS, registry, SimulatorDataOptions(
+        prompt_format="mirrorapi-v2", target_response_chars=bound))
+    changed = cut_json = 0
+    for split in whole:
+        assert len(shrunk[split]) == len(whole[split])
+        for before, after in zip(whole[split], shrunk[split], strict=True):
+            old = json.loads(before["completion"][0]["content"])["response"]
+            new = json.loads(after["completion"][0]["content"])["response"]  # still one JSON observation
+            if len(json.dumps(old, separators=(",", ":"), ensure_ascii=False)) <= bound:
+                assert new == old
+                continue
+            changed += 1
+            if isinstance(old, str) and isinstance(new, (list, dict)):
+                cut_json += 1  # without the option, JSON over the server's budget was cut into a string
+                assert old.endswith(TRUNCATION_MARK) and len(json.dumps(new, separators=(",", ":"))) < len(old) / 2
+                continue
+            assert type(new) is type(old)
+            if isinstance(old, dict):
+                assert set(new) == set(old)
+            elif isinstance(old, list):
+                assert 1 <= len(new) <= len(old)
+    assert changed > cut_json > 0
