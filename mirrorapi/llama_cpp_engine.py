@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 REWRITTEN_PATHS = ("/v1/chat/completions", "/v1/completions")
 ANY_JSON = {"type": ["string", "number", "boolean", "object", "array", "null"]}
@@ -117,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     threads = len(os.sched_getaffinity(0))
     parser.set_defaults(**SERVER_DEFAULTS, n_threads=threads, n_threads_batch=threads)
     args = parser.parse_args(argv)
-    server = parse_model_from_args(ServerSettings, args)
-    model = parse_model_from_args(ModelSettings, args)
+    # llama-cpp-python annotates parse_model_from_args as returning the class it is given, not an instance
+    # (mypy then refuses create_app's arguments where the package is installed): the values are instances.
+    server: Any = parse_model_from_args(ServerSettings, args)
+    model: Any = parse_model_from_args(ModelSettings, args)
     app = OpenAIDialect(create_app(server_settings=server, model_settings=[model]))
     uvicorn.run(app, host=server.host, port=server.port, log_level="warning")
     return 0
