@@ -27,7 +27,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from mirrorapi.prompts.simulator_formats import HISTORY_CHAR_BUDGET, history_line, select_history, truncate_response
+from mirrorapi.prompts.simulator_formats import (
+    HISTORY_CHAR_BUDGET,
+    SESSION_FORMAT,
+    history_line,
+    select_history,
+    truncate_response,
+)
 from mirrorapi.records import canonical_json
 from mirrorapi.splits import split_episodes
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
@@ -69,13 +75,16 @@ class PairSelection:
 
 
 def select_pairs(pairs: Iterable[dict], registry: ToolRegistry, *, history: int = 0,
-                 history_char_budget: int = HISTORY_CHAR_BUDGET, need_rationale: bool = False,
+                 history_char_budget: int = HISTORY_CHAR_BUDGET, history_format: str = SESSION_FORMAT,
+                 need_rationale: bool = False,
                  ood_fraction: float = DEFAULT_OOD_FRACTION, id_fraction: float = DEFAULT_ID_FRACTION,
                  seed: int = DEFAULT_SPLIT_SEED, progress: bool = False) -> PairSelection:
-    """Apply the quality rules and split; the kept pairs in input order and the split's indices into them."""
+    """Apply the quality rules and split; the kept pairs in input order and the split's indices into them.
+    With `history`, each pair's earlier calls are rendered as session format `history_format` shows them."""
     selection = PairSelection([], {})
     seen: dict[tuple, tuple] = {}
-    for pair, doc, earlier in _with_history(pairs, registry, history, history_char_budget, selection, progress):
+    for pair, doc, earlier in _with_history(pairs, registry, history, history_char_budget, history_format, selection,
+                                            progress):
         error, response = pair["response"]["error"], pair["response"]["response"]
         if need_rationale and not pair.get("rationale"):
             selection.dropped["no_rationale"] += 1  # a CoT target needs the mechanism (MirrorAPI's train_cot.json)
@@ -97,7 +106,7 @@ def select_pairs(pairs: Iterable[dict], registry: ToolRegistry, *, history: int 
     return selection
 
 
-def _with_history(pairs: Iterable[dict], registry: ToolRegistry, history: int, char_budget: int,
+def _with_history(pairs: Iterable[dict], registry: ToolRegistry, history: int, char_budget: int, fmt: str,
                   selection: PairSelection, progress: bool) -> list[tuple[dict, ApiDoc, tuple[str, ...]]]:
     """(pair, doc, history) of the pairs that resolve and are not transport failures, in input order;
     `history`: the prompt's lines of the episode's earlier steps (empty without `history`)."""
@@ -123,7 +132,7 @@ def _with_history(pairs: Iterable[dict], registry: ToolRegistry, history: int, c
     episodes: dict[tuple, list[tuple[int, str]]] = {}
     for pair, doc in usable:
         line = history_line(doc.tool, doc.api, pair["tool_input"], pair["response"]["error"],
-                            pair["response"]["response"])
+                            pair["response"]["response"], fmt)
         episodes.setdefault((pair["source"], pair["episode"]), []).append((int(pair["step"]), line))
     for steps in episodes.values():
         steps.sort(key=lambda item: item[0])

@@ -201,6 +201,26 @@ def test_scores_stand_beside_trivial_baselines(first_run):
     assert f"trained for {seconds} s" in markdown if seconds < 60 else f"trained for {seconds // 60} min" in markdown
 
 
+def test_held_out_episodes_are_replayed_with_and_without_session_history(first_run):
+    report, markdown = first_run.report, (first_run.report_dir / "report.md").read_text()
+    heldout = [json.loads(line) for line in (first_run.report_dir / "heldout.jsonl").read_text().splitlines()]
+    episodes = {(p["source"], str(p["episode"])) for p in heldout}
+    sessions = report["fidelity"]["sessions"]
+    assert (sessions["episodes"], sessions["calls"]) == (len(episodes), len(heldout))
+    assert sessions["without"]["overall"] == report["fidelity"]["overall"]["simulated"]  # the table's row
+    # The server saw every held-out call twice: once alone, once in its episode's session (one session each).
+    lines = [json.loads(line) for line in
+             (first_run.report_dir / "logs" / "fidelity-server-requests.jsonl").read_text().splitlines()]
+    in_session = [line for line in lines if "session" in line]
+    assert len(in_session) == len(lines) - len(in_session) == len(heldout)
+    assert len({line["session"] for line in in_session}) == len(episodes)
+    assert {line["provenance"].split(",")[0].split("@")[1] for line in in_session if line["outcome"] == "simulated"} <= \
+        {report["session_format"]}
+    assert "### With and without session history" in markdown and "| with history |" in markdown
+    assert report["parsing"]["with_history"]["simulated"] + report["parsing"]["with_history"]["engine_errors"] <= \
+        len(heldout)
+
+
 def test_nothing_is_written_into_home_and_nothing_is_left_running(first_run):
     assert sorted(first_run.home.rglob("*")) == []
     assert processes_using(first_run.work) == []

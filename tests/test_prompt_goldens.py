@@ -164,6 +164,27 @@ def test_mirrorapi_v2_writes_json_responses_as_values(registry):
         'Request: {"is_id":"D"}\nResponse: {"error":"Not found","response":"{\\"id\\": "}')
 
 
+
+def test_mirrorapi_session_v2_writes_json_responses_as_values_in_examples_and_history(registry):
+    """`mirrorapi-session-v1`'s layout and system prompt; the examples and the earlier calls' answers as
+    `mirrorapi-v2` writes responses (a JSON object or array as that value); only those two parts differ."""
+    doc = registry.resolve("Logistics", "transitaires", "transitaire")
+    examples = [({"is_id": "A"}, {"error": "", "response": '{"id": "A", "tags": ["x"]}'})]
+    real = ("transitaires", "transitaires", {"is_id": "A"}, "", '{"id": "A", "tags": ["x"]}')
+    earlier_v1, earlier_v2 = history_line(*real), history_line(*real, fmt="mirrorapi-session-v2")
+    assert earlier_v2 == ('{"tool":"transitaires","api":"transitaires","request":{"is_id":"A"},'
+                          '"answer":{"error":"","response":{"id":"A","tags":["x"]}}}')
+    v1 = simulator_messages(doc, {"is_id": "EKVF"}, examples, fmt="mirrorapi-session-v1", history=[earlier_v1])
+    v2 = simulator_messages(doc, {"is_id": "EKVF"}, examples, fmt="mirrorapi-session-v2", history=[earlier_v2])
+    assert v2[0] == v1[0]
+    assert "\n\nEarlier calls in this session, newest first:\n" + earlier_v2 + '\n\nRequest:\n{"is_id":"EKVF"}' in \
+        v2[1]["content"]
+    assert ('Examples:\nRequest: {"is_id":"A"}\nResponse: {"error":"","response":{"id":"A","tags":["x"]}}\n\n'
+            in v2[1]["content"])
+    assert v2[1]["content"].replace('{"id":"A","tags":["x"]}', '"{\\"id\\": \\"A\\", \\"tags\\": [\\"x\\"]}"') == \
+        v1[1]["content"]
+
+
 FAC_V1_SYSTEM = (
     "You decide whether an AI assistant's final answer solves a user's query. Judge the final answer "
     "alone and do not check its facts against your own knowledge.\n"

@@ -17,7 +17,7 @@ from mirrorapi.command_line import Command, add_group, add_settings_arguments, s
 from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
-from mirrorapi.prompts.simulator_formats import DEFAULT_SIMULATOR_FORMAT, SESSION_FORMAT
+from mirrorapi.prompts.simulator_formats import DEFAULT_SIMULATOR_FORMAT, STRUCTURED_FORMAT, session_format
 from mirrorapi.records import SourceError, read_labelled, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.tools import RegistryError, ToolRegistry
 
@@ -59,8 +59,8 @@ def build_simulator_sft(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     bad: list[str] = []
     given: dict = {}
-    if args.history and (args.prompt_format or DEFAULT_SIMULATOR_FORMAT) == DEFAULT_SIMULATOR_FORMAT:
-        given["prompt_format"] = SESSION_FORMAT
+    if args.history and (args.prompt_format or DEFAULT_SIMULATOR_FORMAT) in (DEFAULT_SIMULATOR_FORMAT, STRUCTURED_FORMAT):
+        given["prompt_format"] = session_format(args.prompt_format or DEFAULT_SIMULATOR_FORMAT)
     if args.system_prompt_file:
         given["system_prompt"] = open(args.system_prompt_file, encoding="utf-8").read()
     options = settings_from_args(args, SimulatorDataOptions, **given)

@@ -33,7 +33,7 @@ from mirrorapi.prompts.simulator_formats import (
     HISTORY_CHAR_BUDGET,
     OUR_SIMULATOR_FORMATS,
     RESPONSE_CHAR_BUDGET,
-    SESSION_FORMAT,
+    SESSION_FORMATS,
     SIMULATOR_FORMATS,
     check_cot_system_prompt,
     render_observation,
@@ -82,17 +82,17 @@ class SimulatorDataOptions:
     id_fraction: float = Field(default=DEFAULT_ID_FRACTION, description="Share of the other episodes held out (test_id).")
     seed: int = Field(default=DEFAULT_SPLIT_SEED, description="Seed of the split.")
     history: Annotated[int, Flag(metavar="K")] = Field(default=0, description=(
-        "Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, chosen "
-        "automatically); match the server's `session_history`."))
+        "Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, or -v2 with "
+        "--prompt-format mirrorapi-v2, chosen automatically); match the server's `session_history`."))
     history_char_budget: int = Field(default=HISTORY_CHAR_BUDGET, description=(
         "Most characters of history per prompt; match the server's `session_char_budget`."))
 
     def check(self) -> None:
         if self.prompt_format not in SIMULATOR_FORMATS:
             raise ValueError(f"unknown prompt format {self.prompt_format!r}; known: {', '.join(SIMULATOR_FORMATS)}")
-        if (self.history > 0) != (self.prompt_format == SESSION_FORMAT):
-            raise ValueError(f"history > 0 goes with prompt format {SESSION_FORMAT!r} and only with it "
-                             f"(got history={self.history}, prompt format {self.prompt_format!r})")
+        if (self.history > 0) != (self.prompt_format in SESSION_FORMATS):
+            raise ValueError(f"history > 0 goes with a session prompt format ({', '.join(SESSION_FORMATS)}) and only "
+                             f"with one (got history={self.history}, prompt format {self.prompt_format!r})")
         if self.history < 0 or self.history_char_budget <= 0:
             raise ValueError("history must be >= 0 and history_char_budget > 0")
         if self.prompt_format not in OUR_SIMULATOR_FORMATS and not self.system_prompt:
@@ -112,6 +112,7 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
     """Choose (the quality rules), split, and render; returns (records per split, stats)."""
     options.check()
     chosen = select_pairs(pairs, registry, history=options.history, history_char_budget=options.history_char_budget,
+                          history_format=options.prompt_format,
                           need_rationale=options.prompt_format == COT_FORMAT, ood_fraction=options.ood_fraction,
                           id_fraction=options.id_fraction, seed=options.seed, progress=progress)
     kept, dropped = chosen.kept, chosen.dropped

@@ -16,6 +16,9 @@ Simulator formats
   budget (`select_history`). Each earlier call is one compact JSON line (`history_line`). With no
   earlier call the list reads `(none)`. The server uses it for calls that carry a session id; the
   data builder renders `--history K` records with it from real episodes.
+- `mirrorapi-session-v2`: `mirrorapi-session-v1` with `mirrorapi-v2`'s JSON values, in the examples, the
+  earlier calls' answers and the answer itself: what a `mirrorapi-v2` server's calls inside a session use
+  (`session_format`), so a model trained on JSON values is never shown them escaped.
 - `stabletoolbench` / `stabletoolbench-cache`: the user-message layout of StableToolBench's
   MirrorAPI servers (`API doc:` + Python repr of the doc, blank line, `Request:` + repr of the
   arguments), with a system prompt read from a user's file, to serve released MirrorAPI weights.
@@ -47,9 +50,11 @@ from mirrorapi.tools import ApiDoc
 SESSION_FORMAT = "mirrorapi-session-v1"
 COT_FORMAT = "stabletoolbench-cot"  # see the CoT block below
 STRUCTURED_FORMAT = "mirrorapi-v2"  # responses as JSON values (see the docstring)
-OUR_SIMULATOR_FORMATS = ("mirrorapi-v1", STRUCTURED_FORMAT, SESSION_FORMAT)  # our system prompt, no file needed
-SIMULATOR_FORMATS = ("mirrorapi-v1", STRUCTURED_FORMAT, SESSION_FORMAT, "stabletoolbench", "stabletoolbench-cache",
-                     COT_FORMAT)
+STRUCTURED_SESSION_FORMAT = "mirrorapi-session-v2"
+SESSION_FORMATS = (SESSION_FORMAT, STRUCTURED_SESSION_FORMAT)
+STRUCTURED_FORMATS = (STRUCTURED_FORMAT, STRUCTURED_SESSION_FORMAT)
+OUR_SIMULATOR_FORMATS = ("mirrorapi-v1", *STRUCTURED_FORMATS, SESSION_FORMAT)  # our system prompt, no file needed
+SIMULATOR_FORMATS = (*OUR_SIMULATOR_FORMATS, "stabletoolbench", "stabletoolbench-cache", COT_FORMAT)
 DEFAULT_SIMULATOR_FORMAT = "mirrorapi-v1"
 
 # Responses longer than this are cut (and marked) both in training data and in what the server
@@ -72,6 +77,14 @@ OBSERVATION_SCHEMA = {
     "required": ["error", "response"],
     "additionalProperties": False,
 }
+
+
+
+def session_format(fmt: str) -> str:
+    """The format of a call inside a session, for a server whose stateless calls use `fmt`: responses written
+    as JSON values (`mirrorapi-session-v2`) when `fmt` writes them so, else `mirrorapi-session-v1`."""
+    return STRUCTURED_SESSION_FORMAT if fmt in STRUCTURED_FORMATS else SESSION_FORMAT
+
 
 _SKELETON_TYPES = {"str": {"type": "string"}, "int": {"type": "number"}, "float": {"type": "number"},
                    "bool": {"type": "boolean"}, "empty list": {"type": "array"}}
@@ -120,7 +133,7 @@ def observation_schema(doc: ApiDoc, fmt: str) -> dict:
     tau-bench in-band error (`error` "", `response` "Error: ..."): a model that leans towards a plain string
     for a success escapes into it (measured: "Errores", "Errormg" for 10 of 21 successes). Otherwise
     OBSERVATION_SCHEMA."""
-    schema = response_schema(doc) if fmt == STRUCTURED_FORMAT else None
+    schema = response_schema(doc) if fmt in STRUCTURED_FORMATS else None
     if not schema or schema.get("type") not in ("object", "array"):
         return OBSERVATION_SCHEMA
 
@@ -174,7 +187,7 @@ def structured_response(response: Any) -> Any:
 
 def render_observation(error: str, response: Any, fmt: str) -> str:
     """An observation as a simulator prompt format writes it (a target, an example)."""
-    return observation_json(error, structured_response(response) if fmt == STRUCTURED_FORMAT else response)
+    return observation_json(error, structured_response(response) if fmt in STRUCTURED_FORMATS else response)
 
 
 def _param_v1(p: dict) -> dict:
@@ -208,11 +221,13 @@ def render_doc_v1(doc: ApiDoc) -> str:
 STABLETOOLBENCH_REQUEST_SETTINGS = {"seed": 42, "max_tokens": 2048, "structured_output": False}
 
 
-def history_line(tool: str, api: str, arguments: dict, error: str, response: Any) -> str:
-    """One earlier call of a session as the simulator sees it: `{"tool","api","request","answer"}`,
-    compact, with the wire names of the API (the server and the data builder both render it here)."""
+def history_line(tool: str, api: str, arguments: dict, error: str, response: Any, fmt: str = SESSION_FORMAT) -> str:
+    """One earlier call of a session as the simulator sees it in session format `fmt`:
+    `{"tool","api","request","answer"}`, compact, with the wire names of the API, the answer's response
+    written as `fmt` writes responses (the server and the data builder both render it here)."""
+    answer = render_observation(error, truncate_response(response), fmt)
     return (f'{{"tool":{json.dumps(tool, ensure_ascii=False)},"api":{json.dumps(api, ensure_ascii=False)},'
-            f'"request":{canonical_json(arguments)},"answer":{observation_json(error, truncate_response(response))}}}')
+            f'"request":{canonical_json(arguments)},"answer":{answer}}}')
 
 
 def select_history(lines: list[str], max_calls: int = DEFAULT_HISTORY_CALLS,
@@ -259,23 +274,23 @@ def simulator_messages(
     """Chat messages asking the simulator for the answer of `doc` to `arguments`.
 
     `examples` are (arguments, observation) pairs of the same API, shown before the request
-    (`mirrorapi-v1` formats only). `history` (`mirrorapi-session-v1` only) is the session's earlier
+    (`mirrorapi-*` formats only). `history` (session formats only) is the session's earlier
     calls as `select_history` chose them, newest first. `system_prompt` is required for the
     `stabletoolbench` formats (the text of the MirrorAPI model's system prompt, which we do not
     ship) and replaces ours otherwise.
     """
-    if history is not None and fmt != SESSION_FORMAT:
-        raise ValueError(f"prompt format {fmt!r} has no session history; use {SESSION_FORMAT!r}")
+    if history is not None and fmt not in SESSION_FORMATS:
+        raise ValueError(f"prompt format {fmt!r} has no session history; use {' or '.join(map(repr, SESSION_FORMATS))}")
     if fmt in OUR_SIMULATOR_FORMATS:
         parts = ["API documentation:\n" + render_doc_v1(doc)]
         if examples:
             shots = [f"Request: {canonical_json(a)}\nResponse: {render_observation(o.get('error', ''), o.get('response', ''), fmt)}"
                      for a, o in examples]
             parts.append("Examples:\n" + "\n".join(shots))
-        if fmt == SESSION_FORMAT:
+        if fmt in SESSION_FORMATS:
             parts.append("Earlier calls in this session, newest first:\n" + ("\n".join(history) if history else "(none)"))
         parts.append("Request:\n" + canonical_json(arguments))
-        default_system = SIMULATOR_SYSTEM_SESSION_V1 if fmt == SESSION_FORMAT else SIMULATOR_SYSTEM_V1
+        default_system = SIMULATOR_SYSTEM_SESSION_V1 if fmt in SESSION_FORMATS else SIMULATOR_SYSTEM_V1
         return [{"role": "system", "content": system_prompt or default_system},
                 {"role": "user", "content": "\n\n".join(parts)}]
     if fmt in ("stabletoolbench", "stabletoolbench-cache", COT_FORMAT):

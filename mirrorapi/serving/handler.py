@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from mirrorapi.engine_client import EngineError
 from mirrorapi.names import api_key_name
-from mirrorapi.prompts.simulator_formats import history_line
+from mirrorapi.prompts.simulator_formats import history_line, session_format
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.protocol import (
@@ -120,7 +120,7 @@ class VirtualApi:
             if session is not None:
                 observation = json.loads(reply.observation)
                 line = history_line(doc.tool, doc.api, arguments, observation.get("error", ""),
-                                    observation.get("response", ""))
+                                    observation.get("response", ""), session_format(settings.prompt_format))
                 await self.cache.update_session(session_id, settings.session_ttl,
                                                 advance(settings.session_history, line))
             return answer

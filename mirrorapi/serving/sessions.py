@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from mirrorapi.prompts.simulator_formats import history_line, select_history
+from mirrorapi.prompts.simulator_formats import SESSION_FORMAT, history_line, select_history
 
 EMPTY_HISTORY = hashlib.sha256(b"").hexdigest()
 State = tuple[str, int, list[str]]  # (digest, steps, kept lines oldest first): what the store keeps
@@ -44,8 +44,8 @@ class Session:
         self.digest = digest  # of every call recorded so far, not only the kept lines
         self.steps = steps
 
-    def record(self, tool: str, api: str, arguments: dict, error: str, response: Any) -> None:
-        self.record_line(history_line(tool, api, arguments, error, response))
+    def record(self, tool: str, api: str, arguments: dict, error: str, response: Any, fmt: str = SESSION_FORMAT) -> None:
+        self.record_line(history_line(tool, api, arguments, error, response, fmt))
 
     def record_line(self, line: str) -> None:
         self.lines.append(line)

@@ -22,8 +22,8 @@ from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     OBSERVATION_SCHEMA,
-    SESSION_FORMAT,
     observation_schema,
+    session_format,
     simulator_messages,
     truncate_response,
 )
@@ -53,13 +53,13 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
     not change a complete answer. The `simulator_identity` setting names one instead.
     E.g. `mirrorapi@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0`.
 
-    Calls inside a session are prompted in the session format (no system prompt file: that is the
-    stateless format's) with a history of `session_history` calls and `session_char_budget` characters,
+    Calls inside a session are prompted in the session format (`session_format`: `mirrorapi-session-v2` on a
+    `mirrorapi-v2` server, else `-v1`; no system prompt file: that is the stateless format's) with a history of `session_history` calls and `session_char_budget` characters,
     which change what the model sees: `mirrorapi@mirrorapi-session-v1,temperature=0,...,history=8,
     history_chars=4096` (a named identity gets `+mirrorapi-session-v1`)."""
     if settings.simulator_identity:
-        return settings.simulator_identity + (f"+{SESSION_FORMAT}" if in_session else "")
-    prompt_format = SESSION_FORMAT if in_session else settings.prompt_format
+        return settings.simulator_identity + (f"+{session_format(settings.prompt_format)}" if in_session else "")
+    prompt_format = session_format(settings.prompt_format) if in_session else settings.prompt_format
     parts = [f"{settings.model}@{prompt_format}", f"temperature={settings.temperature:g}",
              f"structured_output={'on' if settings.structured_output else 'off'}", f"few_shot={settings.few_shot}"]
     if settings.few_shot:
@@ -95,7 +95,8 @@ class Simulator:
             examples = select_examples(candidates, arguments, self.settings.few_shot, self.settings.few_shot_char_budget,
                                        self.settings.few_shot_response_chars)
         if history is not None:  # our session format; a system prompt file is for the stateless format
-            return simulator_messages(doc, arguments, examples, fmt=SESSION_FORMAT, history=history.lines)
+            return simulator_messages(doc, arguments, examples, fmt=session_format(self.settings.prompt_format),
+                                      history=history.lines)
         return simulator_messages(doc, arguments, examples, fmt=self.settings.prompt_format,
                                   system_prompt=self.system_prompt)
 

@@ -19,11 +19,12 @@ from mirrorapi.versions import package_versions, versions_line
 
 FIDELITY_KEYS = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
                  "error_agreement": "error agreement", "schema_conformance": "schema conformance"}
-SIDES = {"simulated": "simulator (tiny model)", "baseline": "nearest example",
+SIDES = {"simulated": "simulator (tiny model)", "with_history": "simulator (tiny model), in sessions",
+         "baseline": "nearest example",
          "constant": 'constant "no error" answer'}
 REAL_SIDES = {"simulated": "simulator (SmolLM2-135M fine-tuned)", "base_few_shot": "SmolLM2-135M untrained, few-shot",
               "tiny": "simulator (tiny model, 0.6M)", "baseline": "nearest example",
-              "constant": 'constant "no error" answer'}
+              "constant": 'constant "no error" answer', "with_history": "simulator (SmolLM2 fine-tuned), in sessions"}
 CONSTANT_ANSWER = {"error": "", "response": ""}  # what a simulator that never errs and says nothing answers
 # How many items each metric is computed over (the others are over every call).
 METRIC_N = {"valid_json": "valid_json_n", "schema_conformance": "schema_n"}
@@ -80,8 +81,9 @@ def always_solved_fac(row: dict, repeats: int = 1) -> float:
     return sum(100.0 * c["judge_calls"] / (c["ids"] * repeats) if c["ids"] else 0.0 for c in cells) / len(cells)
 
 
-def parse_counts(request_log: Path) -> dict:
-    """How the virtual server read the engine's answers of one fidelity run (its request log): `simulated` answers,
+def parse_counts(request_log: Path, sessions: bool = False) -> dict:
+    """How the virtual server read the engine's answers of one fidelity run (its request log; the calls made
+    outside a session, or with `sessions` those inside one): `simulated` answers,
     `as_written` those that were one strict JSON observation as the engine wrote them (the raw rate), `by_how`
     the readings (json, fenced, literal, regex, repaired), `engine_errors` answers that were no observation."""
     counts = {"simulated": 0, "as_written": 0, "by_how": {}, "engine_errors": 0}
@@ -89,6 +91,8 @@ def parse_counts(request_log: Path) -> dict:
         return counts
     for line in request_log.read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
+        if ("session" in record) != sessions:
+            continue
         if record.get("outcome") == "simulated":
             counts["simulated"] += 1
             how = record.get("parsed", "?")
@@ -109,6 +113,38 @@ def agent_baselines(scores: Path) -> dict[str, dict[str, float]]:
             table = json.loads(path.read_text(encoding="utf-8"))
             found[metric] = {row["model"]: always_solved_fac(row, table.get("repeats", 1)) for row in table["rows"]}
     return found
+
+
+def history_summary(sessions: dict, fmt: str) -> str:
+    """The trained simulator's held-out episodes with and without session history (`fidelity/fidelity.md`)."""
+    lines = [f"with and without session history ({fmt} prompts), {sessions['episodes']} held-out episodes "
+             f"({sessions['calls']} calls; %, ROUGE-L, BLEU-4, error agreement, valid JSON, consistency):"]
+    for name in ("without", "with"):
+        overall, score = sessions[name]["overall"], sessions[name]["consistency"]["score"]
+        lines.append(f"  {name + ' history':<36}" + "  ".join(f"{_num(overall.get(k)):>5}" for k in
+                                                          ("rouge_l", "bleu4", "error_agreement", "valid_json"))
+                     + f"  {_num(score):>5}")
+    return "\n".join(lines)
+
+
+def history_markdown(sessions: dict, fmt: str) -> list[str]:
+    rows = ["", f"### With and without session history ({sessions['episodes']} held-out episodes, "
+            f"{sessions['calls']} calls)", "",
+            "The trained simulator on the same held-out episodes, replayed call by call (the table above), then once "
+            f"more with one session per episode (`X-Session-Id`): each call's prompt (`{fmt}`) lists the "
+            "episode's earlier calls and the answers the simulator gave them. The simulator was fine-tuned on "
+            "calls without history, so this row shows what history does for it untrained on sessions (training on "
+            "history: `data/build_simulator_sft.py --history K`, docs/data.md).", "",
+            "| replay | ROUGE-L | BLEU-4 | error agreement | valid JSON | consistency | values carried |",
+            "|---|---|---|---|---|---|---|"]
+    for name in ("without", "with"):
+        overall, c = sessions[name]["overall"], sessions[name]["consistency"]
+        rows.append(f"| {name} history | " + " | ".join(_num(overall.get(k)) for k in
+                                                       ("rouge_l", "bleu4", "error_agreement", "valid_json"))
+                    + f" | {_num(c['score'])} | {c['values_repeated']} of {c['values_carried']} |")
+    rows += ["", "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, the "
+             "share the simulated answer repeats; per step: [fidelity/fidelity.md](fidelity/fidelity.md)."]
+    return rows
 
 
 def judge_summary(fac: dict, agreement: dict) -> str:
@@ -233,6 +269,8 @@ def render_markdown(report: dict) -> str:
                 raw = f"{c['as_written']} ({100 * c['as_written'] / c['simulated']:.1f}%)" if c["simulated"] else "0"
                 lines.append(f"| {names.get(side, side)} | {c['simulated']} | {raw} | {fallback} | "
                              f"{c['engine_errors']} |")
+        if report["fidelity"].get("sessions"):
+            lines += history_markdown(report["fidelity"]["sessions"], report.get("session_format", "?"))
         if report.get("figures_from"):
             lines += ["", report["figures_from"]]
         lines += ["", "![fidelity, every row of the table](fidelity.png)", "",

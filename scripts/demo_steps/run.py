@@ -60,6 +60,7 @@ from demo_steps.report import (
     constant_answer_metrics,
     counts,
     fidelity_summary,
+    history_summary,
     judge_summary,
     parse_counts,
     write_report,
@@ -67,6 +68,7 @@ from demo_steps.report import (
 from mirrorapi.data.simulator_sft import SimulatorDataOptions
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
 from mirrorapi.models.get import get_base_model
+from mirrorapi.prompts.simulator_formats import session_format
 from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.testing.processes import cpu_engine_serve, free_port
 from mirrorapi.testing.recorded_benchmark import recorded_benchmark
@@ -109,6 +111,11 @@ class Sizes:
     simulator_few_shot_chars: int = 2048
     simulator_few_shot_response_chars: int = 0  # each example's response shrunk to this (0: whole)
     target_response_chars: int = 0  # training targets of long real responses shrunk to this (0: whole)
+    # The held-out episodes replayed a second time, one session each, the trained simulator shown this many earlier
+    # calls within this many characters (0: no session pass). 1,024 characters (~300 tokens) keep that pass's
+    # prompts near the stateless ones' length, so it costs about what the stateless pass costs.
+    session_history: int = 4
+    session_chars: int = 1024
     hits: int = 3  # one per source
     misses: int = 2
     heldout_calls: int = 40
@@ -187,7 +194,7 @@ class Demo:
         self.logs.mkdir(parents=True)
         self.stack = contextlib.ExitStack()  # everything started, stopped in reverse order
         self.report.update(status="running", quick=self.options.quick, real=self.options.real, full=self.options.full,
-                           run_dir=str(self.run_dir), steps=[])
+                           run_dir=str(self.run_dir), steps=[], session_format=session_format(self.prompt_format))
 
     # ---------------------------------------------------------------------------------- running
     def run(self) -> Path:
@@ -280,13 +287,17 @@ class Demo:
 
     def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None,
                       few_shot: tuple[int, int, int] = (0, 2048, 0), max_tokens: int = 512) -> Path:
-        """`<run>/<name>.yml` for `serving/main_mirrorapi.py`; its request lines go to `logs/<name>-requests.jsonl`."""
+        """`<run>/<name>.yml` for `serving/main_mirrorapi.py`; its request lines go to `logs/<name>-requests.jsonl`.
+        Calls in a session see `Sizes.session_history` earlier calls (the server's own default without a session
+        pass)."""
         config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
                   else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
                   "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
                   "max_tokens": max_tokens, "engine_timeout": 120, "prompt_format": self.prompt_format,
                   "few_shot": few_shot[0],
                   "few_shot_char_budget": few_shot[1], "few_shot_response_chars": few_shot[2]}
+        if self.sizes.session_history:
+            config.update(session_history=self.sizes.session_history, session_char_budget=self.sizes.session_chars)
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return path
@@ -362,7 +373,8 @@ class Demo:
         chosen = select_heldout(self.data.test_pairs, self.sizes.heldout_calls)
         heldout.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen), encoding="utf-8")
         trained_shots = self.trained_shots
-        self.fidelity_run("fidelity", self.engine, heldout, baseline=True, few_shot=trained_shots)
+        self.fidelity_run("fidelity", self.engine, heldout, baseline=True, few_shot=trained_shots,
+                          sessions=bool(self.sizes.session_history))
         self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
         self.report["fidelity_constant"] = constant_answer_metrics(chosen, self.data.source.tools)
         if self.sizes.real:
@@ -382,6 +394,8 @@ class Demo:
                 f"fine-tuned for {steps} steps" + (" (longer than the demo's time allows)." if self.options.full else
                                                    f"; `--full` trains it for the recipe's {RECIPE_STEPS}."))
         say(fidelity_summary(self.report))
+        if self.report["fidelity"].get("sessions"):
+            say(history_summary(self.report["fidelity"]["sessions"], self.report["session_format"]))
 
         judge = self.stack.enter_context(cpu_engine_serve(self.judge, log_path=self.logs / "judge-engine.log",
                                                           timeout=180))
@@ -400,10 +414,12 @@ class Demo:
         self.agent_run(judge)
 
     def fidelity_run(self, name: str, engine, heldout: Path, baseline: bool = False,
-                     few_shot: tuple[int, int, int] = (0, 2048, 0), max_tokens: int = 512) -> Path:
+                     few_shot: tuple[int, int, int] = (0, 2048, 0), max_tokens: int = 512, sessions: bool = False) -> Path:
         """`eval/simulator.py` on the held-out calls through a virtual server of its own on `engine`, into
         `<run>/<name>/`. Its cache starts empty; with `few_shot`, it holds the training calls' real responses
-        (the examples the simulator is shown; never a held-out call: the splits keep episodes apart)."""
+        (the examples the simulator is shown; never a held-out call: the splits keep episodes apart). With
+        `sessions`, `--history both`: the held-out episodes (whole episodes: `select_heldout`) replayed call by
+        call, then once more one session per episode."""
         out = self.run_dir / name
         config = self.server_config(f"{name}-server.yml", engine, self.run_dir / f"{name}-cache.sqlite",
                                     self.data.stb_cache if few_shot[0] else None, few_shot, max_tokens)
@@ -413,9 +429,13 @@ class Demo:
             baseline_args = ["--baseline-pairs", shown(self.data.train_pairs)] if baseline else []
             self._run(name, [shown(sys.executable), "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
                              "--out", shown(out), *baseline_args, "--tools", shown(self.data.source.tools),
-                             "--concurrency", "4", "--no-progress"], f"{name}.log")
+                             "--concurrency", "4", "--no-progress", *(["--history", "both"] if sessions else [])],
+                      f"{name}.log")
         side = "simulated" if baseline else name.removeprefix("fidelity-")
-        self.report.setdefault("parsing", {})[side] = parse_counts(self.logs / f"{name}-server-requests.jsonl")
+        log = self.logs / f"{name}-server-requests.jsonl"
+        self.report.setdefault("parsing", {})[side] = parse_counts(log)
+        if sessions:
+            self.report["parsing"]["with_history"] = parse_counts(log, sessions=True)
         return out
 
     def agent_run(self, judge) -> None:

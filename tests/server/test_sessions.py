@@ -126,25 +126,33 @@ def test_recorded_answer_wins_inside_a_session(serve, samples, engine_down, cach
     assert open_cache(cache_location).session_count() == 0
 
 
-def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_path):
-    """`--history K` training prompts == the prompts a server sends when the episode is replayed in a session."""
+@pytest.mark.parametrize(("server_format", "session_format"), [("mirrorapi-v1", SESSION_FORMAT),
+                                                                ("mirrorapi-v2", "mirrorapi-session-v2")])
+def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_path, server_format, session_format):
+    """`--history K` training prompts == the prompts a server sends when the episode is replayed in a session;
+    a `mirrorapi-v2` server prompts its session calls in `mirrorapi-session-v2` (JSON values, never escaped)."""
     episode = sorted((p for p in read_pairs_jsonl(samples / "pairs.jsonl") if p["episode"] == "gen-00133"),
                      key=lambda p: p["step"])
     assert len(episode) == 4
     registry = ToolRegistry.load([samples / "tools"])
-    options = SimulatorDataOptions(SESSION_FORMAT, history=2, history_char_budget=4096, ood_fraction=0, id_fraction=0)
+    options = SimulatorDataOptions(session_format, history=2, history_char_budget=4096, ood_fraction=0, id_fraction=0)
     splits, _ = build_simulator_records(episode, registry, options)
     records = {r["step"]: r for r in splits["train"]}
-    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")], "session_history": 2}, environ={})
+    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")], "session_history": 2,
+                                        "prompt_format": server_format}, environ={})
     simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    assert simulator_identity(settings, in_session=True).split(",")[0] == f"{settings.model}@{session_format}"
     session = Session(keep=settings.session_history)
     for pair in episode:
         doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
         served = simulator.messages(doc, pair["tool_input"], session.history(2, settings.session_char_budget))
         assert served == records[pair["step"]]["prompt"], pair["step"]
-        session.record(doc.tool, doc.api, pair["tool_input"], **pair["response"])
+        session.record(doc.tool, doc.api, pair["tool_input"], **pair["response"], fmt=session_format)
     assert "(none)" in records[0]["prompt"][1]["content"]
     assert records[3]["prompt"][1]["content"].count('{"tool":') == 2  # K = 2 of the 3 earlier calls
+    # The login's real answer, a JSON object in a string: a value in -v2's history, escaped in -v1's.
+    token = '{"token":"o8i7u6y5t4r3e2w1q0"}' if session_format != SESSION_FORMAT else '\\"token\\"'
+    assert token in records[1]["prompt"][1]["content"]
 
 
 def test_health_reports_sessions(serve, samples, engine_down, cache_location):
