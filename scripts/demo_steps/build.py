@@ -196,12 +196,17 @@ def build_base_model(build: Path, data: DemoData, code: str) -> tuple[Path, bool
 
 
 def select_heldout(test_pairs: Path, calls: int) -> list[dict]:
-    """Whole held-out episodes, in slice order, up to `calls` calls (at least one episode)."""
-    episodes: dict[tuple, list[dict]] = {}
+    """Whole held-out episodes, up to `calls` calls (at least one episode), taken from each source in turn (in slice
+    order within a source), so that a small sample still holds every source."""
+    by_source: dict[str, dict[str, list[dict]]] = {}
     for pair in read_pairs_jsonl(test_pairs):
-        episodes.setdefault((pair["source"], pair["episode"]), []).append(pair)
+        by_source.setdefault(pair["source"], {}).setdefault(str(pair["episode"]), []).append(pair)
+    queues = [list(episodes.values()) for episodes in by_source.values()]
     chosen: list[dict] = []
-    for episode in episodes.values():
-        if not chosen or len(chosen) + len(episode) <= calls:
-            chosen += episode
+    while any(queues):
+        for queue in queues:
+            if queue:
+                episode = queue.pop(0)
+                if not chosen or len(chosen) + len(episode) <= calls:
+                    chosen += episode
     return chosen
