@@ -127,17 +127,14 @@ def history_summary(sessions: dict, fmt: str) -> str:
     return "\n".join(lines)
 
 
-def history_markdown(sessions: dict, fmt: str, trained_history: int) -> list[str]:
+def history_markdown(sessions: dict, fmt: str) -> list[str]:
     rows = ["", f"### With and without session history ({sessions['episodes']} held-out episodes, "
             f"{sessions['calls']} calls)", "",
             "The trained simulator on the same held-out episodes, replayed call by call (the table above), then once "
             f"more with one session per episode (`X-Session-Id`): each call's prompt (`{fmt}`) lists the "
-            "episode's earlier calls and the answers the simulator gave them. " + (
-                f"The simulator was fine-tuned on real calls with up to {trained_history} earlier calls of their "
-                "episode (`data/build_simulator_sft.py --history`); call by call, its prompt reads \"(none)\" as a "
-                "session's first call does." if trained_history else
-                "The simulator was fine-tuned on calls without history, so this row shows what history does for it "
-                "untrained on sessions (training on history: `data/build_simulator_sft.py --history K`)."), "",
+            "episode's earlier calls and the answers the simulator gave them. The simulator was fine-tuned on calls "
+            "without history, so this row shows what history does for it untrained on sessions (training on "
+            "history: `data/build_simulator_sft.py --history K`; docs/demo.md says what that did here).", "",
             "| replay | ROUGE-L | BLEU-4 | error agreement | valid JSON | consistency | values carried |",
             "|---|---|---|---|---|---|---|"]
     for name in ("without", "with"):
@@ -273,8 +270,7 @@ def render_markdown(report: dict) -> str:
                 lines.append(f"| {names.get(side, side)} | {c['simulated']} | {raw} | {fallback} | "
                              f"{c['engine_errors']} |")
         if report["fidelity"].get("sessions"):
-            lines += history_markdown(report["fidelity"]["sessions"], report.get("session_format", "?"),
-                                      report.get("trained_history", 0))
+            lines += history_markdown(report["fidelity"]["sessions"], report.get("session_format", "?"))
         if report.get("figures_from"):
             lines += ["", report["figures_from"]]
         lines += ["", "![fidelity, every row of the table](fidelity.png)", "",

@@ -68,7 +68,7 @@ from demo_steps.report import (
 from mirrorapi.data.simulator_sft import SimulatorDataOptions
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
 from mirrorapi.models.get import get_base_model
-from mirrorapi.prompts.simulator_formats import SESSION_FORMATS, session_format
+from mirrorapi.prompts.simulator_formats import session_format
 from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.testing.processes import cpu_engine_serve, free_port
 from mirrorapi.testing.recorded_benchmark import recorded_benchmark
@@ -190,11 +190,10 @@ class Demo:
         self.sizes = QUICK if self.options.quick else REAL_LONG if self.options.full else REAL if self.options.real \
             else FULL
         # Real weights: responses as JSON values (mirrorapi-v2): SmolLM2 writes escaped JSON inside a string badly,
-        # and the engine's grammar can then enforce the inner JSON too; in its session format, trained on each
-        # call with its episode's earlier calls (`--history`) and served so: a call outside a session reads
-        # "(none)" as a session's first call does. The tiny demo keeps mirrorapi-v1, trained without history.
-        self.prompt_format = "mirrorapi-session-v2" if self.sizes.real else "mirrorapi-v1"
-        self.trained_history = self.sizes.session_history if self.prompt_format in SESSION_FORMATS else 0
+        # and the engine's grammar can then enforce the inner JSON too. The tiny demo keeps mirrorapi-v1. Both are
+        # trained on calls without history: trained with it (`--history 4`, 1,024 characters), SmolLM2 kept 13
+        # of the 73 tau-bench training calls under max_length and did worse in sessions (docs/demo.md).
+        self.prompt_format = "mirrorapi-v2" if self.sizes.real else "mirrorapi-v1"
         work = self.options.work_dir.resolve()
         self.build, self.run_dir = work / "build", work / time.strftime("%Y%m%d-%H%M%S")
         if self.run_dir.exists():  # two runs within a second
@@ -203,8 +202,7 @@ class Demo:
         self.logs.mkdir(parents=True)
         self.stack = contextlib.ExitStack()  # everything started, stopped in reverse order
         self.report.update(status="running", quick=self.options.quick, real=self.options.real, full=self.options.full,
-                           run_dir=str(self.run_dir), steps=[], session_format=session_format(self.prompt_format),
-                           trained_history=self.trained_history)
+                           run_dir=str(self.run_dir), steps=[], session_format=session_format(self.prompt_format))
 
     # ---------------------------------------------------------------------------------- running
     def run(self) -> Path:
@@ -321,8 +319,7 @@ class Demo:
             prompt_format=self.prompt_format, few_shot=self.sizes.simulator_few_shot,
             few_shot_char_budget=self.sizes.simulator_few_shot_chars,
             few_shot_response_chars=self.sizes.simulator_few_shot_response_chars,
-            target_response_chars=self.sizes.target_response_chars, history=self.trained_history,
-            history_char_budget=self.sizes.session_chars))
+            target_response_chars=self.sizes.target_response_chars))
         s = self.data.summary
         say(("reused " if self.data.reused else "built ") + shown(self.data.folder))
         say(f"{s['pairs']} real pairs (" + ", ".join(f"{n} {k}" for k, n in s["by_source"].items() if k != "total")
