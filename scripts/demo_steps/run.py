@@ -136,7 +136,8 @@ FULL = Sizes(TINY_SIMULATOR, {"max_eval_samples": 32, **QUIET_TRAINING})
 # call for the trained simulator (it writes whole JSON answers), and the report replays the held-out calls four
 # times (trained, trained in sessions, untrained base, tiny); so `make demo` scores 24 held-out calls (whole
 # episodes of every source), trains the simulator 80 steps and the tiny reference 150, and caps the untrained
-# base's rambling answers at 128 tokens. `--full` is the longer run behind the documented figures.
+# base's rambling answers at 128 tokens. `--full` is the longer run. Tried for ToolBench's long docs (most of its
+# records pass 1,024 tokens): max_length 1,536 and 60 steps (the same time) scored lower (docs/demo.md).
 DEMO_SIMULATOR_STEPS = 80
 RETRIEVAL = {"simulator_few_shot": 1, "simulator_few_shot_chars": 1024, "simulator_few_shot_response_chars": 600,
              "target_response_chars": 1024}
@@ -192,7 +193,7 @@ class Demo:
         # Real weights: responses as JSON values (mirrorapi-v2): SmolLM2 writes escaped JSON inside a string badly,
         # and the engine's grammar can then enforce the inner JSON too. The tiny demo keeps mirrorapi-v1. Both are
         # trained on calls without history: trained with it (`--history 4`, 1,024 characters), SmolLM2 kept 13
-        # of the 73 tau-bench training calls under max_length and did worse in sessions (docs/demo.md).
+        # of the 78 tau-bench training calls under max_length and did worse in sessions (docs/demo.md).
         self.prompt_format = "mirrorapi-v2" if self.sizes.real else "mirrorapi-v1"
         work = self.options.work_dir.resolve()
         self.build, self.run_dir = work / "build", work / time.strftime("%Y%m%d-%H%M%S")
