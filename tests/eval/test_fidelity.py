@@ -7,9 +7,11 @@ import pytest
 
 from mirrorapi.evaluation.fidelity.metrics import (
     api_id,
+    compare,
     conforms,
     is_error,
     payload_text,
+    slice_metrics,
 )
 from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
 from mirrorapi.prompts.simulator_formats import response_schema, skeleton_schema
@@ -89,6 +91,20 @@ def test_nearest_example_is_the_closest_call_of_the_same_api(sample_pairs):
     copy = dict(target, episode="copy-of-" + target["episode"], response={"error": "", "response": "the copy"})
     assert NearestExample([copy] + sample_pairs, [target])(target) == copy["response"]
     assert baseline(dict(target, api_name="NoSuchApi")) is None
+
+
+def test_a_missing_baseline_is_wrong_on_every_check_even_where_the_real_answer_is_empty():
+    # Real ToolBench calls whose API answered nothing (an empty response), and one with an answer.
+    pairs = [{"source": "toolbench-example", "episode": "e", "step": step, "category": "Logistics",
+              "tool_name": "squake", "api_name": "checkhealth", "tool_input": {}, "response": response}
+             for step, response in enumerate([{"error": "", "response": ""}, {"error": "", "response": ""},
+                                              {"error": "", "response": "{'status': 'ok'}"}])]
+    simulated = [{"error": "", "response": ""}, {"error": "", "response": "ok"}, {"error": "", "response": "x"}]
+    rows = compare(pairs, simulated, baseline=lambda pair: None)  # no training call of this API
+    baseline = slice_metrics(rows, "baseline")
+    assert baseline["rouge_l"] == 0.0 and baseline["error_agreement"] == 0.0
+    # The simulator's empty answer to an empty real answer is a full match; "ok" is none.
+    assert [row["simulated_rouge_l"] for row in rows[:2]] == [1.0, 0.0]
 
 
 @pytest.mark.slow

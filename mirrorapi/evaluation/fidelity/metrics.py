@@ -195,10 +195,10 @@ def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict],
                 continue
             row[side] = obs
             row[f"{side}_text"] = payload_text(obs)
-            # rouge-score gives 0 to two texts without a word (`""`, `[]`); the same text is a full match.
-            row[f"{side}_rouge_l"] = (1.0 if row[f"{side}_text"] == row["real_text"] else
+            # rouge-score gives 0 to two texts without a word (`""`, `[]`); the same text is a full match. A missing
+            # baseline (no training call of this API) is wrong on every check: its "" is no match for an empty answer.
+            row[f"{side}_rouge_l"] = (0.0 if obs is None else 1.0 if row[f"{side}_text"] == row["real_text"] else
                                       scorer.score(row["real_text"], row[f"{side}_text"])["rougeL"].fmeasure)
-            # A missing baseline (no training call of this API) is wrong on every check.
             row[f"{side}_error"] = is_error(obs) if obs is not None else not real_error
             row[f"{side}_json"] = obs is not None and json_structure(obs["response"]) is not None
             row[f"schema_{side}"] = (None if not schema else
