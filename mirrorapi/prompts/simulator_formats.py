@@ -79,7 +79,6 @@ OBSERVATION_SCHEMA = {
 }
 
 
-
 def session_format(fmt: str) -> str:
     """The format of a call inside a session, for a server whose stateless calls use `fmt`: responses written
     as JSON values (`mirrorapi-session-v2`) when `fmt` writes them so, else `mirrorapi-session-v1`."""
