@@ -28,6 +28,7 @@ from mirrorapi.serving.handler import Answer
 
 logger = logging.getLogger(__name__)
 _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps with arguments builds an encoder per call
+_STRING = json.encoder.encode_basestring  # a str as a JSON string, as _ENCODE writes it
 
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                  30, 60, 120)
@@ -103,23 +104,27 @@ class RequestLogWriter:
     def record(self, answer: Answer) -> None:
         if not self.files:
             return
-        line = {"time": round(time.time(), 3), "outcome": answer.outcome, "status": answer.status,
-                "api": "/".join(answer.names) if answer.names else None, "provenance": answer.provenance,
-                "ms": round(answer.stages.get("total", 0.0) * 1000, 3)}
+        # The fields of every line written out directly (half the CPU of a dict through the JSON encoder);
+        # the fields only some lines have, through the encoder.
+        api = _STRING("/".join(answer.names)) if answer.names else "null"
+        provenance = _STRING(answer.provenance) if answer.provenance is not None else "null"
+        line = (f'{{"time": {round(time.time(), 3)!r}, "outcome": {_STRING(answer.outcome)}, "status": {answer.status}, '
+                f'"api": {api}, "provenance": {provenance}, "ms": {round(answer.stages.get("total", 0.0) * 1000, 3)!r}')
+        more: dict = {}
         if "engine" in answer.stages:
-            line["engine_ms"] = round(answer.stages["engine"] * 1000, 1)
-            line["coalesced"] = answer.coalesced
+            more["engine_ms"] = round(answer.stages["engine"] * 1000, 1)
+            more["coalesced"] = answer.coalesced
         if answer.parsed:  # how the model's text was read: json (as written), fenced, literal, regex, repaired
-            line["parsed"] = answer.parsed
+            more["parsed"] = answer.parsed
         if answer.detail:
-            line["detail"] = answer.detail[:300]
+            more["detail"] = answer.detail[:300]
         if answer.extra_fields:
-            line["extra_fields"] = answer.extra_fields
+            more["extra_fields"] = answer.extra_fields
         if answer.session is not None:
-            line["session"] = answer.session[:80]
+            more["session"] = answer.session[:80]
         if answer.rationale:
-            line["rationale"] = answer.rationale[:4000]
-        self.lines.append(_ENCODE(line))
+            more["rationale"] = answer.rationale[:4000]
+        self.lines.append(line + ", " + _ENCODE(more)[1:] if more else line + "}")
         if len(self.lines) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)

@@ -1,6 +1,7 @@
 """Hostile and oversized input on a real uvicorn (issue 11, item 7): body and argument bounds, huge
 names, deep nesting, lone surrogates, clients that trickle, the API key."""
 
+import contextlib
 import json
 import socket
 import time
@@ -138,6 +139,32 @@ def test_a_client_that_trickles_is_disconnected(guarded, part):
     assert received.startswith(b"HTTP/1.1 408 ")  # request_timeout 1 s: uvicorn alone never gave up
     assert elapsed < 2.5
     assert guarded.virtual(BODY).status_code == 200
+
+
+def test_each_request_on_a_connection_has_its_own_deadline(guarded):
+    """A whole request, then 0.7 s later a second one on the same connection that trickles: it gets its
+    full second (request_timeout 1 s) from its own first byte, not from the first request's."""
+    body = json.dumps(BODY).encode()
+    request = (b"POST /virtual HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    host, port = guarded.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        conn.settimeout(5)
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
+        time.sleep(0.7)
+        start = time.monotonic()
+        conn.settimeout(0.1)
+        received = b""
+        for byte in request:  # a byte every 0.1 s: 20 s for the whole request
+            with contextlib.suppress(TimeoutError):
+                conn.sendall(bytes([byte]))
+                received += conn.recv(4096)
+            if received or time.monotonic() - start > 5:
+                break
+        elapsed = time.monotonic() - start
+    assert received.startswith(b"HTTP/1.1 408 ")
+    assert 0.9 < elapsed < 2.5
 
 
 def test_api_key(serve, tmp_path):

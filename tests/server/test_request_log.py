@@ -1,0 +1,41 @@
+"""The request log (`RequestLogWriter`): one JSON line per /virtual request, whatever the names hold."""
+
+import json
+
+from mirrorapi.serving.config import ServerSettings
+from mirrorapi.serving.handler import Answer
+from mirrorapi.serving.observability import RequestLogWriter
+
+# Names as a client may send them (a failure logs them as sent): quotes, backslashes, control characters, non-ASCII.
+NAMES = ('Da"ta', "the\\clique", "transfer\nmarkt \u00e9\u4e2d\U0001f600\x00")
+
+
+def written_lines(tmp_path, answers: list[Answer]) -> list[dict]:
+    writer = RequestLogWriter(ServerSettings(tools_folder=[tmp_path], log_file=tmp_path / "requests.jsonl",
+                                             log_level="warning"))
+    for answer in answers:
+        writer.record(answer)
+    writer.close()
+    return [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_every_line_is_json_with_the_names_as_sent(tmp_path):
+    hit = Answer(200, b"", "hit", names=NAMES, provenance='imported:"odd" \\ folder', cache="hit",
+                 stages={"total": 0.0000123})
+    failed = Answer(422, b"", "invalid_body", detail="body: Field required", stages={"total": 0.00002})
+    simulated = Answer(200, b"", "simulated", names=NAMES, provenance="simulated:m@f", cache="miss", coalesced=True,
+                       session="s\u00e9ssion", detail="", rationale="because\n\"so\"", parsed="fenced",
+                       extra_fields=["unexpected_field"], stages={"total": 0.0512, "engine": 0.0501})
+    hit_line, failed_line, simulated_line = written_lines(tmp_path, [hit, failed, simulated])
+
+    assert hit_line["api"] == "/".join(NAMES) and hit_line["provenance"] == 'imported:"odd" \\ folder'
+    assert (hit_line["outcome"], hit_line["status"], hit_line["ms"]) == ("hit", 200, 0.012)
+    assert set(hit_line) == {"time", "outcome", "status", "api", "provenance", "ms"}
+
+    assert (failed_line["api"], failed_line["provenance"], failed_line["status"]) == (None, None, 422)
+    assert failed_line["detail"] == "body: Field required"
+
+    assert simulated_line["engine_ms"] == 50.1 and simulated_line["coalesced"] is True
+    assert simulated_line["parsed"] == "fenced" and simulated_line["extra_fields"] == ["unexpected_field"]
+    assert simulated_line["session"] == "s\u00e9ssion" and simulated_line["rationale"] == "because\n\"so\""
+    assert simulated_line["ms"] == 51.2
