@@ -131,7 +131,7 @@ class ReceiveDeadline(asyncio.Protocol):
             self._peer = (str(peer[0]), int(peer[1]))
             self.open[self._peer] = self
         self._writes = GatheredWrites(self._transport, self._loop)
-        self._inner.connection_made(self._writes)
+        self._inner.connection_made(cast(asyncio.Transport, self._writes))  # the real one's, bar the writes
 
     def data_received(self, data: bytes) -> None:
         if self._lingering is not None:  # answered 408 already: drop what a trickler still sends
