@@ -14,6 +14,12 @@ refused at once with HTTP 404, as any path but chat completions is, so that its 
   machine allow at 64 clients, beside the C / latency limit (`engine_direct_rps_over_limit`);
 - bare: a constant JSON body from an ASGI function on uvicorn with uvloop and httptools, as ours runs;
   the floor of what any Python server on uvicorn can do here (`hits_64`, and `hits_64_at_1000rps`);
+- the floors (not servers anyone would run; the least work a cache server on this stack does, so a target
+  can be read against what the stack and the machine allow): `lookup_floor` answers a hit and nothing else
+  (the body's JSON, the canonical arguments, the answer read from the same SQLite cache through our
+  `ResponseCache.lookup`), hits with 64 clients; `forwarder` makes, per request, the chat call engine_direct
+  makes through a pooled aiohttp session (the client our engine calls use) and answers a constant, misses
+  with 64 clients;
 - mirrorapi (`serving/main_mirrorapi.py`, one request log line per request to a file as in production):
   start-up (until /live answers, whole tools folder), hits with 1 and 64 closed-loop clients and 64
   clients paced to 1,000 requests/s, misses with 64 closed-loop clients (every call new); afterwards
@@ -32,7 +38,8 @@ over `--runs`. Ratios (issue 21 §1): StableToolBench's CPU per hit over ours (t
 throughput over the limit of 64 clients / 50 ms (>= 0.95); our CPU per miss (<= 0.5 ms); our hit p99
 at 64 clients over the bare app's (<= 1.5; a closed loop of 64 clients waits 64 / throughput, so this is
 a ratio of saturated throughputs; the same at a paced 1,000 requests/s is printed beside it); and, not
-targets, the route variant's CPU per hit over ours and the engine-direct ceiling over C / latency.
+targets, the route variant's CPU per hit over ours, the engine-direct ceiling over C / latency, and the
+floors on the targets' scales (`forwarder_rps_over_limit`, `forwarder_cpu_ms`, `lookup_floor_p99_over_bare`).
 
 Set up StableToolBench's side once (not needed without `--stabletoolbench`):
     git clone https://github.com/THUNLP-MT/StableToolBench ../StableToolBench
@@ -59,6 +66,10 @@ ENGINE_LATENCY = 0.05
 CLIENTS = 64
 TARGETS = {"hit_cpu_stb_over_ours": 12.0, "miss_rps_over_limit": 0.95, "miss_cpu_ms": 0.5, "hit_p99_over_bare": 1.5}
 BARE_BODY = json.dumps({"error": "", "response": "word " * 120}).encode()  # about the size of a cached answer
+# A chat request of the size the server sends (a prompt of about 3 kB): engine_direct's and the forwarder's.
+ENGINE_REQUEST = json.dumps({"model": "stub", "messages": [{"role": "system", "content": "s" * 800},
+                                                           {"role": "user", "content": "u" * 2200}],
+                             "temperature": 0.0, "max_tokens": 1024}).encode()
 
 
 # ------------------------------------------------------------------------------ the bare app
@@ -78,6 +89,72 @@ def serve_bare(port: int) -> None:
     import uvicorn
 
     uvicorn.run(bare_app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="httptools",
+                loop="uvloop")
+
+
+# ------------------------------------------------------------------------------ the floors
+# Not servers anyone would run: the least work a cache server on this stack can do for a hit or a miss, so a
+# target can be set against what the stack and the machine allow (`*_floor_*` ratios).
+async def _read_body(receive) -> bytes:
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    return body
+
+
+async def _send_body(send, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve_lookup_floor(port: int, cache_path: str) -> None:
+    """A hit and nothing else: the body's JSON, the canonical arguments, the answer read from the SQLite cache."""
+    import uvicorn
+
+    from mirrorapi.records import canonical_json
+    from mirrorapi.serving.cache import Call, ResponseCache
+
+    cache = ResponseCache(cache_path, autocheckpoint=False)
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/live":
+            return await _send_body(send, b"{}")
+        request = json.loads(await _read_body(receive))
+        call = Call(request["category"], request["tool_name"], request["api_name"],
+                    canonical_json(json.loads(request["tool_input"])))
+        found = await cache.lookup(call, "")
+        await _send_body(send, found[0] if found else BARE_BODY)
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="httptools",
+                loop="uvloop")
+
+
+def serve_forwarder(port: int, engine_port: int) -> None:
+    """A miss and nothing else: one chat completion (engine_direct's request) through a pooled aiohttp session,
+    the client the server's engine calls use; answers a constant body."""
+    import aiohttp
+    import uvicorn
+
+    url = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/live":
+            return await _send_body(send, b"{}")
+        await _read_body(receive)
+        if not sessions:
+            sessions.append(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, limit_per_host=1024)))
+        async with sessions[0].post(url, data=ENGINE_REQUEST, headers={"content-type": "application/json"}) as answer:
+            await answer.json()
+        await _send_body(send, BARE_BODY)
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="httptools",
                 loop="uvloop")
 
 
@@ -241,11 +318,8 @@ def started(command: list[str], work: Path, name: str, ready_url: str, cwd: Path
 def bench_engine_direct(work: Path, engine_port: int, engine_pid: int, requests: int) -> dict:
     """The instrument's own ceiling: the load generator's 64 clients straight at the stub engine, with a
     chat request of the size the server sends (a prompt of about 3 kB), no server in between."""
-    chat = json.dumps({"model": "stub", "messages": [{"role": "system", "content": "s" * 800},
-                                                     {"role": "user", "content": "u" * 2200}],
-                       "temperature": 0.0, "max_tokens": 1024})
     bodies = work / "engine-direct.json"
-    bodies.write_text(json.dumps([chat]))
+    bodies.write_text(json.dumps([ENGINE_REQUEST.decode()]))
     return {"calls_64": run_load(engine_port, engine_pid, bodies, CLIENTS, requests, path="/v1/chat/completions")}
 
 
@@ -258,6 +332,22 @@ def bench_bare(work: Path, hit_bodies: Path, requests: int) -> dict:
         run_load(port, process.pid, hit_bodies, 16, 2000)  # warm-up
         return {"hits_64": run_load(port, process.pid, hit_bodies, CLIENTS, requests),
                 "hits_64_at_1000rps": run_load(port, process.pid, hit_bodies, CLIENTS, requests // 2, rate=1000)}
+
+
+def bench_floors(work: Path, hit_bodies: Path, cache_path: Path, engine_port: int, hits: int, misses: int) -> dict:
+    """The lookup floor's hits and the forwarder's misses (it forwards any body), 64 clients as for ours."""
+    from mirrorapi.testing.processes import free_port
+
+    out = {}
+    for role, extra, workload, requests, warm_up in (
+            ("lookup_floor", ["--cache", str(cache_path)], "hits_64", hits, 2000),
+            ("forwarder", ["--engine-port", str(engine_port)], "misses_64", misses, 320)):
+        port = free_port()
+        with started([sys.executable, __file__, "--role", role, "--port", str(port), *extra], work, role,
+                     f"http://127.0.0.1:{port}/live") as (process, _):
+            run_load(port, process.pid, hit_bodies, 16, warm_up)
+            out[role] = {workload: run_load(port, process.pid, hit_bodies, CLIENTS, requests)}
+    return out
 
 
 def mirrorapi_command(args, port: int, engine_port: int, cache_path: Path | None, cache_url: str | None,
@@ -354,7 +444,12 @@ def ratios(servers: dict) -> dict:
            "hit_p99_over_bare": round(mine["hits_64"]["p99_ms"] / servers["bare"]["hits_64"]["p99_ms"], 3),
            # not a target: the same at a paced 1,000 requests/s (latency, where closed loops measure saturation)
            "hit_p99_at_1000rps_over_bare": round(mine["hits_64_at_1000rps"]["p99_ms"]
-                                                 / servers["bare"]["hits_64_at_1000rps"]["p99_ms"], 3)}
+                                                 / servers["bare"]["hits_64_at_1000rps"]["p99_ms"], 3),
+           # not targets: what the floors reach on the same scales (the least a cache server here can do)
+           "forwarder_rps_over_limit": round(servers["forwarder"]["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
+           "forwarder_cpu_ms": round(servers["forwarder"]["misses_64"]["server_cpu_ms_per_request"], 3),
+           "lookup_floor_p99_over_bare": round(servers["lookup_floor"]["hits_64"]["p99_ms"]
+                                               / servers["bare"]["hits_64"]["p99_ms"], 3)}
     if "stabletoolbench" in servers:
         out["hit_cpu_stb_over_ours"] = round(servers["stabletoolbench"]["hits_64"]["server_cpu_ms_per_request"]
                                              / mine["hits_64"]["server_cpu_ms_per_request"], 2)
@@ -396,9 +491,11 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="Also mirrorapi on a PostgreSQL store.")
     parser.add_argument("--no-route", action="store_true",
                         help="Skip the variant with /virtual as a FastAPI route (bench/virtual_route.py).")
-    parser.add_argument("--role", choices=["bench", "load", "bare"], default="bench",
+    parser.add_argument("--role", choices=["bench", "load", "bare", "lookup_floor", "forwarder"], default="bench",
                         help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cache", help=argparse.SUPPRESS)
+    parser.add_argument("--engine-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bodies", help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0, help=argparse.SUPPRESS)
@@ -408,6 +505,11 @@ def main() -> None:
         return load(args.port, args.bodies, args.clients, args.requests, args.rate, args.path)
     if args.role == "bare":
         return serve_bare(args.port)
+    if args.role == "lookup_floor":
+        sys.path.insert(0, str(REPO))
+        return serve_lookup_floor(args.port, args.cache)
+    if args.role == "forwarder":
+        return serve_forwarder(args.port, args.engine_port)
     if not Path(args.tools).is_dir():
         sys.exit(f"bench/server.py: tools folder not found: {args.tools}")
     if args.stabletoolbench and not args.stabletoolbench_python:
@@ -443,6 +545,9 @@ def run(args) -> dict:
                         for i, b in enumerate(bodies[:n])]
             servers = {"engine_direct": bench_engine_direct(work, engine_port, engine.pid, args.misses),
                        "bare": bench_bare(work, hit_bodies, args.requests)}
+            shutil.copy(work / "base.sqlite", work / "floor.sqlite")
+            servers.update(bench_floors(work, hit_bodies, work / "floor.sqlite", engine_port, args.requests,
+                                        args.misses))
             shutil.copy(work / "base.sqlite", work / "cache.sqlite")
             servers["mirrorapi"] = bench_mirrorapi(args, work, "mirrorapi", hit_bodies, misses(args.misses, "sqlite"),
                                                    engine_port, cache_path=work / "cache.sqlite")
