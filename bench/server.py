@@ -17,9 +17,11 @@ refused at once with HTTP 404, as any path but chat completions is, so that its 
 - the floors (not servers anyone would run; the least work a cache server on this stack does, so a target
   can be read against what the stack and the machine allow): `lookup_floor` answers a hit and nothing else
   (the body's JSON, the canonical arguments, the answer read from the same SQLite cache through our
-  `ResponseCache.lookup`), hits with 64 clients; `forwarder` makes, per request, the chat call engine_direct
+  `ResponseCache.lookup`), hits with 64 clients, and `memory_floor` the same with every answer in a dict
+  (read from the cache at start) instead of SQLite; `forwarder` makes, per request, the chat call engine_direct
   makes through a pooled aiohttp session (the client our engine calls use) and answers a constant, misses
-  with 64 clients;
+  with 64 clients; `forwarder_streams` the same through the load generator's kind of client (keep-alive
+  asyncio streams), the least a Python HTTP client costs: the two apart are the client's share;
 - mirrorapi (`serving/main_mirrorapi.py`, one request log line per request to a file as in production):
   start-up (until /live answers, whole tools folder), hits with 1 and 64 closed-loop clients and 64
   clients paced to 1,000 requests/s, misses with 64 closed-loop clients (every call new); afterwards
@@ -39,7 +41,8 @@ throughput over the limit of 64 clients / 50 ms (>= 0.95); our CPU per miss (<= 
 at 64 clients over the bare app's (<= 1.5; a closed loop of 64 clients waits 64 / throughput, so this is
 a ratio of saturated throughputs; the same at a paced 1,000 requests/s is printed beside it); and, not
 targets, the route variant's CPU per hit over ours, the engine-direct ceiling over C / latency, and the
-floors on the targets' scales (`forwarder_rps_over_limit`, `forwarder_cpu_ms`, `lookup_floor_p99_over_bare`).
+floors on the targets' scales (`forwarder_rps_over_limit`, `forwarder_cpu_ms`, the same for
+`forwarder_streams`, `lookup_floor_p99_over_bare`, `memory_floor_p99_over_bare`).
 
 Set up StableToolBench's side once (not needed without `--stabletoolbench`):
     git clone https://github.com/THUNLP-MT/StableToolBench ../StableToolBench
@@ -109,14 +112,16 @@ async def _send_body(send, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def serve_lookup_floor(port: int, cache_path: str) -> None:
-    """A hit and nothing else: the body's JSON, the canonical arguments, the answer read from the SQLite cache."""
+def serve_lookup_floor(port: int, cache_path: str, in_memory: bool) -> None:
+    """A hit and nothing else: the body's JSON, the canonical arguments, the answer read from the SQLite cache
+    (`in_memory`: from a dict of every answer, read from the cache at start)."""
     import uvicorn
 
     from mirrorapi.records import canonical_json
     from mirrorapi.serving.cache import Call, ResponseCache
 
     cache = ResponseCache(cache_path, autocheckpoint=False)
+    answers = {entry.call: entry.observation.encode() for entry in cache.rows()} if in_memory else {}
 
     async def app(scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -126,21 +131,47 @@ def serve_lookup_floor(port: int, cache_path: str) -> None:
         request = json.loads(await _read_body(receive))
         call = Call(request["category"], request["tool_name"], request["api_name"],
                     canonical_json(json.loads(request["tool_input"])))
-        found = await cache.lookup(call, "")
-        await _send_body(send, found[0] if found else BARE_BODY)
+        if in_memory:
+            found = answers.get(call)
+        else:
+            found = await cache.lookup(call, "")
+            found = found[0] if found else None
+        await _send_body(send, found or BARE_BODY)
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="httptools",
                 loop="uvloop")
 
 
-def serve_forwarder(port: int, engine_port: int) -> None:
-    """A miss and nothing else: one chat completion (engine_direct's request) through a pooled aiohttp session,
-    the client the server's engine calls use; answers a constant body."""
+def serve_forwarder(port: int, engine_port: int, client: str) -> None:
+    """A miss and nothing else: one chat completion (engine_direct's request), answered with a constant body.
+    `client` "aiohttp": through a pooled aiohttp session, the client the server's engine calls use; "streams":
+    the load generator's kind of client (keep-alive asyncio streams, the head read up to its blank line), the
+    least an HTTP/1.1 client can cost in Python, to tell the client's share from the rest."""
     import aiohttp
     import uvicorn
 
     url = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
     sessions: list[aiohttp.ClientSession] = []
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: engine\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(ENGINE_REQUEST), ENGINE_REQUEST))
+
+    async def call_aiohttp() -> None:
+        if not sessions:
+            sessions.append(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, limit_per_host=1024)))
+        async with sessions[0].post(url, data=ENGINE_REQUEST, headers={"content-type": "application/json"}) as answer:
+            await answer.json()
+
+    async def call_streams() -> None:
+        reader, writer = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", engine_port)
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        json.loads(await reader.readexactly(length))
+        idle.append((reader, writer))
+
+    call = call_aiohttp if client == "aiohttp" else call_streams
 
     async def app(scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -148,10 +179,7 @@ def serve_forwarder(port: int, engine_port: int) -> None:
         if scope["path"] == "/live":
             return await _send_body(send, b"{}")
         await _read_body(receive)
-        if not sessions:
-            sessions.append(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, limit_per_host=1024)))
-        async with sessions[0].post(url, data=ENGINE_REQUEST, headers={"content-type": "application/json"}) as answer:
-            await answer.json()
+        await call()
         await _send_body(send, BARE_BODY)
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="httptools",
@@ -339,14 +367,18 @@ def bench_floors(work: Path, hit_bodies: Path, cache_path: Path, engine_port: in
     from mirrorapi.testing.processes import free_port
 
     out = {}
-    for role, extra, workload, requests, warm_up in (
-            ("lookup_floor", ["--cache", str(cache_path)], "hits_64", hits, 2000),
-            ("forwarder", ["--engine-port", str(engine_port)], "misses_64", misses, 320)):
+    for name, extra, workload, requests, warm_up in (
+            ("lookup_floor", ["--role", "lookup_floor", "--cache", str(cache_path)], "hits_64", hits, 2000),
+            ("memory_floor", ["--role", "lookup_floor", "--cache", str(cache_path), "--in-memory"], "hits_64", hits,
+             2000),
+            ("forwarder", ["--role", "forwarder", "--engine-port", str(engine_port)], "misses_64", misses, 320),
+            ("forwarder_streams", ["--role", "forwarder", "--engine-port", str(engine_port), "--client", "streams"],
+             "misses_64", misses, 320)):
         port = free_port()
-        with started([sys.executable, __file__, "--role", role, "--port", str(port), *extra], work, role,
+        with started([sys.executable, __file__, "--port", str(port), *extra], work, name,
                      f"http://127.0.0.1:{port}/live") as (process, _):
             run_load(port, process.pid, hit_bodies, 16, warm_up)
-            out[role] = {workload: run_load(port, process.pid, hit_bodies, CLIENTS, requests)}
+            out[name] = {workload: run_load(port, process.pid, hit_bodies, CLIENTS, requests)}
     return out
 
 
@@ -448,7 +480,12 @@ def ratios(servers: dict) -> dict:
            # not targets: what the floors reach on the same scales (the least a cache server here can do)
            "forwarder_rps_over_limit": round(servers["forwarder"]["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
            "forwarder_cpu_ms": round(servers["forwarder"]["misses_64"]["server_cpu_ms_per_request"], 3),
+           "forwarder_streams_rps_over_limit": round(servers["forwarder_streams"]["misses_64"]["rps"]
+                                                     / (CLIENTS / ENGINE_LATENCY), 3),
+           "forwarder_streams_cpu_ms": round(servers["forwarder_streams"]["misses_64"]["server_cpu_ms_per_request"], 3),
            "lookup_floor_p99_over_bare": round(servers["lookup_floor"]["hits_64"]["p99_ms"]
+                                               / servers["bare"]["hits_64"]["p99_ms"], 3),
+           "memory_floor_p99_over_bare": round(servers["memory_floor"]["hits_64"]["p99_ms"]
                                                / servers["bare"]["hits_64"]["p99_ms"], 3)}
     if "stabletoolbench" in servers:
         out["hit_cpu_stb_over_ours"] = round(servers["stabletoolbench"]["hits_64"]["server_cpu_ms_per_request"]
@@ -496,6 +533,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
     parser.add_argument("--engine-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--in-memory", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--client", choices=["aiohttp", "streams"], default="aiohttp", help=argparse.SUPPRESS)
     parser.add_argument("--bodies", help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0, help=argparse.SUPPRESS)
@@ -507,9 +546,9 @@ def main() -> None:
         return serve_bare(args.port)
     if args.role == "lookup_floor":
         sys.path.insert(0, str(REPO))
-        return serve_lookup_floor(args.port, args.cache)
+        return serve_lookup_floor(args.port, args.cache, args.in_memory)
     if args.role == "forwarder":
-        return serve_forwarder(args.port, args.engine_port)
+        return serve_forwarder(args.port, args.engine_port, args.client)
     if not Path(args.tools).is_dir():
         sys.exit(f"bench/server.py: tools folder not found: {args.tools}")
     if args.stabletoolbench and not args.stabletoolbench_python:
