@@ -165,10 +165,7 @@ def serve_forwarder(port: int, engine_port: int, client: str) -> None:
     async def call_streams() -> None:
         reader, writer = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", engine_port)
         writer.write(request)
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
-        json.loads(await reader.readexactly(length))
+        json.loads(await read_answer(reader))
         idle.append((reader, writer))
 
     call = call_aiohttp if client == "aiohttp" else call_streams
@@ -187,6 +184,14 @@ def serve_forwarder(port: int, engine_port: int, client: str) -> None:
 
 
 # ---------------------------------------------------------------------------- load generator
+async def read_answer(reader: asyncio.StreamReader) -> bytes:
+    """The body of the next HTTP/1.1 answer on a kept-alive connection (every server here sends Content-Length)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return await reader.readexactly(length)
+
+
 def load(port: int, bodies_file: str, clients: int, requests: int, rate: float = 0, path: str = "/virtual") -> None:
     """`clients` keep-alive connections. Closed loop (rate 0): each sends its next request when
     answered. Paced (rate > 0): together they send `rate` requests per second, each on a fixed
@@ -208,10 +213,7 @@ def load(port: int, bodies_file: str, clients: int, requests: int, rate: float =
                 start = time.perf_counter()
             writer.write(b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
                          b"content-length: %d\r\n\r\n%s" % (target, len(body), body))
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
-            answer = await reader.readexactly(length)
+            answer = await read_answer(reader)
             latencies.append(time.perf_counter() - start)
             status = "error" if json.loads(answer).get("error") else "ok"
             statuses[status] = statuses.get(status, 0) + 1
