@@ -97,7 +97,7 @@ def serve_bare(port: int) -> None:
 
 # ------------------------------------------------------------------------------ the floors
 # Not servers anyone would run: the least work a cache server on this stack can do for a hit or a miss, so a
-# target can be set against what the stack and the machine allow (`*_floor_*` ratios).
+# target can be read against what the stack and the machine allow (the `forwarder*` and `*_floor` ratios).
 async def _read_body(receive) -> bytes:
     body, more = b"", True
     while more:
