@@ -136,7 +136,7 @@ def serve_lookup_floor(port: int, cache_path: str, in_memory: bool) -> None:
         else:
             found = await cache.lookup(call, "")
             found = found[0] if found else None
-        await _send_body(send, found or BARE_BODY)
+        await _send_body(send, found or b'{"error": "not in the cache", "response": ""}')  # counted as an error
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="httptools",
                 loop="uvloop")
