@@ -6,8 +6,11 @@ fresh machine needs no system PostgreSQL. Only its binaries are used, not its Py
 listens on a Unix socket only and, run as root, adds a system user and changes the permissions of the
 installed package; here the server listens on a free 127.0.0.1 port, like every other server under test.
 
-PostgreSQL refuses to run as root. Run as root (a CI container), the server runs as the unprivileged
-`nobody`, which owns the data folder; elsewhere as the current user.
+PostgreSQL refuses to run as root. Run as root (a CI container, many ML containers), the server runs as the
+unprivileged `nobody`, which owns the data folder; elsewhere as the current user. `nobody` must be able to run
+the binaries: when the clone sits in a folder only root may enter (mode 0700, e.g. under /root), it cannot reach
+those inside the clone's .venv, so they are copied for the server's lifetime to a temporary folder it can read
+(bin, lib and share: about 35 MB, a fraction of a second; `reachable_binaries`).
 
 To try the PostgreSQL cache by hand: `python -m mirrorapi.testing.postgres_server --port 5433` prints the URL of a
 throwaway server and serves until Ctrl-C (its data is deleted then).
@@ -53,6 +56,38 @@ def _run_as() -> dict:
     return {}
 
 
+def _runs_as(user: dict, program: Path) -> bool:
+    """Whether `user` (subprocess keyword arguments) can run `program`: tried, since every folder above it counts."""
+    try:
+        return subprocess.run([str(program), "--version"], capture_output=True, timeout=30, **user).returncode == 0
+    except PermissionError:
+        return False
+
+
+@contextlib.contextmanager
+def reachable_binaries(bin_folder: Path, user: dict) -> Iterator[Path]:
+    """`bin_folder` when `user` can run its programs; else a copy of the installation (bin, lib, share) in a new
+    temporary folder that every user may read, removed when the block ends."""
+    if not user or _runs_as(user, bin_folder / "initdb"):
+        yield bin_folder
+        return
+    copy = Path(tempfile.mkdtemp(prefix="mirrorapi-pginstall-"))
+    try:
+        for part in ("bin", "lib", "share"):
+            if (bin_folder.parent / part).is_dir():
+                shutil.copytree(bin_folder.parent / part, copy / part, symlinks=True)
+        for folder, _, files in os.walk(copy):  # readable by all, whatever umask installed the originals
+            os.chmod(folder, 0o755)
+            for name in files:
+                path = os.path.join(folder, name)
+                if not os.path.islink(path):
+                    mode = os.stat(path).st_mode
+                    os.chmod(path, 0o755 if mode & 0o100 else 0o644)
+        yield copy / "bin"
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
 def _group_exists() -> bool:
     import grp
 
@@ -77,11 +112,12 @@ def temporary_postgres(folder: str | os.PathLike | None = None, *, durable: bool
     (default: a free one), user `postgres` with trust
     authentication (loopback only). Stopped, and its data deleted, when the block ends. `durable=False`
     (tests): no fsync, so a commit costs no disk flush (data lost on a power cut, never on a process crash)."""
-    bin_folder = postgres_bin()
     run_as = _run_as()
-    # Not pytest's tmp_path: its folders are private to root (0700), which `nobody` cannot enter.
-    data = Path(tempfile.mkdtemp(prefix="mirrorapi-pg-", dir=folder))
-    try:
+    with contextlib.ExitStack() as cleanup:
+        bin_folder = cleanup.enter_context(reachable_binaries(postgres_bin(), run_as))
+        # Not pytest's tmp_path: its folders are private to root (0700), which `nobody` cannot enter.
+        data = Path(tempfile.mkdtemp(prefix="mirrorapi-pg-", dir=folder))
+        cleanup.callback(shutil.rmtree, data, ignore_errors=True)
         if run_as:
             shutil.chown(data, user=run_as["user"], group=run_as["group"])
         initdb = [str(bin_folder / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
@@ -101,14 +137,10 @@ def temporary_postgres(folder: str | os.PathLike | None = None, *, durable: bool
         with open(log, "ab") as log_file, interrupts_deferred():
             process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True, **run_as)
-        try:
-            url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-            poll_until(lambda: _accepts(url, process, log), timeout, f"PostgreSQL on 127.0.0.1:{port}", 0.1)
-            yield RunningPostgres(url, process)
-        finally:
-            stop(process, grace=10.0)  # SIGINT: PostgreSQL's fast shutdown
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
+        cleanup.callback(stop, process, grace=10.0)  # SIGINT: PostgreSQL's fast shutdown
+        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        poll_until(lambda: _accepts(url, process, log), timeout, f"PostgreSQL on 127.0.0.1:{port}", 0.1)
+        yield RunningPostgres(url, process)
 
 
 def _accepts(url: str, process: subprocess.Popen, log: Path) -> bool | None:
