@@ -6,7 +6,7 @@ Set-up (three processes besides this one's runner):
 - the agent engine: the RECORDED agent (replaying StableToolBench's CoT runs of its 3 example
   queries) answering every chat completion after 50 ms;
 - the tools: the real virtual server (`serving/main_mirrorapi.py`, `is_save: false`, so every call
-  is a cache miss) in front of a stub simulator engine answering after 50 ms (mirrorapi/testing/fake_engines.py);
+  is a cache miss) in front of a stub simulator engine answering after 50 ms (harness/fake_engines.py);
 - the queries: `--queries` copies of the 3 example queries (distinct ids; the recording matches
   them by their text).
 `runner_cpu_ms_per_step` = this process's CPU time (user + system) over the run / agent steps
@@ -29,10 +29,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from harness.fake_engines import stub_engine_process  # noqa: E402
+from harness.processes import free_port, stop, wait_until_ready  # noqa: E402
 from mirrorapi.evaluation.agent.run import run_agent_async  # noqa: E402
 from mirrorapi.evaluation.agent.settings import AgentSettings
-from mirrorapi.testing.fake_engines import stub_engine_process  # noqa: E402
-from mirrorapi.testing.processes import free_port, stop, wait_until_ready  # noqa: E402
 from mirrorapi.versions import package_versions  # noqa: E402
 
 SAMPLES = REPO / "data" / "samples"
@@ -44,7 +44,7 @@ TARGETS = {"runner_cpu_ms_per_step": 2.0, "peak_queries_in_flight": 64}
 def _agent_engine(port: int) -> None:
     import uvicorn
 
-    from mirrorapi.testing.recorded_agent import RecordedAgent, load_recordings
+    from harness.recorded_agent import RecordedAgent, load_recordings
 
     agent = RecordedAgent(load_recordings([STB / "data_example" / "answer" / "virtual_chatgpt_cot"]), latency=LATENCY)
     uvicorn.run(agent.app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)

@@ -3,7 +3,7 @@
     python bench/cache_import_stall.py [--pairs ../shared/data/pairs/api-bank-generated.jsonl] [--rate 200]
 
 A server (`serving/main_mirrorapi.py`, the bundled sample tools, a stub engine answering every chat
-completion after 50 ms: mirrorapi/testing/fake_engines.py's benchmark instrument) on a cache seeded with the real
+completion after 50 ms: harness/fake_engines.py's benchmark instrument) on a cache seeded with the real
 API-Bank pairs. 20 paced keep-alive connections send `--rate` requests/s together: 16 send hits (seeded
 calls), 4 send misses (new calls: simulated, then stored by the writer thread before they are answered). Two seconds in,
 `mirrorapi cache import PAIRS --cache <the server's cache>` runs in its own process (20,000 real
@@ -107,9 +107,9 @@ async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate:
 
 def one_import(args, work: Path, engine_port: int, name: str, import_command) -> dict:
     sys.path.insert(0, str(REPO))
+    from harness.processes import free_port, wait_until_ready
     from mirrorapi.records import canonical_json
     from mirrorapi.serving.cache import ResponseCache, import_pairs
-    from mirrorapi.testing.processes import free_port, wait_until_ready
     from mirrorapi.tools import ToolRegistry
 
     db = work / f"{name}.sqlite"
@@ -156,8 +156,8 @@ def main() -> None:
         if not Path(path).is_file():
             sys.exit(f"bench/cache_import_stall.py: pairs file not found: {path}")
     sys.path.insert(0, str(REPO))
-    from mirrorapi.testing.fake_engines import stub_engine_process
-    from mirrorapi.testing.processes import free_port
+    from harness.fake_engines import stub_engine_process
+    from harness.processes import free_port
     from mirrorapi.versions import package_versions
 
     # The server and the import run this checkout's code.

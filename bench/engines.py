@@ -35,13 +35,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from harness.processes import llama_cpp_available, llama_cpp_serve, transformers_serve  # noqa: E402
 from mirrorapi.models.catalogue import base_gguf  # noqa: E402
 from mirrorapi.models.get import get_base_model  # noqa: E402
 from mirrorapi.models.to_gguf import export_gguf  # noqa: E402
 from mirrorapi.prompts.simulator_formats import OBSERVATION_SCHEMA, simulator_messages  # noqa: E402
 from mirrorapi.prompts.simulator_output import is_strict_observation
 from mirrorapi.records import read_pairs_jsonl  # noqa: E402
-from mirrorapi.testing.processes import llama_cpp_available, llama_cpp_serve, transformers_serve  # noqa: E402
 from mirrorapi.tools import ToolRegistry  # noqa: E402
 from mirrorapi.versions import package_versions  # noqa: E402
 

@@ -5,7 +5,7 @@
 A real virtual server process (`serving/main_mirrorapi.py`, the bundled sample tools, a fresh cache)
 is given `api_base: [hung, healthy]`. The hung replica is a fake engine (a fault a real one cannot be
 made to show on demand): it accepts connections and never answers. The healthy one is a stub engine
-(mirrorapi/testing/fake_engines.py), answering every chat completion after 50 ms (a benchmark
+(harness/fake_engines.py), answering every chat completion after 50 ms (a benchmark
 instrument). `--clients` closed-loop clients send misses (every call new) for `--seconds`; the cool-down is shorter than the
 run, so the hung replica is probed again several times while the load runs.
 
@@ -66,8 +66,8 @@ def main() -> None:
     parser.add_argument("--cooldown", type=float, default=2.0, help="engine_cooldown of the server.")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from mirrorapi.testing.fake_engines import HungEngine, stub_engine_process
-    from mirrorapi.testing.processes import free_port, wait_until_ready
+    from harness.fake_engines import HungEngine, stub_engine_process
+    from harness.processes import free_port, wait_until_ready
     from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-failover-"))

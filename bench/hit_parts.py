@@ -69,8 +69,8 @@ def main() -> None:
     if not Path(args.tools).is_dir():
         sys.exit(f"bench/hit_parts.py: tools folder not found: {args.tools}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `finally` stops the servers and the engine
-    from mirrorapi.testing.fake_engines import stub_engine_process
-    from mirrorapi.testing.processes import free_port
+    from harness.fake_engines import stub_engine_process
+    from harness.processes import free_port
     from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-hit-parts-"))

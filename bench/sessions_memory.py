@@ -95,7 +95,7 @@ async def drive(port: int, calls: list[bytes], sessions: range | None, per_sessi
 
 
 def run_variant(name: str, root: Path, store: list[str], work: Path, args, calls: list[bytes]) -> dict:
-    from mirrorapi.testing.processes import free_port, stop, wait_until_ready
+    from harness.processes import free_port, stop, wait_until_ready
 
     env = dict(os.environ, PYTHONPATH=str(root))
     subprocess.run([sys.executable, "-m", "mirrorapi.cli", "cache", "import", str(PAIRS), "--cache", store[1],
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true", help="Leave out the PostgreSQL store.")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from mirrorapi.testing.postgres_server import temporary_postgres
+    from harness.postgres_server import temporary_postgres
 
     calls = bodies()
     load_before = [round(x, 2) for x in os.getloadavg()]

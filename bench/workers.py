@@ -31,7 +31,7 @@ _spec.loader.exec_module(pair)
 
 def bench_workers(args, work: Path, n: int, run_index: int, bodies: list[dict], hit_bodies: Path,
                   engine_port: int) -> dict:
-    from mirrorapi.testing.processes import free_port
+    from harness.processes import free_port
 
     shutil.copy(work / "base.sqlite", work / "cache.sqlite")
     port = free_port()
@@ -60,8 +60,8 @@ def main() -> None:
         sys.exit(f"bench/workers.py: tools folder not found: {args.tools}")
     sys.path.insert(0, str(REPO))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `finally` stops the servers and the engine
-    from mirrorapi.testing.fake_engines import stub_engine_process
-    from mirrorapi.testing.processes import free_port
+    from harness.fake_engines import stub_engine_process
+    from harness.processes import free_port
     from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-workers-"))

@@ -79,7 +79,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir, tmp_path_factory):
-    from mirrorapi.testing.processes import transformers_serve
+    from harness.processes import transformers_serve
 
     log = tmp_path_factory.mktemp("engine") / "transformers-serve.log"
     with transformers_serve(tiny_model_dir, log_path=log, timeout=180) as engine:
@@ -156,7 +156,7 @@ def trained_simulator_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory) -
 
 @pytest.fixture(scope="session")
 def simulator_engine(trained_simulator_dir, tmp_path_factory):
-    from mirrorapi.testing.processes import transformers_serve
+    from harness.processes import transformers_serve
 
     log = tmp_path_factory.mktemp("engine") / "simulator-serve.log"
     with transformers_serve(trained_simulator_dir, log_path=log, timeout=180) as engine:
@@ -175,7 +175,7 @@ def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def judge_engine(trained_judge_dir, tmp_path_factory):
-    from mirrorapi.testing.processes import transformers_serve
+    from harness.processes import transformers_serve
 
     log = tmp_path_factory.mktemp("engine") / "judge-serve.log"
     with transformers_serve(trained_judge_dir, log_path=log, timeout=180) as engine:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -102,6 +103,10 @@ def test_the_built_wheel_runs_outside_the_checkout(tmp_path):
     subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
                    check=True, capture_output=True, timeout=120)
     wheel, = (tmp_path / "dist").glob("mirrorapi-*.whl")
+    # The library only: the harnesses of the tests, bench/ and the demo (harness/) stay in the clone.
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"mirrorapi"}
+    assert not [name for name in names if name.startswith("mirrorapi/testing/")]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)

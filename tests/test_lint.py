@@ -36,8 +36,9 @@ def test_the_library_type_checks():
 def test_the_gate_can_fail(tmp_path, checker, bad):
     """Each checker, with the project's settings, rejects a library module with a plain mistake."""
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    (tmp_path / "mirrorapi").mkdir()
-    (tmp_path / "mirrorapi" / "__init__.py").write_text("")
+    for package in ("mirrorapi", "harness"):  # the folders mypy checks (pyproject.toml)
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "mirrorapi" / "broken.py").write_text(bad)
     command = [tool("ruff"), "check", "--no-cache", "."] if checker == "ruff" else [tool("mypy"), "--no-incremental"]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)

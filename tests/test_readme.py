@@ -33,8 +33,8 @@ import openai
 import pytest
 import yaml
 
-from mirrorapi.testing.postgres_server import temporary_postgres
-from mirrorapi.testing.processes import RunningEngine, free_port, stop, wait_until_engine_answers
+from harness.postgres_server import temporary_postgres
+from harness.processes import RunningEngine, free_port, stop, wait_until_engine_answers
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "serve_engine_cpu.sh"
@@ -360,7 +360,7 @@ CHEAP = re.compile(r"(cat |\.venv/bin/mirrorapi (tools|cache) |\.venv/bin/python
 
 
 # The throwaway PostgreSQL a page starts in the background for the cache commands after it (docs/serving.md).
-BACKGROUND_POSTGRES = re.compile(r"\.venv/bin/python -m mirrorapi\.testing\.postgres_server --port (\d+) &")
+BACKGROUND_POSTGRES = re.compile(r"\.venv/bin/python -m harness\.postgres_server --port (\d+) &")
 
 
 def cheap_commands() -> list[Command]:

@@ -76,7 +76,7 @@ def test_quick_selection_uses_no_engine_or_training_fixture(tmp_path):
                  if set(fixtures) & set(engine_or_training)}
     assert offenders == {}, "tests left in `make test-quick` that start an engine or train"
     # The engine tests of issue 18, unmarked by hand, are among those left out.
-    for test in ("tests/eval/test_agent.py::test_tiny_model_agent_ends_every_query",
-                 "tests/eval/test_benchmark.py::test_recorded_benchmark_writes_one_report"):
+    for test in ("tests/evaluation/test_agent.py::test_tiny_model_agent_ends_every_query",
+                 "tests/evaluation/test_benchmark.py::test_recorded_benchmark_writes_one_report"):
         path, name = test.split("::")
         assert f"def {name}(" in (REPO / path).read_text() and test not in quick

@@ -1,6 +1,6 @@
 """Runs record the software they ran with: the model card (README.md and mirrorapi_training.json) names the
 installed versions of Python, mirrorapi (with its git commit in a checkout) and the training libraries.
-(The evaluation reports: tests/eval/test_report_versions.py.)"""
+(The evaluation reports: tests/evaluation/test_report_versions.py.)"""
 
 from __future__ import annotations
 

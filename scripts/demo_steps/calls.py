@@ -19,11 +19,11 @@ from pathlib import Path
 
 import httpx
 
+from harness.processes import poll_until
 from mirrorapi.evaluation.fidelity.replay import request_body
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.serving.handler import check_arguments
 from mirrorapi.serving.protocol import ArgumentError
-from mirrorapi.testing.processes import poll_until
 from mirrorapi.tools import ToolRegistry, UnknownName
 
 KIND_TITLES = {"hit": "cache hit", "miss": "cache miss, simulated", "repeat": "the same call again",

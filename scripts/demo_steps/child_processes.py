@@ -2,7 +2,7 @@
 
 Every child starts in its own session (a terminal's Ctrl-C reaches the demo only, which then stops
 its children in order; an interrupt during a `Popen` is deferred until the child is known, see
-`mirrorapi.testing.processes.interrupts_deferred`) and is stopped as a process group: `accelerate launch` runs the
+`harness.processes.interrupts_deferred`) and is stopped as a process group: `accelerate launch` runs the
 training in a grandchild that must not outlive it. Waits are bounded; a child that exits early is
 reported with the end of its log.
 """
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from mirrorapi.testing.processes import ProcessExited, interrupts_deferred, stop, wait_until_ready
+from harness.processes import ProcessExited, interrupts_deferred, stop, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -65,13 +65,13 @@ from demo_steps.report import (
     parse_counts,
     write_report,
 )
+from harness.processes import cpu_engine_serve, free_port
+from harness.recorded_benchmark import recorded_benchmark
 from mirrorapi.data.simulator_sft import SimulatorDataOptions
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
 from mirrorapi.models.get import get_base_model
 from mirrorapi.prompts.simulator_formats import session_format
 from mirrorapi.records import read_pairs_jsonl
-from mirrorapi.testing.processes import cpu_engine_serve, free_port
-from mirrorapi.testing.recorded_benchmark import recorded_benchmark
 from mirrorapi.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -454,7 +454,7 @@ class Demo:
         out = self.run_dir / "agents"
         groups = sorted(p.stem.removesuffix("_instruction")
                         for p in (STB_EXAMPLE / "solvable_queries_example" / "test_instruction").glob("*.json"))
-        say("agent run: mirrorapi.testing.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
+        say("agent run: harness.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
             f"agents on the first {self.sizes.agent_queries} quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
             f"of each group of StableToolBench's examples ({', '.join(groups)}), scored by the judge")
         result = recorded_benchmark(STB_EXAMPLE, REPO / "data" / "samples" / "tools", JudgeSettings(base_urls=[judge.base_url], model=judge.model, max_tokens=8),

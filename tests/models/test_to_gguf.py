@@ -20,6 +20,14 @@ import numpy as np
 import pytest
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
+from harness.processes import (
+    RunningEngine,
+    cpu_engine_serve,
+    free_port,
+    llama_cpp_available,
+    stop,
+    wait_until_engine_answers,
+)
 from mirrorapi.cli import main
 from mirrorapi.engine_client import EngineClient
 from mirrorapi.llama_cpp_engine import openai_request
@@ -28,14 +36,6 @@ from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serv
 from mirrorapi.prompts.simulator_formats import OBSERVATION_SCHEMA, simulator_messages
 from mirrorapi.prompts.simulator_output import is_strict_observation
 from mirrorapi.records import read_pairs_jsonl
-from mirrorapi.testing.processes import (
-    RunningEngine,
-    cpu_engine_serve,
-    free_port,
-    llama_cpp_available,
-    stop,
-    wait_until_engine_answers,
-)
 from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[2]

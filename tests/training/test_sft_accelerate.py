@@ -10,7 +10,7 @@ import openai
 import pytest
 from datasets import load_from_disk
 
-from mirrorapi.testing.processes import transformers_serve
+from harness.processes import transformers_serve
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "data" / "samples"

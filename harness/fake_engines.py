@@ -1,0 +1,226 @@
+"""Fake OpenAI-compatible engines, shared by the tests and `bench/` (one copy of each).
+
+Each stands in for what a real engine cannot be made to show on demand:
+- `StubEngine`: a valid chat completion for *every* call, after a chosen delay (no real model answers
+  every call validly, nor takes a chosen time). Raw asyncio on a keep-alive socket, so that as a
+  benchmark instrument it costs the machine little CPU.
+- `HungEngine`: accepts connections and never answers (a stalled replica), until `heal(url)` makes
+  it relay new connections to a real engine (the replica coming back).
+- `StatusEngine`: answers every request with one HTTP status (an engine that rejects or fails).
+- `unreachable_engine_url()`: a port nobody listens on (an engine that is down).
+
+In a thread: `with StubEngine(delay=0.05) as engine: engine.url`. As a process (benchmarks that keep
+the load off their own interpreter): `python -m harness.fake_engines stub --port N --delay 0.05`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+from harness import REPO
+from harness.processes import free_port
+
+# The observation a stub engine answers with unless told otherwise: a StableToolBench-shaped answer.
+STUB_OBSERVATION = {"error": "", "response": {"answered_by": "stub engine"}}
+
+
+def chat_completion_reply(content: str) -> bytes:
+    """A whole HTTP/1.1 response carrying one chat completion whose message is `content`."""
+    body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "stub",
+                       "choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": content}}],
+                       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def unreachable_engine_url() -> str:
+    """The /v1 URL of an engine that is down: a free 127.0.0.1 port nobody listens on."""
+    return f"http://127.0.0.1:{free_port()}/v1"
+
+
+class StubEngine:
+    """Answers every POST to .../chat/completions with a chat completion carrying `observation`
+    (JSON-encoded) after `delay` seconds; GETs (health probes) at once with the same body; any other
+    POST at once with 404 (StableToolBench's server posts its real-API call to such a path first).
+    `requests` counts the chat completions answered."""
+
+    def __init__(self, observation: dict = STUB_OBSERVATION, delay: float = 0.0, port: int = 0):
+        self.reply = chat_completion_reply(json.dumps(observation))
+        self.not_found = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+        self.delay, self.port, self.requests = delay, port, 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                if head.startswith(b"GET"):
+                    writer.write(self.reply)
+                    continue
+                if b"/chat/completions " not in head.split(b"\r\n", 1)[0]:
+                    writer.write(self.not_found)
+                    continue
+                self.requests += 1
+                await asyncio.sleep(self.delay)
+                writer.write(self.reply)
+        writer.close()
+
+    async def _start(self) -> asyncio.Server:
+        server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, backlog=1024)
+        self.port = server.sockets[0].getsockname()[1]
+        return server
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until killed (the benchmarks' engine process)."""
+        async def main() -> None:
+            async with await self._start():
+                await asyncio.Event().wait()
+        try:
+            import uvloop  # cheaper per request where installed: this is a benchmark instrument
+            uvloop.run(main())
+        except ImportError:
+            asyncio.run(main())
+
+    def __enter__(self) -> StubEngine:
+        self._loop = asyncio.new_event_loop()
+        self._server = self._loop.run_until_complete(self._start())
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        assert self._loop is not None and self._thread is not None, "not entered"
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._server.close()
+
+
+def stub_engine_process(port: int, delay: float) -> subprocess.Popen:
+    """A StubEngine in its own process (a benchmark's engine must not share the measured interpreter)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, "-m", "harness.fake_engines", "stub", "--port", str(port),
+                             "--delay", str(delay)], env={**os.environ, "PYTHONPATH": path})
+
+
+class HungEngine:
+    """Accepts connections and never answers, until `heal(url)`: from then on new connections are
+    relayed byte for byte to the real engine at `url`. `connections` counts those accepted while hung,
+    `relayed` those accepted once healed, `relayed_posts` the chat completions relayed (connections
+    are kept alive and reused, so this is counted in the byte stream)."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
+        self.listener.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        self.target: tuple[str, int] | None = None
+        self.connections = self.relayed = self.relayed_posts = 0
+        self.held: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def heal(self, url: str) -> None:
+        host, port = url.split("//")[1].split("/")[0].split(":")
+        self.target = (host, int(port))
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn = self.listener.accept()[0]
+            except OSError:
+                continue
+            self.held.append(conn)
+            if self.target is None:
+                self.connections += 1
+                continue
+            self.relayed += 1
+            upstream = socket.create_connection(self.target)
+            self.held.append(upstream)
+            for source, sink in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(source, sink, source is conn), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if from_client:
+                    self.relayed_posts += data.count(b"POST /v1/chat/completions")
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        for conn in self.held:
+            conn.close()
+        self.listener.close()
+
+    def __enter__(self) -> HungEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class StatusEngine:
+    """Answers every POST with HTTP `status` and an empty JSON object; `paths` lists the paths posted to."""
+
+    def __init__(self, status: int):
+        paths: list[str] = []
+        self.paths = paths
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["content-length"]))
+                paths.append(self.path)
+                self.send_response(status)
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args):
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def __enter__(self) -> StatusEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Serve a stub engine on 127.0.0.1 until killed.",
+                                     allow_abbrev=False)
+    parser.add_argument("kind", choices=["stub"])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay", type=float, default=0.0, help="Seconds before each chat completion is answered.")
+    parser.add_argument("--observation", default=json.dumps(STUB_OBSERVATION),
+                        help="The JSON observation every completion carries.")
+    args = parser.parse_args()
+    StubEngine(json.loads(args.observation), args.delay, args.port).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

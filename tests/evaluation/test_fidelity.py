@@ -1,0 +1,196 @@
+"""`python eval/simulator.py`: replaying real held-out calls through a real virtual server, and the metrics."""
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from harness.processes import free_port
+from mirrorapi.evaluation.fidelity.metrics import (
+    api_id,
+    compare,
+    conforms,
+    is_error,
+    payload_text,
+    slice_metrics,
+)
+from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
+from mirrorapi.prompts.simulator_formats import response_schema, skeleton_schema
+from mirrorapi.records import canonical_json
+from mirrorapi.serving.cache import ResponseCache
+from mirrorapi.tools import ToolRegistry
+
+SOURCES = ("api-bank", "api-bank-generated", "tau-bench", "toolbench-example")
+
+
+@pytest.fixture(scope="module")
+def sample_pairs(samples):
+    return load_pairs([samples / "pairs.jsonl"])
+
+
+@pytest.fixture(scope="module")
+def registry(samples):
+    return ToolRegistry.load([samples / "tools"])
+
+
+def _episodes(pairs):
+    episodes = defaultdict(list)
+    for pair in pairs:
+        episodes[(pair["source"], pair["episode"])].append(pair)
+    return episodes
+
+
+def _split(pairs, per_source: int, max_calls: int):
+    """Held out: the first episodes (by name) of each source with at most `max_calls` calls; the rest: training."""
+    episodes, held = _episodes(pairs), set()
+    for source in SOURCES:
+        names = sorted(k for k, calls in episodes.items() if k[0] == source and len(calls) <= max_calls)
+        held.update(names[:per_source])
+    held_out = [p for p in pairs if (p["source"], p["episode"]) in held]
+    return held_out, [p for p in pairs if (p["source"], p["episode"]) not in held]
+
+
+def _write(path, pairs):
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    return path
+
+
+def test_template_skeletons_check_real_responses(registry, sample_pairs):
+    doc = registry.resolve("APIBank", "apibank_lv3_location", "NearbyRestaurants")
+    schema = response_schema(doc)
+    assert schema == skeleton_schema(doc.template_response)
+    assert schema["properties"]["restaurants"]["items"]["required"] == ["coordinates", "name"]
+    real = next(p for p in sample_pairs if p["api_name"] == "NearbyRestaurants" and not p["response"]["error"])
+    assert conforms(schema, real["response"]["response"])  # a JSON string holding the documented object
+    assert conforms(schema, json.loads(real["response"]["response"]))  # the object itself (a simulator may send one)
+    assert not conforms(schema, '{"restaurants": [{"name": "Restaurant A"}]}')  # `coordinates` missing
+    assert not conforms(schema, "Restaurant A, Restaurant B")
+    # ToolBench's Python-repr text is read as the literal it is.
+    assert conforms(skeleton_schema({"status": "str"}), "{'status': 'success'}")
+
+
+def test_errors_include_tau_bench_in_band_replies(sample_pairs):
+    in_band = next(p for p in sample_pairs if p["response"]["response"].startswith("Error:"))
+    assert in_band["response"]["error"] == "" and is_error(in_band["response"])
+    assert is_error({"error": "The token is invalid.", "response": ""})
+    assert not is_error({"error": "", "response": '{"status": "success"}'})
+    assert payload_text({"error": "", "response": {"a": 1}}) == '{"a": 1}'
+    assert payload_text({"error": "Bad date", "response": ""}) == "Bad date"
+
+
+def test_nearest_example_is_the_closest_call_of_the_same_api(sample_pairs):
+    by_api = defaultdict(list)
+    for pair in sample_pairs:
+        by_api[api_id(pair)].append(pair)
+    target = next(p for p in sample_pairs if len(by_api[api_id(p)]) >= 3)
+    others = [p for p in by_api[api_id(target)] if p is not target]
+    # The held-out call itself is in the training list: it must not be its own baseline.
+    baseline = NearestExample(sample_pairs, [target])
+    assert baseline(target) in [p["response"] for p in others]
+    # The same arguments in another episode beat every other call of the API (ties: the earliest).
+    copy = dict(target, episode="copy-of-" + target["episode"], response={"error": "", "response": "the copy"})
+    assert NearestExample([copy] + sample_pairs, [target])(target) == copy["response"]
+    assert baseline(dict(target, api_name="NoSuchApi")) is None
+
+
+def test_a_missing_baseline_is_wrong_on_every_check_even_where_the_real_answer_is_empty():
+    # Real ToolBench calls whose API answered nothing (an empty response), and one with an answer.
+    pairs = [{"source": "toolbench-example", "episode": "e", "step": step, "category": "Logistics",
+              "tool_name": "squake", "api_name": "checkhealth", "tool_input": {}, "response": response}
+             for step, response in enumerate([{"error": "", "response": ""}, {"error": "", "response": ""},
+                                              {"error": "", "response": "{'status': 'ok'}"}])]
+    simulated = [{"error": "", "response": ""}, {"error": "", "response": "ok"}, {"error": "", "response": "x"}]
+    rows = compare(pairs, simulated, baseline=lambda pair: None)  # no training call of this API
+    baseline = slice_metrics(rows, "baseline")
+    assert baseline["rouge_l"] == 0.0 and baseline["error_agreement"] == 0.0
+    # The simulator's empty answer to an empty real answer is a full match; "ok" is none.
+    assert [row["simulated_rouge_l"] for row in rows[:2]] == [1.0, 0.0]
+
+
+@pytest.mark.slow
+def test_replay_through_a_fresh_server_in_episode_order(eval_cli, virtual_server, tiny_engine, sample_pairs,
+                                                         samples, tmp_path):
+    held_out, train = _split(sample_pairs, per_source=1, max_calls=4)
+    assert {p["source"] for p in held_out} == set(SOURCES)
+    url, request_log = virtual_server(tiny_engine.base_url, tiny_engine.model)
+    out = tmp_path / "report"
+    argv = ["--pairs", str(_write(tmp_path / "heldout.jsonl", held_out)), "--server", url, "--out", str(out),
+            "--baseline-pairs", str(_write(tmp_path / "train.jsonl", train)), "--tools", str(samples / "tools"),
+            "--concurrency", "1", "--no-progress"]
+    assert eval_cli("simulator")(argv) == 0
+
+    # One episode at a time: the server saw the calls in (source, episode, step) order.
+    lines = [line for line in request_log.read_text().splitlines() if "{" in line]
+    seen = [json.loads(line[line.index("{"):])["api"] for line in lines]  # one JSON object per request
+    assert seen == ["/".join(api_id(p)) for p in held_out]
+
+    report = json.loads((out / "fidelity.json").read_text())
+    assert report["calls"] == len(held_out) and report["cache_entries_at_start"] == 0 and report["baseline"]
+    assert set(report["per_source"]) == set(SOURCES)
+    assert {s: b["n"] for s, b in report["per_source"].items()} == {s: sum(p["source"] == s for p in held_out)
+                                                                    for s in SOURCES}
+    assert sum(b["n"] for b in report["per_api"].values()) == len(held_out)
+    for block in [report["overall"], *report["per_source"].values()]:
+        for side in ("simulated", "baseline"):
+            metrics = block[side]
+            assert metrics["n"] == block["n"]
+            assert all(0 <= metrics[k] <= 100 for k in ("bleu4", "rouge_l", "error_agreement"))
+            assert sum(metrics["errors"].values()) == block["n"]
+    rows = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
+    assert [(r["episode"], r["step"], r["real"]) for r in rows] == [(p["episode"], p["step"], p["response"])
+                                                                    for p in held_out]
+    assert all(isinstance(r["simulated"]["error"], str) and not r["request_failed"] for r in rows)
+    assert (out / "fidelity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (out / "fidelity.md").read_text()
+    assert "| simulator |" in markdown and "| nearest example |" in markdown and "## Per API" in markdown
+
+
+@pytest.mark.slow
+def test_identical_answers_score_full_marks_and_a_used_cache_is_flagged(eval_cli, virtual_server, tiny_model_dir,
+                                                                         sample_pairs, registry, samples, tmp_path):
+    # The held-out calls' real answers are put into the server's cache before it starts, and the server
+    # only replays its cache: every answer it gives is the real one, so every metric must be perfect.
+    held_out, _ = _split(sample_pairs, per_source=2, max_calls=3)
+    keys = defaultdict(list)
+    for pair in held_out:
+        keys[(api_id(pair), canonical_json(pair["tool_input"]))].append(pair)
+    held_out = [p for p in held_out if len(keys[(api_id(p), canonical_json(p["tool_input"]))]) == 1]  # stateful APIs
+    cache = ResponseCache(tmp_path / "filled.sqlite")
+    rows = []
+    for pair in held_out:
+        doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
+        rows.append((doc.category, doc.tool, doc.api, canonical_json(pair["tool_input"]), pair["response"]["error"],
+                     pair["response"]["response"]))
+    assert cache.put_many(rows, "real") == len(held_out)
+    cache.close()
+    url, _ = virtual_server(f"http://127.0.0.1:{free_port()}/v1", "unused", mode="replay",
+                            missing_required="simulate", cache_path=tmp_path / "filled.sqlite")
+    out = tmp_path / "report"
+    argv = ["--pairs", str(_write(tmp_path / "heldout.jsonl", held_out)), "--server", url + "/virtual",
+            "--out", str(out), "--tools", str(samples / "tools"), "--embedding-model", str(tiny_model_dir),
+            "--no-progress"]
+    assert eval_cli("simulator")(argv) == 0
+    report = json.loads((out / "fidelity.json").read_text())
+    assert report["cache_entries_at_start"] == len(held_out) and not report["baseline"]
+    overall = report["overall"]["simulated"]
+    assert (overall["bleu4"], overall["rouge_l"], overall["error_agreement"]) == (100.0, 100.0, 100.0)
+    assert overall["valid_json_n"] > 0 and overall["valid_json"] == 100.0
+    assert overall["schema_n"] > 0 and overall["schema_conformance"] == overall["schema_conformance_real"]
+    assert overall["embedding_cosine"] == pytest.approx(100.0, abs=0.01)
+    assert "**Warning:** the server's cache held" in (out / "fidelity.md").read_text()
+
+
+def test_user_mistakes_are_one_line_and_exit_2(eval_cli, samples, tmp_path, capsys):
+    simulator = eval_cli("simulator")
+    pairs = str(samples / "pairs.jsonl")
+    cases = [
+        (["--pairs", pairs, "--server", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path)], "does not answer"),
+        (["--pairs", str(tmp_path / "none.jsonl"), "--server", "http://127.0.0.1:9", "--out", str(tmp_path)],
+         "not found"),
+        (["--pairs", pairs, "--server", "http://127.0.0.1:9", "--out", str(tmp_path), "--embedding-model",
+          str(tmp_path / "no-model")], "embedding model folder not found"),
+    ]
+    for argv, message in cases:
+        assert simulator(argv + ["--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error:") and message in err[-1] and "Traceback" not in "\n".join(err)

@@ -1,0 +1,76 @@
+"""`eval/simulator.py --history both` (issue 13): held-out episodes replayed with and without session
+history, per-step fidelity and the consistency score."""
+
+import json
+
+from harness.processes import free_port
+from mirrorapi.evaluation.fidelity.replay import load_pairs
+from mirrorapi.evaluation.fidelity.session_history import consistency, heldout_episodes, values
+from mirrorapi.records import canonical_json
+from mirrorapi.serving.cache import ResponseCache
+from mirrorapi.tools import ToolRegistry
+
+
+def test_values_are_ids_tokens_and_names():
+    # api-bank gen-00133: GetUserToken's answer, then AppointmentRegistration's (real pairs of data/samples)
+    assert values("{\"token\": \"o8i7u6y5t4r3e2w1q0\"}") == {"o8i7u6y5t4r3e2w1q0"}
+    assert values("56545338") == {"56545338"}
+    assert values({"status": "success", "ok": True, "n": 3, "id": 17, "price": 4.5}) == {"17", "4.5"}
+    long = "Reservation ABC123 confirmed for flight HAT004 on 2024-05-16; the passenger was told"
+    assert values(long) == {"ABC123", "HAT004", "2024-05-16"}
+
+
+def test_real_answers_are_fully_consistent_and_empty_ones_not(samples):
+    pairs = load_pairs([samples / "pairs.jsonl"])
+    real = consistency(pairs, [p["response"] for p in pairs])
+    assert real["steps"] > 10 and real["values_carried"] > real["steps"] and real["score"] == 100.0
+    empty = consistency(pairs, [{"error": "", "response": ""} for _ in pairs])
+    assert empty["score"] == 0.0 and empty["values_carried"] == real["values_carried"]
+
+
+def test_heldout_episodes_are_whole_and_follow_the_builder_split(samples):
+    pairs = load_pairs([samples / "pairs.jsonl"])
+    held = heldout_episodes(pairs, ToolRegistry.load([samples / "tools"]))
+    episodes = {(p["source"], p["episode"]) for p in held}
+    assert 0 < len(episodes) < len({(p["source"], p["episode"]) for p in pairs})
+    assert held == [p for p in pairs if (p["source"], p["episode"]) in episodes]  # whole episodes, in order
+
+
+def test_replay_with_and_without_history(eval_cli, virtual_server, samples, tmp_path):
+    # A server that only replays recorded answers: both passes give the real answers, so every
+    # figure of both is perfect and the sessions only change the path (X-Session-Id) taken.
+    pairs = load_pairs([samples / "pairs.jsonl"])
+    registry = ToolRegistry.load([samples / "tools"])
+    calls: dict = {}
+    for pair in pairs:
+        calls.setdefault((pair["category"], pair["tool_name"], pair["api_name"], canonical_json(pair["tool_input"])),
+                         []).append(pair)
+    by_episode: dict = {}
+    for pair in pairs:
+        by_episode.setdefault((pair["source"], pair["episode"]), []).append(pair)
+    chosen = [e for e in by_episode.values() if len(e) > 1 and consistency(e, [p["response"] for p in e])["steps"]
+              and all(len(calls[(p["category"], p["tool_name"], p["api_name"], canonical_json(p["tool_input"]))]) == 1
+                      for p in e)][:3]
+    held = [p for episode in chosen for p in episode]
+    assert len(chosen) == 3
+    cache = ResponseCache(tmp_path / "filled.sqlite")
+    docs = [registry.resolve(p["category"], p["tool_name"], p["api_name"]) for p in held]
+    cache.put_many([(d.category, d.tool, d.api, p["tool_input"], p["response"]["error"], p["response"]["response"])
+                    for d, p in zip(docs, held, strict=True)], "real")
+    cache.close()
+    url, log = virtual_server(f"http://127.0.0.1:{free_port()}/v1", "unused", mode="replay",
+                              missing_required="simulate", cache_path=tmp_path / "filled.sqlite")
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps(p) + "\n" for p in held))
+    out = tmp_path / "report"
+    assert eval_cli("simulator")(["--pairs", str(heldout), "--server", url, "--out", str(out), "--history", "both",
+                                  "--no-progress"]) == 0
+    report = json.loads((out / "fidelity.json").read_text())["sessions"]
+    assert report["episodes"] == 3 and report["calls"] == len(held)
+    for name in ("without", "with"):
+        assert report[name]["overall"]["rouge_l"] == 100.0 and report[name]["consistency"]["score"] == 100.0
+        assert report[name]["per_step"]["0"]["n"] == 3
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sum("session" in line for line in lines) == len(held)  # the second pass, one session per episode
+    assert len({line["session"] for line in lines if "session" in line}) == 3
+    assert "## With and without session history" in (out / "fidelity.md").read_text()

@@ -1,0 +1,77 @@
+"""The event loop never waits on SQLite's write lock, no answered write is dropped, and shutdown
+stores the simulations still in flight before closing the cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+
+import httpx
+import pytest
+
+from harness.fake_engines import STUB_OBSERVATION
+from mirrorapi.records import canonical_json
+from mirrorapi.serving.cache import Call, ResponseCache, new_entry
+
+API = ("Data", "theclique", "transfermarkt_search")
+LOCK_SECONDS = 1.5
+
+
+def hold_write_lock(path, seconds: float, held: threading.Event) -> None:
+    """Another process's long write transaction (an import), on a connection of its own."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("BEGIN IMMEDIATE")
+    held.set()
+    time.sleep(seconds)
+    db.execute("COMMIT")
+    db.close()
+
+
+def test_writes_wait_for_the_lock_without_blocking_the_event_loop_and_none_is_dropped(tmp_path):
+    path = tmp_path / "c.sqlite"
+    cache = ResponseCache(path, busy_timeout=0.2)  # shorter than the lock: the writes must retry, not drop
+    cache.put(*API, {"name": "recorded"}, "", "recorded", "real")
+    held = threading.Event()
+    holder = threading.Thread(target=hold_write_lock, args=(path, LOCK_SECONDS, held))
+
+    async def scenario():
+        holder.start()
+        await asyncio.to_thread(held.wait)
+        stores = [asyncio.ensure_future(cache.store(new_entry(*API, {"i": i, "z": 0}, "", f"answer {i}", "simulated:m",
+                                                              time.time())))
+                  for i in range(20)]
+        assert await cache.lookup(Call(*API, canonical_json({"name": "recorded"})), "m")  # a hit while it is held
+        maintained = asyncio.ensure_future(cache.maintain(idle_seconds=3600))  # the hit count waits too
+        longest, start = 0.0, time.perf_counter()
+        while not all(s.done() for s in stores):  # the loop keeps turning while the writes wait
+            tick = time.perf_counter()
+            await asyncio.sleep(0.01)
+            longest = max(longest, time.perf_counter() - tick)
+        await maintained
+        results = await asyncio.gather(*stores)
+        await cache.aclose()
+        return results, time.perf_counter() - start, longest
+
+    results, waited, longest_turn = asyncio.run(scenario())
+    holder.join()
+    assert results == [True] * 20
+    assert waited > LOCK_SECONDS / 2  # they did wait for the lock...
+    assert longest_turn < 0.5  # ...and the loop did not
+    cache = ResponseCache(path)
+    assert all(cache.get(*API, canonical_json({"i": i, "z": 0}), "m") for i in range(20))
+    assert cache.stats()["hits"] == 1  # the hit counted while the lock was held
+
+
+def test_shutdown_stores_simulations_still_in_flight(serve, engine_stub, tmp_path):
+    body = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
+            "tool_input": '{"name": "Lionel Messi"}'}
+    # The engine answers after the client gave up and after uvicorn's graceful shutdown cancelled the request.
+    with (serve(api_base=[engine_stub(delay=1.5)], cache_path=str(tmp_path / "c.sqlite"),
+                graceful_shutdown=0.2) as server, pytest.raises(httpx.ReadTimeout)):
+        server.client.post("/virtual", json=body, timeout=0.5)
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    (_, _, _, _, observation, provenance), = cache.entries()
+    assert json.loads(observation) == STUB_OBSERVATION and provenance.startswith("simulated:")

@@ -1,0 +1,195 @@
+"""Hostile and oversized input on a real uvicorn (issue 11, item 7): body and argument bounds, huge
+names, deep nesting, lone surrogates, clients that trickle, the API key."""
+
+import contextlib
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from harness.processes import free_port
+from mirrorapi.serving.config import ServerSettings
+
+BODY = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
+        "tool_input": "{\"name\": \"Lionel Messi\"}"}
+
+
+@pytest.fixture(scope="module")
+def guarded(serve, tmp_path_factory):
+    """No engine listens: a call that reached it would be an `unreachable` engine call."""
+    db = tmp_path_factory.mktemp("db")
+    with serve(cache_path=str(db / "c.sqlite"), api_base=[f"http://127.0.0.1:{free_port()}/v1"], engine_timeout=2,
+               engine_retries=0, max_body_bytes=100_000, max_arguments_chars=1000, request_timeout=1.0) as server:
+        yield server
+
+
+def engine_calls(server) -> float:
+    return server.metric("mirrorapi_engine_calls_total", result="unreachable")
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_the_limit_is_413_in_the_error_shape(guarded, chunked):
+    body = json.dumps({**BODY, "tool_input": {"text": "x" * 200_000}}).encode()
+    content = iter([body[i:i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
+    response = guarded.client.post("/virtual", content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert set(response.json()) == {"error", "response"}
+    assert response.json()["error"].startswith("Request body too large: ")
+    assert "100,000" in response.json()["error"]
+    assert guarded.virtual(BODY).status_code == 200  # the server goes on
+
+
+def test_arguments_over_the_limit_never_reach_the_engine(guarded):
+    calls = engine_calls(guarded)
+    answer = guarded.virtual({**BODY, "tool_input": {"name": "y" * 5000}}).json()  # {"name":"y...y"}
+    assert answer["error"].startswith("tool_input is too large to simulate: 5,011 characters of JSON")
+    assert engine_calls(guarded) == calls
+    guarded.virtual({**BODY, "tool_input": {"name": "short"}})  # a miss of normal size is sent
+    assert engine_calls(guarded) == calls + 1
+
+
+@pytest.mark.parametrize("field", ["category", "tool_name", "api_name"])
+def test_a_huge_name_is_answered_at_once_and_echoed_short(guarded, field):
+    name = "theclique" + "q" * 90_000
+    start = time.monotonic()
+    response = guarded.virtual({**BODY, field: name})
+    elapsed = time.monotonic() - start
+    answer = response.json()
+    assert response.status_code == 200 and answer["error"].startswith("Unknown ")
+    assert "(90,009 characters)" in answer["error"] and len(answer["error"]) < 300
+    assert elapsed < 1.0  # the closest-name search once took seconds on the event loop
+
+
+@pytest.mark.parametrize("tool_input, reason", [
+    ("[" * 5000 + "]" * 5000, "tool_input is nested too deeply"),
+    ("{\"a\": " * 150 + "1" + "}" * 150, "tool_input is nested too deeply (more than 100 levels)"),
+    ("{\"name\": \"\\ud800\"}", "tool_input holds a lone surrogate '\\ud800'"),
+], ids=["5000-levels", "150-levels", "lone-surrogate"])
+def test_deep_nesting_and_lone_surrogates_are_parse_errors(guarded, tool_input, reason):
+    internal = guarded.metric("mirrorapi_requests_total", outcome="internal_error")
+    response = guarded.virtual({**BODY, "tool_input": tool_input})
+    assert response.status_code == 200
+    assert response.json() == {"error": "Tool input parse error...\n" + response.json()["error"].split("\n", 1)[1],
+                               "response": ""}
+    assert response.json()["error"].split("\n", 1)[1].startswith(reason)
+    assert guarded.metric("mirrorapi_requests_total", outcome="internal_error") == internal
+
+
+def _trickle(url: str, data: bytes, pause: float, patience: float) -> tuple[bytes, float]:
+    """Send `data` a byte every `pause` s on a real socket; (what came back, when the server closed)."""
+    host, port = url.removeprefix("http://").split(":")
+    start = time.monotonic()
+    received = b""
+    with socket.create_connection((host, int(port))) as conn:
+        conn.settimeout(pause)
+        for byte in data:
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:  # the server has closed
+                break
+            try:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                received += chunk
+            except TimeoutError:
+                pass
+            except OSError:  # reset: what was received stays in `received`
+                break
+            if time.monotonic() - start > patience:
+                break
+        conn.settimeout(1.0)
+        try:
+            while chunk := conn.recv(4096):
+                received += chunk
+        except OSError:
+            pass
+    return received, time.monotonic() - start
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_client_that_trickles_is_disconnected(guarded, part):
+    body = json.dumps(BODY).encode()
+    head = (b"POST /virtual HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body))
+    if part == "body":  # headers at once, then the body a byte at a time
+        host, port = guarded.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as conn:
+            conn.sendall(head)
+            start = time.monotonic()
+            conn.settimeout(0.2)
+            received = b""
+            for byte in body:
+                try:
+                    conn.sendall(bytes([byte]))
+                    received += conn.recv(4096)
+                    if received:
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+                if time.monotonic() - start > 5:
+                    break
+            elapsed = time.monotonic() - start
+    else:
+        received, elapsed = _trickle(guarded.url, head + body, 0.2, patience=5)
+    assert received.startswith(b"HTTP/1.1 408 ")  # request_timeout 1 s: uvicorn alone never gave up
+    assert elapsed < 2.5
+    assert guarded.virtual(BODY).status_code == 200
+
+
+def test_each_request_on_a_connection_has_its_own_deadline(guarded):
+    """A whole request, then 0.7 s later a second one on the same connection that trickles: it gets its
+    full second (request_timeout 1 s) from its own first byte, not from the first request's."""
+    body = json.dumps(BODY).encode()
+    request = (b"POST /virtual HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    host, port = guarded.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        conn.settimeout(5)
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
+        time.sleep(0.7)
+        start = time.monotonic()
+        conn.settimeout(0.1)
+        received = b""
+        for byte in request:  # a byte every 0.1 s: 20 s for the whole request
+            with contextlib.suppress(TimeoutError):
+                conn.sendall(bytes([byte]))
+                received += conn.recv(4096)
+            if received or time.monotonic() - start > 5:
+                break
+        elapsed = time.monotonic() - start
+    assert received.startswith(b"HTTP/1.1 408 ")
+    assert 0.9 < elapsed < 2.5
+
+
+def test_api_key(serve, tmp_path):
+    with serve(cache_path=str(tmp_path / "c.sqlite"), server_api_key="s3cret", mode="replay") as server:
+        missing = server.virtual(BODY)
+        assert missing.status_code == 401 and set(missing.json()) == {"error", "response"}
+        assert missing.json()["error"].startswith("Unauthorized")
+        assert server.client.post("/virtual", json=BODY, headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert server.client.get("/metrics").status_code == 401
+        assert server.client.get("/health").status_code == 200  # probes of orchestrators stay open
+        assert server.client.get("/live").json() == {"status": "live"}
+        bearer = server.client.post("/virtual", json=BODY, headers={"authorization": "Bearer s3cret"})
+        assert bearer.status_code == 200 and bearer.json()["error"].startswith("No recorded response")
+        # StableToolBench's agents send their key as a `toolbench_key` header: they work unchanged.
+        assert server.client.post("/virtual", json=BODY, headers={"toolbench_key": "s3cret"}).status_code == 200
+        assert httpx.get(server.url + "/metrics", headers={"authorization": "Bearer s3cret"}).status_code == 200
+
+
+@pytest.mark.parametrize("host, key, warned", [
+    ("0.0.0.0", None, True), ("192.0.2.10", None, True), ("::", None, True), ("myhost.example", None, True),
+    ("0.0.0.0", "k", False), ("127.0.0.1", None, False), ("127.0.0.2", None, False), ("::1", None, False),
+    ("localhost", None, False),
+])
+def test_warning_when_exposed_without_a_key(sample_tools, host, key, warned):
+    # Only the logic: tests never bind a non-loopback address.
+    settings = ServerSettings(tools_folder=[sample_tools], host=host, server_api_key=key)
+    warnings = [w for w in settings.startup_warnings() if w.startswith(f"host {host} ")]
+    assert bool(warnings) == warned

@@ -1,0 +1,95 @@
+"""Several server processes on one cache (issue 21 §3): `--workers N` (uvicorn's workers) as a real process,
+and the lease that makes an identical miss arriving at two of them one simulation."""
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from harness.fake_engines import StubEngine
+from harness.processes import free_port, poll_until, wait_until_ready
+
+REPO = Path(__file__).resolve().parents[2]
+README_REQUEST = {"category": "Artificial_Intelligence_Machine_Learning", "tool_name": "TTSKraken",
+                  "api_name": "List Languages", "tool_input": "{}", "strip": "truncate", "toolbench_key": ""}
+
+
+def test_an_identical_miss_at_two_servers_on_one_cache_is_simulated_once(serve, tmp_path):
+    """Two servers (as two workers are) on one SQLite file get the same new call at the same time: the first
+    leases it in the store and asks the engine (an answer takes 1 s); the other waits for the stored answer."""
+    body = {**README_REQUEST, "tool_input": '{"language": "same for both"}'}
+    settings = dict(workers=2, cache_path=str(tmp_path / "shared.sqlite"))
+    with StubEngine(delay=1.0) as engine, \
+            serve(api_base=[engine.url], **settings) as first, serve(api_base=[engine.url], **settings) as second, \
+            concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda server: server.virtual(body).json(), (first, second)))
+        calls = sum(s.metric("mirrorapi_engine_calls_total", result="ok") for s in (first, second))
+        coalesced = sum(s.metric("mirrorapi_coalesced_requests_total") for s in (first, second))
+    assert answers[0] == answers[1] and answers[0]["error"] == ""
+    assert (calls, coalesced) == (1, 1)
+
+
+def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_is_replaced(sample_tools, tmp_path):
+    log_file, server_log = tmp_path / "requests.jsonl", tmp_path / "server.log"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with StubEngine(delay=0.2) as engine, open(server_log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools), "--workers", "2",
+             "--cache-path", str(tmp_path / "c.sqlite"), "--api-base", engine.url, "--model", "stub", "--port",
+             str(port), "--log-file", str(log_file)], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            wait_until_ready(url + "/live", 120, process=process, log_path=server_log)
+            workers = _workers(process.pid)
+
+            def call(i: int) -> dict:
+                with httpx.Client(timeout=60) as client:  # a connection each: the kernel spreads them over the workers
+                    body = {**README_REQUEST, "tool_input": json.dumps({"call": i})}
+                    return client.post(url + "/virtual", json=body).json()
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                misses = list(pool.map(call, range(16)))
+                hits = list(pool.map(call, range(16)))  # now in the cache, whichever worker stored them
+            metrics = httpx.get(url + "/metrics", timeout=10).text
+            os.kill(workers[0], signal.SIGKILL)  # a worker dies: uvicorn starts another, the others go on serving
+
+            def replaced_workers() -> list[int] | None:
+                now = _workers(process.pid)
+                return now if workers[0] not in now and len(now) == 2 else None
+            replaced = poll_until(replaced_workers, 120, "the killed worker was not replaced")
+            after = call(0)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            status = process.wait(60)
+    assert len(workers) == 2  # uvicorn's worker processes, children of the one that was started
+    assert len(replaced) == 2 and after == misses[0]  # uvicorn started another; the cache still answers
+    assert hits == misses and all(answer["error"] == "" for answer in misses)
+    # Any worker's /metrics counts the requests of all of them.
+    assert 'mirrorapi_requests_total{outcome="simulated"} 16.0' in metrics
+    assert 'mirrorapi_requests_total{outcome="hit"} 16.0' in metrics
+    lines = [json.loads(line) for line in log_file.read_text().splitlines()]  # whole lines only
+    assert sorted(line["outcome"] for line in lines) == ["hit"] * 17 + ["simulated"] * 16  # with the one after the kill
+    assert status == 0
+    folder = re.search(r"metrics summed over them in (\S+)\)", server_log.read_text()).group(1)
+    assert not Path(folder).exists()  # the metrics folder of the run is removed when it ends
+
+
+def _workers(pid: int) -> list[int]:
+    """The live worker processes of the uvicorn parent `pid`: children started by multiprocessing's spawn (not its
+    resource tracker), not yet exited."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                alive = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+                spawned = b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:  # gone meanwhile
+                continue
+            if alive and spawned:
+                found.append(int(child))
+    return found
