@@ -1,5 +1,6 @@
 """The lint and type gate: ruff (pyflakes, import order, bugbear, pyupgrade, no print in the library) over the
-repository and mypy over the library, with the versions the lock pins and the settings in pyproject.toml."""
+repository and mypy over the library and the harnesses (bodies of unannotated functions included), with the
+versions the lock pins and the settings in pyproject.toml."""
 
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ def test_the_library_type_checks():
 @pytest.mark.parametrize("checker, bad", [
     ("ruff", "import os\n\n\ndef f():\n    print('x')\n"),  # an unused import and a print in the library
     ("mypy", "def f() -> int:\n    return 'x'\n"),
+    ("mypy", "def f():\n    n: int = 'x'\n    return n\n"),  # in a function without annotations (check_untyped_defs)
 ])
 def test_the_gate_can_fail(tmp_path, checker, bad):
     """Each checker, with the project's settings, rejects a library module with a plain mistake."""

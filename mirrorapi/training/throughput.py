@@ -16,7 +16,8 @@ from transformers import TrainerCallback
 
 class ThroughputCallback(TrainerCallback):
     def __init__(self) -> None:
-        self._tokens, self._time = 0, None
+        self._tokens: int = 0
+        self._time: float | None = None  # of the previous log line
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._tokens, self._time = state.num_input_tokens_seen, time.perf_counter()
