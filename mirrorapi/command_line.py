@@ -1,10 +1,20 @@
 """How every mirrorapi command is built: settings flags derived from settings models, and subcommands.
 
 Settings are declared once, as fields of a pydantic model or pydantic dataclass (`ServerSettings`,
-`AgentSettings`, `JudgeSettings`) with their default, constraints and description. From those fields
-come their command-line flags (`add_settings_arguments`), their environment variables
-(`environment_values`) and their YAML keys (`read_yaml_settings`); a field says how it is spelt on the
+`AgentSettings`, `JudgeSettings`, `FidelitySettings`, API-Bank's `Settings`) with their default, constraints and
+description. From those fields come their command-line flags (`add_settings_arguments`), their environment
+variables (`environment_values`) and their YAML keys (`read_yaml_settings`); a field says how it is spelt on the
 command line, when its name is not enough, with `Annotated[..., Flag(...)]`.
+
+Why not pydantic-settings (tried, 2.16.3, on `ServerSettings`): its command-line source refuses
+`--tools-folder A B` (a list there is `--tools-folder A --tools-folder B`, `A,B` or JSON) and has no second
+spelling such as `--tools_folder`, both of which StableToolBench's users and our docs write; its environment source
+reads lists as JSON unless every list field is marked `NoDecode`; its YAML source answers a file that is not a
+mapping with a bare `ValueError` and reads relative paths from the working directory, not from the file; and a
+`BaseSettings` model reads the environment whenever it is built, so the demo, the harnesses and the tests, which
+build settings in code, would silently take a user's `MIRRORAPI_PORT`. Keeping our rules, all it would do is
+layer three dicts. So flags are derived here from the fields, as vLLM (`EngineArgs.add_cli_args`) and TRL
+(`HfArgumentParser`) derive theirs from dataclasses.
 
 A `Command` is one subcommand: its flags and the function that runs it. Each stage lists its commands
 and registers them under `mirrorapi` (`register(sub)` in its `commands.py`); the entry scripts
@@ -85,9 +95,9 @@ def _scalar_type(field: FieldInfo) -> Any:
     return annotation if annotation in (int, float) else None
 
 
-def _default_text(field: FieldInfo) -> str:
-    default = field.get_default(call_default_factory=True)
-    if field.is_required() or default in (None, "", [], ()) or default is False:
+def _default_text(field: FieldInfo, command_default: Any = None) -> str:
+    default = command_default if command_default is not None else field.get_default(call_default_factory=True)
+    if (field.is_required() and command_default is None) or default in (None, "", [], ()) or default is False:
         return ""
     shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
     return f"(default {shown})"
@@ -107,14 +117,16 @@ def flag_name(model: type, name: str, prefix: str = "") -> str:
 
 def add_settings_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, model: type,
                            prefix: str = "", exclude: Sequence[str] = (), required: bool = True,
-                           underscore_spelling: bool = False) -> None:
+                           underscore_spelling: bool = False, defaults: Mapping[str, Any] | None = None) -> None:
     """One flag per field of `model`: `--<prefix><name>`, its help the field's description and default.
 
     Lists take several values; a boolean that defaults to False is a switch; a Literal gives the choices.
     A flag not given is None in the namespace, so that the model's default (or the layer below it, a YAML
-    file or the environment) applies: defaults are written once, in the model. `required=False` when the
-    required fields may come from such a layer; `underscore_spelling` also accepts `--tools_folder`
-    (StableToolBench's keys)."""
+    file or the environment) applies: defaults are written once, in the model. `defaults`: where one command
+    needs another default for a field (ToolEyes' judge writes five short lines), the value it takes there; the
+    field is still declared once. `required=False` when the required fields may come from such a layer;
+    `underscore_spelling` also accepts `--tools_folder` (StableToolBench's keys)."""
+    defaults = defaults or {}
     dest_prefix = prefix.replace("-", "_")
     for name, field in settings_fields(model).items():
         if name in exclude:
@@ -122,13 +134,14 @@ def add_settings_arguments(parser: argparse.ArgumentParser | argparse._ArgumentG
         flag = _flag_of(field)
         spelt = flag.name or name.replace("_", "-")
         flags = ["--" + prefix + spelt] + (["--" + prefix + name] if underscore_spelling and "_" in name else [])
-        help_text = _help(field.description or "", _default_text(field))
+        help_text = _help(field.description or "", _default_text(field, defaults.get(name)))
         if field.annotation is bool and field.default is False:
             parser.add_argument(*flags, dest=dest_prefix + name, action="store_true", default=None, help=help_text)
             continue
         parser.add_argument(*flags, dest=dest_prefix + name, nargs="+" if _is_list(field) else None,
                             type=_scalar_type(field), choices=_choices(field),
-                            required=required and field.is_required(), default=None,
+                            required=required and field.is_required() and name not in defaults,
+                            default=defaults.get(name),
                             metavar=flag.metavar or (None if _choices(field) else spelt.replace("-", "_").upper()),
                             help=help_text.replace("%", "%%"))
 

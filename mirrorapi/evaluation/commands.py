@@ -13,9 +13,17 @@ import logging
 import sys
 from pathlib import Path
 
-from mirrorapi.command_line import Command, add_command, add_group, add_settings_arguments, settings_from_args
+from mirrorapi.command_line import (
+    Command,
+    SettingsError,
+    add_command,
+    add_group,
+    add_settings_arguments,
+    settings_from_args,
+)
 from mirrorapi.evaluation.agent.settings import METHODS, AgentRunError, AgentSettings
 from mirrorapi.evaluation.answers.items import AnswersError
+from mirrorapi.evaluation.fidelity.settings import FidelitySettings
 from mirrorapi.evaluation.judge.scoring import JUDGE_METRICS, JudgeRunError, JudgeSettings
 
 USER_ERRORS = (ValueError, AnswersError, JudgeRunError)
@@ -122,29 +130,7 @@ def judge_agreement(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------- fidelity
 def fidelity_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pairs", required=True, nargs="+", metavar="HELDOUT.jsonl",
-                        help="Held-out real pairs (the pair schema of shared/data/pairs).")
-    parser.add_argument("--server", required=True,
-                        help="The virtual server, e.g. http://127.0.0.1:8080 (or .../virtual).")
-    parser.add_argument("--out", required=True, help="Output folder (created).")
-    parser.add_argument("--baseline-pairs", nargs="+", default=[], metavar="TRAIN.jsonl",
-                        help="Training pairs for the nearest-example baseline.")
-    parser.add_argument("--tools", nargs="+", default=[], metavar="FOLDER",
-                        help="Tool docs (folders or files) for schema conformance.")
-    parser.add_argument("--embedding-model", default=None, metavar="PATH",
-                        help="A local transformers model folder for embedding cosine (optional).")
-    parser.add_argument("--history", choices=("off", "on", "both"), default="off",
-                        help="off: each call alone; on: one session per episode (X-Session-Id); both: both passes, "
-                             "with per-step fidelity and the consistency score of each (default off).")
-    parser.add_argument("--heldout-episodes", action="store_true",
-                        help="Keep only the episodes data/build_simulator_sft.py holds out (test_id, test_ood; "
-                             "default fractions and seed); needs --tools.")
-    parser.add_argument("--heldout-history", type=int, default=0, metavar="K",
-                        help="The --history K the SFT set was built with (its split depends on it; default 0).")
-    parser.add_argument("--max-episodes", type=int, default=None, metavar="N",
-                        help="Replay at most N episodes, taken from each source in turn.")
-    parser.add_argument("--concurrency", type=int, default=8, help="Episodes replayed at once (default 8).")
-    parser.add_argument("--timeout", type=float, default=120.0, help="Seconds per request (default 120).")
+    add_settings_arguments(parser, FidelitySettings)
     _no_progress(parser)
 
 
@@ -154,16 +140,9 @@ def fidelity(args: argparse.Namespace) -> int:
 
     _log_to_stderr()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
-    if args.concurrency < 1 or args.timeout <= 0:
-        return _fail("--concurrency must be at least 1 and --timeout positive")
-    if args.embedding_model and not Path(args.embedding_model).is_dir():
-        return _fail(f"embedding model folder not found: {args.embedding_model}")
     try:
-        run_fidelity(args.pairs, args.server, args.out, baseline_pairs=args.baseline_pairs, tools=args.tools,
-                     embedding_model=args.embedding_model, concurrency=args.concurrency, timeout=args.timeout,
-                     progress=not args.no_progress, history=args.history, heldout_only=args.heldout_episodes,
-                     max_episodes=args.max_episodes, heldout_history=args.heldout_history)
-    except FidelityError as exc:
+        run_fidelity(settings_from_args(args, FidelitySettings), progress=not args.no_progress)
+    except (FidelityError, SettingsError) as exc:
         return _fail(str(exc))
     print((Path(args.out) / "fidelity.md").read_text(encoding="utf-8"))
     return 0
@@ -249,8 +228,9 @@ def benchmark(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------- API-Bank, ToolEyes
-# Their flags are built by their own modules' `parser` (mirrorapi/evaluation/apibank.py, tooleyes.py): these
-# commands hand them the arguments as given.
+# Their flags are built by their own modules' `parser` (mirrorapi/evaluation/benchmarks/apibank/scoring.py,
+# benchmarks/tooleyes.py), from their settings' fields like every other command's: these commands hand them the
+# arguments as given.
 def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
     import httpx
 

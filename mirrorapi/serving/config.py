@@ -1,4 +1,4 @@
-"""Settings of the virtual API server, and the only place that reads environment variables.
+"""Settings of the virtual API server (`ServerSettings`): each declared once, here, and read from here only.
 
 Sources, later wins: the defaults below < a YAML file (`--config FILE`, or `MIRRORAPI_CONFIG`) <
 environment variables `MIRRORAPI_<KEY>` (e.g. `MIRRORAPI_PORT=8081`; lists comma-separated) <

@@ -22,7 +22,7 @@ from mirrorapi.serving.cache import ResponseCache, import_pairs
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.tools import ToolRegistry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "apibank"
 TOOLS = ROOT / "data" / "samples" / "tools"
 

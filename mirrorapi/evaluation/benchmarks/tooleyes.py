@@ -240,10 +240,8 @@ def parser(doc: str | None = None):
                    help="Converted answers: <model>/<group>.json (eval/run_agent.py --out).")
     p.add_argument("--out", required=True, type=Path, help="Output folder for tooleyes.md, .json and rows.")
     judge = p.add_argument_group("the judge (without --base-url: the rule-based parts only)")
-    # The judge's flags are JudgeSettings' fields, all but the token cap: a ToolEyes verdict is five short lines.
-    add_settings_arguments(judge, JudgeSettings, required=False, exclude=("max_tokens",))
-    judge.add_argument("--max-tokens", type=int, default=TOOLEYES_MAX_TOKENS,
-                       help=f"Tokens per judge output (five short lines; default {TOOLEYES_MAX_TOKENS}).")
+    # The judge's flags are JudgeSettings' fields; the token cap defaults lower: a ToolEyes verdict is five short lines.
+    add_settings_arguments(judge, JudgeSettings, required=False, defaults={"max_tokens": TOOLEYES_MAX_TOKENS})
     return p
 
 

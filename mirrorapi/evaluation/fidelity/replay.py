@@ -29,6 +29,7 @@ from mirrorapi.evaluation.fidelity.session_history import (
     render_history_markdown,
     some_episodes,
 )
+from mirrorapi.evaluation.fidelity.settings import FidelitySettings
 from mirrorapi.few_shot import argument_similarity
 from mirrorapi.records import SourceError, read_pairs_jsonl
 from mirrorapi.tools import RegistryError, ToolRegistry
@@ -158,38 +159,39 @@ def _cache_entries(health: httpx.Response) -> int | None:
 
 
 
-def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline_pairs: Sequence[str] = (),
-                 tools: Sequence[str] = (), embedding_model: str | None = None, concurrency: int = 8,
-                 timeout: float = 120.0, progress: bool = True, history: str = "off", heldout_only: bool = False,
-                 max_episodes: int | None = None, heldout_history: int = 0) -> dict:
-    """Replay `pairs` through the server at `server`, score it and the baseline; write the report into `out`.
+def run_fidelity(settings: FidelitySettings, progress: bool = True) -> dict:
+    """Replay `settings.pairs` through the server at `settings.server`, score it and the baseline; write the report
+    into `settings.out`.
 
     `history`: `off` replays each call alone, `on` one session per episode, `both` does both and adds
     the comparison (`mirrorapi.evaluation.fidelity.session_history`; the main figures are then the `off` pass).
-    `heldout_only`: keep the episodes the SFT builder (`--history heldout_history`) holds out (needs
+    `heldout_episodes`: keep the episodes the SFT builder (`--history heldout_history`) holds out (needs
     `tools`); `max_episodes`: at most N episodes, from each source in turn.
     """
+    pairs, server, tools, history = settings.pairs, settings.server, settings.tools, settings.history
     held_out = load_pairs(pairs)
     try:
         registry = ToolRegistry.load(tools) if tools else None
     except RegistryError as exc:
         raise FidelityError(str(exc)) from exc
-    if heldout_only:
+    if settings.heldout_episodes:
         if registry is None:
             raise FidelityError("--heldout-episodes needs --tools (the split is the SFT builder's)")
-        held_out = heldout_episodes(held_out, registry, max_episodes, heldout_history)
+        held_out = heldout_episodes(held_out, registry, settings.max_episodes, settings.heldout_history)
     else:
-        held_out = some_episodes(held_out, max_episodes)
+        held_out = some_episodes(held_out, settings.max_episodes)
     if not held_out:
         raise FidelityError("no held-out calls to replay")
-    baseline = NearestExample(load_pairs(baseline_pairs), held_out) if baseline_pairs else None
-    embedder = Embedder(embedding_model) if embedding_model else None  # loaded before the replay: fail early
+    baseline = NearestExample(load_pairs(settings.baseline_pairs), held_out) if settings.baseline_pairs else None
+    # loaded before the replay: fail early
+    embedder = Embedder(settings.embedding_model) if settings.embedding_model else None
     passes = {}
     cache_entries = None
     session_prefix = f"fidelity-{os.getpid()}-{time.time():.0f}:"  # new sessions on every run
     for name in {"off": ("without",), "on": ("with",), "both": ("without", "with")}[history]:
         sessions = session_prefix if name == "with" else None
-        simulated, entries = asyncio.run(replay(held_out, server, concurrency, timeout, progress, sessions))
+        simulated, entries = asyncio.run(replay(held_out, server, settings.concurrency, settings.timeout, progress,
+                                                sessions))
         cache_entries = entries if cache_entries is None else cache_entries
         passes[name] = (simulated, compare(held_out, simulated, baseline, registry, embedder))
     rows = passes["without" if "without" in passes else "with"][1]
@@ -197,8 +199,8 @@ def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline
     report.update(cache_entries_at_start=cache_entries, tools=[str(t) for t in tools], history=history)
     if history == "both":
         report["sessions"] = history_report(held_out, passes)
-    write_report(Path(out), report, rows)
+    write_report(Path(settings.out), report, rows)
     if history == "both":
-        with open(Path(out) / "fidelity.md", "a", encoding="utf-8") as fh:
+        with open(Path(settings.out) / "fidelity.md", "a", encoding="utf-8") as fh:
             fh.write(render_history_markdown(report["sessions"]))
     return report

@@ -45,7 +45,7 @@ def rouge_l(reference: str, prediction: str) -> float:
 
 @pydantic_dataclass
 class Settings:
-    """An API-Bank run; each field but `out` and `progress` is also a flag of eval/apibank.py (`--<field>`)."""
+    """An API-Bank run; each field but `progress` is also a flag of eval/apibank.py (`--<field>`)."""
 
     server: str = Field(description="The virtual server's /virtual URL, e.g. http://127.0.0.1:8080/virtual.")
     base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(
@@ -64,8 +64,9 @@ class Settings:
     limit: int | None = Field(default=None, ge=1, description="Only the first N dialogues of each level.")
     timeout: float = Field(default=600.0, gt=0, description=(
         "Seconds per model call (queueing included: a CPU engine answers one at a time, the others wait)."))
-    # Rows are appended to <out>/samples.jsonl as they come; a rerun keeps the done ones (None: no file).
-    out: Path | None = None
+    out: Annotated[Path | None, Flag(metavar="FOLDER")] = Field(default=None, description=(
+        "Report folder; samples.jsonl there grows as samples are scored, and a rerun resumes (in code, None: no "
+        "file)."))
     progress: bool = True
 
     def signature(self) -> dict:
@@ -275,9 +276,7 @@ def parser(doc: str | None = None):
                                 allow_abbrev=False)
     p.add_argument("--write-pairs", type=Path, metavar="FILE",
                    help="Only write API-Bank's recorded calls as pairs JSONL (for `mirrorapi cache import`), then exit.")
-    add_settings_arguments(p, Settings, required=False, exclude=("out", "progress"))
-    p.add_argument("--out", type=Path, default=Path("runs/apibank"),
-                   help="Report folder; samples.jsonl there grows as samples are scored, and a rerun resumes.")
+    add_settings_arguments(p, Settings, required=False, exclude=("progress",), defaults={"out": Path("runs/apibank")})
     return p
 
 
@@ -296,4 +295,4 @@ def settings_from(args) -> Settings:
                                         ("--model", args.model)) if not value]
     if missing:
         raise ValueError(f"missing {', '.join(missing)} (or give --write-pairs FILE)")
-    return settings_from_args(args, Settings, out=args.out)
+    return settings_from_args(args, Settings)
