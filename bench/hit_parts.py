@@ -15,7 +15,6 @@ cost (medians over `--runs`, the variants alternating within each run).
 """
 
 import argparse
-import importlib.util
 import json
 import random
 import shutil
@@ -27,9 +26,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("bare", "transport", "endpoint", "no_metrics", "no_log_line", "neither", "server")
-_spec = importlib.util.spec_from_file_location("bench_server", Path(__file__).with_name("server.py"))
-pair = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pair)
+sys.path.insert(0, str(REPO))  # the library and the harnesses of this clone
+
+# bench/server.py's instruments, servers and workloads (siblings of this script)
+import server_floors  # noqa: E402
+import server_load  # noqa: E402
+import server_workloads  # noqa: E402
 
 
 def serve_variant(variant: str, argv: list[str]) -> None:
@@ -44,14 +46,14 @@ def serve_variant(variant: str, argv: list[str]) -> None:
     settings = settings_from_args(add_server_arguments(argparse.ArgumentParser(allow_abbrev=False)).parse_args(argv))
     if variant == "endpoint":
         async def constant(self, body, session_id=None):
-            return Answer(200, pair.BARE_BODY, "hit", stages={"total": 0.0})
+            return Answer(200, server_floors.BARE_BODY, "hit", stages={"total": 0.0})
         server.VirtualApi.answer = constant
     if variant in ("no_metrics", "neither"):
         server.ServerMetrics.record = lambda self, answer: None
     if variant in ("no_log_line", "neither"):
         server.RequestLogWriter.record = lambda self, answer: None
     app = server.create_app(settings)
-    uvicorn.run(pair.bare_app if variant == "transport" else app, **uvicorn_options(settings))
+    uvicorn.run(server_floors.bare_app if variant == "transport" else app, **uvicorn_options(settings))
 
 
 def main() -> None:
@@ -75,11 +77,11 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-hit-parts-"))
     engine_port = free_port()
-    engine = stub_engine_process(engine_port, pair.ENGINE_LATENCY)  # never asked: every call is a hit
-    load_before = pair.load_average()
+    engine = stub_engine_process(engine_port, server_workloads.ENGINE_LATENCY)  # never asked: every call is a hit
+    load_before = server_load.load_average()
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     try:
-        bodies = pair.build_cache(args.tools, work / "base.sqlite")
+        bodies = server_workloads.build_cache(args.tools, work / "base.sqlite")
         hits = work / "hits.json"
         hits.write_text(json.dumps([json.dumps(b) for b in random.Random(1).sample(bodies, len(bodies))]))
         for _ in range(args.runs):
@@ -87,14 +89,14 @@ def main() -> None:
                 shutil.copy(work / "base.sqlite", work / "cache.sqlite")
                 port = free_port()
                 if variant == "bare":
-                    command = [sys.executable, str(REPO / "bench" / "server.py"), "--role", "bare", "--port", str(port)]
+                    command = [sys.executable, str(server_workloads.FLOORS), "bare", "--port", str(port)]
                 else:
-                    command = pair.mirrorapi_command(args, port, engine_port, work / "cache.sqlite", None,
+                    command = server_workloads.mirrorapi_command(args, port, engine_port, work / "cache.sqlite", None,
                                                      work / "requests.jsonl", extra=["--variant", variant],
                                                      script=Path(__file__))
-                with pair.started(command, work, variant, f"http://127.0.0.1:{port}/live") as (process, _):
-                    pair.run_load(port, process.pid, hits, 16, 2000)  # warm-up
-                    result = pair.run_load(port, process.pid, hits, pair.CLIENTS, args.requests)
+                with server_workloads.started(command, work, variant, f"http://127.0.0.1:{port}/live") as (process, _):
+                    server_load.run_load(port, process.pid, hits, 16, 2000)  # warm-up
+                    result = server_load.run_load(port, process.pid, hits, server_workloads.CLIENTS, args.requests)
                 cpu[variant].append(result["server_cpu_ms_per_request"] * 1000)
     finally:
         engine.terminate()
@@ -102,8 +104,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     us = {v: round(statistics.median(cpu[v]), 1) for v in VARIANTS}
     print(json.dumps({
-        "command": " ".join(sys.argv), "load_average_before": load_before, "load_average_after": pair.load_average(),
-        "clients": pair.CLIENTS, "runs": args.runs, "cpu_us_per_hit": us,
+        "command": " ".join(sys.argv), "load_average_before": load_before, "load_average_after": server_load.load_average(),
+        "clients": server_workloads.CLIENTS, "runs": args.runs, "cpu_us_per_hit": us,
         "parts_us": {"uvicorn_and_a_constant_answer": us["bare"],
                      "receive_deadline_and_options": round(us["transport"] - us["bare"], 1),
                      "virtual_endpoint_metrics_and_log_line": round(us["endpoint"] - us["transport"], 1),

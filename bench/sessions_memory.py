@@ -28,9 +28,9 @@ import sys
 import tarfile
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "data" / "samples" / "tools"
@@ -48,8 +48,7 @@ def memory_mb(pid: int) -> dict[str, float]:
 
 def outcomes(port: int) -> dict[str, float]:
     """mirrorapi_requests_total by outcome, from /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        text = response.read().decode()
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
     return {line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines() if line.startswith("mirrorapi_requests_total{")}
 
@@ -127,11 +126,7 @@ def run_variant(name: str, root: Path, store: list[str], work: Path, args, calls
 
 def health_sessions(port: int) -> int:
     """The sessions the server reports open (/health answers 503 here: no engine; its body is the same JSON)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as response:
-            return json.loads(response.read())["sessions"]["open"]
-    except urllib.error.HTTPError as exc:
-        return json.loads(exc.read())["sessions"]["open"]
+    return httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()["sessions"]["open"]
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ by the machine, not only by the server.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -24,9 +23,11 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bench_server", Path(__file__).with_name("server.py"))
-pair = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pair)
+sys.path.insert(0, str(REPO))  # the library and the harnesses of this clone
+
+# bench/server.py's instruments, servers and workloads (siblings of this script)
+import server_load  # noqa: E402
+import server_workloads  # noqa: E402
 
 
 def bench_workers(args, work: Path, n: int, run_index: int, bodies: list[dict], hit_bodies: Path,
@@ -35,17 +36,17 @@ def bench_workers(args, work: Path, n: int, run_index: int, bodies: list[dict], 
 
     shutil.copy(work / "base.sqlite", work / "cache.sqlite")
     port = free_port()
-    command = pair.mirrorapi_command(args, port, engine_port, work / "cache.sqlite", None,
+    command = server_workloads.mirrorapi_command(args, port, engine_port, work / "cache.sqlite", None,
                                      work / f"workers{n}-requests.jsonl", extra=["--workers", str(n)])
     misses = work / "misses.json"
     misses.write_text(json.dumps([json.dumps({**b, "tool_input": json.dumps({"run": run_index, "workers": n, "miss": i,
                                                                              **json.loads(b["tool_input"])})})
                                   for i, b in enumerate(bodies[:args.misses])]))
-    with pair.started(command, work, f"workers{n}", f"http://127.0.0.1:{port}/live") as (process, startup):
-        pair.run_load(port, process.pid, hit_bodies, 16, 4000)  # warm-up: every worker up and warm
+    with server_workloads.started(command, work, f"workers{n}", f"http://127.0.0.1:{port}/live") as (process, startup):
+        server_load.run_load(port, process.pid, hit_bodies, 16, 4000)  # warm-up: every worker up and warm
         return {"startup_s": startup,
-                "hits_64": pair.run_load(port, process.pid, hit_bodies, pair.CLIENTS, args.requests),
-                "misses_64": pair.run_load(port, process.pid, misses, pair.CLIENTS, args.misses)}
+                "hits_64": server_load.run_load(port, process.pid, hit_bodies, server_workloads.CLIENTS, args.requests),
+                "misses_64": server_load.run_load(port, process.pid, misses, server_workloads.CLIENTS, args.misses)}
 
 
 def main() -> None:
@@ -66,11 +67,11 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-bench-workers-"))
     engine_port = free_port()
-    engine = stub_engine_process(engine_port, pair.ENGINE_LATENCY)
-    load_before = pair.load_average()
+    engine = stub_engine_process(engine_port, server_workloads.ENGINE_LATENCY)
+    load_before = server_load.load_average()
     runs: dict[int, list[dict]] = {n: [] for n in args.workers}
     try:
-        bodies = pair.build_cache(args.tools, work / "base.sqlite")
+        bodies = server_workloads.build_cache(args.tools, work / "base.sqlite")
         hit_bodies = work / "hits.json"
         hit_bodies.write_text(json.dumps([json.dumps(b) for b in random.Random(1).sample(bodies, len(bodies))]))
         for run_index in range(args.runs):
@@ -80,15 +81,15 @@ def main() -> None:
         engine.terminate()
         engine.wait(10)
         shutil.rmtree(work, ignore_errors=True)
-    servers = {f"workers_{n}": pair.median_of(runs[n]) for n in args.workers}
+    servers = {f"workers_{n}": server_load.median_of(runs[n]) for n in args.workers}
     first = servers[f"workers_{args.workers[0]}"]
     scaling = {}
     for name, figures in servers.items():
         scaling[name] = {f"{load}_{key}": round(figures[load][key] / first[load][key], 3)
                          for load in ("hits_64", "misses_64") for key in ("rps", "server_cpu_ms_per_request")}
     print(json.dumps({"command": " ".join(sys.argv), "load_average_before": load_before,
-                      "load_average_after": pair.load_average(), "cpu_count": os.cpu_count(),
-                      "clients": pair.CLIENTS, "engine_latency_s": pair.ENGINE_LATENCY, "runs": args.runs,
+                      "load_average_after": server_load.load_average(), "cpu_count": os.cpu_count(),
+                      "clients": server_workloads.CLIENTS, "engine_latency_s": server_workloads.ENGINE_LATENCY, "runs": args.runs,
                       "servers": servers, "scaling": scaling,
                       "per_run": {f"workers_{n}": runs[n] for n in args.workers},
                       "versions": package_versions()}))

@@ -24,12 +24,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import httpx
 
 from mirrorapi.models.to_gguf import GGUFExportError, gguf_for_serving
 
@@ -77,41 +77,37 @@ def wait_until_ready(url: str, timeout: float, *, body: dict | None = None, proc
     Retried: refused connections, timeouts and 5xx (a server that is still loading). Not retried: a 4xx
     (a wrong model name does not fix itself), raised at once as RuntimeError. When `process` exits
     first, raises ProcessExited with the end of `log_path`; when time runs out, TimeoutError.
-    The standard library's urllib, not an HTTP client package: the core needs no extra dependency
-    for one request a few times a second.
     """
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"} if data is not None else {}
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
     deadline = time.monotonic() + timeout
     last = ["no answer yet"]
 
-    def answered() -> tuple[Any] | None:
+    def answered(client: httpx.Client) -> tuple[Any] | None:
         if process is not None and process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path and log_path.exists() else ""
             raise ProcessExited(f"exited with status {process.returncode} before answering {url}:\n{tail}")
         try:
-            request = urllib.request.Request(url, data=data, headers=headers)
-            with opener.open(request, timeout=max(0.1, min(10.0, deadline - time.monotonic()))) as answer:
-                text = answer.read()
-        except urllib.error.HTTPError as exc:
-            if exc.code < 500:
-                detail = exc.read()[:300].decode("utf-8", "replace")
-                raise RuntimeError(f"{url} answered HTTP {exc.code}: {detail}") from None
-            last[0] = f"HTTP {exc.code}"
+            answer = client.request("GET" if data is None else "POST", url, content=data, headers=headers,
+                                    timeout=max(0.1, min(10.0, deadline - time.monotonic())))
+        except httpx.HTTPError as exc:  # refused, reset, timed out
+            last[0] = f"{type(exc).__name__}: {exc}"
             return None
-        except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
-            last[0] = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+        if answer.status_code >= 500:
+            last[0] = f"HTTP {answer.status_code}"
             return None
+        if answer.status_code >= 400:
+            raise RuntimeError(f"{url} answered HTTP {answer.status_code}: {answer.text[:300]}")
         try:
-            return (json.loads(text),)
+            return (answer.json(),)
         except ValueError:
             return (None,)
 
-    try:
-        return poll_until(answered, timeout, f"{url} did not answer", interval)[0]
-    except TimeoutError as exc:
-        raise TimeoutError(f"{exc} (last: {last[0]})") from None
+    with httpx.Client(trust_env=False, follow_redirects=True) as client:  # loopback: never through a proxy
+        try:
+            return poll_until(lambda: answered(client), timeout, f"{url} did not answer", interval)[0]
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} (last: {last[0]})") from None
 
 
 def wait_until_engine_answers(engine: RunningEngine, timeout: float) -> None:

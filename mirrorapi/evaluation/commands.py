@@ -139,7 +139,6 @@ def fidelity(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.fidelity.replay import run_fidelity
 
     _log_to_stderr()
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
     try:
         run_fidelity(settings_from_args(args, FidelitySettings), progress=not args.no_progress)
     except (FidelityError, SettingsError) as exc:
@@ -232,7 +231,9 @@ def benchmark(args: argparse.Namespace) -> int:
 # benchmarks/tooleyes.py), from their settings' fields like every other command's: these commands hand them the
 # arguments as given.
 def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
-    import httpx
+    import asyncio
+
+    import aiohttp
 
     from mirrorapi.evaluation.benchmarks import apibank
 
@@ -244,7 +245,7 @@ def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
             return 0
         settings = apibank.settings_from(args)
         rows = apibank.evaluate(settings)
-    except (ValueError, OSError, httpx.HTTPError) as exc:
+    except (ValueError, OSError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
         return _fail(str(exc))
     apibank.write_report(rows, settings, args.out)
     print((args.out / "report.md").read_text(encoding="utf-8"))

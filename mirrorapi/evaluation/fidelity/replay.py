@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
+import aiohttp
 from tqdm import tqdm
 
 from mirrorapi.evaluation.fidelity.metrics import Embedder, FidelityError, api_id, build_report, compare
@@ -92,17 +92,19 @@ def request_body(pair: dict) -> dict:
             "toolbench_key": ""}
 
 
-async def _post(client: httpx.AsyncClient, url: str, pair: dict, session: str | None = None) -> dict:
+async def _post(client: aiohttp.ClientSession, url: str, pair: dict, session: str | None = None) -> dict:
     try:
-        answer = await client.post(url, json=request_body(pair), headers={"X-Session-Id": session} if session else None)
-    except httpx.HTTPError as exc:
+        async with client.post(url, json=request_body(pair),
+                               headers={"X-Session-Id": session} if session else None) as answer:
+            status, text = answer.status, await answer.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         return {"error": f"request failed: {type(exc).__name__}: {exc}", "response": "", "failed": True}
     try:
-        body = answer.json()
+        body = json.loads(text)
     except ValueError:
         body = None
-    if answer.status_code != 200 or not isinstance(body, dict) or "error" not in body:
-        return {"error": f"HTTP {answer.status_code}: {answer.text[:200]}", "response": "", "failed": True}
+    if status != 200 or not isinstance(body, dict) or "error" not in body:
+        return {"error": f"HTTP {status}: {text[:200]}", "response": "", "failed": True}
     error = body.get("error")
     return {**body, "error": error if isinstance(error, str) else json.dumps(error),
             "response": body.get("response", "")}
@@ -123,13 +125,13 @@ async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: 
     results: list[dict | None] = [None] * len(pairs)
     semaphore = asyncio.Semaphore(max(1, concurrency))
     bar = tqdm(total=len(pairs), desc="replaying", unit="call", disable=None if progress else True)
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as client:
         try:
-            health = await client.get(url[: -len("/virtual")] + "/health")  # any HTTP answer will do
-        except httpx.HTTPError as exc:
+            async with client.get(url[: -len("/virtual")] + "/health") as health:  # any HTTP answer will do
+                cache_entries = _cache_entries(await health.read())
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise FidelityError(f"the virtual server at {server} does not answer ({type(exc).__name__}); "
                                 "start it or fix --server") from exc
-        cache_entries = _cache_entries(health)
         if cache_entries:
             logger.warning("the server's cache already holds %d entries: calls it has seen are answered from the "
                            "cache, not simulated (start it with a fresh cache to measure the simulator)",
@@ -149,9 +151,9 @@ async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: 
     return results, cache_entries  # type: ignore[return-value]
 
 
-def _cache_entries(health: httpx.Response) -> int | None:
+def _cache_entries(health: bytes) -> int | None:
     try:
-        entries = health.json()["cache"]["entries"]
+        entries = json.loads(health)["cache"]["entries"]
     except (ValueError, KeyError, TypeError):
         return None
     return entries if isinstance(entries, int) else None

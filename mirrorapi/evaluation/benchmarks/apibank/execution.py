@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from mirrorapi.evaluation.benchmarks.apibank.rules import Result, typed_arguments
 from mirrorapi.evaluation.benchmarks.apibank.samples import CATEGORY, TOOL_SEARCHER
@@ -74,7 +74,9 @@ class VirtualApiBank:
     tools: dict[str, str]
     searcher: dict[tuple[str, str], dict]
     types: dict[str, dict[str, str]]
-    http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=120.0))
+    # Made on the event loop that runs the calls (aiohttp binds a session to it): build one inside a coroutine.
+    http: aiohttp.ClientSession = field(default_factory=lambda: aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=120.0), raise_for_status=True))
 
     async def execute(self, api_name: str, arguments: dict[str, str]) -> Result:
         """The call as API-Bank records it: typed input, output, exception. The server gets the arguments as
@@ -93,7 +95,8 @@ class VirtualApiBank:
             return {**result, "output": None, "exception": f"unknown API {api_name}"}
         body = {"category": CATEGORY, "tool_name": self.tools[api_name], "api_name": api_name,
                 "tool_input": json.dumps(arguments)}
-        answer = (await self.http.post(self.server, json=body)).raise_for_status().json()
+        async with self.http.post(self.server, json=body) as response:
+            answer = await response.json(content_type=None)
         error = answer.get("error") or None
         return {**result, "output": None if error else json_value(answer.get("response")), "exception": error}
 

@@ -137,7 +137,7 @@ async def _evaluate(settings: Settings) -> list[dict]:
         if log is not None:
             log.close()
         await engine.aclose()
-        await api.http.aclose()
+        await api.http.close()
     return [new.get(key) or done[key] for key in (_key(s.level, s.dialogue, s.number) for s in samples)]
 
 

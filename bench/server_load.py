@@ -1,0 +1,147 @@
+"""bench/server.py's load generator (run as a process of its own: `run_load` starts it and measures the server's CPU
+over its run) and what it measures with.
+
+The generator holds `--clients` keep-alive connections over asyncio streams, the cheapest HTTP/1.1 client Python
+has (on these 2 cores it shares the machine with the server it measures; bench/server_floors.py's `forwarder`
+measures it against aiohttp and httpx), and prints one JSON line: requests, requests/s, statuses, p50 and p99.
+Server CPU is the server's own user+system time (/proc, with its child processes) over a workload, divided by its
+requests.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+async def read_answer(reader: asyncio.StreamReader) -> bytes:
+    """The body of the next HTTP/1.1 answer on a kept-alive connection (every server here sends Content-Length)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return await reader.readexactly(length)
+
+
+def load(port: int, bodies_file: str, clients: int, requests: int, rate: float = 0, path: str = "/virtual") -> None:
+    """`clients` keep-alive connections. Closed loop (rate 0): each sends its next request when
+    answered. Paced (rate > 0): together they send `rate` requests per second, each on a fixed
+    schedule, and latency counts from the scheduled time (a late server is not excused)."""
+    bodies = [b.encode() for b in json.loads(Path(bodies_file).read_text())]
+    latencies, statuses = [], {}
+    interval = clients / rate if rate else 0.0
+    target = path.encode()
+
+    async def client(offset: int, n: int):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        scheduled = time.perf_counter() + interval * offset / clients
+        for i in range(n):
+            body = bodies[(offset + i * clients) % len(bodies)]
+            if interval:
+                await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+                start, scheduled = scheduled, scheduled + interval
+            else:
+                start = time.perf_counter()
+            writer.write(b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (target, len(body), body))
+            answer = await read_answer(reader)
+            latencies.append(time.perf_counter() - start)
+            status = "error" if json.loads(answer).get("error") else "ok"
+            statuses[status] = statuses.get(status, 0) + 1
+        writer.close()
+
+    async def main():
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c, requests // clients) for c in range(clients)))
+        return time.perf_counter() - start
+    elapsed = _run(main())
+    latencies.sort()
+    print(json.dumps({"requests": len(latencies), "rps": len(latencies) / elapsed, "statuses": statuses,
+                      "p50_ms": latencies[len(latencies) // 2] * 1e3,
+                      "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3}))
+
+
+def _run(coro):
+    try:
+        import uvloop
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and of its children (uvicorn's workers), live or reaped."""
+    total = 0.0
+    for child in [pid, *_descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+    return total
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+                    found += [int(child), *_descendants(int(child))]
+    return found
+
+
+def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: int, rate: float = 0,
+             path: str = "/virtual", database_pid: int | None = None) -> dict:
+    """`database_pid`: a PostgreSQL store's postmaster; its CPU (the backends serving the server) is given apart."""
+    before = cpu_seconds(server_pid)
+    database_before = cpu_seconds(database_pid) if database_pid else 0.0
+    out = subprocess.run([sys.executable, __file__, "--port", str(port), "--bodies", str(bodies),
+                          "--clients", str(clients), "--requests", str(requests), "--rate", str(rate),
+                          "--path", path],
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    result["server_cpu_ms_per_request"] = (cpu_seconds(server_pid) - before) * 1e3 / result["requests"]
+    if database_pid:
+        result["database_cpu_ms_per_request"] = (cpu_seconds(database_pid) - database_before) * 1e3 / result["requests"]
+    return result
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+
+def median_of(runs: list[dict]) -> dict:
+    """The median of every number over runs, keeping the nesting; other values from the first run."""
+    first = runs[0]
+    out = {}
+    for key, value in first.items():
+        if isinstance(value, dict):
+            out[key] = median_of([r[key] for r in runs])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = round(statistics.median(r[key] for r in runs), 4)
+        else:
+            out[key] = value
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--bodies", required=True, help="A JSON list of request bodies, sent in turn.")
+    parser.add_argument("--clients", type=int, required=True)
+    parser.add_argument("--requests", type=int, required=True)
+    parser.add_argument("--rate", type=float, default=0, help="Requests/s of all clients together (0: closed loop).")
+    parser.add_argument("--path", default="/virtual")
+    args = parser.parse_args()
+    load(args.port, args.bodies, args.clients, args.requests, args.rate, args.path)
+
+
+if __name__ == "__main__":
+    main()
