@@ -183,6 +183,10 @@ class ReceiveDeadline(asyncio.Protocol):
         if self._writes is not None:  # an answer of the same turn goes first
             self._writes.flush()
         self._transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
+        # Counted and logged by the app uvicorn gave its protocol (`VirtualEndpoint.refused`), when it has that.
+        refused = getattr(getattr(self._inner, "app", None), "refused", None)
+        if callable(refused):
+            refused(408, "request_timeout", f"client {self._peer[0] if self._peer else '?'}")
         if not self._transport.can_write_eof():
             self._transport.close()  # a handler waiting for the body gets `http.disconnect`
             return
