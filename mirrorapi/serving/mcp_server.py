@@ -36,7 +36,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
 from mirrorapi.serving.transport import BodyTooLarge, ClientGone, read_body
-from mirrorapi.toolsets import Toolset, ToolsetError, mcp_tool, parse_toolset, select_toolset
+from mirrorapi.toolsets import Toolset, ToolsetCache, ToolsetError, mcp_tool
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class McpFrontDoor:
 
     def __init__(self, state: Any):
         self.state = state  # the FastAPI app's state: settings, registry, virtual, metrics, request_log
-        self._toolsets: dict[str, Toolset] = {}
+        self.toolsets = ToolsetCache(state.registry)
         self.server = Server("mirrorapi", version="0.1.0", instructions=(
             "Simulated web APIs: each tool answers as the real API would, with a JSON object "
             '{"error": str, "response": ...}.'), on_list_tools=self.list_tools, on_call_tool=self.call_tool)
@@ -193,15 +193,10 @@ class McpFrontDoor:
         """The toolset of a request: its URL's, else the configured one; MCPError when it names nothing known."""
         request = ctx.request
         spec = request.url.query if request is not None and request.url.query else self.state.settings.mcp_toolset
-        toolset = self._toolsets.get(spec)
-        if toolset is None:
-            try:
-                toolset = select_toolset(self.state.registry, parse_toolset(spec))
-            except ToolsetError as exc:
-                raise MCPError(code=types.INVALID_PARAMS, message=f"toolset {spec!r}: {exc}") from None
-            if len(self._toolsets) < 1024:  # a client could send endless distinct URLs
-                self._toolsets[spec] = toolset
-        return toolset
+        try:
+            return self.toolsets.get(spec)
+        except ToolsetError as exc:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"toolset {spec!r}: {exc}") from None
 
     async def list_tools(self, ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         names = list(self.toolset(ctx).functions.items())
