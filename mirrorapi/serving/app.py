@@ -45,6 +45,7 @@ from mirrorapi.serving.config import ConfigError, ServerSettings
 from mirrorapi.serving.handler import VirtualApi
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics, record_refusal
+from mirrorapi.serving.openenv import HTTP_PATHS, MCP_WS_PATH, WS_PATH, Episodes
 from mirrorapi.serving.protocol import SESSION_HEADER
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.serving.transport import (
@@ -92,6 +93,11 @@ class VirtualEndpoint:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "websocket" and scope["path"] in (WS_PATH, MCP_WS_PATH):
+                if self.api_key is not None and not authorized(scope, self.api_key):
+                    self.refused(401, "unauthorized", scope["path"])
+                    return await send({"type": "websocket.close", "code": 1008})  # HTTP 403 to the handshake
+                return await self.state.episodes.websocket(scope, receive, send)
             return await self.app(scope, receive, send)
         path = scope["path"]
         if self.api_key is not None and path not in OPEN_PATHS and not authorized(scope, self.api_key):
@@ -132,8 +138,11 @@ class VirtualEndpoint:
         record_refusal(self.state, status, outcome, detail)
 
     async def dispatch(self, scope, receive, send) -> None:
-        if scope["path"].rstrip("/") == MCP_PATH:
+        path = scope["path"]
+        if path.rstrip("/") == MCP_PATH:
             return await self.state.mcp.asgi(scope, receive, send)
+        if path in HTTP_PATHS:
+            return await self.state.episodes.http(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
@@ -232,6 +241,7 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     app.state.metrics = ServerMetrics()
     app.state.request_log = RequestLogWriter(settings)
     app.state.mcp = McpFrontDoor(app.state)
+    app.state.episodes = Episodes(app.state)
 
     @app.get("/live")
     async def live() -> JSONResponse:
