@@ -6,11 +6,14 @@ BIN := $(VENV)/bin
 LOCK := requirements-cpu.lock
 # The cpu-engine extra (llama.cpp's server), locked apart: `make engine` installs it into the venv.
 ENGINE_LOCK := requirements-cpu-engine.lock
+# OpenEnv's client, in a venv of its own (`make openenv-client`, below).
+OPENENV_LOCK := requirements-openenv-client.lock
+OPENENV_VENV := .venv-openenv
 # Extra pip flags for torch, e.g. PIP_TORCH_FLAGS="--index-url https://download.pytorch.org/whl/cpu"
 # on a machine whose package index has no CPU build of torch 2.13.0.
 PIP_TORCH_FLAGS ?=
 
-.PHONY: venv engine test test-quick demo bench lock lock-upgrade clean
+.PHONY: venv engine openenv-client test test-quick demo bench lock lock-upgrade clean
 
 venv: $(VENV)/.installed
 
@@ -48,12 +51,24 @@ $(VENV)/.engine-installed: $(VENV)/.installed $(ENGINE_LOCK)
 	$(BIN)/pip check
 	touch $@
 
-test: venv
+# OpenEnv's client (openenv-core) in a venv of its own, as an RL trainer has it: the tests and the example
+# (examples/openenv_episodes.py) drive the server's episodes with it. Not in the main venv: it requires gradio,
+# whose pillow<13 would move the main lock's pillow (`make lock` resolves it apart, into $(OPENENV_LOCK)).
+openenv-client: $(OPENENV_VENV)/.installed
+
+$(OPENENV_VENV)/.installed: $(OPENENV_LOCK)
+	rm -rf $(OPENENV_VENV)
+	$(PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/pip install -q --no-deps --require-hashes -r $(OPENENV_LOCK)
+	$(OPENENV_VENV)/bin/pip check
+	touch $@
+
+test: venv openenv-client
 	$(BIN)/python -m pytest
 
 # Everything but the tests marked slow: those that train a model or start an engine (tests/conftest.py
 # marks every test using such a fixture).
-test-quick: venv
+test-quick: venv openenv-client
 	$(BIN)/python -m pytest -m "not slow"
 
 # DEMO_ARGS: e.g. --full, --tiny, --quick, --samples, --work-dir DIR (scripts/demo.py --help). The default run
@@ -86,6 +101,9 @@ lock: $(LOCK_TOOLS)/uv-$(UV_VERSION)
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra cpu-engine -c constraints-cpu.txt -c $(LOCK) \
 		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes $(LOCK_TORCH_FLAGS) \
 		--no-emit-package torch --custom-compile-command "make lock" -q -o $(ENGINE_LOCK) $(LOCK_FLAGS)
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra openenv-client \
+		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes \
+		--custom-compile-command "make lock" -q -o $(OPENENV_LOCK) $(LOCK_FLAGS)
 	@if grep -qE '^(nvidia-|triton==|cuda-)' $(LOCK); then \
 		echo "$(LOCK) names CUDA wheels: the resolver saw PyPI's CUDA torch, not the CPU build"; exit 1; fi
 
@@ -99,4 +117,4 @@ $(LOCK_TOOLS)/uv-$(UV_VERSION):
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(LOCK_TOOLS) runs .pytest_cache
+	rm -rf $(VENV) $(OPENENV_VENV) $(LOCK_TOOLS) runs .pytest_cache

@@ -49,12 +49,18 @@ def unreachable_engine_url() -> str:
 
 class StubEngine:
     """Answers every POST to .../chat/completions with a chat completion carrying `observation`
-    (JSON-encoded) after `delay` seconds; GETs (health probes) at once with the same body; any other
-    POST at once with 404 (StableToolBench's server posts its real-API call to such a path first).
-    `requests` counts the chat completions answered."""
+    (JSON-encoded) after `delay` seconds; GETs (health probes) at once with the same body, or with a model
+    list naming `model` when given; any other POST at once with 404 (StableToolBench's server posts its
+    real-API call to such a path first). `requests` counts the chat completions received."""
 
-    def __init__(self, observation: dict = STUB_OBSERVATION, delay: float = 0.0, port: int = 0):
+    def __init__(self, observation: dict = STUB_OBSERVATION, delay: float = 0.0, port: int = 0,
+                 model: str | None = None):
         self.reply = chat_completion_reply(json.dumps(observation))
+        self.listing = self.reply
+        if model is not None:
+            body = json.dumps({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "stub"}]})
+            self.listing = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                            % (len(body), body.encode()))
         self.not_found = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
         self.delay, self.port, self.requests = delay, port, 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,7 +74,7 @@ class StubEngine:
                                if line.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
                 if head.startswith(b"GET"):
-                    writer.write(self.reply)
+                    writer.write(self.listing)
                     continue
                 if b"/chat/completions " not in head.split(b"\r\n", 1)[0]:
                     writer.write(self.not_found)

@@ -6,7 +6,7 @@ among equals). A call has one deadline (`timeout`) for all its attempts, and an 
 move on to another replica its own limit (`attempt_timeout`), so a hung replica costs one attempt,
 not the call. The next attempt goes to a replica this call has not tried yet, without waiting; a
 replica that failed is skipped by every call for `cooldown` seconds, then probed in the background
-(any HTTP answer brings it back) before it gets traffic again. Only when no untried healthy replica is left does a
+(a one-token completion brings it back) before it gets traffic again. Only when no untried healthy replica is left does a
 call wait (exponential backoff with full jitter, so retries of many calls do not arrive together).
 With `max_in_flight`, a replica takes at most that many calls at once (a CPU engine given many calls
 answers none in time); further calls wait for a free one in arrival order, at most `max_waiting` of them:
@@ -26,6 +26,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -38,6 +39,12 @@ _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps with argumen
 
 # Statuses worth another attempt (elsewhere); any other 4xx means the request itself is wrong.
 RETRYABLE_STATUS = (408, 429)
+
+
+def _deadline(seconds: float) -> aiohttp.ClientTimeout:
+    """aiohttp's timeout of `seconds`, as set: by default it rounds a timeout of 5 s or more up to the next whole
+    second of the loop's clock (`ceil_threshold`), so an engine_timeout of 10 ended 10.2-11.0 s after the call."""
+    return aiohttp.ClientTimeout(total=seconds, ceil_threshold=math.inf)
 
 
 class EngineError(Exception):
@@ -133,7 +140,7 @@ class EngineClient:
         if self._session is None:  # one pool for all replicas: connections are reused across requests
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections),
-                headers=self._headers, timeout=aiohttp.ClientTimeout(total=self.timeout))
+                headers=self._headers, timeout=_deadline(self.timeout))
         return self._session
 
     # ------------------------------------------------------------------------- replica choice
@@ -165,15 +172,16 @@ class EngineClient:
         replica.down_until = time.monotonic() + self.cooldown
 
     def _probe_later(self, replica: _Replica) -> None:
-        """Cool-down over: probe the replica in the background; it gets calls again once it answers."""
+        """Cool-down over: probe the replica in the background with a one-token completion; it gets calls again
+        once it answers one (a replica that lists its models but hangs every completion stays out)."""
         replica.probing = True
 
         async def probe() -> None:
             try:
-                health = await self._reachable(replica.base, min(self.attempt_timeout, 5.0))
-                if health.reachable:
+                answered, how = await self._answers_one_token(replica.base, min(self.attempt_timeout, 5.0))
+                if answered:
                     replica.down_until = 0.0
-                    logger.info("engine replica %s is back (%s)", replica.base, health.detail)
+                    logger.info("engine replica %s is back (%s)", replica.base, how)
                 else:
                     replica.down_until = time.monotonic() + self.cooldown
             finally:
@@ -185,7 +193,7 @@ class EngineClient:
     # ------------------------------------------------------------------------------- calls
     async def _post(self, base: str, body: bytes, timeout: float) -> dict:
         async with self._http().post(base + "/chat/completions", data=body,
-                                     timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                                     timeout=_deadline(timeout)) as response:
             if response.status < 400 and response.content_type == "text/event-stream":
                 return await _streamed_completion(response)
             data = await response.read()
@@ -288,7 +296,7 @@ class EngineClient:
     async def _reachable(self, base: str, timeout: float) -> EngineHealth:
         """GET /models: whether the replica answers HTTP, and the model ids it lists (in `detail`)."""
         try:
-            async with self._http().get(base + "/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            async with self._http().get(base + "/models", timeout=_deadline(timeout)) as r:
                 data = await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -312,7 +320,8 @@ class EngineClient:
 
     async def health(self, timeout: float = 3.0) -> list[EngineHealth]:
         """Per replica: `ok` only if it lists the configured model, or (an engine whose /models does not
-        list it, such as `transformers serve`) answers a one-token completion for it."""
+        list it, such as `transformers serve`) answers a one-token completion for it, and calls are not skipping
+        it (it failed one lately and has not answered a probe's completion since)."""
         async def check(replica: _Replica) -> EngineHealth:
             health = await self._reachable(replica.base, timeout)
             if health.reachable and not health.ok:
@@ -320,6 +329,10 @@ class EngineClient:
                 health.ok = answered
                 health.detail = how if answered else f"does not serve model {self.model!r} ({health.detail}; {how})"
             health.cooling_down = round(max(0.0, replica.down_until - time.monotonic()), 1)
+            if replica.down_until and health.ok:
+                health.ok = False
+                health.detail = (f"{health.detail}, but its calls failed lately: skipped until it answers a "
+                                 "completion")
             return health
         return list(await asyncio.gather(*(check(r) for r in self.replicas)))
 
@@ -328,7 +341,7 @@ class EngineClient:
         (`vllm` for vLLM); None when the list does not name the model or cannot be read."""
         try:
             async with self._http().get(self.api_bases[0] + "/models",
-                                        timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                                        timeout=_deadline(timeout)) as response:
                 listing = await response.json(content_type=None) if response.status == 200 else {}
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None

@@ -150,6 +150,7 @@ class ToolRegistry:
         self.unreadable: list[tuple[str, str]] = []  # (file, reason): skipped, never fatal
         # StableToolBench queries seen in query files: query_id -> the (category, tool, api) of its api_list
         self.queries: dict[str, list[tuple[str, str, str]]] = {}
+        self.query_texts: dict[str, str] = {}  # query_id -> the query's text (the task an agent is given)
         self.load_seconds = 0.0
         self.indexes: list[tuple[str, str]] = []  # (tools folder, "read" | "written" | "not written") per folder
 
@@ -308,6 +309,8 @@ class ToolRegistry:
                 names.append((category, tool.name, api_key_name(_text(api["api_name"]))))
             if isinstance(query, dict) and query.get("query_id") is not None and names:
                 self.queries.setdefault(str(query["query_id"]), names)
+                if isinstance(query.get("query"), str):
+                    self.query_texts.setdefault(str(query["query_id"]), query["query"])
 
     def add_openai_functions(self, data: Any, category: str, tool: str, source: str = "") -> None:
         """One tool made of OpenAI function-calling schemas (`functions_tool_json`)."""

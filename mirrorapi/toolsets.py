@@ -48,6 +48,24 @@ class Toolset:
     functions: dict[str, ApiDoc]  # function name -> doc, in a stable order
 
 
+class ToolsetCache:
+    """The toolsets of specs already seen (a spec is a URL's query string or a reset's field: bounded, as a
+    client could send endless distinct ones)."""
+
+    def __init__(self, registry: ToolRegistry, limit: int = 1024):
+        self.registry, self.limit = registry, limit
+        self._toolsets: dict[str, Toolset] = {}
+
+    def get(self, spec: str) -> Toolset:
+        """The toolset `spec` names; ToolsetError when it names nothing known."""
+        toolset = self._toolsets.get(spec)
+        if toolset is None:
+            toolset = select_toolset(self.registry, parse_toolset(spec))
+            if len(self._toolsets) < self.limit:
+                self._toolsets[spec] = toolset
+        return toolset
+
+
 def parse_toolset(spec: str) -> list[tuple[str, str]]:
     """`category=Data&tool=APIBank/apibank_account` -> [("category", "Data"), ("tool", "APIBank/apibank_account")]."""
     items = parse_qsl(spec or "", keep_blank_values=False)

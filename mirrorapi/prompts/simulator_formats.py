@@ -224,9 +224,14 @@ def history_line(tool: str, api: str, arguments: dict, error: str, response: Any
     """One earlier call of a session as the simulator sees it in session format `fmt`:
     `{"tool","api","request","answer"}`, compact, with the wire names of the API, the answer's response
     written as `fmt` writes responses (the server and the data builder both render it here)."""
+    return keyed_history_line(tool, api, canonical_json(arguments), error, response, fmt)
+
+
+def keyed_history_line(tool: str, api: str, key: str, error: str, response: Any, fmt: str = SESSION_FORMAT) -> str:
+    """`history_line` of a call given by its canonical JSON `key` (the server has it, not always the object)."""
     answer = render_observation(error, truncate_response(response), fmt)
     return (f'{{"tool":{json.dumps(tool, ensure_ascii=False)},"api":{json.dumps(api, ensure_ascii=False)},'
-            f'"request":{canonical_json(arguments)},"answer":{answer}}}')
+            f'"request":{key},"answer":{answer}}}')
 
 
 def select_history(lines: list[str], max_calls: int = DEFAULT_HISTORY_CALLS,

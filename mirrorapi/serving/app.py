@@ -22,10 +22,14 @@ import contextlib
 import gc
 import logging
 import os
+import signal
 import tempfile
+import threading
+import time
+from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from mirrorapi.engine_client import EngineClient
@@ -40,7 +44,8 @@ from mirrorapi.serving.cache import (
 from mirrorapi.serving.config import ConfigError, ServerSettings
 from mirrorapi.serving.handler import VirtualApi
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
-from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics
+from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics, record_refusal
+from mirrorapi.serving.openenv import HTTP_PATHS, MCP_WS_PATH, WS_PATH, Episodes
 from mirrorapi.serving.protocol import SESSION_HEADER
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.serving.transport import (
@@ -62,9 +67,12 @@ from mirrorapi.toolsets import ToolsetError, select_toolset
 logger = logging.getLogger(__name__)
 
 CACHE_MAINTENANCE_SECONDS = 5.0
+MASTER_WATCH_SECONDS = 0.5  # how often a worker of `serve_workers` checks that the process that started it lives
+WORKER_STOP_SECONDS = 15.0  # what a worker whose master is gone is given to stop gracefully before it exits
 OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (probes of orchestrators)
 # The settings of the worker processes (`serve_workers`), as JSON: uvicorn starts them by importing a factory.
 WORKER_SETTINGS_ENV = "_MIRRORAPI_WORKER_SETTINGS"
+MASTER_ENV = "_MIRRORAPI_MASTER_PID"  # the process that starts the workers (it may die before one has started)
 
 
 class VirtualEndpoint:
@@ -85,25 +93,32 @@ class VirtualEndpoint:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "websocket" and scope["path"] in (WS_PATH, MCP_WS_PATH):
+                if self.api_key is not None and not authorized(scope, self.api_key):
+                    self.refused(401, "unauthorized", scope["path"])
+                    return await send({"type": "websocket.close", "code": 1008})  # HTTP 403 to the handshake
+                return await self.state.episodes.websocket(scope, receive, send)
             return await self.app(scope, receive, send)
         path = scope["path"]
         if self.api_key is not None and path not in OPEN_PATHS and not authorized(scope, self.api_key):
             guard(scope).received()
-            return await send_json(send, 401, error_body(UNAUTHORIZED), [(b"www-authenticate", b"Bearer")])
+            await send_json(send, 401, error_body(UNAUTHORIZED), [(b"www-authenticate", b"Bearer")])
+            return self.refused(401, "unauthorized", path[:80])
         if path != "/virtual":
             return await self.others(scope, receive, send)
         deadline = guard(scope)
         if scope["method"] != "POST":
             deadline.received()
-            return await send_json(send, 405, error_body("Method Not Allowed: /virtual takes POST"),
-                                   [(b"allow", b"POST")])
+            await send_json(send, 405, error_body("Method Not Allowed: /virtual takes POST"), [(b"allow", b"POST")])
+            return self.refused(405, "method_not_allowed", scope["method"][:20])
         try:
             body = await read_body(scope, receive, self.max_body)
         except BodyTooLarge as exc:
             deadline.received()
             message = (f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to "
                        f"{self.max_body:,})")
-            return await send_json(send, 413, error_body(message), [(b"connection", b"close")])
+            await send_json(send, 413, error_body(message), [(b"connection", b"close")])
+            return self.refused(413, "body_too_large", f"{exc.args[0]:,} bytes or more")
         except ClientGone:
             return
         deadline.received()
@@ -118,9 +133,16 @@ class VirtualEndpoint:
         state.metrics.record(answer)
         state.request_log.record(answer)
 
+    def refused(self, status: int, outcome: str, detail: str = "") -> None:
+        """Count and log a refusal answered before any handler (the receive deadline's 408 calls it too)."""
+        record_refusal(self.state, status, outcome, detail)
+
     async def dispatch(self, scope, receive, send) -> None:
-        if scope["path"].rstrip("/") == MCP_PATH:
+        path = scope["path"]
+        if path.rstrip("/") == MCP_PATH:
             return await self.state.mcp.asgi(scope, receive, send)
+        if path in HTTP_PATHS:
+            return await self.state.episodes.http(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
@@ -177,6 +199,7 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     # The tool docs are millions of long-lived objects: keep them out of the garbage collector's
     # full passes, which otherwise stall every request for a hundred milliseconds now and then.
     gc.freeze()
+    api_key = settings.server_api_key.encode() if settings.server_api_key else None
     # Servers that share the store simulate a call once between them (a lease per call in the store).
     shared = settings.workers > 1 or is_url(settings.cache_url or "")
 
@@ -205,6 +228,7 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
                 task.cancel()
             # Simulations outlive requests whose client went away; their answers are stored before the cache closes.
             await virtual.responder.drain(timeout=settings.engine_timeout + 5)
+            virtual.large_bodies.close()
             app.state.request_log.close()
             await cache.aclose()  # after everything handed to it is committed
             await engine.aclose()
@@ -217,6 +241,7 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     app.state.metrics = ServerMetrics()
     app.state.request_log = RequestLogWriter(settings)
     app.state.mcp = McpFrontDoor(app.state)
+    app.state.episodes = Episodes(app.state)
 
     @app.get("/live")
     async def live() -> JSONResponse:
@@ -224,17 +249,21 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
         return JSONResponse({"status": "live"})
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
         """200 `ok` (every replica serves the model, or replay mode), 200 `degraded` (some do), 503
-        `unavailable` (none: misses cannot be simulated; cache hits are still served)."""
+        `unavailable` (none: misses cannot be simulated; cache hits are still served). With an API key set, a
+        caller without it is told the status only: no cache path, engine URLs or model name."""
         engines = [] if settings.mode == "replay" else await app.state.engine.health(timeout=2.0)
+        told_all = api_key is None or authorized(request.scope, api_key)
         serving = sum(e.ok for e in engines)
         try:
             entries, open_sessions, session_entries = await cache.health_counts(settings.session_ttl)
         except CacheError as exc:  # the shared store is away: hits fail too; say so rather than answer 500
-            return JSONResponse(status_code=503, content={
-                "status": "unavailable", "misses": "not answered: the cache cannot be read", "detail": str(exc),
-                "mode": settings.mode, "model": settings.model, "cache": {"location": cache.location}})
+            content: dict[str, Any] = {"status": "unavailable", "mode": settings.mode,
+                                       "misses": "not answered: the cache cannot be read"}
+            if told_all:
+                content.update(detail=str(exc), model=settings.model, cache={"location": cache.location})
+            return JSONResponse(status_code=503, content=content)
         if settings.mode == "replay":
             status, misses = "ok", "answered from the cache only (replay mode)"
         elif serving == len(engines):
@@ -244,7 +273,12 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
         else:
             status, misses = "unavailable", ("not simulated: no engine replica serves the model; cache hits are "
                                              "still served, misses get an error observation")
-        return JSONResponse(status_code=503 if status == "unavailable" else 200, content={
+        code = 503 if status == "unavailable" else 200
+        if not told_all:
+            return JSONResponse(status_code=code, content={
+                "status": status, "misses": misses, "mode": settings.mode,
+                "detail": "send the server's API key for the engines, the cache and the sessions"})
+        return JSONResponse(status_code=code, content={
             "status": status, "misses": misses, "mode": settings.mode, "model": settings.model,
             "prompt_format": settings.prompt_format,
             "engine": [{"base_url": e.base_url, "reachable": e.reachable, "serves_model": e.ok, "detail": e.detail,
@@ -302,6 +336,7 @@ def serve_workers(settings: ServerSettings) -> None:
         # Read by prometheus-client when a worker imports it: set before uvicorn starts them (they inherit it).
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
         os.environ[WORKER_SETTINGS_ENV] = worker_settings.model_dump_json()
+        os.environ[MASTER_ENV] = str(os.getpid())
         options = uvicorn_options(settings)
         options["http"] = "mirrorapi.serving.transport:ReceiveDeadline"  # workers import it by name
         logger.info("starting %d worker processes (metrics summed over them in %s)", settings.workers, metrics)
@@ -310,6 +345,7 @@ def serve_workers(settings: ServerSettings) -> None:
         finally:  # this process may go on (a caller of serve): no pointer to a folder about to be removed
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
             os.environ.pop(WORKER_SETTINGS_ENV, None)
+            os.environ.pop(MASTER_ENV, None)
 
 
 def worker_app() -> VirtualEndpoint:
@@ -319,4 +355,21 @@ def worker_app() -> VirtualEndpoint:
     settings = ServerSettings.model_validate_json(os.environ[WORKER_SETTINGS_ENV])
     configure_logging(settings)
     ReceiveDeadline.request_timeout = settings.request_timeout  # this process serves this one server only
+    die_with_master(int(os.environ.get(MASTER_ENV) or os.getppid()))
     return create_app(settings)
+
+
+def die_with_master(master: int) -> None:
+    """Stop this worker when `master`, the process that started it, is gone (killed with SIGKILL, it cannot stop
+    its workers): they would go on serving on its port, and a new server could not bind it. A thread looks every
+    MASTER_WATCH_SECONDS (portable, unlike Linux's PR_SET_PDEATHSIG, which also fires when the thread that started
+    the process ends); the worker then gets SIGTERM (uvicorn's graceful stop), and exits if it is still there
+    WORKER_STOP_SECONDS later."""
+    def watch() -> None:
+        while os.getppid() == master:
+            time.sleep(MASTER_WATCH_SECONDS)
+        logger.warning("the server's master process %d is gone: this worker (%d) stops", master, os.getpid())
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(WORKER_STOP_SECONDS)
+        os._exit(1)
+    threading.Thread(target=watch, name="die-with-master", daemon=True).start()

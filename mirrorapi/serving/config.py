@@ -141,6 +141,18 @@ class ServerSettings(BaseModel):
     mcp_toolset: str = Field("", description=(
         "Tools that /mcp lists when its URL names none, in toolset syntax (`category=Data&tool=APIBank/apibank_account"
         "&api=C/T/A&query=<query_id>`); empty: every API."))
+    mcp_max_sessions: int = Field(4096, gt=0, description=(
+        "MCP sessions open at once on a server process; an `initialize` beyond gets HTTP 503 saying so."))
+    mcp_sessions_per_client: int = Field(1024, gt=0, description=(
+        "MCP sessions one client address may hold open at once (one client cannot take them all)."))
+    mcp_session_idle_timeout: float = Field(300.0, gt=0, description=(
+        "Seconds an MCP session may go without a request before it is closed (its id then answers 404)."))
+    max_episodes: int = Field(32768, gt=0, description=(
+        "OpenEnv episodes open at once (WebSocket connections at /ws and HTTP episodes together); a reset beyond "
+        "is refused saying so."))
+    episode_idle_timeout: float = Field(900.0, gt=0, description=(
+        "Seconds an OpenEnv episode opened over HTTP (POST /reset) is kept without a request (one on /ws lives "
+        "as long as its connection)."))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
     @field_validator("api_base", "tools_folder", mode="before")

@@ -15,10 +15,15 @@ the store (`mirrorapi.serving.sessions`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
+import multiprocessing
+import re
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +31,7 @@ from pydantic import ValidationError
 
 from mirrorapi.engine_client import EngineError
 from mirrorapi.names import api_key_name
-from mirrorapi.prompts.simulator_formats import history_line, session_format
+from mirrorapi.prompts.simulator_formats import keyed_history_line, session_format
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.protocol import (
@@ -47,6 +52,10 @@ from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 logger = logging.getLogger(__name__)
 
 MAX_ARGUMENT_DEPTH = 100  # nesting of tool_input objects/arrays; real APIs take a few levels
+# Bodies this large are parsed in a worker process (`LargeBodies`): JSON parsing holds the GIL, so a thread
+# would stall the event loop as much; a 3 MB argument held it 2-3 s (4.9 s through /mcp).
+LARGE_BODY_BYTES = 64 * 1024
+MAX_SESSION_ID_CHARS = 256  # a session id (body or X-Session-Id): a name, kept in the store (OpenEnv's bound: 255)
 LOGGED_NAME_CHARS = 200  # of a name as sent, in the request log line (a name may be a megabyte of junk)
 # One decoder for every tool_input: `json.loads(text, strict=False)` builds a new one per call.
 # strict=False: raw model output often holds literal newlines inside strings.
@@ -84,6 +93,7 @@ class VirtualApi:
         # Name normalisation is regex work; the same few thousand names come back all the time.
         self.resolve = functools.lru_cache(maxsize=65536)(registry.resolve)
         self.responder = Responder(settings, cache, simulator, metrics, self.check_miss, lease_holder)
+        self.large_bodies = LargeBodies()
 
     async def answer(self, body: bytes, session_id: str | None = None) -> Answer:
         """The answer to a /virtual body; `session_id` is the transport's (header, MCP session)."""
@@ -91,7 +101,16 @@ class VirtualApi:
         stages, clock = answer.stages, time.perf_counter
         start = clock()
         try:
-            request = VirtualRequest.model_validate_json(body)
+            parsed = None
+            if len(body) < LARGE_BODY_BYTES:
+                request = VirtualRequest.model_validate_json(body)
+            else:
+                read = await self.large_bodies.parse(body, self.settings.max_arguments_chars)
+                if isinstance(read, Failure):
+                    answer.status, answer.outcome, answer.body, answer.detail = (read.status, read.outcome, read.body,
+                                                                                 read.detail)
+                    return answer
+                request, parsed = read[0], read[1:]
             if request.model_extra:
                 answer.extra_fields = list(request.model_extra)
             if "chat" in request.api_name.lower() and _is_chat_with_user(request.api_name):
@@ -99,7 +118,12 @@ class VirtualApi:
                 return answer
             answer.names = (request.category[:LOGGED_NAME_CHARS], request.tool_name[:LOGGED_NAME_CHARS],
                             request.api_name[:LOGGED_NAME_CHARS])
-            arguments, key = parse_arguments(request.tool_input)
+            if parsed is None:
+                arguments, key = parse_arguments(request.tool_input)
+            else:  # None for arguments too large to simulate: only a recorded answer can serve them
+                arguments, key, error = parsed
+                if error is not None:
+                    raise error
             stages["parse"] = (now := clock()) - start
 
             doc = self.resolve(request.category, request.tool_name, request.api_name)
@@ -108,6 +132,9 @@ class VirtualApi:
 
             session, history, settings = None, None, self.settings
             session_id = request.session_id or session_id
+            if session_id and len(session_id) > MAX_SESSION_ID_CHARS:
+                raise SessionIdError(f"the session id is {len(session_id):,} characters long; a session id "
+                                     f"(session_id or X-Session-Id) has at most {MAX_SESSION_ID_CHARS}")
             if session_id and settings.session_history:
                 answer.session = session_id
                 session = Session(settings.session_history, await self.cache.session(session_id, settings.session_ttl))
@@ -119,10 +146,10 @@ class VirtualApi:
             answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
             if session is not None:
                 observation = json.loads(reply.observation)
-                line = history_line(doc.tool, doc.api, arguments, observation.get("error", ""),
-                                    observation.get("response", ""), session_format(settings.prompt_format))
+                line = keyed_history_line(doc.tool, doc.api, key, observation.get("error", ""),
+                                          observation.get("response", ""), session_format(settings.prompt_format))
                 await self.cache.update_session(session_id, settings.session_ttl,
-                                                advance(settings.session_history, line))
+                                                advance(settings.session_history, settings.session_char_budget, line))
             return answer
         except Exception as exc:  # every failure becomes an observation (or a 422), never a 500
             failure = to_failure(exc)
@@ -134,15 +161,62 @@ class VirtualApi:
         finally:
             stages["total"] = clock() - start
 
-    def check_miss(self, doc: ApiDoc, arguments: dict, key: str) -> None:
-        """Before a miss is simulated: the validation policy, and the bound on what reaches the engine."""
-        check_arguments(doc, arguments, self.settings.missing_required, self.settings.unknown_arguments)
-        if len(key) > self.settings.max_arguments_chars:  # never sent to the engine, never stored
+    def check_miss(self, doc: ApiDoc, arguments: dict | None, key: str) -> None:
+        """Before a miss is simulated: the bound on what reaches the engine, and the validation policy
+        (`arguments` is None only for arguments over the bound)."""
+        if len(key) > self.settings.max_arguments_chars or arguments is None:  # never sent to the engine, never stored
             raise ArgumentError(f"tool_input is too large to simulate: {len(key):,} characters of JSON "
                                 f"(this server simulates calls of up to {self.settings.max_arguments_chars:,}).")
+        check_arguments(doc, arguments, self.settings.missing_required, self.settings.unknown_arguments)
+
+
+class LargeBodies:
+    """Where bodies of LARGE_BODY_BYTES or more are parsed and canonicalised: one worker process, started at the
+    first such body (a few megabytes of JSON take the parser seconds, holding the GIL all along, so a thread
+    would stall the event loop as much). What comes back is the request (its tool_input dropped), the
+    arguments (None when too large to simulate: the key alone finds a recorded answer) and the key."""
+
+    def __init__(self):
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def parse(self, body: bytes, max_arguments_chars: int):
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, read_large_body, body,
+                                                                    max_arguments_chars)
+        except BrokenProcessPool:  # the worker died (killed, out of memory): a new one for the next body
+            self._pool = None
+            raise
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def read_large_body(body: bytes, max_arguments_chars: int):
+    """In `LargeBodies`' worker: a Failure (the body is not of the request's shape), or (the request without
+    its tool_input, the arguments or None, the key or None, the ToolInputError or None)."""
+    try:
+        request = VirtualRequest.model_validate_json(body)
+    except ValidationError as exc:  # not picklable: turned into its answer here
+        return to_failure(exc)
+    tool_input, request.tool_input = request.tool_input, None
+    if _is_chat_with_user(request.api_name):
+        return request, None, None, None
+    try:
+        arguments, key = parse_arguments(tool_input)
+    except ToolInputError as exc:
+        return request, None, None, exc
+    return request, arguments if len(key) <= max_arguments_chars else None, key, None
 
 
 # ------------------------------------------------------------------------------- parsing and failures
+class SessionIdError(ValueError):
+    """A session id too long to be one (an id names a session; it is kept in the store)."""
+
+
 def parse_arguments(value: Any) -> tuple[dict, str]:
     """`tool_input` -> (the argument object, its canonical JSON: the cache key); raises ToolInputError
     for anything that is not an object of valid Unicode text nested at most MAX_ARGUMENT_DEPTH deep."""
@@ -157,22 +231,27 @@ def parse_arguments(value: Any) -> tuple[dict, str]:
         except UnicodeEncodeError as exc:
             raise ToolInputError(f"tool_input holds a lone surrogate {key[exc.start:exc.end]!r} at character "
                                  f"{exc.start}: not valid Unicode text") from None
-    # Counting brackets is cheap; only a key with many of them is walked.
-    if key.count("{") + key.count("[") > MAX_ARGUMENT_DEPTH and _deeper_than(arguments, MAX_ARGUMENT_DEPTH):
+    # Counting brackets is cheap; only a key with many of them is looked at closer.
+    if key.count("{") + key.count("[") > MAX_ARGUMENT_DEPTH and _deeper_than(key, MAX_ARGUMENT_DEPTH):
         raise ToolInputError(f"tool_input is nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)")
     return arguments, key
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether objects/arrays nest more than `limit` levels (iterative: no recursion to run out of)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        if children and depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
+_BRACKETS_ONLY = str.maketrans("", "", "".join(chr(c) for c in range(128) if chr(c) not in "[]{}"))
+
+
+def _deeper_than(key: str, limit: int) -> bool:
+    """Whether the objects/arrays of a canonical JSON text nest more than `limit` levels: its brackets outside
+    strings, their innermost pairs removed once per level, in C (walking the objects in Python took 1.7 s for
+    `[[1]] * 600,000`)."""
+    skeleton = _JSON_STRING.sub("", key).translate(_BRACKETS_ONLY)  # outside strings all is ASCII
+    for _ in range(limit):
+        skeleton = _INNERMOST_PAIR.sub("", skeleton)
+        if not skeleton:
+            return False
+    return True
 
 
 def parse_tool_input(value: Any) -> dict:
@@ -241,6 +320,9 @@ def to_failure(exc: BaseException) -> Failure:
                            "detail": json.loads(exc.json(include_url=False, include_input=False))},
                           ensure_ascii=False).encode()
         return Failure(422, "invalid_body", body, problems)
+    if isinstance(exc, SessionIdError):
+        message = f"Invalid request: {exc}"
+        return Failure(422, "invalid_body", json.dumps({"error": message, "response": ""}).encode(), str(exc))
     if isinstance(exc, ToolInputError):
         return Failure(200, "validation_error", observation_bytes(TOOL_INPUT_PARSE_ERROR + str(exc), ""), str(exc))
     if isinstance(exc, (UnknownName, ArgumentError)):

@@ -12,12 +12,20 @@ the observation /virtual would give, byte for byte; `isError` is set when its `e
 The simulation session of a call is its `X-Session-Id` header, else its MCP session (the
 `Mcp-Session-Id` of protocol versions with an initialize handshake); a 2026-07-28 client, which
 has no MCP session, names one with the header or goes without.
+
+What one client may hold (`McpSessionBounds`): MCP sessions are bounded in total (`mcp_max_sessions`, the SDK's
+`max_sessions`) and per client address (`mcp_sessions_per_client`), and one idle for `mcp_session_idle_timeout`
+seconds is closed (the SDK's 30 minutes let 10,050 `initialize` requests in 20 s lock every other client out for
+half an hour). A refusal says which bound and how to get room. Bodies are bounded by `max_body_bytes` like
+/virtual's, and every refusal, the SDK's own included, is a JSON-RPC error object with a JSON content type.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+from collections import Counter
 from typing import Any
 
 from mcp import types
@@ -27,13 +35,77 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
-from mirrorapi.toolsets import Toolset, ToolsetError, mcp_tool, parse_toolset, select_toolset
+from mirrorapi.serving.transport import BodyTooLarge, ClientGone, read_body
+from mirrorapi.toolsets import Toolset, ToolsetCache, ToolsetError, mcp_tool
 
 logger = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
 PAGE_SIZE = 500  # tools per tools/list page (ToolEnv2404 has 46,803 APIs)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_CURSOR_DIGITS = 9  # a tools/list cursor is an offset into at most a few hundred thousand tools
+JSON_RPC_INVALID_REQUEST, JSON_RPC_INTERNAL_ERROR = -32600, -32603
+_SESSION_HEADER = MCP_SESSION_ID_HEADER.lower().encode()
+
+
+def json_rpc_error(status: int, message: str) -> bytes:
+    """A JSON-RPC error object without a request id: the body of an HTTP refusal at /mcp."""
+    code = JSON_RPC_INVALID_REQUEST if status < 500 else JSON_RPC_INTERNAL_ERROR
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}).encode()
+
+
+async def send_refusal(send, status: int, message: str, headers: list | None = None) -> None:
+    body = json_rpc_error(status, message)
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))] + (headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+class McpSessionBounds:
+    """The MCP sessions each client address holds (the SDK counts only the total): a session is counted from
+    the answer that opened it until it is deleted, found gone (404), or idle for `idle_seconds` (the SDK closes
+    it then)."""
+
+    def __init__(self, total: int, per_client: int, idle_seconds: float):
+        self.total, self.per_client, self.idle_seconds = total, per_client, idle_seconds
+        self._sessions: dict[str, tuple[str, float]] = {}  # session id -> (client address, last request)
+        self._by_client: Counter[str] = Counter()
+
+    def refusal(self, client: str) -> str | None:
+        """Why `client` may not open one more session now, or None."""
+        if len(self._sessions) >= self.total or self._by_client[client] >= self.per_client:
+            self._forget_idle()
+        idle = f"a session with no request for {self.idle_seconds:g} s is closed"
+        if self._by_client[client] >= self.per_client:
+            return (f"Too many open MCP sessions from {client}: {self._by_client[client]:,} of the "
+                    f"{self.per_client:,} one client may hold (mcp_sessions_per_client). End one (HTTP DELETE with "
+                    f"its Mcp-Session-Id) or reuse one; {idle}.")
+        if len(self._sessions) >= self.total:
+            return (f"Too many open MCP sessions: {len(self._sessions):,} of {self.total:,} (mcp_max_sessions). Try "
+                    f"again shortly; {idle}.")
+        return None
+
+    def opened(self, session_id: str, client: str) -> None:
+        if session_id not in self._sessions:
+            self._by_client[client] += 1
+        self._sessions[session_id] = (client, time.monotonic())
+
+    def used(self, session_id: str) -> None:
+        known = self._sessions.get(session_id)
+        if known is not None:
+            self._sessions[session_id] = (known[0], time.monotonic())
+
+    def ended(self, session_id: str) -> None:
+        known = self._sessions.pop(session_id, None)
+        if known is not None:
+            self._by_client[known[0]] -= 1
+            if not self._by_client[known[0]]:
+                del self._by_client[known[0]]
+
+    def _forget_idle(self) -> None:
+        stale = time.monotonic() - self.idle_seconds
+        for session_id in [s for s, (_, last) in self._sessions.items() if last < stale]:
+            self.ended(session_id)
 
 
 class McpFrontDoor:
@@ -41,7 +113,7 @@ class McpFrontDoor:
 
     def __init__(self, state: Any):
         self.state = state  # the FastAPI app's state: settings, registry, virtual, metrics, request_log
-        self._toolsets: dict[str, Toolset] = {}
+        self.toolsets = ToolsetCache(state.registry)
         self.server = Server("mirrorapi", version="0.1.0", instructions=(
             "Simulated web APIs: each tool answers as the real API would, with a JSON object "
             '{"error": str, "response": ...}.'), on_list_tools=self.list_tools, on_call_tool=self.call_tool)
@@ -49,32 +121,90 @@ class McpFrontDoor:
         security = TransportSecuritySettings(  # DNS rebinding protection when serving on loopback only
             enable_dns_rebinding_protection=True, allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]) if host in LOOPBACK else None
-        self.sessions = StreamableHTTPSessionManager(app=self.server, json_response=True, security_settings=security)
-        self.asgi = StreamableHTTPASGIApp(self.sessions)
+        settings = state.settings
+        self.max_body = settings.max_body_bytes
+        self.sessions = StreamableHTTPSessionManager(
+            app=self.server, json_response=True, security_settings=security, max_request_body_size=self.max_body,
+            session_idle_timeout=settings.mcp_session_idle_timeout, max_sessions=settings.mcp_max_sessions)
+        self.bounds = McpSessionBounds(settings.mcp_max_sessions, settings.mcp_sessions_per_client,
+                                       settings.mcp_session_idle_timeout)
+        self._sdk = StreamableHTTPASGIApp(self.sessions)
 
     def run(self):
         return self.sessions.run()
+
+    async def asgi(self, scope, receive, send) -> None:
+        """A request at /mcp: the body read here within `max_body_bytes`, the session bounds applied, then the
+        SDK; an answer of the SDK that is not JSON (its refusals are plain text) is sent as a JSON-RPC error."""
+        if scope["type"] != "http":
+            return await self._sdk(scope, receive, send)
+        try:
+            body = await read_body(scope, receive, self.max_body)
+        except BodyTooLarge as exc:
+            return await send_refusal(send, 413, f"Request body too large: {exc.args[0]:,} bytes or more (this "
+                                                 f"server takes up to {self.max_body:,})", [(b"connection", b"close")])
+        except ClientGone:
+            return
+        session_id = next((v.decode("latin-1") for k, v in scope["headers"] if k == _SESSION_HEADER), None)
+        client = scope["client"][0] if scope.get("client") else "unknown"
+        if session_id is None and scope["method"] == "POST":
+            refusal = self.bounds.refusal(client)
+            if refusal is not None:
+                logger.warning("MCP session refused: %s", refusal)
+                return await send_refusal(send, 503, refusal, [(b"retry-after", b"5")])
+        elif session_id is not None:
+            self.bounds.used(session_id)
+
+        delivered = False
+
+        async def replay() -> Any:
+            nonlocal delivered
+            if delivered:  # the SDK listens for a disconnect while it answers: there is none to tell
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        held: dict | None = None  # a refusal's head, held until its body is seen
+
+        async def answer(message: Any) -> None:
+            nonlocal held
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = message.get("headers", [])
+                opened = next((v.decode("latin-1") for k, v in headers if k.lower() == _SESSION_HEADER), None)
+                if session_id is None and opened is not None and status < 400:
+                    self.bounds.opened(opened, client)
+                elif session_id is not None and (status == 404 or scope["method"] == "DELETE" and status < 400):
+                    self.bounds.ended(session_id)
+                if status >= 400 and not any(k.lower() == b"content-type" and v.startswith(b"application/json")
+                                             for k, v in headers):
+                    held = message
+                    return
+            elif held is not None and message["type"] == "http.response.body":
+                text = message.get("body", b"").decode("utf-8", "replace").strip() or "refused"
+                status, held = held["status"], None
+                return await send_refusal(send, status, text)
+            await send(message)
+
+        await self._sdk(scope, replay, answer)
 
     # ------------------------------------------------------------------------------- toolsets
     def toolset(self, ctx) -> Toolset:
         """The toolset of a request: its URL's, else the configured one; MCPError when it names nothing known."""
         request = ctx.request
         spec = request.url.query if request is not None and request.url.query else self.state.settings.mcp_toolset
-        toolset = self._toolsets.get(spec)
-        if toolset is None:
-            try:
-                toolset = select_toolset(self.state.registry, parse_toolset(spec))
-            except ToolsetError as exc:
-                raise MCPError(code=types.INVALID_PARAMS, message=f"toolset {spec!r}: {exc}") from None
-            if len(self._toolsets) < 1024:  # a client could send endless distinct URLs
-                self._toolsets[spec] = toolset
-        return toolset
+        try:
+            return self.toolsets.get(spec)
+        except ToolsetError as exc:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"toolset {spec!r}: {exc}") from None
 
     async def list_tools(self, ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         names = list(self.toolset(ctx).functions.items())
         cursor = params.cursor if params is not None and params.cursor else "0"
-        if not cursor.isdigit():
-            raise MCPError(code=types.INVALID_PARAMS, message=f"invalid cursor {cursor!r}")
+        # ASCII digits only (str.isdigit takes "²", which int() refuses), few enough for int() to read.
+        if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= MAX_CURSOR_DIGITS):
+            raise MCPError(code=types.INVALID_PARAMS, message=f"invalid cursor {cursor[:40]!r}: give the nextCursor "
+                                                              "of the previous page")
         start = int(cursor)
         page = names[start:start + PAGE_SIZE]
         tools = [types.Tool.model_validate(mcp_tool(name, doc)) for name, doc in page]

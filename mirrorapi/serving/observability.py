@@ -41,7 +41,9 @@ class ServerMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
         self.requests = Counter("mirrorapi_requests", "/virtual requests by outcome (hit, simulated, replay_miss, "
-                                "validation_error, engine_error, chat_with_user, invalid_body, internal_error).",
+                                "validation_error, engine_error, chat_with_user, invalid_body, internal_error), "
+                                "and the refusals of any path answered before a handler (unauthorized, "
+                                "method_not_allowed, body_too_large, request_timeout).",
                                 ["outcome"], registry=self.registry)
         self.lookups = Counter("mirrorapi_cache_lookups", "Cache lookups by result (hit, miss).", ["result"],
                                registry=self.registry)
@@ -81,6 +83,14 @@ class ServerMetrics:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8"
+
+
+def record_refusal(state, status: int, outcome: str, detail: str = "") -> None:
+    """A refusal answered before any handler (401, 405, 408, 413), into the metrics and the request log of the
+    app whose `state` is given."""
+    answer = Answer(status, b"", outcome, detail=detail)
+    state.metrics.record(answer)
+    state.request_log.record(answer)
 
 
 class RequestLogWriter:

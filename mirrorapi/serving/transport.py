@@ -65,9 +65,10 @@ class GatheredWrites:
     `write` of the real transport right after the turn (see the module doc); everything else is the real
     transport's. Closing (or a half-close) sends what is gathered first; an abort drops it."""
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, upgraded=None):
         self._transport, self._loop = transport, loop
         self._gathered: list[bytes] = []
+        self._upgraded = upgraded  # called when the connection is handed to another protocol (a WebSocket)
 
     def __getattr__(self, name: str):  # get_extra_info, is_closing, pause_reading, ...: the real transport's
         return getattr(self._transport, name)
@@ -78,6 +79,11 @@ class GatheredWrites:
         if not self._gathered:
             self._loop.call_soon(self.flush)
         self._gathered.append(data)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        if self._upgraded is not None:
+            self._upgraded()
+        self._transport.set_protocol(protocol)
 
     def writelines(self, lines) -> None:
         for data in lines:
@@ -130,7 +136,7 @@ class ReceiveDeadline(asyncio.Protocol):
         if isinstance(peer, (tuple, list)) and len(peer) >= 2:
             self._peer = (str(peer[0]), int(peer[1]))
             self.open[self._peer] = self
-        self._writes = GatheredWrites(self._transport, self._loop)
+        self._writes = GatheredWrites(self._transport, self._loop, self._upgraded)
         self._inner.connection_made(cast(asyncio.Transport, self._writes))  # the real one's, bar the writes
 
     def data_received(self, data: bytes) -> None:
@@ -159,6 +165,15 @@ class ReceiveDeadline(asyncio.Protocol):
             return
         self._inner.connection_lost(exc)
 
+    def _upgraded(self) -> None:
+        """The connection became a WebSocket: its protocol is another's from now on (no receive deadline)."""
+        self._receiving = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._peer is not None and self.open.get(self._peer) is self:
+            del self.open[self._peer]
+
     def pause_writing(self) -> None:
         self._inner.pause_writing()
 
@@ -183,6 +198,10 @@ class ReceiveDeadline(asyncio.Protocol):
         if self._writes is not None:  # an answer of the same turn goes first
             self._writes.flush()
         self._transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
+        # Counted and logged by the app uvicorn gave its protocol (`VirtualEndpoint.refused`), when it has that.
+        refused = getattr(getattr(self._inner, "app", None), "refused", None)
+        if callable(refused):
+            refused(408, "request_timeout", f"client {self._peer[0] if self._peer else '?'}")
         if not self._transport.can_write_eof():
             self._transport.close()  # a handler waiting for the body gets `http.disconnect`
             return
@@ -239,8 +258,12 @@ def uvicorn_options(settings: ServerSettings) -> dict:
     protocol = type("ReceiveDeadline", (ReceiveDeadline,), {"request_timeout": settings.request_timeout})
     # log_config=None: uvicorn's loggers go through ours; its access log is replaced by RequestLogWriter's lines.
     # No proxy-header rewriting: the server binds 127.0.0.1 by default and reports no client addresses.
-    return dict(host=settings.host, port=settings.port, http=protocol, ws="none", log_config=None, access_log=False,
-                proxy_headers=False, log_level=settings.log_level, timeout_graceful_shutdown=5, timeout_keep_alive=5)
+    # WebSockets (OpenEnv's /ws): websockets' sans-I/O protocol (timers, no task per connection beyond the app's);
+    # no per-message compression (a zlib context per connection: gigabytes at 16,384 episodes).
+    return dict(host=settings.host, port=settings.port, http=protocol, ws="websockets-sansio",
+                ws_per_message_deflate=False, ws_max_size=settings.max_body_bytes, ws_ping_interval=30.0,
+                ws_ping_timeout=30.0, log_config=None, access_log=False, proxy_headers=False,
+                log_level=settings.log_level, timeout_graceful_shutdown=5, timeout_keep_alive=5)
 
 
 # --------------------------------------------------------------------------------- ASGI helpers

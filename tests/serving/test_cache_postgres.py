@@ -36,7 +36,7 @@ def fill(location: str) -> None:
     async def in_a_session() -> None:
         await cache.store(new_entry(*API, {"name": "Kaka"}, "", "A on Kaka, step 1", "simulated:A", 5.0,
                                     history="digest-1", steps=1))
-        await cache.update_session("episode-1", 3600, advance(8, "a line"))
+        await cache.update_session("episode-1", 3600, advance(8, 4096, "a line"))
         assert await cache.lookup(Call(*API, '{"name":"Kaka"}', "digest-1"), "A") is not None
         await cache.aclose()
 

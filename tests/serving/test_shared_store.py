@@ -206,9 +206,9 @@ def test_sessions_idle_longer_than_the_ttl_are_forgotten_and_removed(cache_locat
     async def check() -> None:
         assert await cache.session("old", idle_seconds=3600) is None  # expired: its next call starts over
         assert await cache.session("recent", idle_seconds=3600) == ("digest-recent", 1, ["d"])
-        state = await cache.update_session("old", 3600, advance(8, "a new first line"))
+        state = await cache.update_session("old", 3600, advance(8, 4096, "a new first line"))
         assert state[1] == 1 and state[2] == ["a new first line"]  # not step 4 of the expired history
-        await cache.update_session("gone", 3600, advance(8, "x"))
+        await cache.update_session("gone", 3600, advance(8, 4096, "x"))
         cache.put_sessions([("older", "d", 2, "[]", now - 9000)])
         await cache.maintain(idle_seconds=3600)
         await cache.aclose()

@@ -2,6 +2,7 @@
 and the lease that makes an identical miss arriving at two of them one simulation."""
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -77,6 +78,43 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
     assert status == 0
     folder = re.search(r"metrics summed over them in (\S+)\)", server_log.read_text()).group(1)
     assert not Path(folder).exists()  # the metrics folder of the run is removed when it ends
+
+
+def test_workers_die_with_their_master_and_the_server_starts_again(sample_tools, tmp_path):
+    """kill -9 of the process `--workers 2` started: its workers stop within seconds (they went on serving, and
+    a new server could not bind the port), and the same command starts again."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools), "--workers", "2",
+               "--cache-path", str(tmp_path / "c.sqlite"), "--port", str(port), "--mode", "replay"]
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    with open(logs[0], "wb") as out:
+        first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            wait_until_ready(url + "/live", 120, process=first, log_path=logs[0])
+            workers = poll_until(lambda: _workers(first.pid) if len(_workers(first.pid)) == 2 else None, 60,
+                                 "two workers")
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(10)
+
+            def gone() -> bool | None:
+                return all(not Path(f"/proc/{pid}").exists() or
+                           Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+                           for pid in workers) or None
+            poll_until(gone, 30, f"the workers {workers} of the killed master still run")
+        finally:
+            for pid in workers if "workers" in locals() else []:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    with open(logs[1], "wb") as out:
+        second = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            wait_until_ready(url + "/live", 120, process=second, log_path=logs[1])
+            assert httpx.get(url + "/live", timeout=10).status_code == 200
+        finally:
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(60) == 0
+    assert "address already in use" not in logs[1].read_text()
 
 
 def _workers(pid: int) -> list[int]:

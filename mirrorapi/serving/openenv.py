@@ -1,0 +1,381 @@
+"""OpenEnv episodes: the Gym-style `reset` / `step` / `state` that RL trainers drive (OpenEnv's protocol, as its
+client `openenv-core` speaks it and TRL's OpenEnv integration uses it), over the WebSocket session endpoint `/ws`
+and over HTTP (`POST /reset`, `POST /step`, `GET /state`).
+
+An episode is a simulation session on a toolset:
+- `reset` opens one. Its fields (all optional): `toolset`, in the toolset syntax of /mcp (`category=Data&tool=
+  APIBank/apibank_account&api=C/T/A&query=<query_id>`; default `mcp_toolset`); `task`, a StableToolBench query_id
+  of a query file the server loaded (its APIs are the toolset when none is given, and its text is in the
+  observation); `episode_id` (default: a new random id). The observation names the episode, its task and its
+  tools (name, description, input_schema: OpenEnv's `ListToolsObservation`).
+- `step` takes one of OpenEnv's MCP actions: `{"type": "call_tool", "tool_name", "arguments"}` or
+  `{"type": "list_tools"}`. A tool call is answered exactly as /virtual answers it in the episode's session
+  (cache, simulator, history, provenance): the observation's `result` is /virtual's `{"error", "response"}`,
+  and its `metadata` tells the provenance, whether the cache had it, and the step. `error` is OpenEnv's
+  `ToolError`, for what is not the API's answer (an unknown tool, arguments that are not an object). The
+  server gives no reward (`reward` null) and never ends an episode (`done` false): the trainer scores and
+  decides.
+- `state` tells the episode's id, its number of steps, its toolset and task, and its calls so far (the newest
+  STATE_CALLS of them: tool, arguments, the API's error, provenance).
+The episode id is the simulation session of its calls (`X-Session-Id` of /virtual), so a replayed episode is
+answered from the cache, and a `reset` naming an id that was used before starts that session over.
+
+On `/ws` an episode lives as long as its connection (OpenEnv's clients open one per environment): a step
+before any `reset` runs in an episode on the default toolset, as OpenEnv's servers do. `{"type": "mcp", "data":
+<JSON-RPC>}` messages (`tools/list`, `tools/call`) are answered in the same episode, and a WebSocket at `/mcp`
+takes JSON-RPC messages alone. Over HTTP an episode is named by `episode_id` in each request (OpenEnv's own
+HTTP endpoints keep nothing between requests) and kept in this process's memory until idle for
+`episode_idle_timeout`; with `--workers N` a client's connection stays with one worker, so a new connection may
+not find it: use `/ws`. Open episodes (WebSockets and HTTP together) are bounded by `max_episodes`.
+
+Why not openenv-core's own server (`HTTPEnvServer`): it runs each session's environment on a thread pool of its
+own (a thread per session: 16,384 threads for 16,384 episodes) and its HTTP endpoints keep no episode; this
+module is the protocol's few message shapes, on the server's event loop, with no thread per episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from mirrorapi.serving.mcp_server import json_rpc_error
+from mirrorapi.serving.sessions import EMPTY_HISTORY
+from mirrorapi.serving.transport import BodyTooLarge, ClientGone, read_body, send_json
+from mirrorapi.toolsets import Toolset, ToolsetCache, ToolsetError, description, input_schema
+
+logger = logging.getLogger(__name__)
+
+WS_PATH, MCP_WS_PATH = "/ws", "/mcp"
+HTTP_PATHS = ("/reset", "/step", "/state")
+MAX_EPISODE_TOOLS = 2048  # an agent is given a toolset, not the whole registry (46,803 APIs in ToolEnv2404)
+MAX_EPISODE_ID_CHARS = 255  # OpenEnv's own bound (ResetRequest.episode_id)
+REFUSAL_WAIT_SECONDS = 10.0  # for the first message of a WebSocket refused for capacity, to answer it
+STATE_CALLS = 256  # the calls `state` lists (the newest); `step_count` counts them all
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+JSON_RPC_INVALID_PARAMS, JSON_RPC_METHOD_NOT_FOUND, JSON_RPC_PARSE_ERROR = -32602, -32601, -32700
+
+
+class EpisodeError(ValueError):
+    """A reset or an action the server cannot take; the message says why. `code`: OpenEnv's WSErrorCode."""
+
+    def __init__(self, message: str, code: str = "VALIDATION_ERROR"):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class Episode:
+    episode_id: str
+    toolset_spec: str
+    toolset: Toolset
+    task: dict | None
+    steps: int = 0
+    calls: deque = field(default_factory=lambda: deque(maxlen=STATE_CALLS))  # (tool, arguments, error, provenance)
+    last_used: float = 0.0
+
+
+class Episodes:
+    """OpenEnv's side of one app: opens episodes, answers their actions through `state.virtual`, holds the HTTP
+    ones, and bounds them all (`max_episodes`)."""
+
+    def __init__(self, state: Any):
+        self.state = state  # the FastAPI app's state: settings, registry, virtual (set by the lifespan), metrics, ...
+        settings = state.settings
+        self.default_toolset = settings.mcp_toolset
+        self.max_episodes, self.idle_seconds = settings.max_episodes, settings.episode_idle_timeout
+        self.max_body = settings.max_body_bytes
+        self.toolsets = ToolsetCache(state.registry)
+        self._tool_lists: dict[str, list[dict]] = {}  # by toolset spec: what reset and list_tools give
+        self.over_http: dict[str, Episode] = {}
+        self.connected = 0  # episodes of open WebSockets
+
+    # ------------------------------------------------------------------------------------ episodes
+    async def reset(self, data: Any) -> Episode:
+        """A new episode from a reset's fields (see the module doc); EpisodeError for fields it cannot take."""
+        if not isinstance(data, dict):
+            raise EpisodeError("reset takes an object: {\"toolset\", \"task\", \"episode_id\"}, each optional")
+        task_id, spec, episode_id = data.get("task"), data.get("toolset"), data.get("episode_id")
+        for name, value in (("task", task_id), ("toolset", spec), ("episode_id", episode_id)):
+            if value is not None and not isinstance(value, (str, int)) or isinstance(value, bool):
+                raise EpisodeError(f"reset: {name} must be a string, got {type(value).__name__}")
+        task = None
+        registry = self.state.registry
+        if task_id is not None:
+            task_id = str(task_id)
+            if task_id not in registry.queries:
+                raise EpisodeError(f"reset: unknown task {task_id[:100]!r}: a task is the query_id of a "
+                                   "StableToolBench query file the server loaded with its tools")
+            task = {"query_id": task_id, "query": registry.query_texts.get(task_id)}
+            if spec is None:
+                spec = f"query={task_id}"
+        spec = self.default_toolset if spec is None else str(spec)
+        try:
+            toolset = self.toolsets.get(spec)
+        except ToolsetError as exc:
+            raise EpisodeError(f"reset: toolset {spec[:200]!r}: {exc}") from None
+        if len(toolset.functions) > MAX_EPISODE_TOOLS:
+            raise EpisodeError(f"reset: toolset {spec[:200]!r} has {len(toolset.functions):,} tools; an episode takes "
+                               f"at most {MAX_EPISODE_TOOLS:,}: name a category, tools, APIs or a query (`toolset`)")
+        if episode_id is None:
+            episode_id = uuid.uuid4().hex
+        else:
+            episode_id = str(episode_id)
+            if not episode_id or len(episode_id) > MAX_EPISODE_ID_CHARS:
+                raise EpisodeError(f"reset: episode_id must have 1 to {MAX_EPISODE_ID_CHARS} characters, "
+                                   f"got {len(episode_id):,}")
+            await self._start_over(episode_id)
+        return Episode(episode_id, spec, toolset, task, last_used=time.monotonic())
+
+    async def _start_over(self, episode_id: str) -> None:
+        """A session used before under this id starts again from no calls (a new episode, not a continued one)."""
+        settings = self.state.settings
+        if settings.session_history:
+            await self.state.cache.update_session(episode_id, settings.session_ttl,
+                                                  lambda _: (EMPTY_HISTORY, 0, []))
+
+    def observation_of_reset(self, episode: Episode) -> dict:
+        return {"observation": {"episode_id": episode.episode_id, "toolset": episode.toolset_spec,
+                                "task": episode.task, "tools": self.tools(episode),
+                                "metadata": {"episode_id": episode.episode_id}},
+                "reward": None, "done": False}
+
+    async def step(self, episode: Episode, action: Any) -> dict:
+        """The observation of one action (OpenEnv's serialised form: observation, reward, done)."""
+        if not isinstance(action, dict):
+            raise EpisodeError("step takes an action object: {\"type\": \"call_tool\", \"tool_name\", \"arguments\"} "
+                               "or {\"type\": \"list_tools\"}")
+        kind = action.get("type")
+        episode.last_used = time.monotonic()
+        if kind == "list_tools":
+            return {"observation": {"tools": self.tools(episode), "metadata": {}}, "reward": None,
+                    "done": False}
+        if kind != "call_tool":
+            raise EpisodeError(f"unknown action type {str(kind)[:60]!r}: this environment takes call_tool and "
+                               "list_tools (OpenEnv's MCP actions)")
+        name, arguments = action.get("tool_name"), action.get("arguments", {})
+        episode.steps += 1
+        observation: dict[str, Any] = {"tool_name": name, "result": None, "error": None}
+        metadata: dict[str, Any] = {"episode_id": episode.episode_id, "step": episode.steps}
+        doc = episode.toolset.functions.get(name) if isinstance(name, str) else None
+        if doc is None:
+            observation["error"] = {"error_type": "tool_not_found", "message": (
+                f"Unknown tool {str(name)[:100]!r} in this episode's toolset of {len(episode.toolset.functions):,} "
+                "tools (list_tools names them).")}
+        elif not isinstance(arguments, dict):
+            observation["error"] = {"error_type": "invalid_args", "message": (
+                f"arguments must be an object of the tool's parameters, got {type(arguments).__name__}")}
+        else:
+            result, answer = await self.call(episode, doc, arguments)
+            observation["result"] = result
+            metadata.update(provenance=answer.provenance, cache=answer.cache, outcome=answer.outcome)
+            error = result.get("error", "") if isinstance(result, dict) else ""
+            episode.calls.append((name, arguments, error, answer.provenance))
+        if observation["error"] is not None:
+            episode.calls.append((name, arguments, observation["error"]["message"], None))
+        observation["metadata"] = metadata
+        return {"observation": observation, "reward": None, "done": False}
+
+    async def call(self, episode: Episode, doc, arguments: dict) -> tuple[Any, Any]:
+        """(the /virtual observation, the `Answer`) of one tool call in the episode's session; counted in /metrics
+        and written to the request log like a /virtual call."""
+        body = _ENCODE({"category": doc.category, "tool_name": doc.tool, "api_name": doc.api,
+                        "tool_input": arguments}).encode()
+        state = self.state
+        answer = await state.virtual.answer(body, episode.episode_id)
+        state.metrics.record(answer)
+        state.request_log.record(answer)
+        return json.loads(answer.body), answer
+
+    def tools(self, episode: Episode) -> list[dict]:
+        tools = self._tool_lists.get(episode.toolset_spec)
+        if tools is None:
+            tools = tool_list(episode.toolset)
+            if len(self._tool_lists) < 1024:
+                self._tool_lists[episode.toolset_spec] = tools
+        return tools
+
+    @staticmethod
+    def state_of(episode: Episode) -> dict:
+        return {"episode_id": episode.episode_id, "step_count": episode.steps, "toolset": episode.toolset_spec,
+                "task": episode.task, "calls": [
+                    {"tool_name": tool, "arguments": arguments, "error": error, "provenance": provenance}
+                    for tool, arguments, error, provenance in episode.calls]}
+
+    def room(self) -> str | None:
+        """Why no episode can be opened now, or None."""
+        if self.connected + len(self.over_http) < self.max_episodes:
+            return None
+        self._forget_idle()
+        if self.connected + len(self.over_http) < self.max_episodes:
+            return None
+        return (f"Too many open episodes: {self.connected + len(self.over_http):,} of {self.max_episodes:,} "
+                f"(max_episodes; {self.connected:,} on WebSockets, {len(self.over_http):,} over HTTP, which end after "
+                f"{self.idle_seconds:g} s without a request). Close one, or try again later.")
+
+    def _forget_idle(self) -> None:
+        stale = time.monotonic() - self.idle_seconds
+        for episode_id in [i for i, e in self.over_http.items() if e.last_used < stale]:
+            del self.over_http[episode_id]
+
+    # ----------------------------------------------------------------------------------- WebSocket
+    async def websocket(self, scope, receive, send) -> None:
+        """`/ws` (OpenEnv's messages) or `/mcp` (JSON-RPC alone): one episode per connection."""
+        if (await receive())["type"] != "websocket.connect":
+            return
+        refusal = self.room()
+        await send({"type": "websocket.accept"})
+        if refusal is not None:  # the answer to the client's first message (OpenEnv's clients raise it), then close
+            with contextlib.suppress(asyncio.TimeoutError):
+                if (await asyncio.wait_for(receive(), REFUSAL_WAIT_SECONDS))["type"] == "websocket.receive":
+                    await send({"type": "websocket.send", "text": _ws_error(refusal, "CAPACITY_REACHED")})
+            return await send({"type": "websocket.close", "code": 1013, "reason": "too many open episodes"})
+        self.connected += 1
+        jsonrpc_only = scope["path"] == MCP_WS_PATH
+        episode: Episode | None = None
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "websocket.receive":
+                    return
+                text = message.get("text")
+                if text is None:
+                    text = (message.get("bytes") or b"").decode("utf-8", "replace")
+                if episode is None:
+                    episode = await self.reset({})
+                reply: str | None
+                if jsonrpc_only:
+                    reply = await self.json_rpc(episode, text)
+                else:
+                    reply, episode = await self.on_message(episode, text)
+                if reply is None:  # {"type": "close"}
+                    return await send({"type": "websocket.close", "code": 1000})
+                await send({"type": "websocket.send", "text": reply})
+        finally:
+            self.connected -= 1
+
+    async def on_message(self, episode: Episode, text: str) -> tuple[str | None, Episode]:
+        """The reply to one message of `/ws` (None: close), and the episode from then on."""
+        try:
+            message = json.loads(text)
+        except ValueError as exc:
+            return _ws_error(f"Invalid JSON: {exc}", "INVALID_JSON"), episode
+        kind = message.get("type") if isinstance(message, dict) else None
+        try:
+            if kind == "step":
+                return _ENCODE({"type": "observation", "data": await self.step(episode, message.get("data"))}), episode
+            if kind == "reset":
+                episode = await self.reset(message.get("data") or {})
+                return _ENCODE({"type": "observation", "data": self.observation_of_reset(episode)}), episode
+            if kind == "state":
+                return _ENCODE({"type": "state", "data": self.state_of(episode)}), episode
+            if kind == "close":
+                return None, episode
+            if kind == "mcp":
+                data = message.get("data")
+                return _ENCODE({"type": "mcp", "data": json.loads(await self.json_rpc(episode, data))}), episode
+        except EpisodeError as exc:
+            return _ws_error(str(exc), exc.code), episode
+        return _ws_error(f"Unknown message type: {str(kind)[:60]} (reset, step, state, close, mcp)",
+                         "UNKNOWN_TYPE"), episode
+
+    async def json_rpc(self, episode: Episode, request: Any) -> str:
+        """MCP's `tools/list` and `tools/call` as JSON-RPC in an episode (`request`: the object, or its text)."""
+        if isinstance(request, str):
+            try:
+                request = json.loads(request)
+            except ValueError as exc:
+                return _rpc_error(None, JSON_RPC_PARSE_ERROR, f"Parse error: {exc}")
+        if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+            return json_rpc_error(400, "Invalid Request: a JSON-RPC 2.0 request object").decode()
+        request_id, method, params = request.get("id"), request["method"], request.get("params") or {}
+        if not isinstance(params, dict):
+            return _rpc_error(request_id, JSON_RPC_INVALID_PARAMS, "params must be an object")
+        if method == "tools/list":
+            tools = [{"name": t["name"], "description": t["description"], "inputSchema": t["input_schema"]}
+                     for t in self.tools(episode)]
+            return _ENCODE({"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}})
+        if method != "tools/call":
+            return _rpc_error(request_id, JSON_RPC_METHOD_NOT_FOUND, f"Method not found: {method[:60]}")
+        observation = (await self.step(episode, {"type": "call_tool", "tool_name": params.get("name"),
+                                                 "arguments": params.get("arguments") or {}}))["observation"]
+        if observation["error"] is not None:
+            return _rpc_error(request_id, JSON_RPC_INVALID_PARAMS, observation["error"]["message"])
+        result = observation["result"]
+        failed = not isinstance(result, dict) or bool(result.get("error"))
+        return _ENCODE({"jsonrpc": "2.0", "id": request_id, "result": {
+            "content": [{"type": "text", "text": _ENCODE(result)}], "isError": failed}})
+
+    # ---------------------------------------------------------------------------------------- HTTP
+    async def http(self, scope, receive, send) -> None:
+        """`POST /reset`, `POST /step` (`episode_id` beside the `action`), `GET /state?episode_id=...`."""
+        path, method = scope["path"], scope["method"]
+        if (path == "/state") != (method == "GET") or method not in ("GET", "POST"):
+            allowed = b"GET" if path == "/state" else b"POST"
+            return await send_json(send, 405, _detail(f"Method Not Allowed: {path} takes {allowed.decode()}"),
+                                   [(b"allow", allowed)])
+        try:
+            if path == "/state":
+                query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+                return await send_json(send, 200, _ENCODE(self.state_of(self._known(query.get("episode_id")))).encode())
+            body = await read_body(scope, receive, self.max_body)
+            try:
+                data = json.loads(body) if body.strip() else {}
+            except ValueError as exc:
+                raise EpisodeError(f"the body is not JSON: {exc}") from None
+            if not isinstance(data, dict):
+                raise EpisodeError("the body must be a JSON object")
+            if path == "/reset":
+                refusal = self.room()
+                if refusal is not None:
+                    return await send_json(send, 503, _detail(refusal), [(b"retry-after", b"5")])
+                episode = await self.reset(data)
+                self.over_http[episode.episode_id] = episode
+                return await send_json(send, 200, _ENCODE(self.observation_of_reset(episode)).encode())
+            episode = self._known(data.get("episode_id"))
+            answer = await self.step(episode, data.get("action"))
+            return await send_json(send, 200, _ENCODE(answer).encode())
+        except BodyTooLarge as exc:
+            return await send_json(send, 413, _detail(f"Request body too large: {exc.args[0]:,} bytes or more (this "
+                                                      f"server takes up to {self.max_body:,})"))
+        except ClientGone:
+            return
+        except LookupError as exc:
+            return await send_json(send, 404, _detail(str(exc.args[0])))
+        except EpisodeError as exc:
+            return await send_json(send, 422, _detail(str(exc)))
+
+    def _known(self, episode_id: Any) -> Episode:
+        if not isinstance(episode_id, str) or not episode_id:
+            raise EpisodeError("name the episode: `episode_id` as its reset answered it")
+        episode = self.over_http.get(episode_id)
+        if episode is None:
+            raise LookupError(f"unknown episode {episode_id[:100]!r}: not opened by POST /reset on this server "
+                              f"process, or idle for more than {self.idle_seconds:g} s")
+        return episode
+
+
+def tool_list(toolset: Toolset) -> list[dict]:
+    """The toolset's tools as OpenEnv's `Tool` (name, description, input_schema)."""
+    return [{"name": name, "description": description(doc), "input_schema": input_schema(doc)}
+            for name, doc in toolset.functions.items()]
+
+
+def _ws_error(message: str, code: str) -> str:
+    return _ENCODE({"type": "error", "data": {"message": message, "code": code}})
+
+
+def _rpc_error(request_id: Any, code: int, message: str) -> str:
+    return _ENCODE({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+
+def _detail(message: str) -> bytes:
+    """An HTTP refusal as FastAPI (and so OpenEnv's HTTP server) writes one: `{"detail": ...}`."""
+    return _ENCODE({"detail": message}).encode()

@@ -1,0 +1,278 @@
+"""Nothing one client does starves the others (issue 34 §3), tried as a hostile client would on a real
+uvicorn: MCP sessions bounded per client and in total and closed when idle, /mcp's body bound and its
+refusals as JSON-RPC errors, tools/list cursors that int() cannot read, /virtual session ids and the history
+a session keeps, a huge argument beside small calls, and the refusals the server answers before any handler
+(401, 405, 408, 413) counted in /metrics and the request log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+
+from harness.fake_engines import HungEngine, StubEngine
+from mirrorapi.engine_client import EngineClient, EngineError
+
+BODY = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
+        "tool_input": "{\"name\": \"Lionel Messi\"}"}
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "hostile", "version": "1"}}}
+MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+def client_from(url: str, address: str) -> httpx.Client:
+    """An HTTP client whose connections come from `address` (127.0.0.1 and 127.0.0.2 are two clients)."""
+    return httpx.Client(base_url=url, timeout=30, transport=httpx.HTTPTransport(local_address=address))
+
+
+def initialize(client: httpx.Client) -> httpx.Response:
+    return client.post("/mcp", json=INITIALIZE, headers=MCP_HEADERS)
+
+
+def is_json_rpc_error(response: httpx.Response) -> str:
+    """The message of a JSON-RPC error answer with a JSON content type (asserted)."""
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    body = response.json()
+    assert body["jsonrpc"] == "2.0" and isinstance(body["error"]["code"], int), body
+    return body["error"]["message"]
+
+
+# ------------------------------------------------------------------------------------------------- MCP
+def test_one_client_cannot_take_every_mcp_session(serve, engine_down, tmp_path):
+    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], mcp_sessions_per_client=3,
+               mcp_max_sessions=5) as server, client_from(server.url, "127.0.0.1") as first, \
+            client_from(server.url, "127.0.0.2") as second:
+        opened = [initialize(first) for _ in range(3)]
+        assert [r.status_code for r in opened] == [200, 200, 200]
+        refused = initialize(first)
+        assert refused.status_code == 503
+        message = is_json_rpc_error(refused)
+        assert "127.0.0.1" in message and "3 of the 3" in message and "mcp_sessions_per_client" in message
+        assert "DELETE" in message
+        assert initialize(second).status_code == 200  # another client still gets in
+        # Ending one of its sessions gives the first client room again.
+        ended = first.delete("/mcp", headers={**MCP_HEADERS, "mcp-session-id": opened[0].headers["mcp-session-id"]})
+        assert ended.status_code < 400
+        assert initialize(first).status_code == 200
+        # In total: 5 sessions open (3 + 1 + ... ), the next client is told the server's bound.
+        assert initialize(second).status_code == 200
+        total = initialize(client_from(server.url, "127.0.0.3"))
+        assert total.status_code == 503 and "mcp_max_sessions" in is_json_rpc_error(total)
+
+
+def test_an_idle_mcp_session_is_closed_in_seconds_not_half_an_hour(serve, engine_down, tmp_path):
+    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], mcp_sessions_per_client=1,
+               mcp_session_idle_timeout=1.0) as server, client_from(server.url, "127.0.0.1") as client:
+        session = initialize(client).headers["mcp-session-id"]
+        assert initialize(client).status_code == 503
+        time.sleep(1.6)
+        ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+        gone = client.post("/mcp", json=ping, headers={**MCP_HEADERS, "mcp-session-id": session})
+        assert gone.status_code == 404
+        assert initialize(client).status_code == 200
+
+
+def test_mcp_honours_max_body_bytes_and_answers_json(serve, engine_down, tmp_path):
+    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], max_body_bytes=100_000) as server:
+        big = {**INITIALIZE, "params": {**INITIALIZE["params"], "padding": "x" * 500_000}}
+        response = server.client.post("/mcp", json=big, headers=MCP_HEADERS)
+        assert response.status_code == 413
+        assert "100,000" in is_json_rpc_error(response)
+        # The SDK's own refusals (a wrong content type here) are JSON-RPC errors with a JSON content type too.
+        wrong = server.client.post("/mcp", content=json.dumps(INITIALIZE),
+                                   headers={**MCP_HEADERS, "content-type": "text/plain"})
+        assert wrong.status_code == 400
+        assert "Content-Type" in is_json_rpc_error(wrong)
+        assert initialize(server.client).status_code == 200
+
+
+@pytest.mark.parametrize("cursor", ["9" * 4301, "\u00b2", "-1"], ids=["4301-digits", "superscript-two", "negative"])
+def test_a_cursor_int_cannot_read_is_invalid_params(serve, engine_down, tmp_path, cursor):
+    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down]) as server:
+        async def main():
+            transport = streamable_http_client(server.url + "/mcp?tool=APIBank/apibank_account",
+                                               http_client=create_mcp_http_client())
+            async with Client(transport, mode="legacy") as client:
+                with pytest.raises(MCPError) as raised:
+                    await client.list_tools(cursor=cursor)
+                return raised.value
+        error = asyncio.run(main())
+        assert error.error.code == -32602  # JSON-RPC's invalid params
+        assert "invalid cursor" in error.error.message
+        assert server.metric("mirrorapi_requests_total", outcome="internal_error") == 0
+
+
+# -------------------------------------------------------------------------------------- /virtual sessions
+def test_a_session_id_of_any_length_is_refused_clearly(serve, engine_down, tmp_path):
+    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down]) as server:
+        long_id = "s" * 900_000
+        for response in (server.virtual({**BODY, "session_id": long_id}),
+                         server.client.post("/virtual", json=BODY, headers={"x-session-id": long_id[:60_000]})):
+            assert response.status_code == 422
+            assert "session id" in response.json()["error"] and "256" in response.json()["error"]
+        assert server.virtual({**BODY, "session_id": "s" * 256}).status_code == 200
+
+
+def test_a_session_keeps_only_the_history_a_prompt_can_show(serve, engine_stub, tmp_path):
+    """Big calls in a session: the stored row stays within the history budget (the prompt never shows more)."""
+    cache = tmp_path / "c.sqlite"
+    with serve(cache_path=str(cache), api_base=[engine_stub()], session_char_budget=2000) as server:
+        for i in range(8):
+            answer = server.virtual({**BODY, "session_id": "big", "tool_input": {"name": f"{i}" + "x" * 15_000}})
+            assert answer.status_code == 200
+    import sqlite3
+    with sqlite3.connect(cache) as db:
+        steps, lines = db.execute("SELECT steps, lines FROM sessions WHERE id = 'big'").fetchone()
+    assert steps == 8
+    assert len(lines) < 2_100  # on main: 8 lines of 15,000 characters each
+
+
+def test_the_sqlite_wal_stays_bounded_after_a_burst_of_writes(tmp_path, monkeypatch):
+    """10 MB of session writes: once checkpointed, the WAL file is back within its bound (it kept its
+    largest size for ever)."""
+    from mirrorapi.serving.cache import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "WAL_LIMIT_BYTES", 1 << 20, raising=False)
+    path = tmp_path / "c.sqlite"
+
+    async def burst() -> int:
+        cache = sqlite_store.ResponseCache(path, autocheckpoint=False)
+        try:
+            for i in range(300):
+                await cache.update_session(f"s{i}", 3600, lambda state, i=i: (f"d{i}", 1, [str(i) * 32_000]))
+            await cache.maintain(3600)
+            return (tmp_path / "c.sqlite-wal").stat().st_size
+        finally:
+            await cache.aclose()
+
+    assert asyncio.run(burst()) <= 1 << 20
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+def test_a_huge_argument_does_not_stall_other_clients(serve, engine_down, tmp_path):
+    """A 3 MB argument (`[[1]] * 600,000`) beside small calls, with the body bound raised above it: the small
+    calls are answered while it is worked on (on main they waited 2-3 s)."""
+    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], engine_retries=0,
+               max_body_bytes=4_000_000) as server:
+        huge = json.dumps({**BODY, "tool_input": {"name": "Messi", "rows": [[1]] * 600_000}}).encode()
+        server.virtual(BODY)  # the engine-down answer of the small call is the same every time
+        waits: list[float] = []
+
+        def small_calls(stop: threading.Event) -> None:
+            with httpx.Client(base_url=server.url, timeout=30) as client:
+                while not stop.is_set():
+                    start = time.perf_counter()
+                    assert client.post("/virtual", json=BODY).status_code == 200
+                    waits.append(time.perf_counter() - start)
+                    time.sleep(0.01)
+
+        stop = threading.Event()
+        thread = threading.Thread(target=small_calls, args=(stop,))
+        thread.start()
+        time.sleep(0.3)
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            answer = client.post("/virtual", content=huge, headers={"content-type": "application/json"})
+        time.sleep(0.3)
+        stop.set()
+        thread.join(30)
+        assert answer.status_code == 200 and "too large" in answer.json()["error"]
+        assert len(waits) > 5
+        assert max(waits) < 0.5, f"a small call waited {max(waits):.2f} s"
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+def _log_lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_refusals_are_counted_and_logged(serve, engine_down, tmp_path):
+    log = tmp_path / "requests.jsonl"
+    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], server_api_key="sesame",
+               log_file=str(log), max_body_bytes=1000, request_timeout=0.5) as server:
+        key = {"authorization": "Bearer sesame"}
+        assert server.client.post("/virtual", json=BODY).status_code == 401
+        assert server.client.get("/virtual", headers=key).status_code == 405
+        assert server.client.post("/virtual", json={**BODY, "tool_input": "x" * 5000}, headers=key).status_code == 413
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as trickler:
+            trickler.sendall(b"POST /virtual HTTP/1.1\r\nhost: x\r\n")
+            trickler.settimeout(5)
+            assert trickler.recv(100).startswith(b"HTTP/1.1 408")
+        metrics = httpx.get(server.url + "/metrics", headers=key).text
+        for outcome in ("unauthorized", "method_not_allowed", "body_too_large", "request_timeout"):
+            assert f'mirrorapi_requests_total{{outcome="{outcome}"}} 1.0' in metrics, outcome
+    statuses = {line["outcome"]: line["status"] for line in _log_lines(log)}
+    assert statuses == {"unauthorized": 401, "method_not_allowed": 405, "body_too_large": 413,
+                        "request_timeout": 408}
+
+
+def test_health_without_the_key_tells_no_paths_or_engine_urls(serve, engine_down, tmp_path):
+    cache = tmp_path / "secret-folder" / "c.sqlite"
+    with serve(cache_path=str(cache), api_base=[engine_down], server_api_key="sesame") as server:
+        anonymous = server.client.get("/health")
+        assert anonymous.status_code == 503  # the engine is down: the status is still told
+        assert anonymous.json()["status"] == "unavailable"
+        text = anonymous.text
+        assert "secret-folder" not in text and engine_down.split("/v1")[0] not in text
+        full = server.client.get("/health", headers={"authorization": "Bearer sesame"}).json()
+        assert "secret-folder" in full["cache"]["location"] and full["engine"][0]["base_url"] == engine_down
+
+
+# ------------------------------------------------------------------------------------------------- engines
+def test_a_replica_that_lists_its_model_but_hangs_completions_stays_out(serve, tmp_path):
+    """It is skipped after its first timeout and not let back in by its model list after every cool-down;
+    /health says degraded."""
+    with StubEngine() as good, StubEngine(delay=3600, model="mirrorapi") as hung:
+        async def calls() -> tuple[list[float], list[bool]]:
+            engine = EngineClient([hung.url, good.url], "mirrorapi", timeout=5, attempt_timeout=0.4, retries=1,
+                                  cooldown=0.2)
+            slow = []
+            try:
+                deadline = time.monotonic() + 3.0
+                while time.monotonic() < deadline:
+                    start = time.monotonic()
+                    await engine.chat([{"role": "user", "content": "hi"}])
+                    slow.append(time.monotonic() - start)
+                    await asyncio.sleep(0.05)
+                return slow, [replica.ok for replica in await engine.health(timeout=0.5)]
+            finally:
+                await engine.aclose()
+        latencies, healthy = asyncio.run(calls())
+        slowed = [t for t in latencies if t > 0.35]
+        assert len(slowed) <= 1, f"{len(slowed)} calls waited for the hung replica: {slowed}"
+        assert healthy == [False, True]
+        with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[hung.url, good.url], engine_attempt_timeout=0.4,
+                   engine_cooldown=0.2) as server:
+            server.virtual({**BODY, "tool_input": {"name": "a miss"}})  # fails over from the hung replica
+            health = server.client.get("/health").json()
+            assert health["status"] == "degraded", health
+
+
+def test_engine_deadlines_end_when_set_not_at_the_next_whole_second():
+    """Four calls to a hung engine with a 5.2 s deadline, started a quarter second apart: aiohttp's rounding up
+    made at least three of them end 0.25-1 s late."""
+    with HungEngine() as hung:
+        async def one(offset: float) -> float:
+            await asyncio.sleep(offset)
+            engine = EngineClient(hung.url, "m", timeout=5.2, retries=0)
+            start = time.monotonic()
+            try:
+                with pytest.raises(EngineError):
+                    await engine.chat([{"role": "user", "content": "hi"}])
+                return time.monotonic() - start
+            finally:
+                await engine.aclose()
+
+        async def main() -> list[float]:
+            return list(await asyncio.gather(*(one(i / 4) for i in range(4))))
+        durations = asyncio.run(main())
+    assert all(5.2 <= d < 5.45 for d in durations), durations

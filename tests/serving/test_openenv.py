@@ -1,0 +1,151 @@
+"""OpenEnv episodes (issue 34 §1): OpenEnv's own clients (openenv-core, in its venv: `make openenv-client`) drive
+reset / step / state over the server's WebSocket `/ws` on 127.0.0.1, and plain HTTP takes OpenEnv's request shapes
+at /reset, /step, /state. A step is answered exactly as /virtual answers the call in the episode's session."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.fake_engines import STUB_OBSERVATION
+from mirrorapi.serving.cache import ResponseCache, import_pairs
+from mirrorapi.tools import ToolRegistry
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
+DRIVER = Path(__file__).with_name("openenv_driver.py")
+TOOLSET = "tool=APIBank/apibank_account"
+LOGIN = {"username": "JaneSmith", "password": "password"}  # a real API-Bank call of data/samples/pairs.jsonl
+LOGIN_ANSWER = {"error": "", "response": "{\"token\": \"o8i7u6y5t4r3e2w1q0\"}"}
+ACCOUNT_TOOLS = ["checktoken", "deleteaccount", "forgotpassword", "getusertoken", "modifypassword", "registeruser"]
+
+
+def drive(url: str, scenario: str) -> dict:
+    """Run a scenario of openenv_driver.py with OpenEnv's client, in the client's venv."""
+    assert CLIENT_PYTHON.is_file(), "OpenEnv's client is not installed: run `make openenv-client`"
+    done = subprocess.run([str(CLIENT_PYTHON), str(DRIVER), url, scenario], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def virtual_body(arguments: dict) -> dict:
+    return {"category": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken",
+            "tool_input": json.dumps(arguments)}
+
+
+@pytest.fixture()
+def recorded_cache(samples, tmp_path):
+    path = tmp_path / "c.sqlite"
+    cache = ResponseCache(path)
+    import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
+    cache.close()
+    return path
+
+
+def test_openenvs_tool_client_drives_an_episode_answered_like_virtual(serve, recorded_cache, engine_down):
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as server:
+        seen = drive(server.url, "tool_client")
+        login = server.virtual(virtual_body(LOGIN)).json()
+        refused = server.virtual(virtual_body({"username": "JaneSmith"})).json()
+        hits = server.metric("mirrorapi_requests_total", outcome="hit")
+    assert seen["reset_tools"] == seen["tools"] == ACCOUNT_TOOLS  # reset gives the toolset's tools
+    assert seen["schema"] == {"type": "object", "required": ["username", "password"], "properties": {
+        "username": {"type": "string", "description": "The username of the user."},
+        "password": {"type": "string", "description": "The password of the user."}}}
+    assert seen["login"] == login == LOGIN_ANSWER  # call_tool returns /virtual's observation
+    assert seen["invalid"]["result"] == refused and refused["error"].startswith("Missing required parameter")
+    assert seen["invalid"]["metadata"]["outcome"] == "validation_error" and seen["invalid"]["metadata"]["step"] == 2
+    assert seen["invalid"]["reward"] is None and seen["invalid"]["done"] is False
+    assert "Unknown tool 'no_such_tool'" in seen["unknown"] and "tool_not_found" in seen["unknown"]
+    assert seen["state"] == {"episode_id": seen["reset_metadata"]["episode_id"], "step_count": 3}
+    assert hits == 2  # the episode's call and /virtual's, both counted
+
+
+def test_an_episode_is_a_virtual_session_replayed_from_the_cache(serve, engine_stub, tmp_path):
+    """Two misses in an episode are simulated in its session (the second after the first); /virtual with another
+    session id replays them as hits, and a reset naming the same episode id starts its session over."""
+    with serve(api_base=[engine_stub()], cache_path=str(tmp_path / "c.sqlite")) as server:
+        first = drive(server.url, "generic_client")
+        replay = [server.client.post("/virtual", json=virtual_body(arguments), headers={"x-session-id": "replay"})
+                  for arguments in ({"username": "new user", "password": "pw"},
+                                    {"username": "new user", "password": "pw2"})]
+        again = drive(server.url, "generic_client")
+    assert first["reset"]["episode_id"] == "episode-7" and first["reset"]["task"] is None
+    assert [t["name"] for t in first["reset"]["tools"]] == ACCOUNT_TOOLS
+    assert [s["result"] for s in first["steps"]] == [STUB_OBSERVATION] * 2
+    assert [s["metadata"]["cache"] for s in first["steps"]] == ["miss", "miss"]
+    assert all(s["metadata"]["provenance"].startswith("simulated:") for s in first["steps"])
+    assert [r.json() for r in replay] == [STUB_OBSERVATION] * 2  # the same calls, the same history: hits
+    assert [r.json() for r in replay] == [s["result"] for s in first["steps"]]
+    assert [s["metadata"]["cache"] for s in again["steps"]] == ["hit", "hit"]
+    assert first["state"]["step_count"] == 2 and [c["arguments"]["password"] for c in first["state"]["calls"]] == \
+        ["pw", "pw2"]
+    assert first["state"]["calls"][0]["provenance"] == first["steps"][0]["metadata"]["provenance"]
+
+
+def test_a_task_is_a_stabletoolbench_query(serve, engine_down, tmp_path, samples):
+    """reset(task=query_id): the query's APIs are the toolset and its text is in the observation (HTTP here)."""
+    query_file = tmp_path / "queries.json"
+    query_file.write_text(json.dumps([{"query_id": 77, "query": "Log me in as JaneSmith.", "api_list": [
+        {"category_name": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken"}]}]))
+    with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"),
+               tools_folder=[str(samples / "tools"), str(query_file)]) as server:
+        reset = server.client.post("/reset", json={"task": "77"}).json()["observation"]
+        unknown = server.client.post("/reset", json={"task": "78"})
+    assert reset["task"] == {"query_id": "77", "query": "Log me in as JaneSmith."}
+    assert [t["name"] for t in reset["tools"]] == ["getusertoken"] and reset["toolset"] == "query=77"
+    assert unknown.status_code == 422 and "unknown task '78'" in unknown.json()["detail"]
+
+
+def test_http_reset_step_state_take_openenvs_request_shapes(serve, recorded_cache, engine_down):
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as server:
+        client = server.client
+        reset = client.post("/reset", json={"toolset": TOOLSET, "seed": 3}).json()
+        episode = reset["observation"]["episode_id"]
+        step = client.post("/step", json={"action": {"type": "call_tool", "tool_name": "getusertoken",
+                                                     "arguments": LOGIN}, "episode_id": episode}).json()
+        listed = client.post("/step", json={"action": {"type": "list_tools"}, "episode_id": episode}).json()
+        state = client.get("/state", params={"episode_id": episode}).json()
+        unknown = client.post("/step", json={"action": {"type": "list_tools"}, "episode_id": "nope"})
+        wrong = client.post("/step", json={"action": {"type": "fly"}, "episode_id": episode})
+        bad_toolset = client.post("/reset", json={"toolset": "category=NoSuchCategory"})
+        method = client.get("/reset")
+    assert reset["reward"] is None and reset["done"] is False
+    assert step["observation"]["result"] == LOGIN_ANSWER and step["observation"]["error"] is None
+    assert step["observation"]["metadata"]["provenance"] == "real" and \
+        step["observation"]["metadata"]["cache"] == "hit"
+    assert [t["name"] for t in listed["observation"]["tools"]] == ACCOUNT_TOOLS
+    assert state["step_count"] == 1 and state["calls"] == [
+        {"tool_name": "getusertoken", "arguments": LOGIN, "error": "", "provenance": "real"}]
+    assert unknown.status_code == 404 and "unknown episode 'nope'" in unknown.json()["detail"]
+    assert wrong.status_code == 422 and "unknown action type 'fly'" in wrong.json()["detail"]
+    assert bad_toolset.status_code == 422 and "NoSuchCategory" in bad_toolset.json()["detail"]
+    assert method.status_code == 405
+
+
+def test_open_episodes_are_bounded_and_the_api_key_holds_on_the_websocket(serve, engine_down, tmp_path):
+    with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"), max_episodes=2) as server:
+        capacity = drive(server.url, "capacity")
+    assert "Too many open episodes: 2 of 2" in capacity["refused"] and "CAPACITY_REACHED" in capacity["refused"]
+    assert capacity["reopened"] == TOOLSET
+    with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"), server_api_key="sesame") as server:
+        refused = drive(server.url, "refused_without_key")
+        metrics = httpx.get(server.url + "/metrics", headers={"authorization": "Bearer sesame"}).text
+    assert refused["refused"] is not None and "403" in refused["refused"]
+    assert 'mirrorapi_requests_total{outcome="unauthorized"} 1.0' in metrics
+
+
+def test_the_example_drives_64_episodes_with_openenvs_client(serve, engine_stub, tmp_path):
+    with serve(api_base=[engine_stub()], cache_path=str(tmp_path / "c.sqlite")) as server:
+        assert CLIENT_PYTHON.is_file(), "OpenEnv's client is not installed: run `make openenv-client`"
+        done = subprocess.run([str(CLIENT_PYTHON), str(REPO / "scripts" / "openenv_episodes.py"), "--url", server.url,
+                               "--episodes", "64", "--steps", "3"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["episodes"] == 64 and report["steps"] == 192
+    assert sum(report["by_cache_and_answer"].values()) == 192
