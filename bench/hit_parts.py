@@ -39,19 +39,21 @@ def serve_variant(variant: str, argv: list[str]) -> None:
     import uvicorn
 
     from mirrorapi.serving import app as server
+    from mirrorapi.serving.answer import Answer
     from mirrorapi.serving.config import add_server_arguments, settings_from_args
-    from mirrorapi.serving.handler import Answer
+    from mirrorapi.serving.handler import VirtualApi
+    from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics
     from mirrorapi.serving.transport import uvicorn_options
 
     settings = settings_from_args(add_server_arguments(argparse.ArgumentParser(allow_abbrev=False)).parse_args(argv))
     if variant == "endpoint":
         async def constant(self, body, session_id=None):
             return Answer(200, server_floors.BARE_BODY, "hit", stages={"total": 0.0})
-        server.VirtualApi.answer = constant
+        VirtualApi.answer = constant
     if variant in ("no_metrics", "neither"):
-        server.ServerMetrics.record = lambda self, answer: None
+        ServerMetrics.record = lambda self, answer: None
     if variant in ("no_log_line", "neither"):
-        server.RequestLogWriter.record = lambda self, answer: None
+        RequestLogWriter.record = lambda self, answer: None
     app = server.create_app(settings)
     uvicorn.run(server_floors.bare_app if variant == "transport" else app, **uvicorn_options(settings))
 

@@ -6,7 +6,8 @@ in the same run (`mirrorapi_route` in its JSON) and prints the CPU of a hit thro
     python bench/virtual_route.py --tools-folder ... --cache-path ... --port 8090   # the server's flags
 
 Everything but the routing is the real server's: `create_app` (its FastAPI app: lifespan, /health,
-/metrics, /mcp), `VirtualApi.answer`, the metrics and the request log, uvicorn's options.
+/metrics), `VirtualServer.answer` (the answer, the metrics and the request log), uvicorn's options and the receive
+deadline of each request.
 """
 
 import argparse
@@ -21,22 +22,17 @@ from fastapi import Depends, Header, HTTPException, Request, Response  # noqa: E
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer  # noqa: E402
 
 from mirrorapi.serving.app import configure_logging, create_app  # noqa: E402
+from mirrorapi.serving.asgi import UNAUTHORIZED, declared_length, error_body, send_json  # noqa: E402
 from mirrorapi.serving.config import ServerSettings, add_server_arguments, settings_from_args  # noqa: E402
-from mirrorapi.serving.transport import (
-    UNAUTHORIZED,
-    RequestDeadlineMiddleware,
-    declared_length,
-    error_body,
-    send_json,  # noqa: E402
-    uvicorn_options,
-)
+from mirrorapi.serving.transport import Connections, RequestDeadlineMiddleware, uvicorn_options  # noqa: E402
 
 
 class BodyLimit:
-    """The body bound as ASGI middleware (a declared length over the bound: 413)."""
+    """The body bound as ASGI middleware (a declared length over the bound: 413); the outermost app, so it holds the
+    receive deadlines of the connections (`connections`, where the server's protocol looks for them)."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, connections: Connections):
+        self.app, self.limit, self.connections = app, limit, connections
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and (declared_length(scope) or 0) > self.limit:
@@ -46,7 +42,7 @@ class BodyLimit:
 
 def route_app(settings: ServerSettings):
     endpoint = create_app(settings)  # the real app; its FastAPI app gets /virtual as a route
-    app = endpoint.app
+    app, server = endpoint.app, endpoint.server
     bearer = HTTPBearer(auto_error=False)
     key = settings.server_api_key
 
@@ -57,13 +53,11 @@ def route_app(settings: ServerSettings):
 
     @app.post("/virtual", dependencies=[Depends(api_key)])
     async def virtual(request: Request, x_session_id: Annotated[str | None, Header()] = None) -> Response:
-        state = request.app.state
-        answer = await state.virtual.answer(await request.body(), x_session_id)
-        state.metrics.record(answer)
-        state.request_log.record(answer)
+        answer = await server.answer(await request.body(), x_session_id)
         return Response(answer.body, status_code=answer.status, media_type="application/json")
 
-    return BodyLimit(RequestDeadlineMiddleware(app), settings.max_body_bytes)
+    connections = Connections(settings.request_timeout, server.refused)
+    return BodyLimit(RequestDeadlineMiddleware(app, connections), settings.max_body_bytes, connections)
 
 
 def main() -> None:

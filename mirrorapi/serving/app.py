@@ -1,23 +1,21 @@
-"""The virtual API server: `create_app(settings)` and `serve(settings)`; wiring only.
+"""The virtual API server's app: `create_app(settings)` and `serve(settings)`; wiring only.
 
-Routes: `POST /virtual` (StableToolBench's contract, see `mirrorapi.serving.protocol`; the work is done by
-`mirrorapi.serving.handler.VirtualApi`), `GET /health` (whether misses can be simulated: 200 `ok` or
-`degraded`, 503 `unavailable`; cache size), `GET /live` (200 once the server answers), `GET /metrics`
-(Prometheus: requests by outcome, cache hits and misses, engine calls, latency per stage), and `/mcp`
-(the Model Context Protocol over streamable HTTP, `mirrorapi.serving.mcp_server`; its tool calls
-take the /virtual path). /virtual stays the first thing the ASGI app checks, so /mcp costs it nothing.
-Every /virtual request writes one JSON line (`RequestLogWriter`: stderr at log level info, and `log_file`);
-metrics and the request log live in `mirrorapi.serving.observability`.
+Where a request goes: `VirtualEndpoint` (below) is the outermost ASGI app. It checks the API key and answers
+`POST /virtual` itself (StableToolBench's contract, `mirrorapi.serving.protocol`; the work is
+`mirrorapi.serving.handler.VirtualApi`, reached through `VirtualServer.answer`, which also counts and logs the
+call); it hands `/mcp` to the MCP front door (`mirrorapi.serving.mcp_server`), OpenEnv's `/reset`, `/step`,
+`/state` and WebSockets to its episodes (`mirrorapi.serving.openenv`), and every other path to the FastAPI app of
+`mirrorapi.serving.routes` (`/health`, `/live`, `/metrics`). /virtual stays the first thing it checks, so the other
+doors cost it nothing. Every door gets the one `VirtualServer` (`mirrorapi.serving.server`) built here.
 
-`create_app` loads the tools and opens the cache (importing `cache_folder` once) before anything
-listens, so a bad tools file or cache fails at start-up in one line; the lifespan creates the engine
-client and reports whether the engine answers. The server starts, and serves cache hits, even when
-the engine is not reachable yet (vLLM can take minutes to load a model).
+`create_app` loads the tools and opens the store (importing `cache_folder` once) before anything
+listens, so a bad tools file or cache fails at start-up in one line; the lifespan reports whether the engine
+answers. The server starts, and serves cache hits, even when the engine is not reachable yet (vLLM can take
+minutes to load a model).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
@@ -26,47 +24,22 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Any
+from collections.abc import AsyncIterator
 
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
 
-from mirrorapi.engine_client import EngineClient
-from mirrorapi.serving.cache import (
-    CacheError,
-    SqlCache,
-    import_stabletoolbench_cache,
-    is_url,
-    lease_holder,
-    open_cache,
-)
-from mirrorapi.serving.config import ConfigError, ServerSettings
-from mirrorapi.serving.handler import VirtualApi
+from mirrorapi.serving.asgi import UNAUTHORIZED, BodyTooLarge, ClientGone, authorized, error_body, read_body, send_json
+from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
-from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics, record_refusal
 from mirrorapi.serving.openenv import HTTP_PATHS, MCP_WS_PATH, WS_PATH, Episodes
 from mirrorapi.serving.protocol import SESSION_HEADER
-from mirrorapi.serving.simulator import Simulator
-from mirrorapi.serving.transport import (
-    UNAUTHORIZED,
-    BodyTooLarge,
-    ClientGone,
-    ReceiveDeadline,
-    RequestDeadlineMiddleware,
-    authorized,
-    error_body,
-    guard,
-    read_body,
-    send_json,
-    uvicorn_options,
-)
-from mirrorapi.tools import ToolRegistry
-from mirrorapi.toolsets import ToolsetError, select_toolset
+from mirrorapi.serving.routes import router
+from mirrorapi.serving.server import VirtualServer
+from mirrorapi.serving.transport import Connections, RequestDeadlineMiddleware, check_uvicorn, uvicorn_options
 
 logger = logging.getLogger(__name__)
 
-CACHE_MAINTENANCE_SECONDS = 5.0
 MASTER_WATCH_SECONDS = 0.5  # how often a worker of `serve_workers` checks that the process that started it lives
 WORKER_STOP_SECONDS = 15.0  # what a worker whose master is gone is given to stop gracefully before it exits
 OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (probes of orchestrators)
@@ -76,41 +49,42 @@ MASTER_ENV = "_MIRRORAPI_MASTER_PID"  # the process that starts the workers (it 
 
 
 class VirtualEndpoint:
-    """`/virtual` as the outermost ASGI app, in front of the FastAPI app that serves everything else
-    (the API key, the 405 and the 413 of every path are answered here too, in the `{"error", "response"}`
-    shape). Why not a FastAPI route: measured side by side (bench/server.py runs bench/virtual_route.py, the
-    same server with /virtual as a route with typed dependencies, beside this one), a cache hit through the
-    route costs 4.9 times the server CPU (0.378 ms against 0.076 ms, 64 clients, 2 cores, 2026-11-26), where
-    issue 19 allowed 10% more. `answer` turns every failure into a response, so nothing is lost by bypassing
-    Starlette's error middleware."""
+    """`/virtual` as the outermost ASGI app, in front of the FastAPI app that serves the routes (the API key, the
+    405 and the 413 of every path are answered here too, in the `{"error", "response"}` shape). Why not a FastAPI
+    route: measured side by side (bench/server.py runs bench/virtual_route.py, the same server with /virtual as a
+    route with typed dependencies, beside this one), a cache hit through the route costs 4.9 times the server CPU
+    (0.378 ms against 0.076 ms, 64 clients, 2 cores, 2026-11-26), where issue 19 allowed 10% more. The server's
+    `answer` turns every failure into a response, so nothing is lost by bypassing Starlette's error middleware.
+    `connections`: the receive deadlines of this app's connections (`mirrorapi.serving.transport`)."""
 
-    def __init__(self, app: FastAPI):
-        self.app, self.state = app, app.state
-        settings = app.state.settings
+    def __init__(self, app: FastAPI, server: VirtualServer, mcp: McpFrontDoor, episodes: Episodes):
+        self.app, self.server, self.mcp, self.episodes = app, server, mcp, episodes
+        settings = server.settings
         self.api_key = settings.server_api_key.encode() if settings.server_api_key else None
         self.max_body = settings.max_body_bytes
-        self.others = RequestDeadlineMiddleware(self.dispatch)
+        self.connections = Connections(settings.request_timeout, server.refused)
+        self.others = RequestDeadlineMiddleware(self.dispatch, self.connections)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "websocket" and scope["path"] in (WS_PATH, MCP_WS_PATH):
                 if self.api_key is not None and not authorized(scope, self.api_key):
-                    self.refused(401, "unauthorized", scope["path"])
+                    self.server.refused(401, "unauthorized", scope["path"])
                     return await send({"type": "websocket.close", "code": 1008})  # HTTP 403 to the handshake
-                return await self.state.episodes.websocket(scope, receive, send)
+                return await self.episodes.websocket(scope, receive, send)
             return await self.app(scope, receive, send)
         path = scope["path"]
         if self.api_key is not None and path not in OPEN_PATHS and not authorized(scope, self.api_key):
-            guard(scope).received()
+            self.connections.of(scope).received()
             await send_json(send, 401, error_body(UNAUTHORIZED), [(b"www-authenticate", b"Bearer")])
-            return self.refused(401, "unauthorized", path[:80])
+            return self.server.refused(401, "unauthorized", path[:80])
         if path != "/virtual":
             return await self.others(scope, receive, send)
-        deadline = guard(scope)
+        deadline = self.connections.of(scope)
         if scope["method"] != "POST":
             deadline.received()
             await send_json(send, 405, error_body("Method Not Allowed: /virtual takes POST"), [(b"allow", b"POST")])
-            return self.refused(405, "method_not_allowed", scope["method"][:20])
+            return self.server.refused(405, "method_not_allowed", scope["method"][:20])
         try:
             body = await read_body(scope, receive, self.max_body)
         except BodyTooLarge as exc:
@@ -118,7 +92,7 @@ class VirtualEndpoint:
             message = (f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to "
                        f"{self.max_body:,})")
             await send_json(send, 413, error_body(message), [(b"connection", b"close")])
-            return self.refused(413, "body_too_large", f"{exc.args[0]:,} bytes or more")
+            return self.server.refused(413, "body_too_large", f"{exc.args[0]:,} bytes or more")
         except ClientGone:
             return
         deadline.received()
@@ -127,174 +101,37 @@ class VirtualEndpoint:
             if name == SESSION_HEADER:
                 session_id = value.decode("latin-1")
                 break
-        state = self.state
-        answer = await state.virtual.answer(body, session_id)
+        answer = await self.server.answer(body, session_id)
         await send_json(send, answer.status, answer.body)
-        state.metrics.record(answer)
-        state.request_log.record(answer)
-
-    def refused(self, status: int, outcome: str, detail: str = "") -> None:
-        """Count and log a refusal answered before any handler (the receive deadline's 408 calls it too)."""
-        record_refusal(self.state, status, outcome, detail)
 
     async def dispatch(self, scope, receive, send) -> None:
         path = scope["path"]
         if path.rstrip("/") == MCP_PATH:
-            return await self.state.mcp.asgi(scope, receive, send)
+            return await self.mcp.asgi(scope, receive, send)
         if path in HTTP_PATHS:
-            return await self.state.episodes.http(scope, receive, send)
+            return await self.episodes.http(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
-async def _maintain_cache(cache: SqlCache, session_ttl: float) -> None:
-    """Every few seconds: write the counted hits, forget idle sessions and expired leases, checkpoint."""
-    while True:
-        await asyncio.sleep(CACHE_MAINTENANCE_SECONDS)
-        try:
-            await cache.maintain(session_ttl)
-        except CacheError as exc:  # e.g. the database is away for a moment: next time
-            logger.warning("cache maintenance postponed: %s", exc)
-
-
-async def _report_engine(engine: EngineClient) -> None:
-    """One line per replica at start-up: whether it serves the configured model."""
-    for replica in await engine.health():
-        if replica.ok:
-            logger.info("engine %s serves model %r (%s)", replica.base_url, engine.model, replica.detail)
-        elif replica.reachable:
-            logger.warning("engine %s %s: fix `model` (or `api_base`); misses get an error observation until "
-                           "it does", replica.base_url, replica.detail)
-        else:
-            logger.warning("engine %s is not reachable yet (%s): cache hits are served, misses get an error "
-                           "observation until it answers", replica.base_url, replica.detail)
-
-
-def open_server_cache(settings: ServerSettings) -> SqlCache:
-    """The cache a server answers from: PostgreSQL at `cache_url`, else the SQLite file `cache_path` (checkpointed
-    by the server's maintenance, off the request path)."""
-    if settings.cache_url:
-        return open_cache(settings.cache_url)
-    return open_cache(settings.cache_path, autocheckpoint=False)
-
-
 def create_app(settings: ServerSettings) -> VirtualEndpoint:
-    """The ASGI app (`.app`: the FastAPI app behind /virtual; `.state`: its state). Raises
-    RegistryError / CacheError (one line each) when the tools or the cache cannot be used."""
-    for warning in settings.startup_warnings():
-        logger.warning("%s", warning)
-    registry = ToolRegistry.load(settings.tools_folder)
-    stats = registry.stats()
-    logger.info("tools: %d categories, %d tools, %d APIs loaded in %.2f s (%d unreadable files skipped; compiled "
-                "index: %s)", stats["categories"], stats["tools"], stats["apis"], stats["load_seconds"],
-                stats["unreadable"], ", ".join(stats["indexes"]) or "none")
-    cache = open_server_cache(settings)
-    if settings.cache_folder is not None:
-        import_stabletoolbench_cache(cache, settings.cache_folder, registry=registry)
-    try:  # the configured MCP toolset must name known APIs: checked before anything listens
-        toolset = select_toolset(registry, settings.mcp_toolset)
-    except ToolsetError as exc:
-        raise ConfigError(f"mcp_toolset: {exc}") from None
-    logger.info("MCP at %s: %d tools in the default toolset", MCP_PATH, len(toolset.functions))
-    logger.info("cache %s: %d entries", cache.location, cache.count())
-    # The tool docs are millions of long-lived objects: keep them out of the garbage collector's
-    # full passes, which otherwise stall every request for a hundred milliseconds now and then.
-    gc.freeze()
-    api_key = settings.server_api_key.encode() if settings.server_api_key else None
-    # Servers that share the store simulate a call once between them (a lease per call in the store).
-    shared = settings.workers > 1 or is_url(settings.cache_url or "")
+    """The ASGI app of one server (`.server`: its `VirtualServer`; `.app`: the FastAPI app of the routes). Raises
+    RegistryError / CacheError / ConfigError (one line each) when the tools, the store or a setting cannot be
+    used."""
+    server = VirtualServer.build(settings)
+    mcp, episodes = McpFrontDoor(server), Episodes(server)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        engine = EngineClient(settings.api_base, settings.model, settings.api_key, timeout=settings.engine_timeout,
-                              attempt_timeout=settings.attempt_timeout(), retries=settings.engine_retries,
-                              cooldown=settings.engine_cooldown, max_in_flight=settings.engine_max_in_flight,
-                              max_waiting=settings.engine_max_waiting)
-        if settings.mode == "simulate":
-            logger.info("%s", settings.attempt_timeout_reason())
-        simulator = Simulator(engine, cache, settings)
-        app.state.engine = engine
-        app.state.virtual = virtual = VirtualApi(settings, registry, cache, simulator, app.state.metrics,
-                                                 lease_holder() if shared else None)
-        logger.info("simulator identity (simulated answers are looked up and stored under it): %s",
-                    virtual.responder.identities[False])
-        background = [asyncio.create_task(_maintain_cache(cache, settings.session_ttl))]
-        if settings.mode == "simulate":  # probed in the background: a hanging engine must not delay start-up
-            background.append(asyncio.create_task(_report_engine(engine)))
-        try:
-            async with app.state.mcp.run():
-                yield
-        finally:
-            for task in background:
-                task.cancel()
-            # Simulations outlive requests whose client went away; their answers are stored before the cache closes.
-            await virtual.responder.drain(timeout=settings.engine_timeout + 5)
-            virtual.large_bodies.close()
-            app.state.request_log.close()
-            await cache.aclose()  # after everything handed to it is committed
-            await engine.aclose()
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with server.running(), mcp.run():
+            yield
 
     # FastAPI's OpenTelemetry hooks are off: /metrics is the server's telemetry, and the check costs
     # environment lookups on every request.
     app = FastAPI(title="mirrorapi virtual API server", lifespan=lifespan,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
-    app.state.settings, app.state.registry, app.state.cache = settings, registry, cache
-    app.state.metrics = ServerMetrics()
-    app.state.request_log = RequestLogWriter(settings)
-    app.state.mcp = McpFrontDoor(app.state)
-    app.state.episodes = Episodes(app.state)
-
-    @app.get("/live")
-    async def live() -> JSONResponse:
-        """200 as soon as the server answers HTTP (readiness polls, liveness probes); /health says more."""
-        return JSONResponse({"status": "live"})
-
-    @app.get("/health")
-    async def health(request: Request) -> JSONResponse:
-        """200 `ok` (every replica serves the model, or replay mode), 200 `degraded` (some do), 503
-        `unavailable` (none: misses cannot be simulated; cache hits are still served). With an API key set, a
-        caller without it is told the status only: no cache path, engine URLs or model name."""
-        engines = [] if settings.mode == "replay" else await app.state.engine.health(timeout=2.0)
-        told_all = api_key is None or authorized(request.scope, api_key)
-        serving = sum(e.ok for e in engines)
-        try:
-            entries, open_sessions, session_entries = await cache.health_counts(settings.session_ttl)
-        except CacheError as exc:  # the shared store is away: hits fail too; say so rather than answer 500
-            content: dict[str, Any] = {"status": "unavailable", "mode": settings.mode,
-                                       "misses": "not answered: the cache cannot be read"}
-            if told_all:
-                content.update(detail=str(exc), model=settings.model, cache={"location": cache.location})
-            return JSONResponse(status_code=503, content=content)
-        if settings.mode == "replay":
-            status, misses = "ok", "answered from the cache only (replay mode)"
-        elif serving == len(engines):
-            status, misses = "ok", "simulated"
-        elif serving:
-            status, misses = "degraded", f"simulated by {serving} of {len(engines)} engine replicas"
-        else:
-            status, misses = "unavailable", ("not simulated: no engine replica serves the model; cache hits are "
-                                             "still served, misses get an error observation")
-        code = 503 if status == "unavailable" else 200
-        if not told_all:
-            return JSONResponse(status_code=code, content={
-                "status": status, "misses": misses, "mode": settings.mode,
-                "detail": "send the server's API key for the engines, the cache and the sessions"})
-        return JSONResponse(status_code=code, content={
-            "status": status, "misses": misses, "mode": settings.mode, "model": settings.model,
-            "prompt_format": settings.prompt_format,
-            "engine": [{"base_url": e.base_url, "reachable": e.reachable, "serves_model": e.ok, "detail": e.detail,
-                        "cooling_down_s": e.cooling_down} for e in engines],
-            "cache": {"location": cache.location, "entries": entries},
-            "tools": {k: stats[k] for k in ("categories", "tools", "apis")},
-            "sessions": {"open": open_sessions, "history": settings.session_history,
-                         "cache_entries": session_entries},
-        })
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        body, media_type = app.state.metrics.exposition()
-        return Response(body, media_type=media_type)
-
-    return VirtualEndpoint(app)
+    app.state.server = server  # the routes' `ServerDep`
+    app.include_router(router)
+    return VirtualEndpoint(app, server, mcp, episodes)
 
 
 def configure_logging(settings: ServerSettings) -> None:
@@ -309,6 +146,8 @@ def serve(settings: ServerSettings) -> None:
     configure_logging(settings)
     logger.info("settings (not default): %s", {k: v for k, v in settings.non_default().items()
                                                if k not in ("api_key", "server_api_key")})
+    if (warning := check_uvicorn()) is not None:
+        logger.warning("%s", warning)
     if settings.workers > 1:
         return serve_workers(settings)
     app = create_app(settings)
@@ -325,10 +164,7 @@ def serve_workers(settings: ServerSettings) -> None:
     This process first builds one app as a check: a user's mistake fails here in one line, before anything
     listens (a worker failing at start would be restarted by uvicorn for ever), and the StableToolBench
     cache folder is imported here, once, not by every worker at the same time."""
-    check = create_app(settings)
-    check.state.cache.close()
-    check.state.request_log.close()
-    del check
+    create_app(settings).server.close()
     gc.unfreeze()  # create_app froze the tool docs; this process keeps none of them
     gc.collect()
     worker_settings = settings.model_copy(update={"cache_folder": None})  # imported above
@@ -338,7 +174,6 @@ def serve_workers(settings: ServerSettings) -> None:
         os.environ[WORKER_SETTINGS_ENV] = worker_settings.model_dump_json()
         os.environ[MASTER_ENV] = str(os.getpid())
         options = uvicorn_options(settings)
-        options["http"] = "mirrorapi.serving.transport:ReceiveDeadline"  # workers import it by name
         logger.info("starting %d worker processes (metrics summed over them in %s)", settings.workers, metrics)
         try:
             uvicorn.run(f"{__name__}:worker_app", factory=True, workers=settings.workers, **options)
@@ -354,7 +189,6 @@ def worker_app() -> VirtualEndpoint:
         raise RuntimeError("worker_app is the app of a worker started by `mirrorapi serve --workers N`; run that")
     settings = ServerSettings.model_validate_json(os.environ[WORKER_SETTINGS_ENV])
     configure_logging(settings)
-    ReceiveDeadline.request_timeout = settings.request_timeout  # this process serves this one server only
     die_with_master(int(os.environ.get(MASTER_ENV) or os.getppid()))
     return create_app(settings)
 

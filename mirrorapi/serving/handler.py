@@ -24,7 +24,7 @@ import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -33,7 +33,10 @@ from mirrorapi.engine_client import EngineError
 from mirrorapi.names import api_key_name
 from mirrorapi.prompts.simulator_formats import keyed_history_line, session_format
 from mirrorapi.records import canonical_json, observation_json
+from mirrorapi.serving.answer import Answer
+from mirrorapi.serving.cache import Store
 from mirrorapi.serving.config import ServerSettings
+from mirrorapi.serving.observability import ServerMetrics
 from mirrorapi.serving.protocol import (
     CHAT_WITH_USER,
     CHAT_WITH_USER_REPLY,
@@ -67,28 +70,11 @@ def _is_chat_with_user(api_name: str) -> bool:
     return name == CHAT_WITH_USER or name.startswith(CHAT_WITH_USER + "_for_")
 
 
-@dataclass(slots=True)
-class Answer:
-    status: int
-    body: bytes
-    outcome: str  # hit, simulated, replay_miss, validation_error, engine_error, chat_with_user, invalid_body, ...
-    names: tuple[str, str, str] | None = None  # the API, once resolved
-    provenance: str | None = None  # of the response given (hits and simulations)
-    cache: str | None = None  # "hit" or "miss" when the cache was looked up
-    coalesced: bool = False
-    session: str | None = None  # the session id, for calls that belong to one
-    detail: str = ""  # why it failed (for the log line)
-    rationale: str = ""  # CoT mode: the simulator's reasoning (for the log line; the agent gets error/response)
-    parsed: str = ""  # simulated: how the model's text was read (json = as written; fenced, ..., repaired)
-    extra_fields: list[str] = field(default_factory=list)
-    stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
-
-
 class VirtualApi:
-    def __init__(self, settings: ServerSettings, registry: ToolRegistry, cache, simulator: Simulator, metrics,
-                 lease_holder: str | None = None):
-        """`cache`: the store; `metrics`: engine calls and coalesced misses (`ServerMetrics`); `lease_holder`:
-        this process's name when the store is shared by several processes (see `Responder`)."""
+    def __init__(self, settings: ServerSettings, registry: ToolRegistry, cache: Store, simulator: Simulator,
+                 metrics: ServerMetrics, lease_holder: str | None = None):
+        """`metrics`: where engine calls and coalesced misses are counted; `lease_holder`: this process's name when
+        the store is shared by several processes (see `Responder`)."""
         self.settings, self.registry, self.cache = settings, registry, cache
         # Name normalisation is regex work; the same few thousand names come back all the time.
         self.resolve = functools.lru_cache(maxsize=65536)(registry.resolve)
@@ -144,7 +130,7 @@ class VirtualApi:
             answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
             answer.rationale, answer.parsed = reply.rationale, reply.parsed
             answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
-            if session is not None:
+            if session is not None and session_id:
                 observation = json.loads(reply.observation)
                 line = keyed_history_line(doc.tool, doc.api, key, observation.get("error", ""),
                                           observation.get("response", ""), session_format(settings.prompt_format))

@@ -35,8 +35,9 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
-from mirrorapi.serving.transport import BodyTooLarge, ClientGone, read_body
-from mirrorapi.toolsets import Toolset, ToolsetCache, ToolsetError, mcp_tool
+from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body
+from mirrorapi.serving.server import VirtualServer
+from mirrorapi.toolsets import Toolset, ToolsetError, mcp_tool
 
 logger = logging.getLogger(__name__)
 
@@ -111,17 +112,17 @@ class McpSessionBounds:
 class McpFrontDoor:
     """The MCP server of one app: `.asgi` answers requests at /mcp, `.run()` is entered by the app's lifespan."""
 
-    def __init__(self, state: Any):
-        self.state = state  # the FastAPI app's state: settings, registry, virtual, metrics, request_log
-        self.toolsets = ToolsetCache(state.registry)
+    def __init__(self, server: VirtualServer):
+        self.virtual_server = server
+        self.toolsets = server.toolsets
         self.server = Server("mirrorapi", version="0.1.0", instructions=(
             "Simulated web APIs: each tool answers as the real API would, with a JSON object "
             '{"error": str, "response": ...}.'), on_list_tools=self.list_tools, on_call_tool=self.call_tool)
-        host = state.settings.host
+        settings = server.settings
+        host = settings.host
         security = TransportSecuritySettings(  # DNS rebinding protection when serving on loopback only
             enable_dns_rebinding_protection=True, allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]) if host in LOOPBACK else None
-        settings = state.settings
         self.max_body = settings.max_body_bytes
         self.sessions = StreamableHTTPSessionManager(
             app=self.server, json_response=True, security_settings=security, max_request_body_size=self.max_body,
@@ -192,7 +193,7 @@ class McpFrontDoor:
     def toolset(self, ctx) -> Toolset:
         """The toolset of a request: its URL's, else the configured one; MCPError when it names nothing known."""
         request = ctx.request
-        spec = request.url.query if request is not None and request.url.query else self.state.settings.mcp_toolset
+        spec = request.url.query if request is not None and request.url.query else self.virtual_server.settings.mcp_toolset
         try:
             return self.toolsets.get(spec)
         except ToolsetError as exc:
@@ -220,9 +221,7 @@ class McpFrontDoor:
                 {"error": message, "response": ""}))], is_error=True)
         body = json.dumps({"category": doc.category, "tool_name": doc.tool, "api_name": doc.api,
                            "tool_input": params.arguments or {}}, ensure_ascii=False).encode()
-        answer = await self.state.virtual.answer(body, self._session_id(ctx))
-        self.state.metrics.record(answer)
-        self.state.request_log.record(answer)
+        answer = await self.virtual_server.answer(body, self._session_id(ctx))
         text = answer.body.decode()
         try:
             failed = bool(json.loads(text).get("error"))

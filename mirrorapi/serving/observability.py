@@ -23,8 +23,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
+from mirrorapi.serving.answer import Answer
 from mirrorapi.serving.config import ServerSettings
-from mirrorapi.serving.handler import Answer
 
 logger = logging.getLogger(__name__)
 _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps with arguments builds an encoder per call
@@ -83,14 +83,6 @@ class ServerMetrics:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8"
-
-
-def record_refusal(state, status: int, outcome: str, detail: str = "") -> None:
-    """A refusal answered before any handler (401, 405, 408, 413), into the metrics and the request log of the
-    app whose `state` is given."""
-    answer = Answer(status, b"", outcome, detail=detail)
-    state.metrics.record(answer)
-    state.request_log.record(answer)
 
 
 class RequestLogWriter:

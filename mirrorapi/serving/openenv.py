@@ -46,10 +46,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
+from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_json
 from mirrorapi.serving.mcp_server import json_rpc_error
+from mirrorapi.serving.server import VirtualServer
 from mirrorapi.serving.sessions import EMPTY_HISTORY
-from mirrorapi.serving.transport import BodyTooLarge, ClientGone, read_body, send_json
-from mirrorapi.toolsets import Toolset, ToolsetCache, ToolsetError, description, input_schema
+from mirrorapi.toolsets import Toolset, ToolsetError, description, input_schema
 
 logger = logging.getLogger(__name__)
 
@@ -83,16 +84,16 @@ class Episode:
 
 
 class Episodes:
-    """OpenEnv's side of one app: opens episodes, answers their actions through `state.virtual`, holds the HTTP
-    ones, and bounds them all (`max_episodes`)."""
+    """OpenEnv's side of one app: opens episodes, answers their actions as the server answers /virtual, holds the
+    HTTP ones, and bounds them all (`max_episodes`)."""
 
-    def __init__(self, state: Any):
-        self.state = state  # the FastAPI app's state: settings, registry, virtual (set by the lifespan), metrics, ...
-        settings = state.settings
+    def __init__(self, server: VirtualServer):
+        self.server = server
+        settings = server.settings
         self.default_toolset = settings.mcp_toolset
         self.max_episodes, self.idle_seconds = settings.max_episodes, settings.episode_idle_timeout
         self.max_body = settings.max_body_bytes
-        self.toolsets = ToolsetCache(state.registry)
+        self.toolsets = server.toolsets
         self._tool_lists: dict[str, list[dict]] = {}  # by toolset spec: what reset and list_tools give
         self.over_http: dict[str, Episode] = {}
         self.connected = 0  # episodes of open WebSockets
@@ -107,7 +108,7 @@ class Episodes:
             if value is not None and not isinstance(value, (str, int)) or isinstance(value, bool):
                 raise EpisodeError(f"reset: {name} must be a string, got {type(value).__name__}")
         task = None
-        registry = self.state.registry
+        registry = self.server.registry
         if task_id is not None:
             task_id = str(task_id)
             if task_id not in registry.queries:
@@ -136,10 +137,9 @@ class Episodes:
 
     async def _start_over(self, episode_id: str) -> None:
         """A session used before under this id starts again from no calls (a new episode, not a continued one)."""
-        settings = self.state.settings
+        settings = self.server.settings
         if settings.session_history:
-            await self.state.cache.update_session(episode_id, settings.session_ttl,
-                                                  lambda _: (EMPTY_HISTORY, 0, []))
+            await self.server.cache.update_session(episode_id, settings.session_ttl, lambda _: (EMPTY_HISTORY, 0, []))
 
     def observation_of_reset(self, episode: Episode) -> dict:
         return {"observation": {"episode_id": episode.episode_id, "toolset": episode.toolset_spec,
@@ -188,10 +188,7 @@ class Episodes:
         and written to the request log like a /virtual call."""
         body = _ENCODE({"category": doc.category, "tool_name": doc.tool, "api_name": doc.api,
                         "tool_input": arguments}).encode()
-        state = self.state
-        answer = await state.virtual.answer(body, episode.episode_id)
-        state.metrics.record(answer)
-        state.request_log.record(answer)
+        answer = await self.server.answer(body, episode.episode_id)
         return json.loads(answer.body), answer
 
     def tools(self, episode: Episode) -> list[dict]:

@@ -1,7 +1,7 @@
 """Look up -> simulate -> store: the one owner of a call's answer, with or without a session.
 
 `Responder.respond` takes a resolved call (its doc, arguments, canonical key and, inside a session, the
-session's history) and gives the answer: the cache's (`mirrorapi.serving.cache.base.served`: the
+session's history) and gives the answer: the cache's (`mirrorapi.serving.cache.entries.served`: the
 recorded answer, else this simulator identity's under the call's history), else a simulation, which
 it stores under the call with provenance `simulated:<identity>` (unless `is_save` is off). Before
 simulating a miss it applies the request policy it was given (`check_miss`: validation, size bound)
@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from mirrorapi.engine_client import EngineError
 from mirrorapi.few_shot import FEW_SHOT_CANDIDATES
 from mirrorapi.records import observation_json
-from mirrorapi.serving.cache import NO_SESSION, SIMULATED, CacheError, Call, Entry
+from mirrorapi.serving.cache import NO_SESSION, SIMULATED, CacheError, Call, Entry, Store
 from mirrorapi.serving.config import ServerSettings
+from mirrorapi.serving.observability import ServerMetrics
 from mirrorapi.serving.protocol import ReplayMiss
 from mirrorapi.serving.sessions import History
 from mirrorapi.serving.simulator import Simulator, simulator_identity
@@ -53,10 +54,10 @@ class Reply:
 
 
 class Responder:
-    def __init__(self, settings: ServerSettings, cache, simulator: Simulator, metrics,
+    def __init__(self, settings: ServerSettings, cache: Store, simulator: Simulator, metrics: ServerMetrics,
                  check_miss: Callable[[ApiDoc, dict, str], None], lease_holder: str | None = None):
-        """`cache`: the store (`lookup`, `store`, ...); `metrics`: counts engine calls and coalesced misses;
-        `lease_holder`: this process's name in the store's leases when the store is shared, else None."""
+        """`metrics`: counts engine calls and coalesced misses; `lease_holder`: this process's name in the store's
+        leases when the store is shared, else None."""
         self.settings, self.cache, self.simulator, self.metrics = settings, cache, simulator, metrics
         self.check_miss, self.lease_holder = check_miss, lease_holder
         self.identities = {False: simulator_identity(settings), True: simulator_identity(settings, in_session=True)}
@@ -115,7 +116,7 @@ class Responder:
                                   history: History | None) -> Reply:
         provenance = SIMULATED + identity
         if self.lease_holder is not None:
-            found = await self._lease_or_answer(call, identity)
+            found = await self._lease_or_answer(call, identity, self.lease_holder)
             if found is not None:
                 self.metrics.coalesced()
                 return Reply(found[0], found[1], hit=False, coalesced=True)
@@ -146,15 +147,15 @@ class Responder:
             await self._release(call, identity)
         return Reply(text.encode(), provenance, hit=False, parsed=how, rationale=rationale)
 
-    async def _lease_or_answer(self, call: Call, identity: str) -> tuple[bytes, str] | None:
-        """None once this process holds the lease on the call (it simulates); else the answer another
+    async def _lease_or_answer(self, call: Call, identity: str, holder: str) -> tuple[bytes, str] | None:
+        """None once `holder` (this process) holds the lease on the call (it simulates); else the answer another
         process stored meanwhile."""
         lease_seconds = self.settings.engine_timeout + LEASE_MARGIN_SECONDS
         poll, retake = LEASE_POLL_SECONDS[0], 0.0
         while True:
             now = time.monotonic()
             if now >= retake:
-                if await self.cache.try_lease(call, identity, self.lease_holder, lease_seconds):
+                if await self.cache.try_lease(call, identity, holder, lease_seconds):
                     return None
                 retake = now + LEASE_RETAKE_SECONDS
             await asyncio.sleep(poll)

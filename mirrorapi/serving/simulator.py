@@ -28,6 +28,7 @@ from mirrorapi.prompts.simulator_formats import (
     truncate_response,
 )
 from mirrorapi.prompts.simulator_output import cot_rationale, parse_simulator_output
+from mirrorapi.serving.cache import Store
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.sessions import History
 from mirrorapi.tools import ApiDoc
@@ -77,10 +78,10 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
 
 
 class Simulator:
-    """`cache`: where few-shot candidates are read when `messages` is not given them (a store with
-    `examples(category, tool, api, limit)`; None without few-shot examples)."""
+    """`cache`: where few-shot candidates are read when `messages` is not given them (None without few-shot
+    examples)."""
 
-    def __init__(self, engine: EngineClient, cache, settings: ServerSettings):
+    def __init__(self, engine: EngineClient, cache: Store | None, settings: ServerSettings):
         self.engine, self.cache, self.settings = engine, cache, settings
         self.system_prompt = settings.system_prompt()
 
@@ -90,9 +91,9 @@ class Simulator:
         to choose few-shot examples from (read from the cache when not given)."""
         examples = []
         if self.settings.few_shot:
-            if candidates is None:
+            if candidates is None and self.cache is not None:
                 candidates = self.cache.examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
-            examples = select_examples(candidates, arguments, self.settings.few_shot, self.settings.few_shot_char_budget,
+            examples = select_examples(candidates or [], arguments, self.settings.few_shot, self.settings.few_shot_char_budget,
                                        self.settings.few_shot_response_chars)
         if history is not None:  # our session format; a system prompt file is for the stateless format
             return simulator_messages(doc, arguments, examples, fmt=session_format(self.settings.prompt_format),

@@ -1,20 +1,30 @@
-"""What happens to a request before the /virtual handler sees it: the uvicorn configuration, a deadline
-for receiving each request (slow clients), the API key, and the body-size bound.
+"""The one module of the server that reaches below uvicorn's public API (issue 36 §1): a deadline for receiving
+each request and the gathered writes, around the HTTP protocol uvicorn itself picks, and the server's uvicorn
+options (`uvicorn_options`). Nothing else imports uvicorn but `app.py`, for `uvicorn.run`.
+
+What it relies on, beyond `uvicorn.run(app, http=<a protocol class>)`, checked by tests/serving/test_transport.py
+(which fails, naming the piece, when a uvicorn release moves one) and pinned to the uvicorn releases it was tested
+with (`TESTED_UVICORN`, and pyproject.toml's range): uvicorn's table of HTTP protocols
+(`uvicorn.config.HTTP_PROTOCOLS["auto"]`), the keyword arguments it builds a protocol with (`config`,
+`server_state`, `app_state`, `_loop`), its `Config.loaded_app` (where the protocol finds the app's `Connections`),
+and the transport methods its protocols call (what `GatheredWrites` stands in for). Measured against the public
+API alone (bench/uvicorn_paths.py, figures in docs/serving.md): see there why this is kept.
 
 Why a deadline of our own: uvicorn has no timeout for receiving a request. `timeout_keep_alive` covers
 only the idle time between requests and is reset by every byte received, so a client that trickles
 its headers or body a byte at a time holds a connection for ever (uvicorn issue #157); ASGI code
-cannot help alone, as it runs only once the headers are complete. Built on public interfaces only:
-`ReceiveDeadline` is an `asyncio.Protocol` that wraps, by composition, the HTTP protocol uvicorn itself
-picks (`http="auto"`; uvicorn's `http` option takes a protocol class). It notes the time of the first
+cannot help alone, as it runs only once the headers are complete. `ReceiveDeadline` is an `asyncio.Protocol`
+that wraps, by composition, the HTTP protocol uvicorn itself picks (`http="auto"`). It notes the time of the first
 byte of each request; the ASGI side notes when the whole request is in (`RequestDeadlineMiddleware`
-for every route, `guard(scope).received()` on /virtual). If a request is still coming in
+for every route, `Connections.of(scope).received()` on /virtual). If a request is still coming in
 `request_timeout` seconds after its first byte, the client gets HTTP 408 (nothing has been answered
 yet) and the connection is closed. One timer per connection checks that: it is armed by a request's
 first byte when none is, and when it fires it either answers 408, or is armed again for the request
 now coming in, or (an idle connection) stops. A timer per request (armed, then cancelled, for requests
 that arrive whole within microseconds) took 1-2% of a cache hit's server CPU in py-spy's profile. A
-connection on a Unix socket has no peer address to find its guard by, and no deadline.
+connection on a Unix socket has no peer address to find its deadline by, and no deadline. Each app keeps its own
+connections and deadline (`Connections`, made by the app from its settings): no state is kept in a class, so
+servers in one process (the tests) and worker processes need nothing set from outside.
 
 Why the close lingers: closing a socket whose client is still sending (a trickler is, by definition)
 makes the kernel answer with a reset, and a reset can make the client's kernel discard the 408 it has
@@ -37,27 +47,41 @@ together bring the clients' next requests back together, so each wake-up of the 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
-from typing import cast
+import re
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any, cast
 
 import uvicorn.config
 import uvicorn.importer
 
+from mirrorapi.serving.asgi import has_body
 from mirrorapi.serving.config import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-JSON_HEADERS = [(b"content-type", b"application/json")]
 REQUEST_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 LINGER_SECONDS = 2.0
-UNAUTHORIZED = ("Unauthorized: this server needs an API key (send `Authorization: Bearer <key>`, or "
-                "StableToolBench's `toolbench_key` header)")
-# A body over the bound is read to its end (and dropped) before the 413, up to this much: a client still
-# sending when the server closes gets a connection reset instead of the answer.
-DRAIN_BYTES = 16 * 1024 * 1024
+# The uvicorn releases this module was tested with (tests/serving/test_transport.py): from the first, up to the
+# second (excluded); pyproject.toml's range.
+TESTED_UVICORN = ("0.36", "0.55")
+
+
+class Connections:
+    """One app's connections, by peer address (ASGI's `scope["client"]`), with the deadline they keep and whom a
+    408 is reported to (`refused(status, outcome, detail)`). The app holds it (`app.connections`); its connections'
+    protocols find it there."""
+
+    def __init__(self, request_timeout: float, refused: Callable[[int, str, str], None] | None = None):
+        self.request_timeout, self.refused = request_timeout, refused
+        self.open: dict[tuple[str, int], ReceiveDeadline] = {}
+
+    def of(self, scope: Any) -> ReceiveDeadline | _NoDeadline:
+        """The receive deadline of this request's connection (one that does nothing when it has none)."""
+        return self.open.get(scope.get("client")) or NO_DEADLINE
 
 
 class GatheredWrites:
@@ -113,15 +137,15 @@ class GatheredWrites:
 
 
 class ReceiveDeadline(asyncio.Protocol):
-    """uvicorn's own HTTP protocol, plus a deadline for receiving each whole request (see the module doc)."""
+    """uvicorn's own HTTP protocol, plus a deadline for receiving each whole request (see the module doc). uvicorn
+    builds one per connection, with the keyword arguments it gives its own protocols."""
 
-    request_timeout = 10.0  # set per server by `uvicorn_options`
-    open: dict[tuple[str, int], ReceiveDeadline] = {}  # by peer address (ASGI's scope["client"])
-
-    def __init__(self, **kwargs):
-        inner = uvicorn.importer.import_from_string(uvicorn.config.HTTP_PROTOCOLS["auto"])
-        self._inner: asyncio.Protocol = inner(**kwargs)  # whatever uvicorn passes its protocols
-        self._loop = kwargs.get("_loop") or asyncio.get_event_loop()
+    def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None):
+        self._inner: asyncio.Protocol = uvicorn_protocol()(config=config, server_state=server_state,
+                                                           app_state=app_state, _loop=_loop)
+        self._connections = _connections_of(config.loaded_app)  # after uvicorn's protocol loaded the config
+        self._loop = _loop or asyncio.get_event_loop()
         self._transport: asyncio.Transport | None = None
         self._writes: GatheredWrites | None = None
         self._peer: tuple[str, int] | None = None
@@ -133,9 +157,9 @@ class ReceiveDeadline(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # a stream (uvloop's is no asyncio subclass)
         peer = transport.get_extra_info("peername")
-        if isinstance(peer, (tuple, list)) and len(peer) >= 2:
+        if self._connections is not None and isinstance(peer, (tuple, list)) and len(peer) >= 2:
             self._peer = (str(peer[0]), int(peer[1]))
-            self.open[self._peer] = self
+            self._connections.open[self._peer] = self
         self._writes = GatheredWrites(self._transport, self._loop, self._upgraded)
         self._inner.connection_made(cast(asyncio.Transport, self._writes))  # the real one's, bar the writes
 
@@ -145,7 +169,7 @@ class ReceiveDeadline(asyncio.Protocol):
         if not self._receiving and self._peer is not None:  # the first byte of a request
             self._receiving, self._since = True, self._loop.time()
             if self._timer is None:
-                self._timer = self._loop.call_at(self._since + self.request_timeout, self._check)
+                self._timer = self._loop.call_at(self._since + self._timeout(), self._check)
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -158,8 +182,7 @@ class ReceiveDeadline(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._peer is not None and self.open.get(self._peer) is self:
-            del self.open[self._peer]
+        self._forget()
         if self._lingering is not None:  # the inner protocol was told at the 408
             self._lingering.cancel()
             return
@@ -171,8 +194,14 @@ class ReceiveDeadline(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._peer is not None and self.open.get(self._peer) is self:
-            del self.open[self._peer]
+        self._forget()
+
+    def _forget(self) -> None:
+        if self._peer is not None and self._connections is not None and self._connections.open.get(self._peer) is self:
+            del self._connections.open[self._peer]
+
+    def _timeout(self) -> float:
+        return self._connections.request_timeout if self._connections is not None else float("inf")
 
     def pause_writing(self) -> None:
         self._inner.pause_writing()
@@ -188,20 +217,19 @@ class ReceiveDeadline(asyncio.Protocol):
         self._timer = None
         if not self._receiving or self._transport is None or self._transport.is_closing():
             return  # idle: the next request's first byte arms the timer again
-        due = self._since + self.request_timeout
+        timeout = self._timeout()
+        due = self._since + timeout
         if self._loop.time() < due:  # a later request than the one that armed the timer: its own deadline
             self._timer = self._loop.call_at(due, self._check)
             return
-        logger.info("client %s took more than %g s to send a request: disconnected", self._peer, self.request_timeout)
-        body = json.dumps({"error": f"Request Timeout: the request was not received within "
-                                    f"{self.request_timeout:g} s", "response": ""}).encode()
+        logger.info("client %s took more than %g s to send a request: disconnected", self._peer, timeout)
+        body = json.dumps({"error": f"Request Timeout: the request was not received within {timeout:g} s",
+                           "response": ""}).encode()
         if self._writes is not None:  # an answer of the same turn goes first
             self._writes.flush()
         self._transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
-        # Counted and logged by the app uvicorn gave its protocol (`VirtualEndpoint.refused`), when it has that.
-        refused = getattr(getattr(self._inner, "app", None), "refused", None)
-        if callable(refused):
-            refused(408, "request_timeout", f"client {self._peer[0] if self._peer else '?'}")
+        if self._connections is not None and self._connections.refused is not None:  # counted and logged
+            self._connections.refused(408, "request_timeout", f"client {self._peer[0] if self._peer else '?'}")
         if not self._transport.can_write_eof():
             self._transport.close()  # a handler waiting for the body gets `http.disconnect`
             return
@@ -210,6 +238,16 @@ class ReceiveDeadline(asyncio.Protocol):
         # The inner protocol hears of the end now (a handler waiting for the body gets `http.disconnect`);
         # given an exception, it leaves the transport open for the linger.
         self._inner.connection_lost(ConnectionAbortedError("request timeout"))
+
+
+def _connections_of(app: Any) -> Connections | None:
+    """The `Connections` of an app of ours, inside the middleware uvicorn may wrap it in (proxy headers, message
+    logging: each keeps the app it wraps as `.app`); None for another app (its connections get no deadline)."""
+    for _ in range(8):
+        if app is None or isinstance(getattr(app, "connections", None), Connections):
+            return getattr(app, "connections", None)
+        app = getattr(app, "app", None)
+    return None
 
 
 class _NoDeadline:
@@ -221,19 +259,14 @@ class _NoDeadline:
 NO_DEADLINE = _NoDeadline()
 
 
-def guard(scope) -> ReceiveDeadline | _NoDeadline:
-    """The receive deadline of this request's connection (one that does nothing when it has none)."""
-    return ReceiveDeadline.open.get(scope.get("client")) or NO_DEADLINE
-
-
 class RequestDeadlineMiddleware:
     """ASGI middleware: stops the request's receive deadline once its body is in, or its answer begins."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, connections: Connections):
+        self.app, self.connections = app, connections
 
     async def __call__(self, scope, receive, send) -> None:
-        deadline = guard(scope) if scope["type"] == "http" else NO_DEADLINE
+        deadline = self.connections.of(scope) if scope["type"] == "http" else NO_DEADLINE
         if deadline is NO_DEADLINE:
             return await self.app(scope, receive, send)
         if not has_body(scope):
@@ -253,89 +286,41 @@ class RequestDeadlineMiddleware:
         await self.app(scope, receive_until_whole, send_stopping)
 
 
+def uvicorn_protocol() -> Callable[..., asyncio.Protocol]:
+    """The HTTP protocol class uvicorn itself would pick (`http="auto"`: httptools when installed, else h11);
+    RuntimeError, naming the tested releases, when uvicorn's table of protocols is not where it was."""
+    try:
+        return uvicorn.importer.import_from_string(uvicorn.config.HTTP_PROTOCOLS["auto"])
+    except (AttributeError, KeyError, ImportError, uvicorn.importer.ImportFromStringError) as exc:
+        raise RuntimeError(f"uvicorn {uvicorn.__version__}: its HTTP protocol table moved ({exc!r}); the server's "
+                           f"transport (mirrorapi/serving/transport.py) was tested with {_TESTED}") from None
+
+
+_TESTED = f"uvicorn>={TESTED_UVICORN[0]},<{TESTED_UVICORN[1]}"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def check_uvicorn() -> str | None:
+    """A warning when the installed uvicorn is outside the releases this module was tested with, else None."""
+    version = metadata.version("uvicorn")
+    if _release(TESTED_UVICORN[0]) <= _release(version) < _release(TESTED_UVICORN[1]):
+        return None
+    return (f"uvicorn {version} is outside the releases the server's transport was tested with ({_TESTED}); "
+            "if requests fail, install one of those")
+
+
 def uvicorn_options(settings: ServerSettings) -> dict:
-    """The one uvicorn configuration of the server: `uvicorn.run(app, **options)` (the tests use it too)."""
-    protocol = type("ReceiveDeadline", (ReceiveDeadline,), {"request_timeout": settings.request_timeout})
+    """The one uvicorn configuration of the server: `uvicorn.run(app, **options)` (the tests use it too); the
+    deadline of each request is the app's (`Connections`), so the same options serve worker processes."""
+    uvicorn_protocol()  # fails here, at start, when uvicorn's protocols moved
     # log_config=None: uvicorn's loggers go through ours; its access log is replaced by RequestLogWriter's lines.
     # No proxy-header rewriting: the server binds 127.0.0.1 by default and reports no client addresses.
     # WebSockets (OpenEnv's /ws): websockets' sans-I/O protocol (timers, no task per connection beyond the app's);
     # no per-message compression (a zlib context per connection: gigabytes at 16,384 episodes).
-    return dict(host=settings.host, port=settings.port, http=protocol, ws="websockets-sansio",
+    return dict(host=settings.host, port=settings.port, http=ReceiveDeadline, ws="websockets-sansio",
                 ws_per_message_deflate=False, ws_max_size=settings.max_body_bytes, ws_ping_interval=30.0,
                 ws_ping_timeout=30.0, log_config=None, access_log=False, proxy_headers=False,
                 log_level=settings.log_level, timeout_graceful_shutdown=5, timeout_keep_alive=5)
-
-
-# --------------------------------------------------------------------------------- ASGI helpers
-def authorized(scope, key: bytes) -> bool:
-    """Whether the request carries `key` as a bearer token or as StableToolBench's `toolbench_key` header."""
-    for name, value in scope["headers"]:
-        if name == b"authorization" and value[:7].lower() == b"bearer ":
-            value = value[7:].strip()
-        elif name != b"toolbench_key":
-            continue
-        if hmac.compare_digest(value, key):
-            return True
-    return False
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-class ClientGone(Exception):
-    pass
-
-
-def has_body(scope) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"transfer-encoding" or name == b"content-length" and value != b"0":
-            return True
-    return False
-
-
-def declared_length(scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
-
-
-async def read_body(scope, receive, limit: int) -> bytes:
-    """The whole request body; BodyTooLarge past `limit` bytes, ClientGone when the client disconnects (or is
-    disconnected for being too slow) before sending it all. A body announced larger is not read; one that
-    turns out larger (chunked) is read to its end and dropped (up to DRAIN_BYTES), so that the client, which
-    is still sending, gets the answer rather than a reset connection."""
-    length = declared_length(scope)
-    if length is not None and length > limit:
-        raise BodyTooLarge(length)
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        more = message.get("more_body", False)
-        if size > limit:
-            while more and size <= DRAIN_BYTES:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientGone
-                size += len(message.get("body", b""))
-                more = message.get("more_body", False)
-            raise BodyTooLarge(size)
-        chunks.append(chunk)
-        if not more:
-            return b"".join(chunks)
-
-
-async def send_json(send, status: int, body: bytes, headers: list | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": JSON_HEADERS + [(b"content-length", b"%d" % len(body))] + (headers or [])})
-    await send({"type": "http.response.body", "body": body})
-
-
-def error_body(message: str) -> bytes:
-    """The server's own refusals in StableToolBench's shape, `{"error", "response"}`."""
-    return json.dumps({"error": message, "response": ""}, ensure_ascii=False).encode()

@@ -97,7 +97,7 @@ def test_replay_mode_answers_from_the_cache_only(serve, engine_hanging, tmp_path
 @pytest.mark.slow
 def test_a_model_the_engine_does_not_serve_is_reported_at_start_up_and_by_health(serve, tiny_engine, tmp_path,
                                                                                 caplog):
-    with caplog.at_level("WARNING", logger="mirrorapi.serving.app"):
+    with caplog.at_level("WARNING", logger="mirrorapi.serving"):
         with serve(api_base=[tiny_engine.base_url], model="mirrorapi",
                    cache_path=str(tmp_path / "c.sqlite")) as server:
             response = server.client.get("/health")
@@ -115,7 +115,7 @@ def test_a_model_the_engine_does_not_serve_is_reported_at_start_up_and_by_health
 
 def test_an_api_base_without_v1_is_reported_at_start_up(serve, engine_down, tmp_path, caplog):
     base = engine_down.removesuffix("/v1")
-    with caplog.at_level("WARNING", logger="mirrorapi.serving.app"):
+    with caplog.at_level("WARNING", logger="mirrorapi.serving"):
         with serve(api_base=[base, engine_down], cache_path=str(tmp_path / "c.sqlite")):
             pass
     lines = [r.getMessage() for r in caplog.records if "does not end in /v1" in r.getMessage()]
@@ -129,7 +129,7 @@ def test_without_an_attempt_timeout_a_hung_replica_leaves_time_for_the_other(ser
     other in time. (With the whole deadline per attempt, such a call failed.)"""
     from harness.fake_engines import HungEngine
 
-    with HungEngine() as hung, caplog.at_level("INFO", logger="mirrorapi.serving.app"), \
+    with HungEngine() as hung, caplog.at_level("INFO", logger="mirrorapi.serving"), \
             serve(api_base=[hung.url, engine_stub()], engine_timeout=2.0, engine_cooldown=60,
                   cache_path=str(tmp_path / "c.sqlite")) as server:
         answers = [server.virtual({**README_REQUEST, "tool_input": f'{{"call": {i}}}'}).json() for i in range(3)]

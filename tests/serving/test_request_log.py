@@ -2,8 +2,8 @@
 
 import json
 
+from mirrorapi.serving.answer import Answer
 from mirrorapi.serving.config import ServerSettings
-from mirrorapi.serving.handler import Answer
 from mirrorapi.serving.observability import RequestLogWriter
 
 # Names as a client may send them (a failure logs them as sent): quotes, backslashes, control characters, non-ASCII.

@@ -87,3 +87,4 @@ def test_nothing_leaves_before_the_turn_ends(run):
             assert writes.get_write_buffer_size() == 0
             transport.close()
     run(check())
+

@@ -44,7 +44,7 @@ def test_recorded_answers_are_served_as_hits(imported, recorded, agent):
         by_source.setdefault(pair["source"], []).append((pair, observation))
     chosen = [item for items in by_source.values() for item in items[:: max(1, len(items) // 5)][:5]]
     hits = imported.metric("mirrorapi_requests_total", outcome="hit")
-    log = Path(imported.app.state.settings.log_file)
+    log = Path(imported.app.server.settings.log_file)
     logged = log.read_text().count("\n") if log.exists() else 0
     for pair, observation in chosen:
         response = imported.virtual(agent(pair["category"], pair["tool_name"], pair["api_name"], pair["tool_input"]))

@@ -1,8 +1,11 @@
 """The response cache the server answers from, on SQLite (embedded, the default) or PostgreSQL (shared by
 servers on many hosts): the same schema, the same rules (`base`), one `open_cache` for both.
 
-- `base`: what an entry is, which one serves a call, the administrative queries of every store;
-- `sqlite`: `ResponseCache`, the cache in one SQLite file; `postgres`: `PostgresCache` (`cache_url`);
+- `entries`: what an entry is and which one serves a call;
+- `store`: `Store`, the interface every store implements, declared once (the request path and the
+  administrative side);
+- `sqlite`: `ResponseCache`, the cache in one SQLite file (its schema: `sqlite_schema`; the server's writer:
+  `sqlite_writer`); `postgres`: `PostgresCache`, on PostgreSQL (`cache_url`; its schema: `postgres_schema`);
 - `folders`: StableToolBench cache folders and real pairs in and out of either.
 
 One key function for the whole project: the canonical JSON of the arguments (sorted keys, compact,
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from mirrorapi.serving.cache.base import (
+from mirrorapi.serving.cache.entries import (
     IMPORTED,
     NO_SESSION,
     REAL,
@@ -24,7 +27,6 @@ from mirrorapi.serving.cache.base import (
     CacheError,
     Call,
     Entry,
-    SqlCache,
     identity_of,
     lease_holder,
     new_entry,
@@ -38,9 +40,10 @@ from mirrorapi.serving.cache.folders import (
 )
 from mirrorapi.serving.cache.postgres import PostgresCache
 from mirrorapi.serving.cache.sqlite import ResponseCache
+from mirrorapi.serving.cache.store import Store
 
 __all__ = ["IMPORTED", "NO_SESSION", "REAL", "RECORDED", "SCHEMA_VERSION", "SIMULATED", "CacheError", "Call", "Entry",
-           "PostgresCache", "ResponseCache", "SqlCache", "copy_cache", "export_identity", "export_stabletoolbench_cache",
+           "PostgresCache", "ResponseCache", "Store", "copy_cache", "export_identity", "export_stabletoolbench_cache",
            "identity_of", "import_pairs", "import_stabletoolbench_cache", "is_url", "lease_holder", "new_entry",
            "open_cache", "sqlite_path", "unsafe_name"]
 
@@ -49,7 +52,7 @@ def is_url(location: str | os.PathLike) -> bool:
     return str(location).startswith(("postgresql://", "postgres://"))
 
 
-def open_cache(location: str | os.PathLike, **options) -> SqlCache:
+def open_cache(location: str | os.PathLike, **options) -> Store:
     """The cache at `location`: a `postgresql://` URL, or the path of a SQLite file (created if missing;
     `sqlite:///PATH` names one too, see `sqlite_path`). `options`: the SQLite store's (ignored for PostgreSQL)."""
     if is_url(location):
@@ -64,7 +67,7 @@ def sqlite_path(location: str | os.PathLike) -> str:
     return location[len("sqlite:///"):] if location.startswith("sqlite:///") else location
 
 
-def copy_cache(source: SqlCache, destination: SqlCache) -> dict:
+def copy_cache(source: Store, destination: Store) -> dict:
     """Copy every entry, session and import record of `source` into `destination` (e.g. SQLite ->
     PostgreSQL), by the cache's rules: what `destination` already holds wins. Run it again after an
     interruption: nothing doubles. Returns counts."""

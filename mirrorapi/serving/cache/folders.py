@@ -19,7 +19,8 @@ from typing import Any
 
 from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
-from mirrorapi.serving.cache.base import IMPORTED, REAL, RECORDED, CacheError, SqlCache
+from mirrorapi.serving.cache.entries import IMPORTED, REAL, RECORDED, CacheError
+from mirrorapi.serving.cache.store import Store
 from mirrorapi.tools import ToolRegistry, UnknownName
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def _fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def _store(cache: SqlCache, pairs: Iterable[dict], registry, provenance: str, report: dict) -> None:
+def _store(cache: Store, pairs: Iterable[dict], registry, provenance: str, report: dict) -> None:
     rows, resolved = [], {}
     for pair in pairs:
         names = (pair["category"], pair["tool_name"], pair["api_name"])
@@ -69,7 +70,7 @@ def _store(cache: SqlCache, pairs: Iterable[dict], registry, provenance: str, re
     report["stored"] += cache.put_many(rows, provenance)
 
 
-def import_stabletoolbench_cache(cache: SqlCache, folder: str | os.PathLike, registry: ToolRegistry | None = None,
+def import_stabletoolbench_cache(cache: Store, folder: str | os.PathLike, registry: ToolRegistry | None = None,
                                  origin: str | None = None, force: bool = False) -> dict:
     """Load a StableToolBench cache folder with provenance `imported:<origin>` (default: the folder's name).
 
@@ -99,7 +100,7 @@ def import_stabletoolbench_cache(cache: SqlCache, folder: str | os.PathLike, reg
     return report
 
 
-def import_pairs(cache: SqlCache, path: str | os.PathLike, registry: ToolRegistry | None = None) -> dict:
+def import_pairs(cache: Store, path: str | os.PathLike, registry: ToolRegistry | None = None) -> dict:
     """Load real pairs (our JSONL schema) with provenance `real`; the first pair of a key wins."""
     report: dict[str, Any] = {"origin": str(path), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
               "skipped_placeholders": 0, "unreadable": []}
@@ -130,7 +131,7 @@ def unsafe_name(name: str) -> str | None:
     return None
 
 
-def export_identity(cache: SqlCache, identity: str | None) -> str:
+def export_identity(cache: Store, identity: str | None) -> str:
     """The simulator identity an export writes: the one named, or the only one the cache holds
     ('' when it holds no simulated answer). Several and none named is an error: answers of two
     simulators must not be mixed in one benchmark cache."""
@@ -146,7 +147,7 @@ def export_identity(cache: SqlCache, identity: str | None) -> str:
     return next(iter(identities), RECORDED)
 
 
-def export_stabletoolbench_cache(cache: SqlCache, folder: str | os.PathLike, provenance: Iterable[str] = (),
+def export_stabletoolbench_cache(cache: Store, folder: str | os.PathLike, provenance: Iterable[str] = (),
                                  identity: str | None = None) -> dict:
     """Write the cache as a StableToolBench cache folder: the recorded answers plus the simulated
     answers of one simulator identity (see `export_identity`), i.e. what a server of that identity

@@ -18,13 +18,13 @@ Differences from the SQLite file, each for a reason:
   database host may lose the last fraction of a second, which is re-simulated on the next miss.
 - The request path is async (psycopg 3's `AsyncConnection` from a `psycopg_pool` pool, opened on the
   server's event loop at its first use): a query waits for the network without blocking the loop. The
-  administrative side (`SqlCache`: CLI commands, imports at start-up, /health's counts) uses one plain
+  administrative side (`Store`'s: CLI commands, imports at start-up, /health's counts) uses one plain
   connection in autocommit mode.
 - Hit counts are kept in memory and added (`hits = hits + n`, in id order so that servers never
   deadlock on each other) by `maintain()`, as the SQLite store does.
 
-(About 450 lines, over the project's ~400: one class and the SQL it runs, kept in one file so each statement
-is read beside its caller; what it shares with the SQLite store is in `base`.)
+The schema is `postgres_schema`. Every statement is PostgreSQL's own (psycopg's `%s` parameters), the
+administrative ones in `STATEMENTS` (see `store.Store`); what both stores share is in `entries` and `store`.
 """
 
 from __future__ import annotations
@@ -36,20 +36,19 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from mirrorapi.serving.cache.base import (
-    ENTRY_COLUMNS,
+from mirrorapi.serving.cache.entries import ENTRY_COLUMNS, NO_SESSION, RECORDED, CacheError, Call, Entry
+from mirrorapi.serving.cache.postgres_schema import TABLE_NAMES, open_schema
+from mirrorapi.serving.cache.store import (
     HIT_FLUSH_ROWS,
     IMPORT_TRANSACTION_ROWS,
-    NO_SESSION,
-    RECORDED,
-    SCHEMA_VERSION,
-    CacheError,
-    Call,
-    Entry,
-    SqlCache,
+    Advance,
+    Session,
+    SessionState,
+    Statements,
+    Store,
 )
 
 if TYPE_CHECKING:
@@ -60,39 +59,6 @@ logger = logging.getLogger(__name__)
 
 POOL_CONNECTIONS = 16  # per server process: queries are short, a miss holds none while the engine works
 CONNECT_TIMEOUT_SECONDS = 10
-_SCHEMA_LOCK = 0x6D697272  # pg_advisory_xact_lock key: servers starting at once create the schema once
-
-# ------------------------------------------------------------------------------- schema
-_TEXT_KEY = 'TEXT COLLATE "C" NOT NULL'
-_TABLES = (
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    f"""CREATE TABLE IF NOT EXISTS entries (
-        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        call BYTEA NOT NULL,                -- Call.digest(): category, tool, api, arguments, history
-        category {_TEXT_KEY}, tool {_TEXT_KEY}, api {_TEXT_KEY},
-        arguments {_TEXT_KEY},              -- canonical_json of the argument object
-        history {_TEXT_KEY},                -- '' outside a session
-        identity {_TEXT_KEY},               -- '' for recorded answers
-        steps INTEGER NOT NULL,
-        arguments_as_sent TEXT NOT NULL,
-        error TEXT NOT NULL,
-        observation TEXT NOT NULL,          -- the whole {{"error", "response"}} answer, compact JSON
-        provenance TEXT NOT NULL,
-        created DOUBLE PRECISION NOT NULL,
-        hits BIGINT NOT NULL DEFAULT 0,
-        rationale TEXT NOT NULL DEFAULT '',  -- CoT mode: the simulator's reasoning (kept, never served)
-        UNIQUE (call, identity))""",
-    # Few-shot examples and the removal of simulated answers a recording shadows look an API's rows up.
-    "CREATE INDEX IF NOT EXISTS entries_api ON entries (category, tool, api)",
-    "CREATE TABLE IF NOT EXISTS imports (origin TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, "
-    "entries INTEGER NOT NULL, imported_at DOUBLE PRECISION NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS sessions (key BYTEA PRIMARY KEY, id TEXT NOT NULL, digest TEXT NOT NULL, "
-    "steps INTEGER NOT NULL, lines TEXT NOT NULL, used DOUBLE PRECISION NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS sessions_used ON sessions (used)",
-    "CREATE TABLE IF NOT EXISTS leases (call BYTEA NOT NULL, identity TEXT NOT NULL, holder TEXT NOT NULL, "
-    "expires DOUBLE PRECISION NOT NULL, PRIMARY KEY (call, identity))",
-)
-_TABLE_NAMES = ("meta", "entries", "imports", "sessions", "leases")
 
 _COLUMNS = ", ".join(ENTRY_COLUMNS)
 _VALUES = ", ".join(["%s"] * (len(ENTRY_COLUMNS) + 1))
@@ -126,6 +92,38 @@ _NEW_SESSION = "INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT
 _HEALTH_COUNTS = ("SELECT (SELECT count(*) FROM entries), (SELECT count(*) FROM sessions WHERE used >= %s), "
                   "(SELECT count(*) FROM entries WHERE history != '')")
 _FORGET_SESSIONS = "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions WHERE used < %s LIMIT 1000)"
+_FORGET_LEASES = "DELETE FROM leases WHERE expires < %s"
+_EXAMPLES = ("SELECT arguments, observation FROM entries WHERE category = %s AND tool = %s AND api = %s "
+             "AND identity = '' ORDER BY arguments LIMIT %s")
+# The administrative side's statements (`store.Store`).
+STATEMENTS = Statements(
+    count_hits=_COUNT_HITS,
+    prune="DELETE FROM entries WHERE identity = %s",
+    forget_import="DELETE FROM imports WHERE origin = %s",
+    record_import="INSERT INTO imports VALUES (%s, %s, %s, %s)",
+    examples=_EXAMPLES,
+    entries="SELECT category, tool, api, arguments, observation, provenance FROM entries WHERE history = ''{where} "
+            "ORDER BY category, tool, api, arguments, identity",
+    served_entries="SELECT category, tool, api, arguments_as_sent, observation FROM entries WHERE history = '' AND "
+                   "identity IN ('', %s){where} ORDER BY category, tool, api, arguments",
+    provenance_like="provenance LIKE %s",
+    rows=f"SELECT {_COLUMNS} FROM entries",
+    sessions="SELECT id, digest, steps, lines, used FROM sessions",
+    imports="SELECT origin, fingerprint, entries, imported_at FROM imports ORDER BY imported_at",
+    identities="SELECT identity, count(*) FROM entries WHERE identity != '' GROUP BY identity ORDER BY identity",
+    import_fingerprint="SELECT fingerprint FROM imports WHERE origin = %s",
+    count="SELECT count(*) FROM entries",
+    open_sessions="SELECT count(*) FROM sessions WHERE used >= %s",
+    session_count="SELECT count(*) FROM entries WHERE history != ''",
+    stats_by_provenance="SELECT provenance, count(*) FROM entries GROUP BY provenance",
+    stats_by_identity="SELECT identity, count(*), sum(hits), min(created), max(created) FROM entries "
+                      "WHERE identity != '' GROUP BY identity ORDER BY identity",
+    stats_totals="SELECT count(*), coalesce(sum(hits), 0), count(DISTINCT category || '/' || tool || '/' || api), "
+                 "sum(CASE WHEN error != '' THEN 1 ELSE 0 END), sum(CASE WHEN identity = '' THEN 1 ELSE 0 END), "
+                 "sum(CASE WHEN history != '' THEN 1 ELSE 0 END) FROM entries",
+    stats_imports="SELECT origin, entries, imported_at FROM imports ORDER BY imported_at",
+    stats_sessions="SELECT count(*) FROM sessions",
+)
 
 
 def _keys(call: Call) -> tuple[bytes, ...]:
@@ -198,8 +196,10 @@ def public_location(url: str) -> str:
     return f"postgresql://{user}{parts.get('host', '')}{port}/{parts.get('dbname', '')}"
 
 
-class PostgresCache(SqlCache):
+class PostgresCache(Store):
     """The cache in the PostgreSQL database at `url` (see the module doc); the schema is created on first use."""
+
+    sql = STATEMENTS
 
     def __init__(self, url: str, pool_connections: int = POOL_CONNECTIONS):
         # psycopg is imported by the first PostgreSQL store, not with the package: a server on SQLite does not
@@ -220,37 +220,15 @@ class PostgresCache(SqlCache):
         except self._errors as exc:
             raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
         try:
-            self._open_schema()
+            open_schema(self._db, self.location)
+        except self._errors as exc:
+            self._db.close()
+            raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
         except BaseException:
             self._db.close()
             raise
 
-    def _open_schema(self) -> None:
-        try:
-            with self._db.transaction():
-                self._db.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                self._db.execute(_TABLES[0])
-                row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-                version = int(row[0]) if row else None
-                if version is not None and version > SCHEMA_VERSION:
-                    raise CacheError(f"{self.location}: cache schema version {version} was written by a newer "
-                                     f"mirrorapi; this one reads versions up to {SCHEMA_VERSION}")
-                if version is None:
-                    exists = self._db.execute("SELECT to_regclass('entries') IS NOT NULL").fetchone()[0]  # type: ignore[index]
-                    if exists:
-                        raise CacheError(f"{self.location}: has an entries table but no mirrorapi schema version "
-                                         "(give the cache a database, or a schema, of its own)")
-                    # Version 3 is PostgreSQL's first: there is nothing older to migrate.
-                    for statement in _TABLES[1:]:
-                        self._db.execute(statement)
-                    self._db.execute("INSERT INTO meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),))
-                elif version == 3:  # version 4 keeps a CoT-mode simulation's rationale beside its answer
-                    self._db.execute("ALTER TABLE entries ADD COLUMN IF NOT EXISTS rationale TEXT NOT NULL DEFAULT ''")
-                    self._db.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-        except self._errors as exc:
-            raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
-
-    # ------------------------------------------------------------------------ SqlCache
+    # ------------------------------------------------------------------------ Store
     def _live(self) -> psycopg.Connection:
         """The plain connection, connected again if the server dropped it (a restart of PostgreSQL: the call
         that met the drop failed; this one goes on). /health uses it, so a server never stays unhealthy."""
@@ -265,9 +243,8 @@ class PostgresCache(SqlCache):
         return self._db
 
     def _execute(self, sql: str, parameters: Iterable[Any] = ()) -> psycopg.Cursor:
-        # The shared SQL is written with SQLite's `?` placeholders (it has no literal `?` or `%`).
         try:
-            return self._live().execute(sql.replace("%", "%%").replace("?", "%s"), tuple(parameters))
+            return self._live().execute(sql, tuple(parameters))
         except self._errors as exc:  # one line for the CLI and /health, not a psycopg traceback
             raise CacheError(f"cache database {self.location}: {_one_line(exc)}") from None
 
@@ -283,7 +260,7 @@ class PostgresCache(SqlCache):
         rows = self._live().execute(_FIND[len(keys)], keys).fetchall()
         return self._served(rows, identity, history, count_hit)
 
-    def put_sessions(self, sessions: Iterable[tuple[str, str, int, str, float]]) -> int:
+    def put_sessions(self, sessions: Iterable[Session]) -> int:
         stored, sessions = 0, iter(sessions)
         while chunk := list(itertools.islice(sessions, IMPORT_TRANSACTION_ROWS)):
             with self._transaction():
@@ -297,7 +274,7 @@ class PostgresCache(SqlCache):
         stats["path"] = stats["location"]
         stats["bytes"] = int(self._live().execute(
             "SELECT coalesce(sum(pg_total_relation_size(to_regclass(name))), 0) FROM unnest(%s::text[]) AS name",
-            (list(_TABLE_NAMES),)).fetchone()[0])  # type: ignore[index]  # an aggregate: always one row
+            (list(TABLE_NAMES),)).fetchone()[0])  # type: ignore[index]  # an aggregate: always one row
         return stats
 
     def close(self) -> None:
@@ -311,15 +288,12 @@ class PostgresCache(SqlCache):
     # ------------------------------------------------------------------------ the request path
     # Called on the server's event loop only.
     async def lookup(self, call: Call, identity: str) -> tuple[bytes, str] | None:
-        """(observation JSON as bytes, provenance) a server of `identity` answers `call` with, or None; counts
-        the hit."""
         keys = _keys(call)
         rows = await self._fetch(_FIND[len(keys)], keys)
         found = self._served(rows, identity, call.history, True)
         return (found[0].encode(), found[1]) if found is not None else None
 
     async def store(self, entry: Entry, lease_holder: str | None = None) -> bool:
-        """Store an answer (and give up the lease `lease_holder` took on its call); returns once committed."""
         row = _row(entry)
         async with self._connection() as db:
             if entry.identity and lease_holder is not None:  # what a server stores: one statement
@@ -343,12 +317,9 @@ class PostgresCache(SqlCache):
         return rows[0][0], rows[0][1], rows[0][2]
 
     async def recorded_examples(self, category: str, tool: str, api: str, limit: int) -> list[tuple[str, str]]:
-        return [tuple(row) for row in await self._fetch(
-            "SELECT arguments, observation FROM entries WHERE category = %s AND tool = %s AND api = %s "
-            "AND identity = '' ORDER BY arguments LIMIT %s", (category, tool, api, limit))]
+        return [tuple(row) for row in await self._fetch(_EXAMPLES, (category, tool, api, limit))]
 
     async def try_lease(self, call: Call, identity: str, holder: str, seconds: float) -> bool:
-        """Whether `holder` may simulate `call` now: nobody else holds an unexpired lease on it (then it holds one)."""
         now = time.time()
         async with self._connection() as db:
             return (await db.execute(_TAKE_LEASE, (call.digest(), identity, holder, now + seconds, now))).rowcount == 1
@@ -357,17 +328,13 @@ class PostgresCache(SqlCache):
         async with self._connection() as db:
             await db.execute(_RELEASE_LEASE, (call.digest(), identity, holder))
 
-    async def session(self, session_id: str, idle_seconds: float) -> tuple[str, int, list[str]] | None:
-        """(digest, steps, kept lines) of a session used within `idle_seconds`, else None."""
+    async def session(self, session_id: str, idle_seconds: float) -> SessionState | None:
         rows = await self._fetch(_SESSION, (session_key(session_id), time.time() - idle_seconds))
         return (rows[0][0], rows[0][1], json.loads(rows[0][2])) if rows else None
 
-    async def update_session(self, session_id: str, idle_seconds: float,
-                             advance: Callable[[tuple[str, int, list[str]] | None], tuple[str, int, list[str]]]
-                             ) -> tuple[str, int, list[str]]:
-        """Apply `advance` to the session's state (None: new or expired) in one transaction; the new state.
-        The row is locked while it is read and written, so two servers given calls of one session at once
-        both add theirs."""
+    async def update_session(self, session_id: str, idle_seconds: float, advance: Advance) -> SessionState:
+        """The row is locked while it is read and written, so two servers given calls of one session at once both
+        add theirs."""
         key = session_key(session_id)
         async with self._connection() as db:
             for _ in range(3):  # a new session that another server created at the same moment: read it
@@ -385,7 +352,7 @@ class PostgresCache(SqlCache):
         raise CacheError(f"session {session_id[:100]!r}: could not be updated (created concurrently again and again)")
 
     async def maintain(self, idle_seconds: float) -> None:
-        """Add the counted hits (in slices), forget sessions idle longer than `idle_seconds` and expired leases."""
+        """Hits are added in slices, in id order (servers never deadlock on each other)."""
         hits, self._pending_hits = self._pending_hits, {}
         ids = sorted(hits)  # one lock order for every server: concurrent flushes never deadlock
         try:
@@ -396,14 +363,14 @@ class PostgresCache(SqlCache):
                         await cursor.executemany(_COUNT_HITS, rows)
                 now = time.time()
                 await db.execute(_FORGET_SESSIONS, (now - idle_seconds,))
-                await db.execute("DELETE FROM leases WHERE expires < %s", (now,))
+                await db.execute(_FORGET_LEASES, (now,))
         except CacheError:
             for id_, n in hits.items():  # counted again next time
                 self._pending_hits[id_] = self._pending_hits.get(id_, 0) + n
             raise
 
     async def aclose(self) -> None:
-        """Write the counted hits, then close the pool and the connection."""
+        """The pool closes after the hits are written, then the plain connection."""
         try:
             if self._pool is not None:
                 with contextlib.suppress(CacheError):

@@ -17,8 +17,8 @@ call outside a session reads the few rows of (call, '') by equality on the key's
 answers in about half the time of an `identity IN (...)` condition (bench/server.py's hit path). New
 databases get 16 KiB pages: with rows of about a kilobyte, 4 KiB pages filled half and doubled the file.
 
-(About 410 lines, a little over the project's ~400: the schema, its migrations and the store that runs them are
-read together; the server's writer is `sqlite_writer`.)
+The schema and its migrations are `sqlite_schema`; the server's writer is `sqlite_writer`. Every statement is
+SQLite's own (`?` parameters), the administrative ones in `STATEMENTS` (see `store.Store`).
 """
 
 from __future__ import annotations
@@ -26,27 +26,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mirrorapi.serving.cache.base import (
-    HIT_FLUSH_ROWS,
-    NO_SESSION,
-    RECORDED,
-    SCHEMA_VERSION,
-    SIMULATED,
-    CacheError,
-    Call,
-    Entry,
-    SqlCache,
-)
+from mirrorapi.serving.cache.entries import ENTRY_COLUMNS, NO_SESSION, RECORDED, CacheError, Call, Entry
+from mirrorapi.serving.cache.sqlite_schema import open_schema
 from mirrorapi.serving.cache.sqlite_writer import LoopWriter
+from mirrorapi.serving.cache.store import (
+    HIT_FLUSH_ROWS,
+    IMPORT_TRANSACTION_ROWS,
+    Advance,
+    Session,
+    SessionState,
+    Statements,
+    Store,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,88 +57,7 @@ CHECKPOINT_WRITES = 250  # writer commits between checkpoints (in a thread) of a
 # larger. Without it the file keeps its largest size for ever: 6.77 GB after a burst of big session writes.
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
 
-# ------------------------------------------------------------------------------- schema
-# To change the schema: bump SCHEMA_VERSION (base.py), write the new tables below and add a step to
-# `_MIGRATIONS` that rebuilds the previous version's tables (an old database must open and keep its entries).
-_META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-_ENTRIES = """
-CREATE TABLE {name} (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, -- what hit counts are written by (never reused)
-    category TEXT NOT NULL, tool TEXT NOT NULL, api TEXT NOT NULL,
-    arguments TEXT NOT NULL,              -- canonical_json of the argument object: the (order-insensitive) key
-    history TEXT NOT NULL,                -- '' outside a session; else the digest of the session's earlier calls
-    identity TEXT NOT NULL,               -- '' for recorded answers; the simulator identity for simulated ones
-    steps INTEGER NOT NULL,               -- earlier calls of the session (0 outside one)
-    arguments_as_sent TEXT NOT NULL,      -- the same arguments as first received, key order kept (export order)
-    error TEXT NOT NULL,
-    observation TEXT NOT NULL,            -- the whole {{"error", "response"}} answer, compact JSON
-    provenance TEXT NOT NULL,             -- real | imported:<origin> | simulated:<identity>
-    created REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0,
-    rationale TEXT NOT NULL DEFAULT '')   -- CoT mode: the simulator's reasoning (kept, never served)
-"""
-# A rowid table and a narrow unique index, not a WITHOUT ROWID table: its b-tree would carry the rows
-# (a kilobyte each) between the keys; the narrow index makes a random lookup a third faster (8 -> 5 us).
-_ENTRIES_KEY = ("CREATE UNIQUE INDEX IF NOT EXISTS entries_key ON entries "
-                "(category, tool, api, arguments, history, identity)")
-_TABLES = (
-    "CREATE TABLE IF NOT EXISTS imports (origin TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, "
-    "entries INTEGER NOT NULL, imported_at REAL NOT NULL)",
-    # lines: JSON array of the newest history lines, oldest first; used: when a call of it last came
-    "CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, digest TEXT NOT NULL, steps INTEGER NOT NULL, "
-    "lines TEXT NOT NULL, used REAL NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS sessions_used ON sessions (used)",
-    "CREATE TABLE IF NOT EXISTS leases (category TEXT NOT NULL, tool TEXT NOT NULL, api TEXT NOT NULL, "
-    "arguments TEXT NOT NULL, history TEXT NOT NULL, identity TEXT NOT NULL, holder TEXT NOT NULL, "
-    "expires REAL NOT NULL, PRIMARY KEY (category, tool, api, arguments, history, identity)) WITHOUT ROWID",
-)
-_ENTRIES_V2 = ("CREATE TABLE {name} (category TEXT NOT NULL, tool TEXT NOT NULL, api TEXT NOT NULL, arguments TEXT NOT "
-               "NULL, identity TEXT NOT NULL, arguments_as_sent TEXT NOT NULL, error TEXT NOT NULL, observation TEXT NOT "
-               "NULL, provenance TEXT NOT NULL, created REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0, "
-               "PRIMARY KEY (category, tool, api, arguments, identity)) WITHOUT ROWID")  # version 2, for migrating 1
-
-
-_COLUMNS_V3 = "category, tool, api, arguments, history, identity, steps, arguments_as_sent, error, observation, " \
-              "provenance, created, hits"
-_COLUMNS = _COLUMNS_V3 + ", rationale"
-
-
-def _migrate_1_to_2(db: sqlite3.Connection) -> None:
-    """Version 1 had one entry per call. Recorded entries become shared ones; a simulated entry keeps
-    the identity its provenance names (`<model>@<prompt format>`, decoding settings unknown), so it
-    is kept, counted, exported and pruned under that name, but served only by a server told to serve
-    exactly that identity (`simulator_identity`). Arguments as first received were not kept: the
-    canonical (sorted) form stands in for them."""
-    db.execute(_ENTRIES_V2.format(name="entries_v2"))
-    db.execute("INSERT INTO entries_v2 SELECT category, tool, api, arguments, CASE WHEN provenance LIKE "
-               f"'{SIMULATED}%' THEN substr(provenance, {len(SIMULATED) + 1}) ELSE '' END, arguments, error, "
-               "observation, provenance, created, hits FROM entries")
-    db.execute("DROP TABLE entries")
-    db.execute("ALTER TABLE entries_v2 RENAME TO entries")
-
-
-def _migrate_2_to_3(db: sqlite3.Connection) -> None:
-    """Version 2 kept answers given inside sessions in a table of their own (`session_entries`); version 3
-    keys every answer by its call and the session history ('' outside a session), in one table."""
-    db.execute(_ENTRIES.format(name="entries_v3"))
-    db.execute(f"INSERT INTO entries_v3 ({_COLUMNS_V3}) SELECT category, tool, api, arguments, '', identity, 0, "
-               "arguments_as_sent, error, observation, provenance, created, hits FROM entries")
-    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'session_entries'").fetchone():
-        db.execute(f"INSERT INTO entries_v3 ({_COLUMNS_V3}) SELECT category, tool, api, arguments, history, identity, "
-                   "steps, arguments, error, observation, provenance, created, 0 FROM session_entries")
-        db.execute("DROP TABLE session_entries")
-    db.execute("DROP TABLE entries")
-    db.execute("ALTER TABLE entries_v3 RENAME TO entries")
-
-
-def _migrate_3_to_4(db: sqlite3.Connection) -> None:
-    """Version 4 keeps a CoT-mode simulation's rationale beside its answer (a table migrated from version 2 has
-    the column already: version 3's table is built from today's definition)."""
-    if "rationale" not in {row[1] for row in db.execute("PRAGMA table_info(entries)")}:
-        db.execute("ALTER TABLE entries ADD COLUMN rationale TEXT NOT NULL DEFAULT ''")
-
-
-_MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}  # version n -> n + 1, all in one transaction at open
-
+_COLUMNS = ", ".join(ENTRY_COLUMNS)
 _INSERT = (f"INSERT OR IGNORE INTO entries ({_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
            "?13, ?14)")
 # A simulated answer is not stored where a recorded one exists (it would never be served)...
@@ -159,6 +79,41 @@ _TAKE_LEASE = ("INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT D
                "expires = excluded.expires WHERE leases.expires < ? OR leases.holder = excluded.holder")
 _RELEASE_LEASE = ("DELETE FROM leases WHERE category = ? AND tool = ? AND api = ? AND arguments = ? AND history = ? "
                   "AND identity = ? AND holder = ?")
+_SESSION = "SELECT digest, steps, lines FROM sessions WHERE id = ? AND used >= ?"
+_PUT_SESSION = "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?)"
+_NEW_SESSION = "INSERT INTO sessions VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+_FORGET_SESSIONS = "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions WHERE used < ? LIMIT 1000)"
+_FORGET_LEASES = "DELETE FROM leases WHERE expires < ?"
+# The administrative side's statements (`store.Store`).
+STATEMENTS = Statements(
+    count_hits=_COUNT_HITS,
+    prune="DELETE FROM entries WHERE identity = ?",
+    forget_import="DELETE FROM imports WHERE origin = ?",
+    record_import="INSERT INTO imports VALUES (?, ?, ?, ?)",
+    examples="SELECT arguments, observation FROM entries WHERE category = ? AND tool = ? AND api = ? "
+             "AND identity = '' ORDER BY arguments LIMIT ?",
+    entries="SELECT category, tool, api, arguments, observation, provenance FROM entries WHERE history = ''{where} "
+            "ORDER BY category, tool, api, arguments, identity",
+    served_entries="SELECT category, tool, api, arguments_as_sent, observation FROM entries WHERE history = '' AND "
+                   "identity IN ('', ?){where} ORDER BY category, tool, api, arguments",
+    provenance_like="provenance LIKE ?",
+    rows=f"SELECT {_COLUMNS} FROM entries",
+    sessions="SELECT id, digest, steps, lines, used FROM sessions",
+    imports="SELECT origin, fingerprint, entries, imported_at FROM imports ORDER BY imported_at",
+    identities="SELECT identity, count(*) FROM entries WHERE identity != '' GROUP BY identity ORDER BY identity",
+    import_fingerprint="SELECT fingerprint FROM imports WHERE origin = ?",
+    count="SELECT count(*) FROM entries",
+    open_sessions="SELECT count(*) FROM sessions WHERE used >= ?",
+    session_count="SELECT count(*) FROM entries WHERE history != ''",
+    stats_by_provenance="SELECT provenance, count(*) FROM entries GROUP BY provenance",
+    stats_by_identity="SELECT identity, count(*), sum(hits), min(created), max(created) FROM entries "
+                      "WHERE identity != '' GROUP BY identity ORDER BY identity",
+    stats_totals="SELECT count(*), coalesce(sum(hits), 0), count(DISTINCT category || '/' || tool || '/' || api), "
+                 "sum(CASE WHEN error != '' THEN 1 ELSE 0 END), sum(CASE WHEN identity = '' THEN 1 ELSE 0 END), "
+                 "sum(CASE WHEN history != '' THEN 1 ELSE 0 END) FROM entries",
+    stats_imports="SELECT origin, entries, imported_at FROM imports ORDER BY imported_at",
+    stats_sessions="SELECT count(*) FROM sessions",
+)
 
 
 def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
@@ -202,9 +157,11 @@ def _write_entries(db: sqlite3.Connection, entries: Iterable[Entry]) -> int:
     return stored
 
 
-class ResponseCache(SqlCache):
+class ResponseCache(Store):
     """The cache in the SQLite file `path` (see the module doc). `autocheckpoint=False`: the owner calls
     `maintain()`, which checkpoints in a thread (a checkpoint syncs the disk)."""
+
+    sql = STATEMENTS
 
     def __init__(self, path: str | os.PathLike, busy_timeout: float = 10.0, autocheckpoint: bool = True):
         self.path = Path(path)
@@ -219,44 +176,11 @@ class ResponseCache(SqlCache):
             self._db = _connect(self.path, busy_timeout)
             if not autocheckpoint:
                 self._db.execute("PRAGMA wal_autocheckpoint=0")
-            self._open_schema()
+            open_schema(self._db, self.path, self._transaction)
         except (sqlite3.Error, OSError) as exc:
             raise CacheError(f"cannot open cache database {self.path}: {exc}") from None
 
-    def _open_schema(self) -> None:
-        db = self._db
-        version = self._schema_version()
-        if version == SCHEMA_VERSION:
-            return
-        with self._transaction():  # create or migrate, once, even with several processes opening at once
-            db.execute(_META)
-            version = self._schema_version()
-            if version is None:
-                if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries'").fetchone():
-                    raise CacheError(f"{self.path}: has an entries table but no schema version")
-                db.execute(_ENTRIES.format(name="entries"))
-                db.execute(_ENTRIES_KEY)
-            elif version > SCHEMA_VERSION:
-                raise CacheError(f"{self.path}: cache schema version {version} was written by a newer mirrorapi; "
-                                 f"this one reads versions up to {SCHEMA_VERSION}")
-            else:
-                while version < SCHEMA_VERSION:
-                    logger.info("migrating cache %s from schema version %d to %d", self.path, version, version + 1)
-                    _MIGRATIONS[version](db)
-                    version += 1
-                db.execute(_ENTRIES_KEY)
-            for statement in _TABLES:
-                db.execute(statement)
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-
-    def _schema_version(self) -> int | None:
-        try:
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        except sqlite3.OperationalError:  # no meta table: a new database
-            return None
-        return int(row[0]) if row else None
-
-    # ------------------------------------------------------------------------ SqlCache
+    # ------------------------------------------------------------------------ Store
     def _execute(self, sql: str, parameters: Iterable[Any] = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, tuple(parameters))
 
@@ -265,6 +189,13 @@ class ResponseCache(SqlCache):
 
     def _write_entries(self, entries: list[Entry]) -> int:
         return _write_entries(self._db, entries)
+
+    def put_sessions(self, sessions: Iterable[Session]) -> int:
+        stored, sessions = 0, iter(sessions)
+        while chunk := list(itertools.islice(sessions, IMPORT_TRANSACTION_ROWS)):
+            with self._transaction():
+                stored += sum(self._db.execute(_NEW_SESSION, row).rowcount for row in chunk)
+        return stored
 
     def get(self, category: str, tool: str, api: str, arguments: str, identity: str = RECORDED,
             history: str = NO_SESSION, count_hit: bool = True) -> tuple[str, str] | None:
@@ -306,8 +237,6 @@ class ResponseCache(SqlCache):
     # ------------------------------------------------------------------------ the request path
     # Called on the server's event loop only.
     async def lookup(self, call: Call, identity: str) -> tuple[bytes, str] | None:
-        """(observation JSON as bytes, provenance) a server of `identity` answers `call` with, or None; counts
-        the hit."""
         if call.history:
             rows = self._db.execute(_LOOKUP_IN_SESSION, (call.category, call.tool, call.api, call.arguments,
                                                          call.history)).fetchall()
@@ -316,7 +245,6 @@ class ResponseCache(SqlCache):
         return self._served(rows, identity, call.history, True)
 
     async def store(self, entry: Entry, lease_holder: str | None = None) -> bool:
-        """Store an answer (and give up the lease `lease_holder` took on its call); returns once committed."""
         def job(db: sqlite3.Connection) -> bool:
             stored = _write_entries(db, (entry,)) == 1
             if lease_holder is not None:
@@ -328,7 +256,6 @@ class ResponseCache(SqlCache):
         return self.examples(category, tool, api, limit)
 
     async def try_lease(self, call: Call, identity: str, holder: str, seconds: float) -> bool:
-        """Whether `holder` may simulate `call` now: nobody else holds an unexpired lease on it (then it holds one)."""
         now = time.time()
         return await self._loop_writer().submit(
             lambda db: db.execute(_TAKE_LEASE, (*_key(call), identity, holder, now + seconds, now)).rowcount == 1)
@@ -336,29 +263,21 @@ class ResponseCache(SqlCache):
     async def release_lease(self, call: Call, identity: str, holder: str) -> None:
         await self._loop_writer().submit(lambda db: db.execute(_RELEASE_LEASE, (*_key(call), identity, holder)))
 
-    async def session(self, session_id: str, idle_seconds: float) -> tuple[str, int, list[str]] | None:
-        """(digest, steps, kept lines) of a session used within `idle_seconds`, else None."""
-        row = self._db.execute("SELECT digest, steps, lines FROM sessions WHERE id = ? AND used >= ?",
-                               (session_id, time.time() - idle_seconds)).fetchone()
+    async def session(self, session_id: str, idle_seconds: float) -> SessionState | None:
+        row = self._db.execute(_SESSION, (session_id, time.time() - idle_seconds)).fetchone()
         return (row[0], row[1], json.loads(row[2])) if row else None
 
-    async def update_session(self, session_id: str, idle_seconds: float,
-                             advance: Callable[[tuple[str, int, list[str]] | None], tuple[str, int, list[str]]]
-                             ) -> tuple[str, int, list[str]]:
-        """Apply `advance` to the session's state (None: new or expired) in one transaction; the new state."""
-        def job(db: sqlite3.Connection) -> tuple[str, int, list[str]]:
+    async def update_session(self, session_id: str, idle_seconds: float, advance: Advance) -> SessionState:
+        def job(db: sqlite3.Connection) -> SessionState:
             now = time.time()
-            row = db.execute("SELECT digest, steps, lines FROM sessions WHERE id = ? AND used >= ?",
-                             (session_id, now - idle_seconds)).fetchone()
+            row = db.execute(_SESSION, (session_id, now - idle_seconds)).fetchone()
             state = advance((row[0], row[1], json.loads(row[2])) if row else None)
-            db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?)",
-                       (session_id, state[0], state[1], json.dumps(state[2], ensure_ascii=False), now))
+            db.execute(_PUT_SESSION, (session_id, state[0], state[1], json.dumps(state[2], ensure_ascii=False), now))
             return state
         return await self._loop_writer().submit(job)
 
     async def maintain(self, idle_seconds: float) -> None:
-        """Write the counted hits (in slices), forget sessions idle longer than `idle_seconds` and expired
-        leases, then checkpoint the WAL in a thread."""
+        """Hits are written in slices; then the WAL is checkpointed in a thread."""
         writer = self._loop_writer()
         hits, self._pending_hits = self._pending_hits, {}
         ids = sorted(hits)  # in the order of the table: the pages are written once each
@@ -366,15 +285,12 @@ class ResponseCache(SqlCache):
             rows = [(hits[id_], id_) for id_ in ids[start:start + HIT_FLUSH_ROWS]]
             await writer.submit(functools.partial(_count_hits, rows=rows))
         now = time.time()
-        await writer.submit(lambda db: (
-            db.execute("DELETE FROM sessions WHERE id IN (SELECT id FROM sessions WHERE used < ? LIMIT 1000)",
-                       (now - idle_seconds,)),
-            db.execute("DELETE FROM leases WHERE expires < ?", (now,))))
+        await writer.submit(lambda db: (db.execute(_FORGET_SESSIONS, (now - idle_seconds,)),
+                                        db.execute(_FORGET_LEASES, (now,))))
         with contextlib.suppress(sqlite3.Error):  # reported by `_checkpointed`; next time
             await asyncio.shield(self._start_checkpoint())
 
     async def aclose(self) -> None:
-        """Write everything handed over and the counted hits, then close."""
         if self._writer is not None:
             await self.maintain(idle_seconds=float("inf"))
             await self._writer.drain()

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mirrorapi.serving.cache.base import CacheError
+from mirrorapi.serving.cache.entries import CacheError
 
 logger = logging.getLogger(__name__)
 

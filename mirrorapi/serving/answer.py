@@ -1,0 +1,23 @@
+"""What a /virtual call comes to (`Answer`): the response ready to send, and what the metrics and the request log
+line say of it. Made by `mirrorapi.serving.handler`, recorded by `mirrorapi.serving.observability`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Answer:
+    status: int
+    body: bytes
+    outcome: str  # hit, simulated, replay_miss, validation_error, engine_error, chat_with_user, invalid_body, ...
+    names: tuple[str, str, str] | None = None  # the API, once resolved
+    provenance: str | None = None  # of the response given (hits and simulations)
+    cache: str | None = None  # "hit" or "miss" when the cache was looked up
+    coalesced: bool = False
+    session: str | None = None  # the session id, for calls that belong to one
+    detail: str = ""  # why it failed (for the log line)
+    rationale: str = ""  # CoT mode: the simulator's reasoning (for the log line; the agent gets error/response)
+    parsed: str = ""  # simulated: how the model's text was read (json = as written; fenced, ..., repaired)
+    extra_fields: list[str] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)  # seconds per stage

@@ -1,0 +1,88 @@
+"""ASGI helpers of the server's front doors, on ASGI's messages only (no framework, no server internals): the API
+key, the body bound, the JSON answers and refusals in StableToolBench's `{"error", "response"}` shape."""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+UNAUTHORIZED = ("Unauthorized: this server needs an API key (send `Authorization: Bearer <key>`, or "
+                "StableToolBench's `toolbench_key` header)")
+# A body over the bound is read to its end (and dropped) before the 413, up to this much: a client still
+# sending when the server closes gets a connection reset instead of the answer.
+DRAIN_BYTES = 16 * 1024 * 1024
+
+
+def authorized(scope, key: bytes) -> bool:
+    """Whether the request carries `key` as a bearer token or as StableToolBench's `toolbench_key` header."""
+    for name, value in scope["headers"]:
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            value = value[7:].strip()
+        elif name != b"toolbench_key":
+            continue
+        if hmac.compare_digest(value, key):
+            return True
+    return False
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+def has_body(scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or name == b"content-length" and value != b"0":
+            return True
+    return False
+
+
+def declared_length(scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+async def read_body(scope, receive, limit: int) -> bytes:
+    """The whole request body; BodyTooLarge past `limit` bytes, ClientGone when the client disconnects (or is
+    disconnected for being too slow) before sending it all. A body announced larger is not read; one that
+    turns out larger (chunked) is read to its end and dropped (up to DRAIN_BYTES), so that the client, which
+    is still sending, gets the answer rather than a reset connection."""
+    length = declared_length(scope)
+    if length is not None and length > limit:
+        raise BodyTooLarge(length)
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        more = message.get("more_body", False)
+        if size > limit:
+            while more and size <= DRAIN_BYTES:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                size += len(message.get("body", b""))
+                more = message.get("more_body", False)
+            raise BodyTooLarge(size)
+        chunks.append(chunk)
+        if not more:
+            return b"".join(chunks)
+
+
+async def send_json(send, status: int, body: bytes, headers: list | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": JSON_HEADERS + [(b"content-length", b"%d" % len(body))] + (headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+def error_body(message: str) -> bytes:
+    """The server's own refusals in StableToolBench's shape, `{"error", "response"}`."""
+    return json.dumps({"error": message, "response": ""}, ensure_ascii=False).encode()
