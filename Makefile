@@ -52,7 +52,7 @@ $(VENV)/.engine-installed: $(VENV)/.installed $(ENGINE_LOCK)
 	touch $@
 
 # OpenEnv's client (openenv-core) in a venv of its own, as an RL trainer has it: the tests and the example
-# (examples/openenv_episodes.py) drive the server's episodes with it. Not in the main venv: it requires gradio,
+# (scripts/openenv_episodes.py) drive the server's episodes with it. Not in the main venv: it requires gradio,
 # whose pillow<13 would move the main lock's pillow (`make lock` resolves it apart, into $(OPENENV_LOCK)).
 openenv-client: $(OPENENV_VENV)/.installed
 

@@ -1,4 +1,4 @@
-"""API-Bank levels 1-2 (mirrorapi/evaluation/benchmarks/apibank.py) against API-Bank's own dialogues and rules.
+"""API-Bank levels 1-2 (mirrorapi/evaluation/benchmarks/apibank/) against API-Bank's own dialogues and rules.
 
 Expected values come from API-Bank (AlibabaResearch/DAMO-ConvAI api-bank/,
 commit 5c38bb7d1d78c7a7f12aa415d620d6305dbe2078):
