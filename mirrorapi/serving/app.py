@@ -57,6 +57,7 @@ from mirrorapi.serving.transport import (
     authorized,
     error_body,
     guard,
+    raise_open_file_limit,
     read_body,
     send_json,
     uvicorn_options,
@@ -309,6 +310,12 @@ def serve(settings: ServerSettings) -> None:
     configure_logging(settings)
     logger.info("settings (not default): %s", {k: v for k, v in settings.non_default().items()
                                                if k not in ("api_key", "server_api_key")})
+    before, after = raise_open_file_limit()  # workers inherit it
+    if after >= 0:
+        logger.info("open files: up to %d (soft limit raised from %d)", after, before)
+        if after < settings.max_episodes + 256:
+            logger.warning("open files limit %d is below max_episodes %d: raise the hard limit (ulimit -Hn) to hold "
+                           "that many OpenEnv episodes", after, settings.max_episodes)
     if settings.workers > 1:
         return serve_workers(settings)
     app = create_app(settings)

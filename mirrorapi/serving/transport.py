@@ -266,6 +266,25 @@ def uvicorn_options(settings: ServerSettings) -> dict:
                 log_level=settings.log_level, timeout_graceful_shutdown=5, timeout_keep_alive=5)
 
 
+def raise_open_file_limit() -> tuple[int, int]:
+    """(before, after): the soft limit of open files raised to the hard limit. Every connection is a file
+    descriptor (16,384 OpenEnv episodes are 16,384 sockets), and the usual soft limit is 1,024 however high the
+    hard one; a process may raise its own soft limit up to the hard one, so the server does, at start."""
+    try:
+        import resource
+    except ImportError:  # not a Unix: nothing to raise
+        return -1, -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:  # e.g. above the kernel's nr_open
+            logger.warning("could not raise the open files limit from %d to %d: %s", soft, target, exc)
+            return soft, soft
+    return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 # --------------------------------------------------------------------------------- ASGI helpers
 def authorized(scope, key: bytes) -> bool:
     """Whether the request carries `key` as a bearer token or as StableToolBench's `toolbench_key` header."""
