@@ -40,6 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "serve_engine_cpu.sh"
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 VENV_BIN = Path(sys.executable).parent  # the venv the tests run in: `make venv`'s .venv
+# OpenEnv's client venv (`make openenv-client`): its Python runs the scripts that drive episodes with openenv-core.
+OPENENV_PYTHON = ".venv-openenv/bin/python"
 SHARED = REPO.parent / "shared"
 
 # Programs of the GPU extras (`pip install -e ".[...,vllm]"`), which a CPU venv does not have.
@@ -127,6 +129,8 @@ def extras() -> set[str]:
 def program_problem(command: Command) -> str | None:
     """Why the command's program would not run here, or None."""
     program, args = command.argv[0], command.argv[1:]
+    if program == OPENENV_PYTHON:  # made by `make openenv-client`, which the Makefile's test target runs first
+        return None if args and (REPO / args[0]).is_file() else f"{args[:1]} is not a script of the repository"
     if program.startswith(".venv/bin/"):
         if command.gpu and program in GPU_PROGRAMS:
             return None
@@ -315,7 +319,7 @@ def parse_problem(target: str, args: list[str]) -> str | None:
 def parse_targets(command: Command) -> list[tuple[str, list[str]]]:
     """(script or 'mirrorapi', its arguments) for each parser the command goes through."""
     program, args = command.argv[0], command.argv[1:]
-    if program == ".venv/bin/python" and args[0].endswith(".py"):
+    if program in (".venv/bin/python", OPENENV_PYTHON) and args[0].endswith(".py"):
         return [(args[0], args[1:])]
     if program == ".venv/bin/mirrorapi":
         return [("mirrorapi", args)]
@@ -345,12 +349,22 @@ def test_every_flag_passes_the_real_parser(monkeypatch):
 
 
 def test_python_blocks_compile_and_import_what_exists():
+    """```python blocks import from this venv; ```python openenv blocks (a trainer's code: TRL and openenv-core) from
+    this venv or OpenEnv's client venv, whichever has the package."""
     for page in PAGES:
-        for block in re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL):
+        text = page.read_text(encoding="utf-8")
+        for info, block in re.findall(r"^```(python(?: openenv)?)\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
             for node in ast.walk(ast.parse(block)):
-                if isinstance(node, ast.ImportFrom):
-                    module = importlib.import_module(node.module)
-                    assert all(hasattr(module, alias.name) for alias in node.names), (page, node.module)
+                if not isinstance(node, ast.ImportFrom):
+                    continue
+                if info == "python openenv" and importlib.util.find_spec(node.module.split(".")[0]) is None:
+                    names = ", ".join(alias.name for alias in node.names)
+                    done = subprocess.run([str(REPO / OPENENV_PYTHON), "-c", f"from {node.module} import {names}"],
+                                          capture_output=True, text=True)
+                    assert done.returncode == 0, (page, node.module, done.stderr[-500:])
+                    continue
+                module = importlib.import_module(node.module)
+                assert all(hasattr(module, alias.name) for alias in node.names), (page, node.module)
 
 
 # ------------------------------------------------------------------------------------------ run for real

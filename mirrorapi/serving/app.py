@@ -134,6 +134,25 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
     return VirtualEndpoint(app, server, mcp, episodes)
 
 
+def raise_open_file_limit() -> tuple[int, int]:
+    """(before, after): the soft limit of open files raised to the hard limit. Every connection is a file
+    descriptor (16,384 OpenEnv episodes are 16,384 sockets), and the usual soft limit is 1,024 however high the
+    hard one; a process may raise its own soft limit up to the hard one, so the server does, at start."""
+    try:
+        import resource
+    except ImportError:  # not a Unix: nothing to raise
+        return -1, -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:  # e.g. above the kernel's nr_open
+            logger.warning("could not raise the open files limit from %d to %d: %s", soft, target, exc)
+            return soft, soft
+    return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def configure_logging(settings: ServerSettings) -> None:
     """Logging of the server process (start-up, engine and cache events; request lines are `RequestLogWriter`'s)."""
     logging.basicConfig(level=getattr(logging, settings.log_level.upper()),
@@ -148,6 +167,12 @@ def serve(settings: ServerSettings) -> None:
                                                if k not in ("api_key", "server_api_key")})
     if (warning := check_uvicorn()) is not None:
         logger.warning("%s", warning)
+    before, after = raise_open_file_limit()  # workers inherit it
+    if after >= 0:
+        logger.info("open files: up to %d (soft limit raised from %d)", after, before)
+        if after < settings.max_episodes + 256:
+            logger.warning("open files limit %d is below max_episodes %d: raise the hard limit (ulimit -Hn) to hold "
+                           "that many OpenEnv episodes", after, settings.max_episodes)
     if settings.workers > 1:
         return serve_workers(settings)
     app = create_app(settings)

@@ -147,7 +147,7 @@ class ServerSettings(BaseModel):
         "MCP sessions one client address may hold open at once (one client cannot take them all)."))
     mcp_session_idle_timeout: float = Field(300.0, gt=0, description=(
         "Seconds an MCP session may go without a request before it is closed (its id then answers 404)."))
-    max_episodes: int = Field(32768, gt=0, description=(
+    max_episodes: int = Field(16384, gt=0, description=(
         "OpenEnv episodes open at once (WebSocket connections at /ws and HTTP episodes together); a reset beyond "
         "is refused saying so."))
     episode_idle_timeout: float = Field(900.0, gt=0, description=(

@@ -115,37 +115,50 @@ class VirtualApi:
             doc = self.resolve(request.category, request.tool_name, request.api_name)
             answer.names = (doc.category, doc.tool, doc.api)
             stages["resolve"] = clock() - now
-
-            session, history, settings = None, None, self.settings
-            session_id = request.session_id or session_id
-            if session_id and len(session_id) > MAX_SESSION_ID_CHARS:
-                raise SessionIdError(f"the session id is {len(session_id):,} characters long; a session id "
-                                     f"(session_id or X-Session-Id) has at most {MAX_SESSION_ID_CHARS}")
-            if session_id and settings.session_history:
-                answer.session = session_id
-                session = Session(settings.session_history, await self.cache.session(session_id, settings.session_ttl))
-                history = session.history(settings.session_history, settings.session_char_budget)
-
-            reply = await self.responder.respond(doc, arguments, key, history, stages)
-            answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
-            answer.rationale, answer.parsed = reply.rationale, reply.parsed
-            answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
-            if session is not None and session_id:
-                observation = json.loads(reply.observation)
-                line = keyed_history_line(doc.tool, doc.api, key, observation.get("error", ""),
-                                          observation.get("response", ""), session_format(settings.prompt_format))
-                await self.cache.update_session(session_id, settings.session_ttl,
-                                                advance(settings.session_history, settings.session_char_budget, line))
+            await self._respond(answer, doc, arguments, key, request.session_id or session_id)
             return answer
         except Exception as exc:  # every failure becomes an observation (or a 422), never a 500
-            failure = to_failure(exc)
-            answer.status, answer.outcome, answer.body, answer.detail = (failure.status, failure.outcome,
-                                                                         failure.body, failure.detail)
-            if answer.cache is None and "cache_lookup" in stages:
-                answer.cache = "miss"
-            return answer
+            return _failed(answer, exc)
         finally:
             stages["total"] = clock() - start
+
+    async def answer_call(self, doc: ApiDoc, arguments: dict, session_id: str | None) -> Answer:
+        """The answer to a call whose API is known already (an OpenEnv step: a function of its toolset), exactly
+        as `answer` gives it for the same call's /virtual body, without writing and parsing that body."""
+        answer = Answer(200, b"", "", names=(doc.category, doc.tool, doc.api))
+        start = time.perf_counter()
+        try:
+            arguments, key = parse_arguments(arguments)
+            answer.stages["parse"] = time.perf_counter() - start
+            await self._respond(answer, doc, arguments, key, session_id)
+            return answer
+        except Exception as exc:  # as in `answer`
+            return _failed(answer, exc)
+        finally:
+            answer.stages["total"] = time.perf_counter() - start
+
+    async def _respond(self, answer: Answer, doc: ApiDoc, arguments: dict | None, key: str,
+                       session_id: str | None) -> None:
+        """The answer of a resolved call, in its session (when it has one); the session advanced by it."""
+        session, history, settings = None, None, self.settings
+        if session_id and len(session_id) > MAX_SESSION_ID_CHARS:
+            raise SessionIdError(f"the session id is {len(session_id):,} characters long; a session id "
+                                 f"(session_id or X-Session-Id) has at most {MAX_SESSION_ID_CHARS}")
+        if session_id and settings.session_history:
+            answer.session = session_id
+            session = Session(settings.session_history, await self.cache.session(session_id, settings.session_ttl))
+            history = session.history(settings.session_history, settings.session_char_budget)
+
+        reply = await self.responder.respond(doc, arguments, key, history, answer.stages)
+        answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
+        answer.rationale, answer.parsed = reply.rationale, reply.parsed
+        answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
+        if session is not None and session_id:
+            observation = json.loads(reply.observation)
+            line = keyed_history_line(doc.tool, doc.api, key, observation.get("error", ""),
+                                      observation.get("response", ""), session_format(settings.prompt_format))
+            await self.cache.update_session(session_id, settings.session_ttl,
+                                            advance(settings.session_history, settings.session_char_budget, line))
 
     def check_miss(self, doc: ApiDoc, arguments: dict | None, key: str) -> None:
         """Before a miss is simulated: the bound on what reaches the engine, and the validation policy
@@ -196,6 +209,15 @@ def read_large_body(body: bytes, max_arguments_chars: int):
     except ToolInputError as exc:
         return request, None, None, exc
     return request, arguments if len(key) <= max_arguments_chars else None, key, None
+
+
+def _failed(answer: Answer, exc: Exception) -> Answer:
+    failure = to_failure(exc)
+    answer.status, answer.outcome, answer.body, answer.detail = (failure.status, failure.outcome, failure.body,
+                                                                 failure.detail)
+    if answer.cache is None and "cache_lookup" in answer.stages:
+        answer.cache = "miss"
+    return answer
 
 
 # ------------------------------------------------------------------------------- parsing and failures

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
+from mirrorapi.serving.answer import Answer
 from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_json
 from mirrorapi.serving.mcp_server import json_rpc_error
 from mirrorapi.serving.server import VirtualServer
@@ -79,7 +80,8 @@ class Episode:
     toolset: Toolset
     task: dict | None
     steps: int = 0
-    calls: deque = field(default_factory=lambda: deque(maxlen=STATE_CALLS))  # (tool, arguments, error, provenance)
+    # (tool, arguments, the /virtual answer's bytes and its provenance) or (tool, arguments, None, why not called)
+    calls: deque = field(default_factory=lambda: deque(maxlen=STATE_CALLS))
     last_used: float = 0.0
 
 
@@ -94,7 +96,7 @@ class Episodes:
         self.max_episodes, self.idle_seconds = settings.max_episodes, settings.episode_idle_timeout
         self.max_body = settings.max_body_bytes
         self.toolsets = server.toolsets
-        self._tool_lists: dict[str, list[dict]] = {}  # by toolset spec: what reset and list_tools give
+        self._tool_lists: dict[str, str] = {}  # by toolset spec: the JSON of what reset and list_tools give
         self.over_http: dict[str, Episode] = {}
         self.connected = 0  # episodes of open WebSockets
 
@@ -141,70 +143,76 @@ class Episodes:
         if settings.session_history:
             await self.server.cache.update_session(episode_id, settings.session_ttl, lambda _: (EMPTY_HISTORY, 0, []))
 
-    def observation_of_reset(self, episode: Episode) -> dict:
-        return {"observation": {"episode_id": episode.episode_id, "toolset": episode.toolset_spec,
-                                "task": episode.task, "tools": self.tools(episode),
-                                "metadata": {"episode_id": episode.episode_id}},
-                "reward": None, "done": False}
+    def observation_of_reset(self, episode: Episode) -> str:
+        """JSON text: the episode, its task and its tools (OpenEnv's ListToolsObservation, with more fields)."""
+        head = _ENCODE({"episode_id": episode.episode_id, "toolset": episode.toolset_spec, "task": episode.task,
+                        "metadata": {"episode_id": episode.episode_id}})
+        return '{"observation":' + head[:-1] + ',"tools":' + self.tools_json(episode) + '},"reward":null,"done":false}'
 
-    async def step(self, episode: Episode, action: Any) -> dict:
-        """The observation of one action (OpenEnv's serialised form: observation, reward, done)."""
+
+    async def step(self, episode: Episode, action: Any) -> str:
+        """The observation of one action, as the JSON text of OpenEnv's serialised form (observation, reward,
+        done). A tool call's /virtual answer goes into it as the bytes the server answered (never decoded and
+        written again: a step's CPU is what 16,384 episodes at once are made of)."""
         if not isinstance(action, dict):
             raise EpisodeError("step takes an action object: {\"type\": \"call_tool\", \"tool_name\", \"arguments\"} "
                                "or {\"type\": \"list_tools\"}")
         kind = action.get("type")
         episode.last_used = time.monotonic()
         if kind == "list_tools":
-            return {"observation": {"tools": self.tools(episode), "metadata": {}}, "reward": None,
-                    "done": False}
+            return '{"observation":{"tools":' + self.tools_json(episode) + ',"metadata":{}},"reward":null,"done":false}'
         if kind != "call_tool":
             raise EpisodeError(f"unknown action type {str(kind)[:60]!r}: this environment takes call_tool and "
                                "list_tools (OpenEnv's MCP actions)")
         name, arguments = action.get("tool_name"), action.get("arguments", {})
         episode.steps += 1
-        observation: dict[str, Any] = {"tool_name": name, "result": None, "error": None}
         metadata: dict[str, Any] = {"episode_id": episode.episode_id, "step": episode.steps}
         doc = episode.toolset.functions.get(name) if isinstance(name, str) else None
+        if doc is not None and isinstance(arguments, dict):
+            answer = await self.call(episode, doc, arguments)
+            episode.calls.append((name, arguments, answer.body, answer.provenance))
+            metadata.update(provenance=answer.provenance, cache=answer.cache, outcome=answer.outcome)
+            return (f'{{"observation":{{"tool_name":{_ENCODE(name)},"result":{answer.body.decode()},"error":null,'
+                    f'"metadata":{_ENCODE(metadata)}}},"reward":null,"done":false}}')
         if doc is None:
-            observation["error"] = {"error_type": "tool_not_found", "message": (
+            error = {"error_type": "tool_not_found", "message": (
                 f"Unknown tool {str(name)[:100]!r} in this episode's toolset of {len(episode.toolset.functions):,} "
                 "tools (list_tools names them).")}
-        elif not isinstance(arguments, dict):
-            observation["error"] = {"error_type": "invalid_args", "message": (
-                f"arguments must be an object of the tool's parameters, got {type(arguments).__name__}")}
         else:
-            result, answer = await self.call(episode, doc, arguments)
-            observation["result"] = result
-            metadata.update(provenance=answer.provenance, cache=answer.cache, outcome=answer.outcome)
-            error = result.get("error", "") if isinstance(result, dict) else ""
-            episode.calls.append((name, arguments, error, answer.provenance))
-        if observation["error"] is not None:
-            episode.calls.append((name, arguments, observation["error"]["message"], None))
-        observation["metadata"] = metadata
-        return {"observation": observation, "reward": None, "done": False}
+            error = {"error_type": "invalid_args", "message": (
+                f"arguments must be an object of the tool's parameters, got {type(arguments).__name__}")}
+        episode.calls.append((name, arguments, None, error["message"]))
+        return _ENCODE({"observation": {"tool_name": name, "result": None, "error": error, "metadata": metadata},
+                        "reward": None, "done": False})
 
-    async def call(self, episode: Episode, doc, arguments: dict) -> tuple[Any, Any]:
-        """(the /virtual observation, the `Answer`) of one tool call in the episode's session; counted in /metrics
-        and written to the request log like a /virtual call."""
-        body = _ENCODE({"category": doc.category, "tool_name": doc.tool, "api_name": doc.api,
-                        "tool_input": arguments}).encode()
-        answer = await self.server.answer(body, episode.episode_id)
-        return json.loads(answer.body), answer
+    async def call(self, episode: Episode, doc, arguments: dict) -> Answer:
+        """The `Answer` of one tool call in the episode's session, as /virtual gives it; counted in /metrics and
+        written to the request log like a /virtual call."""
+        return await self.server.answer_call(doc, arguments, episode.episode_id)
 
-    def tools(self, episode: Episode) -> list[dict]:
+    def tools_json(self, episode: Episode) -> str:
+        """The toolset's tools as OpenEnv's `Tool` list, in JSON (made once per toolset)."""
         tools = self._tool_lists.get(episode.toolset_spec)
         if tools is None:
-            tools = tool_list(episode.toolset)
+            tools = _ENCODE(tool_list(episode.toolset))
             if len(self._tool_lists) < 1024:
                 self._tool_lists[episode.toolset_spec] = tools
         return tools
 
     @staticmethod
     def state_of(episode: Episode) -> dict:
+        """OpenEnv's State: episode_id and step_count, with the episode's toolset, task and calls so far (each
+        call: the tool, its arguments, the API's error ('' for an answer) or why it was not called, provenance)."""
+        calls = []
+        for tool, arguments, body, detail in episode.calls:
+            if body is None:  # not called: `detail` says why
+                calls.append({"tool_name": tool, "arguments": arguments, "error": detail, "provenance": None})
+                continue
+            answer = json.loads(body)
+            error = answer.get("error", "") if isinstance(answer, dict) else ""
+            calls.append({"tool_name": tool, "arguments": arguments, "error": error, "provenance": detail})
         return {"episode_id": episode.episode_id, "step_count": episode.steps, "toolset": episode.toolset_spec,
-                "task": episode.task, "calls": [
-                    {"tool_name": tool, "arguments": arguments, "error": error, "provenance": provenance}
-                    for tool, arguments, error, provenance in episode.calls]}
+                "task": episode.task, "calls": calls}
 
     def room(self) -> str | None:
         """Why no episode can be opened now, or None."""
@@ -267,10 +275,10 @@ class Episodes:
         kind = message.get("type") if isinstance(message, dict) else None
         try:
             if kind == "step":
-                return _ENCODE({"type": "observation", "data": await self.step(episode, message.get("data"))}), episode
+                return '{"type":"observation","data":' + await self.step(episode, message.get("data")) + "}", episode
             if kind == "reset":
                 episode = await self.reset(message.get("data") or {})
-                return _ENCODE({"type": "observation", "data": self.observation_of_reset(episode)}), episode
+                return '{"type":"observation","data":' + self.observation_of_reset(episode) + "}", episode
             if kind == "state":
                 return _ENCODE({"type": "state", "data": self.state_of(episode)}), episode
             if kind == "close":
@@ -297,12 +305,12 @@ class Episodes:
             return _rpc_error(request_id, JSON_RPC_INVALID_PARAMS, "params must be an object")
         if method == "tools/list":
             tools = [{"name": t["name"], "description": t["description"], "inputSchema": t["input_schema"]}
-                     for t in self.tools(episode)]
+                     for t in json.loads(self.tools_json(episode))]
             return _ENCODE({"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}})
         if method != "tools/call":
             return _rpc_error(request_id, JSON_RPC_METHOD_NOT_FOUND, f"Method not found: {method[:60]}")
-        observation = (await self.step(episode, {"type": "call_tool", "tool_name": params.get("name"),
-                                                 "arguments": params.get("arguments") or {}}))["observation"]
+        observation = json.loads(await self.step(episode, {"type": "call_tool", "tool_name": params.get("name"),
+                                                           "arguments": params.get("arguments") or {}}))["observation"]
         if observation["error"] is not None:
             return _rpc_error(request_id, JSON_RPC_INVALID_PARAMS, observation["error"]["message"])
         result = observation["result"]
@@ -335,10 +343,9 @@ class Episodes:
                     return await send_json(send, 503, _detail(refusal), [(b"retry-after", b"5")])
                 episode = await self.reset(data)
                 self.over_http[episode.episode_id] = episode
-                return await send_json(send, 200, _ENCODE(self.observation_of_reset(episode)).encode())
+                return await send_json(send, 200, self.observation_of_reset(episode).encode())
             episode = self._known(data.get("episode_id"))
-            answer = await self.step(episode, data.get("action"))
-            return await send_json(send, 200, _ENCODE(answer).encode())
+            return await send_json(send, 200, (await self.step(episode, data.get("action"))).encode())
         except BodyTooLarge as exc:
             return await send_json(send, 413, _detail(f"Request body too large: {exc.args[0]:,} bytes or more (this "
                                                       f"server takes up to {self.max_body:,})"))

@@ -55,7 +55,7 @@ class Reply:
 
 class Responder:
     def __init__(self, settings: ServerSettings, cache: Store, simulator: Simulator, metrics: ServerMetrics,
-                 check_miss: Callable[[ApiDoc, dict, str], None], lease_holder: str | None = None):
+                 check_miss: Callable[[ApiDoc, dict | None, str], None], lease_holder: str | None = None):
         """`metrics`: counts engine calls and coalesced misses; `lease_holder`: this process's name in the store's
         leases when the store is shared, else None."""
         self.settings, self.cache, self.simulator, self.metrics = settings, cache, simulator, metrics
@@ -63,10 +63,11 @@ class Responder:
         self.identities = {False: simulator_identity(settings), True: simulator_identity(settings, in_session=True)}
         self._in_flight: dict[tuple[Call, str], asyncio.Task] = {}
 
-    async def respond(self, doc: ApiDoc, arguments: dict, key: str, history: History | None,
+    async def respond(self, doc: ApiDoc, arguments: dict | None, key: str, history: History | None,
                       stages: dict[str, float]) -> Reply:
-        """The answer to a call (`key`: the canonical JSON of `arguments`); records the time of the cache
-        lookup and the engine in `stages`. Raises what `check_miss` raises, ReplayMiss and EngineError."""
+        """The answer to a call (`key`: the canonical JSON of `arguments`; `arguments` None for arguments too large
+        to simulate, which only a recorded answer serves); records the time of the cache lookup and the engine in
+        `stages`. Raises what `check_miss` raises, ReplayMiss and EngineError."""
         clock = time.perf_counter
         start = clock()
         call = Call(doc.category, doc.tool, doc.api, key, history.digest if history is not None else NO_SESSION)
@@ -76,6 +77,7 @@ class Responder:
         if found is not None:  # a recorded answer wins over the validation policy: it is what the API said
             return Reply(found[0], found[1], hit=True)
         self.check_miss(doc, arguments, key)
+        assert arguments is not None  # check_miss refuses a miss without them
         if self.settings.mode == "replay":
             after = f" after {history.steps} earlier call(s) of its session" if history is not None else ""
             raise ReplayMiss(f"no cached response for {doc.category}/{doc.tool}/{doc.api} {key[:200]}{after}")

@@ -26,7 +26,7 @@ from mirrorapi.serving.config import ConfigError, ServerSettings
 from mirrorapi.serving.handler import VirtualApi
 from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics
 from mirrorapi.serving.simulator import Simulator
-from mirrorapi.tools import ToolRegistry
+from mirrorapi.tools import ApiDoc, ToolRegistry
 from mirrorapi.toolsets import ToolsetCache, ToolsetError, select_toolset
 
 logger = logging.getLogger(__name__)
@@ -87,16 +87,21 @@ class VirtualServer:
 
     async def answer(self, body: bytes, session_id: str | None = None) -> Answer:
         """The answer to a /virtual body (whichever door it came by), counted in the metrics and logged."""
-        answer = await self.virtual.answer(body, session_id)
-        self.metrics.record(answer)
-        self.request_log.record(answer)
-        return answer
+        return self._recorded(await self.virtual.answer(body, session_id))
+
+    async def answer_call(self, doc: ApiDoc, arguments: dict, session_id: str | None) -> Answer:
+        """The answer to a call of a known API (an OpenEnv step), as /virtual gives it; counted and logged."""
+        return self._recorded(await self.virtual.answer_call(doc, arguments, session_id))
 
     def refused(self, status: int, outcome: str, detail: str = "") -> None:
         """A request refused before any handler (401, 405, 408, 413), counted and logged like an answer."""
-        answer = Answer(status, b"", outcome, detail=detail)
+        self._recorded(Answer(status, b"", outcome, detail=detail))
+
+    def _recorded(self, answer: Answer) -> Answer:
+        """The one place a call is counted in the metrics and written to the request log."""
         self.metrics.record(answer)
         self.request_log.record(answer)
+        return answer
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -74,8 +74,31 @@ async def refused_without_key(url: str) -> dict:
         return {"refused": str(exc)}
 
 
+async def documented_environment(url: str) -> dict:
+    """The TRL environment class of docs/serving.md, run as a trainer would (TRL itself is not in this venv: a
+    stand-in module named `trl` lets the block import; the class does not use it)."""
+    import re
+    import types
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"^```python openenv\n(.*?)^```", page, re.MULTILINE | re.DOTALL)
+    sys.modules.setdefault("trl", types.ModuleType("trl")).GRPOTrainer = object
+    namespace: dict = {}
+    exec(compile(block.replace("127.0.0.1:8080", url.split("//")[1]), "docs/serving.md", "exec"), namespace)
+
+    def run() -> dict:
+        environment = namespace["VirtualApis"]()
+        prompt = environment.reset(query_id="77", prompt="ignored")
+        answer = environment.call_api("getusertoken", json.dumps(LOGIN))
+        unknown = environment.call_api("no_such_tool", "{}")
+        environment.env.close()
+        return {"prompt": prompt, "answer": json.loads(answer), "unknown": unknown}
+    return await asyncio.get_running_loop().run_in_executor(None, run)  # the sync client runs its own loop
+
+
 SCENARIOS = {"tool_client": tool_client, "generic_client": generic_client, "capacity": capacity,
-             "refused_without_key": refused_without_key}
+             "refused_without_key": refused_without_key, "documented_environment": documented_environment}
 
 if __name__ == "__main__":
     print(json.dumps(asyncio.run(SCENARIOS[sys.argv[2]](sys.argv[1]))))

@@ -102,6 +102,18 @@ def test_a_task_is_a_stabletoolbench_query(serve, engine_down, tmp_path, samples
     assert unknown.status_code == 422 and "unknown task '78'" in unknown.json()["detail"]
 
 
+def test_the_documented_trl_environment_runs_an_episode(serve, recorded_cache, engine_down, tmp_path, samples):
+    query_file = tmp_path / "queries.json"
+    query_file.write_text(json.dumps([{"query_id": 77, "query": "Log me in as JaneSmith.", "api_list": [
+        {"category_name": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken"}]}]))
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0,
+               tools_folder=[str(samples / "tools"), str(query_file)]) as server:
+        seen = drive(server.url, "documented_environment")
+    assert seen["prompt"].startswith("APIs: ") and json.loads(seen["prompt"][6:])[0]["name"] == "getusertoken"
+    assert seen["answer"] == LOGIN_ANSWER
+    assert "Unknown tool 'no_such_tool'" in seen["unknown"]
+
+
 def test_http_reset_step_state_take_openenvs_request_shapes(serve, recorded_cache, engine_down):
     with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as server:
         client = server.client
