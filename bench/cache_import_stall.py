@@ -5,8 +5,8 @@
 A server (`serving/main_mirrorapi.py`, the bundled sample tools, a stub engine answering every chat
 completion after 50 ms: harness/fake_engines.py's benchmark instrument) on a cache seeded with the real
 API-Bank pairs. 20 paced keep-alive connections send `--rate` requests/s together: 16 send hits (seeded
-calls), 4 send misses (new calls: simulated, then stored by the writer thread before they are answered). Two seconds in,
-`mirrorapi cache import PAIRS --cache <the server's cache>` runs in its own process (20,000 real
+calls), 4 send misses (new calls: simulated, then stored by the writer thread before they are answered). Two seconds
+in, `mirrorapi cache import PAIRS --cache <the server's cache>` runs in its own process (20,000 real
 pairs); the load goes on until one second after it ends. Then the same with the import done as one
 long transaction (what `put_many` did before it committed in slices), for comparison.
 

@@ -46,7 +46,9 @@ def memory_mb(pids: list[int]) -> float:
     """VmRSS of the server's processes, summed."""
     total = 0
     for pid in pids:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
         total += int(fields["VmRSS"].split()[0])
     return total / 1024
 

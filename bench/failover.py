@@ -6,8 +6,8 @@ A real virtual server process (`serving/main_mirrorapi.py`, the bundled sample t
 is given `api_base: [hung, healthy]`. The hung replica is a fake engine (a fault a real one cannot be
 made to show on demand): it accepts connections and never answers. The healthy one is a stub engine
 (harness/fake_engines.py), answering every chat completion after 50 ms (a benchmark
-instrument). `--clients` closed-loop clients send misses (every call new) for `--seconds`; the cool-down is shorter than the
-run, so the hung replica is probed again several times while the load runs.
+instrument). `--clients` closed-loop clients send misses (every call new) for `--seconds`; the cool-down is shorter
+than the run, so the hung replica is probed again several times while the load runs.
 
 Target (issue 11): 100% of misses succeed, each within attempt timeout + engine latency.
 """

@@ -105,16 +105,28 @@ def main() -> None:
         engine.wait(10)
         shutil.rmtree(work, ignore_errors=True)
     us = {v: round(statistics.median(cpu[v]), 1) for v in VARIANTS}
-    print(json.dumps({
-        "command": " ".join(sys.argv), "load_average_before": load_before, "load_average_after": server_load.load_average(),
-        "clients": server_workloads.CLIENTS, "runs": args.runs, "cpu_us_per_hit": us,
-        "parts_us": {"uvicorn_and_a_constant_answer": us["bare"],
-                     "receive_deadline_and_options": round(us["transport"] - us["bare"], 1),
-                     "virtual_endpoint_metrics_and_log_line": round(us["endpoint"] - us["transport"], 1),
-                     "metrics": round(us["server"] - us["no_metrics"], 1),
-                     "log_line": round(us["server"] - us["no_log_line"], 1),
-                     "answer": round(us["server"] - us["endpoint"], 1)},
-        "per_run_cpu_us": cpu, "versions": package_versions()}))
+    print(
+        json.dumps(
+            {
+                "command": " ".join(sys.argv),
+                "load_average_before": load_before,
+                "load_average_after": server_load.load_average(),
+                "clients": server_workloads.CLIENTS,
+                "runs": args.runs,
+                "cpu_us_per_hit": us,
+                "parts_us": {
+                    "uvicorn_and_a_constant_answer": us["bare"],
+                    "receive_deadline_and_options": round(us["transport"] - us["bare"], 1),
+                    "virtual_endpoint_metrics_and_log_line": round(us["endpoint"] - us["transport"], 1),
+                    "metrics": round(us["server"] - us["no_metrics"], 1),
+                    "log_line": round(us["server"] - us["no_log_line"], 1),
+                    "answer": round(us["server"] - us["endpoint"], 1),
+                },
+                "per_run_cpu_us": cpu,
+                "versions": package_versions(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

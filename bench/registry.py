@@ -4,9 +4,9 @@
 
 Each run loads the folder twice, each time in a fresh process (so memory is the registry's own): cold
 (no compiled index: every JSON file is read, then the index is written, `mirrorapi/tools_index.py`, in a
-temporary MIRRORAPI_TOOLS_INDEX_DIR) and warm (the index of the cold load). The tool files stay in the OS page cache throughout (dropping it
-would slow every other job on the machine), so cold is the parsing, not the disk. Prints one JSON
-object with medians and the load average. Targets: cold <= 3 s and <= 300 MB (issue 2), warm <= 1 s
+temporary MIRRORAPI_TOOLS_INDEX_DIR) and warm (the index of the cold load). The tool files stay in the OS page cache
+throughout (dropping it would slow every other job on the machine), so cold is the parsing, not the disk. Prints one
+JSON object with medians and the load average. Targets: cold <= 3 s and <= 300 MB (issue 2), warm <= 1 s
 (issue 21 §2; StableToolBench's server starts in 1.0 s here).
 """
 

@@ -78,27 +78,36 @@ TARGETS = {"hit_cpu_stb_over_ours": 12.0, "miss_rps_over_limit": 0.95, "miss_cpu
 
 def ratios(servers: dict) -> dict:
     mine = servers["mirrorapi"]
-    out = {"miss_rps_over_limit": round(mine["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
-           # not a target: how far the instrument alone gets (64 clients straight at the stub engine)
-           "engine_direct_rps_over_limit": round(servers["engine_direct"]["calls_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
-           "miss_cpu_ms": round(mine["misses_64"]["server_cpu_ms_per_request"], 3),
-           "hit_p99_over_bare": round(mine["hits_64"]["p99_ms"] / servers["bare"]["hits_64"]["p99_ms"], 3),
-           # not a target: the same at a paced 1,000 requests/s (latency, where closed loops measure saturation)
-           "hit_p99_at_1000rps_over_bare": round(mine["hits_64_at_1000rps"]["p99_ms"]
-                                                 / servers["bare"]["hits_64_at_1000rps"]["p99_ms"], 3),
-           # not targets: what the floors reach on the same scales (the least a cache server here can do)
-           "forwarder_rps_over_limit": round(servers["forwarder"]["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
-           "forwarder_cpu_ms": round(servers["forwarder"]["misses_64"]["server_cpu_ms_per_request"], 3),
-           "forwarder_httpx_rps_over_limit": round(servers["forwarder_httpx"]["misses_64"]["rps"]
-                                                   / (CLIENTS / ENGINE_LATENCY), 3),
-           "forwarder_httpx_cpu_ms": round(servers["forwarder_httpx"]["misses_64"]["server_cpu_ms_per_request"], 3),
-           "forwarder_streams_rps_over_limit": round(servers["forwarder_streams"]["misses_64"]["rps"]
-                                                     / (CLIENTS / ENGINE_LATENCY), 3),
-           "forwarder_streams_cpu_ms": round(servers["forwarder_streams"]["misses_64"]["server_cpu_ms_per_request"], 3),
-           "lookup_floor_p99_over_bare": round(servers["lookup_floor"]["hits_64"]["p99_ms"]
-                                               / servers["bare"]["hits_64"]["p99_ms"], 3),
-           "memory_floor_p99_over_bare": round(servers["memory_floor"]["hits_64"]["p99_ms"]
-                                               / servers["bare"]["hits_64"]["p99_ms"], 3)}
+    out = {
+        "miss_rps_over_limit": round(mine["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
+        # not a target: how far the instrument alone gets (64 clients straight at the stub engine)
+        "engine_direct_rps_over_limit": round(
+            servers["engine_direct"]["calls_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3
+        ),
+        "miss_cpu_ms": round(mine["misses_64"]["server_cpu_ms_per_request"], 3),
+        "hit_p99_over_bare": round(mine["hits_64"]["p99_ms"] / servers["bare"]["hits_64"]["p99_ms"], 3),
+        # not a target: the same at a paced 1,000 requests/s (latency, where closed loops measure saturation)
+        "hit_p99_at_1000rps_over_bare": round(
+            mine["hits_64_at_1000rps"]["p99_ms"] / servers["bare"]["hits_64_at_1000rps"]["p99_ms"], 3
+        ),
+        # not targets: what the floors reach on the same scales (the least a cache server here can do)
+        "forwarder_rps_over_limit": round(servers["forwarder"]["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3),
+        "forwarder_cpu_ms": round(servers["forwarder"]["misses_64"]["server_cpu_ms_per_request"], 3),
+        "forwarder_httpx_rps_over_limit": round(
+            servers["forwarder_httpx"]["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3
+        ),
+        "forwarder_httpx_cpu_ms": round(servers["forwarder_httpx"]["misses_64"]["server_cpu_ms_per_request"], 3),
+        "forwarder_streams_rps_over_limit": round(
+            servers["forwarder_streams"]["misses_64"]["rps"] / (CLIENTS / ENGINE_LATENCY), 3
+        ),
+        "forwarder_streams_cpu_ms": round(servers["forwarder_streams"]["misses_64"]["server_cpu_ms_per_request"], 3),
+        "lookup_floor_p99_over_bare": round(
+            servers["lookup_floor"]["hits_64"]["p99_ms"] / servers["bare"]["hits_64"]["p99_ms"], 3
+        ),
+        "memory_floor_p99_over_bare": round(
+            servers["memory_floor"]["hits_64"]["p99_ms"] / servers["bare"]["hits_64"]["p99_ms"], 3
+        ),
+    }
     if "stabletoolbench" in servers:
         out["hit_cpu_stb_over_ours"] = round(servers["stabletoolbench"]["hits_64"]["server_cpu_ms_per_request"]
                                              / mine["hits_64"]["server_cpu_ms_per_request"], 2)
@@ -109,7 +118,8 @@ def ratios(servers: dict) -> dict:
 
 
 def postgres_over_sqlite(servers: dict) -> dict:
-    """The PostgreSQL store's figures over the SQLite store's, same run (CPU: the server's, then with the database's)."""
+    """The PostgreSQL store's figures over the SQLite store's, same run (CPU: the server's, then with the
+    database's)."""
     sqlite, postgres = servers["mirrorapi"], servers["mirrorapi_postgres"]
     out = {}
     for workload in ("hits_64", "misses_64"):

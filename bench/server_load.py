@@ -108,7 +108,9 @@ def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: i
     result = json.loads(out.stdout)
     result["server_cpu_ms_per_request"] = (cpu_seconds(server_pid) - before) * 1e3 / result["requests"]
     if database_pid:
-        result["database_cpu_ms_per_request"] = (cpu_seconds(database_pid) - database_before) * 1e3 / result["requests"]
+        result["database_cpu_ms_per_request"] = (
+            (cpu_seconds(database_pid) - database_before) * 1e3 / result["requests"]
+        )
     return result
 
 

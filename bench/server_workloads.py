@@ -136,8 +136,17 @@ def mirrorapi_command(args, port: int, engine_port: int, cache_path: Path | None
             "--log-file", str(log_file), "--log-level", "warning", *extra]
 
 
-def bench_mirrorapi(args, work: Path, name: str, hit_bodies: Path, miss_bodies: list[str], engine_port: int,
-                    cache_path: Path | None = None, cache_url: str | None = None, database_pid: int | None = None) -> dict:
+def bench_mirrorapi(
+    args,
+    work: Path,
+    name: str,
+    hit_bodies: Path,
+    miss_bodies: list[str],
+    engine_port: int,
+    cache_path: Path | None = None,
+    cache_url: str | None = None,
+    database_pid: int | None = None,
+) -> dict:
     port = free_port()
     command = mirrorapi_command(args, port, engine_port, cache_path, cache_url, work / f"{name}-requests.jsonl")
     with started(command, work, name, f"http://127.0.0.1:{port}/live") as (process, startup):

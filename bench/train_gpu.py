@@ -183,25 +183,56 @@ def main() -> None:
     resolved = info["recipe"]["resolved"]
     peak_gib = max((e.get("peak_memory_gib", 0) for e in logs), default=0) if gpu else round(
         resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2)
-    print(json.dumps({
-        "benchmark": "train_gpu", "recipe": str(Path(args.recipe).relative_to(REPO)) if Path(args.recipe).resolve()
-        .is_relative_to(REPO) else args.recipe, "shape": shape, "parameters": parameters, "device": gpu or "cpu",
-        "processes": processes, "accelerate_config": Path(accelerate_config).name, "overrides": cpu + overrides,
-        **{k: resolved.get(k) for k in ("attn_implementation", "packing", "per_device_train_batch_size",
-                                         "gradient_accumulation_steps", "gradient_checkpointing", "max_length",
-                                         "use_peft", "use_liger_kernel")},
-        "steps": args.steps, "warmup_steps_skipped": args.warmup, "train_records": info["metrics"]["train_records"],
-        "tokens_per_second": round(tokens_per_second),
-        "tokens_per_second_per_step": [round(e["tokens_per_second"]) for e in measured],
-        "mfu": round(6 * parameters * tokens_per_second / (peak_tflops * 1e12 * processes), 4) if peak_tflops else None,
-        "flop_count": "6N per token, N = all base-model parameters incl. embeddings", "peak_tflops": peak_tflops,
-        "gpu_busy": sampler.busy_share(log_times[min(args.warmup, len(log_times) - 1)], log_times[-1])
-        if sampler and log_times else None,
-        "peak_memory_gib": peak_gib, "peak_memory_kind": "GPU allocated" if gpu else "CPU RSS",
-        "final_loss": logs[-1].get("loss"), "build_seconds": round(build_seconds, 1),
-        "train_seconds": info["metrics"]["train_seconds"], "wall_seconds": round(wall, 1), "kept": args.keep,
-        "versions": info["versions"],  # what the recipe recorded in the model card: the software that trained
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "train_gpu",
+                "recipe": str(Path(args.recipe).relative_to(REPO))
+                if Path(args.recipe).resolve().is_relative_to(REPO)
+                else args.recipe,
+                "shape": shape,
+                "parameters": parameters,
+                "device": gpu or "cpu",
+                "processes": processes,
+                "accelerate_config": Path(accelerate_config).name,
+                "overrides": cpu + overrides,
+                **{
+                    k: resolved.get(k)
+                    for k in (
+                        "attn_implementation",
+                        "packing",
+                        "per_device_train_batch_size",
+                        "gradient_accumulation_steps",
+                        "gradient_checkpointing",
+                        "max_length",
+                        "use_peft",
+                        "use_liger_kernel",
+                    )
+                },
+                "steps": args.steps,
+                "warmup_steps_skipped": args.warmup,
+                "train_records": info["metrics"]["train_records"],
+                "tokens_per_second": round(tokens_per_second),
+                "tokens_per_second_per_step": [round(e["tokens_per_second"]) for e in measured],
+                "mfu": round(6 * parameters * tokens_per_second / (peak_tflops * 1e12 * processes), 4)
+                if peak_tflops
+                else None,
+                "flop_count": "6N per token, N = all base-model parameters incl. embeddings",
+                "peak_tflops": peak_tflops,
+                "gpu_busy": sampler.busy_share(log_times[min(args.warmup, len(log_times) - 1)], log_times[-1])
+                if sampler and log_times
+                else None,
+                "peak_memory_gib": peak_gib,
+                "peak_memory_kind": "GPU allocated" if gpu else "CPU RSS",
+                "final_loss": logs[-1].get("loss"),
+                "build_seconds": round(build_seconds, 1),
+                "train_seconds": info["metrics"]["train_seconds"],
+                "wall_seconds": round(wall, 1),
+                "kept": args.keep,
+                "versions": info["versions"],  # what the recipe recorded in the model card: the software that trained
+            }
+        )
+    )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
 

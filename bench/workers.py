@@ -44,9 +44,11 @@ def bench_workers(args, work: Path, n: int, run_index: int, bodies: list[dict], 
                                   for i, b in enumerate(bodies[:args.misses])]))
     with server_workloads.started(command, work, f"workers{n}", f"http://127.0.0.1:{port}/live") as (process, startup):
         server_load.run_load(port, process.pid, hit_bodies, 16, 4000)  # warm-up: every worker up and warm
-        return {"startup_s": startup,
-                "hits_64": server_load.run_load(port, process.pid, hit_bodies, server_workloads.CLIENTS, args.requests),
-                "misses_64": server_load.run_load(port, process.pid, misses, server_workloads.CLIENTS, args.misses)}
+        return {
+            "startup_s": startup,
+            "hits_64": server_load.run_load(port, process.pid, hit_bodies, server_workloads.CLIENTS, args.requests),
+            "misses_64": server_load.run_load(port, process.pid, misses, server_workloads.CLIENTS, args.misses),
+        }
 
 
 def main() -> None:
@@ -87,12 +89,23 @@ def main() -> None:
     for name, figures in servers.items():
         scaling[name] = {f"{load}_{key}": round(figures[load][key] / first[load][key], 3)
                          for load in ("hits_64", "misses_64") for key in ("rps", "server_cpu_ms_per_request")}
-    print(json.dumps({"command": " ".join(sys.argv), "load_average_before": load_before,
-                      "load_average_after": server_load.load_average(), "cpu_count": os.cpu_count(),
-                      "clients": server_workloads.CLIENTS, "engine_latency_s": server_workloads.ENGINE_LATENCY, "runs": args.runs,
-                      "servers": servers, "scaling": scaling,
-                      "per_run": {f"workers_{n}": runs[n] for n in args.workers},
-                      "versions": package_versions()}))
+    print(
+        json.dumps(
+            {
+                "command": " ".join(sys.argv),
+                "load_average_before": load_before,
+                "load_average_after": server_load.load_average(),
+                "cpu_count": os.cpu_count(),
+                "clients": server_workloads.CLIENTS,
+                "engine_latency_s": server_workloads.ENGINE_LATENCY,
+                "runs": args.runs,
+                "servers": servers,
+                "scaling": scaling,
+                "per_run": {f"workers_{n}": runs[n] for n in args.workers},
+                "versions": package_versions(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

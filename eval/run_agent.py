@@ -1,7 +1,8 @@
 """Run an open tool-calling model on StableToolBench queries against /virtual (CoT@1 or DFS_woFilter_w2).
 
     python eval/run_agent.py --queries solvable_queries/test_instruction --server http://127.0.0.1:8080/virtual \
-        --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct --method CoT@1 --out runs/answers/qwen7b_cot
+        --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct --method CoT@1 \
+        --out runs/answers/qwen7b_cot
 
 No tool calls through the engine (e.g. SmolLM2)? `--prompt-format agent-react-v1` (text; llama.cpp: --react-grammar).
 

@@ -189,8 +189,13 @@ def _own_group(process: subprocess.Popen) -> bool:
 
 
 @contextlib.contextmanager
-def transformers_serve(model_dir: str | os.PathLike, port: int | None = None, log_path: str | os.PathLike | None = None,
-                       timeout: float = 180.0, extra_args: Sequence[str] = ()) -> Iterator[RunningEngine]:
+def transformers_serve(
+    model_dir: str | os.PathLike,
+    port: int | None = None,
+    log_path: str | os.PathLike | None = None,
+    timeout: float = 180.0,
+    extra_args: Sequence[str] = (),
+) -> Iterator[RunningEngine]:
     """`transformers serve MODEL_DIR --device cpu` on 127.0.0.1, ready to answer when the block starts."""
     model = str(Path(model_dir).resolve())
     port = port or free_port()
@@ -220,7 +225,9 @@ def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("sse_starlette") is not None
 
 
-def llama_cpp_command(gguf_path: str | os.PathLike, model: str, port: int, extra_args: Sequence[str] = ()) -> list[str]:
+def llama_cpp_command(
+    gguf_path: str | os.PathLike, model: str, port: int, extra_args: Sequence[str] = ()
+) -> list[str]:
     """The command line of llama.cpp's server for one GGUF, answering requests whose `model` is `model`
     (`mirrorapi.llama_cpp_engine`: llama-cpp-python's server taking OpenAI's `response_format`, with our
     defaults: 127.0.0.1, all cores, one request at a time without cutting the one in progress)."""

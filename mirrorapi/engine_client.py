@@ -6,8 +6,8 @@ among equals). A call has one deadline (`timeout`) for all its attempts, and an 
 move on to another replica its own limit (`attempt_timeout`), so a hung replica costs one attempt,
 not the call. The next attempt goes to a replica this call has not tried yet, without waiting; a
 replica that failed is skipped by every call for `cooldown` seconds, then probed in the background
-(a one-token completion brings it back) before it gets traffic again. Only when no untried healthy replica is left does a
-call wait (exponential backoff with full jitter, so retries of many calls do not arrive together).
+(a one-token completion brings it back) before it gets traffic again. Only when no untried healthy replica is left does
+a call wait (exponential backoff with full jitter, so retries of many calls do not arrive together).
 With `max_in_flight`, a replica takes at most that many calls at once (a CPU engine given many calls
 answers none in time); further calls wait for a free one in arrival order, at most `max_waiting` of them:
 one more fails at once with EngineError `busy`.

@@ -42,11 +42,14 @@ def _shrink_value(value, budget: int):
         return kept
     if isinstance(value, dict):
         shrunk = dict(value)
-        for _ in range(4 * len(shrunk)):  # each round shrinks the longest value; bounded, the budget may be unreachable
+        # Each round shrinks the longest value; bounded, the budget may be unreachable.
+        for _ in range(4 * len(shrunk)):
             excess = len(_compact(shrunk)) - budget
             if excess <= 0:
                 break
-            key = max(shrunk, key=lambda k: len(_compact(shrunk[k])) if isinstance(shrunk[k], (str, list, dict)) else 0)
+            key = max(
+                shrunk, key=lambda k: len(_compact(shrunk[k])) if isinstance(shrunk[k], (str, list, dict)) else 0
+            )
             current = len(_compact(shrunk[key]))
             smaller = _shrink_value(shrunk[key], max(2, current - excess))
             if len(_compact(smaller)) >= current:
@@ -126,7 +129,9 @@ def select_examples(candidates: list[tuple[str, str]], arguments: dict, k: int, 
         args = json.loads(args_json)
         if isinstance(args, dict) and args != arguments:
             size = len(args_json) + len(observation_json)
-            scored.append((-_similarity(arguments, items, args, _items(args)), size, args_json, args, observation_json))
+            scored.append(
+                (-_similarity(arguments, items, args, _items(args)), size, args_json, args, observation_json)
+            )
     scored.sort(key=lambda item: item[:3])
     chosen, used = [], 0
     for _, size, args_json, args, observation_json in scored:

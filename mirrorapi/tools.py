@@ -285,7 +285,10 @@ class ToolRegistry:
             if not getattr(existing, name) and getattr(doc, name):
                 setattr(existing, name, getattr(doc, name))
         if not existing.required_parameters and not existing.optional_parameters:
-            existing.required_parameters, existing.optional_parameters = doc.required_parameters, doc.optional_parameters
+            existing.required_parameters, existing.optional_parameters = (
+                doc.required_parameters,
+                doc.optional_parameters,
+            )
 
     def add_query_file(self, path: str | os.PathLike) -> None:
         data = self._read_json(path)

@@ -3,8 +3,9 @@
 Reading ToolEnv2404 (135 MB of JSON) takes 2-5 s; the index holds only what `ToolRegistry` keeps of each
 file, in one `marshal` file, and loads in a fraction of that (bench/registry.py prints both). It is kept
 beside the folder (`<parent>/.<folder>.mirrorapi-index`), or, where that parent cannot be written or is
-marked read-only (no write bit: a shared data set), in the user's cache folder (`$XDG_CACHE_HOME/mirrorapi/tools-index/`, keyed by the
-folder's absolute path); with MIRRORAPI_TOOLS_INDEX_DIR set, there and nowhere else.
+marked read-only (no write bit: a shared data set), in the user's cache folder
+(`$XDG_CACHE_HOME/mirrorapi/tools-index/`, keyed by the folder's absolute path); with MIRRORAPI_TOOLS_INDEX_DIR set,
+there and nowhere else.
 
 An index is used only when it was written for exactly the folder as it is now: its fingerprint covers
 every category folder's name and mtime and every tool file's name, size and mtime (a file edited in place

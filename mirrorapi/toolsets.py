@@ -92,7 +92,9 @@ def select_toolset(registry: ToolRegistry, spec: str | list[tuple[str, str]]) ->
                 found = [registry.resolve(*parts)]
             elif key == "query":
                 if value not in registry.queries:
-                    raise ToolsetError(f"unknown query {value!r}: no query file loaded with the tools has that query_id")
+                    raise ToolsetError(
+                        f"unknown query {value!r}: no query file loaded with the tools has that query_id"
+                    )
                 found = [registry.resolve(*names) for names in registry.queries[value]]
             else:
                 raise ToolsetError(f"toolset {key}={value!r}: expected {_FORMS[key]}")

@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the harnesses (`harness/`: child processes, the recorded benchmark) sit beside the library
+sys.path.insert(
+    0, str(REPO)
+)  # the harnesses (`harness/`: child processes, the recorded benchmark) sit beside the library
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,12 @@ from pathlib import Path
 from mirrorapi.records import read_jsonl
 
 SEED = 20251121
-PAIR_EPISODES = {"api-bank-generated.jsonl": 70, "api-bank.jsonl": 25, "tau-bench.jsonl": 12, "toolbench-example.jsonl": 15}
+PAIR_EPISODES = {
+    "api-bank-generated.jsonl": 70,
+    "api-bank.jsonl": 25,
+    "tau-bench.jsonl": 12,
+    "toolbench-example.jsonl": 15,
+}
 JUDGE_PER_KIND = {"env-reward": 20, "reference-answer": 25, "synthetic-mismatch": 25, "stb-pass-rate-gpt": 6}
 EXAMPLE_IDS = ["588", "608", "1073"]  # StableToolBench's solvable_queries_example
 TOOLENV_TOOLS = ["Artificial_Intelligence_Machine_Learning/ttskraken.json", "Data/theclique.json"]

@@ -191,7 +191,9 @@ def test_scores_stand_beside_trivial_baselines(first_run):
     # A judge saying Solved to all scores every id with an answer to judge (missing, empty, give-up: Unsolved).
     for fac_row in report["fac"]["rows"]:
         cells = fac_row["groups"].values()
-        solved_all = sum(100 * (c["ids"] - c["missing"] - c["empty"] - c["give_up"]) / c["ids"] for c in cells) / len(cells)
+        solved_all = sum(100 * (c["ids"] - c["missing"] - c["empty"] - c["give_up"]) / c["ids"] for c in cells) / len(
+            cells
+        )
         assert f"{fac_row['model']}: {fac_row['average']['score']:.1f} (a judge saying Solved to all: " \
                f"{solved_all:.1f}" in markdown
     overall = report["agreement"]["overall"]
@@ -214,8 +216,9 @@ def test_held_out_episodes_are_replayed_with_and_without_session_history(first_r
     in_session = [line for line in lines if "session" in line]
     assert len(in_session) == len(lines) - len(in_session) == len(heldout)
     assert len({line["session"] for line in in_session}) == len(episodes)
-    assert {line["provenance"].split(",")[0].split("@")[1] for line in in_session if line["outcome"] == "simulated"} <= \
-        {report["session_format"]}
+    assert {
+        line["provenance"].split(",")[0].split("@")[1] for line in in_session if line["outcome"] == "simulated"
+    } <= {report["session_format"]}
     assert "### With and without session history" in markdown and "| with history |" in markdown
     assert report["parsing"]["with_history"]["simulated"] + report["parsing"]["with_history"]["engine_errors"] <= \
         len(heldout)

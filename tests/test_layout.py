@@ -52,8 +52,12 @@ def test_a_broken_contract_is_reported(tmp_path, added, broken, kept):
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
 
     def check(contract: str) -> int:
-        return subprocess.run([lint, "--config", str(REPO / ".importlinter"), "--contract", contract], cwd=tmp_path,
-                              capture_output=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}).returncode
+        return subprocess.run(
+            [lint, "--config", str(REPO / ".importlinter"), "--contract", contract],
+            cwd=tmp_path,
+            capture_output=True,
+            env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        ).returncode
     assert check(broken) != 0
     assert check(kept) == 0
 

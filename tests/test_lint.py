@@ -1,6 +1,6 @@
-"""The lint and type gate: ruff (pyflakes, import order, bugbear, pyupgrade, no print in the library) over the
-repository and mypy over the library and the harnesses (bodies of unannotated functions included), with the
-versions the lock pins and the settings in pyproject.toml."""
+"""The lint and type gate: ruff (pyflakes, import order, bugbear, pyupgrade, no print in the library, line length,
+complexity) over the repository and mypy over the library and the harnesses (bodies of unannotated functions
+included), with the versions the lock pins and the settings in pyproject.toml."""
 
 import shutil
 import subprocess
@@ -30,8 +30,13 @@ def test_the_library_type_checks():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+BRANCHY = "def f(x):\n" + "".join(f"    if x == {i}:\n        return {i}\n" for i in range(16)) + "    return -1\n"
+
+
 @pytest.mark.parametrize("checker, bad", [
     ("ruff", "import os\n\n\ndef f():\n    print('x')\n"),  # an unused import and a print in the library
+    ("ruff", "X = 1  # " + "x" * 120 + "\n"),  # a line over line-length
+    ("ruff", BRANCHY),  # a function of more than 15 branches
     ("mypy", "def f() -> int:\n    return 'x'\n"),
     ("mypy", "def f():\n    n: int = 'x'\n    return n\n"),  # in a function without annotations (check_untyped_defs)
 ])

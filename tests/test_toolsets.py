@@ -44,7 +44,9 @@ def test_toolsets_by_category_tool_api_and_query(samples):
     chosen = select_toolset(registry, f"query={queries[0]['query_id']}").functions
     assert {(d.tool_title, d.api_title) for d in chosen.values()} == {
         (a["tool_name"], a["api_name"]) for a in queries[0]["api_list"]}
-    mixed = select_toolset(registry, "category=Sports&tool=APIBank/apibank_account&api=Data/theclique/Songkick concert")
+    mixed = select_toolset(
+        registry, "category=Sports&tool=APIBank/apibank_account&api=Data/theclique/Songkick concert"
+    )
     assert {d.category for d in mixed.functions.values()} == {"Sports", "APIBank", "Data"}
     assert select_toolset(registry, "").functions.keys() >= mixed.functions.keys()
     for spec, message in (("tools=Data", "unknown toolset key 'tools'"), ("tool=Data", "expected <Category>/<tool>"),

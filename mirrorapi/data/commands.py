@@ -59,7 +59,10 @@ def build_simulator_sft(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     bad: list[str] = []
     given: dict = {}
-    if args.history and (args.prompt_format or DEFAULT_SIMULATOR_FORMAT) in (DEFAULT_SIMULATOR_FORMAT, STRUCTURED_FORMAT):
+    if args.history and (args.prompt_format or DEFAULT_SIMULATOR_FORMAT) in (
+        DEFAULT_SIMULATOR_FORMAT,
+        STRUCTURED_FORMAT,
+    ):
         given["prompt_format"] = session_format(args.prompt_format or DEFAULT_SIMULATOR_FORMAT)
     if args.system_prompt_file:
         given["system_prompt"] = open(args.system_prompt_file, encoding="utf-8").read()

@@ -1,9 +1,9 @@
 """Judge SFT data: labelled final answers -> conversational prompt/completion records.
 
 Input: the judge schema of `../shared/data/judge` (`source, id, query, final_answer, label,
-label_kind`, optionally `reason`; read by `mirrorapi.records.read_labelled`). The judge is shown what FAC and judge agreement show it: the
-text of the final answer (`extract_final_answer`: the inner `final_answer` of Finish JSON), cut as
-`judge_messages` cuts it; targets come from `judge_completion`. Rules, each counted in `stats.json`:
+label_kind`, optionally `reason`; read by `mirrorapi.records.read_labelled`). The judge is shown what FAC and judge
+agreement show it: the text of the final answer (`extract_final_answer`: the inner `final_answer` of Finish JSON),
+cut as `judge_messages` cuts it; targets come from `judge_completion`. Rules, each counted in `stats.json`:
 - an empty final answer (or a give-up) is dropped: FAC scores it Unsolved without asking the judge;
 - the same (query, answer) twice is dropped; twice with different labels is counted apart;
 - all answers to one query stay on one side of the split (a query's reference answer and its

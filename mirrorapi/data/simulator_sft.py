@@ -63,9 +63,12 @@ class SimulatorDataOptions:
     data/build_simulator_sft.py (mirrorapi/command_line.py), its help the description."""
 
     prompt_format: Annotated[str, Flag(choices=SIMULATOR_FORMATS)] = Field(
-        default=DEFAULT_SIMULATOR_FORMAT, description=(
-        "Simulator prompt format (mirrorapi/prompts/simulator_formats.py); mirrorapi-v2 writes responses that hold JSON as JSON "
-        "values, not escaped strings (the SmolLM2 recipes' data)."))
+        default=DEFAULT_SIMULATOR_FORMAT,
+        description=(
+            "Simulator prompt format (mirrorapi/prompts/simulator_formats.py); mirrorapi-v2 writes responses that "
+            "hold JSON as JSON values, not escaped strings (the SmolLM2 recipes' data)."
+        ),
+    )
     system_prompt: str | None = None  # required by the `stabletoolbench` formats (the released model's own)
     few_shot: int = Field(default=0, description=(
         "Real examples of the same API per prompt, chosen as the server chooses them; match the server's "
@@ -78,8 +81,12 @@ class SimulatorDataOptions:
     target_response_chars: int = Field(default=0, description=(
         "Shrink the training targets of longer real responses to about this many characters, JSON kept valid, so "
         "their records fit max_length (0: whole, cut at the server's 2,048 characters)."))
-    ood_fraction: float = Field(default=DEFAULT_OOD_FRACTION, description="Share of distinct APIs held out entirely (test_ood).")
-    id_fraction: float = Field(default=DEFAULT_ID_FRACTION, description="Share of the other episodes held out (test_id).")
+    ood_fraction: float = Field(
+        default=DEFAULT_OOD_FRACTION, description="Share of distinct APIs held out entirely (test_ood)."
+    )
+    id_fraction: float = Field(
+        default=DEFAULT_ID_FRACTION, description="Share of the other episodes held out (test_id)."
+    )
     seed: int = Field(default=DEFAULT_SPLIT_SEED, description="Seed of the split.")
     history: Annotated[int, Flag(metavar="K")] = Field(default=0, description=(
         "Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, or -v2 with "

@@ -160,7 +160,8 @@ SIMULATOR_SYSTEM_SESSION_V1 = SIMULATOR_SYSTEM_V1 + (
 
 
 def cut_text(text: str, budget: int) -> str:
-    """`text` cut to `budget` characters, + TRUNCATION_MARK when cut (doc fields here, judge texts in `judge_formats`)."""
+    """`text` cut to `budget` characters, + TRUNCATION_MARK when cut (doc fields here, judge texts in
+    `judge_formats`)."""
     return text if len(text) <= budget else text[:budget] + TRUNCATION_MARK
 
 
@@ -284,15 +285,22 @@ def simulator_messages(
     ship) and replaces ours otherwise.
     """
     if history is not None and fmt not in SESSION_FORMATS:
-        raise ValueError(f"prompt format {fmt!r} has no session history; use {' or '.join(map(repr, SESSION_FORMATS))}")
+        raise ValueError(
+            f"prompt format {fmt!r} has no session history; use {' or '.join(map(repr, SESSION_FORMATS))}"
+        )
     if fmt in OUR_SIMULATOR_FORMATS:
         parts = ["API documentation:\n" + render_doc_v1(doc)]
         if examples:
-            shots = [f"Request: {canonical_json(a)}\nResponse: {render_observation(o.get('error', ''), o.get('response', ''), fmt)}"
-                     for a, o in examples]
+            shots = [
+                f"Request: {canonical_json(a)}\n"
+                f"Response: {render_observation(o.get('error', ''), o.get('response', ''), fmt)}"
+                for a, o in examples
+            ]
             parts.append("Examples:\n" + "\n".join(shots))
         if fmt in SESSION_FORMATS:
-            parts.append("Earlier calls in this session, newest first:\n" + ("\n".join(history) if history else "(none)"))
+            parts.append(
+                "Earlier calls in this session, newest first:\n" + ("\n".join(history) if history else "(none)")
+            )
         parts.append("Request:\n" + canonical_json(arguments))
         default_system = SIMULATOR_SYSTEM_SESSION_V1 if fmt in SESSION_FORMATS else SIMULATOR_SYSTEM_V1
         return [{"role": "system", "content": system_prompt or default_system},

@@ -57,7 +57,10 @@ def parse_simulator_output(text: str) -> tuple[dict | None, str]:
             return {"error": error, "response": json.loads(tail)}, "regex"
         except ValueError:
             if tail.startswith('"'):
-                return {"error": error, "response": tail[1:-1] if tail.endswith('"') and len(tail) > 1 else tail[1:]}, "regex"
+                return {
+                    "error": error,
+                    "response": tail[1:-1] if tail.endswith('"') and len(tail) > 1 else tail[1:],
+                }, "regex"
     if "{" in body:
         repaired = json_repair.loads(body[body.index("{"):])
         obs = _as_observation(repaired)

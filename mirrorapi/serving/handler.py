@@ -342,7 +342,9 @@ def to_failure(exc: BaseException) -> Failure:
         # The agent gets a short reason; the engine's address and details go to the log only.
         # `garbage`: the message says what the model's text was instead (see the simulator).
         reason = str(exc) if exc.kind == "garbage" else _ENGINE_REASONS.get(exc.kind, "the simulator engine failed")
-        return Failure(200, "engine_error", observation_bytes(f"{ENGINE_FAILURE} ({reason})", ""), f"{exc.kind}: {exc}")
+        return Failure(
+            200, "engine_error", observation_bytes(f"{ENGINE_FAILURE} ({reason})", ""), f"{exc.kind}: {exc}"
+        )
     # A bug of ours, not the client's: logged with its traceback, answered as an observation so
     # that the agent's run goes on (StableToolBench's servers answered 500 here).
     logger.error("internal error on /virtual", exc_info=exc)

@@ -120,9 +120,15 @@ class McpFrontDoor:
             '{"error": str, "response": ...}.'), on_list_tools=self.list_tools, on_call_tool=self.call_tool)
         settings = server.settings
         host = settings.host
-        security = TransportSecuritySettings(  # DNS rebinding protection when serving on loopback only
-            enable_dns_rebinding_protection=True, allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]) if host in LOOPBACK else None
+        security = (
+            TransportSecuritySettings(  # DNS rebinding protection when serving on loopback only
+                enable_dns_rebinding_protection=True,
+                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+            )
+            if host in LOOPBACK
+            else None
+        )
         self.max_body = settings.max_body_bytes
         self.sessions = StreamableHTTPSessionManager(
             app=self.server, json_response=True, security_settings=security, max_request_body_size=self.max_body,
@@ -193,7 +199,11 @@ class McpFrontDoor:
     def toolset(self, ctx) -> Toolset:
         """The toolset of a request: its URL's, else the configured one; MCPError when it names nothing known."""
         request = ctx.request
-        spec = request.url.query if request is not None and request.url.query else self.virtual_server.settings.mcp_toolset
+        spec = (
+            request.url.query
+            if request is not None and request.url.query
+            else self.virtual_server.settings.mcp_toolset
+        )
         try:
             return self.toolsets.get(spec)
         except ToolsetError as exc:

@@ -110,8 +110,10 @@ class RequestLogWriter:
         # the fields only some lines have, through the encoder.
         api = _STRING("/".join(answer.names)) if answer.names else "null"
         provenance = _STRING(answer.provenance) if answer.provenance is not None else "null"
-        line = (f'{{"time": {round(time.time(), 3)!r}, "outcome": {_STRING(answer.outcome)}, "status": {answer.status}, '
-                f'"api": {api}, "provenance": {provenance}, "ms": {round(answer.stages.get("total", 0.0) * 1000, 3)!r}')
+        line = (
+            f'{{"time": {round(time.time(), 3)!r}, "outcome": {_STRING(answer.outcome)}, "status": {answer.status}, '
+            f'"api": {api}, "provenance": {provenance}, "ms": {round(answer.stages.get("total", 0.0) * 1000, 3)!r}'
+        )
         more: dict = {}
         if "engine" in answer.stages:
             more["engine_ms"] = round(answer.stages["engine"] * 1000, 1)

@@ -160,7 +160,9 @@ class Episodes:
         kind = action.get("type")
         episode.last_used = time.monotonic()
         if kind == "list_tools":
-            return '{"observation":{"tools":' + self.tools_json(episode) + ',"metadata":{}},"reward":null,"done":false}'
+            return (
+                '{"observation":{"tools":' + self.tools_json(episode) + ',"metadata":{}},"reward":null,"done":false}'
+            )
         if kind != "call_tool":
             raise EpisodeError(f"unknown action type {str(kind)[:60]!r}: this environment takes call_tool and "
                                "list_tools (OpenEnv's MCP actions)")
@@ -329,7 +331,9 @@ class Episodes:
         try:
             if path == "/state":
                 query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-                return await send_json(send, 200, _ENCODE(self.state_of(self._known(query.get("episode_id")))).encode())
+                return await send_json(
+                    send, 200, _ENCODE(self.state_of(self._known(query.get("episode_id")))).encode()
+                )
             body = await read_body(scope, receive, self.max_body)
             try:
                 data = json.loads(body) if body.strip() else {}

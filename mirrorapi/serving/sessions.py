@@ -44,7 +44,9 @@ class Session:
         self.digest = digest  # of every call recorded so far, not only the kept lines
         self.steps = steps
 
-    def record(self, tool: str, api: str, arguments: dict, error: str, response: Any, fmt: str = SESSION_FORMAT) -> None:
+    def record(
+        self, tool: str, api: str, arguments: dict, error: str, response: Any, fmt: str = SESSION_FORMAT
+    ) -> None:
         self.record_line(history_line(tool, api, arguments, error, response, fmt))
 
     def record_line(self, line: str) -> None:

@@ -55,9 +55,10 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
     E.g. `mirrorapi@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0`.
 
     Calls inside a session are prompted in the session format (`session_format`: `mirrorapi-session-v2` on a
-    `mirrorapi-v2` server, else `-v1`; no system prompt file: that is the stateless format's) with a history of `session_history` calls and `session_char_budget` characters,
-    which change what the model sees: `mirrorapi@mirrorapi-session-v1,temperature=0,...,history=8,
-    history_chars=4096` (a named identity gets `+mirrorapi-session-v1`)."""
+    `mirrorapi-v2` server, else `-v1`; no system prompt file: that is the stateless format's) with a history of
+    `session_history` calls and `session_char_budget` characters, which change what the model sees:
+    `mirrorapi@mirrorapi-session-v1,temperature=0,...,history=8,history_chars=4096` (a named identity gets
+    `+mirrorapi-session-v1`)."""
     if settings.simulator_identity:
         return settings.simulator_identity + (f"+{session_format(settings.prompt_format)}" if in_session else "")
     prompt_format = session_format(settings.prompt_format) if in_session else settings.prompt_format
@@ -93,8 +94,13 @@ class Simulator:
         if self.settings.few_shot:
             if candidates is None and self.cache is not None:
                 candidates = self.cache.examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
-            examples = select_examples(candidates or [], arguments, self.settings.few_shot, self.settings.few_shot_char_budget,
-                                       self.settings.few_shot_response_chars)
+            examples = select_examples(
+                candidates or [],
+                arguments,
+                self.settings.few_shot,
+                self.settings.few_shot_char_budget,
+                self.settings.few_shot_response_chars,
+            )
         if history is not None:  # our session format; a system prompt file is for the stateless format
             return simulator_messages(doc, arguments, examples, fmt=session_format(self.settings.prompt_format),
                                       history=history.lines)

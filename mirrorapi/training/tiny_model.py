@@ -51,7 +51,9 @@ def _corpus_files(corpus: Iterable[str | Path]) -> list[Path]:
     files = [Path(path) for path in corpus]
     missing = [str(path) for path in files if not path.is_file()]
     if not files or missing:
-        raise CorpusError("tokenizer corpus: " + (f"not a file: {', '.join(missing)}" if missing else "no files given"))
+        raise CorpusError(
+            "tokenizer corpus: " + (f"not a file: {', '.join(missing)}" if missing else "no files given")
+        )
     return files
 
 

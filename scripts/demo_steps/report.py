@@ -142,8 +142,11 @@ def history_markdown(sessions: dict, fmt: str) -> list[str]:
         rows.append(f"| {name} history | " + " | ".join(_num(overall.get(k)) for k in
                                                        ("rouge_l", "bleu4", "error_agreement", "valid_json"))
                     + f" | {_num(c['score'])} | {c['values_repeated']} of {c['values_carried']} |")
-    rows += ["", "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, the "
-             "share the simulated answer repeats; per step: [fidelity/fidelity.md](fidelity/fidelity.md)."]
+    rows += [
+        "",
+        "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, the "
+        "share the simulated answer repeats; per step: [fidelity/fidelity.md](fidelity/fidelity.md).",
+    ]
     return rows
 
 
@@ -199,6 +202,39 @@ def _mode(report: dict) -> str:
     return "tiny model"
 
 
+def _fidelity_lines(report: dict) -> list[str]:
+    """The report's fidelity table, how the server read each model's answers, and the session figures."""
+    sides = _fidelity_sides(report)
+    first = next(iter(sides.values()))
+    lines = ["", "## 5. Scores", "",
+             f"### Simulator fidelity on {report['fidelity']['calls']} held-out real calls", "",
+             "| | " + " | ".join(FIDELITY_KEYS.values()) + " |", "|---|" + "---|" * len(FIDELITY_KEYS),
+             "| n (calls scored) | " + " | ".join(str(first.get(METRIC_N.get(k, "n"), "n/a"))
+                                                for k in FIDELITY_KEYS) + " |"]
+    names = side_names(report)
+    lines += [f"| {names[side]} | " + " | ".join(_num(metrics.get(k)) for k in FIDELITY_KEYS) + " |"
+              for side, metrics in sides.items()]
+    lines += ["", "All in %; n/a: no call of that kind among those scored. The constant answer is "
+              f"`{json.dumps(CONSTANT_ANSWER)}` for every call: its error agreement is the share of calls that did "
+              "not fail. Valid JSON is measured on what the virtual server answered (as served); definitions in "
+              "[fidelity/fidelity.md](fidelity/fidelity.md)."]
+    parsing = report.get("parsing") or {}
+    if parsing:
+        lines += ["", "How the virtual server read each model's answers (raw: one strict JSON observation as the "
+                  "engine wrote it; the rest was read by the server's fallbacks, or was no observation and came "
+                  "back as an error observation).", ""]
+        lines += ["| model | simulated | raw: JSON as written | read by a fallback | no observation |",
+                  "|---|---|---|---|---|"]
+        for side, c in parsing.items():
+            fallback = ", ".join(f"{how} {n}" for how, n in sorted(c["by_how"].items()) if how != "json") or "0"
+            raw = f"{c['as_written']} ({100 * c['as_written'] / c['simulated']:.1f}%)" if c["simulated"] else "0"
+            lines.append(f"| {names.get(side, side)} | {c['simulated']} | {raw} | {fallback} | "
+                         f"{c['engine_errors']} |")
+    if report["fidelity"].get("sessions"):
+        lines += history_markdown(report["fidelity"]["sessions"], report.get("session_format", "?"))
+    return lines
+
+
 def render_markdown(report: dict) -> str:
     status = report["status"]
     head = "ok" if status == "ok" else f"{status} at step {report['failed_step']['number']} " \
@@ -243,34 +279,7 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| {i} | {c['kind']} | `{api}` | {c['outcome']} | {c['provenance'] or '-'} "
                          f"| `{_short(c['served'])}` | {c['note']} |")
     if "fidelity" in report:
-        sides = _fidelity_sides(report)
-        first = next(iter(sides.values()))
-        lines += ["", "## 5. Scores", "",
-                  f"### Simulator fidelity on {report['fidelity']['calls']} held-out real calls", "",
-                  "| | " + " | ".join(FIDELITY_KEYS.values()) + " |", "|---|" + "---|" * len(FIDELITY_KEYS),
-                  "| n (calls scored) | " + " | ".join(str(first.get(METRIC_N.get(k, "n"), "n/a"))
-                                                     for k in FIDELITY_KEYS) + " |"]
-        names = side_names(report)
-        lines += [f"| {names[side]} | " + " | ".join(_num(metrics.get(k)) for k in FIDELITY_KEYS) + " |"
-                  for side, metrics in sides.items()]
-        lines += ["", "All in %; n/a: no call of that kind among those scored. The constant answer is "
-                  f"`{json.dumps(CONSTANT_ANSWER)}` for every call: its error agreement is the share of calls that did "
-                  "not fail. Valid JSON is measured on what the virtual server answered (as served); definitions in "
-                  "[fidelity/fidelity.md](fidelity/fidelity.md)."]
-        parsing = report.get("parsing") or {}
-        if parsing:
-            lines += ["", "How the virtual server read each model's answers (raw: one strict JSON observation as the "
-                      "engine wrote it; the rest was read by the server's fallbacks, or was no observation and came "
-                      "back as an error observation).", ""]
-            lines += ["| model | simulated | raw: JSON as written | read by a fallback | no observation |",
-                      "|---|---|---|---|---|"]
-            for side, c in parsing.items():
-                fallback = ", ".join(f"{how} {n}" for how, n in sorted(c["by_how"].items()) if how != "json") or "0"
-                raw = f"{c['as_written']} ({100 * c['as_written'] / c['simulated']:.1f}%)" if c["simulated"] else "0"
-                lines.append(f"| {names.get(side, side)} | {c['simulated']} | {raw} | {fallback} | "
-                             f"{c['engine_errors']} |")
-        if report["fidelity"].get("sessions"):
-            lines += history_markdown(report["fidelity"]["sessions"], report.get("session_format", "?"))
+        lines += _fidelity_lines(report)
         if report.get("figures_from"):
             lines += ["", report["figures_from"]]
         lines += ["", "![fidelity, every row of the table](fidelity.png)", "",

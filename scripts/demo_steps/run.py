@@ -422,8 +422,16 @@ class Demo:
         say(judge_summary(self.report["fac"], self.report["agreement"]))
         self.agent_run(judge)
 
-    def fidelity_run(self, name: str, engine, heldout: Path, baseline: bool = False,
-                     few_shot: tuple[int, int, int] = (0, 2048, 0), max_tokens: int = 512, sessions: bool = False) -> Path:
+    def fidelity_run(
+        self,
+        name: str,
+        engine,
+        heldout: Path,
+        baseline: bool = False,
+        few_shot: tuple[int, int, int] = (0, 2048, 0),
+        max_tokens: int = 512,
+        sessions: bool = False,
+    ) -> Path:
         """`eval/simulator.py` on the held-out calls through a virtual server of its own on `engine`, into
         `<run>/<name>/`. Its cache starts empty; with `few_shot`, it holds the training calls' real responses
         (the examples the simulator is shown; never a held-out call: the splits keep episodes apart). With
@@ -457,8 +465,14 @@ class Demo:
         say("agent run: harness.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
             f"agents on the first {self.sizes.agent_queries} quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
             f"of each group of StableToolBench's examples ({', '.join(groups)}), scored by the judge")
-        result = recorded_benchmark(STB_EXAMPLE, REPO / "data" / "samples" / "tools", JudgeSettings(base_urls=[judge.base_url], model=judge.model, max_tokens=8),
-                                    out, repeats=1, limit=self.sizes.agent_queries)
+        result = recorded_benchmark(
+            STB_EXAMPLE,
+            REPO / "data" / "samples" / "tools",
+            JudgeSettings(base_urls=[judge.base_url], model=judge.model, max_tokens=8),
+            out,
+            repeats=1,
+            limit=self.sizes.agent_queries,
+        )
         if not result.complete:
             raise StepFailed(f"the agent run is incomplete: see {shown(out)}")
         report = json.loads((out / "report.json").read_text(encoding="utf-8"))

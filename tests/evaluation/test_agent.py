@@ -69,40 +69,54 @@ def assert_stabletoolbench_converter_reads(data: dict, method: str) -> None:
     generation = data["answer_generation"]
     assert {"valid_data", "final_answer", "function", "query"} <= set(generation)
     if generation["valid_data"]:
-        conversation = generation["train_messages"][-1]
-        for index, message in enumerate(conversation[2:], 2):
-            assert message["role"] in {"system", "user", "function", "tool", "assistant"}
-            if message["role"] != "assistant":
-                continue
-            if "function_call" in message:  # it indexes ["name"] without a None check: its crash
-                assert isinstance(message["function_call"], dict) and {"name", "arguments"} <= set(message["function_call"])
-            elif message.get("tool_calls") is not None:
-                for call in message["tool_calls"]:
-                    name, _ = call["function"]["name"], call["function"]["arguments"]
-                    if name == "Finish":
-                        break
-                    assert any(m["role"] == "tool" and m.get("tool_call_id") == call["id"] and "content" in m
-                               for m in conversation[index + 1:]), call
-            else:
-                assert "content" in message
+        _assert_conversation(generation["train_messages"][-1])
     elif "CoT" in method:
-        for trial in data["trys"]:
-            chain, index = trial["chain"], 0
-            while index < len(chain):
-                assert chain[index]["node_type"] in ("Action", "Thought")
-                if chain[index]["node_type"] == "Action":
-                    assert {"description", "observation"} <= set(chain[index + 1])
-                    index += 1
-                index += 1
+        _assert_chains(data["trys"])
     else:
-        def walk(node):
-            assert node["node_type"] in ("Thought", "Action", "Action Input") and "description" in node
-            if node["node_type"] == "Action Input":
-                assert "observation" in node
-            for child in node["children"]:
-                walk(child)
         for child in data["tree"]["tree"]["children"]:
-            walk(child)
+            _assert_tree(child)
+
+
+def _assert_conversation(conversation: list[dict]) -> None:
+    """A valid answer's last conversation, as the converter walks it."""
+    for index, message in enumerate(conversation[2:], 2):
+        assert message["role"] in {"system", "user", "function", "tool", "assistant"}
+        if message["role"] != "assistant":
+            continue
+        if "function_call" in message:  # it indexes ["name"] without a None check: its crash
+            assert isinstance(message["function_call"], dict) and {"name", "arguments"} <= set(
+                message["function_call"]
+            )
+        elif message.get("tool_calls") is not None:
+            for call in message["tool_calls"]:
+                name, _ = call["function"]["name"], call["function"]["arguments"]
+                if name == "Finish":
+                    break
+                assert any(m["role"] == "tool" and m.get("tool_call_id") == call["id"] and "content" in m
+                           for m in conversation[index + 1:]), call
+        else:
+            assert "content" in message
+
+
+def _assert_chains(trials: list[dict]) -> None:
+    """CoT's trials without a valid answer: Thought and Action nodes, each Action followed by its observation."""
+    for trial in trials:
+        chain, index = trial["chain"], 0
+        while index < len(chain):
+            assert chain[index]["node_type"] in ("Action", "Thought")
+            if chain[index]["node_type"] == "Action":
+                assert {"description", "observation"} <= set(chain[index + 1])
+                index += 1
+            index += 1
+
+
+def _assert_tree(node: dict) -> None:
+    """DFS's tree without a valid answer: every node described, every Action Input observed."""
+    assert node["node_type"] in ("Thought", "Action", "Action Input") and "description" in node
+    if node["node_type"] == "Action Input":
+        assert "observation" in node
+    for child in node["children"]:
+        _assert_tree(child)
 
 
 def _tool_path(record: dict) -> list[tuple[str, object]]:

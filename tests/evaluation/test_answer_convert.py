@@ -45,7 +45,9 @@ def _as_tool_calls_dialect(conversation: list[dict]) -> list[dict]:
 def test_function_call_null_is_read_as_no_function_call(samples):
     stb = samples / "stabletoolbench" / "data_example"
     raw = json.loads((stb / "answer" / "virtual_chatgpt_cot" / "G1_instruction" / "608_CoT@1.json").read_text())
-    theirs = json.loads((stb / "model_predictions_converted" / "virtual_chatgpt_cot" / "G1_instruction.json").read_text())
+    theirs = json.loads(
+        (stb / "model_predictions_converted" / "virtual_chatgpt_cot" / "G1_instruction.json").read_text()
+    )
     modern = copy.deepcopy(raw)
     modern["answer_generation"]["train_messages"] = [_as_tool_calls_dialect(m)
                                                      for m in raw["answer_generation"]["train_messages"]]

@@ -80,9 +80,14 @@ def simulator_engine(seen: list):
     async def chat(request: Request) -> dict:
         seen.append((await request.json())["messages"])
         answer = json.dumps({"error": "", "response": {"total_results": "1", "query": "studying"}})
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": "sim",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "sim",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
 
     with serve_in_thread(app, free_port(), access_log=False) as url:
         yield url + "/v1"

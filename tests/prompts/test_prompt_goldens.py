@@ -128,18 +128,22 @@ MIRRORAPI_V1_SYSTEM = (
 
 def test_mirrorapi_v1(registry):
     doc = registry.resolve("Logistics", "transitaires", "transitaire")
-    messages = simulator_messages(doc, {"is_id": "EKVF"},
-                                  [({"is_id": "DOUANE_AGENCE_GONDRAND"}, {"error": "", "response": "Gondrand, Nouméa"})])
+    messages = simulator_messages(
+        doc, {"is_id": "EKVF"}, [({"is_id": "DOUANE_AGENCE_GONDRAND"}, {"error": "", "response": "Gondrand, Nouméa"})]
+    )
     assert messages == [
         {"role": "system", "content": MIRRORAPI_V1_SYSTEM},
-        {"role": "user", "content":
-            'API documentation:\n{"category":"Logistics","tool":"Transitaires",'
+        {
+            "role": "user",
+            "content": 'API documentation:\n{"category":"Logistics","tool":"Transitaires",'
             '"tool_description":"Transitaires de dédouanement en Nouvelle-Calédonie","api":"Transitaire",'
             '"api_description":"Récupère un transitaire donnée","method":"GET",'
             '"required_parameters":[{"name":"is_id","type":"string","description":"","default":"DOUANE_AGENCE_GONDRAND"}],'
             '"optional_parameters":[],"response_template":"\\"str\\""}\n\n'
-            'Examples:\nRequest: {"is_id":"DOUANE_AGENCE_GONDRAND"}\nResponse: {"error":"","response":"Gondrand, Nouméa"}'
-            '\n\nRequest:\n{"is_id":"EKVF"}'},
+            'Examples:\nRequest: {"is_id":"DOUANE_AGENCE_GONDRAND"}\n'
+            'Response: {"error":"","response":"Gondrand, Nouméa"}'
+            '\n\nRequest:\n{"is_id":"EKVF"}',
+        },
     ]
 
 

@@ -122,15 +122,26 @@ def test_strict_observation_and_truncation():
     assert truncate_response({"k": long}) == {"k": long}
 
 
-@pytest.mark.parametrize("text, verdict, reason", [
-    ("Verdict: Solved\nReason: Lists three movies; nothing is unsolved.", "Solved", "Lists three movies; nothing is unsolved."),
-    ("**Verdict:** Unsolved\n**Reason:** It apologises.", "Unsolved", "It apologises."),
-    # StableToolBench's FAC judge output format (notes §5.5).
-    ("Answer Status\nUnsolved\nReason\nThe answer does not give the lyrics.", "Unsolved", "The answer does not give the lyrics."),
-    ("Solved", "Solved", ""),
-    ("The answer seems solved but maybe unsolved", None, ""),
-    ("Verdict: Unsure\nReason: can't tell", None, "can't tell"),
-])
+@pytest.mark.parametrize(
+    "text, verdict, reason",
+    [
+        (
+            "Verdict: Solved\nReason: Lists three movies; nothing is unsolved.",
+            "Solved",
+            "Lists three movies; nothing is unsolved.",
+        ),
+        ("**Verdict:** Unsolved\n**Reason:** It apologises.", "Unsolved", "It apologises."),
+        # StableToolBench's FAC judge output format (notes §5.5).
+        (
+            "Answer Status\nUnsolved\nReason\nThe answer does not give the lyrics.",
+            "Unsolved",
+            "The answer does not give the lyrics.",
+        ),
+        ("Solved", "Solved", ""),
+        ("The answer seems solved but maybe unsolved", None, ""),
+        ("Verdict: Unsure\nReason: can't tell", None, "can't tell"),
+    ],
+)
 def test_parse_verdict(text, verdict, reason):
     assert parse_verdict(text) == (verdict, reason)
 

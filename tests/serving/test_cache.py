@@ -176,7 +176,9 @@ def test_unreadable_files_are_reported_and_skipped(cache_location, tmp_path):
     folder = tmp_path / "cache_folder" / "Data" / "theclique_for_Data"
     folder.mkdir(parents=True)
     (folder / "broken.json").write_text('{"{\'a\': 1}": {"error": "", "resp')
-    (folder / "transfermarkt_search.json").write_text(json.dumps({"{'name': 'messi'}": {"error": "", "response": "ok"}}))
+    (folder / "transfermarkt_search.json").write_text(
+        json.dumps({"{'name': 'messi'}": {"error": "", "response": "ok"}})
+    )
     cache = open_cache(cache_location)
     report = import_stabletoolbench_cache(cache, tmp_path / "cache_folder")
     assert report["stored"] == 1 and len(report["unreadable"]) == 1 and "broken" in report["unreadable"][0]

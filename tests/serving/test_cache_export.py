@@ -50,9 +50,14 @@ def trajectory_calls(stabletoolbench: Path) -> list[dict]:
         for name, arguments in _function_calls(json.loads(path.read_text())):
             if name in apis:
                 api = apis[name]
-                calls[(name, arguments)] = {"category": api["category_name"], "tool_name": standardize(api["tool_name"]),
-                                            "api_name": api_key_name(api["api_name"]), "tool_input": arguments,
-                                            "strip": "truncate", "toolbench_key": ""}
+                calls[(name, arguments)] = {
+                    "category": api["category_name"],
+                    "tool_name": standardize(api["tool_name"]),
+                    "api_name": api_key_name(api["api_name"]),
+                    "tool_input": arguments,
+                    "strip": "truncate",
+                    "toolbench_key": "",
+                }
     return list(calls.values())
 
 

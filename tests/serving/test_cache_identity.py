@@ -175,7 +175,9 @@ def test_stats_export_and_prune_per_identity(cache_location, tmp_path, capsys):
     assert "simulated:  3 in 2 simulator identities\n  A: 1 entries, 0 hits\n  B: 2 entries, 0 hits\n" in out
 
     assert main(["cache", "export", str(tmp_path / "out"), "--cache", db]) == 2
-    assert "holds simulated answers of 2 simulator identities; name one with --identity (A, B)" in capsys.readouterr().err
+    assert (
+        "holds simulated answers of 2 simulator identities; name one with --identity (A, B)" in capsys.readouterr().err
+    )
     assert main(["cache", "export", str(tmp_path / "out"), "--cache", db, "--identity", "B"]) == 0
     assert capsys.readouterr().out.startswith("3 entries written to 1 files")
     exported = json.loads((tmp_path / "out/Data/theclique_for_Data/transfermarkt_search.json").read_text())

@@ -53,7 +53,12 @@ def test_toolset_by_url_lists_schemas_from_the_docs(serve, recorded_cache, engin
 
         tools = call(server.url + "/mcp?category=Sports&api=APIBank/apibank_finance/QueryBalance",
                      lambda c: c.list_tools()).tools
-        assert {t.name for t in tools} == {"v4_sports", "v4_sports_sport_odds", "v4_sports_sport_scores", "querybalance"}
+        assert {t.name for t in tools} == {
+            "v4_sports",
+            "v4_sports_sport_odds",
+            "v4_sports_sport_scores",
+            "querybalance",
+        }
         odds = next(t for t in tools if t.name == "v4_sports_sport_odds").input_schema
         # data/samples/tools/Sports/live_sports_odds.json: `regions` required, `oddsFormat` optional default "decimal"
         assert "regions" in odds["required"] and odds["properties"]["oddsformat"]["default"] == "decimal"

@@ -107,8 +107,9 @@ def test_session_answers_are_stored_under_the_history_and_replay_identically(ser
                                                              ("apibank_finance", 1)]
     assert rows[0][1] == EMPTY_HISTORY and rows[2][1] != EMPTY_HISTORY
     assert {p.split(",")[0] for *_, p in rows} == {f"simulated:{simulator_engine.model}@{SESSION_FORMAT}"}
-    assert [(tool, p.split(",")[0]) for tool, p in db.execute("SELECT tool, provenance FROM entries WHERE history = ''")] == [
-        ("apibank_finance", f"simulated:{simulator_engine.model}@mirrorapi-v1")]
+    assert [
+        (tool, p.split(",")[0]) for tool, p in db.execute("SELECT tool, provenance FROM entries WHERE history = ''")
+    ] == [("apibank_finance", f"simulated:{simulator_engine.model}@mirrorapi-v1")]
 
 
 def test_recorded_answer_wins_inside_a_session(serve, samples, engine_down, cache_location):

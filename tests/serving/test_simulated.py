@@ -52,7 +52,9 @@ def test_miss_is_simulated_stored_with_provenance_then_a_hit(serve, simulator_en
     assert arguments == canonical_json(json.loads(body["tool_input"]))
     assert json.loads(stored) == observation
     # The simulator identity: model, prompt format and the default decoding settings.
-    assert provenance == f"simulated:{simulator_engine.model}@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0"
+    assert (
+        provenance == f"simulated:{simulator_engine.model}@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0"
+    )
     assert cache.stats()["hits"] == 1
 
 

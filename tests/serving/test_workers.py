@@ -74,7 +74,9 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
     assert 'mirrorapi_requests_total{outcome="simulated"} 16.0' in metrics
     assert 'mirrorapi_requests_total{outcome="hit"} 16.0' in metrics
     lines = [json.loads(line) for line in log_file.read_text().splitlines()]  # whole lines only
-    assert sorted(line["outcome"] for line in lines) == ["hit"] * 17 + ["simulated"] * 16  # with the one after the kill
+    assert (
+        sorted(line["outcome"] for line in lines) == ["hit"] * 17 + ["simulated"] * 16
+    )  # with the one after the kill
     assert status == 0
     folder = re.search(r"metrics summed over them in (\S+)\)", server_log.read_text()).group(1)
     assert not Path(folder).exists()  # the metrics folder of the run is removed when it ends

@@ -74,10 +74,35 @@ def test_loss_and_eval_loss_fall(launched):
 def test_resume_continues_from_the_last_checkpoint(launched, tiny_model_dir, entry_script):
     root, _ = launched
     first_loss = next(e["loss"] for e in history(root / "out") if "loss" in e)
-    assert entry_script("training/sft.py").cli(["--config", str(REPO / "training/configs/tiny_cpu.yaml"), "--model_name_or_path",
-                    str(tiny_model_dir), "--dataset_path", str(root / "data"), "--output_dir", str(root / "out"),
-                    "--max_steps", str(STEPS + 10), "--logging_steps", "5", "--eval_strategy", "no",
-                    "--eval_on_start", "false", "--save_strategy", "no", "--resume", "true", "--disable_tqdm", "true"]) == 0
+    assert (
+        entry_script("training/sft.py").cli(
+            [
+                "--config",
+                str(REPO / "training/configs/tiny_cpu.yaml"),
+                "--model_name_or_path",
+                str(tiny_model_dir),
+                "--dataset_path",
+                str(root / "data"),
+                "--output_dir",
+                str(root / "out"),
+                "--max_steps",
+                str(STEPS + 10),
+                "--logging_steps",
+                "5",
+                "--eval_strategy",
+                "no",
+                "--eval_on_start",
+                "false",
+                "--save_strategy",
+                "no",
+                "--resume",
+                "true",
+                "--disable_tqdm",
+                "true",
+            ]
+        )
+        == 0
+    )
     logs = history(root / "out")
     resumed = [e for e in logs if "loss" in e and e["step"] > STEPS]
     assert [e["step"] for e in resumed] == [STEPS + 5, STEPS + 10]

@@ -15,13 +15,44 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def adapter_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory, entry_script):
     out = tmp_path_factory.mktemp("lora") / "adapter"
-    status = entry_script("training/sft.py").cli(["--config", str(REPO / "training/configs/tiny_cpu.yaml"), "--model_name_or_path",
-                    str(tiny_model_dir), "--dataset_path", str(simulator_sft_dir), "--output_dir", str(out),
-                    "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "all-linear",
-                    "--learning_rate", "1e-2", "--max_steps", "8", "--max_train_samples", "16",
-                    "--max_eval_samples", "4",
-                    "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no", "--merge", "true",
-                    "--disable_tqdm", "true"])
+    status = entry_script("training/sft.py").cli(
+        [
+            "--config",
+            str(REPO / "training/configs/tiny_cpu.yaml"),
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--dataset_path",
+            str(simulator_sft_dir),
+            "--output_dir",
+            str(out),
+            "--use_peft",
+            "true",
+            "--lora_r",
+            "8",
+            "--lora_alpha",
+            "16",
+            "--lora_target_modules",
+            "all-linear",
+            "--learning_rate",
+            "1e-2",
+            "--max_steps",
+            "8",
+            "--max_train_samples",
+            "16",
+            "--max_eval_samples",
+            "4",
+            "--eval_strategy",
+            "no",
+            "--eval_on_start",
+            "false",
+            "--save_strategy",
+            "no",
+            "--merge",
+            "true",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert status == 0
     return out
 

@@ -168,7 +168,9 @@ def query_tools(query: dict, registry: ToolRegistry) -> QueryTools:
                                       tool.name, doc.api, schema))
         descriptions.setdefault(tool.name, tool.description)
     if not functions:
-        raise QueryError("none of its api_list entries has a doc" + (f" ({', '.join(missing[:3])})" if missing else ""))
+        raise QueryError(
+            "none of its api_list entries has a doc" + (f" ({', '.join(missing[:3])})" if missing else "")
+        )
     return QueryTools(functions, list(descriptions.items()), missing)
 
 

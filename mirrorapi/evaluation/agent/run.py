@@ -67,8 +67,11 @@ def load_registry(tools: list[str | os.PathLike], query_files: list[Path]) -> To
 async def check_services(engine: EngineClient, server: VirtualClient) -> None:
     health = await engine.health()
     if not any(h.reachable for h in health):
-        raise AgentRunError("the agent engine is not reachable (" + "; ".join(f"{h.base_url}: {h.detail}"
-                                                                             for h in health) + "); start it or fix --base-url")
+        raise AgentRunError(
+            "the agent engine is not reachable ("
+            + "; ".join(f"{h.base_url}: {h.detail}" for h in health)
+            + "); start it or fix --base-url"
+        )
     problem = await server.probe()
     if problem:
         raise AgentRunError(f"{problem}; start it or fix --server")
@@ -154,5 +157,7 @@ async def _run_all(todo, registry, engine, server, settings, system_prompt, out,
     return done
 
 
-def run_agent(queries, settings: AgentSettings, out, tools=(), progress: bool = True, limit: int | None = None) -> AgentRun:
+def run_agent(
+    queries, settings: AgentSettings, out, tools=(), progress: bool = True, limit: int | None = None
+) -> AgentRun:
     return asyncio.run(run_agent_async(queries, settings, out, tools, progress, limit))

@@ -300,8 +300,12 @@ async def run_query(query: dict, tools: QueryTools, engine: EngineClient, server
         # No final answer: upstream reports a random give-up node; we report the first one (reproducible).
         chosen = answer or (run.give_ups[0] if run.give_ups else None)
         if chosen is not None:
-            generation.update(valid_data=True, final_answer=_finish_args(chosen), train_messages=train_messages(chosen),
-                              finish_type="give_answer" if answer is not None else "give_up")
+            generation.update(
+                valid_data=True,
+                final_answer=_finish_args(chosen),
+                train_messages=train_messages(chosen),
+                finish_type="give_answer" if answer is not None else "give_up",
+            )
     generation.update(query_count=run.query_count, total_tokens=run.total_tokens)
     data["answer_generation"] = generation
     data["agent_settings"] = settings.record()

@@ -134,7 +134,9 @@ def convert_answer(data: dict, method: str) -> dict:
     return record
 
 
-def convert_answer_folder(folder: str | os.PathLike, method: str, output: str | os.PathLike | None = None) -> Path | dict:
+def convert_answer_folder(
+    folder: str | os.PathLike, method: str, output: str | os.PathLike | None = None
+) -> Path | dict:
     """Convert every `<qid>_<method>*.json` of `folder` (upstream's selection: the file name contains
     the method; the id is the name up to the first `_`). Writes `output` when given (returns its
     path), else returns {qid: record}. Unreadable files are logged and left out."""

@@ -240,7 +240,7 @@ def parser(doc: str | None = None):
                    help="Converted answers: <model>/<group>.json (eval/run_agent.py --out).")
     p.add_argument("--out", required=True, type=Path, help="Output folder for tooleyes.md, .json and rows.")
     judge = p.add_argument_group("the judge (without --base-url: the rule-based parts only)")
-    # The judge's flags are JudgeSettings' fields; the token cap defaults lower: a ToolEyes verdict is five short lines.
+    # The judge's flags are JudgeSettings' fields; the token cap defaults lower (a ToolEyes verdict: five short lines).
     add_settings_arguments(judge, JudgeSettings, required=False, defaults={"max_tokens": TOOLEYES_MAX_TOKENS})
     return p
 

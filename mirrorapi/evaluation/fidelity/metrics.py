@@ -45,7 +45,11 @@ def payload_text(observation: dict | None) -> str:
 
 def is_error(observation: dict | None) -> bool:
     """An error observation: `error` set, or an in-band error reply (tau-bench's "Error: ...")."""
-    return observation is not None and bool(observation) and (bool(observation.get("error")) or in_band_error(observation.get("response", "")))
+    return (
+        observation is not None
+        and bool(observation)
+        and (bool(observation.get("error")) or in_band_error(observation.get("response", "")))
+    )
 
 
 def json_structure(response: Any) -> Any:

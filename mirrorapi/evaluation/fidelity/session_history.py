@@ -9,10 +9,10 @@ sees the episode's earlier calls and answers). Both passes are scored like any f
   only matter from step 1 on; step 0 is the control.
 - **consistency**: where a real answer repeats a value the episode produced earlier (an id, a
   token, a name: from an earlier request or an earlier real answer), does the simulated answer
-  repeat it too (values of the `response` only: an error message is not a value)? A value from an earlier *request* is the same literal in the replay (requests are
-  replayed as recorded), so it counts when the simulated answer contains it. A value from an earlier
-  *answer* only has a simulated counterpart (the simulator made up its own token), so each such
-  value counts when the simulated answer repeats some value of the simulator's own earlier answers
+  repeat it too (values of the `response` only: an error message is not a value)? A value from an earlier *request* is
+  the same literal in the replay (requests are replayed as recorded), so it counts when the simulated answer contains
+  it. A value from an earlier *answer* only has a simulated counterpart (the simulator made up its own token), so each
+  such value counts when the simulated answer repeats some value of the simulator's own earlier answers
   (at most as many as the real answer repeats). Consistency = values repeated / values the real
   answers repeat, over all steps. Values are the leaves of JSON answers (strings of 3+ characters,
   numbers of 2+ digits) and, in long texts, tokens with a digit; a few words that every answer
@@ -146,10 +146,16 @@ def _cell(value) -> str:
 
 
 def render_history_markdown(report: dict) -> str:
-    lines = ["", "## With and without session history", "",
-             f"{report['episodes']} held-out episodes ({report['calls']} calls) replayed twice: each call alone, "
-             "then one session per episode (`X-Session-Id`).", "",
-             "| replay | step | calls | ROUGE-L | BLEU-4 | error agreement | valid JSON |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## With and without session history",
+        "",
+        f"{report['episodes']} held-out episodes ({report['calls']} calls) replayed twice: each call alone, "
+        "then one session per episode (`X-Session-Id`).",
+        "",
+        "| replay | step | calls | ROUGE-L | BLEU-4 | error agreement | valid JSON |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name in ("without", "with"):
         if name not in report:
             continue

@@ -114,9 +114,13 @@ async def _sowr(reference: str, items: list[AnswerItem], ids: dict[str, list[str
                     pair = [(ref_item.steps, cut_judge_text(ref_item.answer)),
                             (cand_item.steps, cut_judge_text(cand_item.answer))]
                     shown = pair if ref_first else pair[::-1]
-                    calls.append(JudgeCall(key, preference_messages(ref_item.query or cand_item.query, (shown[0], shown[1])),
-                                           {"base": base, "ref_first": ref_first,
-                                            "answers": [ref_item.answer, cand_item.answer]}))
+                    calls.append(
+                        JudgeCall(
+                            key,
+                            preference_messages(ref_item.query or cand_item.query, (shown[0], shown[1])),
+                            {"base": base, "ref_first": ref_first, "answers": [ref_item.answer, cand_item.answer]},
+                        )
+                    )
 
     def handle(call: JudgeCall, raw: str) -> None:
         choice, reason = parse_preference(raw)

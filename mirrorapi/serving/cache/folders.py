@@ -49,7 +49,9 @@ def _fingerprint(folder: Path) -> str:
         for name in sorted(files):
             if name.endswith(".json"):
                 st = os.stat(os.path.join(root, name))
-                digest.update(f"{os.path.relpath(os.path.join(root, name), folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+                digest.update(
+                    f"{os.path.relpath(os.path.join(root, name), folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode()
+                )
     return digest.hexdigest()
 
 
@@ -139,11 +141,15 @@ def export_identity(cache: Store, identity: str | None) -> str:
     if identity is not None:
         if identity and identity not in identities:
             known = ", ".join(identities) or "none"
-            raise CacheError(f"no simulated answers of identity {identity!r} in {cache.location} (identities: {known})")
+            raise CacheError(
+                f"no simulated answers of identity {identity!r} in {cache.location} (identities: {known})"
+            )
         return identity
     if len(identities) > 1:
-        raise CacheError(f"{cache.location} holds simulated answers of {len(identities)} simulator identities; name one "
-                         f"with --identity ({', '.join(identities)}), or '' for recorded answers only")
+        raise CacheError(
+            f"{cache.location} holds simulated answers of {len(identities)} simulator identities; name one "
+            f"with --identity ({', '.join(identities)}), or '' for recorded answers only"
+        )
     return next(iter(identities), RECORDED)
 
 

@@ -61,9 +61,11 @@ _COLUMNS = ", ".join(ENTRY_COLUMNS)
 _INSERT = (f"INSERT OR IGNORE INTO entries ({_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
            "?13, ?14)")
 # A simulated answer is not stored where a recorded one exists (it would never be served)...
-_INSERT_SIMULATED = (f"INSERT OR IGNORE INTO entries ({_COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-                     "?11, ?12, ?13, ?14 WHERE NOT EXISTS (SELECT 1 FROM entries WHERE category = ?1 AND tool = ?2 AND "
-                     "api = ?3 AND arguments = ?4 AND history = '' AND identity = '')")
+_INSERT_SIMULATED = (
+    f"INSERT OR IGNORE INTO entries ({_COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
+    "?11, ?12, ?13, ?14 WHERE NOT EXISTS (SELECT 1 FROM entries WHERE category = ?1 AND tool = ?2 AND "
+    "api = ?3 AND arguments = ?4 AND history = '' AND identity = '')"
+)
 # ... and a recorded answer replaces every simulated answer of the same call. The first recording stays.
 _DROP_SHADOWED = "DELETE FROM entries WHERE category = ? AND tool = ? AND api = ? AND arguments = ? AND identity != ''"
 # Equality on the key's prefix: the recorded row or the simulated rows of each identity (a few at most).
@@ -75,8 +77,10 @@ _FIND_IN_SESSION = _SELECT.format("observation") + "history IN ('', ?)"
 _LOOKUP = _SELECT.format("CAST(observation AS BLOB)") + "history = ''"
 _LOOKUP_IN_SESSION = _SELECT.format("CAST(observation AS BLOB)") + "history IN ('', ?)"
 _COUNT_HITS = "UPDATE entries SET hits = hits + ? WHERE id = ?"
-_TAKE_LEASE = ("INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET holder = excluded.holder, "
-               "expires = excluded.expires WHERE leases.expires < ? OR leases.holder = excluded.holder")
+_TAKE_LEASE = (
+    "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET holder = excluded.holder, "
+    "expires = excluded.expires WHERE leases.expires < ? OR leases.holder = excluded.holder"
+)
 _RELEASE_LEASE = ("DELETE FROM leases WHERE category = ? AND tool = ? AND api = ? AND arguments = ? AND history = ? "
                   "AND identity = ? AND holder = ?")
 _SESSION = "SELECT digest, steps, lines FROM sessions WHERE id = ? AND used >= ?"

@@ -48,10 +48,12 @@ _TABLES = (
     "arguments TEXT NOT NULL, history TEXT NOT NULL, identity TEXT NOT NULL, holder TEXT NOT NULL, "
     "expires REAL NOT NULL, PRIMARY KEY (category, tool, api, arguments, history, identity)) WITHOUT ROWID",
 )
-_ENTRIES_V2 = ("CREATE TABLE {name} (category TEXT NOT NULL, tool TEXT NOT NULL, api TEXT NOT NULL, arguments TEXT NOT "
-               "NULL, identity TEXT NOT NULL, arguments_as_sent TEXT NOT NULL, error TEXT NOT NULL, observation TEXT NOT "
-               "NULL, provenance TEXT NOT NULL, created REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0, "
-               "PRIMARY KEY (category, tool, api, arguments, identity)) WITHOUT ROWID")  # version 2, for migrating 1
+_ENTRIES_V2 = (
+    "CREATE TABLE {name} (category TEXT NOT NULL, tool TEXT NOT NULL, api TEXT NOT NULL, arguments TEXT NOT "
+    "NULL, identity TEXT NOT NULL, arguments_as_sent TEXT NOT NULL, error TEXT NOT NULL, observation TEXT NOT "
+    "NULL, provenance TEXT NOT NULL, created REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0, "
+    "PRIMARY KEY (category, tool, api, arguments, identity)) WITHOUT ROWID"
+)  # version 2, for migrating 1
 
 
 _COLUMNS_V3 = "category, tool, api, arguments, history, identity, steps, arguments_as_sent, error, observation, " \
@@ -94,7 +96,11 @@ def _migrate_3_to_4(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE entries ADD COLUMN rationale TEXT NOT NULL DEFAULT ''")
 
 
-_MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}  # version n -> n + 1, all in one transaction at open
+_MIGRATIONS = {
+    1: _migrate_1_to_2,
+    2: _migrate_2_to_3,
+    3: _migrate_3_to_4,
+}  # version n -> n + 1, all in one transaction at open
 
 
 def open_schema(db: sqlite3.Connection, path: Path,

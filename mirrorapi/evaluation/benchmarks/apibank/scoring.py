@@ -225,10 +225,12 @@ def report_lines(data: dict, heading: str = "#") -> list[str]:
                  + f" | {cell(pooled)} |")
     lines += ["", "Counts:", ""]
     for level, s in levels.items():
-        lines.append(f"- level {level}: {s['dialogues']} of {s['level_dialogues']} dialogues, "
-                     f"{s['correct']}/{s['calls']} calls correct ({s['level_calls']} call samples in the whole level), "
-                     f"{s['responses']} responses (ROUGE-L {cell(s['rouge_l'])}), "
-                     f"{s['engine_errors']} model calls failed (counted as wrong; rerun to ask them again)")
+        lines.append(
+            f"- level {level}: {s['dialogues']} of {s['level_dialogues']} dialogues, "
+            f"{s['correct']}/{s['calls']} calls correct ({s['level_calls']} call samples in the whole level), "
+            f"{s['responses']} responses (ROUGE-L {cell(s['rouge_l'])}), "
+            f"{s['engine_errors']} model calls failed (counted as wrong; rerun to ask them again)"
+        )
     lines += ["", f"Settings: server {run['server']}, model {run['model']} at {', '.join(run['base_urls'])}, "
               f"temperature {run['temperature']}, max_tokens {run['max_tokens']}, "
               f"dialogues per level {run['limit'] or 'all'}. Accuracy: API-Bank's per-API rules on the result the "
@@ -274,8 +276,12 @@ def parser(doc: str | None = None):
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
-    p.add_argument("--write-pairs", type=Path, metavar="FILE",
-                   help="Only write API-Bank's recorded calls as pairs JSONL (for `mirrorapi cache import`), then exit.")
+    p.add_argument(
+        "--write-pairs",
+        type=Path,
+        metavar="FILE",
+        help="Only write API-Bank's recorded calls as pairs JSONL (for `mirrorapi cache import`), then exit.",
+    )
     add_settings_arguments(p, Settings, required=False, exclude=("progress",), defaults={"out": Path("runs/apibank")})
     return p
 
