@@ -48,6 +48,7 @@ TRAINS_OR_STARTS_AN_ENGINE = frozenset({
     "trained_simulator_dir", "trained_judge_dir",  # training/sft.py (below)
     "adapter_dir",  # tests/training/test_sft_lora.py: a LoRA training
     "launched",  # tests/training/test_sft_accelerate.py: `accelerate launch training/sft.py`
+    "shipped_run",  # tests/training/test_train_shipped.py: scripts/train_shipped_models.py --tiny
     "first_run",  # tests/test_demo.py: the whole demo
 })
 

@@ -40,3 +40,17 @@ def test_a_merged_model_keeps_the_versions_that_trained_it(tmp_path):
     trained_with = {"python": "3.11.7", "mirrorapi": "0.1.0", "transformers": "5.0.0"}
     write_model_card(tmp_path, {**INFO, "versions": trained_with})
     assert json.loads((tmp_path / TRAINING_FILE).read_text())["versions"] == trained_with
+
+
+def test_a_checkout_run_without_installing_it_records_source_and_its_commit():
+    """A lent GPU machine runs the checkout from PYTHONPATH (nothing can be installed there): the record says
+    "source" and the commit instead of failing the run after training (it did: PackageNotFoundError)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from mirrorapi.versions import package_versions; "
+            "print(json.dumps(package_versions()))")
+    # -S: no site-packages, so no installed mirrorapi distribution is visible (versions.py needs only the stdlib)
+    result = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], capture_output=True, text=True, check=True)
+    versions = json.loads(result.stdout)
+    assert versions["mirrorapi"] == "source" and versions["python"] == "{}.{}.{}".format(*sys.version_info[:3])
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert versions["mirrorapi_commit"].removesuffix("-dirty") == head.stdout.strip()

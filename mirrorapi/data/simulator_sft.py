@@ -38,6 +38,7 @@ from mirrorapi.prompts.simulator_formats import (
     check_cot_system_prompt,
     render_observation,
     simulator_messages,
+    stateless_format,
     truncate_response,
 )
 from mirrorapi.prompts.simulator_output import COT_RATIONALE_KEY
@@ -93,6 +94,13 @@ class SimulatorDataOptions:
         "--prompt-format mirrorapi-v2, chosen automatically); match the server's `session_history`."))
     history_char_budget: int = Field(default=HISTORY_CHAR_BUDGET, description=(
         "Most characters of history per prompt; match the server's `session_char_budget`."))
+    stateless_too: bool = Field(default=False, description=(
+        "With --history: also render each distinct call of a split without its history, in the stateless format "
+        "(mirrorapi-v2 beside mirrorapi-session-v2), from the same split: a server answers calls outside sessions "
+        "in that format, so one model trained on both serves both."))
+    repeat_sources: Annotated[list[str], Flag(metavar="SOURCE=N")] = Field(default_factory=list, description=(
+        "Repeat the training records of a source N times (e.g. tau-bench=3): the 20,000 generated API-Bank "
+        "calls would otherwise drown the few hundred recorded calls of each real source."))
 
     def check(self) -> None:
         if self.prompt_format not in SIMULATOR_FORMATS:
@@ -112,6 +120,19 @@ class SimulatorDataOptions:
         for name in ("ood_fraction", "id_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.stateless_too and not self.history:
+            raise ValueError("stateless_too adds stateless records beside session records: it needs history > 0")
+        self.source_repeats()
+
+    def source_repeats(self) -> dict[str, int]:
+        """`repeat_sources` as {source: N}; ValueError for an entry that is not SOURCE=N with N >= 1."""
+        repeats = {}
+        for entry in self.repeat_sources:
+            source, _, count = entry.rpartition("=")
+            if not source or not count.isdecimal() or int(count) < 1:
+                raise ValueError(f"repeat_sources entries are SOURCE=N with N >= 1, got {entry!r}")
+            repeats[source] = int(count)
+        return repeats
 
 
 def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, options: SimulatorDataOptions,
@@ -124,8 +145,14 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
                           id_fraction=options.id_fraction, seed=options.seed, progress=progress)
     kept, dropped = chosen.kept, chosen.dropped
     examples = _example_picker(kept, chosen.splits["train"], options)
-    splits = {name: [_render(kept[i], options, examples(i)) for i in members]
+    splits = {name: [_render(kept[i], options, examples(i), options.prompt_format) for i in members]
               for name, members in chosen.splits.items()}
+    if options.stateless_too:
+        for name, members in chosen.splits.items():
+            splits[name] += _stateless_records(kept, members, options, examples)
+    repeats = options.source_repeats()
+    if repeats:
+        splits["train"] = [record for record in splits["train"] for _ in range(repeats.get(record["source"], 1))]
     stats = {
         "kind": "simulator",
         "prompt_format": options.prompt_format,
@@ -167,18 +194,32 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
     return pick
 
 
-def _render(chosen: ChosenPair, options: SimulatorDataOptions, examples: list[tuple[dict, dict]]) -> dict:
+def _stateless_records(kept: list[ChosenPair], members: list[int], options: SimulatorDataOptions,
+                       examples) -> list[dict]:
+    """Each distinct call (API and arguments) of a split once, without history, in the stateless format; the first
+    one in input order, as a build without history keeps it."""
+    fmt = stateless_format(options.prompt_format)
+    seen: set[tuple] = set()
+    records = []
+    for i in members:
+        chosen = kept[i]
+        key = (chosen.doc.category, chosen.doc.tool, chosen.doc.api, chosen.arguments_key)
+        if key not in seen:
+            seen.add(key)
+            records.append(_render(chosen, options, examples(i), fmt))
+    return records
+
+
+def _render(chosen: ChosenPair, options: SimulatorDataOptions, examples: list[tuple[dict, dict]], fmt: str) -> dict:
     doc, arguments, pair, history = chosen.doc, chosen.arguments, chosen.pair, chosen.history
     response = chosen.response  # cut at the server's budget
     if options.target_response_chars:  # a long answer shrunk (JSON kept valid) before that cut
         response = truncate_response(shrink_response(pair["response"]["response"], options.target_response_chars))
     return {
-        "prompt": simulator_messages(doc, arguments, examples, fmt=options.prompt_format,
-                                     system_prompt=options.system_prompt,
-                                     history=list(history) if options.history else None),
-        "completion": [{"role": "assistant",
-                        "content": _target(chosen.error, response, pair, options.prompt_format)}],
-        "prompt_format": options.prompt_format,
+        "prompt": simulator_messages(doc, arguments, examples, fmt=fmt, system_prompt=options.system_prompt,
+                                     history=list(history) if fmt in SESSION_FORMATS else None),
+        "completion": [{"role": "assistant", "content": _target(chosen.error, response, pair, fmt)}],
+        "prompt_format": fmt,
         "source": pair["source"], "episode": str(pair["episode"]), "step": int(pair["step"]),
         "category": doc.category, "tool": doc.tool, "api": doc.api, "arguments": chosen.arguments_key,
         "kind": chosen.kind,
@@ -198,7 +239,9 @@ def _split_stats(records: list[dict]) -> dict:
     kinds = Counter(r["kind"] for r in records)
     return {"records": len(records), "apis": len({(r["category"], r["tool"], r["api"]) for r in records}),
             "episodes": len({(r["source"], r["episode"]) for r in records}),
-            **{k: kinds[k] for k in ("success", "error", "in_band_error") if k in kinds}}
+            **{k: kinds[k] for k in ("success", "error", "in_band_error") if k in kinds},
+            "by_source": dict(sorted(Counter(r["source"] for r in records).items())),
+            "by_prompt_format": dict(sorted(Counter(r["prompt_format"] for r in records).items()))}
 
 
 def write_sft_dataset(out_dir: str | os.PathLike, splits: dict[str, list[dict]], stats: dict,

@@ -85,6 +85,12 @@ def session_format(fmt: str) -> str:
     return STRUCTURED_SESSION_FORMAT if fmt in STRUCTURED_FORMATS else SESSION_FORMAT
 
 
+def stateless_format(fmt: str) -> str:
+    """The format of a call outside any session, for a session format (its inverse: `mirrorapi-session-v2` ->
+    `mirrorapi-v2`, `mirrorapi-session-v1` -> `mirrorapi-v1`); any other format is its own."""
+    return {STRUCTURED_SESSION_FORMAT: STRUCTURED_FORMAT, SESSION_FORMAT: DEFAULT_SIMULATOR_FORMAT}.get(fmt, fmt)
+
+
 _SKELETON_TYPES = {"str": {"type": "string"}, "int": {"type": "number"}, "float": {"type": "number"},
                    "bool": {"type": "boolean"}, "empty list": {"type": "array"}}
 

@@ -67,6 +67,9 @@ class RecipeArguments:
                 "loss (the completion), on any device; TRL does so on GPUs only, and on a CPU computes the "
                 "vocabulary logits of every prompt token too. Same loss; about 2x faster on a CPU for the simulator "
                 "(mirrorapi/training/lm_head.py)."})
+    max_train_seconds: float | None = field(default=None, metadata={
+        "help": "Stop training at the first step that ends past this many seconds, then save and evaluate as usual "
+                "(a run that must fit a lent machine's time; mirrorapi/training/time_limit.py)."})
     resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
     merge: bool = field(default=False, metadata={
         "help": "LoRA only: also write the base model with the adapter merged in, to output_dir/merged."})
@@ -143,6 +146,8 @@ def check_recipe_file(config_file: str | None, dataclass_types) -> None:
 
 def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
     """The keys together, and what this host must have for them; picks the attention for packed batches."""
+    if recipe.max_train_seconds is not None and recipe.max_train_seconds <= 0:
+        raise RecipeError(f"max_train_seconds must be positive (got {recipe.max_train_seconds})")
     if recipe.merge and not model_args.use_peft:
         raise RecipeError("--merge applies to LoRA training only (set use_peft: true)")
     if recipe.train_top_layers is not None:

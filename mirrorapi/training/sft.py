@@ -20,6 +20,7 @@ from mirrorapi.training.recipe import (
     training_splits,
 )
 from mirrorapi.training.throughput import ThroughputCallback
+from mirrorapi.training.time_limit import TimeLimitCallback
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +46,12 @@ def build_trainer(recipe, training_args, model_args):
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
     if training_args.include_num_input_tokens_seen == "no":  # ThroughputCallback counts these
         training_args.include_num_input_tokens_seen = "non_padding"
+    callbacks = [ThroughputCallback()]
+    if recipe.max_train_seconds is not None:
+        callbacks.append(TimeLimitCallback(recipe.max_train_seconds))
     trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=train,
                          eval_dataset=evals or None, processing_class=tokenizer,
-                         peft_config=get_peft_config(model_args), callbacks=[ThroughputCallback()])
+                         peft_config=get_peft_config(model_args), callbacks=callbacks)
     if recipe.train_top_layers is not None:  # before train() builds the optimizer over what requires grad
         trainable, total = freeze_below_top_layers(trainer.model, recipe.train_top_layers)
         logger.info("train_top_layers %d: %d of %d parameters trainable", recipe.train_top_layers, trainable, total)
@@ -62,6 +66,8 @@ def run_sft(recipe, training_args, model_args, argv: Sequence[str] = ()) -> dict
     with logits_only_where_loss(recipe.logits_only_where_loss):
         trainer.train(resume_from_checkpoint=True if recipe.resume else training_args.resume_from_checkpoint)
         metrics = {"train_loss": trainer.state.log_history[-1].get("train_loss"), "steps": trainer.state.global_step,
+                   "planned_steps": trainer.state.max_steps,
+                   "stopped_early": trainer.state.global_step < trainer.state.max_steps,
                    "train_seconds": round(time.perf_counter() - start, 1), "train_records": len(train),
                    **{f"{name}_records": len(data) for name, data in evals.items()}}
         if evals:

@@ -214,3 +214,51 @@ def test_long_targets_are_shrunk_to_valid_json_not_dropped(registry):
             elif isinstance(old, list):
                 assert 1 <= len(new) <= len(old)
     assert changed > cut_json > 0
+
+
+def test_stateless_too_renders_each_distinct_call_once_without_history_in_the_same_split(registry):
+    """--stateless-too: beside every session record, each distinct call of a split once in the stateless format,
+    the first in input order, with the same few-shot examples and the same split (no episode crosses splits)."""
+    session_only, _ = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(
+        prompt_format="mirrorapi-session-v2", history=8, few_shot=1))
+    both, stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(
+        prompt_format="mirrorapi-session-v2", history=8, few_shot=1, stateless_too=True))
+    for split, records in both.items():
+        session = [r for r in records if r["prompt_format"] == "mirrorapi-session-v2"]
+        alone = [r for r in records if r["prompt_format"] == "mirrorapi-v2"]
+        assert session == session_only[split] and len(session) + len(alone) == len(records)
+        keys = [(r["category"], r["tool"], r["api"], r["arguments"]) for r in alone]
+        assert len(keys) == len(set(keys)) == len({(r["category"], r["tool"], r["api"], r["arguments"])
+                                                   for r in session})
+        for r in alone:
+            system, user = r["prompt"]
+            assert "Earlier calls in this session" not in user and "session" not in system["content"]
+            assert (r["source"], r["episode"]) in {(s["source"], s["episode"]) for s in session}
+        assert stats["splits"][split]["by_prompt_format"] == {"mirrorapi-session-v2": len(session),
+                                                             "mirrorapi-v2": len(alone)}
+    first = next(p for p in SAMPLE_PAIRS if p["source"] == "api-bank-generated")
+    doc = registry.resolve(first["category"], first["tool_name"], first["api_name"])
+    (record,) = [r for records in both.values() for r in records if r["prompt_format"] == "mirrorapi-v2"
+                 and (r["api"], r["arguments"]) == (doc.api, canonical_json(first["tool_input"]))]
+    assert record["prompt"][1]["content"].endswith("Request:\n" + canonical_json(first["tool_input"]))
+
+
+def test_repeat_sources_repeats_training_records_only(registry):
+    plain, _ = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions())
+    repeated, stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(
+        repeat_sources=["tau-bench=3"]))
+    taus = [r for r in plain["train"] if r["source"] == "tau-bench"]
+    assert taus and len(repeated["train"]) == len(plain["train"]) + 2 * len(taus)
+    assert [r for r in repeated["train"] if r["source"] == "tau-bench"] == [r for r in taus for _ in range(3)]
+    assert repeated["test_id"] == plain["test_id"] and repeated["test_ood"] == plain["test_ood"]
+    assert stats["splits"]["train"]["by_source"]["tau-bench"] == 3 * len(taus)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"repeat_sources": ["tau-bench"]}, "SOURCE=N"),
+    ({"repeat_sources": ["tau-bench=0"]}, "SOURCE=N"),
+    ({"stateless_too": True}, "needs history > 0"),
+])
+def test_bad_mixing_options_are_refused(registry, options, message):
+    with pytest.raises(ValueError, match=message):
+        build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(**options))

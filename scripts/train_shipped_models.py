@@ -1,0 +1,452 @@
+"""Train the simulator and the judge mirrorapi ships (LoRA adapters on SmolLM2-135M-Instruct) on every shared real
+pair and label, in one run of a lent GPU machine; or on a tiny slice on the CPU, to check the path.
+
+    # here, where ../shared/data is: the SFT sets (the data builders' splits: held-out APIs and episodes stay out)
+    .venv/bin/python scripts/train_shipped_models.py --stage data --work runs/shipped
+    # on the GPU machine (docs/training.md says how the work folder, the base GGUF and the wheels travel there)
+    python scripts/train_shipped_models.py --stage train --work runs/shipped --base-gguf BASE.gguf --out "$OUT"
+    # the whole path on the CPU, on a slice, with the tiny model (what tests/training/test_train_shipped.py runs)
+    .venv/bin/python scripts/train_shipped_models.py --tiny --base runs/tiny-base --work runs/shipped-tiny
+
+`--stage all` (the default) runs both stages where it is. The data stage runs on the CPU before a GPU run because
+the shared data does not travel to the GPU machine and the build is single-threaded Python: the GPU's minutes go
+to what only a GPU does. The train stage:
+1. the base model: `--base DIR` (a `mirrorapi models get` folder), or `--base-gguf FILE` converted as `models get`
+   converts it (mirrorapi.models.from_gguf);
+2. training/sft.py under `accelerate launch`, simulator and judge at once (two processes on one GPU: a 135M model
+   leaves most of it idle), recipes `training/configs/{simulator,judge}_smollm2_gpu_lora.yaml`, each stopped by
+   its own `max_train_seconds`;
+3. offline scores of the trained weights on held-out records, with the records' own prompts: the judge's verdict
+   as the likelier of the two verdict lines (and the untrained base's, beside it), and the simulator's greedy
+   answers to a sample of held-out calls of every source (scored on the CPU afterwards against the real answers
+   and the nearest example: `mirrorapi.evaluation.fidelity.offline`);
+4. `--out`: at most 8 files, none over 16 MiB and none deeper than 2 folders (what a lent machine hands back):
+   `report.json` (throughput, MFU, eval losses, wall times, the GPU), the two adapters as tar files, the
+   generations, the judge's scores, the logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import math
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+
+# The data the shipped simulator is trained on (its recipe file says why each choice).
+SIMULATOR_DATA_FLAGS = ["--prompt-format", "mirrorapi-v2", "--history", "8", "--stateless-too",
+                        "--few-shot", "1", "--few-shot-char-budget", "1024", "--few-shot-response-chars", "600",
+                        "--target-response-chars", "1024",
+                        "--repeat-sources", "tau-bench=3", "api-bank=2", "toolbench-example=4"]
+SIMULATOR_RECIPE = "training/configs/simulator_smollm2_gpu_lora.yaml"
+JUDGE_RECIPE = "training/configs/judge_smollm2_gpu_lora.yaml"
+# bf16 dense peak of the GPUs a run may get (NVIDIA's data sheets, SXM), for MFU.
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}
+VERDICT_LINES = ("Verdict: Solved", "Verdict: Unsolved")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- data
+def build_data(work: Path, pairs: list[str], tools: list[str], labelled: list[str]) -> dict:
+    started = time.perf_counter()
+    data = work / "data"
+    subprocess.run([sys.executable, str(REPO / "data/build_simulator_sft.py"), "--pairs", *pairs, "--tools", *tools,
+                    *SIMULATOR_DATA_FLAGS, "--out", str(data / "simulator")], check=True)
+    subprocess.run([sys.executable, str(REPO / "data/build_judge_sft.py"), "--labelled", *labelled,
+                    "--out", str(data / "judge")], check=True)
+    return {"seconds": round(time.perf_counter() - started, 1)}
+
+
+# ----------------------------------------------------------------------------------------------- train
+def base_model(work: Path, base: str | None, base_gguf: str | None) -> Path:
+    if base:
+        return Path(base)
+    from mirrorapi.models.from_gguf import hf_folder_from_gguf
+
+    folder = work / "base"
+    if not (folder / "config.json").is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+        hf_folder_from_gguf(base_gguf, folder)
+    return folder
+
+
+def launch(kind: str, recipe: str, base: Path, work: Path, on_gpu: bool, extra: list[str]) -> subprocess.Popen:
+    accelerate = "single_gpu" if on_gpu else "cpu"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "-q", "--config_file",
+               str(REPO / f"training/accelerate/{accelerate}.yaml"), str(REPO / "training/sft.py"),
+               "--config", str(REPO / recipe), "--model_name_or_path", str(base),
+               "--dataset_path", str(work / "data" / kind), "--output_dir", str(work / kind)]
+    if not on_gpu:  # the CPU check: float32 and the CPU's own settings
+        command += ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--dataloader_num_workers", "0"]
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    log(f"{kind}: $ {' '.join(command + extra)}")
+    handle = open(work / "logs" / f"{kind}.log", "w", encoding="utf-8")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(command + extra, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                                str(REPO), os.environ.get("PYTHONPATH")])), "PYTHONUNBUFFERED": "1"})
+
+
+def training_figures(run_dir: Path, parameters: int, peak_tflops: float | None) -> dict:
+    """What the run's own record says: steps, time, losses, tokens/s (the median of its log lines, the first left
+    out as warm-up), MFU = 6 N tokens/s over the GPU's peak (N: the base's parameters; LoRA's frozen base does no
+    weight-gradient work, so this is the usual yardstick, not the work done)."""
+    record = json.loads((run_dir / "mirrorapi_training.json").read_text(encoding="utf-8"))
+    speeds = [e["tokens_per_second"] for e in record["log_history"] if "tokens_per_second" in e]
+    tokens_per_second = statistics.median(speeds[1:] or speeds) if speeds else None
+    peak_memory = max((e.get("peak_memory_gib", 0) for e in record["log_history"]), default=None)
+    return {"metrics": record["metrics"], "tokens_per_second": tokens_per_second,
+            "mfu": (round(6 * parameters * tokens_per_second / (peak_tflops * 1e12), 4)
+                    if tokens_per_second and peak_tflops else None),
+            "peak_memory_gib": peak_memory or None, "log_lines": len(speeds)}
+
+
+# ----------------------------------------------------------------------------------------------- offline scores
+def load_trained(base: Path, adapter: Path, device: str):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device)
+    return tokenizer, PeftModel.from_pretrained(model, str(adapter)).eval()
+
+
+def judge_scores(base: Path, adapter: Path, dataset_path: Path, device: str) -> list[dict]:
+    """For every test record: the log-likelihood of each verdict line after its prompt, under the trained judge
+    and under the untrained base (the adapter switched off)."""
+    import torch
+    from datasets import load_from_disk
+
+    tokenizer, model = load_trained(base, adapter, device)
+    rows = []
+    for record in load_from_disk(str(dataset_path))["test"]:
+        prompt = tokenizer.apply_chat_template(record["prompt"], tokenize=False, add_generation_prompt=True)
+        scores = {}
+        for which in ("trained", "base"):
+            for line in VERDICT_LINES:
+                full = tokenizer(prompt + line + tokenizer.eos_token, return_tensors="pt",
+                                 add_special_tokens=False).input_ids.to(device)
+                start = len(tokenizer(prompt, add_special_tokens=False).input_ids)
+                with torch.inference_mode():
+                    if which == "base":
+                        with model.disable_adapter():
+                            logits = model(full).logits
+                    else:
+                        logits = model(full).logits
+                logprobs = torch.log_softmax(logits[0, start - 1:-1].float(), dim=-1)
+                target = full[0, start:]
+                scores[f"{which}:{line.split()[-1]}"] = round(logprobs.gather(1, target[:, None]).sum().item(), 4)
+        rows.append({"id": record["id"], "source": record["source"], "label": record["label"],
+                     "label_kind": record["label_kind"], **scores,
+                     "trained": max(("Solved", "Unsolved"), key=lambda v: scores[f"trained:{v}"]),
+                     "base": max(("Solved", "Unsolved"), key=lambda v: scores[f"base:{v}"])})
+    return rows
+
+
+def agreement_of(rows: list[dict], column: str | None) -> dict:
+    return agreement_core([r[column] if column else "Solved" for r in rows], [r["label"] for r in rows])
+
+
+def agreement_core(predicted: list[str], labels: list[str]) -> dict:
+    n = len(labels)
+    accuracy = sum(p == y for p, y in zip(predicted, labels, strict=True)) / n
+    chance = sum((predicted.count(v) / n) * (labels.count(v) / n) for v in ("Solved", "Unsolved"))
+    kappa = (accuracy - chance) / (1 - chance) if chance < 1 else 0.0
+    return {"n": n, "accuracy": round(100 * accuracy, 1), "kappa": round(kappa, 3)}
+
+
+def held_out_sample(dataset_path: Path, per_stratum: int, seed: int = 0) -> list[dict]:
+    """Held-out records to generate for: of each (split, source, prompt format), up to `per_stratum`, taken in an
+    order that visits every stratum in turn (so a run stopped by its time limit still has every source)."""
+    from datasets import load_from_disk
+
+    dataset = load_from_disk(str(dataset_path))
+    strata: dict[tuple, list[dict]] = {}
+    for split in ("test_id", "test_ood"):
+        if split not in dataset:
+            continue
+        for record in dataset[split]:
+            strata.setdefault((split, record["source"], record["prompt_format"]), []).append({**record, "split": split})
+    rng = random.Random(seed)
+    for records in strata.values():
+        rng.shuffle(records)
+    chosen = [records[:per_stratum] for _, records in sorted(strata.items())]
+    return [r for group in zip_longest_all(chosen) for r in group]
+
+
+def zip_longest_all(groups: list[list[dict]]) -> list[list[dict]]:
+    rounds = max((len(g) for g in groups), default=0)
+    return [[g[i] for g in groups if i < len(g)] for i in range(rounds)]
+
+
+def generate(base: Path, adapter: Path, records: list[dict], device: str, seconds: float, max_new_tokens: int,
+             batch_size: int) -> list[dict]:
+    """Greedy answers of the trained simulator to `records`' prompts, in batches of similar prompt lengths, until
+    `seconds` have passed."""
+    import torch
+
+    tokenizer, model = load_trained(base, adapter, device)
+    model = model.merge_and_unload()
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    texts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in records]
+    batches = [list(range(i, min(i + batch_size, len(records)))) for i in range(0, len(records), batch_size)]
+    out, started = [], time.perf_counter()
+    for batch in batches:
+        if time.perf_counter() - started > seconds:
+            log(f"generation: time limit after {len(out)} of {len(records)} answers")
+            break
+        encoded = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(device)
+        with torch.inference_mode():
+            generated = model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False,
+                                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        for i, row in zip(batch, generated[:, encoded.input_ids.shape[1]:], strict=True):
+            record = records[i]
+            out.append({key: record[key] for key in ("split", "source", "episode", "step", "category", "tool", "api",
+                                                     "arguments", "prompt_format", "kind")}
+                       | {"target": record["completion"][0]["content"],
+                          "generated": tokenizer.decode(row, skip_special_tokens=True)})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- score (CPU)
+def score_generations(generations_path: Path, work: Path, pairs: list[str], tools: list[str]) -> dict:
+    """The GPU run's answers scored as eval/simulator.py scores served ones (mirrorapi.evaluation.fidelity.metrics:
+    ROUGE-L, BLEU-4, valid JSON, error agreement, error precision and recall) against the real answers (the pairs
+    as read, whole) and the nearest example (the most similar training call of the same API); a held-out call
+    whose arguments equal a training call's is a cache hit on a server and is reported apart. One report per prompt
+    format: alone (mirrorapi-v2) and in its session (mirrorapi-session-v2)."""
+    from datasets import load_from_disk
+
+    from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare
+    from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
+    from mirrorapi.prompts.simulator_output import parse_simulator_output
+    from mirrorapi.records import canonical_json
+    from mirrorapi.tools import ToolRegistry
+
+    by_id = {(p["source"], str(p["episode"]), int(p["step"])): p for p in load_pairs(pairs)}
+    train_split = load_from_disk(str(work / "data" / "simulator"))["train"]
+    train_ids = {(r["source"], r["episode"], r["step"]) for r in train_split.select_columns(
+        ["source", "episode", "step"])}
+    train_pairs = [by_id[i] for i in sorted(train_ids)]
+    cached = {(api_id(p), canonical_json(p["tool_input"])) for p in train_pairs}
+    with lzma.open(generations_path, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    registry = ToolRegistry.load(tools)
+    reports: dict = {}
+    for fmt in sorted({r["prompt_format"] for r in rows}):
+        chosen = [r for r in rows if r["prompt_format"] == fmt]
+        held = [by_id[(r["source"], r["episode"], r["step"])] for r in chosen]
+        baseline = NearestExample(train_pairs, held)
+        hit = [(api_id(p), canonical_json(p["tool_input"])) in cached for p in held]
+        simulated = []
+        for r in chosen:
+            observation, how = parse_simulator_output(r["generated"])
+            simulated.append({**(observation or {"error": "", "response": r["generated"]}), "read_as": how})
+        report = {}
+        for name, keep in (("simulated", False), ("cache_hits", True)):
+            subset = [i for i in range(len(chosen)) if hit[i] == keep]
+            part = compare([held[i] for i in subset], [simulated[i] for i in subset], baseline, registry)
+            report[name] = build_report(part, "offline (the GPU run's greedy answers)", True) if part else {"calls": 0}
+            report[name].pop("per_api", None)
+            report[name]["raw_json"] = sum(simulated[i]["read_as"] == "json" for i in subset)
+        reports[fmt] = report
+    return reports
+
+
+# ----------------------------------------------------------------------------------------------- the run
+def write_adapters(out: Path, work: Path) -> None:
+    """Each adapter as one tar file, its weights in float16: PEFT keeps LoRA weights in float32 under a bf16 base
+    (19.6 MB for r 16, over a lent machine's 16 MiB per file); float16 keeps their precision better than bfloat16
+    for values this small and halves the size. Written as soon as training ends, before anything that may fail."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for kind in ("simulator", "judge"):
+        folder = work / kind
+        weights = load_file(str(folder / "adapter_model.safetensors"))
+        save_file({k: v.to(torch.float16) for k, v in weights.items()}, str(folder / "adapter_model.fp16.safetensors"),
+                  metadata={"format": "pt"})
+        with tarfile.open(out / f"{kind}-adapter.tar", "w") as tar:
+            tar.add(folder / "adapter_model.fp16.safetensors", arcname=f"{kind}-adapter/adapter_model.safetensors")
+            for name in ("adapter_config.json", "mirrorapi_training.json", "README.md"):
+                tar.add(folder / name, arcname=f"{kind}-adapter/{name}")
+
+
+def write_report(out: Path, work: Path, report: dict) -> None:
+    """report.json and the logs; checked against what a lent machine hands back (8 files, 16 MiB each)."""
+    with tarfile.open(out / "logs.tar.xz", "w:xz") as tar:
+        tar.add(work / "logs", arcname="logs")
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    files = list(out.iterdir())
+    too_big = [p.name for p in files if p.stat().st_size > 16 * 2**20]
+    if len(files) > 8 or too_big:
+        log(f"WARNING: {len(files)} files in {out}, over 16 MiB: {too_big}: a lent machine hands back 8, under 16 MiB")
+
+
+def machine() -> dict:
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        return {"device": "cuda", "gpu": name, "torch": torch.__version__,
+                "peak_tflops_bf16": next((v for k, v in PEAK_TFLOPS.items() if k in name), None)}
+    return {"device": "cpu", "gpu": None, "torch": torch.__version__, "cpus": os.cpu_count(), "peak_tflops_bf16": None}
+
+
+def recipe_flags(settings: list[str]) -> list[str]:
+    """KEY=VALUE entries as training/sft.py flags."""
+    flags = []
+    for entry in settings:
+        key, sep, value = entry.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"recipe settings are KEY=VALUE, got {entry!r}")
+        flags += [f"--{key}", value]
+    return flags
+
+
+def train_stage(args, work: Path) -> dict:
+    import transformers
+
+    stage_start = time.perf_counter()
+    where = machine()
+    on_gpu = where["device"] == "cuda"
+    report: dict = {"machine": where, "transformers": transformers.__version__, "argv": sys.argv[1:], "seconds": {}}
+    started = time.perf_counter()
+    base = base_model(work, args.base, args.base_gguf)
+    report["seconds"]["base"] = round(time.perf_counter() - started, 1)
+    extra = {"simulator": recipe_flags(args.simulator_set), "judge": recipe_flags(args.judge_set)}
+    if args.tiny:  # a few steps on the slice: the path, not the model
+        for kind in extra:
+            extra[kind] = ["--max_steps", "3", "--max_eval_samples", "4", "--per_device_train_batch_size", "2",
+                           "--per_device_eval_batch_size", "2", "--max_length", "1024", "--dataset_num_proc", "1",
+                           "--logging_steps", "1", *extra[kind]]
+    started = time.perf_counter()
+    processes = {kind: launch(kind, recipe, base, work, on_gpu, extra[kind])
+                 for kind, recipe in (("simulator", SIMULATOR_RECIPE), ("judge", JUDGE_RECIPE))}
+    failed = [kind for kind, process in processes.items() if process.wait() != 0]
+    report["seconds"]["train"] = round(time.perf_counter() - started, 1)
+    if failed:
+        tail = "\n".join((work / "logs" / f"{failed[0]}.log").read_text(encoding="utf-8").splitlines()[-30:])
+        raise SystemExit(f"training failed: {', '.join(failed)}\n{tail}")
+    parameters = base_parameters(base)
+    report["base_parameters"] = parameters
+    for kind in processes:
+        report[kind] = training_figures(work / kind, parameters, where["peak_tflops_bf16"])
+
+    out = Path(args.out or work / "out")
+    write_adapters(out, work)
+    write_report(out, work, report)
+    device = where["device"]
+    try:  # the adapters are out already: a failure from here on costs only these scores
+        started = time.perf_counter()
+        judge_rows = judge_scores(base, work / "judge", work / "data" / "judge", device)
+        (out / "judge_scores.jsonl").write_text("".join(json.dumps(r) + "\n" for r in judge_rows), encoding="utf-8")
+        report["judge"]["offline_agreement"] = {"trained": agreement_table(judge_rows, "trained"),
+                                                "base": agreement_table(judge_rows, "base")}
+        report["seconds"]["judge_scores"] = round(time.perf_counter() - started, 1)
+        started = time.perf_counter()
+        records = held_out_sample(work / "data" / "simulator", args.per_stratum)
+        generations = generate(base, work / "simulator", records, device, args.generate_seconds,
+                               args.max_new_tokens, args.batch_size)
+        with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in generations)
+        report["simulator"]["generated"] = {"answers": len(generations), "sampled": len(records),
+                                            "max_new_tokens": args.max_new_tokens}
+        report["seconds"]["generate"] = round(time.perf_counter() - started, 1)
+    except Exception as exc:  # noqa: BLE001 (reported, and the run's weights kept)
+        report["scoring_failed"] = f"{type(exc).__name__}: {exc}"
+        log(f"scoring failed: {report['scoring_failed']}")
+    report["seconds"]["train_stage"] = round(time.perf_counter() - stage_start, 1)
+    write_report(out, work, report)
+    return report
+
+
+def agreement_table(rows: list[dict], column: str) -> dict:
+    table = {"all": {"judge": agreement_of(rows, column), "solved_to_all": agreement_of(rows, None)}}
+    for source in sorted({r["source"] for r in rows}):
+        subset = [r for r in rows if r["source"] == source]
+        table[source] = {"judge": agreement_of(subset, column), "solved_to_all": agreement_of(subset, None)}
+    return table
+
+
+def base_parameters(base: Path) -> int:
+    """Parameters of the base (tied weights are stored, and counted, once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in base.glob("*.safetensors"):
+        with safe_open(str(path), framework="pt") as weights:
+            total += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", choices=("all", "data", "train", "score"), default="all",
+                        help="score: the generations of a train stage (--generations), on the CPU, after it.")
+    parser.add_argument("--generations", help="generations.jsonl.xz of a train stage (--stage score).")
+    parser.add_argument("--work", required=True, help="Work folder: data/, base/, the runs, logs/.")
+    parser.add_argument("--out", help="Where the results go (default WORK/out); on a lent machine, $OUT.")
+    parser.add_argument("--base", help="Base model folder (mirrorapi models get smollm2-135m-instruct).")
+    parser.add_argument("--base-gguf", help="Or the base's GGUF file, converted here as `models get` converts it.")
+    parser.add_argument("--pairs", nargs="+", help="Pair files (default: every ../shared/data/pairs file).")
+    parser.add_argument("--tools", nargs="+", help="Tool docs (default ../shared/data/toolenv/realtools).")
+    parser.add_argument("--labelled", nargs="+", help="Labelled answers (default ../shared/data/judge/labelled.jsonl).")
+    parser.add_argument("--tiny", action="store_true", help="A few steps on data/samples: checks the path on a CPU.")
+    parser.add_argument("--per-stratum", type=int, default=120,
+                        help="Held-out records per (split, source, prompt format) to generate for.")
+    parser.add_argument("--generate-seconds", type=float, default=90.0)
+    parser.add_argument("--max-new-tokens", type=int, default=320)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--simulator-set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="Recipe keys for the simulator's run, e.g. max_train_seconds=200.")
+    parser.add_argument("--judge-set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="Recipe keys for the judge's run.")
+    args = parser.parse_args(argv)
+    work = Path(args.work)
+    samples = REPO / "data" / "samples"
+    shared = SHARED.is_dir() and not args.tiny
+    args.pairs = args.pairs or ([str(p) for p in sorted((SHARED / "pairs").glob("*.jsonl"))] if shared
+                                else [str(samples / "pairs.jsonl")])
+    args.tools = args.tools or [str(SHARED / "toolenv" / "realtools" if shared else samples / "tools")]
+    args.labelled = args.labelled or [str(SHARED / "judge" / "labelled.jsonl" if shared else samples / "judge.jsonl")]
+    if args.stage in ("all", "train") and not (args.base or args.base_gguf):
+        parser.error("the train stage needs --base DIR or --base-gguf FILE")
+    if args.tiny:
+        args.per_stratum, args.max_new_tokens, args.batch_size = 2, 16, 4
+    if args.stage in ("all", "data"):
+        log(f"data: {json.dumps(build_data(work, args.pairs, args.tools, args.labelled))}")
+    if args.stage in ("all", "train"):
+        report = train_stage(args, work)
+        log(f"done: {json.dumps({k: report[k] for k in ('seconds', 'machine')})}")
+    if args.stage in ("all", "score"):
+        generations = Path(args.generations or Path(args.out or work / "out") / "generations.jsonl.xz")
+        scores = score_generations(generations, work, args.pairs, args.tools)
+        (generations.parent / "fidelity-offline.json").write_text(json.dumps(scores, indent=2) + "\n",
+                                                                  encoding="utf-8")
+        log(f"scores: {generations.parent / 'fidelity-offline.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

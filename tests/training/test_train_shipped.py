@@ -1,0 +1,87 @@
+"""scripts/train_shipped_models.py, the one run of a lent GPU machine (issue 35), on the CPU on a tiny slice: the
+data builders' splits, both trainings under `accelerate launch` (one stopped by its time limit), the offline
+scores, and an output folder a lent machine hands back whole (at most 8 files, 16 MiB each, no folders)."""
+
+import json
+import lzma
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from datasets import load_from_disk
+from safetensors import safe_open
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def shipped_run(tiny_model_dir, tmp_path_factory):
+    work = tmp_path_factory.mktemp("shipped")
+    result = subprocess.run([sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--tiny",
+                             "--base", str(tiny_model_dir), "--work", str(work),
+                             "--simulator-set", "max_train_seconds=0.001"],
+                            capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return work
+
+
+def test_the_output_is_what_a_lent_machine_hands_back(shipped_run):
+    files = sorted((shipped_run / "out").iterdir())
+    assert 0 < len(files) <= 8 and all(f.is_file() and f.stat().st_size <= 16 * 2**20 for f in files)
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", f.name) for f in files)
+    assert {f.name for f in files} >= {"report.json", "simulator-adapter.tar", "judge-adapter.tar",
+                                      "judge_scores.jsonl", "generations.jsonl.xz", "logs.tar.xz"}
+
+
+def test_each_adapter_ships_in_float16_with_its_record(shipped_run, tmp_path):
+    for kind in ("simulator", "judge"):
+        with tarfile.open(shipped_run / "out" / f"{kind}-adapter.tar") as tar:
+            tar.extractall(tmp_path, filter="data")
+        folder = tmp_path / f"{kind}-adapter"
+        assert json.loads((folder / "adapter_config.json").read_text())["peft_type"] == "LORA"
+        with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as weights:
+            dtypes = {str(weights.get_tensor(name).dtype) for name in weights.keys()}  # noqa: SIM118
+        assert dtypes == {"torch.float16"}
+        record = json.loads((folder / "mirrorapi_training.json").read_text())
+        assert record["kind"] == kind and record["adapter"] is True
+
+
+def test_the_report_has_throughput_eval_losses_and_the_time_limit(shipped_run):
+    report = json.loads((shipped_run / "out" / "report.json").read_text())
+    simulator, judge = report["simulator"], report["judge"]
+    # max_train_seconds stopped the simulator after its first step; the judge ran its 3
+    assert (simulator["metrics"]["steps"], simulator["metrics"]["planned_steps"]) == (1, 3)
+    assert simulator["metrics"]["stopped_early"] is True and judge["metrics"]["stopped_early"] is False
+    assert judge["metrics"]["steps"] == 3
+    for name in ("eval_test_id_loss", "eval_test_ood_loss"):
+        assert simulator["metrics"][name] > 0
+    assert judge["metrics"]["eval_test_loss"] > 0
+    assert simulator["tokens_per_second"] > 0 and judge["tokens_per_second"] > 0
+    assert report["machine"]["device"] == "cpu" and simulator["mfu"] is None  # no GPU peak to divide by
+    assert report["base_parameters"] > 0 and "scoring_failed" not in report
+
+
+def test_the_judge_is_scored_on_every_held_out_answer(shipped_run):
+    rows = [json.loads(line) for line in (shipped_run / "out" / "judge_scores.jsonl").read_text().splitlines()]
+    test = load_from_disk(str(shipped_run / "data" / "judge"))["test"]
+    assert [r["id"] for r in rows] == test["id"] and [r["label"] for r in rows] == test["label"]
+    for r in rows:
+        assert {r["trained"], r["base"]} <= {"Solved", "Unsolved"}
+        assert r["trained"] == max(("Solved", "Unsolved"), key=lambda v: r[f"trained:{v}"])
+    agreement = json.loads((shipped_run / "out" / "report.json").read_text())["judge"]["offline_agreement"]["trained"]
+    assert agreement["all"]["judge"]["n"] == len(rows)
+
+
+def test_generations_cover_every_held_out_stratum_and_are_scored(shipped_run):
+    with lzma.open(shipped_run / "out" / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    dataset = load_from_disk(str(shipped_run / "data" / "simulator"))
+    strata = {(split, r["source"], r["prompt_format"]) for split in ("test_id", "test_ood") for r in dataset[split]}
+    assert {(r["split"], r["source"], r["prompt_format"]) for r in rows} == strata
+    scores = json.loads((shipped_run / "out" / "fidelity-offline.json").read_text())
+    assert set(scores) == {"mirrorapi-v2", "mirrorapi-session-v2"}
+    scored = sum(part.get("calls", 0) for report in scores.values() for part in report.values())
+    assert scored == len(rows)
