@@ -181,7 +181,8 @@ def held_out_sample(dataset_path: Path, per_stratum: int, seed: int = 0) -> list
         if split not in dataset:
             continue
         for record in dataset[split]:
-            strata.setdefault((split, record["source"], record["prompt_format"]), []).append({**record, "split": split})
+            stratum = strata.setdefault((split, record["source"], record["prompt_format"]), [])
+            stratum.append({**record, "split": split})
     rng = random.Random(seed)
     for records in strata.values():
         rng.shuffle(records)
@@ -411,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-gguf", help="Or the base's GGUF file, converted here as `models get` converts it.")
     parser.add_argument("--pairs", nargs="+", help="Pair files (default: every ../shared/data/pairs file).")
     parser.add_argument("--tools", nargs="+", help="Tool docs (default ../shared/data/toolenv/realtools).")
-    parser.add_argument("--labelled", nargs="+", help="Labelled answers (default ../shared/data/judge/labelled.jsonl).")
+    parser.add_argument("--labelled", nargs="+",
+                        help="Labelled answers (default ../shared/data/judge/labelled.jsonl).")
     parser.add_argument("--tiny", action="store_true", help="A few steps on data/samples: checks the path on a CPU.")
     parser.add_argument("--per-stratum", type=int, default=120,
                         help="Held-out records per (split, source, prompt format) to generate for.")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from mirrorapi.training.lm_head import logits_only_where_loss
 from mirrorapi.training.merge import merge_lora
@@ -21,6 +22,9 @@ from mirrorapi.training.recipe import (
 )
 from mirrorapi.training.throughput import ThroughputCallback
 from mirrorapi.training.time_limit import TimeLimitCallback
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ def build_trainer(recipe, training_args, model_args):
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
     if training_args.include_num_input_tokens_seen == "no":  # ThroughputCallback counts these
         training_args.include_num_input_tokens_seen = "non_padding"
-    callbacks = [ThroughputCallback()]
+    callbacks: list[TrainerCallback] = [ThroughputCallback()]
     if recipe.max_train_seconds is not None:
         callbacks.append(TimeLimitCallback(recipe.max_train_seconds))
     trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=train,
