@@ -67,7 +67,7 @@ REQUEST_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: appl
 LINGER_SECONDS = 2.0
 # The uvicorn releases this module was tested with (tests/serving/test_transport.py): from the first, up to the
 # second (excluded); pyproject.toml's range.
-TESTED_UVICORN = ("0.36", "0.55")
+TESTED_UVICORN = ("0.35", "0.55")
 
 
 class Connections:
