@@ -9,11 +9,8 @@ import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 
-from mirrorapi.serving.cache import ResponseCache, import_pairs
 from mirrorapi.testing.fake_engines import STUB_OBSERVATION
-from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
@@ -36,15 +33,6 @@ def drive(url: str, scenario: str) -> dict:
 def virtual_body(arguments: dict) -> dict:
     return {"category": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken",
             "tool_input": json.dumps(arguments)}
-
-
-@pytest.fixture()
-def recorded_cache(samples, tmp_path):
-    path = tmp_path / "c.sqlite"
-    cache = ResponseCache(path)
-    import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
-    cache.close()
-    return path
 
 
 def test_openenvs_tool_client_drives_an_episode_answered_like_virtual(serve, recorded_cache, engine_down):
