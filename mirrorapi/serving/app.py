@@ -3,9 +3,11 @@
 Routes: `POST /virtual` (StableToolBench's contract, see `mirrorapi.serving.protocol`; the work is done by
 `mirrorapi.serving.handler.VirtualApi`), `GET /health` (whether misses can be simulated: 200 `ok` or
 `degraded`, 503 `unavailable`; cache size), `GET /live` (200 once the server answers), `GET /metrics`
-(Prometheus: requests by outcome, cache hits and misses, engine calls, latency per stage), and `/mcp`
+(Prometheus: requests by outcome, cache hits and misses, engine calls, latency per stage), `/mcp`
 (the Model Context Protocol over streamable HTTP, `mirrorapi.serving.mcp_server`; its tool calls
-take the /virtual path). /virtual stays the first thing the ASGI app checks, so /mcp costs it nothing.
+take the /virtual path), and OpenEnv's episodes (`/ws`, `/reset`, `/step`, `/state`:
+`mirrorapi.serving.openenv`; their steps take the /virtual path too). /virtual stays the first thing the ASGI
+app checks, so the others cost it nothing.
 Every /virtual request writes one JSON line (`RequestLogWriter`: stderr at log level info, and `log_file`);
 metrics and the request log live in `mirrorapi.serving.observability`.
 
