@@ -44,7 +44,7 @@ from mirrorapi.serving.cache import (
     open_cache,
 )
 from mirrorapi.serving.config import ConfigError, ServerSettings
-from mirrorapi.serving.handler import VirtualApi
+from mirrorapi.serving.handler import LARGE_BODY_BYTES, LargeBodies, VirtualApi
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics, record_refusal
 from mirrorapi.serving.openenv import HTTP_PATHS, MCP_WS_PATH, WS_PATH, Episodes
@@ -225,6 +225,8 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
                                                  lease_holder() if shared else None)
         logger.info("simulator identity (simulated answers are looked up and stored under it): %s",
                     virtual.responder.identities[False])
+        if settings.max_body_bytes >= LARGE_BODY_BYTES:
+            LargeBodies.start()  # its worker process starts in the background, shared by this process's apps
         background = [asyncio.create_task(_maintain_cache(cache, settings.session_ttl))]
         if settings.mode == "simulate":  # probed in the background: a hanging engine must not delay start-up
             background.append(asyncio.create_task(_report_engine(engine)))
@@ -236,7 +238,6 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
                 task.cancel()
             # Simulations outlive requests whose client went away; their answers are stored before the cache closes.
             await virtual.responder.drain(timeout=settings.engine_timeout + 5)
-            virtual.large_bodies.close()
             app.state.request_log.close()
             await cache.aclose()  # after everything handed to it is committed
             await engine.aclose()
