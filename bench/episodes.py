@@ -110,9 +110,11 @@ async def run_episodes(url: str, count: int, seconds: float, calls: list[tuple[s
     handshakes = asyncio.Semaphore(HANDSHAKES)
     all_open = asyncio.Event()
 
+    run = time.time_ns()  # in the stub's calls: an episode of an earlier run (the same calls) would be a replay, hits
+
     def step_message(episode: int, step: int) -> str:
         if stub:  # a new call each time: simulated
-            name, arguments = "getusertoken", {"username": f"user {episode}", "password": f"step {step}"}
+            name, arguments = "getusertoken", {"username": f"user {run}-{episode}", "password": f"step {step}"}
         else:
             name, arguments = calls[(episode + step) % len(calls)]
         return json.dumps({"type": "step", "data": {"type": "call_tool", "tool_name": name, "arguments": arguments}})

@@ -108,6 +108,20 @@ def test_the_engine_lock_adds_the_cpu_engine_and_moves_nothing():
     assert {"sse-starlette", "starlette-context", "pydantic-settings"} <= set(ENGINE_LOCKED)  # its [server] extra
 
 
+def test_openenvs_client_is_locked_apart_and_pinned():
+    """`make openenv-client`'s lock: openenv-core in pyproject.toml's range, every package pinned with hashes, and
+    not a locked extra of the main venv (its gradio would move the main lock's pillow)."""
+    assert "openenv-client" not in LOCKED_EXTRAS
+    client = read_lock((REPO / "requirements-openenv-client.lock").read_text(encoding="utf-8"))
+    for name, (requirement, hashes) in client.items():
+        assert [s.operator for s in requirement.specifier] == ["=="] and hashes, name
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (declared,) = [Requirement(r) for r in project["optional-dependencies"]["openenv-client"]]
+    assert declared.specifier.contains(_pin(client["openenv-core"][0]))
+    assert {"websockets", "fastmcp", "gradio"} <= set(client)  # what openenv-core requires, resolved with it
+    assert "openenv-core" not in LOCKED
+
+
 MADE_BY_MAKE_VENV = pytest.mark.skipif(not (Path(sys.prefix) / ".installed").is_file(),
                                        reason="not a venv made by `make venv` (a GPU host's or a hand-made one "
                                               "may hold other versions)")

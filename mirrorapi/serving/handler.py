@@ -21,6 +21,7 @@ import json
 import logging
 import multiprocessing
 import re
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -58,6 +59,7 @@ MAX_ARGUMENT_DEPTH = 100  # nesting of tool_input objects/arrays; real APIs take
 # Bodies this large are parsed in a worker process (`LargeBodies`): JSON parsing holds the GIL, so a thread
 # would stall the event loop as much; a 3 MB argument held it 2-3 s (4.9 s through /mcp).
 LARGE_BODY_BYTES = 64 * 1024
+INLINE_WHILE_STARTING = 1024 * 1024  # see `LargeBodies`
 MAX_SESSION_ID_CHARS = 256  # a session id (body or X-Session-Id): a name, kept in the store (OpenEnv's bound: 255)
 LOGGED_NAME_CHARS = 200  # of a name as sent, in the request log line (a name may be a megabyte of junk)
 # One decoder for every tool_input: `json.loads(text, strict=False)` builds a new one per call.
@@ -170,28 +172,35 @@ class VirtualApi:
 
 
 class LargeBodies:
-    """Where bodies of LARGE_BODY_BYTES or more are parsed and canonicalised: one worker process, started at the
-    first such body (a few megabytes of JSON take the parser seconds, holding the GIL all along, so a thread
-    would stall the event loop as much). What comes back is the request (its tool_input dropped), the
-    arguments (None when too large to simulate: the key alone finds a recorded answer) and the key."""
+    """Where bodies of LARGE_BODY_BYTES or more are parsed and canonicalised: a worker process (a few megabytes of
+    JSON take the parser seconds, holding the GIL all along, so a thread would stall the event loop as much).
+    What comes back is the request (its tool_input dropped), the arguments (None when too large to simulate: the
+    key alone finds a recorded answer) and the key. One worker per server process, shared by its apps, started
+    by `start()` (the server's start) in the background: until it answers (it takes a second or more to start,
+    several on a busy machine), a body of at most INLINE_WHILE_STARTING bytes is parsed here instead of waiting
+    for it (a stall of at most a few tenths of a second, once); a larger one waits for it."""
 
-    def __init__(self):
-        self._pool: ProcessPoolExecutor | None = None
+    _pool: ProcessPoolExecutor | None = None
+    _ready = threading.Event()
+
+    @classmethod
+    def start(cls) -> ProcessPoolExecutor:
+        if cls._pool is None:
+            cls._ready.clear()
+            cls._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            # Ready once it has imported this module (what a body's parse needs; seconds on a busy machine).
+            cls._pool.submit(read_large_body, b"{}", 0).add_done_callback(lambda _: cls._ready.set())
+        return cls._pool
 
     async def parse(self, body: bytes, max_arguments_chars: int):
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        pool = self.start()
+        if not self._ready.is_set() and len(body) <= INLINE_WHILE_STARTING:
+            return read_large_body(body, max_arguments_chars)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, read_large_body, body,
-                                                                    max_arguments_chars)
+            return await asyncio.get_running_loop().run_in_executor(pool, read_large_body, body, max_arguments_chars)
         except BrokenProcessPool:  # the worker died (killed, out of memory): a new one for the next body
-            self._pool = None
+            type(self)._pool = None
             raise
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
 
 
 def read_large_body(body: bytes, max_arguments_chars: int):

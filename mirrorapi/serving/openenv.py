@@ -246,7 +246,7 @@ class Episodes:
             return await send({"type": "websocket.close", "code": 1013, "reason": "too many open episodes"})
         self.connected += 1
         jsonrpc_only = scope["path"] == MCP_WS_PATH
-        episode: Episode | None = None
+        episode: Episode | None = None  # until a reset, or a message that needs one (then on the default toolset)
         try:
             while True:
                 message = await receive()
@@ -255,11 +255,13 @@ class Episodes:
                 text = message.get("text")
                 if text is None:
                     text = (message.get("bytes") or b"").decode("utf-8", "replace")
-                if episode is None:
-                    episode = await self.reset({})
                 reply: str | None
                 if jsonrpc_only:
-                    reply = await self.json_rpc(episode, text)
+                    try:
+                        episode = episode or await self.reset({})
+                        reply = await self.json_rpc(episode, text)
+                    except EpisodeError as exc:
+                        reply = json_rpc_error(400, str(exc)).decode()
                 else:
                     reply, episode = await self.on_message(episode, text)
                 if reply is None:  # {"type": "close"}
@@ -268,30 +270,32 @@ class Episodes:
         finally:
             self.connected -= 1
 
-    async def on_message(self, episode: Episode, text: str) -> tuple[str | None, Episode]:
-        """The reply to one message of `/ws` (None: close), and the episode from then on."""
+    async def on_message(self, episode: Episode | None, text: str) -> tuple[str | None, Episode | None]:
+        """The reply to one message of `/ws` (None: close), and the episode from then on (before any reset, one on
+        the default toolset, as OpenEnv's servers give a connection)."""
         try:
             message = json.loads(text)
         except ValueError as exc:
             return _ws_error(f"Invalid JSON: {exc}", "INVALID_JSON"), episode
         kind = message.get("type") if isinstance(message, dict) else None
         try:
-            if kind == "step":
-                return '{"type":"observation","data":' + await self.step(episode, message.get("data")) + "}", episode
             if kind == "reset":
                 episode = await self.reset(message.get("data") or {})
                 return '{"type":"observation","data":' + self.observation_of_reset(episode) + "}", episode
-            if kind == "state":
-                return _ENCODE({"type": "state", "data": self.state_of(episode)}), episode
             if kind == "close":
                 return None, episode
-            if kind == "mcp":
-                data = message.get("data")
-                return _ENCODE({"type": "mcp", "data": json.loads(await self.json_rpc(episode, data))}), episode
+            if kind not in ("step", "state", "mcp"):
+                return _ws_error(f"Unknown message type: {str(kind)[:60]} (reset, step, state, close, mcp)",
+                                 "UNKNOWN_TYPE"), episode
+            current = episode or await self.reset({})
+            if kind == "step":
+                return '{"type":"observation","data":' + await self.step(current, message.get("data")) + "}", current
+            if kind == "state":
+                return _ENCODE({"type": "state", "data": self.state_of(current)}), current
+            data = message.get("data")
+            return _ENCODE({"type": "mcp", "data": json.loads(await self.json_rpc(current, data))}), current
         except EpisodeError as exc:
             return _ws_error(str(exc), exc.code), episode
-        return _ws_error(f"Unknown message type: {str(kind)[:60]} (reset, step, state, close, mcp)",
-                         "UNKNOWN_TYPE"), episode
 
     async def json_rpc(self, episode: Episode, request: Any) -> str:
         """MCP's `tools/list` and `tools/call` as JSON-RPC in an episode (`request`: the object, or its text)."""

@@ -23,7 +23,7 @@ from mirrorapi.serving.cache import (
     open_cache,
 )
 from mirrorapi.serving.config import ConfigError, ServerSettings
-from mirrorapi.serving.handler import VirtualApi
+from mirrorapi.serving.handler import LARGE_BODY_BYTES, LargeBodies, VirtualApi
 from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ApiDoc, ToolRegistry
@@ -111,6 +111,8 @@ class VirtualServer:
             logger.info("%s", settings.attempt_timeout_reason())
         logger.info("simulator identity (simulated answers are looked up and stored under it): %s",
                     self.virtual.responder.identities[False])
+        if settings.max_body_bytes >= LARGE_BODY_BYTES:
+            LargeBodies.start()  # its worker process starts in the background, shared by this process's apps
         background = [asyncio.create_task(self._maintain_cache())]
         if settings.mode == "simulate":  # probed in the background: a hanging engine must not delay start-up
             background.append(asyncio.create_task(self._report_engine()))
@@ -121,7 +123,6 @@ class VirtualServer:
                 task.cancel()
             # Simulations outlive requests whose client went away; their answers are stored before the store closes.
             await self.virtual.responder.drain(timeout=settings.engine_timeout + 5)
-            self.virtual.large_bodies.close()
             self.request_log.close()
             await self.cache.aclose()  # after everything handed to it is committed
             await self.engine.aclose()

@@ -178,25 +178,18 @@ class ReceiveDeadline(asyncio.Protocol):
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._receiving = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._forget()
+        self._upgraded()  # no deadline any more, as for a connection that became a WebSocket
         if self._lingering is not None:  # the inner protocol was told at the 408
             self._lingering.cancel()
             return
         self._inner.connection_lost(exc)
 
     def _upgraded(self) -> None:
-        """The connection became a WebSocket: its protocol is another's from now on (no receive deadline)."""
+        """The connection became a WebSocket, or ended: no receive deadline from now on."""
         self._receiving = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._forget()
-
-    def _forget(self) -> None:
         if self._peer is not None and self._connections is not None and self._connections.open.get(self._peer) is self:
             del self._connections.open[self._peer]
 

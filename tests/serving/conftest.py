@@ -23,9 +23,10 @@ from harness.postgres_server import create_database, temporary_postgres
 from harness.processes import free_port, serve_in_thread
 from mirrorapi.names import api_key_name, standardize
 from mirrorapi.serving.app import create_app
-from mirrorapi.serving.cache import is_url
+from mirrorapi.serving.cache import ResponseCache, import_pairs, is_url
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.transport import uvicorn_options
+from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"  # every tool of the sample and shared pairs
@@ -145,6 +146,16 @@ def stb_cache(real_pairs, tmp_path_factory) -> tuple[Path, dict]:
         path.write_text(json.dumps(content, indent=4), encoding="utf-8")
         written.update({(category, tool, api, key): value for key, value in content.items()})
     return folder, written
+
+
+@pytest.fixture()
+def recorded_cache(samples, tmp_path) -> Path:
+    """A new SQLite cache holding the real pairs of data/samples/pairs.jsonl (recorded answers: hits)."""
+    path = tmp_path / "c.sqlite"
+    cache = ResponseCache(path)
+    import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
+    cache.close()
+    return path
 
 
 @pytest.fixture()

@@ -12,9 +12,6 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from mirrorapi.serving.cache import ResponseCache, import_pairs
-from mirrorapi.tools import ToolRegistry
-
 # Real API-Bank calls of data/samples/pairs.jsonl (episode gen-00133).
 LOGIN_ARGS = {"username": "JaneSmith", "password": "password"}
 LOGIN_ANSWER = {"error": "", "response": "{\"token\": \"o8i7u6y5t4r3e2w1q0\"}"}
@@ -28,15 +25,6 @@ def call(url: str, steps, mode: str = "auto", headers: dict | None = None):
         async with Client(transport, mode=mode) as client:
             return await steps(client)
     return asyncio.run(main())
-
-
-@pytest.fixture()
-def recorded_cache(samples, tmp_path):
-    path = tmp_path / "c.sqlite"
-    cache = ResponseCache(path)
-    import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
-    cache.close()
-    return path
 
 
 def test_toolset_by_url_lists_schemas_from_the_docs(serve, recorded_cache, engine_down, samples):

@@ -9,11 +9,8 @@ import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 
 from harness.fake_engines import STUB_OBSERVATION
-from mirrorapi.serving.cache import ResponseCache, import_pairs
-from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
@@ -36,15 +33,6 @@ def drive(url: str, scenario: str) -> dict:
 def virtual_body(arguments: dict) -> dict:
     return {"category": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken",
             "tool_input": json.dumps(arguments)}
-
-
-@pytest.fixture()
-def recorded_cache(samples, tmp_path):
-    path = tmp_path / "c.sqlite"
-    cache = ResponseCache(path)
-    import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
-    cache.close()
-    return path
 
 
 def test_openenvs_tool_client_drives_an_episode_answered_like_virtual(serve, recorded_cache, engine_down):
@@ -161,3 +149,53 @@ def test_the_example_drives_64_episodes_with_openenvs_client(serve, engine_stub,
     report = json.loads(done.stdout)
     assert report["episodes"] == 64 and report["steps"] == 192
     assert sum(report["by_cache_and_answer"].values()) == 192
+
+
+def test_websocket_messages_json_rpc_and_a_default_toolset_too_large(serve, recorded_cache, engine_down,
+                                                                     monkeypatch):
+    """With the `websockets` client: JSON-RPC at a /mcp WebSocket and as {"type": "mcp"} on /ws; a default toolset
+    over the episode bound refuses a step before reset but not a reset naming a toolset; bad messages."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    from mirrorapi.serving import openenv
+
+    monkeypatch.setattr(openenv, "MAX_EPISODE_TOOLS", 100)  # the sample's 262 APIs are then too many
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0,
+               mcp_toolset=TOOLSET) as default_ok, \
+            serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as default_large:
+        async def main() -> dict:
+            seen = {}
+            async with connect(default_ok.url.replace("http", "ws") + "/mcp") as ws:
+                await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+                seen["listed"] = json.loads(await ws.recv())
+                await ws.send(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                          "params": {"name": "getusertoken", "arguments": LOGIN}}))
+                seen["called"] = json.loads(await ws.recv())
+                await ws.send(json.dumps({"jsonrpc": "2.0", "id": 3, "method": "resources/list"}))
+                seen["unknown_method"] = json.loads(await ws.recv())
+            async with connect(default_large.url.replace("http", "ws") + "/ws") as ws:
+                for message in ({"type": "step", "data": {"type": "list_tools"}},
+                                {"type": "reset", "data": {"toolset": TOOLSET}},
+                                {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                                                         "params": {"name": "getusertoken", "arguments": LOGIN}}},
+                                {"type": "fly"}):
+                    await ws.send(json.dumps(message))
+                    seen.setdefault("ws", []).append(json.loads(await ws.recv()))
+                await ws.send("not json")
+                seen["ws"].append(json.loads(await ws.recv()))
+            return seen
+        seen = asyncio.run(main())
+    assert [t["name"] for t in seen["listed"]["result"]["tools"]] == ACCOUNT_TOOLS
+    assert seen["listed"]["result"]["tools"][3]["inputSchema"]["required"] == ["username", "password"]
+    assert seen["called"]["id"] == 2 and seen["called"]["result"]["isError"] is False
+    assert json.loads(seen["called"]["result"]["content"][0]["text"]) == LOGIN_ANSWER
+    assert seen["unknown_method"]["error"]["code"] == -32601
+    too_large, reset, rpc, unknown, not_json = seen["ws"]
+    assert too_large["type"] == "error" and "262 tools" in too_large["data"]["message"]
+    assert reset["type"] == "observation" and [t["name"] for t in reset["data"]["observation"]["tools"]] == \
+        ACCOUNT_TOOLS
+    assert rpc["type"] == "mcp" and json.loads(rpc["data"]["result"]["content"][0]["text"]) == LOGIN_ANSWER
+    assert unknown["type"] == "error" and unknown["data"]["code"] == "UNKNOWN_TYPE"
+    assert not_json["type"] == "error" and not_json["data"]["code"] == "INVALID_JSON"
