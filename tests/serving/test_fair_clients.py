@@ -65,7 +65,8 @@ def test_one_client_cannot_take_every_mcp_session(serve, engine_down, tmp_path):
         assert initialize(first).status_code == 200
         # In total: 5 sessions open (3 + 1 + ... ), the next client is told the server's bound.
         assert initialize(second).status_code == 200
-        total = initialize(client_from(server.url, "127.0.0.3"))
+        with client_from(server.url, "127.0.0.3") as third:
+            total = initialize(third)
         assert total.status_code == 503 and "mcp_max_sessions" in is_json_rpc_error(total)
 
 
