@@ -50,7 +50,7 @@ SHELL_BUILTINS = {"export", "kill", "jobs", "wait", "cd"}
 # Programs of the venv: written bare, they are not on the PATH `make venv` leaves (or are another Python's).
 VENV_PROGRAMS = {"python", "python3", "pip", "mirrorapi", "accelerate", "transformers", "vllm", "pytest"}
 # Flags whose value a command writes (a file or a folder), not reads.
-OUTPUT_FLAGS = {"--out", "--output_dir", "--cache-path", "--keep", "--work-dir", "--models-dir", "--write-pairs"}
+OUTPUT_FLAGS = {"--out", "--output_dir", "--cache-path", "--keep", "--work-dir", "--work", "--models-dir", "--write-pairs"}
 # The repository's own top folders: a path under one of them must be in the clone.
 REPO_FOLDERS = ("data", "training", "serving", "eval", "scripts", "bench", "tests", "docs", "mirrorapi")
 # All-caps words that are values, not stand-ins: an API key value, file stems.
