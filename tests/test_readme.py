@@ -50,9 +50,10 @@ SHELL_BUILTINS = {"export", "kill", "jobs", "wait", "cd"}
 # Programs of the venv: written bare, they are not on the PATH `make venv` leaves (or are another Python's).
 VENV_PROGRAMS = {"python", "python3", "pip", "mirrorapi", "accelerate", "transformers", "vllm", "pytest"}
 # Flags whose value a command writes (a file or a folder), not reads.
-OUTPUT_FLAGS = {"--out", "--output_dir", "--cache-path", "--keep", "--work-dir", "--work", "--models-dir", "--write-pairs"}
+OUTPUT_FLAGS = {"--out", "--output_dir", "--cache-path", "--keep", "--work-dir", "--work", "--models-dir",
+                "--write-pairs"}
 # The repository's own top folders: a path under one of them must be in the clone.
-REPO_FOLDERS = ("data", "training", "serving", "eval", "scripts", "bench", "tests", "docs", "mirrorapi")
+REPO_FOLDERS = ("data", "training", "serving", "eval", "scripts", "bench", "tests", "docs", "mirrorapi", "harness")
 # All-caps words that are values, not stand-ins: an API key value, file stems.
 CAPS_VALUES = {"EMPTY", "README"}
 
