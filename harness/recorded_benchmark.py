@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from harness import REPO
 from harness.processes import free_port, serve_in_thread
 from harness.recorded_agent import load_recordings, recorded_cache_folder, serve_recorded_agent
 from mirrorapi.command_line import add_settings_arguments, settings_fields, settings_from_args
@@ -100,9 +101,8 @@ RUN_SETTINGS = ("max_tokens", "react_grammar", "single_chain_max_step", "timeout
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.recorded_benchmark", allow_abbrev=False,
                                      description=__doc__.splitlines()[0])
-    repo = Path(__file__).resolve().parents[2]
-    parser.add_argument("--stabletoolbench", default=str(repo / "data" / "samples" / "stabletoolbench"))
-    parser.add_argument("--tools", default=str(repo / "data" / "samples" / "tools"))
+    parser.add_argument("--stabletoolbench", default=str(REPO / "data" / "samples" / "stabletoolbench"))
+    parser.add_argument("--tools", default=str(REPO / "data" / "samples" / "tools"))
     parser.add_argument("--out", required=True, help="Output folder (reruns resume in it).")
     parser.add_argument("--agent", nargs="+", action="append", default=[], metavar="LABEL MODEL BASE_URL",
                         help="A real agent beside the replays, run with CoT@1. Repeat for more.")
