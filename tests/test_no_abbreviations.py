@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PARSER_CALLS = {"ArgumentParser", "add_parser", "TrlParser", "HfArgumentParser"}
-SKIPPED = {".venv", ".git", ".cache", "runs", "node_modules"}
+SKIPPED = {".venv", ".venv-openenv", ".git", ".cache", "runs", "node_modules"}
 
 
 def parser_calls():

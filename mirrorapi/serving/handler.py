@@ -20,6 +20,7 @@ import functools
 import json
 import logging
 import multiprocessing
+import os
 import re
 import threading
 import time
@@ -187,7 +188,8 @@ class LargeBodies:
     def start(cls) -> ProcessPoolExecutor:
         if cls._pool is None:
             cls._ready.clear()
-            cls._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            cls._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=exit_with_parent, initargs=(os.getpid(),))
             # Ready once it has imported this module (what a body's parse needs; seconds on a busy machine).
             cls._pool.submit(read_large_body, b"{}", 0).add_done_callback(lambda _: cls._ready.set())
         return cls._pool
@@ -201,6 +203,16 @@ class LargeBodies:
         except BrokenProcessPool:  # the worker died (killed, out of memory): a new one for the next body
             type(self)._pool = None
             raise
+
+
+def exit_with_parent(parent: int) -> None:
+    """In `LargeBodies`' worker: exit when the server process is gone (it went on after a server stopped, waiting
+    on its queue for ever; a server killed cannot stop it). A thread looks twice a second."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def read_large_body(body: bytes, max_arguments_chars: int):

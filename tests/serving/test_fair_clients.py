@@ -277,3 +277,45 @@ def test_engine_deadlines_end_when_set_not_at_the_next_whole_second():
             return list(await asyncio.gather(*(one(i / 4) for i in range(4))))
         durations = asyncio.run(main())
     assert all(5.2 <= d < 5.45 for d in durations), durations
+
+
+def test_the_large_body_worker_ends_with_its_server(sample_tools, tmp_path):
+    """The worker process that parses large bodies is gone soon after its server is killed (kill -9)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mirrorapi.testing.processes import free_port, poll_until, wait_until_ready
+
+    port, log = free_port(), tmp_path / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools),
+                                   "--cache-path", str(tmp_path / "c.sqlite"), "--port", str(port), "--mode", "replay"],
+                                  stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}/live", 120, process=server, log_path=log)
+
+        def worker() -> int | None:
+            for task in Path(f"/proc/{server.pid}/task").iterdir():
+                for child in (task / "children").read_text().split():
+                    command = Path(f"/proc/{child}/cmdline").read_bytes()
+                    if b"spawn_main" in command:
+                        return int(child)
+            return None
+        pid = poll_until(worker, 60, "the large-body worker")
+    finally:
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+
+    def gone() -> bool | None:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z" or None
+        except OSError:
+            return True
+    try:
+        poll_until(gone, 15, f"the large-body worker {pid} outlived its server")
+    finally:
+        if not gone():
+            os.kill(pid, signal.SIGKILL)
