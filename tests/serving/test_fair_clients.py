@@ -287,13 +287,13 @@ def test_the_large_body_worker_ends_with_its_server(sample_tools, tmp_path):
     import sys
     from pathlib import Path
 
-    from mirrorapi.testing.processes import free_port, poll_until, wait_until_ready
+    from harness.processes import free_port, poll_until, wait_until_ready
 
     port, log = free_port(), tmp_path / "server.log"
     with open(log, "wb") as out:
-        server = subprocess.Popen([sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools),
-                                   "--cache-path", str(tmp_path / "c.sqlite"), "--port", str(port), "--mode", "replay"],
-                                  stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+        command = [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools),
+                   "--cache-path", str(tmp_path / "c.sqlite"), "--port", str(port), "--mode", "replay"]
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
     try:
         wait_until_ready(f"http://127.0.0.1:{port}/live", 120, process=server, log_path=log)
 
