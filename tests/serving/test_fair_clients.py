@@ -293,7 +293,8 @@ def test_the_large_body_worker_ends_with_its_server(sample_tools, tmp_path):
     with open(log, "wb") as out:
         command = [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools),
                    "--cache-path", str(tmp_path / "c.sqlite"), "--port", str(port), "--mode", "replay"]
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+        repo = Path(__file__).resolve().parents[2]
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=repo)
     try:
         wait_until_ready(f"http://127.0.0.1:{port}/live", 120, process=server, log_path=log)
 
