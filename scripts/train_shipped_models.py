@@ -402,7 +402,7 @@ def base_parameters(base: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--stage", choices=("all", "data", "train", "score"), default="all",
                         help="score: the generations of a train stage (--generations), on the CPU, after it.")
     parser.add_argument("--generations", help="generations.jsonl.xz of a train stage (--stage score).")
