@@ -12,8 +12,8 @@ Workload: the simulator prompts (`mirrorapi.prompts.simulator_messages`) of the 
 data/samples/pairs.jsonl, chat completions with max_tokens 200, temperature 0, seed 0, streamed.
 For 1, 4, 16 and 64 concurrent clients in a closed loop for `--window` seconds: tokens/s of all clients together
 (tokens of the streamed text, counted with the model's tokenizer, partial answers included), time to first
-token (median, p90), requests finished, the engine's start-up (until a one-token answer) and its peak RSS (its
-processes together; shared pages counted in each). Then, on the engines that enforce `response_format`
+token (median, p90), requests finished, the engine's start-up (until a one-token answer) and its peak memory
+(`peak_rss_mib`: the PSS of its processes together, shared pages divided among them). Then, on the engines that enforce `response_format`
 (llama.cpp, vLLM), the same window with the observation schema as json_schema (`with_json_schema`). At
 `--server-levels` (16 and 64) also misses through the virtual server: `serving/main_mirrorapi.py` on the engine
 with an empty cache, as many agents as clients each sending a /virtual call no earlier call made (real calls of
@@ -93,7 +93,9 @@ def simulator_prompts(limit: int) -> list[list[dict]]:
 
 # ------------------------------------------------------------------------------------------ measuring
 def tree_rss_bytes(pid: int) -> int:
-    """RSS of a process and every process in its group (engines lead their own group)."""
+    """Memory of a process and every process in its group (engines lead their own group): the sum of their PSS
+    (each shared page divided among the processes that map it), so vLLM's three processes, which share torch's
+    libraries, are not counted three times over; VmRSS where the kernel gives no smaps_rollup."""
     total = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -103,8 +105,12 @@ def tree_rss_bytes(pid: int) -> int:
                 fields = fh.read().rsplit(")", 1)[1].split()
             if int(entry) != pid and int(fields[2]) != pid:  # field 5 of stat: the process group
                 continue
-            with open(f"/proc/{entry}/status") as fh:
-                total += next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+            try:
+                with open(f"/proc/{entry}/smaps_rollup") as fh:
+                    total += next(int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:"))
+            except FileNotFoundError:
+                with open(f"/proc/{entry}/status") as fh:
+                    total += next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
         except (OSError, StopIteration, IndexError, ValueError):
             continue
     return total
@@ -398,7 +404,7 @@ def ratios(engines: dict) -> dict:
 
     out: dict = {"json_schema_cost": {}}
     for name in engines:
-        cost = by_level(name, lambda lv: lv.get("with_json_schema") and
+        cost = by_level(name, lambda lv: lv.get("with_json_schema") and lv["tokens_per_s"] and
                         round(1 - lv["with_json_schema"]["tokens_per_s"] / lv["tokens_per_s"], 3))
         if cost:
             out["json_schema_cost"][name] = cost
