@@ -333,15 +333,19 @@ def engine_specs(args, model_dir: Path, work: Path) -> dict:
     if not llama_cpp_available():
         return specs
     original = base_gguf(model_dir)
+    # llama.cpp's threads: every core (mirrorapi.llama_cpp_engine), or as many as vLLM's worker takes (1 on 2 cores).
+    threads = ["--n_threads", str(args.llama_threads), "--n_threads_batch", str(args.llama_threads)] \
+        if args.llama_threads else []
     if "llama.cpp-q4_1" in args.engines and original:
-        specs["llama.cpp-q4_1"] = lambda log: llama_cpp_serve(original, "smollm2", log_path=log)
+        specs["llama.cpp-q4_1"] = lambda log: llama_cpp_serve(original, "smollm2", log_path=log, extra_args=threads)
     for kind in ("f16", "q8_0", "f32"):
         if f"llama.cpp-{kind}" in args.engines and original:
             path = work / f"model-{kind}.gguf"
             started = time.perf_counter()
             export_gguf(model_dir, path, original, kind)
             print(f"exported {kind} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-            specs[f"llama.cpp-{kind}"] = (lambda p: lambda log: llama_cpp_serve(p, "smollm2", log_path=log))(path)
+            specs[f"llama.cpp-{kind}"] = (lambda p: lambda log: llama_cpp_serve(p, "smollm2", log_path=log,
+                                                                              extra_args=threads))(path)
     return specs
 
 
@@ -433,6 +437,7 @@ def main() -> int:
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--server-levels", nargs="*", type=int, default=[16, 64],
                         help="Levels at which misses through the virtual server are measured too (as many agents).")
+    parser.add_argument("--llama-threads", type=int, help="llama.cpp's threads (default: every core, as it is served).")
     parser.add_argument("--window", type=float, default=30.0, help="Seconds of load per level (default 30).")
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--prompts", type=int, default=32)
@@ -451,7 +456,7 @@ def main() -> int:
         load_before = fh.read().split()[:3]
     report = {"model_dir": str(model_dir), "prompts": len(prompts), "max_tokens": args.max_tokens,
               "window_s": args.window, "cores": len(os.sched_getaffinity(0)), "load_before": load_before,
-              "llama_cpp_installed": llama_cpp_available(), "vllm_not_installed": vllm_available(), "engines": {}}
+              "llama_threads": args.llama_threads or "every core", "llama_cpp_installed": llama_cpp_available(), "vllm_not_installed": vllm_available(), "engines": {}}
     reference = reference_answers(model_dir, prompts[:args.fidelity_prompts], args.fidelity_tokens)
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as work:
         work = Path(work)
