@@ -11,15 +11,16 @@ Engines (each started fresh for each concurrency level, on 127.0.0.1, then stopp
 Workload: the simulator prompts (`mirrorapi.prompts.simulator_messages`) of the first distinct APIs of
 data/samples/pairs.jsonl, chat completions with max_tokens 200, temperature 0, seed 0, streamed.
 For 1, 4, 16 and 64 concurrent clients in a closed loop for `--window` seconds: tokens/s of all clients together
-(tokens of the streamed text, counted with the model's tokenizer, partial answers included), time to first
-token (median, p90), requests finished, the engine's start-up (until a one-token answer) and its peak memory
+(tokens of the streamed text, counted with the model's tokenizer, partial answers included), time to first token
+(median, p90), requests finished, the engine's start-up (until a one-token answer) and its peak memory
 (`peak_rss_mib`: the PSS of its processes together, shared pages divided among them). Then, on the engines that
-enforce `response_format` (llama.cpp, vLLM), the same window with the observation schema as json_schema (`with_json_schema`). At
-`--server-levels` (16 and 64) also misses through the virtual server: `serving/main_mirrorapi.py` on the engine
-with an empty cache, as many agents as clients each sending a /virtual call no earlier call made (real calls of
-data/samples) as soon as its last was answered; `simulated_per_s` counts the answers the engine wrote
-(the server's request log), `errors` the others (a timeout, the engine busy). The server keeps at most the
-engine's own concurrency in flight (`engine_max_in_flight`: 1 for llama.cpp and transformers, 64 for vLLM).
+enforce `response_format` (llama.cpp, vLLM), the same window with the observation schema as json_schema
+(`with_json_schema`). At `--server-levels` (16 and 64) also misses through the virtual server:
+`serving/main_mirrorapi.py` on the engine with an empty cache, as many agents as clients each sending a /virtual
+call no earlier call made (real calls of data/samples) as soon as its last was answered; `simulated_per_s` counts
+the answers the engine wrote (the server's request log), `errors` the others (a timeout, the engine busy). The
+server keeps at most the engine's own concurrency in flight (`engine_max_in_flight`: 1 for llama.cpp and
+transformers, 64 for vLLM).
 `transformers serve` ignores `response_format` (its log: "Ignoring unsupported fields"), and its greedy
 answers are transformers' own, so valid JSON is measured on the llama.cpp and vLLM engines only.
 Fidelity: greedy answers (64 tokens) of each engine against transformers' `generate` in this process on the
