@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
 import tempfile
+import urllib.parse
 
 import uvicorn
 from fastapi import FastAPI
@@ -41,7 +43,7 @@ from mirrorapi.serving.config import ConfigError, ServerSettings
 from mirrorapi.serving.handler import VirtualApi
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics
-from mirrorapi.serving.protocol import SESSION_HEADER
+from mirrorapi.serving.protocol import OUTCOME_HEADER, PROVENANCE_HEADER, SESSION_HEADER
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.serving.transport import (
     UNAUTHORIZED,
@@ -114,7 +116,7 @@ class VirtualEndpoint:
                 break
         state = self.state
         answer = await state.virtual.answer(body, session_id)
-        await send_json(send, answer.status, answer.body)
+        await send_json(send, answer.status, answer.body, answer_headers(answer.outcome, answer.provenance))
         state.metrics.record(answer)
         state.request_log.record(answer)
 
@@ -122,6 +124,18 @@ class VirtualEndpoint:
         if scope["path"].rstrip("/") == MCP_PATH:
             return await self.state.mcp.asgi(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7f) if chr(c) != "%")  # what a header value may hold as is
+
+
+@functools.lru_cache(maxsize=1024)  # a server gives a handful of outcomes and provenances, over and over
+def answer_headers(outcome: str, provenance: str | None) -> list[tuple[bytes, bytes]]:
+    """The headers that say how a /virtual call was answered (`mirrorapi.serving.protocol`)."""
+    headers = [(OUTCOME_HEADER, outcome.encode("ascii"))]
+    if provenance is not None:
+        headers.append((PROVENANCE_HEADER, urllib.parse.quote(provenance, safe=PRINTABLE).encode("ascii")))
+    return headers
 
 
 async def _maintain_cache(cache: SqlCache, session_ttl: float) -> None:
