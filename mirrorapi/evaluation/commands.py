@@ -143,6 +143,9 @@ def fidelity_arguments(parser: argparse.ArgumentParser) -> None:
                         help="The --history K the SFT set was built with (its split depends on it; default 0).")
     parser.add_argument("--max-episodes", type=int, default=None, metavar="N",
                         help="Replay at most N episodes, taken from each source in turn.")
+    parser.add_argument("--include-cache-hits", action="store_true",
+                        help="Score the calls the server answered from what its cache held (a recorded answer of the "
+                             "same call) with the rest; by default they are counted apart and left out.")
     parser.add_argument("--concurrency", type=int, default=8, help="Episodes replayed at once (default 8).")
     parser.add_argument("--timeout", type=float, default=120.0, help="Seconds per request (default 120).")
     _no_progress(parser)
@@ -162,7 +165,8 @@ def fidelity(args: argparse.Namespace) -> int:
         run_fidelity(args.pairs, args.server, args.out, baseline_pairs=args.baseline_pairs, tools=args.tools,
                      embedding_model=args.embedding_model, concurrency=args.concurrency, timeout=args.timeout,
                      progress=not args.no_progress, history=args.history, heldout_only=args.heldout_episodes,
-                     max_episodes=args.max_episodes, heldout_history=args.heldout_history)
+                     max_episodes=args.max_episodes, heldout_history=args.heldout_history,
+                     include_cache_hits=args.include_cache_hits)
     except FidelityError as exc:
         return _fail(str(exc))
     print((Path(args.out) / "fidelity.md").read_text(encoding="utf-8"))

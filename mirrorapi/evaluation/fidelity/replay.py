@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import time
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,6 +80,12 @@ class NearestExample:
 
 
 # ------------------------------------------------------------------------------------- replay
+# The headers a mirrorapi server sends with every /virtual answer (mirrorapi.serving.protocol; this package may not
+# import the serving stage, so they are named again here, and tests/eval/test_fidelity.py reads them off a server).
+OUTCOME_HEADER = "x-mirrorapi-outcome"
+PROVENANCE_HEADER = "x-mirrorapi-provenance"
+
+
 def virtual_url(server: str) -> str:
     server = server.rstrip("/")
     return server if server.endswith("/virtual") else server + "/virtual"
@@ -103,8 +110,11 @@ async def _post(client: httpx.AsyncClient, url: str, pair: dict, session: str | 
     if answer.status_code != 200 or not isinstance(body, dict) or "error" not in body:
         return {"error": f"HTTP {answer.status_code}: {answer.text[:200]}", "response": "", "failed": True}
     error = body.get("error")
+    # How the server answered (its headers; absent from a server that does not say: then None).
+    provenance = answer.headers.get(PROVENANCE_HEADER)
     return {**body, "error": error if isinstance(error, str) else json.dumps(error),
-            "response": body.get("response", "")}
+            "response": body.get("response", ""), "outcome": answer.headers.get(OUTCOME_HEADER),
+            "provenance": urllib.parse.unquote(provenance) if provenance is not None else None}
 
 
 async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: float = 120.0,
@@ -161,8 +171,14 @@ def _cache_entries(health: httpx.Response) -> int | None:
 def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline_pairs: Sequence[str] = (),
                  tools: Sequence[str] = (), embedding_model: str | None = None, concurrency: int = 8,
                  timeout: float = 120.0, progress: bool = True, history: str = "off", heldout_only: bool = False,
-                 max_episodes: int | None = None, heldout_history: int = 0) -> dict:
+                 max_episodes: int | None = None, heldout_history: int = 0,
+                 include_cache_hits: bool = False) -> dict:
     """Replay `pairs` through the server at `server`, score it and the baseline; write the report into `out`.
+
+    A call the server answered from what its cache held (`metrics.answered_from_cache`: a recorded answer, e.g. a
+    training call with the same arguments) is counted apart and left out of every figure, the baseline's and
+    both passes' included, so that all of them score the calls the simulator answered; `include_cache_hits`
+    scores them too (a replay server's own check).
 
     `history`: `off` replays each call alone, `on` one session per episode, `both` does both and adds
     the comparison (`mirrorapi.evaluation.fidelity.session_history`; the main figures are then the `off` pass).
@@ -192,11 +208,17 @@ def run_fidelity(pairs: list[str], server: str, out: str | os.PathLike, baseline
         simulated, entries = asyncio.run(replay(held_out, server, concurrency, timeout, progress, sessions))
         cache_entries = entries if cache_entries is None else cache_entries
         passes[name] = (simulated, compare(held_out, simulated, baseline, registry, embedder))
+    # The same calls are left out of every pass: those either pass got from the cache (a recorded answer is served
+    # in and out of sessions alike, so in practice the same calls).
+    from_cache = [any(rows[i]["from_cache"] for _, rows in passes.values()) for i in range(len(held_out))]
+    for _, rows in passes.values():
+        for row, hit in zip(rows, from_cache, strict=True):
+            row["from_cache"] = hit
     rows = passes["without" if "without" in passes else "with"][1]
-    report = build_report(rows, server, baseline is not None)
+    report = build_report(rows, server, baseline is not None, include_cache_hits)
     report.update(cache_entries_at_start=cache_entries, tools=[str(t) for t in tools], history=history)
     if history == "both":
-        report["sessions"] = history_report(held_out, passes)
+        report["sessions"] = history_report(held_out, passes, include_cache_hits)
     write_report(Path(out), report, rows)
     if history == "both":
         with open(Path(out) / "fidelity.md", "a", encoding="utf-8") as fh:
