@@ -85,3 +85,16 @@ def test_a_shipped_simulator_is_served_with_its_record_s_settings(tmp_path):
                         "session_char_budget": 4096, "max_tokens": 384}  # where to listen and cache: the demo's
     # The run's own fine-tune keeps the settings it was trained with.
     assert demo.trained_settings["few_shot"] == 1 and demo.trained_settings["session_history"] == 4
+
+
+def test_without_server_settings_a_shipped_simulator_is_served_as_its_training_data_was_built(tmp_path):
+    # The record training/sft.py writes: the SFT set's stats, whose options say how its prompts were made (those of
+    # scripts/train_shipped_models.py's simulator data).
+    options = {"prompt_format": "mirrorapi-v2", "few_shot": 1, "few_shot_char_budget": 1024,
+               "few_shot_response_chars": 600, "target_response_chars": 1024, "history": 8,
+               "history_char_budget": 4096, "stateless_too": True}
+    demo = a_demo(tmp_path, {"kind": "simulator", "prompt_format": "mirrorapi-session-v2",
+                             "dataset_stats": {"kind": "simulator", "options": options}})
+    assert demo.main_settings == {"max_tokens": 512, "prompt_format": "mirrorapi-v2", "few_shot": 1,
+                                  "few_shot_char_budget": 1024, "few_shot_response_chars": 600,
+                                  "session_history": 8, "session_char_budget": 4096}

@@ -162,3 +162,24 @@ def read_training_record(model_dir: str | os.PathLike) -> dict | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
+
+
+# A training record's data options -> the virtual server's settings that show the model what it was trained on.
+_SETTINGS_OF_DATA_OPTIONS = {"few_shot": "few_shot", "few_shot_char_budget": "few_shot_char_budget",
+                             "few_shot_response_chars": "few_shot_response_chars", "history": "session_history",
+                             "history_char_budget": "session_char_budget"}
+
+
+def serving_settings(record: dict) -> dict:
+    """The settings a trained model must be served with: its record's `server_settings` when it names them, else,
+    for a simulator, what its training data says (`dataset_stats.options` of the SFT set: the prompt format, the
+    examples shown, the session history), so that a server shows it the prompts it learnt from."""
+    if record.get("server_settings"):
+        return dict(record["server_settings"])
+    if record.get("kind") != "simulator":
+        return {}
+    options = (record.get("dataset_stats") or {}).get("options") or {}
+    settings = {"prompt_format": options.get("prompt_format") or record.get("prompt_format")}
+    settings.update({setting: options[option] for option, setting in _SETTINGS_OF_DATA_OPTIONS.items()
+                     if options.get(option)})
+    return {key: value for key, value in settings.items() if value is not None}

@@ -72,7 +72,7 @@ from demo_steps.report import (
 )
 from mirrorapi.data.simulator_sft import SimulatorDataOptions
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
-from mirrorapi.models.catalogue import SHIPPED_MODELS, ModelGetError, read_training_record
+from mirrorapi.models.catalogue import SHIPPED_MODELS, ModelGetError, read_training_record, serving_settings
 from mirrorapi.models.get import get_base_model
 from mirrorapi.models.shipped import get_shipped_model
 from mirrorapi.prompts.simulator_formats import session_format
@@ -317,16 +317,15 @@ class Demo:
 
     @property
     def main_settings(self) -> dict:
-        """The server settings of the main simulator: a shipped one's record (its prompt format and
-        `server_settings`), else the trained ones'."""
+        """The server settings of the main simulator: a shipped one's record's (`serving_settings`: its
+        `server_settings`, else those of the data it was trained on), else the trained ones'."""
         if "simulator" not in self.shipped:
             return self.trained_settings
         record = read_training_record(self.shipped["simulator"]) or {}
         settings = {"max_tokens": 512, "prompt_format": record["prompt_format"]}
         if self.sizes.session_history:
             settings.update(session_history=self.sizes.session_history, session_char_budget=self.sizes.session_chars)
-        return {**settings, **{k: v for k, v in (record.get("server_settings") or {}).items()
-                               if k not in DEMO_OWNED_SETTINGS}}
+        return {**settings, **{k: v for k, v in serving_settings(record).items() if k not in DEMO_OWNED_SETTINGS}}
 
     def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None, settings: dict) -> Path:
         """`<run>/<name>.yml` for `serving/main_mirrorapi.py` with the model's `settings`; its request lines go to
@@ -399,7 +398,7 @@ class Demo:
             self.shipped[kind] = folder
             record = read_training_record(folder) or {}
             shipped[kind] = {"name": name, "folder": str(folder), "prompt_format": record.get("prompt_format"),
-                             "server_settings": record.get("server_settings") or {},
+                             "server_settings": serving_settings(record),
                              "heldout_episodes": len(record.get("heldout_episodes") or [])}
 
     def step_serve(self) -> None:
@@ -440,8 +439,8 @@ class Demo:
         self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
         # Every other row is scored on the calls the main one was: those its server did not answer from its cache
         # (a training call's recorded answer), written to `scored.jsonl`.
-        rows = [json.loads(line) for line in (fidelity / "calls.jsonl").read_text(encoding="utf-8").splitlines()]
-        simulated = [pair for pair, row in zip(chosen, rows, strict=True) if not row["from_cache"]]
+        answered = [json.loads(line) for line in (fidelity / "calls.jsonl").read_text(encoding="utf-8").splitlines()]
+        simulated = [pair for pair, row in zip(chosen, answered, strict=True) if not row["from_cache"]]
         scored = self.run_dir / "scored.jsonl"
         scored.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in simulated), encoding="utf-8")
         self.report["fidelity_constant"] = constant_answer_metrics(simulated, self.data.source.tools)
@@ -502,7 +501,7 @@ class Demo:
         `max_tokens`, `temperature`), as flags of eval/fac.py and eval/judge_agreement.py."""
         if "judge" not in self.shipped:
             return []
-        settings = (read_training_record(self.shipped["judge"]) or {}).get("server_settings") or {}
+        settings = serving_settings(read_training_record(self.shipped["judge"]) or {})
         return [x for key in ("max_tokens", "temperature") if key in settings
                 for x in ("--" + key.replace("_", "-"), str(settings[key]))]
 

@@ -201,3 +201,15 @@ def test_the_real_path_gives_a_folder_llama_cpp_serves_as_it_is(smollm2_dir, smo
     assert served.tensor_type.name == "F16"
     assert torch.allclose(torch.from_numpy(served.data.copy()).float(), merged.half().float())
     assert not torch.equal(merged, base.model.layers[0].self_attn.v_proj.weight)  # merged, not the base's
+
+
+def test_the_settings_a_record_says_a_model_must_be_served_with():
+    from mirrorapi.models.catalogue import serving_settings
+
+    # Named in the record: as they are.
+    assert serving_settings({"kind": "judge", "server_settings": {"max_tokens": 16}}) == {"max_tokens": 16}
+    # Else a simulator is shown what its data showed it; a judge's record says nothing of a server.
+    assert serving_settings({"kind": "judge", "dataset_stats": {"options": {"test_fraction": 0.1}}}) == {}
+    stats = {"options": {"prompt_format": "mirrorapi-v2", "few_shot": 0, "history": 8, "history_char_budget": 4096}}
+    assert serving_settings({"kind": "simulator", "prompt_format": "mirrorapi-session-v2", "dataset_stats": stats}) \
+        == {"prompt_format": "mirrorapi-v2", "session_history": 8, "session_char_budget": 4096}
