@@ -162,7 +162,8 @@ def render_history_markdown(report: dict) -> str:
     lines = ["", "## With and without session history", "",
              f"{report['episodes']} held-out episodes ({report['calls']} calls) replayed twice: each call alone, "
              f"then one session per episode (`X-Session-Id`); {report['cache_hits']} of the calls were answered from "
-             "the cache in both passes" + ("" if report["scored"] < report["calls"] else " (scored too)") + ".", "",
+             "the cache in both passes" + (" (scored too)" if report["cache_hits"] and report["scored"] ==
+                                           report["calls"] else "") + ".", "",
              "| replay | step | calls | " + " | ".join(HISTORY_METRICS.values()) + " |",
              "|---|---|---|" + "---|" * len(HISTORY_METRICS)]
     for name in ("without", "with"):
