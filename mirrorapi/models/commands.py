@@ -1,4 +1,4 @@
-"""The models' commands: `mirrorapi models get | gguf | list`."""
+"""The models' commands: `mirrorapi models get | gguf | list`, for base models and the shipped ones."""
 
 from __future__ import annotations
 
@@ -7,17 +7,22 @@ import sys
 from pathlib import Path
 
 from mirrorapi.command_line import Command, add_group
-from mirrorapi.models.catalogue import BASE_MODELS
+from mirrorapi.models.catalogue import BASE_MODELS, SHIPPED_MODELS
 
 DIR_HELP = ("Where models are kept (default: $MIRRORAPI_MODELS_DIR, else ~/.cache/mirrorapi/models; "
             "XDG_CACHE_HOME is honoured).")
 
 
 def models_get_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", choices=sorted(BASE_MODELS), help="The base model (`mirrorapi models list`).")
+    parser.add_argument("name", choices=sorted(BASE_MODELS) + sorted(SHIPPED_MODELS),
+                        help="A base model, or a model this project ships (`mirrorapi models list`).")
     parser.add_argument("--models-dir", metavar="DIR", help=DIR_HELP)
     parser.add_argument("--index-url", metavar="URL", help="Package index to download from (default: pip's own).")
     parser.add_argument("--force", action="store_true", help="Download and convert again even if the folder exists.")
+    parser.add_argument("--adapter", metavar="DIR",
+                        help="A shipped model only: merge this adapter folder (adapter_config.json, "
+                             "adapter_model.safetensors, README.md, mirrorapi_training.json) instead of the one the "
+                             "package ships, e.g. one being tried before it ships.")
 
 
 def models_gguf_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,9 +43,17 @@ def models_list_arguments(parser: argparse.ArgumentParser) -> None:
 def models_get(args: argparse.Namespace) -> int:
     from mirrorapi.models.catalogue import ModelGetError
     from mirrorapi.models.get import get_base_model
+    from mirrorapi.models.shipped import get_shipped_model
 
     try:
-        folder = get_base_model(args.name, args.models_dir, index_url=args.index_url, force=args.force)
+        if args.name in SHIPPED_MODELS:
+            folder = get_shipped_model(args.name, args.models_dir, adapter_dir=args.adapter, index_url=args.index_url,
+                                       force=args.force)
+        elif args.adapter:
+            raise ModelGetError(f"--adapter is for the shipped models ({', '.join(sorted(SHIPPED_MODELS))}), not the "
+                                f"base model {args.name}")
+        else:
+            folder = get_base_model(args.name, args.models_dir, index_url=args.index_url, force=args.force)
     except ModelGetError as exc:
         print(f"mirrorapi models get: error: {exc}", file=sys.stderr)
         return 1
@@ -66,24 +79,43 @@ def models_gguf(args: argparse.Namespace) -> int:
 
 
 def models_list(args: argparse.Namespace) -> int:
-    from mirrorapi.models.catalogue import BASE_MODELS, default_models_dir, is_complete
+    from mirrorapi.models.catalogue import (
+        ADAPTERS_DIR,
+        adapter_digest,
+        default_models_dir,
+        is_complete,
+        is_shipped_complete,
+        missing_adapter_files,
+    )
 
-    models_dir = args.models_dir or default_models_dir()
+    models_dir = Path(args.models_dir or default_models_dir())
     for name, source in BASE_MODELS.items():
-        state = "downloaded" if is_complete(Path(models_dir) / name, source) else "not downloaded"
+        state = "downloaded" if is_complete(models_dir / name, source) else "not downloaded"
         print(f"{name}  {source.requirement} ({source.licence}, {source.quantisation} dequantised)  {state}")
+    for name, model in SHIPPED_MODELS.items():
+        adapter = ADAPTERS_DIR / name
+        if missing_adapter_files(adapter):
+            state = "not shipped yet"
+        else:
+            made = is_shipped_complete(models_dir / name, adapter_digest(adapter),
+                                       BASE_MODELS[model.base].wheel_sha256)
+            state = "made" if made else "not made yet (`models get` merges it)"
+        print(f"{name}  {model.kind}, a LoRA adapter on {model.base} shipped in this package  {state}")
     return 0
 
 
 MODELS_COMMANDS = [
-    Command("get", "Download (pinned package, sha256 checked) and convert a base model; print its folder. A second "
-            "call reuses the folder.", models_get_arguments, models_get),
+    Command("get", "Download (pinned package, sha256 checked) and convert a base model, or merge a shipped model's "
+            "adapter into its base model; print its folder. A second call reuses the folder.", models_get_arguments,
+            models_get),
     Command("gguf", "The GGUF file llama.cpp serves for a model folder; print its path. A base model's own; a "
             "fine-tune of one exported (once) into its folder.", models_gguf_arguments, models_gguf),
-    Command("list", "The base models `get` knows, and which are downloaded.", models_list_arguments, models_list),
+    Command("list", "The models `get` knows (base and shipped), and which are in the models folder.",
+            models_list_arguments, models_list),
 ]
 
 
 def register(sub) -> None:
     """The models' subcommands of `mirrorapi`."""
-    add_group(sub, "models", "Get pretrained base models as Hugging Face folders.", MODELS_COMMANDS)
+    add_group(sub, "models", "Get pretrained base models and the shipped models as Hugging Face folders.",
+              MODELS_COMMANDS)

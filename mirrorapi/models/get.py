@@ -68,8 +68,8 @@ def get_base_model(name: str, models_dir: str | os.PathLike | None = None, *, in
         facts["gguf_file"] = gguf_path.name
         os.replace(gguf_path, built / gguf_path.name)
         write_base_model_card(built, source, facts)
-        _readable_as_the_umask_says(built)
-        _move_into_place(built, target, source)
+        readable_as_the_umask_says(built)
+        move_into_place(built, target, lambda folder: is_complete(folder, source))
     progress(f"{name}: ready in {target}")
     return target
 
@@ -121,7 +121,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _readable_as_the_umask_says(folder: Path) -> None:
+def readable_as_the_umask_says(folder: Path) -> None:
     """Files as if created plainly (0666 less the umask): the safetensors writer makes its file 0600, which
     would hide a shared models folder from its other users."""
     umask = os.umask(0)
@@ -130,15 +130,15 @@ def _readable_as_the_umask_says(folder: Path) -> None:
         path.chmod(0o666 & ~umask)
 
 
-def _move_into_place(built: Path, target: Path, source: BaseModelSource) -> None:
-    """Rename the finished folder into place; an incomplete or outdated folder there is replaced. When another
-    process got there first with a complete folder, theirs is kept."""
-    if target.exists() and not is_complete(target, source):
+def move_into_place(built: Path, target: Path, complete: Callable[[Path], bool]) -> None:
+    """Rename the finished folder into place; an incomplete or outdated folder there (`complete` says which) is
+    replaced. When another process got there first with a complete folder, theirs is kept."""
+    if target.exists() and not complete(target):
         shutil.rmtree(target)
     try:
         os.rename(built, target)
     except OSError:
-        if not is_complete(target, source):
+        if not complete(target):
             raise
 
 

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mirrorapi.models.catalogue import base_gguf
+from mirrorapi.models.catalogue import base_gguf, shipped_gguf
 
 if TYPE_CHECKING:
     import numpy as np
@@ -107,6 +107,7 @@ def export_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike, base_
 def gguf_for_serving(model_dir: str | os.PathLike, tensor_type: str = SERVED_TENSOR_TYPE) -> Path:
     """The GGUF llama.cpp serves for the folder `model_dir`:
     - a base model `mirrorapi models get` made: its original GGUF, kept in the folder;
+    - a shipped model `mirrorapi models get` made: the GGUF it exported into the folder;
     - a fine-tune of one (its README's `base_model`, the Hugging Face model-card field our training cards
       write, names that folder): `model-<tensor_type>.gguf` in `model_dir`, exported on first use and again
       when the weights are newer than it.
@@ -114,7 +115,7 @@ def gguf_for_serving(model_dir: str | os.PathLike, tensor_type: str = SERVED_TEN
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise GGUFExportError(f"{model_dir}: not a model folder")
-    own = base_gguf(model_dir)
+    own = base_gguf(model_dir) or shipped_gguf(model_dir)
     if own is not None:
         return own
     base = _base_model_of(model_dir)

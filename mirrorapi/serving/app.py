@@ -17,6 +17,7 @@ minutes to load a model).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -24,6 +25,7 @@ import signal
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 
 import uvicorn
@@ -33,7 +35,7 @@ from mirrorapi.serving.asgi import UNAUTHORIZED, BodyTooLarge, ClientGone, autho
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.openenv import HTTP_PATHS, MCP_WS_PATH, WS_PATH, Episodes
-from mirrorapi.serving.protocol import SESSION_HEADER
+from mirrorapi.serving.protocol import OUTCOME_HEADER, PROVENANCE_HEADER, SESSION_HEADER
 from mirrorapi.serving.routes import router
 from mirrorapi.serving.server import VirtualServer
 from mirrorapi.serving.transport import Connections, RequestDeadlineMiddleware, check_uvicorn, uvicorn_options
@@ -107,7 +109,7 @@ class VirtualEndpoint:
                 session_id = value.decode("latin-1")
                 break
         answer = await self.server.answer(body, session_id)
-        await send_json(send, answer.status, answer.body)
+        await send_json(send, answer.status, answer.body, answer_headers(answer.outcome, answer.provenance))
 
     async def dispatch(self, scope, receive, send) -> None:
         path = scope["path"]
@@ -116,6 +118,18 @@ class VirtualEndpoint:
         if path in HTTP_PATHS:
             return await self.episodes.http(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7f) if chr(c) != "%")  # what a header value may hold as is
+
+
+@functools.lru_cache(maxsize=1024)  # a server gives a handful of outcomes and provenances, over and over
+def answer_headers(outcome: str, provenance: str | None) -> list[tuple[bytes, bytes]]:
+    """The headers that say how a /virtual call was answered (`mirrorapi.serving.protocol`)."""
+    headers = [(OUTCOME_HEADER, outcome.encode("ascii"))]
+    if provenance is not None:
+        headers.append((PROVENANCE_HEADER, urllib.parse.quote(provenance, safe=PRINTABLE).encode("ascii")))
+    return headers
 
 
 def create_app(settings: ServerSettings) -> VirtualEndpoint:

@@ -25,6 +25,12 @@ from pydantic import BaseModel, ConfigDict
 logger = logging.getLogger(__name__)
 
 SESSION_HEADER = b"x-session-id"  # as ASGI gives header names: lower case
+# Sent with every /virtual answer (the body stays StableToolBench's): how the server answered (the request log's
+# `outcome`: hit, simulated, validation_error, ...) and, for hits and simulations, the answer's provenance,
+# percent-encoded (a model's folder may hold any character). A client scoring a simulator reads them to tell
+# the calls its cache answered from those the simulator did.
+OUTCOME_HEADER = b"x-mirrorapi-outcome"
+PROVENANCE_HEADER = b"x-mirrorapi-provenance"
 CHAT_WITH_USER = "chat_with_user"
 CHAT_WITH_USER_REPLY = "Chat with user."
 TOOL_INPUT_PARSE_ERROR = "Tool input parse error...\n"

@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+from mirrorapi.models.merge import merge_adapter
 from mirrorapi.training.model_card import TRAINING_FILE, write_model_card
 from mirrorapi.training.recipe import RecipeError, check_model_source
 
@@ -18,18 +19,14 @@ def merge_lora(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, base_
                **load_kwargs) -> Path:
     """Merge `adapter_dir` into its base model (the one recorded in the adapter unless `base_model` is given);
     `load_kwargs` go to `from_pretrained` (revision, trust_remote_code)."""
-    from peft import PeftConfig, PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from peft import PeftConfig
 
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
         raise RecipeError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json)")
     base_model = base_model or PeftConfig.from_pretrained(str(adapter_dir)).base_model_name_or_path
     check_model_source(base_model)
-    base = AutoModelForCausalLM.from_pretrained(base_model, dtype="auto", **load_kwargs)
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    merged.save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(out_dir)
+    merge_adapter(adapter_dir, base_model, out_dir, **load_kwargs)
     card = adapter_dir / TRAINING_FILE
     if card.is_file():
         write_model_card(out_dir, {**json.loads(card.read_text(encoding="utf-8")), "adapter": False})

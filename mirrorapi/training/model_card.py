@@ -12,9 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mirrorapi.models.catalogue import TRAINING_FILE
 from mirrorapi.versions import package_versions, versions_line
-
-TRAINING_FILE = "mirrorapi_training.json"
 
 
 def write_model_card(out_dir: str | os.PathLike, info: dict[str, Any]) -> Path:

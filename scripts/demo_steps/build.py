@@ -195,11 +195,11 @@ def build_base_model(build: Path, data: DemoData, code: str) -> tuple[Path, bool
     return folder, False
 
 
-def select_heldout(test_pairs: Path, calls: int) -> list[dict]:
-    """Whole held-out episodes, up to `calls` calls (at least one episode), taken from each source in turn (in slice
-    order within a source), so that a small sample still holds every source."""
+def select_heldout(pairs: list[dict], calls: int) -> list[dict]:
+    """Whole held-out episodes of `pairs`, up to `calls` calls (at least one episode), taken from each source in turn
+    (in the pairs' order within a source), so that a small sample still holds every source."""
     by_source: dict[str, dict[str, list[dict]]] = {}
-    for pair in read_pairs_jsonl(test_pairs):
+    for pair in pairs:
         by_source.setdefault(pair["source"], {}).setdefault(str(pair["episode"]), []).append(pair)
     queues = [list(episodes.values()) for episodes in by_source.values()]
     chosen: list[dict] = []

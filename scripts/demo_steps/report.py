@@ -18,16 +18,23 @@ from mirrorapi.tools import ToolRegistry
 from mirrorapi.versions import package_versions, versions_line
 
 FIDELITY_KEYS = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
-                 "error_agreement": "error agreement", "schema_conformance": "schema conformance"}
+                 "error_agreement": "error agreement", "error_precision": "error precision",
+                 "error_recall": "error recall", "schema_conformance": "schema conformance"}
 SIDES = {"simulated": "simulator (tiny model)", "with_history": "simulator (tiny model), in sessions",
          "baseline": "nearest example",
          "constant": 'constant "no error" answer'}
 REAL_SIDES = {"simulated": "simulator (SmolLM2-135M fine-tuned)", "base_few_shot": "SmolLM2-135M untrained, few-shot",
               "tiny": "simulator (tiny model, 0.6M)", "baseline": "nearest example",
               "constant": 'constant "no error" answer', "with_history": "simulator (SmolLM2 fine-tuned), in sessions"}
+# Beside a shipped simulator: it gives the main rows, this run's fine-tune its own.
+SHIPPED_SIDES = {**REAL_SIDES, "simulated": "simulator (shipped, SmolLM2-135M + LoRA)",
+                 "with_history": "simulator (shipped), in sessions",
+                 "trained": "simulator (SmolLM2-135M fine-tuned here)"}
 CONSTANT_ANSWER = {"error": "", "response": ""}  # what a simulator that never errs and says nothing answers
-# How many items each metric is computed over (the others are over every call).
-METRIC_N = {"valid_json": "valid_json_n", "schema_conformance": "schema_n"}
+# How many items each metric is computed over (the others are over every call). Error precision is over the calls
+# each row answered with an error: its n differs by row, so its cells carry it.
+METRIC_N = {"valid_json": "valid_json_n", "schema_conformance": "schema_n", "error_recall": "error_recall_n",
+            "error_precision": "error_precision_n"}
 
 
 def _num(value) -> str:
@@ -61,16 +68,35 @@ def _fidelity_sides(report: dict) -> dict[str, dict]:
 
 
 def side_names(report: dict) -> dict[str, str]:
-    return REAL_SIDES if "fidelity_others" in report else SIDES
+    if "fidelity_others" not in report:
+        return SIDES
+    return SHIPPED_SIDES if report.get("main", {}).get("simulator", {}).get("shipped") else REAL_SIDES
+
+
+def _cell(metrics: dict, key: str) -> str:
+    """A table cell; error precision's carries its n (the calls that row answered with an error)."""
+    if key == "error_precision":
+        return f"{_num(metrics.get(key))} ({metrics.get('error_precision_n', 0)})"
+    return _num(metrics.get(key))
+
+
+def hits_line(fidelity: dict) -> str:
+    """How many held-out calls the server answered from its cache (a training call's recorded answer), left out."""
+    hits = fidelity.get("cache_hits") or {"n": 0, "per_source": {}}
+    where = ", ".join(f"{source} {n}" for source, n in hits["per_source"].items())
+    return (f"{hits['n']} of the {fidelity['calls']} held-out calls were answered from the cache (a training call "
+            "with the same arguments: its recorded answer" + (f"; {where}" if where else "")
+            + ") and are left out of every row: the rows score the "
+            f"{fidelity.get('scored', fidelity['calls'])} calls the simulator answered.")
 
 
 def fidelity_summary(report: dict) -> str:
     names = side_names(report)
-    lines = [f"fidelity on {report['fidelity']['calls']} held-out real calls (%, " + ", ".join(FIDELITY_KEYS.values())
-             + "):"]
+    lines = [f"fidelity on {report['fidelity'].get('scored', report['fidelity']['calls'])} held-out real calls "
+             "(%, " + ", ".join(FIDELITY_KEYS.values()) + "):"]
     for side, metrics in _fidelity_sides(report).items():
-        lines.append(f"  {names[side]:<36}" + "  ".join(f"{_num(metrics.get(k)):>5}" for k in FIDELITY_KEYS))
-    return "\n".join(lines)
+        lines.append(f"  {names[side]:<42}" + "  ".join(f"{_num(metrics.get(k)):>5}" for k in FIDELITY_KEYS))
+    return "\n".join(lines + [hits_line(report["fidelity"])])
 
 
 def always_solved_fac(row: dict, repeats: int = 1) -> float:
@@ -115,32 +141,39 @@ def agent_baselines(scores: Path) -> dict[str, dict[str, float]]:
     return found
 
 
+# The columns of the session tables: those of the fidelity table a session can change.
+HISTORY_KEYS = {"rouge_l": "ROUGE-L", "bleu4": "BLEU-4", "error_agreement": "error agreement",
+                "error_precision": "error precision", "error_recall": "error recall", "valid_json": "valid JSON"}
+
+
 def history_summary(sessions: dict, fmt: str) -> str:
-    """The trained simulator's held-out episodes with and without session history (`fidelity/fidelity.md`)."""
+    """The main simulator's held-out episodes with and without session history (`fidelity/fidelity.md`)."""
     lines = [f"with and without session history ({fmt} prompts), {sessions['episodes']} held-out episodes "
-             f"({sessions['calls']} calls; %, ROUGE-L, BLEU-4, error agreement, valid JSON, consistency):"]
+             f"({sessions.get('scored', sessions['calls'])} calls scored; %, " + ", ".join(HISTORY_KEYS.values())
+             + ", consistency):"]
     for name in ("without", "with"):
         overall, score = sessions[name]["overall"], sessions[name]["consistency"]["score"]
-        lines.append(f"  {name + ' history':<36}" + "  ".join(f"{_num(overall.get(k)):>5}" for k in
-                                                          ("rouge_l", "bleu4", "error_agreement", "valid_json"))
+        lines.append(f"  {name + ' history':<36}" + "  ".join(f"{_num(overall.get(k)):>5}" for k in HISTORY_KEYS)
                      + f"  {_num(score):>5}")
     return "\n".join(lines)
 
 
-def history_markdown(sessions: dict, fmt: str) -> list[str]:
+def history_markdown(sessions: dict, fmt: str, shipped: bool = False) -> list[str]:
+    trained_on = ("The shipped simulator's card says whether it was trained on sessions." if shipped else
+                  "The simulator was fine-tuned on calls without history, so this row shows what history does for it "
+                  "untrained on sessions (training on history: `data/build_simulator_sft.py --history K`; "
+                  "docs/demo.md says what that did here).")
     rows = ["", f"### With and without session history ({sessions['episodes']} held-out episodes, "
-            f"{sessions['calls']} calls)", "",
-            "The trained simulator on the same held-out episodes, replayed call by call (the table above), then once "
-            f"more with one session per episode (`X-Session-Id`): each call's prompt (`{fmt}`) lists the "
-            "episode's earlier calls and the answers the simulator gave them. The simulator was fine-tuned on calls "
-            "without history, so this row shows what history does for it untrained on sessions (training on "
-            "history: `data/build_simulator_sft.py --history K`; docs/demo.md says what that did here).", "",
-            "| replay | ROUGE-L | BLEU-4 | error agreement | valid JSON | consistency | values carried |",
-            "|---|---|---|---|---|---|---|"]
+            f"{sessions.get('scored', sessions['calls'])} calls scored)", "",
+            f"The {'shipped' if shipped else 'trained'} simulator on the same held-out episodes, replayed call by "
+            "call (the table above), then once more with one session per episode (`X-Session-Id`): each call's prompt "
+            f"(`{fmt}`) lists the episode's earlier calls and the answers the simulator gave them. {trained_on} The "
+            "calls answered from the cache are left out of both rows, as above.", "",
+            "| replay | " + " | ".join(HISTORY_KEYS.values()) + " | consistency | values carried |",
+            "|---|" + "---|" * (len(HISTORY_KEYS) + 2)]
     for name in ("without", "with"):
         overall, c = sessions[name]["overall"], sessions[name]["consistency"]
-        rows.append(f"| {name} history | " + " | ".join(_num(overall.get(k)) for k in
-                                                       ("rouge_l", "bleu4", "error_agreement", "valid_json"))
+        rows.append(f"| {name} history | " + " | ".join(_cell(overall, k) for k in HISTORY_KEYS)
                     + f" | {_num(c['score'])} | {c['values_repeated']} of {c['values_carried']} |")
     rows += [
         "",
@@ -150,24 +183,62 @@ def history_markdown(sessions: dict, fmt: str) -> list[str]:
     return rows
 
 
-def judge_summary(fac: dict, agreement: dict) -> str:
+def _agreement(stats: dict) -> str:
+    accuracy = "n/a" if stats["accuracy"] is None else f"{100 * stats['accuracy']:.1f}%"
+    kappa = "n/a" if stats["kappa"] is None else f"{stats['kappa']:.2f}"
+    return f"accuracy {accuracy}, kappa {kappa}"
+
+
+def judge_summary(fac: dict, agreement: dict, trained: dict | None = None) -> str:
+    """FAC beside a Solved-to-all judge; agreement (overall and per source) beside it too, with this run's fine-tuned
+    judge's when the main judge is the shipped one."""
     lines = [f"FAC of StableToolBench's example answers, {row['model']}: {row['average']['score']:.1f} "
              f"(a judge saying Solved to all: {always_solved_fac(row, fac.get('repeats', 1)):.1f}; "
              f"{sum(c['ids'] for c in row['groups'].values())} ids)" for row in fac["rows"]]
     overall = agreement["overall"]
-    accuracy = "n/a" if overall["accuracy"] is None else f"{100 * overall['accuracy']:.1f}%"
-    kappa = "n/a" if overall["kappa"] is None else f"{overall['kappa']:.2f}"
-    # A constant verdict agrees exactly as often as chance does: kappa 0 (n/a when every label is Solved).
-    n, solved = overall["n"], overall["labelled_solved"]
-    constant = "n/a" if not n else f"accuracy {100 * solved / n:.1f}%, kappa {'n/a' if solved == n else '0.00'}"
-    return "\n".join(lines + [f"judge agreement on {n} held-out labelled answers: accuracy {accuracy}, "
-                              f"Cohen's kappa {kappa}, {overall['unparseable']} unparseable "
-                              f"(a judge saying Solved to all: {constant})"])
+    lines.append(f"judge agreement on {overall['n']} held-out labelled answers: {_agreement(overall)} "
+                 f"(Cohen's kappa), {overall['unparseable']} unparseable (a judge saying Solved to all: "
+                 f"{_agreement(overall['solved_to_all'])})" + (
+                     f"; the judge fine-tuned here: {_agreement(trained['overall'])}" if trained else ""))
+    for source, stats in agreement["per_source"].items():
+        lines.append(f"  {source} ({stats['n']}): {_agreement(stats)}; Solved to all: "
+                     f"{_agreement(stats['solved_to_all'])}" + (
+                         f"; fine-tuned here: {_agreement(trained['per_source'][source])}"
+                         if trained and source in trained["per_source"] else ""))
+    return "\n".join(lines)
+
+
+def judge_markdown(agreement: dict, trained: dict | None, shipped: bool) -> list[str]:
+    """Agreement and kappa per source, beside a judge that says Solved to all (and the judge fine-tuned here)."""
+    judges = [("the shipped judge" if shipped else "the judge", agreement)] + (
+        [("the judge fine-tuned here", trained)] if trained else [])
+    rows = ["", "Judge agreement per source (accuracy %, Cohen's kappa), beside a judge that says Solved to all:", "",
+            "| source | n | " + " | ".join(f"{name}: accuracy | kappa" for name, _ in judges)
+            + " | Solved to all: accuracy | kappa |", "|---|---|" + "---|---|" * (len(judges) + 1)]
+    slices = [("overall", agreement["overall"]), *agreement["per_source"].items()]
+    for name, stats in slices:
+        cells = []
+        for _, report in [*judges, ("Solved to all", None)]:
+            found = stats["solved_to_all"] if report is None else (
+                report["overall"] if name == "overall" else report["per_source"].get(name))
+            cells += ["n/a", "n/a"] if found is None else [
+                "n/a" if found["accuracy"] is None else f"{100 * found['accuracy']:.1f}",
+                "n/a" if found["kappa"] is None else f"{found['kappa']:.2f}"]
+        rows.append(f"| {name} | {stats['n']} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def caveat(report: dict) -> str:
     """What the scores mean, with this run's own training time."""
     training = report.get("training", {}).get("simulator")
+    shipped = [kind for kind, main in report.get("main", {}).items() if main.get("shipped")]
+    if shipped:
+        return (f"The main {' and '.join(shipped)} rows are the project's shipped models (SmolLM2-135M-Instruct, "
+                "Apache-2.0, with a LoRA adapter trained on the shared data; their cards give data, recipe and "
+                "licences); the SmolLM2 fine-tunes of this run stand beside them as the proof that the pipeline "
+                "trains. Read every score against the rows beside it: the untrained base shown real examples, the "
+                "nearest training example, a constant answer, the tiny model trained from scratch; and the judge "
+                "against one that says Solved to all.")
     if "base_model" in report:
         trained = "" if not training else f" for {duration(training['metrics']['train_seconds'])}" + (
             " in an earlier run" if training["reused"] else "")
@@ -207,17 +278,23 @@ def _fidelity_lines(report: dict) -> list[str]:
     sides = _fidelity_sides(report)
     first = next(iter(sides.values()))
     lines = ["", "## 5. Scores", "",
-             f"### Simulator fidelity on {report['fidelity']['calls']} held-out real calls", "",
-             "| | " + " | ".join(FIDELITY_KEYS.values()) + " |", "|---|" + "---|" * len(FIDELITY_KEYS),
-             "| n (calls scored) | " + " | ".join(str(first.get(METRIC_N.get(k, "n"), "n/a"))
-                                                for k in FIDELITY_KEYS) + " |"]
+             f"### Simulator fidelity on {report['fidelity'].get('scored', report['fidelity']['calls'])} "
+             "held-out real calls", ""]
+    if report.get("heldout_from"):
+        lines += [f"Held-out calls: {report['heldout_from']}. {hits_line(report['fidelity'])}", ""]
+    lines += ["| | " + " | ".join(FIDELITY_KEYS.values()) + " |", "|---|" + "---|" * len(FIDELITY_KEYS),
+              "| n (calls scored) | " + " | ".join("by row" if k == "error_precision" else
+                                                 str(first.get(METRIC_N.get(k, "n"), "n/a"))
+                                                 for k in FIDELITY_KEYS) + " |"]
     names = side_names(report)
-    lines += [f"| {names[side]} | " + " | ".join(_num(metrics.get(k)) for k in FIDELITY_KEYS) + " |"
+    lines += [f"| {names[side]} | " + " | ".join(_cell(metrics, k) for k in FIDELITY_KEYS) + " |"
               for side, metrics in sides.items()]
     lines += ["", "All in %; n/a: no call of that kind among those scored. The constant answer is "
               f"`{json.dumps(CONSTANT_ANSWER)}` for every call: its error agreement is the share of calls that did "
-              "not fail. Valid JSON is measured on what the virtual server answered (as served); definitions in "
-              "[fidelity/fidelity.md](fidelity/fidelity.md)."]
+              "not fail. Error precision: of the calls a row answered with an error, the share whose real call "
+              "failed (in brackets: how many it answered so); error recall: of the calls whose real call failed "
+              "(n above), the share the row answered with an error. Valid JSON is measured on what the virtual "
+              "server answered (as served); definitions in [fidelity/fidelity.md](fidelity/fidelity.md)."]
     parsing = report.get("parsing") or {}
     if parsing:
         lines += ["", "How the virtual server read each model's answers (raw: one strict JSON observation as the "
@@ -231,7 +308,25 @@ def _fidelity_lines(report: dict) -> list[str]:
             lines.append(f"| {names.get(side, side)} | {c['simulated']} | {raw} | {fallback} | "
                          f"{c['engine_errors']} |")
     if report["fidelity"].get("sessions"):
-        lines += history_markdown(report["fidelity"]["sessions"], report.get("session_format", "?"))
+        lines += history_markdown(report["fidelity"]["sessions"], report.get("session_format", "?"),
+                                  bool(report.get("main", {}).get("simulator", {}).get("shipped")))
+    return lines
+
+
+def _shipped_lines(report: dict) -> list[str]:
+    """Which shipped models give the main rows, served with which settings."""
+    if "shipped" not in report:
+        return []
+    lines = ["", "### The shipped models (`mirrorapi models get`)", ""]
+    for kind, shipped in report["shipped"].items():
+        if "absent" in shipped:
+            lines.append(f"- {kind}: `{shipped['name']}` is not there ({shipped['absent']}); the {kind} "
+                         "fine-tuned here gives the main rows.")
+        else:
+            settings = ", ".join(f"{k} {v}" for k, v in shipped["server_settings"].items()) or "none"
+            lines.append(f"- {kind}: `{shipped['name']}` (`{shipped['folder']}`), the main rows; prompt format "
+                         f"`{shipped['prompt_format']}`, served with the settings of its record ({settings}); "
+                         f"the {kind} fine-tuned here has rows of its own.")
     return lines
 
 
@@ -265,6 +360,7 @@ def render_markdown(report: dict) -> str:
                               if k.startswith("eval_"))
             lines.append(f"| {kind} | `{t['recipe']}` | {m['steps']} | {m['train_records']} | {m['train_seconds']} "
                          f"| {m['train_loss']:.3f} | {evals or '-'} | {'yes' if t['reused'] else 'no'} |")
+    lines += _shipped_lines(report)
     if "serving" in report:
         s = report["serving"]
         lines += ["", "## 3. Serving", "",
@@ -285,10 +381,17 @@ def render_markdown(report: dict) -> str:
         lines += ["", "![fidelity, every row of the table](fidelity.png)", "",
                   "Per source: [fidelity/fidelity.png](fidelity/fidelity.png)."]
     if "fac" in report and "agreement" in report:
-        lines += ["", "### FAC and judge agreement with the trained judge, beside a judge that says Solved to all", "",
-                  *("- " + line for line in judge_summary(report["fac"], report["agreement"]).splitlines()),
+        shipped_judge = bool(report.get("main", {}).get("judge", {}).get("shipped"))
+        trained = report.get("agreement_trained")
+        lines += ["", f"### FAC and judge agreement with the {'shipped' if shipped_judge else 'trained'} judge, "
+                  "beside a judge that says Solved to all", "",
+                  *("- " + line for line in judge_summary(report["fac"], report["agreement"], trained).splitlines()
+                    if not line.startswith("  ")),
+                  *judge_markdown(report["agreement"], trained, shipped_judge),
                   "", "Tables: [fac/fac.md](fac/fac.md), "
-                  "[judge-agreement/agreement.md](judge-agreement/agreement.md)."]
+                  "[judge-agreement/agreement.md](judge-agreement/agreement.md)" + (
+                      ", [judge-agreement-trained/agreement.md](judge-agreement-trained/agreement.md)" if trained
+                      else "") + "."]
     if "agents" in report:
         agents = report["agents"]
         scope = (f"on the first {agents['queries_per_group']} queries of each group of StableToolBench's examples "
@@ -310,7 +413,8 @@ def render_markdown(report: dict) -> str:
                     _num(baselines.get(metric, {}).get(row)) for metric in averages) + " |")
         lines += ["", "Full tables: [agents/report.md](agents/report.md)."]
     lines += ["", "## Files", "", "`report.json` (everything above, in full), `logs/` (every command's output), "
-              "`server.yml` (the virtual server's settings), `heldout.jsonl` (the calls scored), `cache.sqlite` (the "
+              "`server.yml` (the virtual server's settings), `heldout.jsonl` (the held-out calls replayed; "
+              "`scored.jsonl`: those the simulator answered, on which every row is scored), `cache.sqlite` (the "
               "virtual server's cache), and links to what the run used: `simulator`, `judge`, `tools`, "
               "`tool_response_cache`, `train.jsonl`, `judge_test.jsonl`.", "", caveat(report), ""]
     return "\n".join(lines)

@@ -4,18 +4,23 @@
 2. train: a tiny model built from scratch, then `accelerate launch training/sft.py` for the simulator
    (`tiny_cpu.yaml`) and the judge (`tiny_judge_cpu.yaml`); by default SmolLM2-135M-Instruct
    (`mirrorapi models get`) for the simulator (`simulator_smollm2_cpu.yaml`) and the judge
-   (`judge_smollm2_cpu.yaml`), the tiny simulator beside them as a reference row of the report;
+   (`judge_smollm2_cpu.yaml`), the tiny simulator beside them as a reference row of the report; and, where this
+   package ships them, the project's own simulator and judge (`mirrorapi models get`: LoRA adapters trained on all
+   the shared data), which then are the main rows, the fine-tunes of this run kept beside them as the pipeline's
+   proof (`mirrorapi/models/adapters/`; without them the fine-tunes are the main rows, as before);
 3. serve: the CPU engine (`cpu_engine_serve`: llama.cpp's server when `make engine` installed it, else
    `transformers serve`; with `--engine vllm`, vLLM for the SmolLM2 models: `serve_engine`) on the simulator,
    and the virtual server with a cache seeded from a StableToolBench cache folder of the training calls' real
    responses;
 4. requests: `/virtual` hits, simulated misses written back, and agents' mistakes (`demo_calls`);
-5. score: `eval/simulator.py` on held-out calls against the nearest-example baseline (through a
+5. score: `eval/simulator.py` on held-out calls (with a shipped simulator that names its held-out episodes: calls
+   of those episodes that are not in this run's training split either) against the nearest-example baseline (through a
    second virtual server whose cache starts empty: the step-3 server has cached the calls step 4
    simulated, and would answer those from memory); with real weights also the untrained base model
    shown real examples of the same API (`few_shot`, its server's cache seeded with the training calls
-   only) and the tiny model; then `eval/fac.py` on StableToolBench's example
-   answers and `eval/judge_agreement.py` on the judge's held-out labelled answers, with the trained judge;
+   only), the tiny model and, beside a shipped simulator, this run's fine-tune; then `eval/fac.py` on
+   StableToolBench's example answers and `eval/judge_agreement.py` on the judge's held-out labelled answers, with the
+   main judge (beside a shipped judge, this run's fine-tuned judge on the labelled answers too);
 6. report: everything started is stopped, and a report folder is written.
 
 Whatever happens, everything the demo started is stopped: `run_demo` raises `DemoError`, naming the
@@ -70,7 +75,9 @@ from harness.processes import cpu_engine_serve, free_port, vllm_serve
 from harness.recorded_benchmark import recorded_benchmark
 from mirrorapi.data.simulator_sft import SimulatorDataOptions
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
+from mirrorapi.models.catalogue import SHIPPED_MODELS, ModelGetError, read_training_record, serving_settings
 from mirrorapi.models.get import get_base_model
+from mirrorapi.models.shipped import get_shipped_model
 from mirrorapi.prompts.simulator_formats import session_format
 from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.tools import ToolRegistry
@@ -96,6 +103,10 @@ RECIPES = {"tiny": {"simulator": "training/configs/tiny_cpu.yaml", "judge": "tra
            "real": {"simulator": "training/configs/simulator_smollm2_cpu.yaml",
                     "judge": "training/configs/judge_smollm2_cpu.yaml"}}
 RECIPE_STEPS = yaml.safe_load((REPO / RECIPES["real"]["simulator"]).read_text(encoding="utf-8"))["max_steps"]
+SHIPPED = {model.kind: model.name for model in SHIPPED_MODELS.values()}  # the project's own simulator and judge
+# Server settings the demo owns, whatever a shipped model's record says (where to listen, what to serve from).
+DEMO_OWNED_SETTINGS = {"tools_folder", "cache_folder", "cache_path", "cache_url", "api_base", "model", "port", "host",
+                       "log_file", "mode", "workers"}
 
 
 @dataclass
@@ -122,6 +133,9 @@ class Sizes:
     heldout_calls: int = 40
     agreement_limit: int | None = None  # labelled answers judged per source
     agent_queries: int = 2  # example queries per group in the recorded agent run
+    # Beside a shipped simulator, this run's fine-tune is replayed call by call only (its session pass is the
+    # shipped model's): the scoring passes the shipped model adds must fit the demo's 20 minutes.
+    trained_sessions: bool = False
 
 
 # The tiny simulator learns its answer format from a few dozen short records (many epochs): a tiny model
@@ -198,6 +212,7 @@ class Demo:
         # trained on calls without history: trained with it (`--history 4`, 1,024 characters), SmolLM2 kept 13
         # of the 78 tau-bench training calls under max_length and did worse in sessions (docs/demo.md).
         self.prompt_format = "mirrorapi-v2" if self.sizes.real else "mirrorapi-v1"
+        self.shipped: dict[str, Path] = {}  # kind -> the shipped model's folder (real weights, when shipped)
         work = self.options.work_dir.resolve()
         self.build, self.run_dir = work / "build", work / time.strftime("%Y%m%d-%H%M%S")
         if self.run_dir.exists():  # two runs within a second
@@ -292,24 +307,36 @@ class Demo:
         return on_line
 
     @property
-    def trained_shots(self) -> tuple[int, int, int]:
-        """The few-shot settings the trained simulators were trained with: (k, char budget, response chars)."""
-        return (self.sizes.simulator_few_shot, self.sizes.simulator_few_shot_chars,
-                self.sizes.simulator_few_shot_response_chars)
+    def trained_settings(self) -> dict:
+        """The server settings the simulators trained here are served with: their data's prompt format and
+        examples (few-shot count, char budget, response chars). Calls in a session see `Sizes.session_history`
+        earlier calls (the server's own default without a session pass)."""
+        settings = {"prompt_format": self.prompt_format, "few_shot": self.sizes.simulator_few_shot,
+                    "few_shot_char_budget": self.sizes.simulator_few_shot_chars,
+                    "few_shot_response_chars": self.sizes.simulator_few_shot_response_chars, "max_tokens": 512}
+        if self.sizes.session_history:
+            settings.update(session_history=self.sizes.session_history, session_char_budget=self.sizes.session_chars)
+        return settings
 
-    def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None,
-                      few_shot: tuple[int, int, int] = (0, 2048, 0), max_tokens: int = 512) -> Path:
-        """`<run>/<name>.yml` for `serving/main_mirrorapi.py`; its request lines go to `logs/<name>-requests.jsonl`.
-        Calls in a session see `Sizes.session_history` earlier calls (the server's own default without a session
-        pass)."""
+    @property
+    def main_settings(self) -> dict:
+        """The server settings of the main simulator: a shipped one's record's (`serving_settings`: its
+        `server_settings`, else those of the data it was trained on), else the trained ones'."""
+        if "simulator" not in self.shipped:
+            return self.trained_settings
+        record = read_training_record(self.shipped["simulator"]) or {}
+        settings = {"max_tokens": 512, "prompt_format": record["prompt_format"]}
+        if self.sizes.session_history:
+            settings.update(session_history=self.sizes.session_history, session_char_budget=self.sizes.session_chars)
+        return {**settings, **{k: v for k, v in serving_settings(record).items() if k not in DEMO_OWNED_SETTINGS}}
+
+    def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None, settings: dict) -> Path:
+        """`<run>/<name>.yml` for `serving/main_mirrorapi.py` with the model's `settings`; its request lines go to
+        `logs/<name>-requests.jsonl`."""
         config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
                   else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
                   "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
-                  "max_tokens": max_tokens, "engine_timeout": 120, "prompt_format": self.prompt_format,
-                  "engine_max_in_flight": engine.concurrency, "few_shot": few_shot[0],
-                  "few_shot_char_budget": few_shot[1], "few_shot_response_chars": few_shot[2]}
-        if self.sizes.session_history:
-            config.update(session_history=self.sizes.session_history, session_char_budget=self.sizes.session_chars)
+                  "engine_timeout": 120, "engine_max_in_flight": engine.concurrency, **settings}
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return path
@@ -357,16 +384,40 @@ class Demo:
             self.tiny_simulator = self.train("tiny-simulator", tiny, RECIPES["tiny"]["simulator"], self.data.simulator,
                                              self.sizes.tiny_simulator)[0]
         recipes = RECIPES["real" if self.sizes.real else "tiny"]
-        for kind, dataset in (("simulator", self.data.simulator), ("judge", self.data.judge)):
-            setattr(self, kind, self.train(kind, self.base, recipes[kind], dataset, getattr(self.sizes, kind))[0])
+        self.trained = {kind: self.train(kind, self.base, recipes[kind], dataset, getattr(self.sizes, kind))[0]
+                        for kind, dataset in (("simulator", self.data.simulator), ("judge", self.data.judge))}
+        if self.sizes.real:
+            self.get_shipped()
+        # The main rows' models: the shipped ones where there are, else this run's.
+        self.simulator, self.judge = (self.shipped.get(kind, self.trained[kind]) for kind in ("simulator", "judge"))
+        self.report["main"] = {kind: {"folder": str(getattr(self, kind)), "shipped": kind in self.shipped}
+                               for kind in ("simulator", "judge")}
+        self.report["session_format"] = session_format(self.main_settings["prompt_format"])
+        for kind in ("simulator", "judge"):
             self.link(kind, getattr(self, kind))
+
+    def get_shipped(self) -> None:
+        """The project's shipped simulator and judge (`mirrorapi models get`), where this package ships them."""
+        shipped = self.report["shipped"] = {}
+        for kind, name in SHIPPED.items():
+            try:
+                folder = get_shipped_model(name, progress=say)
+            except ModelGetError as exc:
+                say(f"shipped {kind}: {exc}; this run's fine-tuned {kind} gives the main rows")
+                shipped[kind] = {"name": name, "absent": str(exc)}
+                continue
+            self.shipped[kind] = folder
+            record = read_training_record(folder) or {}
+            shipped[kind] = {"name": name, "folder": str(folder), "prompt_format": record.get("prompt_format"),
+                             "server_settings": serving_settings(record),
+                             "heldout_episodes": len(record.get("heldout_episodes") or [])}
 
     def step_serve(self) -> None:
         self.engine = self.stack.enter_context(self.serve_engine(self.simulator, "simulator-engine.log"))
         say(f"simulator engine: {self.engine.name} on {shown(self.simulator)} answers at {self.engine.base_url} "
             f"(pid {self.engine.process.pid})")
         config = self.server_config("server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache,
-                                    self.trained_shots)
+                                    self.main_settings)
         self.server = self.stack.enter_context(virtual_server(config, self.logs / "server.log"))
         health = httpx.get(self.server + "/health", timeout=10).json()
         say(f"virtual server: {self.server}/virtual (settings: {shown(config)}); {health['tools']['apis']} APIs of "
@@ -389,68 +440,112 @@ class Demo:
         python, fidelity, fac, agreement = shown(sys.executable), self.run_dir / "fidelity", self.run_dir / "fac", \
             self.run_dir / "judge-agreement"
         heldout = self.run_dir / "heldout.jsonl"
-        chosen = select_heldout(self.data.test_pairs, self.sizes.heldout_calls)
+        candidates, self.report["heldout_from"] = self.heldout_candidates()
+        chosen = select_heldout(candidates, self.sizes.heldout_calls)
+        say(f"held-out calls: {len(chosen)}, {self.report['heldout_from']}")
         heldout.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen), encoding="utf-8")
-        trained_shots = self.trained_shots
-        self.fidelity_run("fidelity", self.engine, heldout, baseline=True, few_shot=trained_shots,
+        self.fidelity_run("fidelity", self.engine, heldout, self.main_settings, baseline=True,
                           sessions=bool(self.sizes.session_history))
         self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
-        self.report["fidelity_constant"] = constant_answer_metrics(chosen, self.data.source.tools)
-        if self.sizes.real:
+        # Every other row is scored on the calls the main one was: those its server did not answer from its cache
+        # (a training call's recorded answer), written to `scored.jsonl`.
+        answered = [json.loads(line) for line in (fidelity / "calls.jsonl").read_text(encoding="utf-8").splitlines()]
+        simulated = [pair for pair, row in zip(chosen, answered, strict=True) if not row["from_cache"]]
+        scored = self.run_dir / "scored.jsonl"
+        scored.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in simulated), encoding="utf-8")
+        self.report["fidelity_constant"] = constant_answer_metrics(simulated, self.data.source.tools)
+        if self.sizes.real and simulated:
             self.stack.close()  # one engine at a time: the machine's cores go to the one being measured
             others = self.report["fidelity_others"] = {}
-            for side, folder, few_shot in (("base_few_shot", self.base, trained_shots),
-                                           ("tiny", self.tiny_simulator, trained_shots)):
+            rows = [("base_few_shot", self.base, {**self.main_settings, "max_tokens": self.sizes.base_max_tokens}),
+                    ("tiny", self.tiny_simulator, self.trained_settings)]
+            if "simulator" in self.shipped:
+                rows.insert(0, ("trained", self.trained["simulator"], self.trained_settings))
+            for side, folder, settings in rows:
                 with self.serve_engine(folder, f"{side}-engine.log") as engine:
                     say(f"{side.replace('_', ' ')}: {engine.name} on {shown(folder)} answers at {engine.base_url}")
-                    out = self.fidelity_run(f"fidelity-{side}", engine, heldout, few_shot=few_shot,
-                                            max_tokens=self.sizes.base_max_tokens if side == "base_few_shot" else 512)
+                    out = self.fidelity_run(f"fidelity-{side}", engine, scored, settings,
+                                            sessions=side == "trained" and self.sizes.trained_sessions)
                 others[side] = json.loads((out / "fidelity.json").read_text(encoding="utf-8"))
         if self.sizes.real:
             steps = self.report["training"]["simulator"]["metrics"]["steps"]
+            main = f"the shipped simulator `{SHIPPED['simulator']}`, and " if "simulator" in self.shipped else ""
             self.report["figures_from"] = (
-                f"These figures come from a {'`--full`' if self.options.full else '`make demo`'} run: the simulator "
-                f"fine-tuned for {steps} steps" + (" (longer than the demo's time allows)." if self.options.full else
-                                                   f"; `--full` trains it for the recipe's {RECIPE_STEPS}."))
+                f"These figures come from a {'`--full`' if self.options.full else '`make demo`'} run: {main}the "
+                f"simulator fine-tuned here for {steps} steps" + (
+                    " (longer than the demo's time allows)." if self.options.full else
+                    f"; `--full` trains it for the recipe's {RECIPE_STEPS}."))
         say(fidelity_summary(self.report))
         if self.report["fidelity"].get("sessions"):
             say(history_summary(self.report["fidelity"]["sessions"], self.report["session_format"]))
 
+        limit = ["--limit", str(self.sizes.agreement_limit)] if self.sizes.agreement_limit else []
+        if "judge" in self.shipped:  # this run's fine-tuned judge first, on the labelled answers only (its own row)
+            with self.serve_engine(self.trained["judge"], "trained-judge-engine.log") as trained:
+                say(f"fine-tuned judge: {trained.name} on {shown(self.trained['judge'])} answers at "
+                    f"{trained.base_url}")
+                out = self.run_dir / "judge-agreement-trained"
+                self._run("judge agreement (fine-tuned here)", [
+                    python, "eval/judge_agreement.py", "--labelled", shown(self.data.judge_test), "--base-url",
+                    trained.base_url, "--model", trained.model, "--no-progress", "--out", shown(out), *limit],
+                    "judge-agreement-trained.log")
+            self.report["agreement_trained"] = json.loads((out / "agreement.json").read_text(encoding="utf-8"))
         judge = self.stack.enter_context(self.serve_engine(self.judge, "judge-engine.log"))
         say(f"judge engine: {judge.name} on {shown(self.judge)} answers at {judge.base_url}")
-        engine = ["--base-url", judge.base_url, "--model", judge.model, "--no-progress"]
+        engine = ["--base-url", judge.base_url, "--model", judge.model, "--no-progress", *self.judge_flags()]
         self._run("FAC", [python, "eval/fac.py", "--answers",
                           shown(STB_EXAMPLE / "data_example" / "model_predictions_converted"), "--ids",
                           shown(STB_EXAMPLE / "solvable_queries_example" / "test_query_ids"), *engine,
                           "--out", shown(fac)], "fac.log")
         self.report["fac"] = json.loads((fac / "fac.json").read_text(encoding="utf-8"))
-        limit = ["--limit", str(self.sizes.agreement_limit)] if self.sizes.agreement_limit else []
         self._run("judge agreement", [python, "eval/judge_agreement.py", "--labelled", shown(self.data.judge_test),
                                       *engine, "--out", shown(agreement), *limit], "judge-agreement.log")
         self.report["agreement"] = json.loads((agreement / "agreement.json").read_text(encoding="utf-8"))
-        say(judge_summary(self.report["fac"], self.report["agreement"]))
+        say(judge_summary(self.report["fac"], self.report["agreement"], self.report.get("agreement_trained")))
         self.agent_run(judge)
 
-    def fidelity_run(
-        self,
-        name: str,
-        engine,
-        heldout: Path,
-        baseline: bool = False,
-        few_shot: tuple[int, int, int] = (0, 2048, 0),
-        max_tokens: int = 512,
-        sessions: bool = False,
-    ) -> Path:
-        """`eval/simulator.py` on the held-out calls through a virtual server of its own on `engine`, into
-        `<run>/<name>/`. Its cache starts empty; with `few_shot`, it holds the training calls' real responses
-        (the examples the simulator is shown; never a held-out call: the splits keep episodes apart). With
-        `sessions`, `--history both`: the held-out episodes (whole episodes: `select_heldout`) replayed call by
-        call, then once more one session per episode."""
+    def judge_flags(self) -> list[str]:
+        """The judge settings a shipped judge's record says it must be judged with (its `server_settings`:
+        `max_tokens`, `temperature`), as flags of eval/fac.py and eval/judge_agreement.py."""
+        if "judge" not in self.shipped:
+            return []
+        settings = serving_settings(read_training_record(self.shipped["judge"]) or {})
+        return [x for key in ("max_tokens", "temperature") if key in settings
+                for x in ("--" + key.replace("_", "-"), str(settings[key]))]
+
+    def heldout_candidates(self) -> tuple[list[dict], str]:
+        """The calls the held-out calls are chosen from, and where they come from. A shipped simulator was trained
+        on the shared data by the project's own split, not this run's: its record's `heldout_episodes` name the
+        episodes it never saw, and the calls of those that this run's training split lacks too are held out from
+        every model here. Without that list, this run's held-out calls, with a warning."""
+        test = list(read_pairs_jsonl(self.data.test_pairs))
+        if "simulator" not in self.shipped:
+            return test, "whole episodes of this run's held-out split"
+        named = (read_training_record(self.shipped["simulator"]) or {}).get("heldout_episodes")
+        if not named:
+            return test, ("whole episodes of this run's held-out split; WARNING: the shipped simulator's record "
+                          "names no held-out episodes, so some of these calls may be among its training calls")
+        unseen = {(str(source), str(episode)) for source, episode in named} - {
+            (p["source"], str(p["episode"])) for p in read_pairs_jsonl(self.data.train_pairs)}
+        pairs = [p for path in self.data.source.pair_files for p in read_pairs_jsonl(path)
+                 if (p["source"], str(p["episode"])) in unseen]
+        return pairs, ("whole episodes the shipped simulator's record names as held out, none of them in this "
+                       "run's training split")
+
+    def fidelity_run(self, name: str, engine, heldout: Path, settings: dict, baseline: bool = False,
+                     sessions: bool = False) -> Path:
+        """`eval/simulator.py` on the held-out calls through a virtual server of its own on `engine` with the model's
+        server `settings`, into `<run>/<name>/`. Its cache starts empty; with few-shot examples, it holds the
+        training calls' real responses (the examples the simulator is shown: a held-out call whose arguments a
+        training call repeats is answered from it, and the report counts it apart). With `sessions`, `--history
+        both`: the held-out episodes (whole episodes: `select_heldout`) replayed call by call, then once more one
+        session per episode."""
         out = self.run_dir / name
+        few_shot = settings.get("few_shot", 0)
         config = self.server_config(f"{name}-server.yml", engine, self.run_dir / f"{name}-cache.sqlite",
-                                    self.data.stb_cache if few_shot[0] else None, few_shot, max_tokens)
+                                    self.data.stb_cache if few_shot else None, settings)
         with virtual_server(config, self.logs / f"{name}-server.log") as url:
-            cache = f"cache of the training calls, few_shot {few_shot[0]}" if few_shot[0] else "empty cache"
+            cache = f"cache of the training calls, few_shot {few_shot}" if few_shot else "empty cache"
             say(f"a virtual server for the held-out calls ({cache}): {url}")
             baseline_args = ["--baseline-pairs", shown(self.data.train_pairs)] if baseline else []
             self._run(name, [shown(sys.executable), "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
@@ -475,10 +570,12 @@ class Demo:
         say("agent run: harness.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
             f"agents on the first {self.sizes.agent_queries} quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
             f"of each group of StableToolBench's examples ({', '.join(groups)}), scored by the judge")
+        flags = self.judge_flags()  # a shipped judge's own max_tokens; else the verdict line's few tokens
+        max_tokens = int(flags[flags.index("--max-tokens") + 1]) if "--max-tokens" in flags else 8
         result = recorded_benchmark(
             STB_EXAMPLE,
             REPO / "data" / "samples" / "tools",
-            JudgeSettings(base_urls=[judge.base_url], model=judge.model, max_tokens=8),
+            JudgeSettings(base_urls=[judge.base_url], model=judge.model, max_tokens=max_tokens),
             out,
             repeats=1,
             limit=self.sizes.agent_queries,

@@ -7,6 +7,7 @@ import pytest
 
 from harness.processes import free_port
 from mirrorapi.evaluation.fidelity.metrics import (
+    answered_from_cache,
     api_id,
     compare,
     conforms,
@@ -93,6 +94,35 @@ def test_nearest_example_is_the_closest_call_of_the_same_api(sample_pairs):
     assert baseline(dict(target, api_name="NoSuchApi")) is None
 
 
+def test_error_precision_and_recall_count_the_calls_they_are_over():
+    # Four real calls, two of which failed (one with an error field, one with tau-bench's in-band "Error: ...").
+    real = [{"error": "The token is invalid.", "response": ""}, {"error": "", "response": "Error: no such user"},
+            {"error": "", "response": "ok"}, {"error": "", "response": "ok"}]
+    pairs = [{"source": "api-bank", "episode": "e", "step": i, "category": "APIBank", "tool_name": "t",
+              "api_name": "a", "tool_input": {"i": i}, "response": response} for i, response in enumerate(real)]
+    # The simulator catches the first failure, misses the second, and fails one call that worked.
+    simulated = [{"error": "bad token", "response": ""}, {"error": "", "response": "fine"},
+                 {"error": "", "response": "Error: made up"}, {"error": "", "response": "ok"}]
+    metrics = slice_metrics(compare(pairs, simulated), "simulated")
+    assert metrics["errors"] == {"both": 1, "real_only": 1, "simulated_only": 1, "neither": 1}
+    assert (metrics["error_precision"], metrics["error_precision_n"]) == (50.0, 2)
+    assert (metrics["error_recall"], metrics["error_recall_n"]) == (50.0, 2)
+    assert metrics["error_agreement"] == 50.0
+    # A side that never answers an error has no precision (n/a, not 0) and no recall.
+    never = slice_metrics(compare(pairs, [{"error": "", "response": "ok"}] * 4), "simulated")
+    assert (never["error_precision"], never["error_precision_n"], never["error_recall"]) == (None, 0, 0.0)
+
+
+def test_a_call_answered_from_the_cache_is_told_apart_by_the_server_s_own_outcome():
+    assert answered_from_cache({"outcome": "hit", "provenance": "imported:tool_response_cache"})
+    assert answered_from_cache({"outcome": "hit", "provenance": "real"})
+    # The simulator's own earlier answer to the same call is the simulator's.
+    assert not answered_from_cache({"outcome": "hit", "provenance": "simulated:m@mirrorapi-v2,temperature=0"})
+    assert not answered_from_cache({"outcome": "simulated", "provenance": "simulated:m@mirrorapi-v2"})
+    assert not answered_from_cache({"outcome": "validation_error", "provenance": None})
+    assert not answered_from_cache({"error": "", "response": "ok"})  # a server that does not say
+
+
 def test_a_missing_baseline_is_wrong_on_every_check_even_where_the_real_answer_is_empty():
     # Real ToolBench calls whose API answered nothing (an empty response), and one with an answer.
     pairs = [{"source": "toolbench-example", "episode": "e", "step": step, "category": "Logistics",
@@ -126,6 +156,9 @@ def test_replay_through_a_fresh_server_in_episode_order(eval_cli, virtual_server
 
     report = json.loads((out / "fidelity.json").read_text())
     assert report["calls"] == len(held_out) and report["cache_entries_at_start"] == 0 and report["baseline"]
+    # A fresh cache answers nothing: every call was the simulator's (or refused by the server's checks).
+    assert report["cache_hits"]["n"] == 0 and report["scored"] == len(held_out)
+    assert sum(report["outcomes"].values()) == len(held_out) and "hit" not in report["outcomes"]
     assert set(report["per_source"]) == set(SOURCES)
     assert {s: b["n"] for s, b in report["per_source"].items()} == {s: sum(p["source"] == s for p in held_out)
                                                                     for s in SOURCES}
@@ -167,17 +200,72 @@ def test_identical_answers_score_full_marks_and_a_used_cache_is_flagged(eval_cli
                             missing_required="simulate", cache_path=tmp_path / "filled.sqlite")
     out = tmp_path / "report"
     argv = ["--pairs", str(_write(tmp_path / "heldout.jsonl", held_out)), "--server", url + "/virtual",
-            "--out", str(out), "--tools", str(samples / "tools"), "--embedding-model", str(tiny_model_dir),
-            "--no-progress"]
+            "--out", str(out), "--tools", str(samples / "tools"), "--no-progress"]
+    # By default a call the server answered from what its cache held is counted apart, and scored nowhere.
     assert eval_cli("simulator")(argv) == 0
     report = json.loads((out / "fidelity.json").read_text())
+    assert report["cache_hits"] == {"n": len(held_out), "scored": False, "per_source": {
+        source: sum(p["source"] == source for p in held_out) for source in {p["source"] for p in held_out}}}
+    assert report["outcomes"] == {"hit": len(held_out)} and report["scored"] == 0
+    assert report["overall"]["simulated"] == {"n": 0}
+    assert f"**{len(held_out)} answered from the cache**" in (out / "fidelity.md").read_text()
+    # Scored anyway (`--include-cache-hits`): the real answers score full marks.
+    assert eval_cli("simulator")(argv + ["--include-cache-hits", "--embedding-model", str(tiny_model_dir)]) == 0
+    report = json.loads((out / "fidelity.json").read_text())
     assert report["cache_entries_at_start"] == len(held_out) and not report["baseline"]
+    assert report["cache_hits"]["scored"] is True and report["scored"] == len(held_out)
     overall = report["overall"]["simulated"]
     assert (overall["bleu4"], overall["rouge_l"], overall["error_agreement"]) == (100.0, 100.0, 100.0)
     assert overall["valid_json_n"] > 0 and overall["valid_json"] == 100.0
     assert overall["schema_n"] > 0 and overall["schema_conformance"] == overall["schema_conformance_real"]
     assert overall["embedding_cosine"] == pytest.approx(100.0, abs=0.01)
+    assert overall["error_recall"] in (100.0, None) and overall["error_precision"] in (100.0, None)
     assert "**Warning:** the server's cache held" in (out / "fidelity.md").read_text()
+
+
+def test_the_calls_the_cache_answers_are_left_out_of_every_row(eval_cli, virtual_server, sample_pairs, registry,
+                                                               samples, tmp_path):
+    """Held-out calls of which the server's cache holds every other one (as a server seeded with the training
+    calls holds those whose arguments a training call repeats): those are counted apart, and the simulator, the
+    nearest example and the session pass are scored on the others only. The server replays its cache (no
+    engine): a call it does not hold gets its replay-miss error, which is what it 'simulated'."""
+    held_out, train = _split(sample_pairs, per_source=2, max_calls=4)
+    keys = defaultdict(list)
+    for pair in held_out:
+        keys[(api_id(pair), canonical_json(pair["tool_input"]))].append(pair)
+    held_out = [p for p in held_out if len(keys[(api_id(p), canonical_json(p["tool_input"]))]) == 1]
+    cached = held_out[::2]
+    cache = ResponseCache(tmp_path / "seeded.sqlite")
+    docs = [registry.resolve(p["category"], p["tool_name"], p["api_name"]) for p in cached]
+    cache.put_many([(d.category, d.tool, d.api, canonical_json(p["tool_input"]), p["response"]["error"],
+                     p["response"]["response"]) for d, p in zip(docs, cached, strict=True)], "imported:training")
+    cache.close()
+    url, _ = virtual_server(f"http://127.0.0.1:{free_port()}/v1", "unused", mode="replay",
+                            missing_required="simulate", cache_path=tmp_path / "seeded.sqlite")
+    out = tmp_path / "report"
+    argv = ["--pairs", str(_write(tmp_path / "heldout.jsonl", held_out)), "--server", url, "--out", str(out),
+            "--baseline-pairs", str(_write(tmp_path / "train.jsonl", train)), "--history", "both", "--no-progress"]
+    assert eval_cli("simulator")(argv) == 0
+    report = json.loads((out / "fidelity.json").read_text())
+    others = [p for p in held_out if p not in cached]
+    assert report["cache_hits"]["n"] == len(cached) and report["scored"] == len(others)
+    assert report["outcomes"] == {"hit": len(cached), "replay_miss": len(others)}
+    for side in ("simulated", "baseline"):
+        assert report["overall"][side]["n"] == len(others)
+    # Every call scored got the replay-miss error: recall is perfect, precision the share of real failures.
+    real_errors = sum(is_error(p["response"]) for p in others)
+    simulated = report["overall"]["simulated"]
+    assert (simulated["error_precision_n"], simulated["error_recall_n"]) == (len(others), real_errors)
+    assert simulated["error_precision"] == pytest.approx(100.0 * real_errors / len(others), abs=0.01)
+    assert simulated["rouge_l"] < 100.0
+    sessions = report["sessions"]
+    assert (sessions["cache_hits"], sessions["scored"]) == (len(cached), len(others))
+    assert sessions["with"]["overall"]["n"] == sessions["without"]["overall"]["n"] == len(others)
+    assert "| replay | step | calls | ROUGE-L | BLEU-4 | error agreement | error precision | error recall |" in \
+        (out / "fidelity.md").read_text()
+    rows = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
+    assert [r["from_cache"] for r in rows] == [p in cached for p in held_out]
+    assert {r["provenance"] for r in rows if r["from_cache"]} == {"imported:training"}
 
 
 def test_user_mistakes_are_one_line_and_exit_2(eval_cli, samples, tmp_path, capsys):

@@ -28,6 +28,14 @@ def test_unparseable_predictions_count_as_unsolved_and_have_their_own_column():
     assert (stats["n"], stats["unparseable"], stats["labelled_solved"], stats["predicted_solved"]) == (4, 2, 2, 2)
 
 
+def test_a_judge_saying_solved_to_all_stands_beside_every_slice():
+    # 3 Solved and 1 Unsolved labels: saying Solved to all agrees 3 times in 4, and no better than chance.
+    rows = [{"label": label, "prediction": "Unsolved"} for label in ("Solved", "Solved", "Solved", "Unsolved")]
+    assert agreement_stats(rows)["solved_to_all"] == {"accuracy": 0.75, "kappa": 0.0}
+    # Every label Solved: chance agreement is 1, so its kappa is undefined (n/a), not 0.
+    assert agreement_stats(rows[:3])["solved_to_all"] == {"accuracy": 1.0, "kappa": None}
+
+
 @pytest.mark.slow
 def test_agreement_report_on_the_labelled_sample(eval_cli, tiny_engine, samples, tmp_path):
     labelled = samples / "judge.jsonl"
@@ -46,6 +54,7 @@ def test_agreement_report_on_the_labelled_sample(eval_cli, tiny_engine, samples,
     for source, stats in report["per_source"].items():
         assert stats["n"] == sum(r["source"] == source for r in records)
         assert stats["labelled_solved"] == sum(r["source"] == source and r["label"] == "Solved" for r in records)
+        assert stats["solved_to_all"]["accuracy"] == round(stats["labelled_solved"] / stats["n"], 4)
         assert sum(sum(row.values()) for row in stats["confusion"].values()) == stats["n"]
     assert sum(s["n"] for s in report["per_label_kind"].values()) == len(records)
     predictions = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
@@ -55,7 +64,8 @@ def test_agreement_report_on_the_labelled_sample(eval_cli, tiny_engine, samples,
     assert [p["id"] for p in empty] == [r["id"] for r in records if not r["final_answer"].strip()]
     assert all(p["prediction"] == "Unsolved" for p in empty)
     markdown = (tmp_path / "agreement.md").read_text()
-    assert "| Slice | n | accuracy | Cohen's kappa |" in markdown and "(rows: label, columns: judge)" in markdown
+    assert "| Slice | n | accuracy | Cohen's kappa | Solved-to-all accuracy | Solved-to-all kappa |" in markdown
+    assert "(rows: label, columns: judge)" in markdown
     # Resumed: a second run sends nothing and reports the same.
     assert eval_cli("judge_agreement")(argv) == 0
     assert json.loads((tmp_path / "agreement.json").read_text()) == report

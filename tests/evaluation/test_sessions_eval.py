@@ -64,9 +64,11 @@ def test_replay_with_and_without_history(eval_cli, virtual_server, samples, tmp_
     heldout.write_text("".join(json.dumps(p) + "\n" for p in held))
     out = tmp_path / "report"
     assert eval_cli("simulator")(["--pairs", str(heldout), "--server", url, "--out", str(out), "--history", "both",
-                                  "--no-progress"]) == 0
+                                  "--include-cache-hits", "--no-progress"]) == 0
     report = json.loads((out / "fidelity.json").read_text())["sessions"]
     assert report["episodes"] == 3 and report["calls"] == len(held)
+    # Recorded answers are served in sessions too: every call of both passes was a hit, scored on request.
+    assert report["cache_hits"] == report["scored"] == len(held)
     for name in ("without", "with"):
         assert report[name]["overall"]["rouge_l"] == 100.0 and report[name]["consistency"]["score"] == 100.0
         assert report[name]["per_step"]["0"]["n"] == 3

@@ -39,3 +39,18 @@ def test_every_line_is_json_with_the_names_as_sent(tmp_path):
     assert simulated_line["parsed"] == "fenced" and simulated_line["extra_fields"] == ["unexpected_field"]
     assert simulated_line["session"] == "s\u00e9ssion" and simulated_line["rationale"] == "because\n\"so\""
     assert simulated_line["ms"] == 51.2
+
+
+def test_the_outcome_headers_carry_any_provenance_as_ascii():
+    # A provenance names the model's folder, which may hold any character; a header value is visible ASCII.
+    from urllib.parse import unquote
+
+    from mirrorapi.serving.app import answer_headers
+
+    provenance = "simulated:/home/\u00e9l\u00e8ve/mod\u00e8le 100%@mirrorapi-v2,temperature=0"
+    (outcome_name, outcome), (provenance_name, encoded) = answer_headers("simulated", provenance)
+    assert (outcome_name, outcome, provenance_name) == (b"x-mirrorapi-outcome", b"simulated",
+                                                        b"x-mirrorapi-provenance")
+    assert encoded.isascii() and all(0x20 <= c < 0x7f for c in encoded)
+    assert unquote(encoded.decode("ascii")) == provenance
+    assert answer_headers("validation_error", None) == [(b"x-mirrorapi-outcome", b"validation_error")]

@@ -2,6 +2,7 @@
 `simulator_engine`, format mirrorapi-v1), stored with its provenance, then served as a hit."""
 
 import json
+from urllib.parse import unquote
 
 import pytest
 from datasets import load_from_disk
@@ -56,6 +57,10 @@ def test_miss_is_simulated_stored_with_provenance_then_a_hit(serve, simulator_en
         provenance == f"simulated:{simulator_engine.model}@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0"
     )
     assert cache.stats()["hits"] == 1
+    # Each answer says how it was given (headers beside StableToolBench's body): simulated, then a hit, both
+    # with the provenance stored.
+    assert [(r.headers["x-mirrorapi-outcome"], unquote(r.headers["x-mirrorapi-provenance"]))
+            for r in (first, second)] == [("simulated", provenance), ("hit", provenance)]
 
 
 @pytest.mark.slow

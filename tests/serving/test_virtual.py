@@ -50,6 +50,8 @@ def test_recorded_answers_are_served_as_hits(imported, recorded, agent):
         response = imported.virtual(agent(pair["category"], pair["tool_name"], pair["api_name"], pair["tool_input"]))
         assert response.status_code == 200
         assert response.json() == observation, pair
+        assert response.headers["x-mirrorapi-outcome"] == "hit"
+        assert response.headers["x-mirrorapi-provenance"] == "imported:tool_response_cache"
     assert imported.metric("mirrorapi_requests_total", outcome="hit") == hits + len(chosen)
     # lines are written right after the event-loop turn that answered
     poll_until(lambda: True if len(log.read_text().splitlines()) >= logged + len(chosen) else None, 5,
@@ -108,6 +110,8 @@ def test_mistakes_at_the_api_level_are_observations(imported, change, error):
     assert set(response.json()) == {"error", "response"} and response.json()["response"] == ""
     assert response.json()["error"].startswith(error)
     assert imported.metric("mirrorapi_engine_calls_total", result="unreachable") == calls  # never asked
+    assert response.headers["x-mirrorapi-outcome"] == "validation_error"
+    assert "x-mirrorapi-provenance" not in response.headers  # nothing was looked up or simulated
 
 
 @pytest.mark.parametrize("body", [
@@ -132,6 +136,7 @@ def test_engine_down_miss_is_an_error_observation_not_cached(imported):
         assert response.status_code == 200
         assert response.json() == {"error": "Failed to generate fake response (the simulator engine is unreachable)",
                                    "response": ""}
+        assert response.headers["x-mirrorapi-outcome"] == "engine_error"
     response = imported.client.get("/health")
     health = response.json()
     assert health["cache"]["entries"] == entries

@@ -93,6 +93,9 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
     bleu4: corpus BLEU-4 (sacrebleu) of the payload texts; rouge_l: mean ROUGE-L F1 (rouge-score);
     valid_json: share of calls whose real response is a JSON object/array where this side's is one
     too; error_agreement: share of calls where this side is an error exactly when the real call is;
+    error_precision: of the calls this side answered with an error, the share whose real call erred
+    (`error_precision_n` such calls); error_recall: of the calls whose real call erred, the share this
+    side answered with an error (`error_recall_n` such calls); both None without such calls;
     schema_conformance: share of successful real calls with a documented response schema whose
     response this side fills conformingly (`schema_conformance_real` is the real responses' own
     share, the ceiling); embedding_cosine: mean cosine x 100 when an embedding model was given.
@@ -121,6 +124,10 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
         "rouge_l": round(100.0 * statistics.fmean(r[f"{side}_rouge_l"] for r in rows), 2),
         "valid_json": pct(sum(r[f"{side}_json"] for r in json_rows), len(json_rows)), "valid_json_n": len(json_rows),
         "error_agreement": pct(errors["both"] + errors["neither"], n), "errors": errors,
+        "error_precision": pct(errors["both"], errors["both"] + errors[f"{side}_only"]),
+        "error_precision_n": errors["both"] + errors[f"{side}_only"],
+        "error_recall": pct(errors["both"], errors["both"] + errors["real_only"]),
+        "error_recall_n": errors["both"] + errors["real_only"],
         "schema_conformance": pct(sum(r[f"schema_{side}"] for r in schema_rows), len(schema_rows)),
         "schema_conformance_real": pct(sum(r["schema_real"] for r in schema_rows), len(schema_rows)),
         "schema_n": len(schema_rows),
@@ -170,6 +177,17 @@ class Embedder:
 
 # ---------------------------------------------------------------------------------- comparing
 SIDES = ("simulated", "baseline")
+# What the replay keeps of the server's answer besides the observation (`replay._post`): not part of `simulated_extra`.
+ANSWER_FACTS = ("failed", "outcome", "provenance")
+
+
+def answered_from_cache(answer: dict) -> bool:
+    """Whether the server answered from what its cache held before any simulation: a hit whose provenance is
+    not the simulator's (a recorded or imported real answer: the calls of its training pool). Those calls say
+    nothing about the simulator and are reported apart. A hit on the simulator's own earlier answer to the same
+    call counts as simulated. A server that does not say how it answered (no `x-mirrorapi-outcome` header:
+    StableToolBench's own) has every call counted as simulated."""
+    return answer.get("outcome") == "hit" and not str(answer.get("provenance") or "").startswith("simulated:")
 
 
 def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict], dict | None] | None = None,
@@ -190,8 +208,9 @@ def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict],
         row.update(api="/".join(api_id(pair)), real=real, real_text=payload_text(real), real_error=real_error,
                    real_json=not real_error and json_structure(real["response"]) is not None,
                    schema_real=conforms(schema, real["response"]) if schema else None,
-                   request_failed=bool(sim.get("failed")), simulated_extra={k: v for k, v in sim.items()
-                                                                            if k not in ("error", "response")})
+                   request_failed=bool(sim.get("failed")), outcome=sim.get("outcome"),
+                   provenance=sim.get("provenance"), from_cache=answered_from_cache(sim),
+                   simulated_extra={k: v for k, v in sim.items() if k not in ("error", "response", *ANSWER_FACTS)})
         observations = {"simulated": {"error": sim["error"], "response": sim["response"]},
                         "baseline": baseline(pair) if baseline else None}
         for side, obs in observations.items():
@@ -217,8 +236,13 @@ def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict],
     return rows
 
 
-def build_report(rows: list[dict], server: str, baseline: bool) -> dict:
-    """Metrics overall, per source and per API, for the simulator and (when given) the baseline."""
+def build_report(rows: list[dict], server: str, baseline: bool, include_cache_hits: bool = False) -> dict:
+    """Metrics overall, per source and per API, for the simulator and (when given) the baseline, over the calls the
+    server did not answer from what its cache held (`from_cache`; all of them with `include_cache_hits`); those
+    are counted apart (`cache_hits`), with how the server answered every call (`outcomes`)."""
+    hits = [r for r in rows if r["from_cache"]]
+    scored = rows if include_cache_hits else [r for r in rows if not r["from_cache"]]
+
     def block(subset: list[dict]) -> dict:
         return {"n": len(subset), "request_failures": sum(r["request_failed"] for r in subset),
                 "simulator_failures": sum(transport_failure(r["simulated"]["error"], "") == "simulator_failure"
@@ -228,10 +252,19 @@ def build_report(rows: list[dict], server: str, baseline: bool) -> dict:
                 **{side: slice_metrics(subset, side) for side in SIDES if side == "simulated" or baseline}}
 
     by_source, by_api = defaultdict(list), defaultdict(list)
-    for row in rows:
+    for row in scored:
         by_source[row["source"]].append(row)
         by_api[row["api"]].append(row)
-    return {"server": server, "calls": len(rows), "baseline": baseline,
+    hits_by_source: dict[str, int] = defaultdict(int)
+    for row in hits:
+        hits_by_source[row["source"]] += 1
+    outcomes: dict[str, int] = defaultdict(int)
+    for row in rows:
+        outcomes[row["outcome"] or "not said"] += 1
+    return {"server": server, "calls": len(rows), "scored": len(scored), "baseline": baseline,
+            "cache_hits": {"n": len(hits), "scored": include_cache_hits,
+                           "per_source": dict(sorted(hits_by_source.items()))},
+            "outcomes": dict(sorted(outcomes.items())),
             "embedding": any("simulated_cosine" in r for r in rows[:1]),
-            "overall": block(rows), "per_source": {s: block(r) for s, r in sorted(by_source.items())},
+            "overall": block(scored), "per_source": {s: block(r) for s, r in sorted(by_source.items())},
             "per_api": {a: block(r) for a, r in sorted(by_api.items())}}

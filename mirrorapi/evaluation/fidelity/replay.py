@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import time
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,6 +81,12 @@ class NearestExample:
 
 
 # ------------------------------------------------------------------------------------- replay
+# The headers a mirrorapi server sends with every /virtual answer (mirrorapi.serving.protocol; this package may not
+# import the serving stage, so they are named again here, and tests/eval/test_fidelity.py reads them off a server).
+OUTCOME_HEADER = "x-mirrorapi-outcome"
+PROVENANCE_HEADER = "x-mirrorapi-provenance"
+
+
 def virtual_url(server: str) -> str:
     server = server.rstrip("/")
     return server if server.endswith("/virtual") else server + "/virtual"
@@ -106,8 +113,11 @@ async def _post(client: aiohttp.ClientSession, url: str, pair: dict, session: st
     if status != 200 or not isinstance(body, dict) or "error" not in body:
         return {"error": f"HTTP {status}: {text[:200]}", "response": "", "failed": True}
     error = body.get("error")
+    # How the server answered (its headers; absent from a server that does not say: then None).
+    provenance = answer.headers.get(PROVENANCE_HEADER)
     return {**body, "error": error if isinstance(error, str) else json.dumps(error),
-            "response": body.get("response", "")}
+            "response": body.get("response", ""), "outcome": answer.headers.get(OUTCOME_HEADER),
+            "provenance": urllib.parse.unquote(provenance) if provenance is not None else None}
 
 
 async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: float = 120.0,
@@ -165,6 +175,11 @@ def run_fidelity(settings: FidelitySettings, progress: bool = True) -> dict:
     """Replay `settings.pairs` through the server at `settings.server`, score it and the baseline; write the report
     into `settings.out`.
 
+    A call the server answered from what its cache held (`metrics.answered_from_cache`: a recorded answer, e.g. a
+    training call with the same arguments) is counted apart and left out of every figure, the baseline's and
+    both passes' included, so that all of them score the calls the simulator answered; `include_cache_hits`
+    scores them too (a replay server's own check).
+
     `history`: `off` replays each call alone, `on` one session per episode, `both` does both and adds
     the comparison (`mirrorapi.evaluation.fidelity.session_history`; the main figures are then the `off` pass).
     `heldout_episodes`: keep the episodes the SFT builder (`--history heldout_history`) holds out (needs
@@ -196,11 +211,17 @@ def run_fidelity(settings: FidelitySettings, progress: bool = True) -> dict:
                                                 sessions))
         cache_entries = entries if cache_entries is None else cache_entries
         passes[name] = (simulated, compare(held_out, simulated, baseline, registry, embedder))
+    # The same calls are left out of every pass: those either pass got from the cache (a recorded answer is served
+    # in and out of sessions alike, so in practice the same calls).
+    from_cache = [any(rows[i]["from_cache"] for _, rows in passes.values()) for i in range(len(held_out))]
+    for _, rows in passes.values():
+        for row, hit in zip(rows, from_cache, strict=True):
+            row["from_cache"] = hit
     rows = passes["without" if "without" in passes else "with"][1]
-    report = build_report(rows, server, baseline is not None)
+    report = build_report(rows, server, baseline is not None, settings.include_cache_hits)
     report.update(cache_entries_at_start=cache_entries, tools=[str(t) for t in tools], history=history)
     if history == "both":
-        report["sessions"] = history_report(held_out, passes)
+        report["sessions"] = history_report(held_out, passes, settings.include_cache_hits)
     write_report(Path(settings.out), report, rows)
     if history == "both":
         with open(Path(settings.out) / "fidelity.md", "a", encoding="utf-8") as fh:

@@ -9,7 +9,8 @@ from pathlib import Path
 from mirrorapi.versions import package_versions
 
 METRIC_TITLES = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
-                 "error_agreement": "error agreement", "schema_conformance": "schema conformance",
+                 "error_agreement": "error agreement", "error_precision": "error precision",
+                 "error_recall": "error recall", "schema_conformance": "schema conformance",
                  "embedding_cosine": "embedding cosine"}
 SIDE_TITLES = {"simulated": "simulator", "baseline": "nearest example"}
 
@@ -23,6 +24,13 @@ response; structured responses as compact JSON) with the real one.
   side's response is one too.
 - **error agreement**: the share of calls where this side is an error exactly when the real call is
   (an `error` string, or an in-band error reply such as tau-bench's `Error: ...`).
+- **error precision**: of the calls this side answered with an error, the share whose real call erred;
+  **error recall**: of the calls whose real call erred, the share this side answered with an error
+  (n/a without such calls; the counts are under the overall table).
+- **answered from the cache**: a call whose arguments the server's cache already held (a recorded or
+  imported real answer, e.g. a training call: the server's `x-mirrorapi-outcome` is `hit`, its provenance
+  not the simulator's) is answered from it, not simulated; such calls are counted apart and left out of
+  every figure, the nearest example's included (unless `--include-cache-hits`).
 - **schema conformance**: of the successful real calls whose doc has a response schema (ToolEnv2404
   `schema`, or the `template_response` skeleton as a schema), the share where this side's response
   conforms; the real responses' own share is the ceiling (needs `--tools`).
@@ -51,6 +59,13 @@ def render_markdown(report: dict) -> str:
     if report.get("cache_entries_at_start"):
         lines.append(f"**Warning:** the server's cache held {report['cache_entries_at_start']} entries before the "
                      "replay; calls it had seen were answered from the cache, not simulated.")
+    hits = report["cache_hits"]
+    outcomes = ", ".join(f"{name} {n}" for name, n in report["outcomes"].items())
+    where = ", ".join(f"{source} {n}" for source, n in hits["per_source"].items())
+    lines.append(f"How the server answered the {report['calls']} calls: {outcomes}. **{hits['n']} answered from the "
+                 "cache** (a recorded answer of the same call" + (f": {where}" if where else "") + "): "
+                 + ("scored with the rest (`--include-cache-hits`)." if hits["scored"] else
+                    f"left out; the figures below are over the other {report['scored']} calls."))
     if report["baseline"]:
         lines.append(f"Baseline: nearest example; {_num(overall['baseline_coverage'])}% of calls have a training "
                      "call of the same API.")
@@ -60,8 +75,14 @@ def render_markdown(report: dict) -> str:
         lines.append(f"| {SIDE_TITLES[side]} | {overall['n']} | " + " | ".join(_metric_cells(overall[side])) + " |")
     real_schema = overall["simulated"].get("schema_conformance_real")
     if real_schema is not None:
-        lines.append(f"| real responses | {overall['simulated']['schema_n']} | – | – | – | – "
+        lines.append(f"| real responses | {overall['simulated']['schema_n']} | – | – | – | – | – | – "
                      f"| {_num(real_schema)} | – |")
+    if overall["n"]:
+        lines += ["", "Error precision over the calls each side answered with an error, recall over the "
+                  f"{overall['simulated']['error_recall_n']} calls whose real answer was an error: "
+                  + "; ".join(f"{SIDE_TITLES[side]} {overall[side]['error_precision_n']} errors answered"
+                              for side in sides)
+                  + "."]
     lines += ["", "## Per source", "", "| source | side | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 3)]
     for source, block in report["per_source"].items():
         for side in sides:

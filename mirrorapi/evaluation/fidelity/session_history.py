@@ -31,6 +31,9 @@ from mirrorapi.simulator_pairs import select_pairs
 from mirrorapi.tools import ToolRegistry
 
 STEP_BUCKETS = ("0", "1", "2", "3+")
+# The columns of the history tables (those of the fidelity tables a session can change).
+HISTORY_METRICS = {"rouge_l": "ROUGE-L", "bleu4": "BLEU-4", "error_agreement": "error agreement",
+                   "error_precision": "error precision", "error_recall": "error recall", "valid_json": "valid JSON"}
 _COMMON = {"success", "true", "false", "null", "none", "error", "failed", "str", "int", "float", "list"}
 _TOKEN = re.compile(r"[A-Za-z0-9][\w@.:/-]{3,}")
 
@@ -95,8 +98,10 @@ def values(obj: Any) -> set[str]:
     return found
 
 
-def consistency(pairs: list[dict], observations: list[dict]) -> dict:
-    """How often a side repeats what the episode produced earlier where the real answer does (module doc)."""
+def consistency(pairs: list[dict], observations: list[dict], scored: list[bool] | None = None) -> dict:
+    """How often a side repeats what the episode produced earlier where the real answer does (module doc).
+    `scored`: which steps count (a step the server answered from its cache still gives its values to the later
+    ones, but is not counted itself); default every step."""
     episodes: dict[tuple, list[int]] = defaultdict(list)
     for index, pair in enumerate(pairs):
         episodes[(pair["source"], pair["episode"])].append(index)
@@ -110,7 +115,7 @@ def consistency(pairs: list[dict], observations: list[dict]) -> dict:
             real_now, side_now = values(pair["response"]["response"]), values((side or {}).get("response"))
             from_requests = real_now & requests
             from_answers = (real_now & real_answers) - requests
-            if from_requests or from_answers:
+            if (from_requests or from_answers) and (scored is None or scored[index]):
                 steps += 1
                 carried += len(from_requests) + len(from_answers)
                 repeated += len(from_requests & side_now)
@@ -133,12 +138,20 @@ def per_step(rows: list[dict]) -> dict:
     return {bucket: slice_metrics(by_bucket[bucket], "simulated") for bucket in STEP_BUCKETS if by_bucket[bucket]}
 
 
-def history_report(pairs: list[dict], passes: dict[str, tuple[list[dict], list[dict]]]) -> dict:
-    """`passes`: name ("without", "with") -> (observations, compared rows) of one replay."""
-    return {"episodes": len({(p["source"], p["episode"]) for p in pairs}), "calls": len(pairs),
-            **{name: {"overall": slice_metrics(rows, "simulated"), "per_step": per_step(rows),
-                      "consistency": consistency(pairs, observations)}
-               for name, (observations, rows) in passes.items()}}
+def history_report(pairs: list[dict], passes: dict[str, tuple[list[dict], list[dict]]],
+                   include_cache_hits: bool = False) -> dict:
+    """`passes`: name ("without", "with") -> (observations, compared rows) of one replay. The calls the server
+    answered from its cache (rows' `from_cache`, the same in every pass) are left out, as in the main figures,
+    unless `include_cache_hits`."""
+    first_rows = next(iter(passes.values()))[1]
+    kept = [include_cache_hits or not row["from_cache"] for row in first_rows]
+    report: dict = {"episodes": len({(p["source"], p["episode"]) for p in pairs}), "calls": len(pairs),
+                    "cache_hits": sum(row["from_cache"] for row in first_rows), "scored": sum(kept)}
+    for name, (observations, rows) in passes.items():
+        scored = [row for row, keep in zip(rows, kept, strict=True) if keep]
+        report[name] = {"overall": slice_metrics(scored, "simulated"), "per_step": per_step(scored),
+                        "consistency": consistency(pairs, observations, kept)}
+    return report
 
 
 def _cell(value) -> str:
@@ -146,23 +159,19 @@ def _cell(value) -> str:
 
 
 def render_history_markdown(report: dict) -> str:
-    lines = [
-        "",
-        "## With and without session history",
-        "",
-        f"{report['episodes']} held-out episodes ({report['calls']} calls) replayed twice: each call alone, "
-        "then one session per episode (`X-Session-Id`).",
-        "",
-        "| replay | step | calls | ROUGE-L | BLEU-4 | error agreement | valid JSON |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    lines = ["", "## With and without session history", "",
+             f"{report['episodes']} held-out episodes ({report['calls']} calls) replayed twice: each call alone, "
+             f"then one session per episode (`X-Session-Id`); {report['cache_hits']} of the calls were answered from "
+             "the cache in both passes" + (" (scored too)" if report["cache_hits"] and report["scored"] ==
+                                           report["calls"] else "") + ".", "",
+             "| replay | step | calls | " + " | ".join(HISTORY_METRICS.values()) + " |",
+             "|---|---|---|" + "---|" * len(HISTORY_METRICS)]
     for name in ("without", "with"):
         if name not in report:
             continue
         for bucket, metrics in [("all", report[name]["overall"])] + list(report[name]["per_step"].items()):
-            lines.append(f"| {name} history | {bucket} | {metrics['n']} | {_cell(metrics.get('rouge_l'))} | "
-                         f"{_cell(metrics.get('bleu4'))} | {_cell(metrics.get('error_agreement'))} | "
-                         f"{_cell(metrics.get('valid_json'))} |")
+            lines.append(f"| {name} history | {bucket} | {metrics['n']} | "
+                         + " | ".join(_cell(metrics.get(key)) for key in HISTORY_METRICS) + " |")
     lines += ["", "| replay | consistency | steps that carry values | values carried | values repeated |",
               "|---|---|---|---|---|"]
     for name in ("without", "with"):

@@ -34,6 +34,9 @@ class FidelitySettings:
         "The --history K the SFT set was built with (its split depends on it)."))
     max_episodes: Annotated[int | None, Flag(metavar="N")] = Field(default=None, ge=1, description=(
         "Replay at most N episodes, taken from each source in turn."))
+    include_cache_hits: bool = Field(default=False, description=(
+        "Score the calls the server answered from what its cache held (a recorded answer of the same call) with the "
+        "rest; by default they are counted apart and left out."))
     concurrency: int = Field(default=8, ge=1, description="Episodes replayed at once.")
     timeout: float = Field(default=120.0, gt=0, description="Seconds per request.")
 

@@ -72,17 +72,24 @@ def cohen_kappa(pairs: list[tuple[str, str]]) -> float | None:
 
 
 def agreement_stats(rows: list[dict]) -> dict:
-    """accuracy, kappa, confusion matrix (label -> prediction counts) of prediction rows."""
+    """accuracy, kappa, confusion matrix (label -> prediction counts) of prediction rows, and `solved_to_all`: the
+    accuracy and kappa of a judge that says Solved to every answer, on the same rows (the trivial judge to beat:
+    its accuracy is the share of Solved labels, its kappa 0, or None where every label is Solved)."""
     scored = [(r["label"], r["prediction"] if r["prediction"] in LABELS else "Unsolved") for r in rows]
     confusion = {label: {p: 0 for p in (*LABELS, UNPARSEABLE)} for label in LABELS}
     for r in rows:
         confusion[r["label"]][r["prediction"]] += 1
-    kappa = cohen_kappa(scored)
-    return {"n": len(rows), "accuracy": round(sum(a == b for a, b in scored) / len(rows), 4) if rows else None,
-            "kappa": None if kappa is None else round(kappa, 4),
+    return {"n": len(rows), **_accuracy_and_kappa(scored),
             "unparseable": sum(r["prediction"] == UNPARSEABLE for r in rows),
             "labelled_solved": sum(r["label"] == "Solved" for r in rows),
-            "predicted_solved": sum(r["prediction"] == "Solved" for r in rows), "confusion": confusion}
+            "predicted_solved": sum(r["prediction"] == "Solved" for r in rows), "confusion": confusion,
+            "solved_to_all": _accuracy_and_kappa([(label, "Solved") for label, _ in scored])}
+
+
+def _accuracy_and_kappa(scored: list[tuple[str, str]]) -> dict:
+    kappa = cohen_kappa(scored)
+    return {"accuracy": round(sum(a == b for a, b in scored) / len(scored), 4) if scored else None,
+            "kappa": None if kappa is None else round(kappa, 4)}
 
 
 def _prediction_key(record: dict) -> tuple:
@@ -143,11 +150,15 @@ def render_markdown(report: dict) -> str:
              "agreement is 1).", ""]
     if report["pending"]:
         lines += [f"**Incomplete:** {report['pending']} judge call(s) failed and are left out; rerun to retry.", ""]
-    lines += ["| Slice | n | accuracy | Cohen's kappa | labelled Solved | predicted Solved | unparseable |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["Beside each slice, a judge that says Solved to every answer (its accuracy is the share of Solved "
+              "labels, its kappa 0): the judge is worth its verdicts where it beats that.", "",
+              "| Slice | n | accuracy | Cohen's kappa | Solved-to-all accuracy | Solved-to-all kappa "
+              "| labelled Solved | predicted Solved | unparseable |", "|---|---|---|---|---|---|---|---|---|"]
     slices = [("overall", report["overall"]), *report["per_source"].items(), *report["per_label_kind"].items()]
     for name, s in slices:
-        lines.append(f"| {name} | {s['n']} | {_fmt(s['accuracy'])} | {_fmt(s['kappa'])} | {s['labelled_solved']} "
+        constant = s["solved_to_all"]
+        lines.append(f"| {name} | {s['n']} | {_fmt(s['accuracy'])} | {_fmt(s['kappa'])} "
+                     f"| {_fmt(constant['accuracy'])} | {_fmt(constant['kappa'])} | {s['labelled_solved']} "
                      f"| {s['predicted_solved']} | {s['unparseable']} |")
     lines += ["", "## Confusion matrices (rows: label, columns: judge)", ""]
     for name, s in [("overall", report["overall"]), *report["per_source"].items()]:
