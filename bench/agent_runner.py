@@ -57,8 +57,10 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-agent-"))
     base = json.loads((STB / "solvable_queries_example" / "test_instruction" / "G1_instruction.json").read_text())
-    queries = [{**base[i % len(base)], "query_id": 100000 + i,
-                "query": base[i % len(base)]["query"] + f" (copy {i})"} for i in range(args.queries)]
+    queries = [
+        {**base[i % len(base)], "query_id": 100000 + i, "query": base[i % len(base)]["query"] + f" (copy {i})"}
+        for i in range(args.queries)
+    ]
     (work / "G1_instruction.json").write_text(json.dumps(queries))
     ctx = multiprocessing.get_context("spawn")
     agent_port, sim_port, server_port = free_port(), free_port(), free_port()
@@ -66,17 +68,25 @@ def main() -> None:
     simulator = stub_engine_process(sim_port, LATENCY)
     agent.start()
     config = work / "server.yml"
-    config.write_text(f"api_base: http://127.0.0.1:{sim_port}/v1\nmodel: stub\nport: {server_port}\n"
-                      f"tools_folder: [{SAMPLES / 'tools'}, {work / 'G1_instruction.json'}]\nis_save: false\n"
-                      f"cache_path: {work / 'cache.sqlite'}\nlog_file: {work / 'requests.log'}\n")
-    server = subprocess.Popen([sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--config", str(config)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config.write_text(
+        f"api_base: http://127.0.0.1:{sim_port}/v1\nmodel: stub\nport: {server_port}\n"
+        f"tools_folder: [{SAMPLES / 'tools'}, {work / 'G1_instruction.json'}]\nis_save: false\n"
+        f"cache_path: {work / 'cache.sqlite'}\nlog_file: {work / 'requests.log'}\n"
+    )
+    server = subprocess.Popen(
+        [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_until_ready(f"http://127.0.0.1:{agent_port}/stats", 60)
         wait_until_ready(f"http://127.0.0.1:{server_port}/health", 60, process=server)
-        settings = AgentSettings(server=f"http://127.0.0.1:{server_port}/virtual",
-                                 base_urls=[f"http://127.0.0.1:{agent_port}/v1"], model="recorded-agent",
-                                 concurrency=args.concurrency)
+        settings = AgentSettings(
+            server=f"http://127.0.0.1:{server_port}/virtual",
+            base_urls=[f"http://127.0.0.1:{agent_port}/v1"],
+            model="recorded-agent",
+            concurrency=args.concurrency,
+        )
         cpu, wall = time.process_time(), time.monotonic()
         run = asyncio.run(run_agent_async(work / "G1_instruction.json", settings, work / "out", progress=False))
         cpu, wall = time.process_time() - cpu, time.monotonic() - wall
@@ -87,13 +97,24 @@ def main() -> None:
         simulator.terminate()
         simulator.wait(10)
     steps = stats["requests"]
-    result = {"queries": args.queries, "concurrency": args.concurrency, "answered": run.done,
-              "failed": len(run.failures), "agent_steps": steps, "wall_s": round(wall, 2),
-              "steps_per_s": round(steps / wall, 1), "runner_cpu_ms_per_step": round(1000 * cpu / steps, 3),
-              "peak_queries_in_flight": stats["peak_in_flight"], "engine_latency_ms": 1000 * LATENCY,
-              "simulator_latency_ms": 1000 * LATENCY, "targets": TARGETS}
-    result["meets_targets"] = (result["runner_cpu_ms_per_step"] <= TARGETS["runner_cpu_ms_per_step"]
-                               and result["peak_queries_in_flight"] >= TARGETS["peak_queries_in_flight"])
+    result = {
+        "queries": args.queries,
+        "concurrency": args.concurrency,
+        "answered": run.done,
+        "failed": len(run.failures),
+        "agent_steps": steps,
+        "wall_s": round(wall, 2),
+        "steps_per_s": round(steps / wall, 1),
+        "runner_cpu_ms_per_step": round(1000 * cpu / steps, 3),
+        "peak_queries_in_flight": stats["peak_in_flight"],
+        "engine_latency_ms": 1000 * LATENCY,
+        "simulator_latency_ms": 1000 * LATENCY,
+        "targets": TARGETS,
+    }
+    result["meets_targets"] = (
+        result["runner_cpu_ms_per_step"] <= TARGETS["runner_cpu_ms_per_step"]
+        and result["peak_queries_in_flight"] >= TARGETS["peak_queries_in_flight"]
+    )
     result["versions"] = package_versions()
     print(json.dumps(result, indent=2))
 

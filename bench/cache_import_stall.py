@@ -43,8 +43,10 @@ cache.close()
 
 
 def _request(body: bytes) -> bytes:
-    return (b"POST /virtual HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-            % (len(body), body))
+    return (
+        b"POST /virtual HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(body), body)
+    )
 
 
 async def _client(port: int, schedule: list[tuple[float, str, bytes]], results: list) -> None:
@@ -54,15 +56,17 @@ async def _client(port: int, schedule: list[tuple[float, str, bytes]], results: 
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
         writer.write(_request(body))
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        )
         answer = json.loads(await reader.readexactly(length))
         results.append((at, time.perf_counter() - at, kind, not answer["error"], body))
     writer.close()
 
 
-async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate: float, import_command: list[str],
-                        clients: int = 20) -> dict:
+async def _under_import(
+    port: int, hits: list[bytes], misses: list[bytes], rate: float, import_command: list[str], clients: int = 20
+) -> dict:
     """Load at `rate` req/s; the import starts after 2 s; the load stops 1 s after it ends."""
     results: list = []
     interval = clients / rate
@@ -73,14 +77,18 @@ async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate:
         # Hits and misses on connections of their own: a miss waiting for its commit must not hold
         # back the hits queued behind it on a keep-alive connection (that would be the client's stall).
         kind = "miss" if c % 5 == 0 else "hit"
-        return [(start + c * interval / clients + i * interval, kind,
-                 misses.pop() if kind == "miss" else rng.choice(hits)) for i in range(n)]
+        return [
+            (start + c * interval / clients + i * interval, kind, misses.pop() if kind == "miss" else rng.choice(hits))
+            for i in range(n)
+        ]
+
     horizon = 120  # seconds of load scheduled at most; cancelled once the import is over
     tasks = [asyncio.create_task(_client(port, schedule(c, int(horizon / interval)), results)) for c in range(clients)]
     await asyncio.sleep(2.2)
     began = time.perf_counter()
-    process = await asyncio.create_subprocess_exec(*import_command, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT)
+    process = await asyncio.create_subprocess_exec(
+        *import_command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     output, _ = await process.communicate()
     ended = time.perf_counter()
     if process.returncode != 0:
@@ -93,16 +101,23 @@ async def _under_import(port: int, hits: list[bytes], misses: list[bytes], rate:
     hit_ms = sorted(r[1] * 1e3 for r in during if r[2] == "hit")
     miss_stall_ms = sorted(max(0.0, r[1] - ENGINE_LATENCY) * 1e3 for r in during if r[2] == "miss")
     before = [r for r in results if r[0] + r[1] < began]
-    return {"import_s": round(ended - began, 2), "requests_during_import": len(during),
-            "hit_max_ms": round(hit_ms[-1], 1), "hit_p99_ms": round(hit_ms[int(len(hit_ms) * 0.99)], 1),
-            "miss_max_stall_ms": round(miss_stall_ms[-1], 1),
-            "max_stall_ms": round(max(hit_ms[-1], miss_stall_ms[-1]), 1),
-            "requests_over_target": sum(ms > TARGET_STALL_MS for ms in hit_ms + miss_stall_ms),
-            "before_import": {"hit_max_ms": round(max(r[1] for r in before if r[2] == "hit") * 1e3, 1),
-                              "miss_max_stall_ms": round(max(max(0.0, r[1] - ENGINE_LATENCY)
-                                                             for r in before if r[2] == "miss") * 1e3, 1)},
-            "answered_misses": [r[4] for r in results if r[2] == "miss" and r[3]],
-            "import_output": output.decode().strip().splitlines()[-1][:300]}
+    return {
+        "import_s": round(ended - began, 2),
+        "requests_during_import": len(during),
+        "hit_max_ms": round(hit_ms[-1], 1),
+        "hit_p99_ms": round(hit_ms[int(len(hit_ms) * 0.99)], 1),
+        "miss_max_stall_ms": round(miss_stall_ms[-1], 1),
+        "max_stall_ms": round(max(hit_ms[-1], miss_stall_ms[-1]), 1),
+        "requests_over_target": sum(ms > TARGET_STALL_MS for ms in hit_ms + miss_stall_ms),
+        "before_import": {
+            "hit_max_ms": round(max(r[1] for r in before if r[2] == "hit") * 1e3, 1),
+            "miss_max_stall_ms": round(
+                max(max(0.0, r[1] - ENGINE_LATENCY) for r in before if r[2] == "miss") * 1e3, 1
+            ),
+        },
+        "answered_misses": [r[4] for r in results if r[2] == "miss" and r[3]],
+        "import_output": output.decode().strip().splitlines()[-1][:300],
+    }
 
 
 def one_import(args, work: Path, engine_port: int, name: str, import_command) -> dict:
@@ -117,16 +132,47 @@ def one_import(args, work: Path, engine_port: int, name: str, import_command) ->
     seed = ResponseCache(db)
     import_pairs(seed, args.seed_pairs, registry=registry)
     seed.close()
-    hits = [json.dumps({"category": p["category"], "tool_name": p["tool_name"], "api_name": p["api_name"],
-                        "tool_input": json.dumps(p["tool_input"])}).encode()
-            for p in map(json.loads, open(args.seed_pairs, encoding="utf-8"))]
-    misses = [json.dumps({"category": "APIBank", "tool_name": "apibank_search", "api_name": "SearchEngine",
-                          "tool_input": json.dumps({"keyword": f"{name} miss {i}"})}).encode() for i in range(20000)]
+    hits = [
+        json.dumps(
+            {
+                "category": p["category"],
+                "tool_name": p["tool_name"],
+                "api_name": p["api_name"],
+                "tool_input": json.dumps(p["tool_input"]),
+            }
+        ).encode()
+        for p in map(json.loads, open(args.seed_pairs, encoding="utf-8"))
+    ]
+    misses = [
+        json.dumps(
+            {
+                "category": "APIBank",
+                "tool_name": "apibank_search",
+                "api_name": "SearchEngine",
+                "tool_input": json.dumps({"keyword": f"{name} miss {i}"}),
+            }
+        ).encode()
+        for i in range(20000)
+    ]
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(REPO / "serving/main_mirrorapi.py"), "--tools-folder",
-                               str(SAMPLE_TOOLS), "--cache-path", str(db), "--port", str(port), "--api-base",
-                               f"http://127.0.0.1:{engine_port}/v1", "--log-level", "warning",
-                               "--missing-required", "simulate"])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "serving/main_mirrorapi.py"),
+            "--tools-folder",
+            str(SAMPLE_TOOLS),
+            "--cache-path",
+            str(db),
+            "--port",
+            str(port),
+            "--api-base",
+            f"http://127.0.0.1:{engine_port}/v1",
+            "--log-level",
+            "warning",
+            "--missing-required",
+            "simulate",
+        ]
+    )
     try:
         wait_until_ready(f"http://127.0.0.1:{port}/health", 60, process=server)
         result = _under_import(port, hits, misses, args.rate, import_command(db))
@@ -135,10 +181,19 @@ def one_import(args, work: Path, engine_port: int, name: str, import_command) ->
         server.terminate()
         server.wait(60)
     stored = ResponseCache(db)
-    identity, = stored.identities()  # the server's: every miss was simulated by it
-    result["answers_lost"] = sum(stored.get("APIBank", "apibank_search", "searchengine", canonical_json(
-        json.loads(json.loads(body)["tool_input"])), identity, count_hit=False) is None
-        for body in result["answered_misses"])
+    (identity,) = stored.identities()  # the server's: every miss was simulated by it
+    result["answers_lost"] = sum(
+        stored.get(
+            "APIBank",
+            "apibank_search",
+            "searchengine",
+            canonical_json(json.loads(json.loads(body)["tool_input"])),
+            identity,
+            count_hit=False,
+        )
+        is None
+        for body in result["answered_misses"]
+    )
     result["answered_misses"] = len(result.pop("answered_misses"))
     stored.close()
     return result
@@ -146,10 +201,16 @@ def one_import(args, work: Path, engine_port: int, name: str, import_command) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--pairs", default=str(REPO.parent / "shared/data/pairs/api-bank-generated.jsonl"),
-                        help="Pairs file the concurrent import reads.")
-    parser.add_argument("--seed-pairs", default=str(REPO.parent / "shared/data/pairs/api-bank.jsonl"),
-                        help="Pairs the server's cache holds before (its hits).")
+    parser.add_argument(
+        "--pairs",
+        default=str(REPO.parent / "shared/data/pairs/api-bank-generated.jsonl"),
+        help="Pairs file the concurrent import reads.",
+    )
+    parser.add_argument(
+        "--seed-pairs",
+        default=str(REPO.parent / "shared/data/pairs/api-bank.jsonl"),
+        help="Pairs the server's cache holds before (its hits).",
+    )
     parser.add_argument("--rate", type=float, default=200.0, help="Requests per second (1 in 5 a miss).")
     args = parser.parse_args()
     for path in (args.pairs, args.seed_pairs):
@@ -166,19 +227,48 @@ def main() -> None:
     engine_port = free_port()
     engine = stub_engine_process(engine_port, ENGINE_LATENCY)
     try:
-        sliced = one_import(args, work, engine_port, "sliced", lambda db: [
-            sys.executable, "-m", "mirrorapi.cli", "cache", "import", args.pairs, "--cache", str(db),
-            "--tools", str(SAMPLE_TOOLS)])
-        one_transaction = one_import(args, work, engine_port, "one_transaction", lambda db: [
-            sys.executable, "-c", ONE_TRANSACTION, args.pairs, str(db), str(SAMPLE_TOOLS)])
+        sliced = one_import(
+            args,
+            work,
+            engine_port,
+            "sliced",
+            lambda db: [
+                sys.executable,
+                "-m",
+                "mirrorapi.cli",
+                "cache",
+                "import",
+                args.pairs,
+                "--cache",
+                str(db),
+                "--tools",
+                str(SAMPLE_TOOLS),
+            ],
+        )
+        one_transaction = one_import(
+            args,
+            work,
+            engine_port,
+            "one_transaction",
+            lambda db: [sys.executable, "-c", ONE_TRANSACTION, args.pairs, str(db), str(SAMPLE_TOOLS)],
+        )
     finally:
         engine.terminate()
         engine.wait(10)
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({"rate_rps": args.rate, "import_pairs": args.pairs, "target_max_stall_ms": TARGET_STALL_MS,
-                      "mirrorapi_cache_import": sliced, "one_transaction_import_for_comparison": one_transaction,
-                      "meets_target": sliced["max_stall_ms"] <= TARGET_STALL_MS and sliced["answers_lost"] == 0,
-                      "versions": package_versions()}))
+    print(
+        json.dumps(
+            {
+                "rate_rps": args.rate,
+                "import_pairs": args.pairs,
+                "target_max_stall_ms": TARGET_STALL_MS,
+                "mirrorapi_cache_import": sliced,
+                "one_transaction_import_for_comparison": one_transaction,
+                "meets_target": sliced["max_stall_ms"] <= TARGET_STALL_MS and sliced["answers_lost"] == 0,
+                "versions": package_versions(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

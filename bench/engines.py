@@ -144,8 +144,9 @@ class PeakRss:
         self._thread.join()
 
 
-async def closed_loop(engine, prompts, tokenizer, clients: int, window: float, max_tokens: int,
-                      response_format: dict | None = None) -> dict:
+async def closed_loop(
+    engine, prompts, tokenizer, clients: int, window: float, max_tokens: int, response_format: dict | None = None
+) -> dict:
     """`clients` clients, each sending the next prompt as soon as its last answer ended, for `window` s."""
     from openai import AsyncOpenAI
 
@@ -159,8 +160,15 @@ async def closed_loop(engine, prompts, tokenizer, clients: int, window: float, m
             sent, parts = time.perf_counter(), []
             texts.append(parts)
             extra = {"response_format": response_format} if response_format else {}
-            stream = await client.chat.completions.create(model=engine.model, messages=messages, stream=True,
-                                                          max_tokens=max_tokens, temperature=0, seed=0, **extra)
+            stream = await client.chat.completions.create(
+                model=engine.model,
+                messages=messages,
+                stream=True,
+                max_tokens=max_tokens,
+                temperature=0,
+                seed=0,
+                **extra,
+            )
             async for chunk in stream:
                 delta = chunk.choices[0].delta.content if chunk.choices else None
                 if delta:
@@ -179,10 +187,17 @@ async def closed_loop(engine, prompts, tokenizer, clients: int, window: float, m
     errors = [repr(t.exception())[:200] for t in done if not t.cancelled() and t.exception()]
     tokens = sum(len(tokenizer("".join(parts), add_special_tokens=False).input_ids) for parts in texts)
     await client.close()
-    return {"clients": clients, "window_s": round(elapsed, 1), "tokens": tokens,
-            "tokens_per_s": round(tokens / elapsed, 2), "requests_finished": finished[0],
-            "requests_started": len(texts), "ttft_s_median": _round(statistics.median(ttfts)) if ttfts else None,
-            "ttft_s_p90": _round(_quantile(ttfts, 0.9)) if ttfts else None, "errors": errors}
+    return {
+        "clients": clients,
+        "window_s": round(elapsed, 1),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / elapsed, 2),
+        "requests_finished": finished[0],
+        "requests_started": len(texts),
+        "ttft_s_median": _round(statistics.median(ttfts)) if ttfts else None,
+        "ttft_s_p90": _round(_quantile(ttfts, 0.9)) if ttfts else None,
+        "errors": errors,
+    }
 
 
 def _quantile(values, q):
@@ -202,8 +217,9 @@ async def greedy_answers(engine, prompts, max_tokens: int, response_format=None)
     for messages in prompts:
         extra = {"response_format": response_format} if response_format else {}
         try:
-            answer = await client.chat.completions.create(model=engine.model, messages=messages, temperature=0,
-                                                          seed=0, max_tokens=max_tokens, **extra)
+            answer = await client.chat.completions.create(
+                model=engine.model, messages=messages, temperature=0, seed=0, max_tokens=max_tokens, **extra
+            )
             answers.append(answer.choices[0].message.content or "")
         except APIStatusError as exc:
             answers.append({"status": exc.status_code, "error": str(exc)[:300]})
@@ -222,11 +238,12 @@ def reference_answers(model_dir, prompts, max_tokens: int) -> list[list[int]]:
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     out = []
     for messages in prompts:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
         with torch.no_grad():
             generated = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
-        out.append(generated[0, ids.shape[1]:].tolist())
+        out.append(generated[0, ids.shape[1] :].tolist())
     return out
 
 
@@ -242,8 +259,11 @@ def fidelity(tokenizer, answers: list, reference: list[list[int]]) -> dict:
         prefixes.append(next((i for i in range(n) if got[i] != want[i]), n))
         lengths.append(len(want))
         same += text == expected
-    return {"identical": f"{same}/{len(reference)}", "mean_common_prefix_tokens": round(statistics.mean(prefixes), 1),
-            "mean_reference_tokens": round(statistics.mean(lengths), 1)}
+    return {
+        "identical": f"{same}/{len(reference)}",
+        "mean_common_prefix_tokens": round(statistics.mean(prefixes), 1),
+        "mean_reference_tokens": round(statistics.mean(lengths), 1),
+    }
 
 
 def valid_json(answers: list) -> str:
@@ -265,9 +285,18 @@ def miss_bodies(count: int) -> list[bytes]:
     for n in range(count):
         pair, page = calls[n % len(calls)], n // len(calls)
         arguments = {**pair["tool_input"], **({"page": page} if page else {})}
-        bodies.append(json.dumps({"category": pair["category"], "tool_name": pair["tool_name"],
-                                  "api_name": pair["api_name"], "tool_input": json.dumps(arguments),
-                                  "strip": "truncate", "toolbench_key": ""}).encode())
+        bodies.append(
+            json.dumps(
+                {
+                    "category": pair["category"],
+                    "tool_name": pair["tool_name"],
+                    "api_name": pair["api_name"],
+                    "tool_input": json.dumps(arguments),
+                    "strip": "truncate",
+                    "toolbench_key": "",
+                }
+            ).encode()
+        )
     return bodies
 
 
@@ -279,24 +308,44 @@ def server_misses(engine, agents: int, window: float, max_tokens: int, work: Pat
     port, log = free_port(), work / f"requests-{agents}.jsonl"
     log.unlink(missing_ok=True)
     config = work / "server.yml"
-    config.write_text(yaml.safe_dump({
-        "tools_folder": [str(SAMPLES / "tools")], "cache_path": str(work / f"cache-{agents}.sqlite"),
-        "api_base": engine.base_url, "model": engine.model, "port": port, "log_file": str(log),
-        "max_tokens": max_tokens, "engine_timeout": 120, "missing_required": "simulate",
-        "engine_max_in_flight": engine.concurrency, "log_level": "warning"}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "tools_folder": [str(SAMPLES / "tools")],
+                "cache_path": str(work / f"cache-{agents}.sqlite"),
+                "api_base": engine.base_url,
+                "model": engine.model,
+                "port": port,
+                "log_file": str(log),
+                "max_tokens": max_tokens,
+                "engine_timeout": 120,
+                "missing_required": "simulate",
+                "engine_max_in_flight": engine.concurrency,
+                "log_level": "warning",
+            }
+        )
+    )
     bodies = iter(miss_bodies(100_000))
-    server = subprocess.Popen([sys.executable, "serving/main_mirrorapi.py", "--config", str(config)], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb"),
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "serving/main_mirrorapi.py", "--config", str(config)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=open(work / "server.log", "wb"),
+        start_new_session=True,
+    )
     try:
         wait_until_ready(f"http://127.0.0.1:{port}/health", 120, process=server, log_path=work / "server.log")
 
         async def load() -> tuple[float, float, int]:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=window + 180)) as http:
+
                 async def agent():
                     while True:
-                        async with http.post(f"http://127.0.0.1:{port}/virtual", data=next(bodies),
-                                             headers={"content-type": "application/json"}) as answer:
+                        async with http.post(
+                            f"http://127.0.0.1:{port}/virtual",
+                            data=next(bodies),
+                            headers={"content-type": "application/json"},
+                        ) as answer:
                             await answer.read()
 
                 tasks = [asyncio.create_task(agent()) for _ in range(agents)]
@@ -317,9 +366,14 @@ def server_misses(engine, agents: int, window: float, max_tokens: int, work: Pat
         if began <= record["time"] <= ended:
             outcomes[record["outcome"]] = outcomes.get(record["outcome"], 0) + 1
     simulated = outcomes.pop("simulated", 0)
-    return {"agents": agents, "window_s": round(ended - began, 1), "simulated": simulated,
-            "simulated_per_s": round(simulated / (ended - began), 3), "errors": outcomes,
-            "agents_failed": failed_agents}
+    return {
+        "agents": agents,
+        "window_s": round(ended - began, 1),
+        "simulated": simulated,
+        "simulated_per_s": round(simulated / (ended - began), 3),
+        "errors": outcomes,
+        "agents_failed": failed_agents,
+    }
 
 
 # --------------------------------------------------------------------------------------------- engines
@@ -328,16 +382,20 @@ def engine_specs(args, model_dir: Path, work: Path) -> dict:
     if "transformers" in args.engines:
         specs["transformers"] = lambda log: transformers_serve(model_dir, log_path=log, timeout=300)
     if "transformers-cb" in args.engines:
-        specs["transformers-cb"] = lambda log: transformers_serve(model_dir, log_path=log, timeout=300,
-                                                                  extra_args=["--continuous-batching", *CB_ARGS])
+        specs["transformers-cb"] = lambda log: transformers_serve(
+            model_dir, log_path=log, timeout=300, extra_args=["--continuous-batching", *CB_ARGS]
+        )
     if "vllm" in args.engines and not vllm_available():
         specs["vllm"] = lambda log: vllm_serve(model_dir, log_path=log, timeout=900)
     if not llama_cpp_available():
         return specs
     original = base_gguf(model_dir)
     # llama.cpp's threads: every core (mirrorapi.llama_cpp_engine), or as many as vLLM's worker takes (1 on 2 cores).
-    threads = ["--n_threads", str(args.llama_threads), "--n_threads_batch", str(args.llama_threads)] \
-        if args.llama_threads else []
+    threads = (
+        ["--n_threads", str(args.llama_threads), "--n_threads_batch", str(args.llama_threads)]
+        if args.llama_threads
+        else []
+    )
     if "llama.cpp-q4_1" in args.engines and original:
         specs["llama.cpp-q4_1"] = lambda log: llama_cpp_serve(original, "smollm2", log_path=log, extra_args=threads)
     for kind in ("f16", "q8_0", "f32"):
@@ -346,8 +404,9 @@ def engine_specs(args, model_dir: Path, work: Path) -> dict:
             started = time.perf_counter()
             export_gguf(model_dir, path, original, kind)
             print(f"exported {kind} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-            specs[f"llama.cpp-{kind}"] = (lambda p: lambda log: llama_cpp_serve(p, "smollm2", log_path=log,
-                                                                              extra_args=threads))(path)
+            specs[f"llama.cpp-{kind}"] = (
+                lambda p: lambda log: llama_cpp_serve(p, "smollm2", log_path=log, extra_args=threads)
+            )(path)
     return specs
 
 
@@ -366,41 +425,55 @@ def measure_engine(name, start, args, prompts, tokenizer, reference, logs: Path)
             level = asyncio.run(closed_loop(engine, prompts, tokenizer, clients, args.window, args.max_tokens))
             full = name not in args.single_only and not rss.over_limit
             if enforces and full:
-                schema = asyncio.run(closed_loop(engine, prompts, tokenizer, clients, args.window, args.max_tokens,
-                                                 OPENAI_SCHEMA))
-                level["with_json_schema"] = {key: schema[key] for key in ("tokens_per_s", "requests_finished",
-                                                                           "ttft_s_median", "errors")}
+                schema = asyncio.run(
+                    closed_loop(engine, prompts, tokenizer, clients, args.window, args.max_tokens, OPENAI_SCHEMA)
+                )
+                level["with_json_schema"] = {
+                    key: schema[key] for key in ("tokens_per_s", "requests_finished", "ttft_s_median", "errors")
+                }
             if clients in args.server_levels and full:
                 level["virtual_server_misses"] = server_misses(engine, clients, args.window, args.max_tokens, logs)
             level.update(startup_s=round(startup, 1), peak_rss_mib=round(rss.peak / 2**20))
             if rss.over_limit:
                 level["killed_over_rss_limit_mib"] = round(rss.limit / 2**20)
             if clients == 1 and name not in args.throughput_only and not rss.over_limit:
-                answers = asyncio.run(greedy_answers(engine, prompts[:args.fidelity_prompts], args.fidelity_tokens))
+                answers = asyncio.run(greedy_answers(engine, prompts[: args.fidelity_prompts], args.fidelity_tokens))
                 result["fidelity_vs_transformers_generate"] = fidelity(tokenizer, answers, reference)
                 if full and enforces:
-                    plain = asyncio.run(greedy_answers(engine, prompts[:args.json_prompts], args.max_tokens))
+                    plain = asyncio.run(greedy_answers(engine, prompts[: args.json_prompts], args.max_tokens))
                     result["valid_json_plain"] = valid_json(plain)
-                    schema_answers = asyncio.run(greedy_answers(engine, prompts[:args.json_prompts], args.max_tokens,
-                                                                OPENAI_SCHEMA))
+                    schema_answers = asyncio.run(
+                        greedy_answers(engine, prompts[: args.json_prompts], args.max_tokens, OPENAI_SCHEMA)
+                    )
                     result["valid_json_with_response_format"] = valid_json(schema_answers)
                     result["response_format_errors"] = [a for a in schema_answers if not isinstance(a, str)][:2]
         result["levels"].append(level)
-        print(f"{name} x{clients}: {level['tokens_per_s']} tokens/s"
-              + (f" ({level['with_json_schema']['tokens_per_s']} with json_schema)" if "with_json_schema" in level
-                 else "")
-              + (f", {level['virtual_server_misses']['simulated_per_s']} misses/s through the server"
-                 if "virtual_server_misses" in level else "")
-              + f", start-up {level['startup_s']} s, rss {level['peak_rss_mib']} MiB", file=sys.stderr)
+        print(
+            f"{name} x{clients}: {level['tokens_per_s']} tokens/s"
+            + (
+                f" ({level['with_json_schema']['tokens_per_s']} with json_schema)"
+                if "with_json_schema" in level
+                else ""
+            )
+            + (
+                f", {level['virtual_server_misses']['simulated_per_s']} misses/s through the server"
+                if "virtual_server_misses" in level
+                else ""
+            )
+            + f", start-up {level['startup_s']} s, rss {level['peak_rss_mib']} MiB",
+            file=sys.stderr,
+        )
     return result
 
 
 def ratios(engines: dict) -> dict:
     """vLLM over each llama.cpp engine (tokens/s, and misses/s through the server) at each level, and what
     json_schema costs each engine that enforces it (1 - tokens/s with it over tokens/s without)."""
+
     def by_level(name: str, figure) -> dict:
-        return {str(level["clients"]): figure(level) for level in engines.get(name, {}).get("levels", [])
-                if figure(level)}
+        return {
+            str(level["clients"]): figure(level) for level in engines.get(name, {}).get("levels", []) if figure(level)
+        }
 
     def tokens(level):
         return level["tokens_per_s"]
@@ -410,8 +483,14 @@ def ratios(engines: dict) -> dict:
 
     out: dict = {"json_schema_cost": {}}
     for name in engines:
-        cost = by_level(name, lambda lv: lv.get("with_json_schema") and lv["tokens_per_s"] and
-                        round(1 - lv["with_json_schema"]["tokens_per_s"] / lv["tokens_per_s"], 3))
+        cost = by_level(
+            name,
+            lambda lv: (
+                lv.get("with_json_schema")
+                and lv["tokens_per_s"]
+                and round(1 - lv["with_json_schema"]["tokens_per_s"] / lv["tokens_per_s"], 3)
+            ),
+        )
         if cost:
             out["json_schema_cost"][name] = cost
     vllm = {"tokens_per_s": by_level("vllm", tokens), "misses_per_s": by_level("vllm", misses)}
@@ -427,20 +506,37 @@ def ratios(engines: dict) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model-dir", help="HF folder of SmolLM2-135M-Instruct (default: `mirrorapi models get`).")
-    parser.add_argument("--finetune", help="A fine-tuned HF folder of the same model: exported to GGUF (f16) "
-                                           "and checked against transformers, single stream.")
-    parser.add_argument("--engines", nargs="+", default=["transformers", "llama.cpp-q4_1", "llama.cpp-f16", "vllm"],
-                        help="Of transformers, transformers-cb, llama.cpp-q4_1, llama.cpp-f16, llama.cpp-q8_0, "
-                             "llama.cpp-f32, vllm.")
-    parser.add_argument("--single-only", nargs="*", default=["llama.cpp-f32"],
-                        help="Engines measured with one client only.")
-    parser.add_argument("--throughput-only", nargs="*", default=["transformers-cb"],
-                        help="Engines measured for speed only (no fidelity or JSON answers: too slow).")
+    parser.add_argument(
+        "--finetune",
+        help="A fine-tuned HF folder of the same model: exported to GGUF (f16) "
+        "and checked against transformers, single stream.",
+    )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=["transformers", "llama.cpp-q4_1", "llama.cpp-f16", "vllm"],
+        help="Of transformers, transformers-cb, llama.cpp-q4_1, llama.cpp-f16, llama.cpp-q8_0, llama.cpp-f32, vllm.",
+    )
+    parser.add_argument(
+        "--single-only", nargs="*", default=["llama.cpp-f32"], help="Engines measured with one client only."
+    )
+    parser.add_argument(
+        "--throughput-only",
+        nargs="*",
+        default=["transformers-cb"],
+        help="Engines measured for speed only (no fidelity or JSON answers: too slow).",
+    )
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16, 64])
-    parser.add_argument("--server-levels", nargs="*", type=int, default=[16, 64],
-                        help="Levels at which misses through the virtual server are measured too (as many agents).")
-    parser.add_argument("--llama-threads", type=int, 
-                        help="llama.cpp's threads (default: every core, as it is served).")
+    parser.add_argument(
+        "--server-levels",
+        nargs="*",
+        type=int,
+        default=[16, 64],
+        help="Levels at which misses through the virtual server are measured too (as many agents).",
+    )
+    parser.add_argument(
+        "--llama-threads", type=int, help="llama.cpp's threads (default: every core, as it is served)."
+    )
     parser.add_argument("--window", type=float, default=30.0, help="Seconds of load per level (default 30).")
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--prompts", type=int, default=32)
@@ -457,11 +553,19 @@ def main() -> int:
     prompts = simulator_prompts(args.prompts)
     with open("/proc/loadavg") as fh:
         load_before = fh.read().split()[:3]
-    report = {"model_dir": str(model_dir), "prompts": len(prompts), "max_tokens": args.max_tokens,
-              "window_s": args.window, "cores": len(os.sched_getaffinity(0)), "load_before": load_before,
-              "llama_threads": args.llama_threads or "every core", "llama_cpp_installed": llama_cpp_available(),
-              "vllm_not_installed": vllm_available(), "engines": {}}
-    reference = reference_answers(model_dir, prompts[:args.fidelity_prompts], args.fidelity_tokens)
+    report = {
+        "model_dir": str(model_dir),
+        "prompts": len(prompts),
+        "max_tokens": args.max_tokens,
+        "window_s": args.window,
+        "cores": len(os.sched_getaffinity(0)),
+        "load_before": load_before,
+        "llama_threads": args.llama_threads or "every core",
+        "llama_cpp_installed": llama_cpp_available(),
+        "vllm_not_installed": vllm_available(),
+        "engines": {},
+    }
+    reference = reference_answers(model_dir, prompts[: args.fidelity_prompts], args.fidelity_tokens)
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as work:
         work = Path(work)
         for name, start in engine_specs(args, model_dir, work).items():
@@ -496,12 +600,17 @@ def finetune_check(finetune: Path, base_dir: Path, prompts, args, work: Path) ->
     started = time.perf_counter()
     export_gguf(finetune, path, base_gguf(base_dir), "f16")
     exported = time.perf_counter() - started
-    reference = reference_answers(finetune, prompts[:args.fidelity_prompts], args.fidelity_tokens)
+    reference = reference_answers(finetune, prompts[: args.fidelity_prompts], args.fidelity_tokens)
     with llama_cpp_serve(path, "finetune", log_path=work / "finetune.log") as engine:
-        answers = asyncio.run(greedy_answers(engine, prompts[:args.fidelity_prompts], args.fidelity_tokens))
+        answers = asyncio.run(greedy_answers(engine, prompts[: args.fidelity_prompts], args.fidelity_tokens))
         single = asyncio.run(closed_loop(engine, prompts, tokenizer, 1, args.window, args.max_tokens))
-    return {"folder": str(finetune), "export_s": round(exported, 1), "gguf_mib": path.stat().st_size // 2**20,
-            "fidelity_vs_transformers_generate": fidelity(tokenizer, answers, reference), "single_stream": single}
+    return {
+        "folder": str(finetune),
+        "export_s": round(exported, 1),
+        "gguf_mib": path.stat().st_size // 2**20,
+        "fidelity_vs_transformers_generate": fidelity(tokenizer, answers, reference),
+        "single_stream": single,
+    }
 
 
 if __name__ == "__main__":

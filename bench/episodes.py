@@ -67,8 +67,12 @@ def serving_processes(pid: int, workers: int) -> list[int]:
     if workers == 1:
         return [pid]
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
-            and b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return [
+        int(c)
+        for c in children
+        if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
+        and b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()
+    ]
 
 
 def recorded_calls() -> list[tuple[str, dict]]:
@@ -101,8 +105,9 @@ class Stats:
         self.failed = 0  # steps with no observation (an error message, a closed connection)
 
 
-async def run_episodes(url: str, count: int, seconds: float, calls: list[tuple[str, dict]], stub: bool,
-                       server: list[int]) -> dict:
+async def run_episodes(
+    url: str, count: int, seconds: float, calls: list[tuple[str, dict]], stub: bool, server: list[int]
+) -> dict:
     from websockets.asyncio.client import connect
 
     stats, opened = Stats(), []
@@ -121,8 +126,14 @@ async def run_episodes(url: str, count: int, seconds: float, calls: list[tuple[s
 
     async def episode(index: int) -> None:
         async with handshakes:
-            ws = await connect(url.replace("http://", "ws://") + "/ws", compression=None, max_size=None,
-                               ping_interval=None, open_timeout=300, close_timeout=30)
+            ws = await connect(
+                url.replace("http://", "ws://") + "/ws",
+                compression=None,
+                max_size=None,
+                ping_interval=None,
+                open_timeout=300,
+                close_timeout=30,
+            )
         try:
             await ws.send(json.dumps({"type": "reset", "data": {"toolset": TOOLSET}}))
             assert json.loads(await ws.recv())["type"] == "observation"
@@ -173,12 +184,24 @@ async def run_episodes(url: str, count: int, seconds: float, calls: list[tuple[s
 
     def percentile(q: float) -> float | None:
         return round(latencies[min(steps - 1, int(q * steps))] * 1000, 1) if steps else None
-    return {"episodes": count, "open_seconds": round(open_seconds, 1), "rss_mb_open": round(rss_open, 1),
-            "steps": steps, "failed_steps": stats.failed, "outcomes": stats.outcomes,
-            "answered_share": round(steps / (steps + stats.failed), 4) if steps + stats.failed else None,
-            "steps_per_second": round(steps / seconds, 1), "latency_ms": {
-                "p50": percentile(0.50), "p90": percentile(0.90), "p99": percentile(0.99), "max": percentile(1.0)},
-            "server_cpu_ms_per_step": round(server_cpu * 1000 / steps, 3) if steps else None}
+
+    return {
+        "episodes": count,
+        "open_seconds": round(open_seconds, 1),
+        "rss_mb_open": round(rss_open, 1),
+        "steps": steps,
+        "failed_steps": stats.failed,
+        "outcomes": stats.outcomes,
+        "answered_share": round(steps / (steps + stats.failed), 4) if steps + stats.failed else None,
+        "steps_per_second": round(steps / seconds, 1),
+        "latency_ms": {
+            "p50": percentile(0.50),
+            "p90": percentile(0.90),
+            "p99": percentile(0.99),
+            "max": percentile(1.0),
+        },
+        "server_cpu_ms_per_step": round(server_cpu * 1000 / steps, 3) if steps else None,
+    }
 
 
 def run_variant(name: str, args, store: list[str], work: Path, calls: list) -> dict:
@@ -190,11 +213,31 @@ def run_variant(name: str, args, store: list[str], work: Path, calls: list) -> d
     engine = stub_engine_process(engine_port, STUB_DELAY) if stub else None
     port = free_port()
     log = work / f"{name}.log"
-    command = [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(TOOLS), *store,
-               "--port", str(port), "--api-base", f"http://127.0.0.1:{engine_port}/v1", "--model", "stub",
-               "--log-level", "warning", "--max-episodes", str(max(args.episodes) + 64),
-               "--engine-max-in-flight", "4096", "--engine-max-waiting", "65536", "--engine-timeout", "300",
-               "--workers", str(args.workers)]
+    command = [
+        sys.executable,
+        "serving/main_mirrorapi.py",
+        "--tools-folder",
+        str(TOOLS),
+        *store,
+        "--port",
+        str(port),
+        "--api-base",
+        f"http://127.0.0.1:{engine_port}/v1",
+        "--model",
+        "stub",
+        "--log-level",
+        "warning",
+        "--max-episodes",
+        str(max(args.episodes) + 64),
+        "--engine-max-in-flight",
+        "4096",
+        "--engine-max-waiting",
+        "65536",
+        "--engine-timeout",
+        "300",
+        "--workers",
+        str(args.workers),
+    ]
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
         server = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -203,8 +246,13 @@ def run_variant(name: str, args, store: list[str], work: Path, calls: list) -> d
         wait_until_ready(url + "/live", 300, process=server, log_path=log)
         from harness.processes import poll_until
 
-        pid = poll_until(lambda: (found := serving_processes(server.pid, args.workers)) and
-                         len(found) == args.workers and found or None, 120, "the server's workers")
+        pid = poll_until(
+            lambda: (
+                (found := serving_processes(server.pid, args.workers)) and len(found) == args.workers and found or None
+            ),
+            120,
+            "the server's workers",
+        )
         asyncio.run(run_episodes(url, 16, 2.0, calls, stub, pid))  # warm-up: imports, caches, the first pages
         for count in args.episodes:
             rss_before = memory_mb(pid)
@@ -237,19 +285,45 @@ def main() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     limits = raise_open_file_limit()
     calls = recorded_calls()
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "load_average_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
-              "open_files_limit": {"soft_before": limits[0], "soft": limits[1],
-                                   "hard": resource.getrlimit(resource.RLIMIT_NOFILE)[1]},
-              "toolset": TOOLSET, "recorded_calls": len(calls), "stub_delay_s": STUB_DELAY, "workers": args.workers,
-              "store": args.store, "seconds_per_scale": args.seconds, "variants": {}}
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "open_files_limit": {
+            "soft_before": limits[0],
+            "soft": limits[1],
+            "hard": resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+        },
+        "toolset": TOOLSET,
+        "recorded_calls": len(calls),
+        "stub_delay_s": STUB_DELAY,
+        "workers": args.workers,
+        "store": args.store,
+        "seconds_per_scale": args.seconds,
+        "variants": {},
+    }
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-episodes-bench-"))
     try:
         for name in args.variants:
             with temporary_postgres() if args.store == "postgresql" else _no_database() as database:
                 store = ["--cache-url", database.url] if database else ["--cache-path", str(work / f"{name}.sqlite")]
-                subprocess.run([sys.executable, "-m", "mirrorapi.cli", "cache", "import", str(PAIRS), "--cache",
-                                store[1], "--tools", str(TOOLS)], cwd=REPO, check=True, capture_output=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "mirrorapi.cli",
+                        "cache",
+                        "import",
+                        str(PAIRS),
+                        "--cache",
+                        store[1],
+                        "--tools",
+                        str(TOOLS),
+                    ],
+                    cwd=REPO,
+                    check=True,
+                    capture_output=True,
+                )
                 result["variants"][name] = run_variant(name, args, store, work, calls)
     finally:
         shutil.rmtree(work, ignore_errors=True)

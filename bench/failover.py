@@ -35,8 +35,9 @@ def miss_bodies(n: int) -> list[dict]:
     for i in range(n):
         doc = docs[i % len(docs)]
         arguments = {name: f"failover {i}" for name in doc.parameter_names()[0]} | {"bench_call": i}
-        bodies.append({"category": doc.category, "tool_name": doc.tool, "api_name": doc.api,
-                       "tool_input": json.dumps(arguments)})
+        bodies.append(
+            {"category": doc.category, "tool_name": doc.tool, "api_name": doc.api, "tool_input": json.dumps(arguments)}
+        )
     return bodies
 
 
@@ -53,6 +54,7 @@ async def load(url: str, clients: int, seconds: float) -> list[tuple[float, int,
             start = time.monotonic()
             response = await http.post(url + "/virtual", json=next(bodies))
             results.append((time.monotonic() - start, response.status_code, response.json()["error"]))
+
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
         await asyncio.gather(*(client(http) for _ in range(clients)))
     return results
@@ -74,12 +76,31 @@ def main() -> None:
     hung, engine_port, port = HungEngine(), free_port(), free_port()
     healthy = f"http://127.0.0.1:{engine_port}/v1"
     processes = [stub_engine_process(engine_port, ENGINE_LATENCY)]
-    command = [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--tools-folder",
-               str(REPO / "data" / "samples" / "tools"), "--cache-path", str(work / "cache.sqlite"),
-               "--port", str(port),
-               "--api-base", hung.url, healthy, "--model", "stub", "--engine-timeout", "30", "--engine-retries", "2",
-               "--engine-attempt-timeout", str(args.attempt_timeout), "--engine-cooldown", str(args.cooldown),
-               "--log-level", "warning"]
+    command = [
+        sys.executable,
+        str(REPO / "serving" / "main_mirrorapi.py"),
+        "--tools-folder",
+        str(REPO / "data" / "samples" / "tools"),
+        "--cache-path",
+        str(work / "cache.sqlite"),
+        "--port",
+        str(port),
+        "--api-base",
+        hung.url,
+        healthy,
+        "--model",
+        "stub",
+        "--engine-timeout",
+        "30",
+        "--engine-retries",
+        "2",
+        "--engine-attempt-timeout",
+        str(args.attempt_timeout),
+        "--engine-cooldown",
+        str(args.cooldown),
+        "--log-level",
+        "warning",
+    ]
     log = open(work / "server.log", "w")
     processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
     try:
@@ -100,26 +121,41 @@ def main() -> None:
     for _, status, error in results:
         if error:
             errors[f"{status} {error}"] = errors.get(f"{status} {error}", 0) + 1
-    print(json.dumps({
-        "versions": package_versions(),
-        "misses": len(results), "succeeded": len(succeeded), "success_rate": round(len(succeeded) / len(results), 4),
-        "clients": args.clients, "seconds": args.seconds, "attempt_timeout_s": args.attempt_timeout,
-        "cooldown_s": args.cooldown, "engine_latency_s": ENGINE_LATENCY,
-        "bound_s": bound, "within_bound": sum(x <= bound for x in latencies),
-        "latency_ms": {"p50": round(latencies[len(latencies) // 2] * 1e3, 1),
-                       "p99": round(latencies[int(len(latencies) * 0.99)] * 1e3, 1),
-                       "max": round(latencies[-1] * 1e3, 1)},
-        "misses_that_met_the_hung_replica": len(slow),
-        "their_latency_ms": sorted(round(x * 1e3, 1) for x in slow),
-        # Under load the healthy engine's answer takes longer than its 50 ms: the bound with the latency
-        # the other misses saw (their slowest) is what the target means on a busy machine.
-        "other_misses_latency_ms": {"p50": round(others[len(others) // 2] * 1e3, 1) if others else None,
-                                    "max": round(others[-1] * 1e3, 1) if others else None},
-        "met_hung_within_attempt_timeout_plus_slowest_other": sum(
-            x <= args.attempt_timeout + (others[-1] if others else ENGINE_LATENCY) for x in slow),
-        "hung_replica_connections": hung.connections,  # attempts plus background probes
-        "errors": errors,
-    }))
+    print(
+        json.dumps(
+            {
+                "versions": package_versions(),
+                "misses": len(results),
+                "succeeded": len(succeeded),
+                "success_rate": round(len(succeeded) / len(results), 4),
+                "clients": args.clients,
+                "seconds": args.seconds,
+                "attempt_timeout_s": args.attempt_timeout,
+                "cooldown_s": args.cooldown,
+                "engine_latency_s": ENGINE_LATENCY,
+                "bound_s": bound,
+                "within_bound": sum(x <= bound for x in latencies),
+                "latency_ms": {
+                    "p50": round(latencies[len(latencies) // 2] * 1e3, 1),
+                    "p99": round(latencies[int(len(latencies) * 0.99)] * 1e3, 1),
+                    "max": round(latencies[-1] * 1e3, 1),
+                },
+                "misses_that_met_the_hung_replica": len(slow),
+                "their_latency_ms": sorted(round(x * 1e3, 1) for x in slow),
+                # Under load the healthy engine's answer takes longer than its 50 ms: the bound with the latency
+                # the other misses saw (their slowest) is what the target means on a busy machine.
+                "other_misses_latency_ms": {
+                    "p50": round(others[len(others) // 2] * 1e3, 1) if others else None,
+                    "max": round(others[-1] * 1e3, 1) if others else None,
+                },
+                "met_hung_within_attempt_timeout_plus_slowest_other": sum(
+                    x <= args.attempt_timeout + (others[-1] if others else ENGINE_LATENCY) for x in slow
+                ),
+                "hung_replica_connections": hung.connections,  # attempts plus background probes
+                "errors": errors,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,10 @@ def serve_variant(variant: str, argv: list[str]) -> None:
 
     settings = settings_from_args(add_server_arguments(argparse.ArgumentParser(allow_abbrev=False)).parse_args(argv))
     if variant == "endpoint":
+
         async def constant(self, body, session_id=None):
             return Answer(200, server_floors.BARE_BODY, "hit", stages={"total": 0.0})
+
         VirtualApi.answer = constant
     if variant in ("no_metrics", "neither"):
         ServerMetrics.record = lambda self, answer: None
@@ -93,9 +95,16 @@ def main() -> None:
                 if variant == "bare":
                     command = [sys.executable, str(server_workloads.FLOORS), "bare", "--port", str(port)]
                 else:
-                    command = server_workloads.mirrorapi_command(args, port, engine_port, work / "cache.sqlite", None,
-                                                     work / "requests.jsonl", extra=["--variant", variant],
-                                                     script=Path(__file__))
+                    command = server_workloads.mirrorapi_command(
+                        args,
+                        port,
+                        engine_port,
+                        work / "cache.sqlite",
+                        None,
+                        work / "requests.jsonl",
+                        extra=["--variant", variant],
+                        script=Path(__file__),
+                    )
                 with server_workloads.started(command, work, variant, f"http://127.0.0.1:{port}/live") as (process, _):
                     server_load.run_load(port, process.pid, hits, 16, 2000)  # warm-up
                     result = server_load.run_load(port, process.pid, hits, server_workloads.CLIENTS, args.requests)

@@ -55,8 +55,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as index_dir:  # empty at each cold load
             env = dict(os.environ, MIRRORAPI_TOOLS_INDEX_DIR=index_dir)
             for kind in ("cold", "warm"):
-                out = subprocess.run([sys.executable, "-c", ONE_RUN, args.tools], capture_output=True, text=True,
-                                     check=True, env=env)
+                out = subprocess.run(
+                    [sys.executable, "-c", ONE_RUN, args.tools], capture_output=True, text=True, check=True, env=env
+                )
                 runs[kind].append(json.loads(out.stdout))
     result = {k: runs["cold"][0][k] for k in ("categories", "tools", "apis", "unreadable")}
     for kind in ("cold", "warm"):
@@ -67,8 +68,11 @@ def main() -> None:
     result["runs"] = args.runs
     result["load_average"] = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}
     result["targets"] = {"cold_load_seconds": 3.0, "max_rss_mb": 300, "warm_load_seconds": 1.0}
-    result["meets_targets"] = (result["cold_load_seconds_median"] <= 3.0 and result["warm_load_seconds_median"] <= 1.0
-                               and max(result["cold_max_rss_mb_max"], result["warm_max_rss_mb_max"]) <= 300)
+    result["meets_targets"] = (
+        result["cold_load_seconds_median"] <= 3.0
+        and result["warm_load_seconds_median"] <= 1.0
+        and max(result["cold_max_rss_mb_max"], result["warm_max_rss_mb_max"]) <= 300
+    )
     from mirrorapi.versions import package_versions
 
     result["versions"] = package_versions()

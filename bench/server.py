@@ -109,11 +109,17 @@ def ratios(servers: dict) -> dict:
         ),
     }
     if "stabletoolbench" in servers:
-        out["hit_cpu_stb_over_ours"] = round(servers["stabletoolbench"]["hits_64"]["server_cpu_ms_per_request"]
-                                             / mine["hits_64"]["server_cpu_ms_per_request"], 2)
+        out["hit_cpu_stb_over_ours"] = round(
+            servers["stabletoolbench"]["hits_64"]["server_cpu_ms_per_request"]
+            / mine["hits_64"]["server_cpu_ms_per_request"],
+            2,
+        )
     if "mirrorapi_route" in servers:  # issue 19 §1: a FastAPI route for /virtual, over the raw endpoint
-        out["route_hit_cpu_over_raw"] = round(servers["mirrorapi_route"]["hits_64"]["server_cpu_ms_per_request"]
-                                              / mine["hits_64"]["server_cpu_ms_per_request"], 3)
+        out["route_hit_cpu_over_raw"] = round(
+            servers["mirrorapi_route"]["hits_64"]["server_cpu_ms_per_request"]
+            / mine["hits_64"]["server_cpu_ms_per_request"],
+            3,
+        )
     return out
 
 
@@ -124,17 +130,23 @@ def postgres_over_sqlite(servers: dict) -> dict:
     out = {}
     for workload in ("hits_64", "misses_64"):
         a, b = sqlite[workload], postgres[workload]
-        out[workload] = {"rps": round(b["rps"] / a["rps"], 3), "p99": round(b["p99_ms"] / a["p99_ms"], 3),
-                         "server_cpu": round(b["server_cpu_ms_per_request"] / a["server_cpu_ms_per_request"], 3),
-                         "server_and_database_cpu": round((b["server_cpu_ms_per_request"]
-                                                           + b["database_cpu_ms_per_request"])
-                                                          / a["server_cpu_ms_per_request"], 3)}
+        out[workload] = {
+            "rps": round(b["rps"] / a["rps"], 3),
+            "p99": round(b["p99_ms"] / a["p99_ms"], 3),
+            "server_cpu": round(b["server_cpu_ms_per_request"] / a["server_cpu_ms_per_request"], 3),
+            "server_and_database_cpu": round(
+                (b["server_cpu_ms_per_request"] + b["database_cpu_ms_per_request"]) / a["server_cpu_ms_per_request"], 3
+            ),
+        }
     return out
 
 
 def meets(figures: dict) -> dict:
-    return {k: (figures[k] >= t if k in ("hit_cpu_stb_over_ours", "miss_rps_over_limit") else figures[k] <= t)
-            for k, t in TARGETS.items() if k in figures}
+    return {
+        k: (figures[k] >= t if k in ("hit_cpu_stb_over_ours", "miss_rps_over_limit") else figures[k] <= t)
+        for k, t in TARGETS.items()
+        if k in figures
+    }
 
 
 def main() -> None:
@@ -148,8 +160,11 @@ def main() -> None:
     parser.add_argument("--stb-requests", type=int, default=4000, help="StableToolBench's hit requests.")
     parser.add_argument("--stb-misses", type=int, default=640, help="StableToolBench's miss requests.")
     parser.add_argument("--postgres", action="store_true", help="Also mirrorapi on a PostgreSQL store.")
-    parser.add_argument("--no-route", action="store_true",
-                        help="Skip the variant with /virtual as a FastAPI route (bench/virtual_route.py).")
+    parser.add_argument(
+        "--no-route",
+        action="store_true",
+        help="Skip the variant with /virtual as a FastAPI route (bench/virtual_route.py).",
+    )
     args = parser.parse_args()
     if not Path(args.tools).is_dir():
         sys.exit(f"bench/server.py: tools folder not found: {args.tools}")
@@ -179,35 +194,63 @@ def run(args) -> dict:
         database = postgres.enter_context(_postgres_copy(work / "base.sqlite")) if args.postgres else None
         runs = []
         for run_index in range(args.runs):
+
             def misses(n: int, tag: str, run_index: int = run_index) -> list[str]:
-                return [json.dumps({**b, "tool_input": json.dumps({"run": run_index, "miss": i, "by": tag,
-                                                                   **json.loads(b["tool_input"])})})
-                        for i, b in enumerate(bodies[:n])]
-            servers = {"engine_direct": bench_engine_direct(work, engine_port, engine.pid, args.misses),
-                       "bare": bench_bare(work, hit_bodies, args.requests)}
+                return [
+                    json.dumps(
+                        {
+                            **b,
+                            "tool_input": json.dumps(
+                                {"run": run_index, "miss": i, "by": tag, **json.loads(b["tool_input"])}
+                            ),
+                        }
+                    )
+                    for i, b in enumerate(bodies[:n])
+                ]
+
+            servers = {
+                "engine_direct": bench_engine_direct(work, engine_port, engine.pid, args.misses),
+                "bare": bench_bare(work, hit_bodies, args.requests),
+            }
             shutil.copy(work / "base.sqlite", work / "floor.sqlite")
-            servers.update(bench_floors(work, hit_bodies, work / "floor.sqlite", engine_port, args.requests,
-                                        args.misses))
+            servers.update(
+                bench_floors(work, hit_bodies, work / "floor.sqlite", engine_port, args.requests, args.misses)
+            )
             shutil.copy(work / "base.sqlite", work / "cache.sqlite")
-            servers["mirrorapi"] = bench_mirrorapi(args, work, "mirrorapi", hit_bodies, misses(args.misses, "sqlite"),
-                                                   engine_port, cache_path=work / "cache.sqlite")
-            servers["mirrorapi"]["misses_64"]["entries_lost"] = (
-                servers["mirrorapi"]["misses_64"]["statuses"].get("ok", 0)
-                - (count_entries(work / "cache.sqlite") - len(bodies)))
+            servers["mirrorapi"] = bench_mirrorapi(
+                args,
+                work,
+                "mirrorapi",
+                hit_bodies,
+                misses(args.misses, "sqlite"),
+                engine_port,
+                cache_path=work / "cache.sqlite",
+            )
+            servers["mirrorapi"]["misses_64"]["entries_lost"] = servers["mirrorapi"]["misses_64"]["statuses"].get(
+                "ok", 0
+            ) - (count_entries(work / "cache.sqlite") - len(bodies))
             if database:
                 entries = count_entries(database.url)
                 servers["mirrorapi_postgres"] = bench_mirrorapi(
-                    args, work, "mirrorapi-postgres", hit_bodies, misses(args.misses, "postgres"),
-                    engine_port, cache_url=database.url, database_pid=database.process.pid)
-                servers["mirrorapi_postgres"]["misses_64"]["entries_lost"] = (
-                    servers["mirrorapi_postgres"]["misses_64"]["statuses"].get("ok", 0)
-                    - (count_entries(database.url) - entries))
+                    args,
+                    work,
+                    "mirrorapi-postgres",
+                    hit_bodies,
+                    misses(args.misses, "postgres"),
+                    engine_port,
+                    cache_url=database.url,
+                    database_pid=database.process.pid,
+                )
+                servers["mirrorapi_postgres"]["misses_64"]["entries_lost"] = servers["mirrorapi_postgres"][
+                    "misses_64"
+                ]["statuses"].get("ok", 0) - (count_entries(database.url) - entries)
             if not args.no_route:
                 shutil.copy(work / "base.sqlite", work / "route.sqlite")
                 servers["mirrorapi_route"] = bench_route(args, work, hit_bodies, engine_port, work / "route.sqlite")
             if args.stabletoolbench:
-                servers["stabletoolbench"] = bench_stabletoolbench(args, work, work / "stb-base", hit_bodies,
-                                                                   misses(args.stb_misses, "stb"), engine_port)
+                servers["stabletoolbench"] = bench_stabletoolbench(
+                    args, work, work / "stb-base", hit_bodies, misses(args.stb_misses, "stb"), engine_port
+                )
             runs.append(servers)
     finally:
         postgres.close()
@@ -216,9 +259,17 @@ def run(args) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
     servers = median_of(runs)
-    result = {"command": " ".join(sys.argv), "load_average_before": load_before, "load_average_after": load_average(),
-              "tools_folder": args.tools, "cache_entries": len(bodies), "clients": CLIENTS,
-              "engine_latency_s": ENGINE_LATENCY, "runs": args.runs, "servers": servers}
+    result = {
+        "command": " ".join(sys.argv),
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "tools_folder": args.tools,
+        "cache_entries": len(bodies),
+        "clients": CLIENTS,
+        "engine_latency_s": ENGINE_LATENCY,
+        "runs": args.runs,
+        "servers": servers,
+    }
     result["ratios"] = ratios(servers)
     result["per_run_ratios"] = [ratios(r) for r in runs]
     if "mirrorapi_postgres" in servers:

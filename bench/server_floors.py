@@ -22,9 +22,14 @@ from server_load import read_answer
 REPO = Path(__file__).resolve().parents[1]
 BARE_BODY = json.dumps({"error": "", "response": "word " * 120}).encode()  # about the size of a cached answer
 # A chat request of the size the server sends (a prompt of about 3 kB): engine_direct's and the forwarder's.
-ENGINE_REQUEST = json.dumps({"model": "stub", "messages": [{"role": "system", "content": "s" * 800},
-                                                           {"role": "user", "content": "u" * 2200}],
-                             "temperature": 0.0, "max_tokens": 1024}).encode()
+ENGINE_REQUEST = json.dumps(
+    {
+        "model": "stub",
+        "messages": [{"role": "system", "content": "s" * 800}, {"role": "user", "content": "u" * 2200}],
+        "temperature": 0.0,
+        "max_tokens": 1024,
+    }
+).encode()
 UVICORN = dict(host="127.0.0.1", log_level="warning", access_log=False, http="httptools", loop="uvloop")
 
 
@@ -35,8 +40,13 @@ async def bare_app(scope, receive, send) -> None:
     more = True
     while more:
         more = (await receive()).get("more_body", False)
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BARE_BODY))]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BARE_BODY))],
+        }
+    )
     await send({"type": "http.response.body", "body": BARE_BODY})
 
 
@@ -44,7 +54,6 @@ def serve_bare(port: int) -> None:
     import uvicorn
 
     uvicorn.run(bare_app, port=port, **UVICORN)
-
 
 
 async def _read_body(receive) -> bytes:
@@ -56,8 +65,13 @@ async def _read_body(receive) -> bytes:
 
 
 async def _send_body(send, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -78,8 +92,12 @@ def serve_lookup_floor(port: int, cache_path: str, in_memory: bool) -> None:
         if scope["path"] == "/live":
             return await _send_body(send, b"{}")
         request = json.loads(await _read_body(receive))
-        call = Call(request["category"], request["tool_name"], request["api_name"],
-                    canonical_json(json.loads(request["tool_input"])))
+        call = Call(
+            request["category"],
+            request["tool_name"],
+            request["api_name"],
+            canonical_json(json.loads(request["tool_input"])),
+        )
         if in_memory:
             found = answers.get(call)
         else:
@@ -104,8 +122,10 @@ def serve_forwarder(port: int, engine_port: int, client: str) -> None:
     sessions: list[aiohttp.ClientSession] = []
     clients: list[httpx.AsyncClient] = []
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: engine\r\ncontent-type: application/json\r\n"
-               b"content-length: %d\r\n\r\n%s" % (len(ENGINE_REQUEST), ENGINE_REQUEST))
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: engine\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(ENGINE_REQUEST), ENGINE_REQUEST)
+    )
 
     async def call_aiohttp() -> None:
         if not sessions:
@@ -138,7 +158,6 @@ def serve_forwarder(port: int, engine_port: int, client: str) -> None:
         await _send_body(send, BARE_BODY)
 
     uvicorn.run(app, port=port, **UVICORN)
-
 
 
 def main() -> None:

@@ -23,8 +23,9 @@ from pathlib import Path
 async def read_answer(reader: asyncio.StreamReader) -> bytes:
     """The body of the next HTTP/1.1 answer on a kept-alive connection (every server here sends Content-Length)."""
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
     return await reader.readexactly(length)
 
 
@@ -47,8 +48,10 @@ def load(port: int, bodies_file: str, clients: int, requests: int, rate: float =
                 start, scheduled = scheduled, scheduled + interval
             else:
                 start = time.perf_counter()
-            writer.write(b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (target, len(body), body))
+            writer.write(
+                b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (target, len(body), body)
+            )
             answer = await read_answer(reader)
             latencies.append(time.perf_counter() - start)
             status = "error" if json.loads(answer).get("error") else "ok"
@@ -59,16 +62,26 @@ def load(port: int, bodies_file: str, clients: int, requests: int, rate: float =
         start = time.perf_counter()
         await asyncio.gather(*(client(c, requests // clients) for c in range(clients)))
         return time.perf_counter() - start
+
     elapsed = _run(main())
     latencies.sort()
-    print(json.dumps({"requests": len(latencies), "rps": len(latencies) / elapsed, "statuses": statuses,
-                      "p50_ms": latencies[len(latencies) // 2] * 1e3,
-                      "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3}))
+    print(
+        json.dumps(
+            {
+                "requests": len(latencies),
+                "rps": len(latencies) / elapsed,
+                "statuses": statuses,
+                "p50_ms": latencies[len(latencies) // 2] * 1e3,
+                "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+            }
+        )
+    )
 
 
 def _run(coro):
     try:
         import uvloop
+
         return uvloop.run(coro)
     except ImportError:
         return asyncio.run(coro)
@@ -96,15 +109,40 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: int, rate: float = 0,
-             path: str = "/virtual", database_pid: int | None = None) -> dict:
+def run_load(
+    port: int,
+    server_pid: int,
+    bodies: Path,
+    clients: int,
+    requests: int,
+    rate: float = 0,
+    path: str = "/virtual",
+    database_pid: int | None = None,
+) -> dict:
     """`database_pid`: a PostgreSQL store's postmaster; its CPU (the backends serving the server) is given apart."""
     before = cpu_seconds(server_pid)
     database_before = cpu_seconds(database_pid) if database_pid else 0.0
-    out = subprocess.run([sys.executable, __file__, "--port", str(port), "--bodies", str(bodies),
-                          "--clients", str(clients), "--requests", str(requests), "--rate", str(rate),
-                          "--path", path],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--port",
+            str(port),
+            "--bodies",
+            str(bodies),
+            "--clients",
+            str(clients),
+            "--requests",
+            str(requests),
+            "--rate",
+            str(rate),
+            "--path",
+            path,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result = json.loads(out.stdout)
     result["server_cpu_ms_per_request"] = (cpu_seconds(server_pid) - before) * 1e3 / result["requests"]
     if database_pid:
@@ -116,7 +154,6 @@ def run_load(port: int, server_pid: int, bodies: Path, clients: int, requests: i
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
 
 
 def median_of(runs: list[dict]) -> dict:

@@ -49,8 +49,11 @@ def memory_mb(pid: int) -> dict[str, float]:
 def outcomes(port: int) -> dict[str, float]:
     """mirrorapi_requests_total by outcome, from /metrics."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-    return {line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line.startswith("mirrorapi_requests_total{")}
+    return {
+        line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("mirrorapi_requests_total{")
+    }
 
 
 def bodies() -> list[bytes]:
@@ -61,9 +64,18 @@ def bodies() -> list[bytes]:
         key = (pair["category"], pair["tool_name"], pair["api_name"], json.dumps(pair["tool_input"], sort_keys=True))
         if key not in seen:
             seen.add(key)
-            out.append(json.dumps({"category": pair["category"], "tool_name": pair["tool_name"],
-                                   "api_name": pair["api_name"], "tool_input": json.dumps(pair["tool_input"]),
-                                   "strip": "truncate", "toolbench_key": ""}).encode())
+            out.append(
+                json.dumps(
+                    {
+                        "category": pair["category"],
+                        "tool_name": pair["tool_name"],
+                        "api_name": pair["api_name"],
+                        "tool_input": json.dumps(pair["tool_input"]),
+                        "strip": "truncate",
+                        "toolbench_key": "",
+                    }
+                ).encode()
+            )
     return out
 
 
@@ -71,19 +83,27 @@ async def drive(port: int, calls: list[bytes], sessions: range | None, per_sessi
     """Keep-alive clients on 127.0.0.1:`port`: each session's calls in order (`sessions`), or `total` calls
     without a session. Returns the calls answered with HTTP 200 and the wall time."""
     answered = [0]
-    work = ([(f"bench-session-{s}", [calls[(s * 7 + j) % len(calls)] for j in range(per_session)])
-             for s in sessions] if sessions is not None else [(None, calls[i % len(calls)]) for i in range(total)])
+    work = (
+        [(f"bench-session-{s}", [calls[(s * 7 + j) % len(calls)] for j in range(per_session)]) for s in sessions]
+        if sessions is not None
+        else [(None, calls[i % len(calls)]) for i in range(total)]
+    )
 
     async def client(index: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for session, items in work[index::CLIENTS]:
-            for body in (items if session else [items]):
+            for body in items if session else [items]:
                 header = b"x-session-id: %s\r\n" % session.encode() if session else b""
-                writer.write(b"POST /virtual HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n%s"
-                             b"content-length: %d\r\n\r\n%s" % (header, len(body), body))
+                writer.write(
+                    b"POST /virtual HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n%s"
+                    b"content-length: %d\r\n\r\n%s" % (header, len(body), body)
+                )
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
                 await reader.readexactly(length)
                 answered[0] += head.startswith(b"HTTP/1.1 200 ")
         writer.close()
@@ -97,16 +117,45 @@ def run_variant(name: str, root: Path, store: list[str], work: Path, args, calls
     from harness.processes import free_port, stop, wait_until_ready
 
     env = dict(os.environ, PYTHONPATH=str(root))
-    subprocess.run([sys.executable, "-m", "mirrorapi.cli", "cache", "import", str(PAIRS), "--cache", store[1],
-                    "--tools", str(TOOLS)], cwd=root, env=env, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mirrorapi.cli",
+            "cache",
+            "import",
+            str(PAIRS),
+            "--cache",
+            store[1],
+            "--tools",
+            str(TOOLS),
+        ],
+        cwd=root,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
     log = work / f"{name}.log"
-    command = [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(TOOLS), *store,
-               "--port", str(port), "--api-base", f"http://127.0.0.1:{free_port()}/v1", "--model", "none",
-               "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "serving/main_mirrorapi.py",
+        "--tools-folder",
+        str(TOOLS),
+        *store,
+        "--port",
+        str(port),
+        "--api-base",
+        f"http://127.0.0.1:{free_port()}/v1",
+        "--model",
+        "none",
+        "--log-level",
+        "warning",
+    ]
     with open(log, "w") as out:
-        process = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         wait_until_ready(f"http://127.0.0.1:{port}/live", 120, process=process, log_path=log)
         asyncio.run(drive(port, calls, None, 0, total=500))  # warm-up
@@ -117,11 +166,17 @@ def run_variant(name: str, root: Path, store: list[str], work: Path, args, calls
     finally:
         stop(process, grace=30)
     growth = {k: after[k] - before[k] for k in after}
-    return {"rss_mb_after_warmup": round(before["rss"], 1), "rss_mb_after_sessions": round(after["rss"], 1),
-            "rss_growth_mb": round(growth["rss"], 1), "anonymous_growth_mb": round(growth["anonymous"], 1),
-            "anonymous_growth_kb_per_session": round(growth["anonymous"] * 1024 / args.sessions, 2),
-            "sessions_open": sessions, "answered": driven["answered"], "outcomes": served,
-            "calls_per_second": round(args.sessions * args.calls / driven["seconds"], 1)}
+    return {
+        "rss_mb_after_warmup": round(before["rss"], 1),
+        "rss_mb_after_sessions": round(after["rss"], 1),
+        "rss_growth_mb": round(growth["rss"], 1),
+        "anonymous_growth_mb": round(growth["anonymous"], 1),
+        "anonymous_growth_kb_per_session": round(growth["anonymous"] * 1024 / args.sessions, 2),
+        "sessions_open": sessions,
+        "answered": driven["answered"],
+        "outcomes": served,
+        "calls_per_second": round(args.sessions * args.calls / driven["seconds"], 1),
+    }
 
 
 def health_sessions(port: int) -> int:
@@ -142,25 +197,34 @@ def main() -> None:
     calls = bodies()
     load_before = [round(x, 2) for x in os.getloadavg()]
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-sessions-bench-"))
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "load_average_before": load_before,
-              "sessions": args.sessions, "calls_per_session": args.calls, "clients": CLIENTS,
-              "distinct_calls": len(calls), "baseline_revision": args.baseline, "variants": {}}
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "load_average_before": load_before,
+        "sessions": args.sessions,
+        "calls_per_session": args.calls,
+        "clients": CLIENTS,
+        "distinct_calls": len(calls),
+        "baseline_revision": args.baseline,
+        "variants": {},
+    }
     try:
         baseline = work / "baseline"
         baseline.mkdir()
-        archive = subprocess.run(["git", "archive", args.baseline, "mirrorapi", "serving"], cwd=REPO, check=True,
-                                 capture_output=True).stdout
+        archive = subprocess.run(
+            ["git", "archive", args.baseline, "mirrorapi", "serving"], cwd=REPO, check=True, capture_output=True
+        ).stdout
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(baseline, filter="data")
         variants = result["variants"]
-        variants["in_memory"] = run_variant("in_memory", baseline, ["--cache-path", str(work / "old.sqlite")],
-                                            work, args, calls)
-        variants["sqlite"] = run_variant("sqlite", REPO, ["--cache-path", str(work / "new.sqlite")], work, args,
-                                         calls)
+        variants["in_memory"] = run_variant(
+            "in_memory", baseline, ["--cache-path", str(work / "old.sqlite")], work, args, calls
+        )
+        variants["sqlite"] = run_variant("sqlite", REPO, ["--cache-path", str(work / "new.sqlite")], work, args, calls)
         if not args.no_postgres:
             with temporary_postgres() as database:
-                variants["postgresql"] = run_variant("postgresql", REPO, ["--cache-url", database.url], work, args,
-                                                     calls)
+                variants["postgresql"] = run_variant(
+                    "postgresql", REPO, ["--cache-url", database.url], work, args, calls
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]

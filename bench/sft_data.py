@@ -46,9 +46,22 @@ def make_workload(tools: Path, pairs_dir: Path, n_pairs: int, out: Path, seed: i
                 if doc.optional_parameters and (not arguments or rng.random() < 0.5):
                     p = doc.optional_parameters[0]
                     arguments[p["name"]] = p.get("default") or written
-                line = json.dumps({"source": "bench", "episode": f"e{episode}", "step": step, "category": doc.category,
-                                   "tool_name": doc.tool, "api_name": doc.api, "tool_input": arguments,
-                                   "response": observations[written % len(observations)]}, ensure_ascii=False) + "\n"
+                line = (
+                    json.dumps(
+                        {
+                            "source": "bench",
+                            "episode": f"e{episode}",
+                            "step": step,
+                            "category": doc.category,
+                            "tool_name": doc.tool,
+                            "api_name": doc.api,
+                            "tool_input": arguments,
+                            "response": observations[written % len(observations)],
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
                 fh.write(line)
                 previous = previous[-999:] + [line]
             written += 1
@@ -71,21 +84,45 @@ def main() -> None:
         seconds, summary = [], {}
         for run in range(args.runs):
             start = time.perf_counter()
-            result = subprocess.run([sys.executable, str(REPO / "data/build_simulator_sft.py"), "--pairs",
-                                     str(Path(tmp) / "pairs.jsonl"), "--tools", str(args.tools), "--out",
-                                     str(Path(tmp) / f"out{run}")], capture_output=True, text=True, check=True)
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    str(REPO / "data/build_simulator_sft.py"),
+                    "--pairs",
+                    str(Path(tmp) / "pairs.jsonl"),
+                    "--tools",
+                    str(args.tools),
+                    "--out",
+                    str(Path(tmp) / f"out{run}"),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             seconds.append(time.perf_counter() - start)
             summary = json.loads(result.stdout.strip().splitlines()[-1])
         size = sum(f.stat().st_size for f in (Path(tmp) / "out0").rglob("*") if f.is_file())
     median = statistics.median(seconds)
     from mirrorapi.versions import package_versions  # make_workload put this checkout on sys.path
 
-    print(json.dumps({"benchmark": "sft_data", "workload": workload, "runs_seconds": [round(s, 1) for s in seconds],
-                      "median_seconds": round(median, 1), "pairs_per_second": round(workload["pairs"] / median),
-                      "target_seconds": TARGET_SECONDS, "meets_target": median <= TARGET_SECONDS,
-                      "dataset_mb": round(size / 2**20, 1), "dropped": summary.get("dropped"),
-                      "kept": summary.get("kept"), "splits": summary.get("splits"),
-                      "versions": package_versions()}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "sft_data",
+                "workload": workload,
+                "runs_seconds": [round(s, 1) for s in seconds],
+                "median_seconds": round(median, 1),
+                "pairs_per_second": round(workload["pairs"] / median),
+                "target_seconds": TARGET_SECONDS,
+                "meets_target": median <= TARGET_SECONDS,
+                "dataset_mb": round(size / 2**20, 1),
+                "dropped": summary.get("dropped"),
+                "kept": summary.get("kept"),
+                "splits": summary.get("splits"),
+                "versions": package_versions(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,9 @@ def load_records(dataset_path: str, model_dir: str, max_length: int, count: int)
     records = []
     for row in load_from_disk(dataset_path)["train"]:
         ids = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=True, return_dict=True)
-        prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
-                                               return_dict=True)
+        prompt = tokenizer.apply_chat_template(
+            row["prompt"], tokenize=True, add_generation_prompt=True, return_dict=True
+        )
         if len(ids["input_ids"]) <= max_length:
             records.append((list(ids["input_ids"]), len(prompt["input_ids"])))
         if len(records) == count:
@@ -65,15 +66,24 @@ def prepare(variant: str, model):
     """Sets requires_grad (or wraps in PEFT) for the variant; returns (model, decoder-layer params gradients
     flow through, decoder-layer params trained, whether the LM head/embedding is trained, trained params)."""
     layers = model.model.layers
-    top = int(variant.split("_")[-1 if variant.startswith("lora") else 0].rsplit("top", 1)[1]) \
-        if "top" in variant else len(layers)
+    top = (
+        int(variant.split("_")[-1 if variant.startswith("lora") else 0].rsplit("top", 1)[1])
+        if "top" in variant
+        else len(layers)
+    )
     trained_layers = list(range(len(layers) - top, len(layers)))
     layer_params = sum(p.numel() for p in layers[0].parameters())
     if variant.startswith("lora"):
         from peft import LoraConfig, get_peft_model
 
-        config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LINEAR,
-                            layers_to_transform=trained_layers, task_type="CAUSAL_LM")
+        config = LoraConfig(
+            r=16,
+            lora_alpha=32,
+            lora_dropout=0.0,
+            target_modules=LINEAR,
+            layers_to_transform=trained_layers,
+            task_type="CAUSAL_LM",
+        )
         model = get_peft_model(model, config)
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         return model, layer_params * top, 0, False, trained
@@ -107,8 +117,9 @@ def run_variant(args) -> dict:
         from trl.trainer.utils import add_fused_lm_head
 
         add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
-    model, through, trained_body, head_trained, trained = prepare(args.variant.removesuffix("_fused")
-                                                                  .removesuffix("_keep"), model)
+    model, through, trained_body, head_trained, trained = prepare(
+        args.variant.removesuffix("_fused").removesuffix("_keep"), model
+    )
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     times, tokens, flops = [], 0, 0.0
@@ -117,8 +128,10 @@ def run_variant(args) -> dict:
         labels = input_ids.clone()
         labels[0, :prompt_len] = -100
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16), \
-                logits_only_where_loss(args.variant.endswith("_keep")):
+        with (
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16),
+            logits_only_where_loss(args.variant.endswith("_keep")),
+        ):
             out = model(input_ids=input_ids, labels=labels, **({"fused_lm_head": True} if fused else {}))
         out.loss.backward()
         optimizer.step()
@@ -133,20 +146,27 @@ def run_variant(args) -> dict:
         flops += 2 * through * len(ids) + 2 * head * logit_tokens  # input gradients
         flops += 2 * trained_body * len(ids) + (2 * head * logit_tokens if head_trained else 0)  # weight gradients
     seconds = sum(times)
-    return {"variant": args.variant, "steps": len(times), "seconds_per_step": round(seconds / len(times), 3),
-            "tokens_per_second": round(tokens / seconds, 1), "mean_tokens_per_step": round(tokens / len(times)),
-            "trained_params": trained, "gflops_per_second": round(flops / seconds / 1e9, 1),
-            "ratio_to_peak": round(flops / seconds / 1e9 / args.peak_gflops, 3),
-            "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-            "final_loss": round(out.loss.item(), 3)}
+    return {
+        "variant": args.variant,
+        "steps": len(times),
+        "seconds_per_step": round(seconds / len(times), 3),
+        "tokens_per_second": round(tokens / seconds, 1),
+        "mean_tokens_per_step": round(tokens / len(times)),
+        "trained_params": trained,
+        "gflops_per_second": round(flops / seconds / 1e9, 1),
+        "ratio_to_peak": round(flops / seconds / 1e9 / args.peak_gflops, 3),
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "final_loss": round(out.loss.item(), 3),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--dataset-path", required=True, help="simulator SFT folder (data/build_simulator_sft.py)")
-    parser.add_argument("--variants", nargs="+", default=["full", "top8", "lora", "lora_top8", "top10", "top10_fused",
-                                                           "top10_keep"])
+    parser.add_argument(
+        "--variants", nargs="+", default=["full", "top8", "lora", "lora_top8", "top10", "top10_fused", "top10_keep"]
+    )
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # one variant, in the child process
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--max-length", type=int, default=768)
@@ -172,13 +192,24 @@ def main() -> None:
     for result in results:
         if full:
             result["speedup_vs_full"] = round(full["seconds_per_step"] / result["seconds_per_step"], 2)
-    print(json.dumps({
-        "benchmark": "train_cpu", "model": args.model_dir, "dataset": args.dataset_path, "max_length": args.max_length,
-        "threads": args.threads, "bf16_autocast": args.bf16, "peak_gflops": args.peak_gflops,
-        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "variants": results, "median_seconds_per_step": statistics.median(r["seconds_per_step"] for r in results),
-        "versions": package_versions(),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "train_cpu",
+                "model": args.model_dir,
+                "dataset": args.dataset_path,
+                "max_length": args.max_length,
+                "threads": args.threads,
+                "bf16_autocast": args.bf16,
+                "peak_gflops": args.peak_gflops,
+                "loadavg_before": load_before,
+                "loadavg_after": os.getloadavg(),
+                "variants": results,
+                "median_seconds_per_step": statistics.median(r["seconds_per_step"] for r in results),
+                "versions": package_versions(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

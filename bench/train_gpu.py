@@ -68,10 +68,21 @@ def build_model(out_dir: str, shape: str, on_gpu: bool) -> int:
     tokenizer = train_tokenizer(default_corpus())
     hidden, intermediate, layers, heads, kv_heads, vocab, tied = QWEN25_SHAPES[shape]
     im_end, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id
-    config = Qwen2Config(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab or len(tokenizer),
-                         tie_word_embeddings=tied, max_position_embeddings=32768, rope_theta=1_000_000.0,
-                         rms_norm_eps=1e-6, bos_token_id=pad, eos_token_id=im_end, pad_token_id=pad)
+    config = Qwen2Config(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocab or len(tokenizer),
+        tie_word_embeddings=tied,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=pad,
+        eos_token_id=im_end,
+        pad_token_id=pad,
+    )
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16 if on_gpu else torch.float32)
     with torch.device("cuda" if on_gpu else "cpu"):
@@ -85,8 +96,20 @@ def build_records(out_dir: Path, tiny: bool) -> None:
     pairs, tools = sorted((SHARED / "pairs").glob("*.jsonl")), SHARED / "toolenv" / "realtools"
     if tiny or not pairs:
         pairs, tools = [REPO / "data/samples/pairs.jsonl"], REPO / "data/samples/tools"
-    subprocess.run([sys.executable, str(REPO / "data/build_simulator_sft.py"), "--pairs", *map(str, pairs),
-                    "--tools", str(tools), "--out", str(out_dir)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "data/build_simulator_sft.py"),
+            "--pairs",
+            *map(str, pairs),
+            "--tools",
+            str(tools),
+            "--out",
+            str(out_dir),
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 class GpuSampler:
@@ -94,8 +117,11 @@ class GpuSampler:
 
     def __init__(self) -> None:
         self.samples: list[tuple[float, float]] = []
-        self.process = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                                         "-lms", "250"], stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "250"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -136,8 +162,9 @@ def main() -> None:
     shape = "tiny" if args.tiny else args.shape or _shape_of(args.recipe)
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
-    accelerate_config = args.accelerate_config or str(REPO / "training/accelerate" /
-                                                      ("single_gpu.yaml" if gpu else "cpu.yaml"))
+    accelerate_config = args.accelerate_config or str(
+        REPO / "training/accelerate" / ("single_gpu.yaml" if gpu else "cpu.yaml")
+    )
     processes = yaml.safe_load(Path(accelerate_config).read_text()).get("num_processes", 1)
     peak_tflops = args.peak_tflops or (989.0 if gpu else None)
 
@@ -154,12 +181,41 @@ def main() -> None:
     cpu = [] if gpu else ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--dataset_num_proc", "1"]
     if args.tiny:  # a step of the GPU recipes is ~50k tokens: minutes on a CPU, where this only checks the path
         cpu += ["--max_length", "1024", "--gradient_accumulation_steps", "1"]
-    command = [str(Path(sys.executable).parent / "accelerate"), "launch", "-q", "--config_file", accelerate_config,
-               *([] if gpu else ["--num_cpu_threads_per_process", str(torch_threads())]),
-               str(REPO / "training/sft.py"), "--config", args.recipe, "--model_name_or_path", str(work / "model"),
-               "--dataset_path", dataset, "--output_dir", str(work / "out"), "--max_steps", str(args.steps),
-               "--logging_steps", "1", "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no",
-               "--merge", "false", "--disable_tqdm", "true", "--report_to", "none", *cpu, *overrides]
+    command = [
+        str(Path(sys.executable).parent / "accelerate"),
+        "launch",
+        "-q",
+        "--config_file",
+        accelerate_config,
+        *([] if gpu else ["--num_cpu_threads_per_process", str(torch_threads())]),
+        str(REPO / "training/sft.py"),
+        "--config",
+        args.recipe,
+        "--model_name_or_path",
+        str(work / "model"),
+        "--dataset_path",
+        dataset,
+        "--output_dir",
+        str(work / "out"),
+        "--max_steps",
+        str(args.steps),
+        "--logging_steps",
+        "1",
+        "--eval_strategy",
+        "no",
+        "--eval_on_start",
+        "false",
+        "--save_strategy",
+        "no",
+        "--merge",
+        "false",
+        "--disable_tqdm",
+        "true",
+        "--report_to",
+        "none",
+        *cpu,
+        *overrides,
+    ]
     sampler = GpuSampler() if gpu else None
     log_times, tail = [], []
     started = time.perf_counter()
@@ -178,11 +234,14 @@ def main() -> None:
 
     info = json.loads((work / "out/mirrorapi_training.json").read_text())
     logs = [e for e in info["log_history"] if "tokens_per_second" in e]
-    measured = logs[args.warmup:] or logs
+    measured = logs[args.warmup :] or logs
     tokens_per_second = statistics.median(e["tokens_per_second"] for e in measured)
     resolved = info["recipe"]["resolved"]
-    peak_gib = max((e.get("peak_memory_gib", 0) for e in logs), default=0) if gpu else round(
-        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2)
+    peak_gib = (
+        max((e.get("peak_memory_gib", 0) for e in logs), default=0)
+        if gpu
+        else round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2)
+    )
     print(
         json.dumps(
             {

@@ -35,37 +35,88 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         tmp = Path(tmp)
         build_tiny_model(tmp / "model")
-        subprocess.run([sys.executable, str(REPO / "data/build_simulator_sft.py"), "--pairs",
-                        str(REPO / "data/samples/pairs.jsonl"), "--tools", str(REPO / "data/samples/tools"),
-                        "--out", str(tmp / "data")], check=True, capture_output=True)
-        launcher = [sys.executable] if args.launcher == "python" else [
-            str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
-            str(REPO / "training/accelerate/cpu.yaml")]
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "data/build_simulator_sft.py"),
+                "--pairs",
+                str(REPO / "data/samples/pairs.jsonl"),
+                "--tools",
+                str(REPO / "data/samples/tools"),
+                "--out",
+                str(tmp / "data"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        launcher = (
+            [sys.executable]
+            if args.launcher == "python"
+            else [
+                str(Path(sys.executable).parent / "accelerate"),
+                "launch",
+                "--config_file",
+                str(REPO / "training/accelerate/cpu.yaml"),
+            ]
+        )
         runs = []
         for run in range(args.runs):
             out = tmp / f"out{run}"
             start = time.perf_counter()
             recipe = str(REPO / "training/configs/tiny_cpu.yaml")
-            subprocess.run([*launcher, str(REPO / "training/sft.py"), "--config", recipe,
-                            "--model_name_or_path", str(tmp / "model"), "--dataset_path", str(tmp / "data"),
-                            "--output_dir", str(out), "--max_steps", str(args.steps), "--eval_strategy", "no",
-                            "--eval_on_start", "false", "--save_strategy", "no", "--disable_tqdm", "true"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [
+                    *launcher,
+                    str(REPO / "training/sft.py"),
+                    "--config",
+                    recipe,
+                    "--model_name_or_path",
+                    str(tmp / "model"),
+                    "--dataset_path",
+                    str(tmp / "data"),
+                    "--output_dir",
+                    str(out),
+                    "--max_steps",
+                    str(args.steps),
+                    "--eval_strategy",
+                    "no",
+                    "--eval_on_start",
+                    "false",
+                    "--save_strategy",
+                    "no",
+                    "--disable_tqdm",
+                    "true",
+                ],
+                check=True,
+                capture_output=True,
+            )
             wall = time.perf_counter() - start
             info = json.loads((out / "mirrorapi_training.json").read_text())
             logs = [e for e in info["log_history"] if "tokens_per_second" in e]
-            runs.append({"tokens_per_second": statistics.median(e["tokens_per_second"] for e in logs[1:] or logs),
-                         "train_seconds": info["metrics"]["train_seconds"], "wall_seconds": round(wall, 1),
-                         "tokens": logs[-1]["num_tokens"] if logs else None})
-    print(json.dumps({
-        "benchmark": "train_tiny", "recipe": "training/configs/tiny_cpu.yaml", "launcher": args.launcher,
-        "steps": args.steps, "runs": runs,
-        "median_tokens_per_second": round(statistics.median(r["tokens_per_second"] for r in runs)),
-        "median_seconds_per_step": round(statistics.median(r["train_seconds"] for r in runs) / args.steps, 3),
-        "median_wall_seconds": statistics.median(r["wall_seconds"] for r in runs),
-        "cpu_threads": __import__("torch").get_num_threads(),
-        "versions": package_versions(),
-    }))
+            runs.append(
+                {
+                    "tokens_per_second": statistics.median(e["tokens_per_second"] for e in logs[1:] or logs),
+                    "train_seconds": info["metrics"]["train_seconds"],
+                    "wall_seconds": round(wall, 1),
+                    "tokens": logs[-1]["num_tokens"] if logs else None,
+                }
+            )
+    print(
+        json.dumps(
+            {
+                "benchmark": "train_tiny",
+                "recipe": "training/configs/tiny_cpu.yaml",
+                "launcher": args.launcher,
+                "steps": args.steps,
+                "runs": runs,
+                "median_tokens_per_second": round(statistics.median(r["tokens_per_second"] for r in runs)),
+                "median_seconds_per_step": round(statistics.median(r["train_seconds"] for r in runs) / args.steps, 3),
+                "median_wall_seconds": statistics.median(r["wall_seconds"] for r in runs),
+                "cpu_threads": __import__("torch").get_num_threads(),
+                "versions": package_versions(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

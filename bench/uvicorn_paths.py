@@ -33,8 +33,15 @@ sys.path.insert(0, str(REPO))  # the library and the harnesses of this clone
 import server_load  # noqa: E402
 import server_workloads  # noqa: E402
 
-VARIANTS = ("ours", "deadline_only", "public_httptools", "public_h11", "public_route", "ours_workers",
-            "public_workers")
+VARIANTS = (
+    "ours",
+    "deadline_only",
+    "public_httptools",
+    "public_h11",
+    "public_route",
+    "ours_workers",
+    "public_workers",
+)
 
 
 def serve_variant(variant: str, argv: list[str]) -> None:
@@ -49,9 +56,11 @@ def serve_variant(variant: str, argv: list[str]) -> None:
     server.configure_logging(settings)
     options = transport.uvicorn_options(settings)
     if variant == "deadline_only":
+
         def write_at_once(self, data: bytes) -> None:
             if data and not self._transport.is_closing():
                 self._transport.write(data)
+
         transport.GatheredWrites.write = write_at_once
     if variant.startswith("public"):
         options["http"] = "h11" if variant == "public_h11" else "httptools"
@@ -100,39 +109,85 @@ def main() -> None:
             figures = {}
             for variant in variants:
                 misses = work / "misses.json"
-                misses.write_text(json.dumps([json.dumps({**b, "tool_input": json.dumps(
-                    {"run": run_index, "variant": variant, "miss": i, **json.loads(b["tool_input"])})})
-                    for i, b in enumerate(bodies[:args.misses])]))
+                misses.write_text(
+                    json.dumps(
+                        [
+                            json.dumps(
+                                {
+                                    **b,
+                                    "tool_input": json.dumps(
+                                        {
+                                            "run": run_index,
+                                            "variant": variant,
+                                            "miss": i,
+                                            **json.loads(b["tool_input"]),
+                                        }
+                                    ),
+                                }
+                            )
+                            for i, b in enumerate(bodies[: args.misses])
+                        ]
+                    )
+                )
                 shutil.copy(work / "base.sqlite", work / "cache.sqlite")
                 port = free_port()
                 command = server_workloads.mirrorapi_command(
-                    args, port, engine_port, work / "cache.sqlite", None, work / "requests.jsonl",
-                    extra=["--variant", variant], script=Path(__file__))
+                    args,
+                    port,
+                    engine_port,
+                    work / "cache.sqlite",
+                    None,
+                    work / "requests.jsonl",
+                    extra=["--variant", variant],
+                    script=Path(__file__),
+                )
                 with server_workloads.started(command, work, variant, f"http://127.0.0.1:{port}/live") as (process, _):
                     server_load.run_load(port, process.pid, hits, 16, 2000)  # warm-up
                     figures[variant] = {
-                        "hits_64": server_load.run_load(port, process.pid, hits, server_workloads.CLIENTS,
-                                                        args.requests),
-                        "misses_64": server_load.run_load(port, process.pid, misses, server_workloads.CLIENTS,
-                                                          args.misses)}
+                        "hits_64": server_load.run_load(
+                            port, process.pid, hits, server_workloads.CLIENTS, args.requests
+                        ),
+                        "misses_64": server_load.run_load(
+                            port, process.pid, misses, server_workloads.CLIENTS, args.misses
+                        ),
+                    }
             runs.append(figures)
     finally:
         engine.terminate()
         engine.wait(10)
         shutil.rmtree(work, ignore_errors=True)
     medians = server_load.median_of(runs)
-    cpu = {v: {w: round(medians[v][w]["server_cpu_ms_per_request"], 4) for w in ("hits_64", "misses_64")}
-           for v in variants}
-    print(json.dumps({
-        "command": " ".join(sys.argv), "load_average_before": load_before,
-        "load_average_after": server_load.load_average(), "clients": server_workloads.CLIENTS, "runs": args.runs,
-        "server_cpu_ms_per_request": cpu,
-        "rps": {v: {w: round(medians[v][w]["rps"], 1) for w in ("hits_64", "misses_64")} for v in variants},
-        "cpu_over_ours": {v: {w: round(cpu[v][w] / cpu["ours"][w], 3) for w in cpu[v]} for v in variants},
-        "per_run_cpu_over_ours": [{v: {w: round(r[v][w]["server_cpu_ms_per_request"]
-                                                 / r["ours"][w]["server_cpu_ms_per_request"], 3) for w in r[v]}
-                                   for v in variants} for r in runs],
-        "versions": package_versions()}))
+    cpu = {
+        v: {w: round(medians[v][w]["server_cpu_ms_per_request"], 4) for w in ("hits_64", "misses_64")}
+        for v in variants
+    }
+    print(
+        json.dumps(
+            {
+                "command": " ".join(sys.argv),
+                "load_average_before": load_before,
+                "load_average_after": server_load.load_average(),
+                "clients": server_workloads.CLIENTS,
+                "runs": args.runs,
+                "server_cpu_ms_per_request": cpu,
+                "rps": {v: {w: round(medians[v][w]["rps"], 1) for w in ("hits_64", "misses_64")} for v in variants},
+                "cpu_over_ours": {v: {w: round(cpu[v][w] / cpu["ours"][w], 3) for w in cpu[v]} for v in variants},
+                "per_run_cpu_over_ours": [
+                    {
+                        v: {
+                            w: round(
+                                r[v][w]["server_cpu_ms_per_request"] / r["ours"][w]["server_cpu_ms_per_request"], 3
+                            )
+                            for w in r[v]
+                        }
+                        for v in variants
+                    }
+                    for r in runs
+                ],
+                "versions": package_versions(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

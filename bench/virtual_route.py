@@ -46,8 +46,10 @@ def route_app(settings: ServerSettings):
     bearer = HTTPBearer(auto_error=False)
     key = settings.server_api_key
 
-    def api_key(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-                toolbench_key: Annotated[str | None, Header()] = None) -> None:
+    def api_key(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        toolbench_key: Annotated[str | None, Header()] = None,
+    ) -> None:
         if key is not None and key not in ((credentials.credentials if credentials else None), toolbench_key):
             raise HTTPException(401, UNAUTHORIZED, headers={"www-authenticate": "Bearer"})
 

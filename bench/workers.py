@@ -30,18 +30,38 @@ import server_load  # noqa: E402
 import server_workloads  # noqa: E402
 
 
-def bench_workers(args, work: Path, n: int, run_index: int, bodies: list[dict], hit_bodies: Path,
-                  engine_port: int) -> dict:
+def bench_workers(
+    args, work: Path, n: int, run_index: int, bodies: list[dict], hit_bodies: Path, engine_port: int
+) -> dict:
     from harness.processes import free_port
 
     shutil.copy(work / "base.sqlite", work / "cache.sqlite")
     port = free_port()
-    command = server_workloads.mirrorapi_command(args, port, engine_port, work / "cache.sqlite", None,
-                                     work / f"workers{n}-requests.jsonl", extra=["--workers", str(n)])
+    command = server_workloads.mirrorapi_command(
+        args,
+        port,
+        engine_port,
+        work / "cache.sqlite",
+        None,
+        work / f"workers{n}-requests.jsonl",
+        extra=["--workers", str(n)],
+    )
     misses = work / "misses.json"
-    misses.write_text(json.dumps([json.dumps({**b, "tool_input": json.dumps({"run": run_index, "workers": n, "miss": i,
-                                                                             **json.loads(b["tool_input"])})})
-                                  for i, b in enumerate(bodies[:args.misses])]))
+    misses.write_text(
+        json.dumps(
+            [
+                json.dumps(
+                    {
+                        **b,
+                        "tool_input": json.dumps(
+                            {"run": run_index, "workers": n, "miss": i, **json.loads(b["tool_input"])}
+                        ),
+                    }
+                )
+                for i, b in enumerate(bodies[: args.misses])
+            ]
+        )
+    )
     with server_workloads.started(command, work, f"workers{n}", f"http://127.0.0.1:{port}/live") as (process, startup):
         server_load.run_load(port, process.pid, hit_bodies, 16, 4000)  # warm-up: every worker up and warm
         return {
@@ -87,8 +107,11 @@ def main() -> None:
     first = servers[f"workers_{args.workers[0]}"]
     scaling = {}
     for name, figures in servers.items():
-        scaling[name] = {f"{load}_{key}": round(figures[load][key] / first[load][key], 3)
-                         for load in ("hits_64", "misses_64") for key in ("rps", "server_cpu_ms_per_request")}
+        scaling[name] = {
+            f"{load}_{key}": round(figures[load][key] / first[load][key], 3)
+            for load in ("hits_64", "misses_64")
+            for key in ("rps", "server_cpu_ms_per_request")
+        }
     print(
         json.dumps(
             {

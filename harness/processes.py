@@ -79,8 +79,15 @@ def poll_until(check: Callable[[], T | None], timeout: float, what: str, interva
         time.sleep(interval)
 
 
-def wait_until_ready(url: str, timeout: float, *, body: dict | None = None, process: subprocess.Popen | None = None,
-                     log_path: Path | None = None, interval: float = 0.2) -> Any:
+def wait_until_ready(
+    url: str,
+    timeout: float,
+    *,
+    body: dict | None = None,
+    process: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+    interval: float = 0.2,
+) -> Any:
     """Request `url` (GET, or POST `body` as JSON) until it answers 2xx, and return the decoded JSON answer
     (None when not JSON). Bounded by `timeout` seconds.
 
@@ -98,8 +105,13 @@ def wait_until_ready(url: str, timeout: float, *, body: dict | None = None, proc
             tail = log_path.read_text(errors="replace")[-2000:] if log_path and log_path.exists() else ""
             raise ProcessExited(f"exited with status {process.returncode} before answering {url}:\n{tail}")
         try:
-            answer = client.request("GET" if data is None else "POST", url, content=data, headers=headers,
-                                    timeout=max(0.1, min(10.0, deadline - time.monotonic())))
+            answer = client.request(
+                "GET" if data is None else "POST",
+                url,
+                content=data,
+                headers=headers,
+                timeout=max(0.1, min(10.0, deadline - time.monotonic())),
+            )
         except httpx.HTTPError as exc:  # refused, reset, timed out
             last[0] = f"{type(exc).__name__}: {exc}"
             return None
@@ -122,15 +134,26 @@ def wait_until_ready(url: str, timeout: float, *, body: dict | None = None, proc
 
 def wait_until_engine_answers(engine: RunningEngine, timeout: float) -> None:
     """A one-token chat completion answers: the model is loaded, not just the HTTP port open."""
-    ping = {"model": engine.model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1,
-            "temperature": 0}
-    wait_until_ready(engine.base_url + "/chat/completions", timeout, body=ping, process=engine.process,
-                     log_path=engine.log_path, interval=0.5)
+    ping = {
+        "model": engine.model,
+        "messages": [{"role": "user", "content": "ping"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
+    wait_until_ready(
+        engine.base_url + "/chat/completions",
+        timeout,
+        body=ping,
+        process=engine.process,
+        log_path=engine.log_path,
+        interval=0.5,
+    )
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, port: int, host: str = "127.0.0.1", timeout: float = 30.0,
-                    **config: Any) -> Iterator[str]:
+def serve_in_thread(
+    app: Any, port: int, host: str = "127.0.0.1", timeout: float = 30.0, **config: Any
+) -> Iterator[str]:
     """An ASGI app on a real uvicorn in a background thread of this process (stand-in engines, replay
     servers, test servers); yields `http://host:port` once uvicorn has started, stops it after the block."""
     import uvicorn  # the serve extra's; only callers that serve import it
@@ -156,8 +179,10 @@ def serve_in_thread(app: Any, port: int, host: str = "127.0.0.1", timeout: float
 def interrupts_deferred() -> Iterator[None]:
     """Ctrl-C (SIGINT) arriving inside the block is raised when the block ends. Around `Popen`: an
     interrupt raised inside it, after the fork, would leave a child that nobody knows to stop."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):  # SIGINT ignored or handled
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):  # SIGINT ignored or handled
         yield
         return
     received: list[int] = []
@@ -241,14 +266,29 @@ def llama_cpp_command(
     """The command line of llama.cpp's server for one GGUF, answering requests whose `model` is `model`
     (`mirrorapi.llama_cpp_engine`: llama-cpp-python's server taking OpenAI's `response_format`, with our
     defaults: 127.0.0.1, all cores, one request at a time without cutting the one in progress)."""
-    return [sys.executable, "-m", "mirrorapi.llama_cpp_engine", "--model", str(gguf_path), "--model_alias", model,
-            "--port", str(port), *extra_args]
+    return [
+        sys.executable,
+        "-m",
+        "mirrorapi.llama_cpp_engine",
+        "--model",
+        str(gguf_path),
+        "--model_alias",
+        model,
+        "--port",
+        str(port),
+        *extra_args,
+    ]
 
 
 @contextlib.contextmanager
-def llama_cpp_serve(gguf_path: str | os.PathLike, model: str | None = None, port: int | None = None,
-                    log_path: str | os.PathLike | None = None, timeout: float = 120.0,
-                    extra_args: Sequence[str] = ()) -> Iterator[RunningEngine]:
+def llama_cpp_serve(
+    gguf_path: str | os.PathLike,
+    model: str | None = None,
+    port: int | None = None,
+    log_path: str | os.PathLike | None = None,
+    timeout: float = 120.0,
+    extra_args: Sequence[str] = (),
+) -> Iterator[RunningEngine]:
     """llama.cpp's server on `gguf_path` on 127.0.0.1, ready to answer when the block starts. `model` is the
     name clients send (default: the GGUF's absolute path)."""
     model = model or str(Path(gguf_path).resolve())
@@ -270,10 +310,10 @@ def llama_cpp_serve(gguf_path: str | os.PathLike, model: str | None = None, port
             stop(process)
 
 
-
 @contextlib.contextmanager
-def cpu_engine_serve(model_dir: str | os.PathLike, log_path: str | os.PathLike | None = None,
-                     timeout: float = 180.0) -> Iterator[RunningEngine]:
+def cpu_engine_serve(
+    model_dir: str | os.PathLike, log_path: str | os.PathLike | None = None, timeout: float = 180.0
+) -> Iterator[RunningEngine]:
     """The CPU engine scripts/serve_engine_cpu.sh starts, on `model_dir`: llama.cpp's server when it is installed
     (`make engine`) and the folder has a GGUF (`gguf_for_serving`: a base model's own, a fine-tune of one
     exported), else `transformers serve` (e.g. the tiny test model). Clients send the folder's absolute path
@@ -300,9 +340,14 @@ def vllm_available() -> str | None:
 
 
 @contextlib.contextmanager
-def vllm_serve(model_dir: str | os.PathLike, port: int | None = None, log_path: str | os.PathLike | None = None,
-               timeout: float = 600.0, lora: str | os.PathLike | None = None,
-               extra_args: Sequence[str] = ()) -> Iterator[RunningEngine]:
+def vllm_serve(
+    model_dir: str | os.PathLike,
+    port: int | None = None,
+    log_path: str | os.PathLike | None = None,
+    timeout: float = 600.0,
+    lora: str | os.PathLike | None = None,
+    extra_args: Sequence[str] = (),
+) -> Iterator[RunningEngine]:
     """vLLM's server on `model_dir` (with `lora`: that adapter on it) on 127.0.0.1, ready to answer when the block
     starts; clients send the folder's absolute path (the adapter's). Start-up takes about a minute on 2 cores."""
     python = vllm_python()
@@ -314,10 +359,12 @@ def vllm_serve(model_dir: str | os.PathLike, port: int | None = None, log_path: 
     process = None
     try:
         with interrupts_deferred(), open(log_path, "wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_environment(cpu),
-                                       start_new_session=True)
-        engine = RunningEngine(f"http://127.0.0.1:{port}/v1", adapter or model, process, log_path, "vLLM",
-                               BATCHING_CALLS)
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=vllm_environment(cpu), start_new_session=True
+            )
+        engine = RunningEngine(
+            f"http://127.0.0.1:{port}/v1", adapter or model, process, log_path, "vLLM", BATCHING_CALLS
+        )
         try:
             wait_until_engine_answers(engine, timeout)
         except ProcessExited as exc:

@@ -77,9 +77,11 @@ def _action_step(action: dict) -> Step:
     if not inputs:
         return Step(calls=[(str(action.get("description") or ""), "{}")])
     given = inputs[0]
-    return Step(calls=[(str(action.get("description") or ""), str(given.get("description") or ""))],
-                observations=[str(given.get("observation") or "")],
-                children=_steps([c for c in given.get("children") or [] if isinstance(c, dict)]))
+    return Step(
+        calls=[(str(action.get("description") or ""), str(given.get("description") or ""))],
+        observations=[str(given.get("observation") or "")],
+        children=_steps([c for c in given.get("children") or [] if isinstance(c, dict)]),
+    )
 
 
 def _chain_as_tree(chain: list[dict]) -> list[dict]:
@@ -102,8 +104,13 @@ def _converted_as_trace(details: list) -> list[dict]:
             trace.append({"node_type": "Thought", "description": message or ""})
         elif node.get("role") == "tool" and isinstance(message, dict):
             trace.append({"node_type": "Action", "description": message.get("name", "")})
-            trace.append({"node_type": "Action Input", "description": message.get("arguments", ""),
-                          "observation": message.get("response", "")})
+            trace.append(
+                {
+                    "node_type": "Action Input",
+                    "description": message.get("arguments", ""),
+                    "observation": message.get("response", ""),
+                }
+            )
         following = node.get("next")
         node = following[0] if isinstance(following, list) and following and isinstance(following[0], dict) else None
     return trace
@@ -191,9 +198,13 @@ def _from_react_text(messages: list[dict]) -> list[dict]:
             step = parse_react_step(content)
             calls = [{"function": {"name": step.action, "arguments": step.arguments}}] if step.action else []
             out.append({"role": "assistant", "content": step.thought, "tool_calls": calls})
-        elif message.get("role") == "user" and content.startswith(REACT_OBSERVATION) and out \
-                and out[-1].get("role") in ("assistant", "tool"):
-            out.append({"role": "tool", "content": content[len(REACT_OBSERVATION):]})
+        elif (
+            message.get("role") == "user"
+            and content.startswith(REACT_OBSERVATION)
+            and out
+            and out[-1].get("role") in ("assistant", "tool")
+        ):
+            out.append({"role": "tool", "content": content[len(REACT_OBSERVATION) :]})
         else:
             out.append(message)
     return out
@@ -202,8 +213,13 @@ def _from_react_text(messages: list[dict]) -> list[dict]:
 class RecordedAgent:
     """The replaying engine (see module docstring). `latency` seconds are waited before each answer."""
 
-    def __init__(self, recordings: dict[str, Recording], latency: float = 0.0, model: str = RECORDED_MODEL,
-                 text_protocol: bool = False):
+    def __init__(
+        self,
+        recordings: dict[str, Recording],
+        latency: float = 0.0,
+        model: str = RECORDED_MODEL,
+        text_protocol: bool = False,
+    ):
         self.recordings, self.latency, self.model = recordings, latency, model
         self.text_protocol = text_protocol
         self.requests = self.in_flight = self.peak_in_flight = 0
@@ -226,7 +242,7 @@ class RecordedAgent:
             return None
         options = recording.steps
         first_user = next(i for i, m in enumerate(messages) if m.get("role") == "user")
-        for message in messages[first_user + 1:]:
+        for message in messages[first_user + 1 :]:
             if message.get("role") != "assistant":
                 continue
             step = next((s for s in options if _matches(s, message)), None)
@@ -243,9 +259,18 @@ class RecordedAgent:
         content = step.content if step is not None else "The recording has no step for this state; giving up."
         if self.text_protocol:
             return {"role": "assistant", "content": render_react_step(content, calls)}
-        return {"role": "assistant", "content": content or None,
-                "tool_calls": [{"id": f"call_rec_{next(self._ids)}", "type": "function",
-                                "function": {"name": name, "arguments": arguments}} for name, arguments in calls]}
+        return {
+            "role": "assistant",
+            "content": content or None,
+            "tool_calls": [
+                {
+                    "id": f"call_rec_{next(self._ids)}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }
+                for name, arguments in calls
+            ],
+        }
 
     def app(self):
         app = FastAPI(title="recorded agent (a replay, not a model)")
@@ -271,17 +296,32 @@ class RecordedAgent:
             finally:
                 self.in_flight -= 1
             message = self.reply(body.get("messages") or [])
-            return {"id": f"rec-{self.requests}", "object": "chat.completion", "created": int(time.time()),
-                    "model": body.get("model", self.model),
-                    "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
-                                 "message": message}],
-                    "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+            return {
+                "id": f"rec-{self.requests}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", self.model),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                        "message": message,
+                    }
+                ],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            }
+
         return app
 
 
 @contextlib.contextmanager
-def serve_recorded_agent(recordings: dict[str, Recording] | list[str | Path], port: int, latency: float = 0.0,
-                         host: str = "127.0.0.1", text_protocol: bool = False) -> Iterator[tuple[str, RecordedAgent]]:
+def serve_recorded_agent(
+    recordings: dict[str, Recording] | list[str | Path],
+    port: int,
+    latency: float = 0.0,
+    host: str = "127.0.0.1",
+    text_protocol: bool = False,
+) -> Iterator[tuple[str, RecordedAgent]]:
     """Serve a RecordedAgent on host:port in a background thread; yields (base URL, agent)."""
     if not isinstance(recordings, dict):
         recordings = load_recordings(recordings)
@@ -335,8 +375,12 @@ def recorded_cache_folder(recordings: dict[str, Recording], queries: list[dict],
                 except ValueError:
                     skipped += 1
                     continue
-                if target is None or not isinstance(args, dict) or not isinstance(response, dict) \
-                        or "error" not in response:
+                if (
+                    target is None
+                    or not isinstance(args, dict)
+                    or not isinstance(response, dict)
+                    or "error" not in response
+                ):
                     skipped += 1
                     continue
                 category, tool, api = target

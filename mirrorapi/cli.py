@@ -64,8 +64,12 @@ def tools_show(args: argparse.Namespace) -> int:
 
 def tools_export(args: argparse.Namespace) -> int:
     registry = ToolRegistry.load(args.tools)
-    spec = [*(("category", c) for c in args.category or ()), *(("tool", t) for t in args.tool or ()),
-            *(("api", a) for a in args.api or ()), *(("query", q) for q in args.query or ())]
+    spec = [
+        *(("category", c) for c in args.category or ()),
+        *(("tool", t) for t in args.tool or ()),
+        *(("api", a) for a in args.api or ()),
+        *(("query", q) for q in args.query or ()),
+    ]
     schemas = export_toolset(select_toolset(registry, parse_toolset(args.toolset or "") + spec), args.format)
     text = json.dumps(schemas, ensure_ascii=False, indent=2) + "\n"
     if args.out:
@@ -78,8 +82,9 @@ def tools_export(args: argparse.Namespace) -> int:
 
 
 def tools_stats_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sources", nargs="+",
-                        help="Tools folders, StableToolBench query files or OpenAI function files.")
+    parser.add_argument(
+        "sources", nargs="+", help="Tools folders, StableToolBench query files or OpenAI function files."
+    )
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
 
@@ -93,25 +98,43 @@ def tools_show_arguments(parser: argparse.ArgumentParser) -> None:
 
 def tools_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tools", nargs="+", required=True, metavar="SOURCE", help="Tools folders or files to load.")
-    parser.add_argument("--format", choices=("openai", "mcp"), default="openai",
-                        help="Schema format (default openai).")
-    parser.add_argument("--toolset", metavar="SPEC", help="Toolset in URL query syntax, e.g. 'category=Data&tool="
-                        "APIBank/apibank_account' (what /mcp?SPEC lists). Nothing chosen: every API.")
+    parser.add_argument(
+        "--format", choices=("openai", "mcp"), default="openai", help="Schema format (default openai)."
+    )
+    parser.add_argument(
+        "--toolset",
+        metavar="SPEC",
+        help="Toolset in URL query syntax, e.g. 'category=Data&tool="
+        "APIBank/apibank_account' (what /mcp?SPEC lists). Nothing chosen: every API.",
+    )
     parser.add_argument("--category", nargs="+", help="Every API of these categories.")
     parser.add_argument("--tool", nargs="+", metavar="CATEGORY/TOOL", help="Every API of these tools.")
     parser.add_argument("--api", nargs="+", metavar="CATEGORY/TOOL/API", help="These APIs.")
-    parser.add_argument("--query", nargs="+", metavar="QUERY_ID",
-                        help="The api_list of these StableToolBench queries (the query file must be among --tools).")
+    parser.add_argument(
+        "--query",
+        nargs="+",
+        metavar="QUERY_ID",
+        help="The api_list of these StableToolBench queries (the query file must be among --tools).",
+    )
     parser.add_argument("--out", metavar="FILE", help="Write here instead of standard output.")
 
 
 TOOLS_COMMANDS = [
-    Command("stats", "Count categories, tools and APIs; list unreadable files.", tools_stats_arguments, tools_stats,
-            TOOLS_ERRORS),
-    Command("show", "Print the doc of a tool, or of one of its APIs.", tools_show_arguments, tools_show,
-            TOOLS_ERRORS),
-    Command("export", "Write the function schemas of a toolset (OpenAI function calling or MCP).",
-            tools_export_arguments, tools_export, TOOLS_ERRORS),
+    Command(
+        "stats",
+        "Count categories, tools and APIs; list unreadable files.",
+        tools_stats_arguments,
+        tools_stats,
+        TOOLS_ERRORS,
+    ),
+    Command("show", "Print the doc of a tool, or of one of its APIs.", tools_show_arguments, tools_show, TOOLS_ERRORS),
+    Command(
+        "export",
+        "Write the function schemas of a toolset (OpenAI function calling or MCP).",
+        tools_export_arguments,
+        tools_export,
+        TOOLS_ERRORS,
+    ),
 ]
 
 

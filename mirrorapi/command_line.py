@@ -115,9 +115,15 @@ def flag_name(model: type, name: str, prefix: str = "") -> str:
     return "--" + prefix + (_flag_of(settings_fields(model)[name]).name or name.replace("_", "-"))
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, model: type,
-                           prefix: str = "", exclude: Sequence[str] = (), required: bool = True,
-                           underscore_spelling: bool = False, defaults: Mapping[str, Any] | None = None) -> None:
+def add_settings_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    model: type,
+    prefix: str = "",
+    exclude: Sequence[str] = (),
+    required: bool = True,
+    underscore_spelling: bool = False,
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
     """One flag per field of `model`: `--<prefix><name>`, its help the field's description and default.
 
     Lists take several values; a boolean that defaults to False is a switch; a Literal gives the choices.
@@ -138,19 +144,27 @@ def add_settings_arguments(parser: argparse.ArgumentParser | argparse._ArgumentG
         if field.annotation is bool and field.default is False:
             parser.add_argument(*flags, dest=dest_prefix + name, action="store_true", default=None, help=help_text)
             continue
-        parser.add_argument(*flags, dest=dest_prefix + name, nargs="+" if _is_list(field) else None,
-                            type=_scalar_type(field), choices=_choices(field),
-                            required=required and field.is_required() and name not in defaults,
-                            default=defaults.get(name),
-                            metavar=flag.metavar or (None if _choices(field) else spelt.replace("-", "_").upper()),
-                            help=help_text.replace("%", "%%"))
+        parser.add_argument(
+            *flags,
+            dest=dest_prefix + name,
+            nargs="+" if _is_list(field) else None,
+            type=_scalar_type(field),
+            choices=_choices(field),
+            required=required and field.is_required() and name not in defaults,
+            default=defaults.get(name),
+            metavar=flag.metavar or (None if _choices(field) else spelt.replace("-", "_").upper()),
+            help=help_text.replace("%", "%%"),
+        )
 
 
 def settings_values(args: argparse.Namespace, model: type, prefix: str = "") -> dict[str, Any]:
     """The settings given on the command line (the flags of `add_settings_arguments`), by field name."""
     dest_prefix = prefix.replace("-", "_")
-    return {name: getattr(args, dest_prefix + name) for name in settings_fields(model)
-            if getattr(args, dest_prefix + name, None) is not None}
+    return {
+        name: getattr(args, dest_prefix + name)
+        for name in settings_fields(model)
+        if getattr(args, dest_prefix + name, None) is not None
+    }
 
 
 def one_line(error: ValidationError, model: type, spell: Callable[[str], str] = str) -> str:
@@ -216,8 +230,11 @@ def read_yaml_settings(path: str | os.PathLike, model: type) -> dict[str, Any]:
         if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
             return os.path.normpath(base / value)
         return os.path.expanduser(value) if isinstance(value, str) else value
-    return {k: ([fix(v) for v in val] if isinstance(val, list) else fix(val)) if k in paths else val
-            for k, val in data.items()}
+
+    return {
+        k: ([fix(v) for v in val] if isinstance(val, list) else fix(val)) if k in paths else val
+        for k, val in data.items()
+    }
 
 
 # ------------------------------------------------------------------------------------------ commands
@@ -240,9 +257,13 @@ class Command:
 
 
 def add_command(sub, command: Command) -> argparse.ArgumentParser:
-    parser = sub.add_parser(command.name, help=command.help, description=command.description or command.help,
-                            allow_abbrev=False,
-                            add_help=not command.passthrough)
+    parser = sub.add_parser(
+        command.name,
+        help=command.help,
+        description=command.description or command.help,
+        allow_abbrev=False,
+        add_help=not command.passthrough,
+    )
     command.add_arguments(parser)
     parser.set_defaults(mirrorapi_command=command)
     return parser
@@ -282,8 +303,13 @@ def run_script(command: Command, argv: Sequence[str] | None, usage: str, prog: s
         args = argparse.Namespace(mirrorapi_command=command)
         args.passthrough = list(sys.argv[1:] if argv is None else argv)
         return _run(command, args, prog)
-    parser = argparse.ArgumentParser(prog=prog, description=usage.splitlines()[0], epilog=usage,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=usage.splitlines()[0],
+        epilog=usage,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     command.add_arguments(parser)
     parser.set_defaults(mirrorapi_command=command)
     return run_parsed(parser, argv, prog)

@@ -140,7 +140,9 @@ class EngineClient:
         if self._session is None:  # one pool for all replicas: connections are reused across requests
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections),
-                headers=self._headers, timeout=_deadline(self.timeout))
+                headers=self._headers,
+                timeout=_deadline(self.timeout),
+            )
         return self._session
 
     # ------------------------------------------------------------------------- replica choice
@@ -186,35 +188,58 @@ class EngineClient:
                     replica.down_until = time.monotonic() + self.cooldown
             finally:
                 replica.probing = False
+
         task = asyncio.get_running_loop().create_task(probe())
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
     # ------------------------------------------------------------------------------- calls
     async def _post(self, base: str, body: bytes, timeout: float) -> dict:
-        async with self._http().post(base + "/chat/completions", data=body,
-                                     timeout=_deadline(timeout)) as response:
+        async with self._http().post(base + "/chat/completions", data=body, timeout=_deadline(timeout)) as response:
             if response.status < 400 and response.content_type == "text/event-stream":
                 return await _streamed_completion(response)
             data = await response.read()
             if response.status >= 400:
-                raise EngineError("http", f"engine answered HTTP {response.status}: "
-                                          f"{data[:200].decode('utf-8', 'replace')}", status=response.status)
+                raise EngineError(
+                    "http",
+                    f"engine answered HTTP {response.status}: {data[:200].decode('utf-8', 'replace')}",
+                    status=response.status,
+                )
         return _json_body(data)
 
-    async def chat(self, messages: list[dict], *, temperature: float = 0.0, max_tokens: int = 1024,
-                   response_format: dict | None = None, seed: int | None = None,
-                   extra_body: dict | None = None) -> str:
+    async def chat(
+        self,
+        messages: list[dict],
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 1024,
+        response_format: dict | None = None,
+        seed: int | None = None,
+        extra_body: dict | None = None,
+    ) -> str:
         """The assistant text for `messages` ("" when the message has none); raises EngineError once
         retries or the deadline run out."""
-        message, _ = await self.complete(messages, temperature=temperature, max_tokens=max_tokens,
-                                         response_format=response_format, seed=seed, extra_body=extra_body)
+        message, _ = await self.complete(
+            messages,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            response_format=response_format,
+            seed=seed,
+            extra_body=extra_body,
+        )
         content = message.get("content")
         return content if isinstance(content, str) else ""
 
-    async def complete(self, messages: list[dict], *, temperature: float = 0.0, max_tokens: int = 1024,
-                       response_format: dict | None = None, seed: int | None = None,
-                       extra_body: dict | None = None) -> tuple[dict, dict]:
+    async def complete(
+        self,
+        messages: list[dict],
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 1024,
+        response_format: dict | None = None,
+        seed: int | None = None,
+        extra_body: dict | None = None,
+    ) -> tuple[dict, dict]:
         """(the assistant message as the engine sent it, e.g. with `tool_calls`; the `usage` object or {})."""
         deadline = time.monotonic() + self.timeout
         body = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
@@ -245,7 +270,8 @@ class EngineClient:
             # attempt, or no other healthy replica left) the attempt may take what is left of the deadline,
             # as a slow engine's long answer is better than a retry that starts generating again.
             elsewhere = attempt < self.retries and any(
-                i not in tried and not r.down_until for i, r in enumerate(self.replicas))
+                i not in tried and not r.down_until for i, r in enumerate(self.replicas)
+            )
             base, limit = replica.base, min(self.attempt_timeout, remaining) if elsewhere else remaining
             replica.in_flight += 1
             try:  # aiohttp's total timeout bounds the attempt (asyncio.wait_for would cost a task per attempt)
@@ -271,8 +297,11 @@ class EngineClient:
         """Wait, in arrival order, until an attempt somewhere ends; EngineError `busy` when `max_waiting` calls
         already wait, `timeout` when the call's deadline comes first."""
         if self.max_waiting is not None and len(self._waiters) >= self.max_waiting:
-            raise EngineError("busy", f"the simulator engine is busy: {self.max_in_flight} calls in flight on each of "
-                                      f"{len(self.replicas)} replica(s) and {len(self._waiters)} waiting")
+            raise EngineError(
+                "busy",
+                f"the simulator engine is busy: {self.max_in_flight} calls in flight on each of "
+                f"{len(self.replicas)} replica(s) and {len(self._waiters)} waiting",
+            )
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
@@ -308,8 +337,9 @@ class EngineClient:
         return EngineHealth(base, True, False, listed)
 
     async def _answers_one_token(self, base: str, timeout: float) -> tuple[bool, str]:
-        body = json.dumps({"model": self.model, "max_tokens": 1, "temperature": 0,
-                           "messages": [{"role": "user", "content": "ping"}]}).encode()
+        body = json.dumps(
+            {"model": self.model, "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": "ping"}]}
+        ).encode()
         try:
             _message(await asyncio.wait_for(self._post(base, body, timeout), timeout))
             return True, "answered a one-token completion"
@@ -322,6 +352,7 @@ class EngineClient:
         """Per replica: `ok` only if it lists the configured model, or (an engine whose /models does not
         list it, such as `transformers serve`) answers a one-token completion for it, and calls are not skipping
         it (it failed one lately and has not answered a probe's completion since)."""
+
         async def check(replica: _Replica) -> EngineHealth:
             health = await self._reachable(replica.base, timeout)
             if health.reachable and not health.ok:
@@ -331,17 +362,16 @@ class EngineClient:
             health.cooling_down = round(max(0.0, replica.down_until - time.monotonic()), 1)
             if replica.down_until and health.ok:
                 health.ok = False
-                health.detail = (f"{health.detail}, but its calls failed lately: skipped until it answers a "
-                                 "completion")
+                health.detail = f"{health.detail}, but its calls failed lately: skipped until it answers a completion"
             return health
+
         return list(await asyncio.gather(*(check(r) for r in self.replicas)))
 
     async def served_by(self, timeout: float = 3.0) -> str | None:
         """Which engine serves the model: the `owned_by` of its entry in the first replica's `GET /models`
         (`vllm` for vLLM); None when the list does not name the model or cannot be read."""
         try:
-            async with self._http().get(self.api_bases[0] + "/models",
-                                        timeout=_deadline(timeout)) as response:
+            async with self._http().get(self.api_bases[0] + "/models", timeout=_deadline(timeout)) as response:
                 listing = await response.json(content_type=None) if response.status == 200 else {}
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
@@ -370,11 +400,14 @@ def _message(completion: object) -> tuple[dict, dict]:
     """(the assistant message, the `usage` object or {}) of a chat completion; EngineError `no_choice`
     for JSON of another shape."""
     choices = completion.get("choices") if isinstance(completion, dict) else None
-    message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
-        else None
+    message = (
+        choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    )
     if not isinstance(message, dict):
-        raise EngineError("no_choice", f"engine answered JSON that is not a chat completion: "
-                                       f"{json.dumps(completion, ensure_ascii=False)[:200]}")
+        raise EngineError(
+            "no_choice",
+            f"engine answered JSON that is not a chat completion: {json.dumps(completion, ensure_ascii=False)[:200]}",
+        )
     usage = completion.get("usage")  # type: ignore[attr-defined]  # a dict: `message` was found in it
     return message, usage if isinstance(usage, dict) else {}
 

@@ -113,8 +113,9 @@ def argument_similarity(a: dict, b: dict) -> float:
     return _similarity(a, _items(a), b, _items(b))
 
 
-def select_examples(candidates: list[tuple[str, str]], arguments: dict, k: int, char_budget: int,
-                    response_chars: int = 0) -> list[tuple[dict, dict]]:
+def select_examples(
+    candidates: list[tuple[str, str]], arguments: dict, k: int, char_budget: int, response_chars: int = 0
+) -> list[tuple[dict, dict]]:
     """Up to `k` (arguments, observation) pairs of `candidate_pool(candidates)` most similar to
     `arguments`, whose rendered size
     (arguments + observation JSON) fits `char_budget` together. Deterministic: ties go to the
@@ -147,5 +148,3 @@ def select_examples(candidates: list[tuple[str, str]], arguments: dict, k: int, 
             if len(chosen) == k:
                 break
     return chosen
-
-

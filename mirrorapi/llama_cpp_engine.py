@@ -35,8 +35,13 @@ from typing import Any
 
 REWRITTEN_PATHS = ("/v1/chat/completions", "/v1/completions")
 ANY_JSON = {"type": ["string", "number", "boolean", "object", "array", "null"]}
-SERVER_DEFAULTS = {"host": "127.0.0.1", "n_ctx": 8192, "interrupt_requests": False, "logits_all": False,
-                   "verbose": False}
+SERVER_DEFAULTS = {
+    "host": "127.0.0.1",
+    "n_ctx": 8192,
+    "interrupt_requests": False,
+    "logits_all": False,
+    "verbose": False,
+}
 
 
 def explicit_any(schema):
@@ -112,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
     from llama_cpp.server.settings import ModelSettings, ServerSettings, Settings
 
-    parser = argparse.ArgumentParser(prog="python -m mirrorapi.llama_cpp_engine", description=__doc__.splitlines()[0],
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m mirrorapi.llama_cpp_engine", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     add_args_from_model(parser, Settings)
     threads = len(os.sched_getaffinity(0))
     parser.set_defaults(**SERVER_DEFAULTS, n_threads=threads, n_threads_batch=threads)

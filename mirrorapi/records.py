@@ -192,9 +192,16 @@ def _cache_file(path: str, category: str, tool: str, api: str, on_bad: OnBad) ->
             on_bad(f"{where}: value of {key[:60]!r} is not {{error, response}}")
             continue
         error = observation.get("error") or ""
-        yield {"source": "stabletoolbench-cache", "episode": f"stb-cache:{where}#{number}", "step": 0,
-               "category": category, "tool_name": tool, "api_name": api, "tool_input": arguments,
-               "response": {"error": error if isinstance(error, str) else str(error),
-                            "response": observation["response"]}}
-
-
+        yield {
+            "source": "stabletoolbench-cache",
+            "episode": f"stb-cache:{where}#{number}",
+            "step": 0,
+            "category": category,
+            "tool_name": tool,
+            "api_name": api,
+            "tool_input": arguments,
+            "response": {
+                "error": error if isinstance(error, str) else str(error),
+                "response": observation["response"],
+            },
+        }

@@ -70,21 +70,33 @@ class PairSelection:
 
     def heldout_episodes(self) -> set[tuple[str, str]]:
         """(source, episode) of every episode held out (test_id or test_ood)."""
-        return {(self.kept[i].pair["source"], str(self.kept[i].pair["episode"]))
-                for name in TEST_SPLITS for i in self.splits[name]}
+        return {
+            (self.kept[i].pair["source"], str(self.kept[i].pair["episode"]))
+            for name in TEST_SPLITS
+            for i in self.splits[name]
+        }
 
 
-def select_pairs(pairs: Iterable[dict], registry: ToolRegistry, *, history: int = 0,
-                 history_char_budget: int = HISTORY_CHAR_BUDGET, history_format: str = SESSION_FORMAT,
-                 need_rationale: bool = False,
-                 ood_fraction: float = DEFAULT_OOD_FRACTION, id_fraction: float = DEFAULT_ID_FRACTION,
-                 seed: int = DEFAULT_SPLIT_SEED, progress: bool = False) -> PairSelection:
+def select_pairs(
+    pairs: Iterable[dict],
+    registry: ToolRegistry,
+    *,
+    history: int = 0,
+    history_char_budget: int = HISTORY_CHAR_BUDGET,
+    history_format: str = SESSION_FORMAT,
+    need_rationale: bool = False,
+    ood_fraction: float = DEFAULT_OOD_FRACTION,
+    id_fraction: float = DEFAULT_ID_FRACTION,
+    seed: int = DEFAULT_SPLIT_SEED,
+    progress: bool = False,
+) -> PairSelection:
     """Apply the quality rules and split; the kept pairs in input order and the split's indices into them.
     With `history`, each pair's earlier calls are rendered as session format `history_format` shows them."""
     selection = PairSelection([], {})
     seen: dict[tuple, tuple] = {}
-    for pair, doc, earlier in _with_history(pairs, registry, history, history_char_budget, history_format, selection,
-                                            progress):
+    for pair, doc, earlier in _with_history(
+        pairs, registry, history, history_char_budget, history_format, selection, progress
+    ):
         error, response = pair["response"]["error"], pair["response"]["response"]
         if need_rationale and not pair.get("rationale"):
             selection.dropped["no_rationale"] += 1  # a CoT target needs the mechanism (MirrorAPI's train_cot.json)
@@ -100,14 +112,25 @@ def select_pairs(pairs: Iterable[dict], registry: ToolRegistry, *, history: int 
         kind = "error" if error else "in_band_error" if in_band_error(response) else "success"
         selection.kinds[kind] += 1
         selection.kept.append(ChosenPair(doc, pair["tool_input"], error, cut, pair, kind, key[3], earlier))
-    selection.splits = split_episodes([(c.doc.category, c.doc.tool, c.doc.api) for c in selection.kept],
-                                      [(c.pair["source"], c.pair["episode"]) for c in selection.kept],
-                                      ood_fraction, id_fraction, seed)
+    selection.splits = split_episodes(
+        [(c.doc.category, c.doc.tool, c.doc.api) for c in selection.kept],
+        [(c.pair["source"], c.pair["episode"]) for c in selection.kept],
+        ood_fraction,
+        id_fraction,
+        seed,
+    )
     return selection
 
 
-def _with_history(pairs: Iterable[dict], registry: ToolRegistry, history: int, char_budget: int, fmt: str,
-                  selection: PairSelection, progress: bool) -> list[tuple[dict, ApiDoc, tuple[str, ...]]]:
+def _with_history(
+    pairs: Iterable[dict],
+    registry: ToolRegistry,
+    history: int,
+    char_budget: int,
+    fmt: str,
+    selection: PairSelection,
+    progress: bool,
+) -> list[tuple[dict, ApiDoc, tuple[str, ...]]]:
     """(pair, doc, history) of the pairs that resolve and are not transport failures, in input order;
     `history`: the prompt's lines of the episode's earlier steps (empty without `history`)."""
     usable: list[tuple[dict, ApiDoc]] = []
@@ -131,8 +154,9 @@ def _with_history(pairs: Iterable[dict], registry: ToolRegistry, history: int, c
         return [(pair, doc, ()) for pair, doc in usable]
     episodes: dict[tuple, list[tuple[int, str]]] = {}
     for pair, doc in usable:
-        line = history_line(doc.tool, doc.api, pair["tool_input"], pair["response"]["error"],
-                            pair["response"]["response"], fmt)
+        line = history_line(
+            doc.tool, doc.api, pair["tool_input"], pair["response"]["error"], pair["response"]["response"], fmt
+        )
         episodes.setdefault((pair["source"], pair["episode"]), []).append((int(pair["step"]), line))
     for steps in episodes.values():
         steps.sort(key=lambda item: item[0])

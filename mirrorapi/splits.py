@@ -18,8 +18,9 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
 
-def split_episodes(apis: Sequence[Hashable], episodes: Sequence[Hashable], ood_fraction: float,
-                   id_fraction: float, seed: int) -> dict[str, list[int]]:
+def split_episodes(
+    apis: Sequence[Hashable], episodes: Sequence[Hashable], ood_fraction: float, id_fraction: float, seed: int
+) -> dict[str, list[int]]:
     """Indices of `train`, `test_id` and `test_ood` records, given each record's API and episode.
 
     `ood_fraction` of the distinct APIs are held out; `id_fraction` of the remaining episodes go to
@@ -53,5 +54,7 @@ def split_groups(groups: Sequence[Hashable], test_fraction: float, seed: int) ->
     distinct = sorted(set(groups), key=str)
     rng.shuffle(distinct)
     test = set(distinct[: round(len(distinct) * test_fraction)])
-    return {"train": [i for i, g in enumerate(groups) if g not in test],
-            "test": [i for i, g in enumerate(groups) if g in test]}
+    return {
+        "train": [i for i, g in enumerate(groups) if g not in test],
+        "test": [i for i, g in enumerate(groups) if g in test],
+    }

@@ -122,8 +122,12 @@ def _params(value: Any) -> list[dict]:
         if all(isinstance(p.get(k), str) for k in ("name", "type", "description")) and "default" in p:
             out.append(p)  # the common case: keep the parsed dict as is (load speed)
             continue
-        clean = {"name": _text(p.get("name")), "type": _text(p.get("type")) or "STRING",
-                 "description": _text(p.get("description")), "default": p.get("default", "")}
+        clean = {
+            "name": _text(p.get("name")),
+            "type": _text(p.get("type")) or "STRING",
+            "description": _text(p.get("description")),
+            "default": p.get("default", ""),
+        }
         if "schema" in p:
             clean["schema"] = p["schema"]
         out.append(clean)
@@ -218,8 +222,16 @@ class ToolRegistry:
             written = tools_index.write(folder, stamp, records, unreadable) if settled else None
             if written is not None:
                 logger.info("tools index of %s written to %s", folder, written)
-            self.indexes.append((str(folder), "written" if written is not None else
-                                 "not written" if settled else "not written: changed just now"))
+            self.indexes.append(
+                (
+                    str(folder),
+                    "written"
+                    if written is not None
+                    else "not written"
+                    if settled
+                    else "not written: changed just now",
+                )
+            )
         else:
             self.indexes.append((str(folder), "read"))
             records, unreadable = index
@@ -264,7 +276,11 @@ class ToolRegistry:
         title = _text(api.get("name") or api.get("api_name"))
         key = api_key_name(title)
         doc = ApiDoc(
-            category=tool.category, tool=tool.name, api=key, tool_title=tool.title, api_title=title,
+            category=tool.category,
+            tool=tool.name,
+            api=key,
+            tool_title=tool.title,
+            api_title=title,
             tool_description=tool.description,
             description=_text(api.get("description", api.get("api_description"))),
             method=_text(api.get("method")) or "GET",
@@ -354,8 +370,12 @@ class ToolRegistry:
             if name.endswith(suffix):
                 doc = tool.apis.get(name[: -len(suffix)])
         if doc is None:
-            raise UnknownName("API", api_name, f" for tool {tool.name!r} in category {tool.category!r}",
-                              _closest(name, tool.apis) or sorted(tool.apis)[:5])
+            raise UnknownName(
+                "API",
+                api_name,
+                f" for tool {tool.name!r} in category {tool.category!r}",
+                _closest(name, tool.apis) or sorted(tool.apis)[:5],
+            )
         return doc
 
     def get(self, category: str, tool: str, api: str) -> ApiDoc | None:
@@ -381,8 +401,14 @@ class ToolRegistry:
         }
 
 
-_JSON_TYPES = {"string": "STRING", "integer": "NUMBER", "number": "NUMBER", "boolean": "BOOLEAN",
-               "array": "ARRAY", "object": "OBJECT"}
+_JSON_TYPES = {
+    "string": "STRING",
+    "integer": "NUMBER",
+    "number": "NUMBER",
+    "boolean": "BOOLEAN",
+    "array": "ARRAY",
+    "object": "OBJECT",
+}
 
 
 def functions_tool_json(data: Any, tool: str) -> dict:
@@ -401,12 +427,24 @@ def functions_tool_json(data: Any, tool: str) -> dict:
         params: dict[bool, list] = {True: [], False: []}
         for name, prop in props.items():
             prop = prop if isinstance(prop, dict) else {}
-            params[name in required].append({
-                "name": name, "type": _JSON_TYPES.get(str(prop.get("type")), "STRING"),
-                "description": _text(prop.get("description")), "default": prop.get("default", ""), "schema": prop,
-            })
-        api_list.append({"name": fn["name"], "description": fn.get("description"), "method": "POST",
-                         "required_parameters": params[True], "optional_parameters": params[False]})
+            params[name in required].append(
+                {
+                    "name": name,
+                    "type": _JSON_TYPES.get(str(prop.get("type")), "STRING"),
+                    "description": _text(prop.get("description")),
+                    "default": prop.get("default", ""),
+                    "schema": prop,
+                }
+            )
+        api_list.append(
+            {
+                "name": fn["name"],
+                "description": fn.get("description"),
+                "method": "POST",
+                "required_parameters": params[True],
+                "optional_parameters": params[False],
+            }
+        )
     return {"tool_name": tool, "api_list": api_list}
 
 

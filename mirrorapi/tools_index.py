@@ -34,8 +34,17 @@ SETTLE_SECONDS = 2.0
 INDEX_DIR_ENV = "MIRRORAPI_TOOLS_INDEX_DIR"  # every index in this folder instead (the tests' own, a shared cache)
 # What the registry reads of a tool file and of each of its APIs (mirrorapi.tools._add_tool_json/_add_api).
 TOOL_KEYS = ("tool_name", "name", "tool_description")
-API_KEYS = ("name", "api_name", "description", "api_description", "method", "required_parameters",
-            "optional_parameters", "template_response", "schema")
+API_KEYS = (
+    "name",
+    "api_name",
+    "description",
+    "api_description",
+    "method",
+    "required_parameters",
+    "optional_parameters",
+    "template_response",
+    "schema",
+)
 _CODE = b"".join(Path(__file__).with_name(name).read_bytes() for name in ("tools.py", "tools_index.py"))
 
 
@@ -66,8 +75,10 @@ def fingerprint(folder: Path, files: list[tuple[str, str, str, int, int]]) -> tu
         digest.update(b"%s\0%d\n" % (category.encode("utf-8", "surrogateescape"), mtime))
     for category, stem, _, size, mtime in files:
         newest = max(newest, mtime)
-        digest.update(b"%s/%s\0%d\0%d\n" % (category.encode("utf-8", "surrogateescape"),
-                                            stem.encode("utf-8", "surrogateescape"), size, mtime))
+        digest.update(
+            b"%s/%s\0%d\0%d\n"
+            % (category.encode("utf-8", "surrogateescape"), stem.encode("utf-8", "surrogateescape"), size, mtime)
+        )
     return digest.digest(), time.time_ns() - newest > SETTLE_SECONDS * 1e9
 
 
@@ -76,8 +87,9 @@ def trimmed(data: dict) -> dict:
     out = {k: data[k] for k in TOOL_KEYS if k in data}
     api_list = data.get("api_list")
     if isinstance(api_list, list):
-        out["api_list"] = [{k: api[k] for k in API_KEYS if k in api} if isinstance(api, dict) else api
-                           for api in api_list]
+        out["api_list"] = [
+            {k: api[k] for k in API_KEYS if k in api} if isinstance(api, dict) else api for api in api_list
+        ]
     return out
 
 
@@ -136,6 +148,5 @@ def write(folder: Path, stamp: bytes, records: list, unreadable: list) -> Path |
             return path
         except (OSError, ValueError) as exc:  # read-only, full, or data marshal cannot hold: the next place
             logger.debug("tools index not written to %s: %s", path, exc)
-    logger.warning("tools index of %s not written (no writable place): the next start reads the folder again",
-                   folder)
+    logger.warning("tools index of %s not written (no writable place): the next start reads the folder again", folder)
     return None

@@ -34,9 +34,20 @@ TOOLSET_KEYS = ("category", "tool", "api", "query")
 NAME_LIMIT = 64
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
 # RapidAPI / ToolBench parameter types -> JSON schema types (anything else is a string: ENUM, DATE, ...)
-_JSON_TYPES = {"STRING": "string", "NUMBER": "number", "INTEGER": "integer", "INT": "integer", "FLOAT": "number",
-               "BOOLEAN": "boolean", "BOOL": "boolean", "ARRAY": "array", "LIST": "array", "OBJECT": "object",
-               "DICT": "object", "STR": "string"}
+_JSON_TYPES = {
+    "STRING": "string",
+    "NUMBER": "number",
+    "INTEGER": "integer",
+    "INT": "integer",
+    "FLOAT": "number",
+    "BOOLEAN": "boolean",
+    "BOOL": "boolean",
+    "ARRAY": "array",
+    "LIST": "array",
+    "OBJECT": "object",
+    "DICT": "object",
+    "STR": "string",
+}
 
 
 class ToolsetError(ValueError):
@@ -126,7 +137,7 @@ def function_names(docs: list[ApiDoc]) -> dict[str, ApiDoc]:
         unique, number = name, 2
         while unique in named:
             suffix = f"_{number}"
-            unique, number = name[:NAME_LIMIT - len(suffix)] + suffix, number + 1
+            unique, number = name[: NAME_LIMIT - len(suffix)] + suffix, number + 1
         named[unique] = doc
     return named
 
@@ -164,8 +175,9 @@ def parameter_schema(param: dict) -> dict:
 
 def input_schema(doc: ApiDoc) -> dict:
     """The JSON schema of an API's arguments, with the wire names agents send (`is_id`, not `id`)."""
-    properties = {api_key_name(p["name"]): parameter_schema(p)
-                  for p in doc.required_parameters + doc.optional_parameters}
+    properties = {
+        api_key_name(p["name"]): parameter_schema(p) for p in doc.required_parameters + doc.optional_parameters
+    }
     schema: dict[str, Any] = {"type": "object", "properties": properties}
     required = [api_key_name(p["name"]) for p in doc.required_parameters]
     if required:
@@ -178,15 +190,21 @@ def description(doc: ApiDoc) -> str:
 
 
 def openai_function(name: str, doc: ApiDoc) -> dict:
-    return {"type": "function", "function": {"name": name, "description": description(doc),
-                                             "parameters": input_schema(doc)}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description(doc), "parameters": input_schema(doc)},
+    }
 
 
 def mcp_tool(name: str, doc: ApiDoc) -> dict:
     """An MCP `Tool` as JSON; `_meta` names the API as /virtual knows it."""
-    return {"name": name, "title": f"{doc.api_title} ({doc.tool_title})", "description": description(doc),
-            "inputSchema": input_schema(doc),
-            "_meta": {"mirrorapi/api": {"category": doc.category, "tool": doc.tool, "api": doc.api}}}
+    return {
+        "name": name,
+        "title": f"{doc.api_title} ({doc.tool_title})",
+        "description": description(doc),
+        "inputSchema": input_schema(doc),
+        "_meta": {"mirrorapi/api": {"category": doc.category, "tool": doc.tool, "api": doc.api}},
+    }
 
 
 def export_toolset(toolset: Toolset, fmt: str) -> list[dict]:

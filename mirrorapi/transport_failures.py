@@ -43,32 +43,89 @@ _TRANSPORT_ERRORS = (
 # Inside "Function executing <import> error...\n<exception>": network exceptions of `requests`.
 _EXECUTOR_NETWORK = re.compile(
     r"exceeded \d+ redirects|max retries exceeded|connection(error| refused| reset| aborted)|read timed out|"
-    r"timed out|sslerror|name or service not known|remote end closed", re.IGNORECASE)
+    r"timed out|sslerror|name or service not known|remote end closed",
+    re.IGNORECASE,
+)
 
 # Phrases that, inside a message, mean the call never reached a working API.
 _MESSAGE_RULES = (
-    ("rate_limit", re.compile(r"rate.?limit|too many requests|quota (is |has been )?exceeded|exceeded (the |your )?"
-                              r"(monthly |daily |request )?(quota|limit)", re.IGNORECASE)),
+    (
+        "rate_limit",
+        re.compile(
+            r"rate.?limit|too many requests|quota (is |has been )?exceeded|exceeded (the |your )?"
+            r"(monthly |daily |request )?(quota|limit)",
+            re.IGNORECASE,
+        ),
+    ),
     # "timeout" alone is too common in content ("... during a timeout", a config field).
-    ("timeout", re.compile(r"\btimed out\b|\b(request|connection|read|gateway|upstream|socket|operation)[ -]?"
-                           r"time-?out\b|\btime-?out (error|exceeded|expired)|^\W*time-?out\W*$", re.IGNORECASE)),
+    (
+        "timeout",
+        re.compile(
+            r"\btimed out\b|\b(request|connection|read|gateway|upstream|socket|operation)[ -]?"
+            r"time-?out\b|\btime-?out (error|exceeded|expired)|^\W*time-?out\W*$",
+            re.IGNORECASE,
+        ),
+    ),
     # An API's own "invalid token" (a bad argument) is a genuine error; these are about the caller's access.
-    ("auth", re.compile(r"not subscribed|unsubscribed|^\W*unauthori[sz]ed|unauthenticated|not authenticated|"
-                        r"authentication (is )?(failed|required|error)|invalid (api.?key|credentials)|"
-                        r"api.?key (is )?(invalid|missing|required)|missing api.?key|access (is )?denied|"
-                        r"access_denied|^\W*(403\W*)?forbidden(\W*$|[.:!])|blocked user|"
-                        r"disabled for your subscription|invalid consumer key", re.IGNORECASE)),
+    (
+        "auth",
+        re.compile(
+            r"not subscribed|unsubscribed|^\W*unauthori[sz]ed|unauthenticated|not authenticated|"
+            r"authentication (is )?(failed|required|error)|invalid (api.?key|credentials)|"
+            r"api.?key (is )?(invalid|missing|required)|missing api.?key|access (is )?denied|"
+            r"access_denied|^\W*(403\W*)?forbidden(\W*$|[.:!])|blocked user|"
+            r"disabled for your subscription|invalid consumer key",
+            re.IGNORECASE,
+        ),
+    ),
     ("gateway", re.compile(r"bad gateway|gateway time-?out|upstream (connect )?error", re.IGNORECASE)),
-    ("server_error", re.compile(r"internal server error|\binternal error\b|service unavailable|"
-                                r"temporarily unavailable|under maintenance", re.IGNORECASE)),
-    ("unavailable", re.compile(r"service not found|\bapi (doesn'?t|does not) exists?|endpoint[^.]{0,40}"
-                               r"(does not exist|not found)|no route matched|api is unreachable", re.IGNORECASE)),
+    (
+        "server_error",
+        re.compile(
+            r"internal server error|\binternal error\b|service unavailable|"
+            r"temporarily unavailable|under maintenance",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "unavailable",
+        re.compile(
+            r"service not found|\bapi (doesn'?t|does not) exists?|endpoint[^.]{0,40}"
+            r"(does not exist|not found)|no route matched|api is unreachable",
+            re.IGNORECASE,
+        ),
+    ),
 )
-_STATUS_CLASS = {401: "auth", 403: "auth", 407: "auth", 408: "timeout", 429: "rate_limit", 500: "server_error",
-                 502: "gateway", 503: "server_error", 504: "gateway"}
+_STATUS_CLASS = {
+    401: "auth",
+    403: "auth",
+    407: "auth",
+    408: "timeout",
+    429: "rate_limit",
+    500: "server_error",
+    502: "gateway",
+    503: "server_error",
+    504: "gateway",
+}
 _STATUS_MARKER = re.compile(r"status_code=(429|5\d\d)\b")
-_MESSAGE_KEYS = frozenset({"message", "msg", "error", "errors", "error_message", "errormessage", "detail",
-                           "details", "reason", "fault", "faultstring", "title", "info", "status_message"})
+_MESSAGE_KEYS = frozenset(
+    {
+        "message",
+        "msg",
+        "error",
+        "errors",
+        "error_message",
+        "errormessage",
+        "detail",
+        "details",
+        "reason",
+        "fault",
+        "faultstring",
+        "title",
+        "info",
+        "status_message",
+    }
+)
 _STATUS_KEYS = frozenset({"status", "statuscode", "status_code", "code", "http_status", "httpstatus"})
 _HTML_TEXT = re.compile(r"<(title|h1)[^>]*>(.*?)</\1>", re.IGNORECASE | re.DOTALL)
 _SMALL_OBJECT_KEYS = 8  # a message envelope, not a payload that happens to have a `message` field

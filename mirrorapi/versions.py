@@ -15,9 +15,28 @@ from pathlib import Path
 
 # The distributions whose versions change results or speed; those not installed (an extra left out, vLLM
 # on a CPU host) are left out of the record.
-KEY_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "trl", "peft", "accelerate", "datasets",
-                "numpy", "fastapi", "uvicorn", "openai", "mcp", "sacrebleu", "rouge-score", "vllm",
-                "llama-cpp-python", "gguf", "liger-kernel", "bitsandbytes")
+KEY_PACKAGES = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "trl",
+    "peft",
+    "accelerate",
+    "datasets",
+    "numpy",
+    "fastapi",
+    "uvicorn",
+    "openai",
+    "mcp",
+    "sacrebleu",
+    "rouge-score",
+    "vllm",
+    "llama-cpp-python",
+    "gguf",
+    "liger-kernel",
+    "bitsandbytes",
+)
 _CHECKOUT = Path(__file__).resolve().parents[1]
 
 
@@ -66,9 +85,12 @@ def _git_commit() -> str | None:
     if not (_CHECKOUT / ".git").exists():  # an installed wheel: no checkout to name
         return None
     try:
+
         def git(*args: str) -> str:
-            return subprocess.run(["git", "-C", str(_CHECKOUT), *args], capture_output=True, text=True,
-                                  timeout=10, check=True).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(_CHECKOUT), *args], capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+
         commit = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):  # no git, not a repository, or not ours to read

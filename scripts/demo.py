@@ -26,24 +26,45 @@ sys.path.insert(
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+        allow_abbrev=False,
+    )
     parser.add_argument("--quick", action="store_true", help="Fewer training steps and requests (about 1-2 minutes).")
-    parser.add_argument("--tiny", action="store_true",
-                        help="A tiny model trained from scratch as the simulator and the judge, instead of "
-                             "SmolLM2-135M-Instruct (needs no package index; learns the format, not the APIs).")
-    parser.add_argument("--full", action="store_true",
-                        help="The simulator trained for its recipe's steps, longer than the demo's time allows (the "
-                             "run behind the documented SmolLM2 simulator figures).")
-    parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "demo",
-                        help="Where to build, keep and report (default runs/demo).")
-    parser.add_argument("--shared", type=Path, default=REPO.parent / "shared" / "data",
-                        help="The shared data package (default ../shared/data; data/samples when it is absent).")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="A tiny model trained from scratch as the simulator and the judge, instead of "
+        "SmolLM2-135M-Instruct (needs no package index; learns the format, not the APIs).",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="The simulator trained for its recipe's steps, longer than the demo's time allows (the "
+        "run behind the documented SmolLM2 simulator figures).",
+    )
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=REPO / "runs" / "demo",
+        help="Where to build, keep and report (default runs/demo).",
+    )
+    parser.add_argument(
+        "--shared",
+        type=Path,
+        default=REPO.parent / "shared" / "data",
+        help="The shared data package (default ../shared/data; data/samples when it is absent).",
+    )
     parser.add_argument("--samples", action="store_true", help="Use data/samples even when --shared exists.")
-    parser.add_argument("--engine", choices=("llama.cpp", "vllm"), default="llama.cpp",
-                        help="What serves the SmolLM2 simulator, base model and judge: llama.cpp's server (`make "
-                             "engine`; default) or vLLM (`make vllm`). The tiny model is served by the CPU engine.")
+    parser.add_argument(
+        "--engine",
+        choices=("llama.cpp", "vllm"),
+        default="llama.cpp",
+        help="What serves the SmolLM2 simulator, base model and judge: llama.cpp's server (`make "
+        "engine`; default) or vLLM (`make vllm`). The tiny model is served by the CPU engine.",
+    )
     return parser
 
 
@@ -61,6 +82,7 @@ def main(argv=None) -> int:
         print(f"demo.py: error: cannot use --work-dir {args.work_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     from demo_steps.run import DemoError, DemoOptions, run_demo
+
     # Ctrl-C and `kill` stop the demo, even when it was started with SIGINT ignored (a background job).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -84,8 +106,11 @@ def main(argv=None) -> int:
     real = not (args.quick or args.tiny)
     shared = None if args.samples or not args.shared.is_dir() else args.shared
     model = "SmolLM2-135M-Instruct" if real else "a tiny model"
-    print(f"mirrorapi demo{' (quick)' if args.quick else ''}: the whole loop on a CPU with {model}; "
-          f"work folder {args.work_dir}", flush=True)
+    print(
+        f"mirrorapi demo{' (quick)' if args.quick else ''}: the whole loop on a CPU with {model}; "
+        f"work folder {args.work_dir}",
+        flush=True,
+    )
     try:
         report = run_demo(DemoOptions(args.work_dir, shared, args.quick, real, args.full, args.engine))
     except DemoError as exc:

@@ -22,8 +22,10 @@ def example_arguments(schema: dict, episode: int, step: int) -> dict:
     """Arguments of a tool's input schema: its required parameters, filled with values of their types."""
     values = {"integer": episode, "number": step, "boolean": True, "array": [], "object": {}}
     properties = schema.get("properties", {})
-    return {name: values.get(properties.get(name, {}).get("type"), f"example {episode}-{step}")
-            for name in schema.get("required", [])}
+    return {
+        name: values.get(properties.get(name, {}).get("type"), f"example {episode}-{step}")
+        for name in schema.get("required", [])
+    }
 
 
 async def episode(url: str, toolset: str, number: int, steps: int, seen: collections.Counter) -> None:
@@ -47,9 +49,13 @@ async def main(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     await asyncio.gather(*(episode(args.url, args.toolset, n, args.steps, seen) for n in range(args.episodes)))
     seconds = time.perf_counter() - start
-    return {"episodes": args.episodes, "steps": sum(seen.values()), "seconds": round(seconds, 2),
-            "steps_per_second": round(sum(seen.values()) / seconds, 1),
-            "by_cache_and_answer": {f"{cache}/{answer}": n for (cache, answer), n in sorted(seen.items())}}
+    return {
+        "episodes": args.episodes,
+        "steps": sum(seen.values()),
+        "seconds": round(seconds, 2),
+        "steps_per_second": round(sum(seen.values()) / seconds, 1),
+        "by_cache_and_answer": {f"{cache}/{answer}": n for (cache, answer), n in sorted(seen.items())},
+    }
 
 
 if __name__ == "__main__":
@@ -57,6 +63,9 @@ if __name__ == "__main__":
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="The virtual API server.")
     parser.add_argument("--episodes", type=int, default=64, help="Episodes run at once.")
     parser.add_argument("--steps", type=int, default=4, help="Tool calls per episode.")
-    parser.add_argument("--toolset", default="tool=APIBank/apibank_account",
-                        help="The episodes' toolset, in /mcp's toolset syntax (default: a tool of the sample tools).")
+    parser.add_argument(
+        "--toolset",
+        default="tool=APIBank/apibank_account",
+        help="The episodes' toolset, in /mcp's toolset syntax (default: a tool of the sample tools).",
+    )
     print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))

@@ -45,10 +45,25 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
 # The data the shipped simulator is trained on (its recipe file says why each choice).
-SIMULATOR_DATA_FLAGS = ["--prompt-format", "mirrorapi-v2", "--history", "8", "--stateless-too",
-                        "--few-shot", "1", "--few-shot-char-budget", "1024", "--few-shot-response-chars", "600",
-                        "--target-response-chars", "1024",
-                        "--repeat-sources", "tau-bench=3", "api-bank=2", "toolbench-example=4"]
+SIMULATOR_DATA_FLAGS = [
+    "--prompt-format",
+    "mirrorapi-v2",
+    "--history",
+    "8",
+    "--stateless-too",
+    "--few-shot",
+    "1",
+    "--few-shot-char-budget",
+    "1024",
+    "--few-shot-response-chars",
+    "600",
+    "--target-response-chars",
+    "1024",
+    "--repeat-sources",
+    "tau-bench=3",
+    "api-bank=2",
+    "toolbench-example=4",
+]
 SIMULATOR_RECIPE = "training/configs/simulator_smollm2_gpu_lora.yaml"
 JUDGE_RECIPE = "training/configs/judge_smollm2_gpu_lora.yaml"
 # bf16 dense peak of the GPUs a run may get (NVIDIA's data sheets, SXM), for MFU.
@@ -64,10 +79,24 @@ def log(message: str) -> None:
 def build_data(work: Path, pairs: list[str], tools: list[str], labelled: list[str]) -> dict:
     started = time.perf_counter()
     data = work / "data"
-    subprocess.run([sys.executable, str(REPO / "data/build_simulator_sft.py"), "--pairs", *pairs, "--tools", *tools,
-                    *SIMULATOR_DATA_FLAGS, "--out", str(data / "simulator")], check=True)
-    subprocess.run([sys.executable, str(REPO / "data/build_judge_sft.py"), "--labelled", *labelled,
-                    "--out", str(data / "judge")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "data/build_simulator_sft.py"),
+            "--pairs",
+            *pairs,
+            "--tools",
+            *tools,
+            *SIMULATOR_DATA_FLAGS,
+            "--out",
+            str(data / "simulator"),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [sys.executable, str(REPO / "data/build_judge_sft.py"), "--labelled", *labelled, "--out", str(data / "judge")],
+        check=True,
+    )
     return {"seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -86,18 +115,39 @@ def base_model(work: Path, base: str | None, base_gguf: str | None) -> Path:
 
 def launch(kind: str, recipe: str, base: Path, work: Path, on_gpu: bool, extra: list[str]) -> subprocess.Popen:
     accelerate = "single_gpu" if on_gpu else "cpu"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "-q", "--config_file",
-               str(REPO / f"training/accelerate/{accelerate}.yaml"), str(REPO / "training/sft.py"),
-               "--config", str(REPO / recipe), "--model_name_or_path", str(base),
-               "--dataset_path", str(work / "data" / kind), "--output_dir", str(work / kind)]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "-q",
+        "--config_file",
+        str(REPO / f"training/accelerate/{accelerate}.yaml"),
+        str(REPO / "training/sft.py"),
+        "--config",
+        str(REPO / recipe),
+        "--model_name_or_path",
+        str(base),
+        "--dataset_path",
+        str(work / "data" / kind),
+        "--output_dir",
+        str(work / kind),
+    ]
     if not on_gpu:  # the CPU check: float32 and the CPU's own settings
         command += ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--dataloader_num_workers", "0"]
     (work / "logs").mkdir(parents=True, exist_ok=True)
     log(f"{kind}: $ {' '.join(command + extra)}")
     handle = open(work / "logs" / f"{kind}.log", "w", encoding="utf-8")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(command + extra, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
-                                str(REPO), os.environ.get("PYTHONPATH")])), "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        command + extra,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1",
+        },
+    )
 
 
 def training_figures(run_dir: Path, parameters: int, peak_tflops: float | None) -> dict:
@@ -108,10 +158,17 @@ def training_figures(run_dir: Path, parameters: int, peak_tflops: float | None) 
     speeds = [e["tokens_per_second"] for e in record["log_history"] if "tokens_per_second" in e]
     tokens_per_second = statistics.median(speeds[1:] or speeds) if speeds else None
     peak_memory = max((e.get("peak_memory_gib", 0) for e in record["log_history"]), default=None)
-    return {"metrics": record["metrics"], "tokens_per_second": tokens_per_second,
-            "mfu": (round(6 * parameters * tokens_per_second / (peak_tflops * 1e12), 4)
-                    if tokens_per_second and peak_tflops else None),
-            "peak_memory_gib": peak_memory or None, "log_lines": len(speeds)}
+    return {
+        "metrics": record["metrics"],
+        "tokens_per_second": tokens_per_second,
+        "mfu": (
+            round(6 * parameters * tokens_per_second / (peak_tflops * 1e12), 4)
+            if tokens_per_second and peak_tflops
+            else None
+        ),
+        "peak_memory_gib": peak_memory or None,
+        "log_lines": len(speeds),
+    }
 
 
 # ----------------------------------------------------------------------------------------------- offline scores
@@ -139,8 +196,9 @@ def judge_scores(base: Path, adapter: Path, dataset_path: Path, device: str) -> 
         scores = {}
         for which in ("trained", "base"):
             for line in VERDICT_LINES:
-                full = tokenizer(prompt + line + tokenizer.eos_token, return_tensors="pt",
-                                 add_special_tokens=False).input_ids.to(device)
+                full = tokenizer(
+                    prompt + line + tokenizer.eos_token, return_tensors="pt", add_special_tokens=False
+                ).input_ids.to(device)
                 start = len(tokenizer(prompt, add_special_tokens=False).input_ids)
                 with torch.inference_mode():
                     if which == "base":
@@ -148,13 +206,20 @@ def judge_scores(base: Path, adapter: Path, dataset_path: Path, device: str) -> 
                             logits = model(full).logits
                     else:
                         logits = model(full).logits
-                logprobs = torch.log_softmax(logits[0, start - 1:-1].float(), dim=-1)
+                logprobs = torch.log_softmax(logits[0, start - 1 : -1].float(), dim=-1)
                 target = full[0, start:]
                 scores[f"{which}:{line.split()[-1]}"] = round(logprobs.gather(1, target[:, None]).sum().item(), 4)
-        rows.append({"id": record["id"], "source": record["source"], "label": record["label"],
-                     "label_kind": record["label_kind"], **scores,
-                     "trained": max(("Solved", "Unsolved"), key=lambda v: scores[f"trained:{v}"]),
-                     "base": max(("Solved", "Unsolved"), key=lambda v: scores[f"base:{v}"])})
+        rows.append(
+            {
+                "id": record["id"],
+                "source": record["source"],
+                "label": record["label"],
+                "label_kind": record["label_kind"],
+                **scores,
+                "trained": max(("Solved", "Unsolved"), key=lambda v: scores[f"trained:{v}"]),
+                "base": max(("Solved", "Unsolved"), key=lambda v: scores[f"base:{v}"]),
+            }
+        )
     return rows
 
 
@@ -195,8 +260,9 @@ def zip_longest_all(groups: list[list[dict]]) -> list[list[dict]]:
     return [[g[i] for g in groups if i < len(g)] for i in range(rounds)]
 
 
-def generate(base: Path, adapter: Path, records: list[dict], device: str, seconds: float, max_new_tokens: int,
-             batch_size: int) -> list[dict]:
+def generate(
+    base: Path, adapter: Path, records: list[dict], device: str, seconds: float, max_new_tokens: int, batch_size: int
+) -> list[dict]:
     """Greedy answers of the trained simulator to `records`' prompts, in batches of similar prompt lengths, until
     `seconds` have passed."""
     import torch
@@ -213,17 +279,40 @@ def generate(base: Path, adapter: Path, records: list[dict], device: str, second
         if time.perf_counter() - started > seconds:
             log(f"generation: time limit after {len(out)} of {len(records)} answers")
             break
-        encoded = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True,
-                            add_special_tokens=False).to(device)
+        encoded = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True, add_special_tokens=False).to(
+            device
+        )
         with torch.inference_mode():
-            generated = model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False,
-                                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        for i, row in zip(batch, generated[:, encoded.input_ids.shape[1]:], strict=True):
+            generated = model.generate(
+                **encoded,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        for i, row in zip(batch, generated[:, encoded.input_ids.shape[1] :], strict=True):
             record = records[i]
-            out.append({key: record[key] for key in ("split", "source", "episode", "step", "category", "tool", "api",
-                                                     "arguments", "prompt_format", "kind")}
-                       | {"target": record["completion"][0]["content"],
-                          "generated": tokenizer.decode(row, skip_special_tokens=True)})
+            out.append(
+                {
+                    key: record[key]
+                    for key in (
+                        "split",
+                        "source",
+                        "episode",
+                        "step",
+                        "category",
+                        "tool",
+                        "api",
+                        "arguments",
+                        "prompt_format",
+                        "kind",
+                    )
+                }
+                | {
+                    "target": record["completion"][0]["content"],
+                    "generated": tokenizer.decode(row, skip_special_tokens=True),
+                }
+            )
     return out
 
 
@@ -244,8 +333,9 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
 
     by_id = {(p["source"], str(p["episode"]), int(p["step"])): p for p in load_pairs(pairs)}
     train_split = load_from_disk(str(work / "data" / "simulator"))["train"]
-    train_ids = {(r["source"], r["episode"], r["step"]) for r in train_split.select_columns(
-        ["source", "episode", "step"])}
+    train_ids = {
+        (r["source"], r["episode"], r["step"]) for r in train_split.select_columns(["source", "episode", "step"])
+    }
     train_pairs = [by_id[i] for i in sorted(train_ids)]
     cached = {(api_id(p), canonical_json(p["tool_input"])) for p in train_pairs}
     with lzma.open(generations_path, "rt", encoding="utf-8") as fh:
@@ -284,8 +374,11 @@ def write_adapters(out: Path, work: Path) -> None:
     for kind in ("simulator", "judge"):
         folder = work / kind
         weights = load_file(str(folder / "adapter_model.safetensors"))
-        save_file({k: v.to(torch.float16) for k, v in weights.items()}, str(folder / "adapter_model.fp16.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.to(torch.float16) for k, v in weights.items()},
+            str(folder / "adapter_model.fp16.safetensors"),
+            metadata={"format": "pt"},
+        )
         with tarfile.open(out / f"{kind}-adapter.tar", "w") as tar:
             tar.add(folder / "adapter_model.fp16.safetensors", arcname=f"{kind}-adapter/adapter_model.safetensors")
             for name in ("adapter_config.json", "mirrorapi_training.json", "README.md"):
@@ -308,8 +401,12 @@ def machine() -> dict:
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
-        return {"device": "cuda", "gpu": name, "torch": torch.__version__,
-                "peak_tflops_bf16": next((v for k, v in PEAK_TFLOPS.items() if k in name), None)}
+        return {
+            "device": "cuda",
+            "gpu": name,
+            "torch": torch.__version__,
+            "peak_tflops_bf16": next((v for k, v in PEAK_TFLOPS.items() if k in name), None),
+        }
     return {"device": "cpu", "gpu": None, "torch": torch.__version__, "cpus": os.cpu_count(), "peak_tflops_bf16": None}
 
 
@@ -337,12 +434,28 @@ def train_stage(args, work: Path) -> dict:
     extra = {"simulator": recipe_flags(args.simulator_set), "judge": recipe_flags(args.judge_set)}
     if args.tiny:  # a few steps on the slice: the path, not the model
         for kind in extra:
-            extra[kind] = ["--max_steps", "3", "--max_eval_samples", "4", "--per_device_train_batch_size", "2",
-                           "--per_device_eval_batch_size", "2", "--max_length", "1024", "--dataset_num_proc", "1",
-                           "--logging_steps", "1", *extra[kind]]
+            extra[kind] = [
+                "--max_steps",
+                "3",
+                "--max_eval_samples",
+                "4",
+                "--per_device_train_batch_size",
+                "2",
+                "--per_device_eval_batch_size",
+                "2",
+                "--max_length",
+                "1024",
+                "--dataset_num_proc",
+                "1",
+                "--logging_steps",
+                "1",
+                *extra[kind],
+            ]
     started = time.perf_counter()
-    processes = {kind: launch(kind, recipe, base, work, on_gpu, extra[kind])
-                 for kind, recipe in (("simulator", SIMULATOR_RECIPE), ("judge", JUDGE_RECIPE))}
+    processes = {
+        kind: launch(kind, recipe, base, work, on_gpu, extra[kind])
+        for kind, recipe in (("simulator", SIMULATOR_RECIPE), ("judge", JUDGE_RECIPE))
+    }
     failed = [kind for kind, process in processes.items() if process.wait() != 0]
     report["seconds"]["train"] = round(time.perf_counter() - started, 1)
     if failed:
@@ -361,17 +474,23 @@ def train_stage(args, work: Path) -> dict:
         started = time.perf_counter()
         judge_rows = judge_scores(base, work / "judge", work / "data" / "judge", device)
         (out / "judge_scores.jsonl").write_text("".join(json.dumps(r) + "\n" for r in judge_rows), encoding="utf-8")
-        report["judge"]["offline_agreement"] = {"trained": agreement_table(judge_rows, "trained"),
-                                                "base": agreement_table(judge_rows, "base")}
+        report["judge"]["offline_agreement"] = {
+            "trained": agreement_table(judge_rows, "trained"),
+            "base": agreement_table(judge_rows, "base"),
+        }
         report["seconds"]["judge_scores"] = round(time.perf_counter() - started, 1)
         started = time.perf_counter()
         records = held_out_sample(work / "data" / "simulator", args.per_stratum)
-        generations = generate(base, work / "simulator", records, device, args.generate_seconds,
-                               args.max_new_tokens, args.batch_size)
+        generations = generate(
+            base, work / "simulator", records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
+        )
         with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
             fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in generations)
-        report["simulator"]["generated"] = {"answers": len(generations), "sampled": len(records),
-                                            "max_new_tokens": args.max_new_tokens}
+        report["simulator"]["generated"] = {
+            "answers": len(generations),
+            "sampled": len(records),
+            "max_new_tokens": args.max_new_tokens,
+        }
         report["seconds"]["generate"] = round(time.perf_counter() - started, 1)
     except Exception as exc:  # noqa: BLE001 (reported, and the run's weights kept)
         report["scoring_failed"] = f"{type(exc).__name__}: {exc}"
@@ -401,10 +520,15 @@ def base_parameters(base: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    parser.add_argument("--stage", choices=("all", "data", "train", "score"), default="all",
-                        help="score: the generations of a train stage (--generations), on the CPU, after it.")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument(
+        "--stage",
+        choices=("all", "data", "train", "score"),
+        default="all",
+        help="score: the generations of a train stage (--generations), on the CPU, after it.",
+    )
     parser.add_argument("--generations", help="generations.jsonl.xz of a train stage (--stage score).")
     parser.add_argument("--work", required=True, help="Work folder: data/, base/, the runs, logs/.")
     parser.add_argument("--out", help="Where the results go (default WORK/out); on a lent machine, $OUT.")
@@ -412,24 +536,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-gguf", help="Or the base's GGUF file, converted here as `models get` converts it.")
     parser.add_argument("--pairs", nargs="+", help="Pair files (default: every ../shared/data/pairs file).")
     parser.add_argument("--tools", nargs="+", help="Tool docs (default ../shared/data/toolenv/realtools).")
-    parser.add_argument("--labelled", nargs="+",
-                        help="Labelled answers (default ../shared/data/judge/labelled.jsonl).")
+    parser.add_argument(
+        "--labelled", nargs="+", help="Labelled answers (default ../shared/data/judge/labelled.jsonl)."
+    )
     parser.add_argument("--tiny", action="store_true", help="A few steps on data/samples: checks the path on a CPU.")
-    parser.add_argument("--per-stratum", type=int, default=120,
-                        help="Held-out records per (split, source, prompt format) to generate for.")
+    parser.add_argument(
+        "--per-stratum",
+        type=int,
+        default=120,
+        help="Held-out records per (split, source, prompt format) to generate for.",
+    )
     parser.add_argument("--generate-seconds", type=float, default=90.0)
     parser.add_argument("--max-new-tokens", type=int, default=320)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--simulator-set", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="Recipe keys for the simulator's run, e.g. max_train_seconds=200.")
-    parser.add_argument("--judge-set", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="Recipe keys for the judge's run.")
+    parser.add_argument(
+        "--simulator-set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Recipe keys for the simulator's run, e.g. max_train_seconds=200.",
+    )
+    parser.add_argument(
+        "--judge-set", nargs="+", default=[], metavar="KEY=VALUE", help="Recipe keys for the judge's run."
+    )
     args = parser.parse_args(argv)
     work = Path(args.work)
     samples = REPO / "data" / "samples"
     shared = SHARED.is_dir() and not args.tiny
-    args.pairs = args.pairs or ([str(p) for p in sorted((SHARED / "pairs").glob("*.jsonl"))] if shared
-                                else [str(samples / "pairs.jsonl")])
+    args.pairs = args.pairs or (
+        [str(p) for p in sorted((SHARED / "pairs").glob("*.jsonl"))] if shared else [str(samples / "pairs.jsonl")]
+    )
     args.tools = args.tools or [str(SHARED / "toolenv" / "realtools" if shared else samples / "tools")]
     args.labelled = args.labelled or [str(SHARED / "judge" / "labelled.jsonl" if shared else samples / "judge.jsonl")]
     if args.stage in ("all", "train") and not (args.base or args.base_gguf):
@@ -444,8 +580,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage in ("all", "score"):
         generations = Path(args.generations or Path(args.out or work / "out") / "generations.jsonl.xz")
         scores = score_generations(generations, work, args.pairs, args.tools)
-        (generations.parent / "fidelity-offline.json").write_text(json.dumps(scores, indent=2) + "\n",
-                                                                  encoding="utf-8")
+        (generations.parent / "fidelity-offline.json").write_text(
+            json.dumps(scores, indent=2) + "\n", encoding="utf-8"
+        )
         log(f"scores: {generations.parent / 'fidelity-offline.json'}")
     return 0
 

@@ -44,15 +44,20 @@ atexit.register(shutil.rmtree, os.environ["MIRRORAPI_TOOLS_INDEX_DIR"], ignore_e
 
 # Fixtures that train a model or start an engine. Every test using one, directly or through another
 # fixture, is marked `slow`, so `make test-quick` (-m "not slow") does neither (tests/test_slow_marking.py).
-TRAINS_OR_STARTS_AN_ENGINE = frozenset({
-    "tiny_engine", "simulator_engine", "judge_engine",  # `transformers serve` (below)
-    "trained_simulator_dir", "trained_judge_dir",  # training/sft.py (below)
-    "adapter_dir",  # tests/training/test_sft_lora.py: a LoRA training
-    "launched",  # tests/training/test_sft_accelerate.py: `accelerate launch training/sft.py`
-    "shipped_run",  # tests/training/test_train_shipped.py: scripts/train_shipped_models.py --tiny
-    "first_run",  # tests/test_demo.py: the whole demo
-    "vllm_engine",  # vLLM's server (below)
-})
+TRAINS_OR_STARTS_AN_ENGINE = frozenset(
+    {
+        "tiny_engine",
+        "simulator_engine",
+        "judge_engine",  # `transformers serve` (below)
+        "trained_simulator_dir",
+        "trained_judge_dir",  # training/sft.py (below)
+        "adapter_dir",  # tests/training/test_sft_lora.py: a LoRA training
+        "launched",  # tests/training/test_sft_accelerate.py: `accelerate launch training/sft.py`
+        "shipped_run",  # tests/training/test_train_shipped.py: scripts/train_shipped_models.py --tiny
+        "first_run",  # tests/test_demo.py: the whole demo
+        "vllm_engine",  # vLLM's server (below)
+    }
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -107,9 +112,22 @@ def vllm_engine(smollm2_dir, tmp_path_factory):
 
 # ------------------------------------------------------------------ trained tiny models (issue 4)
 # Trained in this process through the real recipe (`training/sft.py`'s `cli`), once per session.
-TINY_SIMULATOR_OVERRIDES = ["--max_train_samples", "48", "--max_length", "512", "--max_steps", "300",
-                            "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no",
-                            "--disable_tqdm", "true"]
+TINY_SIMULATOR_OVERRIDES = [
+    "--max_train_samples",
+    "48",
+    "--max_length",
+    "512",
+    "--max_steps",
+    "300",
+    "--eval_strategy",
+    "no",
+    "--eval_on_start",
+    "false",
+    "--save_strategy",
+    "no",
+    "--disable_tqdm",
+    "true",
+]
 
 
 def script_module(relative_path: str):
@@ -142,8 +160,9 @@ def simulator_sft_dir(tmp_path_factory) -> Path:
     from mirrorapi.records import read_pairs_jsonl
     from mirrorapi.tools import ToolRegistry
 
-    splits, stats = build_simulator_records(read_pairs_jsonl(SAMPLES / "pairs.jsonl"),
-                                            ToolRegistry.load([SAMPLES / "tools"]), SimulatorDataOptions())
+    splits, stats = build_simulator_records(
+        read_pairs_jsonl(SAMPLES / "pairs.jsonl"), ToolRegistry.load([SAMPLES / "tools"]), SimulatorDataOptions()
+    )
     return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "simulator", splits, stats)
 
 
@@ -160,9 +179,19 @@ def judge_sft_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def trained_simulator_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("trained") / "simulator"
-    run_sft_recipe(["--config", str(REPO / "training/configs/tiny_cpu.yaml"), "--model_name_or_path",
-                    str(tiny_model_dir), "--dataset_path", str(simulator_sft_dir), "--output_dir", str(out),
-                    *TINY_SIMULATOR_OVERRIDES])
+    run_sft_recipe(
+        [
+            "--config",
+            str(REPO / "training/configs/tiny_cpu.yaml"),
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--dataset_path",
+            str(simulator_sft_dir),
+            "--output_dir",
+            str(out),
+            *TINY_SIMULATOR_OVERRIDES,
+        ]
+    )
     return out
 
 
@@ -178,10 +207,30 @@ def simulator_engine(trained_simulator_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("trained") / "judge"
-    run_sft_recipe(["--config", str(REPO / "training/configs/tiny_judge_cpu.yaml"), "--model_name_or_path",
-                    str(tiny_model_dir), "--dataset_path", str(judge_sft_dir), "--output_dir", str(out),
-                    "--max_steps", "20", "--max_length", "768", "--eval_strategy", "no", "--eval_on_start", "false",
-                    "--save_strategy", "no", "--disable_tqdm", "true"])
+    run_sft_recipe(
+        [
+            "--config",
+            str(REPO / "training/configs/tiny_judge_cpu.yaml"),
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--dataset_path",
+            str(judge_sft_dir),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "20",
+            "--max_length",
+            "768",
+            "--eval_strategy",
+            "no",
+            "--eval_on_start",
+            "false",
+            "--save_strategy",
+            "no",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     return out
 
 

@@ -20,17 +20,32 @@ REPO = Path(__file__).resolve().parents[1]
 JUDGE = ["--base-url", "http://127.0.0.1:9/v1", "--model", "judge"]
 
 
-@pytest.mark.parametrize("script, subcommand, argv, message", [
-    ("eval/fac.py", ["eval", "fac"], ["--answers", "a", "--ids", "i", "--out", "o", *JUDGE, "--max-tokens", "0"],
-     "--max-tokens: Input should be greater than or equal to 1 (got 0)"),
-    ("eval/sowr.py", ["eval", "sowr"], ["--reference", "r", "--candidate", "c", "--ids", "i", "--out", "o", *JUDGE,
-                                        "--timeout", "0"], "--timeout: Input should be greater than 0 (got 0.0)"),
-    ("eval/run_agent.py", ["eval", "run-agent"], ["--queries", "q", "--server", "http://127.0.0.1:9/virtual",
-                                                  "--out", "o", *JUDGE, "--method", "ReAct"],
-     "unknown method 'ReAct'"),
-])
-def test_a_script_and_its_subcommand_refuse_a_bad_setting_alike(entry_script, capsys, tmp_path, monkeypatch, script,
-                                                                 subcommand, argv, message):
+@pytest.mark.parametrize(
+    "script, subcommand, argv, message",
+    [
+        (
+            "eval/fac.py",
+            ["eval", "fac"],
+            ["--answers", "a", "--ids", "i", "--out", "o", *JUDGE, "--max-tokens", "0"],
+            "--max-tokens: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            "eval/sowr.py",
+            ["eval", "sowr"],
+            ["--reference", "r", "--candidate", "c", "--ids", "i", "--out", "o", *JUDGE, "--timeout", "0"],
+            "--timeout: Input should be greater than 0 (got 0.0)",
+        ),
+        (
+            "eval/run_agent.py",
+            ["eval", "run-agent"],
+            ["--queries", "q", "--server", "http://127.0.0.1:9/virtual", "--out", "o", *JUDGE, "--method", "ReAct"],
+            "unknown method 'ReAct'",
+        ),
+    ],
+)
+def test_a_script_and_its_subcommand_refuse_a_bad_setting_alike(
+    entry_script, capsys, tmp_path, monkeypatch, script, subcommand, argv, message
+):
     """The constraint is the model's (Field ge/gt, a validator), the flag's name in the one-line error."""
     monkeypatch.chdir(tmp_path)
     assert entry_script(script).main(argv) == 2
@@ -43,9 +58,27 @@ def test_a_script_and_its_subcommand_refuse_a_bad_setting_alike(entry_script, ca
 
 
 def test_the_benchmarks_judge_flags_are_the_judge_settings_with_a_prefix(capsys, tmp_path):
-    code = mirrorapi_main(["benchmark", "--queries", "q", "--server", "http://127.0.0.1:9/virtual", "--agent", "a",
-                           "m", "http://127.0.0.1:9/v1", "--out", str(tmp_path), "--judge-base-url",
-                           "http://127.0.0.1:9/v1", "--judge-model", "j", "--judge-max-tokens", "0"])
+    code = mirrorapi_main(
+        [
+            "benchmark",
+            "--queries",
+            "q",
+            "--server",
+            "http://127.0.0.1:9/virtual",
+            "--agent",
+            "a",
+            "m",
+            "http://127.0.0.1:9/v1",
+            "--out",
+            str(tmp_path),
+            "--judge-base-url",
+            "http://127.0.0.1:9/v1",
+            "--judge-model",
+            "j",
+            "--judge-max-tokens",
+            "0",
+        ]
+    )
     assert code == 2
     assert "--judge-max-tokens: Input should be greater than or equal to 1" in capsys.readouterr().err
 
@@ -53,11 +86,26 @@ def test_the_benchmarks_judge_flags_are_the_judge_settings_with_a_prefix(capsys,
 def test_a_flag_not_given_leaves_the_models_default():
     parser = argparse.ArgumentParser(allow_abbrev=False)
     RUN_AGENT.add_arguments(parser)
-    args = parser.parse_args(["--queries", "q", "--server", "s", "--out", "o", "--base-url", "u1", "u2",
-                              "--model", "m", "--react-grammar", "--max-tokens", "64"])
+    args = parser.parse_args(
+        [
+            "--queries",
+            "q",
+            "--server",
+            "s",
+            "--out",
+            "o",
+            "--base-url",
+            "u1",
+            "u2",
+            "--model",
+            "m",
+            "--react-grammar",
+            "--max-tokens",
+            "64",
+        ]
+    )
     settings = settings_from_args(args, AgentSettings)
-    assert settings == AgentSettings(server="s", base_urls=["u1", "u2"], model="m", react_grammar=True,
-                                     max_tokens=64)
+    assert settings == AgentSettings(server="s", base_urls=["u1", "u2"], model="m", react_grammar=True, max_tokens=64)
     assert settings.timeout == 300.0 and settings.method == "CoT@1"  # StableToolBench's budgets, written once
 
 
@@ -71,8 +119,11 @@ def test_help_shows_the_fields_description_and_default(capsys):
 
 def test_every_documented_entry_script_is_a_mirrorapi_subcommand(capsys):
     """The scripts the docs use run the same commands as `mirrorapi <group> <command>`."""
-    for group, commands in {"eval": ["run-agent", "fac", "sowr", "judge-agreement", "simulator"],
-                            "data": ["build-simulator-sft", "build-judge-sft"], "train": ["merge-lora"]}.items():
+    for group, commands in {
+        "eval": ["run-agent", "fac", "sowr", "judge-agreement", "simulator"],
+        "data": ["build-simulator-sft", "build-judge-sft"],
+        "train": ["merge-lora"],
+    }.items():
         for command in commands:
             with pytest.raises(SystemExit) as exit_:
                 mirrorapi_main([group, command, "--help"])
@@ -82,17 +133,52 @@ def test_every_documented_entry_script_is_a_mirrorapi_subcommand(capsys):
 
 def test_the_benchmark_report_is_built_from_the_tables_not_the_files(tmp_path):
     """write_report gets the tables scoring returned; no scores/ folder needs to exist."""
-    table = metric_table({"metric": "fac", "judge": "j", "prompt_format": "fac-v1", "repeats": 1,
-                          "groups": ["G1_instruction"], "complete": True, "pending": 0,
-                          "rows": [{"model": "m_cot", "average": {"score": 50.0, "std": 0.0},
-                                    "groups": {"G1_instruction": {"score": 50.0, "std": 0.0, "ids": 2, "missing": 0,
-                                                                  "empty": 0, "give_up": 0, "judge_calls": 2,
-                                                                  "solved": 1, "unsure": 0, "unsolved": 1,
-                                                                  "unparseable": 0, "pending": 0,
-                                                                  "missing_ids": []}}}]})
+    table = metric_table(
+        {
+            "metric": "fac",
+            "judge": "j",
+            "prompt_format": "fac-v1",
+            "repeats": 1,
+            "groups": ["G1_instruction"],
+            "complete": True,
+            "pending": 0,
+            "rows": [
+                {
+                    "model": "m_cot",
+                    "average": {"score": 50.0, "std": 0.0},
+                    "groups": {
+                        "G1_instruction": {
+                            "score": 50.0,
+                            "std": 0.0,
+                            "ids": 2,
+                            "missing": 0,
+                            "empty": 0,
+                            "give_up": 0,
+                            "judge_calls": 2,
+                            "solved": 1,
+                            "unsure": 0,
+                            "unsolved": 1,
+                            "unparseable": 0,
+                            "pending": 0,
+                            "missing_ids": [],
+                        }
+                    },
+                }
+            ],
+        }
+    )
     agents = {"m_cot": AgentSettings(server="s", base_urls=["u"], model="m")}
-    report = write_report(tmp_path, ["m_cot"], "m_cot", agents, JudgeSettings(["u"], "j"), ["G1_instruction"], {},
-                          1, {"fac": table, "sopr": None})
+    report = write_report(
+        tmp_path,
+        ["m_cot"],
+        "m_cot",
+        agents,
+        JudgeSettings(["u"], "j"),
+        ["G1_instruction"],
+        {},
+        1,
+        {"fac": table, "sopr": None},
+    )
     text = report.read_text(encoding="utf-8")
     assert "| Method | I1 Inst | Average |\n|---|---|---|\n| m_cot | 50.0 | 50.0 |" in text
     assert "## SoPR\n\n(not computed)" in text

@@ -67,12 +67,18 @@ def first_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     home, work = root / "home", root / "work"
     home.mkdir()
-    result = subprocess.run(demo_command(work), cwd=REPO, env=demo_env(home), capture_output=True, text=True,
-                            timeout=480)
+    result = subprocess.run(
+        demo_command(work), cwd=REPO, env=demo_env(home), capture_output=True, text=True, timeout=480
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report_dir = REPO / result.stdout.strip().splitlines()[-1]
-    return SimpleNamespace(stdout=result.stdout, work=work, home=home, report_dir=report_dir,
-                           report=json.loads((report_dir / "report.json").read_text()))
+    return SimpleNamespace(
+        stdout=result.stdout,
+        work=work,
+        home=home,
+        report_dir=report_dir,
+        report=json.loads((report_dir / "report.json").read_text()),
+    )
 
 
 def test_every_step_is_shown_with_its_time_and_the_report_path_comes_last(first_run):
@@ -117,14 +123,26 @@ def test_hits_serve_the_real_answers_misses_are_simulated_and_written_back(first
     doc = registry.resolve(miss["body"]["category"], miss["body"]["tool_name"], miss["body"]["api_name"])
     cache = ResponseCache(first_run.report_dir / "cache.sqlite")
     try:
-        stored = cache.get(doc.category, doc.tool, doc.api, canonical_json(json.loads(miss["body"]["tool_input"])),
-                           miss["provenance"].removeprefix("simulated:"), count_hit=False)
+        stored = cache.get(
+            doc.category,
+            doc.tool,
+            doc.api,
+            canonical_json(json.loads(miss["body"]["tool_input"])),
+            miss["provenance"].removeprefix("simulated:"),
+            count_hit=False,
+        )
     finally:
         cache.close()
     assert stored is not None and json.loads(stored[0]) == miss["served"] and stored[1] == miss["provenance"]
 
-    for banner in ("cache hit:", "cache miss, simulated:", "the same call again:", "provenance imported:",
-                   "provenance simulated:", "| real ("):
+    for banner in (
+        "cache hit:",
+        "cache miss, simulated:",
+        "the same call again:",
+        "provenance imported:",
+        "provenance simulated:",
+        "| real (",
+    ):
         assert banner in first_run.stdout
 
 
@@ -161,15 +179,25 @@ def test_latest_points_at_the_run_and_holds_what_the_readme_uses(first_run):
     latest = first_run.work / "latest"
     assert latest.is_symlink() and latest.resolve() == first_run.report_dir.resolve()
     used = readme_demo_paths()
-    assert {"simulator", "judge", "tools", "tool_response_cache", "train.jsonl", "heldout.jsonl",
-            "judge_test.jsonl"} <= used
+    assert {
+        "simulator",
+        "judge",
+        "tools",
+        "tool_response_cache",
+        "train.jsonl",
+        "heldout.jsonl",
+        "judge_test.jsonl",
+    } <= used
     for name in used:
         assert (latest / name).exists(), name
     for kind in ("simulator", "judge"):
         # The main rows' models: the tiny run has no shipped ones, so this run's.
         assert first_run.report["main"][kind]["shipped"] is False
-        assert (latest / kind).resolve() == Path(first_run.report["main"][kind]["folder"]).resolve() == \
-            Path(first_run.report["training"][kind]["model"]).resolve()
+        assert (
+            (latest / kind).resolve()
+            == Path(first_run.report["main"][kind]["folder"]).resolve()
+            == Path(first_run.report["training"][kind]["model"]).resolve()
+        )
         assert (latest / kind / "config.json").is_file()
     assert "runs/demo/latest" not in first_run.stdout  # a --work-dir run names its own folder
     assert f"{first_run.work / 'latest'} -> {first_run.report_dir.name}" in first_run.stdout
@@ -204,8 +232,10 @@ def test_scores_stand_beside_trivial_baselines(first_run):
         solved_all = sum(100 * (c["ids"] - c["missing"] - c["empty"] - c["give_up"]) / c["ids"] for c in cells) / len(
             cells
         )
-        assert f"{fac_row['model']}: {fac_row['average']['score']:.1f} (a judge saying Solved to all: " \
-               f"{solved_all:.1f}" in markdown
+        assert (
+            f"{fac_row['model']}: {fac_row['average']['score']:.1f} (a judge saying Solved to all: "
+            f"{solved_all:.1f}" in markdown
+        )
     overall = report["agreement"]["overall"]
     assert f"a judge saying Solved to all: accuracy {100 * overall['labelled_solved'] / overall['n']:.1f}%" in markdown
     # Per source too, beside the same constant judge.
@@ -225,8 +255,10 @@ def test_held_out_episodes_are_replayed_with_and_without_session_history(first_r
     assert (sessions["episodes"], sessions["calls"]) == (len(episodes), len(heldout))
     assert sessions["without"]["overall"] == report["fidelity"]["overall"]["simulated"]  # the table's row
     # The server saw every held-out call twice: once alone, once in its episode's session (one session each).
-    lines = [json.loads(line) for line in
-             (first_run.report_dir / "logs" / "fidelity-server-requests.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for line in (first_run.report_dir / "logs" / "fidelity-server-requests.jsonl").read_text().splitlines()
+    ]
     in_session = [line for line in lines if "session" in line]
     assert len(in_session) == len(lines) - len(in_session) == len(heldout)
     assert len({line["session"] for line in in_session}) == len(episodes)
@@ -234,8 +266,9 @@ def test_held_out_episodes_are_replayed_with_and_without_session_history(first_r
         line["provenance"].split(",")[0].split("@")[1] for line in in_session if line["outcome"] == "simulated"
     } <= {report["session_format"]}
     assert "### With and without session history" in markdown and "| with history |" in markdown
-    assert report["parsing"]["with_history"]["simulated"] + report["parsing"]["with_history"]["engine_errors"] <= \
-        len(heldout)
+    assert report["parsing"]["with_history"]["simulated"] + report["parsing"]["with_history"]["engine_errors"] <= len(
+        heldout
+    )
 
 
 def test_nothing_is_written_into_home_and_nothing_is_left_running(first_run):
@@ -266,14 +299,24 @@ class Lines:
 
 def test_second_run_reuses_what_was_built_and_ctrl_c_stops_everything(first_run, tmp_path):
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        demo = subprocess.Popen(demo_command(first_run.work), cwd=REPO, env=demo_env(first_run.home),
-                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+        demo = subprocess.Popen(
+            demo_command(first_run.work),
+            cwd=REPO,
+            env=demo_env(first_run.home),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     try:
         lines = Lines(demo.stdout)
         engine = lines.wait_for(r"simulator engine: .* answers at http://127\.0\.0\.1:(\d+)/v1", timeout=120)
         reuse = "".join(lines.seen)
-        for what in ("reused " + str(first_run.work / "build" / "data-"), "reused the tiny base model",
-                     "simulator: reused", "judge: reused"):
+        for what in (
+            "reused " + str(first_run.work / "build" / "data-"),
+            "reused the tiny base model",
+            "simulator: reused",
+            "judge: reused",
+        ):
             assert what in reuse
         assert "accelerate launch" not in reuse
         demo.send_signal(signal.SIGINT)
@@ -300,13 +343,22 @@ def test_a_failing_step_is_named_and_everything_is_stopped(first_run):
     original = config.read_bytes()
     config.write_text("{")
     try:
-        result = subprocess.run(demo_command(first_run.work), cwd=REPO, env=demo_env(first_run.home),
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            demo_command(first_run.work),
+            cwd=REPO,
+            env=demo_env(first_run.home),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         config.write_bytes(original)
     assert result.returncode == 1
-    assert re.search(r"^demo failed at step 3 \(serve\): transformers serve exited with status \d+ before answering",
-                     result.stderr, re.MULTILINE), result.stderr[-2000:]
+    assert re.search(
+        r"^demo failed at step 3 \(serve\): transformers serve exited with status \d+ before answering",
+        result.stderr,
+        re.MULTILINE,
+    ), result.stderr[-2000:]
     assert "not a valid JSON file" in result.stderr
     assert processes_using(first_run.work) == []
     folder = Path(result.stderr.strip().splitlines()[-1].rsplit("partial report: ", 1)[1])

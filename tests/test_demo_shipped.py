@@ -32,12 +32,19 @@ def a_demo(tmp_path: Path, record: dict | None) -> Demo:
     demo = Demo(DemoOptions(tmp_path / "work", None, real=True))
     folder = tmp_path / "data"
     folder.mkdir()
-    demo.data = DemoData(folder, False, choose_data(None), SAMPLES / "pairs.jsonl",
-                         write_pairs(folder / "train.jsonl", [p for p in pairs if (p["source"], str(p["episode"]))
-                                                              in train_episodes]),
-                         write_pairs(folder / "test.jsonl", [p for p in pairs if (p["source"], str(p["episode"]))
-                                                             in test_episodes]),
-                         folder / "judge_test.jsonl", folder / "simulator", folder / "judge", folder / "stb", {})
+    demo.data = DemoData(
+        folder,
+        False,
+        choose_data(None),
+        SAMPLES / "pairs.jsonl",
+        write_pairs(folder / "train.jsonl", [p for p in pairs if (p["source"], str(p["episode"])) in train_episodes]),
+        write_pairs(folder / "test.jsonl", [p for p in pairs if (p["source"], str(p["episode"])) in test_episodes]),
+        folder / "judge_test.jsonl",
+        folder / "simulator",
+        folder / "judge",
+        folder / "stb",
+        {},
+    )
     if record is not None:
         shipped = tmp_path / "shipped"
         shipped.mkdir()
@@ -57,13 +64,15 @@ def test_a_shipped_simulator_is_scored_on_episodes_it_never_trained_on_nor_did_t
     # The shipped model held out two of the run's training episodes, two of its held-out ones and one the run's
     # split never had: only the last three are unseen by every model, and they are taken whole.
     named = [EPISODES[3], EPISODES[7], EPISODES[25], EPISODES[33], EPISODES[-1]]
-    demo = a_demo(tmp_path, {"kind": "simulator", "prompt_format": "mirrorapi-v2",
-                             "heldout_episodes": [list(e) for e in named]})
+    demo = a_demo(
+        tmp_path, {"kind": "simulator", "prompt_format": "mirrorapi-v2", "heldout_episodes": [list(e) for e in named]}
+    )
     candidates, where = demo.heldout_candidates()
     assert "the shipped simulator's record names as held out" in where
     unseen = set(named[2:])
-    assert candidates == [p for p in read_pairs_jsonl(SAMPLES / "pairs.jsonl")
-                          if (p["source"], str(p["episode"])) in unseen]
+    assert candidates == [
+        p for p in read_pairs_jsonl(SAMPLES / "pairs.jsonl") if (p["source"], str(p["episode"])) in unseen
+    ]
     assert {(p["source"], str(p["episode"])) for p in candidates} == unseen
 
 
@@ -75,14 +84,28 @@ def test_a_shipped_simulator_without_held_out_episodes_is_said(tmp_path):
 
 
 def test_a_shipped_simulator_is_served_with_its_record_s_settings(tmp_path):
-    record = {"kind": "simulator", "prompt_format": "mirrorapi-session-v2",
-              "server_settings": {"prompt_format": "mirrorapi-v2", "few_shot": 1, "session_history": 8,
-                                  "session_char_budget": 4096, "max_tokens": 384,
-                                  "port": 1, "cache_path": "/elsewhere.sqlite"}}
+    record = {
+        "kind": "simulator",
+        "prompt_format": "mirrorapi-session-v2",
+        "server_settings": {
+            "prompt_format": "mirrorapi-v2",
+            "few_shot": 1,
+            "session_history": 8,
+            "session_char_budget": 4096,
+            "max_tokens": 384,
+            "port": 1,
+            "cache_path": "/elsewhere.sqlite",
+        },
+    }
     demo = a_demo(tmp_path, record)
     settings = demo.main_settings
-    assert settings == {"prompt_format": "mirrorapi-v2", "few_shot": 1, "session_history": 8,
-                        "session_char_budget": 4096, "max_tokens": 384}  # where to listen and cache: the demo's
+    assert settings == {
+        "prompt_format": "mirrorapi-v2",
+        "few_shot": 1,
+        "session_history": 8,
+        "session_char_budget": 4096,
+        "max_tokens": 384,
+    }  # where to listen and cache: the demo's
     # The run's own fine-tune keeps the settings it was trained with.
     assert demo.trained_settings["few_shot"] == 1 and demo.trained_settings["session_history"] == 4
 
@@ -90,11 +113,30 @@ def test_a_shipped_simulator_is_served_with_its_record_s_settings(tmp_path):
 def test_without_server_settings_a_shipped_simulator_is_served_as_its_training_data_was_built(tmp_path):
     # The record training/sft.py writes: the SFT set's stats, whose options say how its prompts were made (those of
     # scripts/train_shipped_models.py's simulator data).
-    options = {"prompt_format": "mirrorapi-v2", "few_shot": 1, "few_shot_char_budget": 1024,
-               "few_shot_response_chars": 600, "target_response_chars": 1024, "history": 8,
-               "history_char_budget": 4096, "stateless_too": True}
-    demo = a_demo(tmp_path, {"kind": "simulator", "prompt_format": "mirrorapi-session-v2",
-                             "dataset_stats": {"kind": "simulator", "options": options}})
-    assert demo.main_settings == {"max_tokens": 512, "prompt_format": "mirrorapi-v2", "few_shot": 1,
-                                  "few_shot_char_budget": 1024, "few_shot_response_chars": 600,
-                                  "session_history": 8, "session_char_budget": 4096}
+    options = {
+        "prompt_format": "mirrorapi-v2",
+        "few_shot": 1,
+        "few_shot_char_budget": 1024,
+        "few_shot_response_chars": 600,
+        "target_response_chars": 1024,
+        "history": 8,
+        "history_char_budget": 4096,
+        "stateless_too": True,
+    }
+    demo = a_demo(
+        tmp_path,
+        {
+            "kind": "simulator",
+            "prompt_format": "mirrorapi-session-v2",
+            "dataset_stats": {"kind": "simulator", "options": options},
+        },
+    )
+    assert demo.main_settings == {
+        "max_tokens": 512,
+        "prompt_format": "mirrorapi-v2",
+        "few_shot": 1,
+        "few_shot_char_budget": 1024,
+        "few_shot_response_chars": 600,
+        "session_history": 8,
+        "session_char_budget": 4096,
+    }

@@ -19,8 +19,9 @@ def hung_engine():
 @pytest.mark.slow
 def test_tiny_engine_answers_the_openai_client(tiny_engine):
     client = openai.OpenAI(base_url=tiny_engine.base_url, api_key="EMPTY")
-    completion = client.chat.completions.create(model=tiny_engine.model, temperature=0, max_tokens=8,
-                                                messages=[{"role": "user", "content": "hello"}])
+    completion = client.chat.completions.create(
+        model=tiny_engine.model, temperature=0, max_tokens=8, messages=[{"role": "user", "content": "hello"}]
+    )
     assert isinstance(completion.choices[0].message.content, str)
     assert completion.usage.completion_tokens <= 8
 
@@ -36,6 +37,7 @@ def test_engine_client_chat_and_health(tiny_engine):
         finally:
             await engine.aclose()
         return first, second, health
+
     first, second, health = asyncio.run(run())
     assert first == second  # temperature 0: the same answer twice
     assert health[0].reachable
@@ -47,19 +49,20 @@ def test_a_streamed_call_given_up_on_stops_costing_the_engine(tiny_engine):
     left; a streamed one (stream=True, what the judges use) is dropped at its next token. A 2,000-token
     answer takes this engine 10 s or more (issue 15 measured 200 s for three 800-token ones on a busy
     machine); after the client gives up on it, the next call is answered at once."""
+
     async def run():
         giving_up = EngineClient([tiny_engine.base_url], tiny_engine.model, timeout=1.0, retries=0, stream=True)
         patient = EngineClient([tiny_engine.base_url], tiny_engine.model, timeout=60, retries=0)
         try:
             with pytest.raises(EngineError, match="did not answer"):
-                await giving_up.chat([{"role": "user", "content": "a long story"}], temperature=1.0,
-                                     max_tokens=2000)
+                await giving_up.chat([{"role": "user", "content": "a long story"}], temperature=1.0, max_tokens=2000)
             start = time.monotonic()
             answer = await patient.chat([{"role": "user", "content": "ping"}], max_tokens=1)
             return answer, time.monotonic() - start
         finally:
             await giving_up.aclose()
             await patient.aclose()
+
     answer, waited = asyncio.run(run())
     assert isinstance(answer, str) and waited < 5
 
@@ -75,6 +78,7 @@ def test_engine_down_is_an_error_within_the_deadline():
             return health, err.value, time.monotonic() - start
         finally:
             await engine.aclose()
+
     health, error, elapsed = asyncio.run(run())
     assert not health[0].reachable
     assert error.kind == "unreachable"
@@ -91,10 +95,10 @@ def test_engine_that_never_answers_times_out(hung_engine):
             return err.value, time.monotonic() - start
         finally:
             await engine.aclose()
+
     error, elapsed = asyncio.run(run())
     assert error.kind == "timeout"
     assert 1.4 < elapsed < 2.5  # one deadline for all attempts
-
 
 
 @pytest.mark.parametrize("status, attempts", [(400, 1), (503, 3)])
@@ -109,6 +113,7 @@ def test_rejected_requests_are_not_retried_server_errors_are(status, attempts):
             return err.value
         finally:
             await engine.aclose()
+
     with StatusEngine(status) as engine:
         error = asyncio.run(run(engine.url))
     assert (error.kind, error.status) == ("http", status)
@@ -131,6 +136,7 @@ def test_an_attempt_that_can_move_on_has_its_own_timeout(hung_engine):
             return err.value, time.monotonic() - start
         finally:
             await engine.aclose()
+
     error, elapsed = asyncio.run(run())
     assert error.kind == "unreachable"
     assert 0.5 <= elapsed < 1.5
@@ -142,8 +148,14 @@ def test_a_hung_replica_costs_one_attempt_then_is_skipped_and_probed_back(tiny_e
     question = [{"role": "user", "content": "hi"}]
 
     async def run():
-        engine = EngineClient([hung_engine.url, tiny_engine.base_url], tiny_engine.model, timeout=30,
-                              attempt_timeout=1.0, retries=2, cooldown=1.5)
+        engine = EngineClient(
+            [hung_engine.url, tiny_engine.base_url],
+            tiny_engine.model,
+            timeout=30,
+            attempt_timeout=1.0,
+            retries=2,
+            cooldown=1.5,
+        )
         timings = []
         try:
             for _ in range(4):  # round-robin would send every other call to the hung replica
@@ -162,6 +174,7 @@ def test_a_hung_replica_costs_one_attempt_then_is_skipped_and_probed_back(tiny_e
             return timings, hung_attempts
         finally:
             await engine.aclose()
+
     timings, hung_attempts = asyncio.run(run())
     assert 1 <= hung_attempts <= 2  # one attempt lost to it, then skipped (the second: a background probe)
     assert 1.0 <= timings[0] < 1.0 + 5  # attempt timeout + the engine's answer

@@ -69,18 +69,27 @@ def _declared(extras: tuple[str, ...]) -> set[str]:
     return {name for name, _ in seen}
 
 
-@pytest.mark.parametrize("script, extras", [
-    ("eval/fac.py", ("eval",)),
-    ("eval/judge_agreement.py", ("eval",)),
-    ("serving/main_mirrorapi.py", ("serve",)),
-])
+@pytest.mark.parametrize(
+    "script, extras",
+    [
+        ("eval/fac.py", ("eval",)),
+        ("eval/judge_agreement.py", ("eval",)),
+        ("serving/main_mirrorapi.py", ("serve",)),
+    ],
+)
 def test_each_extra_carries_what_its_scripts_import(script, extras):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", _LOAD_WITH_ONLY, str(REPO / script),
-                             json.dumps(sorted(_declared(extras)))],
-                            env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, f'pip install ".[{",".join(extras)}]" cannot load {script}:\n' + \
-        result.stderr[-600:]
+    result = subprocess.run(
+        [sys.executable, "-c", _LOAD_WITH_ONLY, str(REPO / script), json.dumps(sorted(_declared(extras)))],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, (
+        f'pip install ".[{",".join(extras)}]" cannot load {script}:\n' + result.stderr[-600:]
+    )
 
 
 def test_requests_is_not_a_dependency():
@@ -101,9 +110,13 @@ def test_the_built_wheel_runs_outside_the_checkout(tmp_path):
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             (source / name).write_bytes((REPO / name).read_bytes())
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
-    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
-                   check=True, capture_output=True, timeout=120)
-    wheel, = (tmp_path / "dist").glob("mirrorapi-*.whl")
+    subprocess.run(
+        pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    (wheel,) = (tmp_path / "dist").glob("mirrorapi-*.whl")
     # The library only: the harnesses of the tests, bench/ and the demo (harness/) stay in the clone.
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"mirrorapi"}
@@ -112,12 +125,22 @@ def test_the_built_wheel_runs_outside_the_checkout(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
-    purelib = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip())
+    purelib = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     # After the venv's own site-packages, so the wheel's mirrorapi wins over the editable one.
     (purelib / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run(pip + ["--python", str(python), "install", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        pip + ["--python", str(python), "install", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
     run_dir = tmp_path / "elsewhere"
     run_dir.mkdir()
@@ -138,16 +161,21 @@ def test_the_built_wheel_runs_outside_the_checkout(tmp_path):
     for name in {name.split("/")[3] for name in shipped if name.count("/") == 4}:
         line = next(line for line in listed.stdout.splitlines() if line.startswith(name + " "))
         adapter_files = {n.rsplit("/", 1)[1] for n in shipped if n.split("/")[3] == name}
-        assert line.endswith("not shipped yet" if "adapter_model.safetensors" not in adapter_files else
-                             "not made yet (`models get` merges it)"), line
+        assert line.endswith(
+            "not shipped yet"
+            if "adapter_model.safetensors" not in adapter_files
+            else "not made yet (`models get` merges it)"
+        ), line
 
     stats = run(str(venv / "bin" / "mirrorapi"), "tools", "stats", "--json", str(SAMPLES / "tools"))
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["tools"] == len(list((SAMPLES / "tools").glob("*/*.json")))
 
-    build = ("import sys; from mirrorapi.training.tiny_model import build_tiny_model; "
-             "build_tiny_model(sys.argv[1], corpus=sys.argv[2:] or None, hidden_size=32, layers=1, "
-             "intermediate_size=64)")
+    build = (
+        "import sys; from mirrorapi.training.tiny_model import build_tiny_model; "
+        "build_tiny_model(sys.argv[1], corpus=sys.argv[2:] or None, hidden_size=32, layers=1, "
+        "intermediate_size=64)"
+    )
     # No source checkout, no default corpus: one clear line, not a tokenizer trained on nothing.
     bare = run(str(python), "-c", build, str(tmp_path / "no-corpus"))
     assert bare.returncode != 0 and "no tokenizer corpus" in bare.stderr and "corpus=" in bare.stderr

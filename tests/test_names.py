@@ -8,37 +8,53 @@ import pytest
 from mirrorapi.names import api_key_name, change_name, standardize, standardize_category
 
 
-@pytest.mark.parametrize("raw, expected", [
-    # Examples documented for StableToolBench's server/utils.py (notes §1).
-    ("50K Radio Stations", "get_50k_radio_stations"),
-    ("TheClique", "theclique"),
-    ("Transfermarkt search", "transfermarkt_search"),
-    ("properties/get-broadband", "properties_get_broadband"),
-    ("__Leading and trailing__", "leading_and_trailing"),
-    ("a^b", "a^b"),  # the `^` quirk: upstream's character class keeps it
-    ("中文 API", "中文_api"),  # CJK U+4E00–U+9FA5 is kept
-    ("테스트위드", ""),  # Hangul is not: ToolEnv2404's dotfile `.json`
-    ("!!!", ""),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        # Examples documented for StableToolBench's server/utils.py (notes §1).
+        ("50K Radio Stations", "get_50k_radio_stations"),
+        ("TheClique", "theclique"),
+        ("Transfermarkt search", "transfermarkt_search"),
+        ("properties/get-broadband", "properties_get_broadband"),
+        ("__Leading and trailing__", "leading_and_trailing"),
+        ("a^b", "a^b"),  # the `^` quirk: upstream's character class keeps it
+        ("中文 API", "中文_api"),  # CJK U+4E00–U+9FA5 is kept
+        ("테스트위드", ""),  # Hangul is not: ToolEnv2404's dotfile `.json`
+        ("!!!", ""),
+    ],
+)
 def test_standardize_documented_cases(raw, expected):
     assert standardize(raw) == expected
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("id", "is_id"), ("from", "is_from"), ("class", "is_class"), ("return", "is_return"),
-    ("false", "is_false"), ("true", "is_true"), ("and", "is_and"), ("ids", "ids"), ("Id", "Id"),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("id", "is_id"),
+        ("from", "is_from"),
+        ("class", "is_class"),
+        ("return", "is_return"),
+        ("false", "is_false"),
+        ("true", "is_true"),
+        ("and", "is_and"),
+        ("ids", "ids"),
+        ("Id", "Id"),
+    ],
+)
 def test_change_name_only_renames_reserved_words(raw, expected):
     assert change_name(raw) == expected
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("News, Media", "News_Media"),
-    ("Artificial Intelligence/Machine Learning", "Artificial_Intelligence_Machine_Learning"),
-    ("Health and Fitness", "Health_and_Fitness"),
-    ("Data", "Data"),
-    ("a , b", "a__b"),  # `___` -> `__`: one non-overlapping pass, as upstream
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("News, Media", "News_Media"),
+        ("Artificial Intelligence/Machine Learning", "Artificial_Intelligence_Machine_Learning"),
+        ("Health and Fitness", "Health_and_Fitness"),
+        ("Data", "Data"),
+        ("a , b", "a__b"),  # `___` -> `__`: one non-overlapping pass, as upstream
+    ],
+)
 def test_standardize_category(raw, expected):
     assert standardize_category(raw) == expected
 
@@ -71,14 +87,18 @@ def test_function_names_of_stabletoolbench_answers(shared_data):
     # The agents' function names in StableToolBench's converted answers were made by its client from
     # the query's api_list: change_name(standardize(api)) + "_for_" + standardize(tool), last 64 chars.
     stb = shared_data / "stabletoolbench"
-    queries = {str(q["query_id"]): q for q in json.loads(
-        (stb / "solvable_queries/test_instruction/G1_instruction.json").read_text())}
+    queries = {
+        str(q["query_id"]): q
+        for q in json.loads((stb / "solvable_queries/test_instruction/G1_instruction.json").read_text())
+    }
     checked = 0
     for path in (stb / "data_example/model_predictions_converted").glob("*/G1_instruction.json"):
         for qid, answer in json.loads(path.read_text()).items():
             names = [t["name"] for t in answer["available_tools"] if t["name"] != "Finish"]
-            expected = [(api_key_name(a["api_name"]) + "_for_" + standardize(a["tool_name"]))[-64:]
-                        for a in queries[qid]["api_list"]]
+            expected = [
+                (api_key_name(a["api_name"]) + "_for_" + standardize(a["tool_name"]))[-64:]
+                for a in queries[qid]["api_list"]
+            ]
             assert names == expected
             checked += len(names)
     assert checked == 46
@@ -107,7 +127,10 @@ def test_toolbench_pairs_use_wire_names_of_their_docs(shared_data):
         doc = docs[(p["category"], p["tool_name"])]
         api = next(a for a in doc["api_list"] if api_key_name(a["name"]) == p["api_name"])
         wire = {api_key_name(x["name"]) for x in api["required_parameters"] + api["optional_parameters"]}
-        renamed_args += sum(1 for k in p["tool_input"] if k in wire and k not in
-                            {x["name"] for x in api["required_parameters"] + api["optional_parameters"]})
+        renamed_args += sum(
+            1
+            for k in p["tool_input"]
+            if k in wire and k not in {x["name"] for x in api["required_parameters"] + api["optional_parameters"]}
+        )
     assert len(pairs) == 98
     assert renamed_args > 0  # e.g. `is_id` for a doc parameter `id`

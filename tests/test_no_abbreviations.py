@@ -28,22 +28,42 @@ def parser_calls():
 def test_every_parser_turns_abbreviations_off():
     calls = list(parser_calls())
     assert len(calls) >= 25  # the scan sees the project's parsers (entry scripts, the mirrorapi subcommands)
-    missing = [f"{path}:{node.lineno}" for path, node in calls
-               if not any(k.arg == "allow_abbrev" and isinstance(k.value, ast.Constant) and k.value.value is False
-                          for k in node.keywords)]
+    missing = [
+        f"{path}:{node.lineno}"
+        for path, node in calls
+        if not any(
+            k.arg == "allow_abbrev" and isinstance(k.value, ast.Constant) and k.value.value is False
+            for k in node.keywords
+        )
+    ]
     assert not missing, "parsers that take abbreviated flags (pass allow_abbrev=False): " + ", ".join(missing)
 
 
-@pytest.mark.parametrize("script, function, argv, message", [
-    # Taken as `--answers` before; now the flag the user meant is missing.
-    ("eval/fac.py", "main", ["--answer", "x", "--ids", "y", "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
-                             "--out", "z"], "the following arguments are required: --answers"),
-    ("eval/simulator.py", "main", ["--pair", "x", "--server", "http://127.0.0.1:9", "--out", "z"],
-     "the following arguments are required: --pairs"),
-    ("serving/main_mirrorapi.py", "main", ["--confi", "x.yml"], "--confi"),
-    ("training/sft.py", "cli", ["--config", "training/configs/tiny_cpu.yaml", "--dataset_pat", "x"],
-     "not used by the HfArgumentParser: ['--dataset_pat', 'x']"),
-])
+@pytest.mark.parametrize(
+    "script, function, argv, message",
+    [
+        # Taken as `--answers` before; now the flag the user meant is missing.
+        (
+            "eval/fac.py",
+            "main",
+            ["--answer", "x", "--ids", "y", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--out", "z"],
+            "the following arguments are required: --answers",
+        ),
+        (
+            "eval/simulator.py",
+            "main",
+            ["--pair", "x", "--server", "http://127.0.0.1:9", "--out", "z"],
+            "the following arguments are required: --pairs",
+        ),
+        ("serving/main_mirrorapi.py", "main", ["--confi", "x.yml"], "--confi"),
+        (
+            "training/sft.py",
+            "cli",
+            ["--config", "training/configs/tiny_cpu.yaml", "--dataset_pat", "x"],
+            "not used by the HfArgumentParser: ['--dataset_pat', 'x']",
+        ),
+    ],
+)
 def test_an_abbreviated_flag_is_refused(entry_script, capsys, monkeypatch, script, function, argv, message):
     """As a user types them: the entry script exits with status 2 and says what it did not take."""
     monkeypatch.chdir(REPO)

@@ -51,8 +51,16 @@ SHELL_BUILTINS = {"export", "kill", "jobs", "wait", "cd"}
 # Programs of the venv: written bare, they are not on the PATH `make venv` leaves (or are another Python's).
 VENV_PROGRAMS = {"python", "python3", "pip", "mirrorapi", "accelerate", "transformers", "vllm", "pytest"}
 # Flags whose value a command writes (a file or a folder), not reads.
-OUTPUT_FLAGS = {"--out", "--output_dir", "--cache-path", "--keep", "--work-dir", "--work", "--models-dir",
-                "--write-pairs"}
+OUTPUT_FLAGS = {
+    "--out",
+    "--output_dir",
+    "--cache-path",
+    "--keep",
+    "--work-dir",
+    "--work",
+    "--models-dir",
+    "--write-pairs",
+}
 # The repository's own top folders: a path under one of them must be in the clone.
 REPO_FOLDERS = ("data", "training", "serving", "eval", "scripts", "bench", "tests", "docs", "mirrorapi", "harness")
 # All-caps words that are values, not stand-ins: an API key value, file stems.
@@ -108,8 +116,11 @@ def readme_commands() -> list[str]:
 
 def readme_demo_paths() -> set[str]:
     """The names under runs/demo/latest/ that the pages' commands use."""
-    return {re.match(r"runs/demo/latest/([\w.-]+)", p).group(1) for c in readme_commands()
-            for p in re.findall(r"runs/demo/latest/[\w.-]+", c)}
+    return {
+        re.match(r"runs/demo/latest/([\w.-]+)", p).group(1)
+        for c in readme_commands()
+        for p in re.findall(r"runs/demo/latest/[\w.-]+", c)
+    }
 
 
 def test_the_pages_have_commands_and_the_readme_is_short():
@@ -225,8 +236,10 @@ def reads_and_writes(command: Command) -> tuple[set[str], set[str]]:
         if config.startswith("training/configs/"):  # a recipe: it reads its model and data, writes output_dir
             keys = recipe(config)
             writes.add(flag_value(argv, "--output_dir") or keys["output_dir"])
-            argv = argv + [flag_value(argv, "--model_name_or_path") or keys["model_name_or_path"],
-                           flag_value(argv, "--dataset_path") or keys["dataset_path"]]
+            argv = argv + [
+                flag_value(argv, "--model_name_or_path") or keys["model_name_or_path"],
+                flag_value(argv, "--dataset_path") or keys["dataset_path"],
+            ]
     if argv[0] == "rm":
         return set(), set()
     paths = {word for word in argv[1:] if re.match(rf"(runs|\.\./shared|{'|'.join(REPO_FOLDERS)})/", word)}
@@ -235,8 +248,9 @@ def reads_and_writes(command: Command) -> tuple[set[str], set[str]]:
 
 def path_problem(path: str, written: set[str]) -> str | None:
     if path.startswith("runs/"):
-        if path.startswith("runs/demo/latest/") or any(path == w or path.startswith(w + "/") or
-                                                       w.startswith(path + "/") for w in written):
+        if path.startswith("runs/demo/latest/") or any(
+            path == w or path.startswith(w + "/") or w.startswith(path + "/") for w in written
+        ):
             return None
         if any(path == w or path.startswith(w + "/") for w in recipe_outputs()):
             return None  # a trained model: the output_dir of a training recipe (training.md)
@@ -256,8 +270,9 @@ def test_inputs_exist_or_are_built_before_use():
         written: set[str] = set()
         for command in page_commands(page):
             reads, writes = reads_and_writes(command)
-            problems += [f"{command}\n  {path} {why}" for path in sorted(reads)
-                         if (why := path_problem(path, written))]
+            problems += [
+                f"{command}\n  {path} {why}" for path in sorted(reads) if (why := path_problem(path, written))
+            ]
             written |= writes
     assert not problems, "\n".join(problems)
 
@@ -308,7 +323,7 @@ def parse_problem(target: str, args: list[str]) -> str | None:
             else:
                 runpy.run_path(argv0, run_name="__main__")
     except _Parsed as parsed:
-        after_dashes = args[args.index("--") + 1:] if "--" in args else []
+        after_dashes = args[args.index("--") + 1 :] if "--" in args else []
         unknown = [a for a in parsed.extras if a not in after_dashes and a != "--"]
         return f"unknown arguments {unknown}" if unknown else None
     except SystemExit as exit_:
@@ -363,8 +378,11 @@ def test_python_blocks_compile_and_import_what_exists():
                     continue
                 if info == "python openenv" and importlib.util.find_spec(node.module.split(".")[0]) is None:
                     names = ", ".join(alias.name for alias in node.names)
-                    done = subprocess.run([str(REPO / OPENENV_PYTHON), "-c", f"from {node.module} import {names}"],
-                                          capture_output=True, text=True)
+                    done = subprocess.run(
+                        [str(REPO / OPENENV_PYTHON), "-c", f"from {node.module} import {names}"],
+                        capture_output=True,
+                        text=True,
+                    )
                     assert done.returncode == 0, (page, node.module, done.stderr[-500:])
                     continue
                 module = importlib.import_module(node.module)
@@ -373,8 +391,10 @@ def test_python_blocks_compile_and_import_what_exists():
 
 # ------------------------------------------------------------------------------------------ run for real
 # Commands that start no engine and train nothing: tests/test_demo.py runs them against a real demo's folder.
-CHEAP = re.compile(r"(cat |\.venv/bin/mirrorapi (tools|cache) |\.venv/bin/python data/build_|"
-                   r"\.venv/bin/python eval/apibank\.py --write-pairs |\S+ .*--help$)")
+CHEAP = re.compile(
+    r"(cat |\.venv/bin/mirrorapi (tools|cache) |\.venv/bin/python data/build_|"
+    r"\.venv/bin/python eval/apibank\.py --write-pairs |\S+ .*--help$)"
+)
 
 
 # The throwaway PostgreSQL a page starts in the background for the cache commands after it (docs/serving.md).
@@ -404,8 +424,7 @@ def run_as_in_a_clone(commands: list[Command], latest: Path, root: Path) -> list
         for port in sorted({int(m.group(1)) for c in all_commands() if (m := BACKGROUND_POSTGRES.match(c.line))}):
             background.enter_context(temporary_postgres(port=port))
         for command in commands:
-            done = subprocess.run(["bash", "-c", command.line], cwd=clone, capture_output=True, text=True,
-                                  timeout=300)
+            done = subprocess.run(["bash", "-c", command.line], cwd=clone, capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
                 failures.append(f"{command}\n  exit {done.returncode}: {(done.stdout + done.stderr)[-800:]}")
     return failures
@@ -446,19 +465,27 @@ def test_the_script_serves_the_name_clients_are_told_to_send(tiny_model_dir, tmp
     port, log = free_port(), tmp_path / "engine.log"
     env = {**os.environ, "TRANSFORMERS": str(Path(sys.executable).parent / "transformers")}
     with open(log, "wb") as out:
-        process = subprocess.Popen([str(SCRIPT), relative, str(port)], cwd=tmp_path, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [str(SCRIPT), relative, str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         name = f"{tmp_path}/{relative}"  # what "$PWD/runs/latest/model" expands to in that folder
         wait_until_engine_answers(RunningEngine(f"http://127.0.0.1:{port}/v1", name, process, log), 180)
         assert f"model name (clients' --model): {name}" in log.read_text()
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0, timeout=60)
-        answer = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hello"}],
-                                                max_tokens=4)
+        answer = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "hello"}], max_tokens=4
+        )
         assert answer.choices[0].message.content is not None
         with pytest.raises(openai.BadRequestError) as refused:
-            client.chat.completions.create(model=str(tiny_model_dir.resolve()), max_tokens=4,
-                                           messages=[{"role": "user", "content": "hello"}])
+            client.chat.completions.create(
+                model=str(tiny_model_dir.resolve()), max_tokens=4, messages=[{"role": "user", "content": "hello"}]
+            )
         assert "pinned" in refused.value.response.text
     finally:
         stop(process)

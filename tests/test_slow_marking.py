@@ -19,9 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 
 # Calls that start an engine or train a model, as the suite's fixtures make them.
-STARTS_OR_TRAINS = re.compile(r"transformers_serve\(|wait_until_engine_answers\(|RunningEngine\("  # an engine
-                              r"|run_sft_recipe\(|training/sft\.py'\)\.cli\(|\.train\("  # training in process
-                              r"|'launch'|demo_command\(")  # `accelerate launch`, the whole demo
+STARTS_OR_TRAINS = re.compile(
+    r"transformers_serve\(|wait_until_engine_answers\(|RunningEngine\("  # an engine
+    r"|run_sft_recipe\(|training/sft\.py'\)\.cli\(|\.train\("  # training in process
+    r"|'launch'|demo_command\("
+)  # `accelerate launch`, the whole demo
 
 # Writes each collected test's fixture closure (after -m deselected the slow ones).
 DUMP_PLUGIN = """
@@ -53,8 +55,9 @@ def fixtures_that_start_or_train(paths: list[Path]) -> dict[str, str]:
 def test_the_scan_finds_engine_and_training_fixtures():
     found = fixtures_that_start_or_train(sorted(TESTS.rglob("*.py")))
     # The session fixtures of tests/conftest.py that start `transformers serve` or run training/sft.py.
-    assert {"tiny_engine", "simulator_engine", "judge_engine", "trained_simulator_dir",
-            "trained_judge_dir"} <= set(found)
+    assert {"tiny_engine", "simulator_engine", "judge_engine", "trained_simulator_dir", "trained_judge_dir"} <= set(
+        found
+    )
     # And not the cheap ones: a model built without training, SFT data, a fake engine, the CLI's function.
     assert not {"tiny_model_dir", "simulator_sft_dir", "faulty_judge", "engine_stub", "cli"} & set(found)
 
@@ -64,19 +67,43 @@ def test_quick_selection_uses_no_engine_or_training_fixture(tmp_path):
     (tmp_path / "dump_collected_fixtures.py").write_text(DUMP_PLUGIN)
     out = tmp_path / "collected.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # this run's own options stay here
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])),
-               COLLECTED_FIXTURES=str(out))
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             "-p", "dump_collected_fixtures", "-m", "not slow", "tests"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    env.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])), COLLECTED_FIXTURES=str(out)
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "dump_collected_fixtures",
+            "-m",
+            "not slow",
+            "tests",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     quick = json.loads(out.read_text())
     assert len(quick) > 100  # the collection ran
-    offenders = {test: sorted(set(fixtures) & set(engine_or_training)) for test, fixtures in quick.items()
-                 if set(fixtures) & set(engine_or_training)}
+    offenders = {
+        test: sorted(set(fixtures) & set(engine_or_training))
+        for test, fixtures in quick.items()
+        if set(fixtures) & set(engine_or_training)
+    }
     assert offenders == {}, "tests left in `make test-quick` that start an engine or train"
     # The engine tests of issue 18, unmarked by hand, are among those left out.
-    for test in ("tests/evaluation/test_agent.py::test_tiny_model_agent_ends_every_query",
-                 "tests/evaluation/test_benchmark.py::test_recorded_benchmark_writes_one_report"):
+    for test in (
+        "tests/evaluation/test_agent.py::test_tiny_model_agent_ends_every_query",
+        "tests/evaluation/test_benchmark.py::test_recorded_benchmark_writes_one_report",
+    ):
         path, name = test.split("::")
         assert f"def {name}(" in (REPO / path).read_text() and test not in quick

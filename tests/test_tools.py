@@ -46,16 +46,24 @@ def test_resolves_every_test_query_api_as_the_agents_send_it(toolenv_and_queries
         doc = toolenv_and_queries.resolve(category, standardize(tool), api_key_name(api))
         assert doc.category == category and doc.api == api_key_name(api)
         # The same call with the tool sent as `<tool>_for_<Category>`, and the API as `<api>_for_<tool>`.
-        assert toolenv_and_queries.resolve(category, f"{standardize(tool)}_for_{category}",
-                                           f"{api_key_name(api)}_for_{doc.tool}") is doc
+        assert (
+            toolenv_and_queries.resolve(
+                category, f"{standardize(tool)}_for_{category}", f"{api_key_name(api)}_for_{doc.tool}"
+            )
+            is doc
+        )
 
 
 def test_tools_with_for_in_their_own_name(toolenv_and_queries):
     # StableToolBench cuts at the first `_for_` and gets these six test-set tools wrong (notes §8.4).
-    for category, tool in [("Business", "realtor_data_api_for_real_estate"),
-                           ("Tools", "placeholder_text_api_for_your_application"), ("Tools", "usa_jobs_for_it"),
-                           ("Data", "realtor_api_for_real_estate_data"),
-                           ("Science", "materials_platform_for_data_science"), ("Weather", "testing_for_my_use")]:
+    for category, tool in [
+        ("Business", "realtor_data_api_for_real_estate"),
+        ("Tools", "placeholder_text_api_for_your_application"),
+        ("Tools", "usa_jobs_for_it"),
+        ("Data", "realtor_api_for_real_estate_data"),
+        ("Science", "materials_platform_for_data_science"),
+        ("Weather", "testing_for_my_use"),
+    ]:
         found = toolenv_and_queries.find_tool(category, tool)
         assert found.name == tool
         assert toolenv_and_queries.find_tool(category, f"{tool}_for_{category}") is found
@@ -101,13 +109,26 @@ def test_tolerates_corrupt_and_odd_files(tmp_path):
     (cat / "broken.json").write_text('{"tool_name": "Broken", "api_list": [')
     (cat / "latin1.json").write_bytes(b'{"tool_name": "\xe9t\xe9"}')
     (cat / "list.json").write_text("[1, 2, 3]")
-    (cat / "odd.json").write_text(json.dumps({
-        "tool_name": None, "tool_description": 42,
-        "api_list": [None, "x", {"name": "Get Thing", "description": None, "required_parameters": None,
-                                 "optional_parameters": [{"name": "id", "type": None}, "junk", {"type": "STRING"}],
-                                 "schema": ""},
-                     {"name": 7, "template_response": '{"a": "str"}'}],
-    }))
+    (cat / "odd.json").write_text(
+        json.dumps(
+            {
+                "tool_name": None,
+                "tool_description": 42,
+                "api_list": [
+                    None,
+                    "x",
+                    {
+                        "name": "Get Thing",
+                        "description": None,
+                        "required_parameters": None,
+                        "optional_parameters": [{"name": "id", "type": None}, "junk", {"type": "STRING"}],
+                        "schema": "",
+                    },
+                    {"name": 7, "template_response": '{"a": "str"}'},
+                ],
+            }
+        )
+    )
     registry = ToolRegistry.load([tmp_path / "tools"])
     unreadable = {path.split("/")[-1]: reason for path, reason in registry.unreadable}
     assert set(unreadable) == {"broken.json", "latin1.json", "list.json"}
@@ -126,9 +147,15 @@ def test_missing_folder_is_a_clear_error(tmp_path):
 
 def test_openai_function_files(tmp_path):
     functions = [
-        {"name": "get_weather", "description": "Weather for a city.",
-         "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                        "required": ["city"]}},
+        {
+            "name": "get_weather",
+            "description": "Weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
         {"type": "function", "function": {"name": "list_cities", "parameters": {"type": "object", "properties": {}}}},
     ]
     path = tmp_path / "weather_tools.json"
@@ -157,18 +184,27 @@ def test_cli_stats_json(samples, capsys):
 
 def test_cli_show_and_errors_without_traceback(samples, tmp_path):
     run = [sys.executable, "-m", "mirrorapi.cli"]
-    shown = subprocess.run(run + ["tools", "show", "APIBank", "apibank_account", "GetUserToken", "--json",
-                                  "--tools", str(samples / "tools")], capture_output=True, text=True)
+    shown = subprocess.run(
+        run
+        + ["tools", "show", "APIBank", "apibank_account", "GetUserToken", "--json", "--tools", str(samples / "tools")],
+        capture_output=True,
+        text=True,
+    )
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["api_title"] == "GetUserToken"
-    for args in (["tools", "stats", str(tmp_path / "missing")],
-                 ["tools", "show", "APIBank", "apibank_acount", "--tools", str(samples / "tools")]):
+    for args in (
+        ["tools", "stats", str(tmp_path / "missing")],
+        ["tools", "show", "APIBank", "apibank_acount", "--tools", str(samples / "tools")],
+    ):
         result = subprocess.run(run + args, capture_output=True, text=True)
         assert result.returncode == 2
         assert "Traceback" not in result.stderr
         assert result.stderr.startswith("mirrorapi: error:")
-    unknown = subprocess.run(run + ["tools", "show", "APIBank", "apibank_acount", "--tools", str(samples / "tools")],
-                             capture_output=True, text=True)
+    unknown = subprocess.run(
+        run + ["tools", "show", "APIBank", "apibank_acount", "--tools", str(samples / "tools")],
+        capture_output=True,
+        text=True,
+    )
     assert "apibank_account" in unknown.stderr  # the closest known name
 
 
@@ -178,9 +214,21 @@ def _settled_tools_folder(tmp_path, apis=("first", "second")):
     a folder that has settled, mirrorapi.tools_index.SETTLE_SECONDS)."""
     folder = tmp_path / "tools"
     (folder / "Data").mkdir(parents=True)
-    tool = {"tool_name": "Weather", "tool_description": "d", "api_list": [
-        {"name": name, "description": f"the {name} API", "method": "GET", "required_parameters": [],
-         "optional_parameters": [], "template_response": {"t": "str"}} for name in apis]}
+    tool = {
+        "tool_name": "Weather",
+        "tool_description": "d",
+        "api_list": [
+            {
+                "name": name,
+                "description": f"the {name} API",
+                "method": "GET",
+                "required_parameters": [],
+                "optional_parameters": [],
+                "template_response": {"t": "str"},
+            }
+            for name in apis
+        ],
+    }
     (folder / "Data" / "weather.json").write_text(json.dumps(tool))
     (folder / "Data" / "broken.json").write_text("{not json")
     _age(folder)

@@ -33,7 +33,10 @@ def test_schema_from_a_rapidapi_doc(samples):
     schema = input_schema(doc)
     assert schema["required"] == ["sport", "regions"]
     assert schema["properties"]["regions"] == {
-        "type": "string", "default": "us", "description": doc.required_parameters[1]["description"]}
+        "type": "string",
+        "default": "us",
+        "description": doc.required_parameters[1]["description"],
+    }
     assert schema["properties"]["oddsformat"]["default"] == "decimal"  # wire names, as agents send them
 
 
@@ -43,14 +46,19 @@ def test_toolsets_by_category_tool_api_and_query(samples):
     queries = json.loads(query_file.read_text(encoding="utf-8"))
     chosen = select_toolset(registry, f"query={queries[0]['query_id']}").functions
     assert {(d.tool_title, d.api_title) for d in chosen.values()} == {
-        (a["tool_name"], a["api_name"]) for a in queries[0]["api_list"]}
+        (a["tool_name"], a["api_name"]) for a in queries[0]["api_list"]
+    }
     mixed = select_toolset(
         registry, "category=Sports&tool=APIBank/apibank_account&api=Data/theclique/Songkick concert"
     )
     assert {d.category for d in mixed.functions.values()} == {"Sports", "APIBank", "Data"}
     assert select_toolset(registry, "").functions.keys() >= mixed.functions.keys()
-    for spec, message in (("tools=Data", "unknown toolset key 'tools'"), ("tool=Data", "expected <Category>/<tool>"),
-                          ("query=nope", "unknown query 'nope'"), ("tool=Data/nope", "Unknown tool 'nope'")):
+    for spec, message in (
+        ("tools=Data", "unknown toolset key 'tools'"),
+        ("tool=Data", "expected <Category>/<tool>"),
+        ("query=nope", "unknown query 'nope'"),
+        ("tool=Data/nope", "Unknown tool 'nope'"),
+    ):
         with pytest.raises(ToolsetError, match=message):
             select_toolset(registry, spec)
 

@@ -14,8 +14,16 @@ from mirrorapi.training.model_card import TRAINING_FILE, write_model_card
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINING_PACKAGES = ("torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets")
-INFO = {"base_model": "tiny", "kind": "simulator", "prompt_format": "mirrorapi-v1", "adapter": False,
-        "dataset_path": "data", "dataset_stats": {}, "recipe": {"argv": []}, "metrics": {}}
+INFO = {
+    "base_model": "tiny",
+    "kind": "simulator",
+    "prompt_format": "mirrorapi-v1",
+    "adapter": False,
+    "dataset_path": "data",
+    "dataset_stats": {},
+    "recipe": {"argv": []},
+    "metrics": {},
+}
 
 
 def installed(*names: str) -> dict[str, str]:
@@ -45,8 +53,10 @@ def test_a_merged_model_keeps_the_versions_that_trained_it(tmp_path):
 def test_a_checkout_run_without_installing_it_records_source_and_its_commit():
     """A lent GPU machine runs the checkout from PYTHONPATH (nothing can be installed there): the record says
     "source" and the commit instead of failing the run after training (it did: PackageNotFoundError)."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from mirrorapi.versions import package_versions; "
-            "print(json.dumps(package_versions()))")
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from mirrorapi.versions import package_versions; "
+        "print(json.dumps(package_versions()))"
+    )
     # -S: no site-packages, so no installed mirrorapi distribution is visible (versions.py needs only the stdlib)
     result = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], capture_output=True, text=True, check=True)
     versions = json.loads(result.stdout)

@@ -25,9 +25,16 @@ USER_ERRORS = (SourceError, RegistryError, ValueError, OSError)
 
 
 def _summary(out: str, stats: dict, start: float, **extra) -> str:
-    return json.dumps({"out": out, "read": stats["read"]["total"], "dropped": stats["dropped"], **extra,
-                       "splits": {k: v["records"] for k, v in stats["splits"].items()},
-                       "seconds": round(time.perf_counter() - start, 1)})
+    return json.dumps(
+        {
+            "out": out,
+            "read": stats["read"]["total"],
+            "dropped": stats["dropped"],
+            **extra,
+            "splits": {k: v["records"] for k, v in stats["splits"].items()},
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+    )
 
 
 def _note_unreadable(stats: dict, bad: list[str], inputs: dict) -> None:
@@ -39,12 +46,27 @@ def _note_unreadable(stats: dict, bad: list[str], inputs: dict) -> None:
 # ------------------------------------------------------------------------------------------- simulator
 def simulator_sft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", nargs="+", default=[], help="Pair JSONL files (the schema of shared/data/pairs).")
-    parser.add_argument("--stabletoolbench-cache", nargs="+", default=[], metavar="FOLDER",
-                        help="StableToolBench cache folders (<cat>/<tool>_for_<cat>/<api>.json).")
-    parser.add_argument("--alpaca", nargs="+", default=[], metavar="FILE",
-                        help="MirrorAPI-style alpaca files (system/instruction/output; JSON list or JSONL).")
-    parser.add_argument("--tools", nargs="+", default=[], metavar="SOURCE",
-                        help="Tools folders / query files with the docs of the pairs' APIs.")
+    parser.add_argument(
+        "--stabletoolbench-cache",
+        nargs="+",
+        default=[],
+        metavar="FOLDER",
+        help="StableToolBench cache folders (<cat>/<tool>_for_<cat>/<api>.json).",
+    )
+    parser.add_argument(
+        "--alpaca",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="MirrorAPI-style alpaca files (system/instruction/output; JSON list or JSONL).",
+    )
+    parser.add_argument(
+        "--tools",
+        nargs="+",
+        default=[],
+        metavar="SOURCE",
+        help="Tools folders / query files with the docs of the pairs' APIs.",
+    )
     parser.add_argument("--out", required=True, help="Output folder (replaced when the build succeeds).")
     parser.add_argument("--system-prompt-file", help="System prompt for the stabletoolbench formats.")
     add_settings_arguments(parser, SimulatorDataOptions, exclude=("system_prompt",))
@@ -73,8 +95,16 @@ def build_simulator_sft(args: argparse.Namespace) -> int:
     sources += [read_stabletoolbench_cache(f, bad.append) for f in args.stabletoolbench_cache]
     sources += [read_alpaca(f, bad.append) for f in args.alpaca]
     splits, stats = build_simulator_records(itertools.chain(*sources), registry, options, progress=True)
-    _note_unreadable(stats, bad, {"pairs": args.pairs, "stabletoolbench_cache": args.stabletoolbench_cache,
-                                  "alpaca": args.alpaca, "tools": args.tools})
+    _note_unreadable(
+        stats,
+        bad,
+        {
+            "pairs": args.pairs,
+            "stabletoolbench_cache": args.stabletoolbench_cache,
+            "alpaca": args.alpaca,
+            "tools": args.tools,
+        },
+    )
     stats["build_seconds"] = round(time.perf_counter() - start, 2)
     write_sft_dataset(args.out, splits, stats)
     print(_summary(args.out, stats, start, kept=stats["kept"]))
@@ -96,19 +126,29 @@ def build_judge_sft(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     bad: list[str] = []
     records = itertools.chain(*[read_labelled(path, bad.append) for path in args.labelled])
-    splits, stats = build_judge_records(records, args.prompt_format, args.test_fraction, not args.no_balance,
-                                        args.seed)
+    splits, stats = build_judge_records(
+        records, args.prompt_format, args.test_fraction, not args.no_balance, args.seed
+    )
     _note_unreadable(stats, bad, {"labelled": args.labelled})
     write_sft_dataset(args.out, splits, stats, JUDGE_COLUMNS)
     print(_summary(args.out, stats, start))
     return 0
 
 
-BUILD_SIMULATOR_SFT = Command("build-simulator-sft", "Build the simulator's SFT dataset from real request -> "
-                              "response pairs and tool docs.", simulator_sft_arguments, build_simulator_sft,
-                              USER_ERRORS)
-BUILD_JUDGE_SFT = Command("build-judge-sft", "Build the judge's SFT dataset from labelled final answers.",
-                          judge_sft_arguments, build_judge_sft, USER_ERRORS)
+BUILD_SIMULATOR_SFT = Command(
+    "build-simulator-sft",
+    "Build the simulator's SFT dataset from real request -> response pairs and tool docs.",
+    simulator_sft_arguments,
+    build_simulator_sft,
+    USER_ERRORS,
+)
+BUILD_JUDGE_SFT = Command(
+    "build-judge-sft",
+    "Build the judge's SFT dataset from labelled final answers.",
+    judge_sft_arguments,
+    build_judge_sft,
+    USER_ERRORS,
+)
 
 
 def register(sub) -> None:

@@ -37,12 +37,18 @@ def _group(query: str) -> str:
     return re.sub(r"\s+", " ", query.strip().lower())
 
 
-def build_judge_records(records: Iterable[dict], prompt_format: str = DEFAULT_JUDGE_FORMAT,
-                        test_fraction: float = 0.1, balance: bool = True,
-                        seed: int = 42) -> tuple[dict[str, list[dict]], dict]:
+def build_judge_records(
+    records: Iterable[dict],
+    prompt_format: str = DEFAULT_JUDGE_FORMAT,
+    test_fraction: float = 0.1,
+    balance: bool = True,
+    seed: int = 42,
+) -> tuple[dict[str, list[dict]], dict]:
     if prompt_format not in TRAINABLE_JUDGE_FORMATS:
-        raise ValueError(f"judge format {prompt_format!r} cannot be trained from the judge schema; "
-                         f"use one of {', '.join(TRAINABLE_JUDGE_FORMATS)}")
+        raise ValueError(
+            f"judge format {prompt_format!r} cannot be trained from the judge schema; "
+            f"use one of {', '.join(TRAINABLE_JUDGE_FORMATS)}"
+        )
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
     verdicts = JUDGE_VERDICTS[prompt_format]
@@ -85,9 +91,15 @@ def build_judge_records(records: Iterable[dict], prompt_format: str = DEFAULT_JU
         "dropped": {k: dropped[k] for k in ("unknown_label", "empty_answer", "duplicate", "duplicate_conflicting")}
         | {"balancing": balanced_out},
         "kept": {"total": len(kept), **Counter(r["label"] for r in kept)},
-        "splits": {name: {"records": len(rs), "groups": len({_group(r["query"]) for r in rs}),
-                          **Counter(r["label"] for r in rs),
-                          "by_source": dict(Counter(r["source"] for r in rs))} for name, rs in splits.items()},
+        "splits": {
+            name: {
+                "records": len(rs),
+                "groups": len({_group(r["query"]) for r in rs}),
+                **Counter(r["label"] for r in rs),
+                "by_source": dict(Counter(r["source"] for r in rs)),
+            }
+            for name, rs in splits.items()
+        },
     }
     return rendered, stats
 
@@ -95,8 +107,12 @@ def build_judge_records(records: Iterable[dict], prompt_format: str = DEFAULT_JU
 def _render(record: dict, prompt_format: str) -> dict:
     return {
         "prompt": judge_messages(record["query"], record["answer"], prompt_format),
-        "completion": [{"role": "assistant",
-                        "content": judge_completion(record["label"], record.get("reason") or "")}],
-        "prompt_format": prompt_format, "source": record["source"], "id": record["id"], "label": record["label"],
+        "completion": [
+            {"role": "assistant", "content": judge_completion(record["label"], record.get("reason") or "")}
+        ],
+        "prompt_format": prompt_format,
+        "source": record["source"],
+        "id": record["id"],
+        "label": record["label"],
         "label_kind": record.get("label_kind") or "",
     }

@@ -54,8 +54,19 @@ from mirrorapi.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
 
-SIMULATOR_COLUMNS = ("prompt", "completion", "prompt_format", "source", "episode", "step", "category", "tool",
-                     "api", "arguments", "kind")
+SIMULATOR_COLUMNS = (
+    "prompt",
+    "completion",
+    "prompt_format",
+    "source",
+    "episode",
+    "step",
+    "category",
+    "tool",
+    "api",
+    "arguments",
+    "kind",
+)
 
 
 @pydantic_dataclass
@@ -71,17 +82,31 @@ class SimulatorDataOptions:
         ),
     )
     system_prompt: str | None = None  # required by the `stabletoolbench` formats (the released model's own)
-    few_shot: int = Field(default=0, description=(
-        "Real examples of the same API per prompt, chosen as the server chooses them; match the server's "
-        "`few_shot` setting."))
-    few_shot_char_budget: int = Field(default=2048, description=(
-        "Most characters of examples per prompt; match the server's `few_shot_char_budget`."))
-    few_shot_response_chars: int = Field(default=0, description=(
-        "Shrink each example's response to about this many characters, JSON kept valid (0: whole); match the "
-        "server's `few_shot_response_chars`."))
-    target_response_chars: int = Field(default=0, description=(
-        "Shrink the training targets of longer real responses to about this many characters, JSON kept valid, so "
-        "their records fit max_length (0: whole, cut at the server's 2,048 characters)."))
+    few_shot: int = Field(
+        default=0,
+        description=(
+            "Real examples of the same API per prompt, chosen as the server chooses them; match the server's "
+            "`few_shot` setting."
+        ),
+    )
+    few_shot_char_budget: int = Field(
+        default=2048,
+        description=("Most characters of examples per prompt; match the server's `few_shot_char_budget`."),
+    )
+    few_shot_response_chars: int = Field(
+        default=0,
+        description=(
+            "Shrink each example's response to about this many characters, JSON kept valid (0: whole); match the "
+            "server's `few_shot_response_chars`."
+        ),
+    )
+    target_response_chars: int = Field(
+        default=0,
+        description=(
+            "Shrink the training targets of longer real responses to about this many characters, JSON kept valid, so "
+            "their records fit max_length (0: whole, cut at the server's 2,048 characters)."
+        ),
+    )
     ood_fraction: float = Field(
         default=DEFAULT_OOD_FRACTION, description="Share of distinct APIs held out entirely (test_ood)."
     )
@@ -89,25 +114,41 @@ class SimulatorDataOptions:
         default=DEFAULT_ID_FRACTION, description="Share of the other episodes held out (test_id)."
     )
     seed: int = Field(default=DEFAULT_SPLIT_SEED, description="Seed of the split.")
-    history: Annotated[int, Flag(metavar="K")] = Field(default=0, description=(
-        "Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, or -v2 with "
-        "--prompt-format mirrorapi-v2, chosen automatically); match the server's `session_history`."))
-    history_char_budget: int = Field(default=HISTORY_CHAR_BUDGET, description=(
-        "Most characters of history per prompt; match the server's `session_char_budget`."))
-    stateless_too: bool = Field(default=False, description=(
-        "With --history: also render each distinct call of a split without its history, in the stateless format "
-        "(mirrorapi-v2 beside mirrorapi-session-v2), from the same split: a server answers calls outside sessions "
-        "in that format, so one model trained on both serves both."))
-    repeat_sources: Annotated[list[str], Flag(metavar="SOURCE=N")] = Field(default_factory=list, description=(
-        "Repeat the training records of a source N times (e.g. tau-bench=3): the 20,000 generated API-Bank "
-        "calls would otherwise drown the few hundred recorded calls of each real source."))
+    history: Annotated[int, Flag(metavar="K")] = Field(
+        default=0,
+        description=(
+            "Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, or -v2 with "
+            "--prompt-format mirrorapi-v2, chosen automatically); match the server's `session_history`."
+        ),
+    )
+    history_char_budget: int = Field(
+        default=HISTORY_CHAR_BUDGET,
+        description=("Most characters of history per prompt; match the server's `session_char_budget`."),
+    )
+    stateless_too: bool = Field(
+        default=False,
+        description=(
+            "With --history: also render each distinct call of a split without its history, in the stateless format "
+            "(mirrorapi-v2 beside mirrorapi-session-v2), from the same split: a server answers calls outside sessions "
+            "in that format, so one model trained on both serves both."
+        ),
+    )
+    repeat_sources: Annotated[list[str], Flag(metavar="SOURCE=N")] = Field(
+        default_factory=list,
+        description=(
+            "Repeat the training records of a source N times (e.g. tau-bench=3): the 20,000 generated API-Bank "
+            "calls would otherwise drown the few hundred recorded calls of each real source."
+        ),
+    )
 
     def check(self) -> None:
         if self.prompt_format not in SIMULATOR_FORMATS:
             raise ValueError(f"unknown prompt format {self.prompt_format!r}; known: {', '.join(SIMULATOR_FORMATS)}")
         if (self.history > 0) != (self.prompt_format in SESSION_FORMATS):
-            raise ValueError(f"history > 0 goes with a session prompt format ({', '.join(SESSION_FORMATS)}) and only "
-                             f"with one (got history={self.history}, prompt format {self.prompt_format!r})")
+            raise ValueError(
+                f"history > 0 goes with a session prompt format ({', '.join(SESSION_FORMATS)}) and only "
+                f"with one (got history={self.history}, prompt format {self.prompt_format!r})"
+            )
         if self.history < 0 or self.history_char_budget <= 0:
             raise ValueError("history must be >= 0 and history_char_budget > 0")
         if self.prompt_format not in OUR_SIMULATOR_FORMATS and not self.system_prompt:
@@ -135,18 +176,29 @@ class SimulatorDataOptions:
         return repeats
 
 
-def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, options: SimulatorDataOptions,
-                            progress: bool = False) -> tuple[dict[str, list[dict]], dict]:
+def build_simulator_records(
+    pairs: Iterable[dict], registry: ToolRegistry, options: SimulatorDataOptions, progress: bool = False
+) -> tuple[dict[str, list[dict]], dict]:
     """Choose (the quality rules), split, and render; returns (records per split, stats)."""
     options.check()
-    chosen = select_pairs(pairs, registry, history=options.history, history_char_budget=options.history_char_budget,
-                          history_format=options.prompt_format,
-                          need_rationale=options.prompt_format == COT_FORMAT, ood_fraction=options.ood_fraction,
-                          id_fraction=options.id_fraction, seed=options.seed, progress=progress)
+    chosen = select_pairs(
+        pairs,
+        registry,
+        history=options.history,
+        history_char_budget=options.history_char_budget,
+        history_format=options.prompt_format,
+        need_rationale=options.prompt_format == COT_FORMAT,
+        ood_fraction=options.ood_fraction,
+        id_fraction=options.id_fraction,
+        seed=options.seed,
+        progress=progress,
+    )
     kept, dropped = chosen.kept, chosen.dropped
     examples = _example_picker(kept, chosen.splits["train"], options)
-    splits = {name: [_render(kept[i], options, examples(i), options.prompt_format) for i in members]
-              for name, members in chosen.splits.items()}
+    splits = {
+        name: [_render(kept[i], options, examples(i), options.prompt_format) for i in members]
+        for name, members in chosen.splits.items()
+    }
     if options.stateless_too:
         for name, members in chosen.splits.items():
             splits[name] += _stateless_records(kept, members, options, examples)
@@ -159,13 +211,20 @@ def build_simulator_records(pairs: Iterable[dict], registry: ToolRegistry, optio
         "options": {k: v for k, v in asdict(options).items() if k != "system_prompt"},
         "response_char_budget": RESPONSE_CHAR_BUDGET,
         "read": {"total": sum(chosen.read.values()), **dict(sorted(chosen.read.items()))},
-        "dropped": {"unknown_api": dropped["unknown_api"], "transport_failure": sum(chosen.transport.values()),
-                    "transport_failure_by_kind": dict(sorted(chosen.transport.items())),
-                    "duplicate": dropped["duplicate"], "duplicate_conflicting": dropped["duplicate_conflicting"],
-                    **({"no_rationale": dropped["no_rationale"]} if options.prompt_format == COT_FORMAT else {})},
+        "dropped": {
+            "unknown_api": dropped["unknown_api"],
+            "transport_failure": sum(chosen.transport.values()),
+            "transport_failure_by_kind": dict(sorted(chosen.transport.items())),
+            "duplicate": dropped["duplicate"],
+            "duplicate_conflicting": dropped["duplicate_conflicting"],
+            **({"no_rationale": dropped["no_rationale"]} if options.prompt_format == COT_FORMAT else {}),
+        },
         "unknown_api_examples": chosen.unknown_examples,
-        "kept": {"total": len(kept), **{k: chosen.kinds[k] for k in ("success", "error", "in_band_error")},
-                 "truncated": chosen.truncated},
+        "kept": {
+            "total": len(kept),
+            **{k: chosen.kinds[k] for k in ("success", "error", "in_band_error")},
+            "truncated": chosen.truncated,
+        },
         "splits": {name: _split_stats(records) for name, records in splits.items()},
     }
     return splits, stats
@@ -184,18 +243,26 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
         # As `import_pairs` stores the call in the server's cache: the observation whole, uncut.
         observation = observation_json(chosen.error, chosen.pair["response"]["response"])
         by_api.setdefault((chosen.doc.category, chosen.doc.tool, chosen.doc.api), []).append(
-            (chosen.arguments_key, observation))
+            (chosen.arguments_key, observation)
+        )
     pools = {api: candidate_pool(candidates) for api, candidates in by_api.items()}
 
     def pick(index: int) -> list[tuple[dict, dict]]:
         doc, arguments = kept[index].doc, kept[index].arguments
-        return select_examples(pools.get((doc.category, doc.tool, doc.api), []), arguments, options.few_shot,
-                               options.few_shot_char_budget, options.few_shot_response_chars)
+        return select_examples(
+            pools.get((doc.category, doc.tool, doc.api), []),
+            arguments,
+            options.few_shot,
+            options.few_shot_char_budget,
+            options.few_shot_response_chars,
+        )
+
     return pick
 
 
-def _stateless_records(kept: list[ChosenPair], members: list[int], options: SimulatorDataOptions,
-                       examples) -> list[dict]:
+def _stateless_records(
+    kept: list[ChosenPair], members: list[int], options: SimulatorDataOptions, examples
+) -> list[dict]:
     """Each distinct call (API and arguments) of a split once, without history, in the stateless format; the first
     one in input order, as a build without history keeps it."""
     fmt = stateless_format(options.prompt_format)
@@ -216,12 +283,23 @@ def _render(chosen: ChosenPair, options: SimulatorDataOptions, examples: list[tu
     if options.target_response_chars:  # a long answer shrunk (JSON kept valid) before that cut
         response = truncate_response(shrink_response(pair["response"]["response"], options.target_response_chars))
     return {
-        "prompt": simulator_messages(doc, arguments, examples, fmt=fmt, system_prompt=options.system_prompt,
-                                     history=list(history) if fmt in SESSION_FORMATS else None),
+        "prompt": simulator_messages(
+            doc,
+            arguments,
+            examples,
+            fmt=fmt,
+            system_prompt=options.system_prompt,
+            history=list(history) if fmt in SESSION_FORMATS else None,
+        ),
         "completion": [{"role": "assistant", "content": _target(chosen.error, response, pair, fmt)}],
         "prompt_format": fmt,
-        "source": pair["source"], "episode": str(pair["episode"]), "step": int(pair["step"]),
-        "category": doc.category, "tool": doc.tool, "api": doc.api, "arguments": chosen.arguments_key,
+        "source": pair["source"],
+        "episode": str(pair["episode"]),
+        "step": int(pair["step"]),
+        "category": doc.category,
+        "tool": doc.tool,
+        "api": doc.api,
+        "arguments": chosen.arguments_key,
         "kind": chosen.kind,
     }
 
@@ -231,21 +309,31 @@ def _target(error: str, response, pair: dict, prompt_format: str) -> str:
     observation = render_observation(error, response, prompt_format)
     if prompt_format != COT_FORMAT:
         return observation
-    return "{" + json.dumps(COT_RATIONALE_KEY) + ":" + json.dumps(pair["rationale"], ensure_ascii=False) + "," + \
-        observation[1:]
+    return (
+        "{"
+        + json.dumps(COT_RATIONALE_KEY)
+        + ":"
+        + json.dumps(pair["rationale"], ensure_ascii=False)
+        + ","
+        + observation[1:]
+    )
 
 
 def _split_stats(records: list[dict]) -> dict:
     kinds = Counter(r["kind"] for r in records)
-    return {"records": len(records), "apis": len({(r["category"], r["tool"], r["api"]) for r in records}),
-            "episodes": len({(r["source"], r["episode"]) for r in records}),
-            **{k: kinds[k] for k in ("success", "error", "in_band_error") if k in kinds},
-            "by_source": dict(sorted(Counter(r["source"] for r in records).items())),
-            "by_prompt_format": dict(sorted(Counter(r["prompt_format"] for r in records).items()))}
+    return {
+        "records": len(records),
+        "apis": len({(r["category"], r["tool"], r["api"]) for r in records}),
+        "episodes": len({(r["source"], r["episode"]) for r in records}),
+        **{k: kinds[k] for k in ("success", "error", "in_band_error") if k in kinds},
+        "by_source": dict(sorted(Counter(r["source"] for r in records).items())),
+        "by_prompt_format": dict(sorted(Counter(r["prompt_format"] for r in records).items())),
+    }
 
 
-def write_sft_dataset(out_dir: str | os.PathLike, splits: dict[str, list[dict]], stats: dict,
-                      columns: Iterable[str] = SIMULATOR_COLUMNS) -> Path:
+def write_sft_dataset(
+    out_dir: str | os.PathLike, splits: dict[str, list[dict]], stats: dict, columns: Iterable[str] = SIMULATOR_COLUMNS
+) -> Path:
     """Save the splits as a `DatasetDict` plus `stats.json`; replaces `out_dir` only once all is written."""
     from datasets import Dataset, DatasetDict
 
@@ -255,8 +343,7 @@ def write_sft_dataset(out_dir: str | os.PathLike, splits: dict[str, list[dict]],
     tables = {}
     for name, records in splits.items():
         # Column-wise construction: several times faster than Dataset.from_list on 100k records.
-        tables[name] = Dataset.from_dict({c: [r[c] for r in records] for c in columns},
-                                         features=_features(columns))
+        tables[name] = Dataset.from_dict({c: [r[c] for r in records] for c in columns}, features=_features(columns))
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         DatasetDict(tables).save_to_disk(str(staging))

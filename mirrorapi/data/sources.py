@@ -47,13 +47,16 @@ def _alpaca(path: Path, on_bad: OnBad) -> Iterator[dict]:
         records = [record for _, record in read_jsonl(path, on_bad)]  # JSONL
     for number, record in enumerate(records):
         where = f"{path.name}#{number}"
-        if not isinstance(record, dict) or not isinstance(record.get("instruction"), str) \
-                or not isinstance(record.get("output"), str):
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get("instruction"), str)
+            or not isinstance(record.get("output"), str)
+        ):
             on_bad(f"{where}: not an alpaca record with instruction and output")
             continue
         # Alpaca's optional `input` follows the instruction (LLaMA-Factory joins them with a newline).
         instruction = record["instruction"] + ("\n" + record["input"] if record.get("input") else "")
-        parsed = _parse_instruction(instruction[max(instruction.rfind("API doc:\n"), 0):])
+        parsed = _parse_instruction(instruction[max(instruction.rfind("API doc:\n"), 0) :])
         if parsed is None:
             on_bad(f"{where}: instruction is not `API doc: ... Request: ...`")
             continue
@@ -62,9 +65,18 @@ def _alpaca(path: Path, on_bad: OnBad) -> Iterator[dict]:
         if observation is None:
             on_bad(f"{where}: output is not an {{error, response}} answer")
             continue
-        yield {"source": "alpaca", "episode": f"alpaca:{where}", "step": 0, "category": doc.category,
-               "tool_name": doc.tool, "api_name": doc.api, "tool_input": arguments, "response": observation,
-               "doc": doc, **({"rationale": rationale} if (rationale := cot_rationale(record["output"])) else {})}
+        yield {
+            "source": "alpaca",
+            "episode": f"alpaca:{where}",
+            "step": 0,
+            "category": doc.category,
+            "tool_name": doc.tool,
+            "api_name": doc.api,
+            "tool_input": arguments,
+            "response": observation,
+            "doc": doc,
+            **({"rationale": rationale} if (rationale := cot_rationale(record["output"])) else {}),
+        }
 
 
 def _parse_instruction(instruction: str) -> tuple[ApiDoc, dict] | None:
@@ -72,7 +84,7 @@ def _parse_instruction(instruction: str) -> tuple[ApiDoc, dict] | None:
     if not sep or not head.startswith("API doc:\n"):
         return None
     try:
-        raw = ast.literal_eval(head[len("API doc:\n"):].strip())
+        raw = ast.literal_eval(head[len("API doc:\n") :].strip())
         arguments = ast.literal_eval(request.strip()) if request.strip() else {}
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
@@ -82,9 +94,16 @@ def _parse_instruction(instruction: str) -> tuple[ApiDoc, dict] | None:
     api_title = str(raw["api_name"])
     params = [p for p in raw.get("required_parameters") or [] if isinstance(p, dict) and p.get("name")]
     optional = [p for p in raw.get("optional_parameters") or [] if isinstance(p, dict) and p.get("name")]
-    doc = ApiDoc(category=standardize_category(str(raw.get("tool_category") or "Unknown")),
-                 tool=standardize(tool_title), api=api_key_name(api_title), tool_title=tool_title,
-                 api_title=api_title, tool_description=str(raw.get("tool_description") or ""),
-                 description=str(raw.get("api_description") or ""), required_parameters=params,
-                 optional_parameters=optional, source="alpaca")
+    doc = ApiDoc(
+        category=standardize_category(str(raw.get("tool_category") or "Unknown")),
+        tool=standardize(tool_title),
+        api=api_key_name(api_title),
+        tool_title=tool_title,
+        api_title=api_title,
+        tool_description=str(raw.get("tool_description") or ""),
+        description=str(raw.get("api_description") or ""),
+        required_parameters=params,
+        optional_parameters=optional,
+        source="alpaca",
+    )
     return doc, arguments

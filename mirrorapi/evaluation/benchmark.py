@@ -85,8 +85,9 @@ def run_counts(answers: Path, groups: list[str]) -> dict[str, dict]:
     """Per group: what the agent runs produced (from the raw files)."""
     counts = {}
     for group in groups:
-        files = sorted((answers / ANSWER_DIR / group).glob("*.json")) if (answers / ANSWER_DIR / group).is_dir() \
-            else []
+        files = (
+            sorted((answers / ANSWER_DIR / group).glob("*.json")) if (answers / ANSWER_DIR / group).is_dir() else []
+        )
         c = {"answered": 0, "give_answer": 0, "give_up": 0, "no_finish": 0, "model_calls": 0, "tokens": 0}
         for file in files:
             try:
@@ -95,8 +96,13 @@ def run_counts(answers: Path, groups: list[str]) -> dict[str, dict]:
                 continue
             c["answered"] += 1
             final = generation.get("final_answer") or ""
-            key = "no_finish" if not generation.get("valid_data") else \
-                "give_up" if "give_up_and_restart" in final else "give_answer"
+            key = (
+                "no_finish"
+                if not generation.get("valid_data")
+                else "give_up"
+                if "give_up_and_restart" in final
+                else "give_answer"
+            )
             c[key] += 1
             c["model_calls"] += int(generation.get("query_count") or 0)
             c["tokens"] += int(generation.get("total_tokens") or 0)
@@ -107,11 +113,22 @@ def run_counts(answers: Path, groups: list[str]) -> dict[str, dict]:
 def tooleyes_table(result: tooleyes.ToolEyesResult) -> MetricTable:
     """ToolEyes' rule-based capability rows (its Table 3 layout) as a MetricTable, for the report."""
     columns = (*tooleyes.CAPABILITIES, "overall", "tool_reality")
-    rows = [[model, scenario, str(c["n"]), *("—" if c[k] is None else f"{c[k]:.2f}" for k in columns)]
-            for model, scenarios in tooleyes.table(result.rows).items() for scenario, c in scenarios.items()]
-    return MetricTable("tooleyes", "# ToolEyes capability scores", [],
-                       ["Model", "Scenario", "n", "s_FA", "s_IC", "s_BP", "s_TS", "s_AO", "Overall", "tool reality"],
-                       rows, [], [], [], {})
+    rows = [
+        [model, scenario, str(c["n"]), *("—" if c[k] is None else f"{c[k]:.2f}" for k in columns)]
+        for model, scenarios in tooleyes.table(result.rows).items()
+        for scenario, c in scenarios.items()
+    ]
+    return MetricTable(
+        "tooleyes",
+        "# ToolEyes capability scores",
+        [],
+        ["Model", "Scenario", "n", "s_FA", "s_IC", "s_BP", "s_TS", "s_AO", "Overall", "tool reality"],
+        rows,
+        [],
+        [],
+        [],
+        {},
+    )
 
 
 def plot(averages: dict[str, dict[str, float]], rows: list[str], path: Path) -> Path | None:
@@ -128,8 +145,12 @@ def plot(averages: dict[str, dict[str, float]], rows: list[str], path: Path) -> 
     fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(rows)), 3.6))
     for i, metric in enumerate(metrics):
         present = [x for x, row in enumerate(rows) if row in averages[metric]]  # no SoWR bar for the reference
-        bars = ax.bar([x + i * width for x in present], [averages[metric][rows[x]] for x in present], width,
-                      label={"sopr": "SoPR", "sowr": "SoWR", "fac": "FAC"}[metric])
+        bars = ax.bar(
+            [x + i * width for x in present],
+            [averages[metric][rows[x]] for x in present],
+            width,
+            label={"sopr": "SoPR", "sowr": "SoWR", "fac": "FAC"}[metric],
+        )
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks([x + width * (len(metrics) - 1) / 2 for x in range(len(rows))], rows, rotation=15)
     ax.set_ylabel("Average (%)")
@@ -141,30 +162,68 @@ def plot(averages: dict[str, dict[str, float]], rows: list[str], path: Path) -> 
     return path
 
 
-def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, AgentSettings],
-                 judge: JudgeSettings, groups: list[str], agent_runs: dict[str, AgentRun], repeats: int,
-                 tables: dict[str, MetricTable | None]) -> Path:
+def write_report(
+    out: Path,
+    rows: list[str],
+    reference: str,
+    agents: dict[str, AgentSettings],
+    judge: JudgeSettings,
+    groups: list[str],
+    agent_runs: dict[str, AgentRun],
+    repeats: int,
+    tables: dict[str, MetricTable | None],
+) -> Path:
     """report.md, report.json and report.png from the tables scoring computed (sopr, sowr, fac, tooleyes)."""
+
     def table_lines(metric: str) -> list[str]:
         table = tables.get(metric)
         return table.table_lines() if table is not None else ["(not computed)"]
-    averages = {metric: table.averages for metric, table in tables.items()
-                if table is not None and metric in ("sopr", "sowr", "fac")}
+
+    averages = {
+        metric: table.averages
+        for metric, table in tables.items()
+        if table is not None and metric in ("sopr", "sowr", "fac")
+    }
     image = plot(averages, rows, out / "report.png")
-    lines = ["# Benchmark report", "",
-             (f"Judge `{judge.model}` ({', '.join(judge.base_urls)}); {repeats} round(s) for SoPR and SoWR; "
-             f"SoWR reference `{reference}`."), "", "## SoPR", "", *table_lines("sopr"), "",
-             "## SoWR", "", *table_lines("sowr"), "", "## FAC", "", *table_lines("fac"), ""]
-    lines += ["## ToolEyes (rule-based parts)", "",
-              "s_FA and tool reality by rule, from the same trajectories; the judged capabilities (s_IC, s_BP, "
-              "s_TS, s_AO): `eval/tooleyes.py --answers <out>/answers` with a judge.", "",
-              *table_lines("tooleyes"), ""]
+    lines = [
+        "# Benchmark report",
+        "",
+        (
+            f"Judge `{judge.model}` ({', '.join(judge.base_urls)}); {repeats} round(s) for SoPR and SoWR; "
+            f"SoWR reference `{reference}`."
+        ),
+        "",
+        "## SoPR",
+        "",
+        *table_lines("sopr"),
+        "",
+        "## SoWR",
+        "",
+        *table_lines("sowr"),
+        "",
+        "## FAC",
+        "",
+        *table_lines("fac"),
+        "",
+    ]
+    lines += [
+        "## ToolEyes (rule-based parts)",
+        "",
+        "s_FA and tool reality by rule, from the same trajectories; the judged capabilities (s_IC, s_BP, "
+        "s_TS, s_AO): `eval/tooleyes.py --answers <out>/answers` with a judge.",
+        "",
+        *table_lines("tooleyes"),
+        "",
+    ]
     lines += apibank.report_section(out / "apibank")  # a finished `eval/apibank.py --out <out>/apibank`
     if image is not None:
         lines += [f"![Averages]({image.name})", ""]
-    lines += ["## Agent runs", "",
-              "| Method | Group | answered | final answer | gave up | no Finish | failed | model calls / query |",
-              "|" + "---|" * 8]
+    lines += [
+        "## Agent runs",
+        "",
+        "| Method | Group | answered | final answer | gave up | no Finish | failed | model calls / query |",
+        "|" + "---|" * 8,
+    ]
     counts = {}
     for row in rows:
         counts[row] = run_counts(out / "answers" / row, groups)
@@ -173,34 +232,64 @@ def write_report(out: Path, rows: list[str], reference: str, agents: dict[str, A
             c = counts[row][group]
             n_failed = sum(f" {group}/" in line for line in failed)
             per_query = c["model_calls"] / c["answered"] if c["answered"] else 0.0
-            lines.append(f"| {row} | {GROUPS.get(group, group)} | {c['answered']} | {c['give_answer']} | "
-                         f"{c['give_up']} | {c['no_finish']} | {n_failed} | {per_query:.1f} |")
-    not_run = [line for row in rows for line in (agent_runs[row].failures if row in agent_runs else [])
-               if line.startswith(f"{row}: not run")]
+            lines.append(
+                f"| {row} | {GROUPS.get(group, group)} | {c['answered']} | {c['give_answer']} | "
+                f"{c['give_up']} | {c['no_finish']} | {n_failed} | {per_query:.1f} |"
+            )
+    not_run = [
+        line
+        for row in rows
+        for line in (agent_runs[row].failures if row in agent_runs else [])
+        if line.startswith(f"{row}: not run")
+    ]
     if not_run:
         lines += ["", *(f"- {line}" for line in not_run)]
     lines += ["", "## Settings", ""]
     for row in rows:
         record = agents[row].record()
-        lines.append(f"- `{row}`: model `{record['model']}` at {', '.join(record['base_urls'])}, method "
-                     f"`{record['method']}`, temperature {record['temperature']}, depth "
-                     f"{record['single_chain_max_step']}, {record['max_query_count']} calls, observations "
-                     f"cut at {record['max_observation_length']}, prompt `{record['prompt_format']}`"
-                     + (" with its reply grammar" if record.get("react_grammar") else ""))
+        lines.append(
+            f"- `{row}`: model `{record['model']}` at {', '.join(record['base_urls'])}, method "
+            f"`{record['method']}`, temperature {record['temperature']}, depth "
+            f"{record['single_chain_max_step']}, {record['max_query_count']} calls, observations "
+            f"cut at {record['max_observation_length']}, prompt `{record['prompt_format']}`"
+            + (" with its reply grammar" if record.get("react_grammar") else "")
+        )
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (out / "report.json").write_text(json.dumps({
-        "rows": rows, "reference": reference, "judge": {"model": judge.model, "base_urls": judge.base_urls},
-        "repeats": repeats, "averages": averages, "agent_counts": counts,
-        "agents": {row: agents[row].record() for row in rows},
-        "failures": {row: run.failures for row, run in agent_runs.items()},
-        "versions": package_versions()}, indent=2) + "\n", encoding="utf-8")
+    (out / "report.json").write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "reference": reference,
+                "judge": {"model": judge.model, "base_urls": judge.base_urls},
+                "repeats": repeats,
+                "averages": averages,
+                "agent_counts": counts,
+                "agents": {row: agents[row].record() for row in rows},
+                "failures": {row: run.failures for row, run in agent_runs.items()},
+                "versions": package_versions(),
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     return out / "report.md"
 
 
-def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: list[str], template: AgentSettings,
-                  judge: JudgeSettings, out: str | os.PathLike, ids: str | os.PathLike | None = None,
-                  tools: Sequence[str | os.PathLike] = (), reference: str | None = None, repeats: int = 3,
-                  progress: bool = True, limit: int | None = None) -> BenchmarkResult:
+def run_benchmark(
+    queries: str | os.PathLike,
+    agents: list[AgentSpec],
+    methods: list[str],
+    template: AgentSettings,
+    judge: JudgeSettings,
+    out: str | os.PathLike,
+    ids: str | os.PathLike | None = None,
+    tools: Sequence[str | os.PathLike] = (),
+    reference: str | None = None,
+    repeats: int = 3,
+    progress: bool = True,
+    limit: int | None = None,
+) -> BenchmarkResult:
     """Run every agent with every method, then score (SoPR, SoWR, FAC) and write the report."""
     out = Path(out)
     runs = [(agent, method) for agent in agents for method in agent.methods or methods]
@@ -214,11 +303,18 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
     settings, agent_runs = {}, {}
     for (agent, method), row in zip(runs, rows, strict=True):
         fmt = agent.prompt_format or template.prompt_format
-        settings[row] = replace(template, base_urls=agent.base_urls, model=agent.model, method=method,
-                                prompt_format=fmt, react_grammar=template.react_grammar and fmt in TEXT_AGENT_FORMATS)
+        settings[row] = replace(
+            template,
+            base_urls=agent.base_urls,
+            model=agent.model,
+            method=method,
+            prompt_format=fmt,
+            react_grammar=template.react_grammar and fmt in TEXT_AGENT_FORMATS,
+        )
         try:
-            agent_runs[row] = run_agent(queries, settings[row], out / "answers" / row, tools=tools,
-                                        progress=progress, limit=limit)
+            agent_runs[row] = run_agent(
+                queries, settings[row], out / "answers" / row, tools=tools, progress=progress, limit=limit
+            )
         except AgentRunError as exc:  # this agent's engine is down: the other rows still run
             line = f"{row}: not run: {exc}"
             logger.error(line)
@@ -235,14 +331,22 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
     answers = out / "answers"
     tables: dict[str, MetricTable | None] = {}
     for metric in ("sopr", "fac"):
-        run = run_scoring(answers, ids, judge, scores, metric=metric, repeats=repeats if metric == "sopr" else 1,
-                          progress=progress)
+        run = run_scoring(
+            answers, ids, judge, scores, metric=metric, repeats=repeats if metric == "sopr" else 1, progress=progress
+        )
         failures += run.failures
         tables[metric] = run.table
     answered = [row for row in rows if list((answers / row).glob("*.json"))]
     if reference in answered and len(answered) > 1:
-        sowr = run_sowr(answers / reference, [answers / row for row in answered if row != reference], ids, judge,
-                        scores, rounds=repeats, progress=progress)
+        sowr = run_sowr(
+            answers / reference,
+            [answers / row for row in answered if row != reference],
+            ids,
+            judge,
+            scores,
+            rounds=repeats,
+            progress=progress,
+        )
         failures += sowr.failures
         tables["sowr"] = sowr.table
     elif len(rows) > 1:
@@ -253,7 +357,5 @@ def run_benchmark(queries: str | os.PathLike, agents: list[AgentSpec], methods: 
         tables["tooleyes"] = tooleyes_table(result)
     except AnswersError as exc:
         logger.error("ToolEyes not computed: %s", exc)
-    report = write_report(out, rows, reference, settings, judge, group_order(id_lists), agent_runs, repeats,
-                          tables)
+    report = write_report(out, rows, reference, settings, judge, group_order(id_lists), agent_runs, repeats, tables)
     return BenchmarkResult(report, agent_runs, failures)
-

@@ -37,8 +37,10 @@ def _fail(message: str) -> int:
 def _judge_failures(failures: list[str]) -> int:
     if not failures:
         return 0
-    print(f"{len(failures)} judge call(s) failed, e.g. {failures[0]}; rerun the same command to retry them.",
-          file=sys.stderr)
+    print(
+        f"{len(failures)} judge call(s) failed, e.g. {failures[0]}; rerun the same command to retry them.",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -69,9 +71,16 @@ def fac(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         return _fail("--repeats must be at least 1")
     try:
-        run = run_scoring(args.answers, args.ids, settings_from_args(args, JudgeSettings), args.out,
-                          metric=args.metric, repeats=args.repeats, overwrite=args.overwrite,
-                          progress=not args.no_progress)
+        run = run_scoring(
+            args.answers,
+            args.ids,
+            settings_from_args(args, JudgeSettings),
+            args.out,
+            metric=args.metric,
+            repeats=args.repeats,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
     except USER_ERRORS as exc:
         return _fail(str(exc))
     print((Path(args.out) / f"{args.metric}.md").read_text(encoding="utf-8"))
@@ -86,8 +95,9 @@ def sowr_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
     parser.add_argument("--rounds", type=int, default=3, help="Evaluations per query; majority wins (default 3).")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="Drop earlier SoPR verdicts and preferences in --out.")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="Drop earlier SoPR verdicts and preferences in --out."
+    )
     _no_progress(parser)
 
 
@@ -95,8 +105,16 @@ def sowr(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.sowr import run_sowr
 
     try:
-        run = run_sowr(args.reference, args.candidate, args.ids, settings_from_args(args, JudgeSettings), args.out,
-                       rounds=max(1, args.rounds), overwrite=args.overwrite, progress=not args.no_progress)
+        run = run_sowr(
+            args.reference,
+            args.candidate,
+            args.ids,
+            settings_from_args(args, JudgeSettings),
+            args.out,
+            rounds=max(1, args.rounds),
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
     except USER_ERRORS as exc:
         return _fail(str(exc))
     print((Path(args.out) / "sowr.md").read_text(encoding="utf-8"))
@@ -105,8 +123,9 @@ def sowr(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------- judge agreement
 def judge_agreement_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--labelled", required=True, nargs="+", metavar="FILE.jsonl",
-                        help="Labelled answers in the judge schema.")
+    parser.add_argument(
+        "--labelled", required=True, nargs="+", metavar="FILE.jsonl", help="Labelled answers in the judge schema."
+    )
     add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", default="runs/judge-agreement", help="Output folder (default runs/judge-agreement).")
     parser.add_argument("--limit", type=int, default=None, help="Judge only the first N records of each source.")
@@ -120,8 +139,13 @@ def judge_agreement(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         return _fail("--limit must be at least 1")
     try:
-        report, failures = run_agreement(args.labelled, settings_from_args(args, JudgeSettings), args.out,
-                                         limit=args.limit, progress=not args.no_progress)
+        report, failures = run_agreement(
+            args.labelled,
+            settings_from_args(args, JudgeSettings),
+            args.out,
+            limit=args.limit,
+            progress=not args.no_progress,
+        )
     except USER_ERRORS as exc:
         return _fail(str(exc))
     print(render_markdown(report))
@@ -149,11 +173,19 @@ def fidelity(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------- agent runs
 def _query_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--queries", required=True,
-                        help="A StableToolBench query file (test_instruction/<group>.json) or a folder of them.")
-    parser.add_argument("--tools", nargs="*", default=[], metavar="FOLDER",
-                        help="Tools folder(s) with the tool docs (the server's tools_folder); the queries' own "
-                             "api_list fills what they lack. Without it, only the api_list docs are used.")
+    parser.add_argument(
+        "--queries",
+        required=True,
+        help="A StableToolBench query file (test_instruction/<group>.json) or a folder of them.",
+    )
+    parser.add_argument(
+        "--tools",
+        nargs="*",
+        default=[],
+        metavar="FOLDER",
+        help="Tools folder(s) with the tool docs (the server's tools_folder); the queries' own "
+        "api_list fills what they lack. Without it, only the api_list docs are used.",
+    )
     parser.add_argument("--limit", type=int, default=None, help="Only the first N queries of each group.")
     _no_progress(parser)
 
@@ -168,15 +200,25 @@ def run_agent(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.agent.run import run_agent as run
 
     try:
-        result = run(args.queries, settings_from_args(args, AgentSettings), args.out, tools=args.tools,
-                     progress=not args.no_progress, limit=args.limit)
+        result = run(
+            args.queries,
+            settings_from_args(args, AgentSettings),
+            args.out,
+            tools=args.tools,
+            progress=not args.no_progress,
+            limit=args.limit,
+        )
     except (AgentRunError, ValueError, OSError) as exc:
         return _fail(str(exc))
-    print(f"{result.done} queries answered, {result.skipped} done before, {len(result.failures)} failed "
-          f"({result.seconds:.1f} s); converted: {', '.join(str(p) for p in result.converted.values()) or 'none'}")
+    print(
+        f"{result.done} queries answered, {result.skipped} done before, {len(result.failures)} failed "
+        f"({result.seconds:.1f} s); converted: {', '.join(str(p) for p in result.converted.values()) or 'none'}"
+    )
     if result.failures:
-        print(f"incomplete: {len(result.failures)} queries failed (listed above); rerun the same command to retry "
-              "them", file=sys.stderr)
+        print(
+            f"incomplete: {len(result.failures)} queries failed (listed above); rerun the same command to retry them",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -186,16 +228,31 @@ AGENT_FIELDS = ("base_urls", "model", "method")  # given per --agent and per row
 
 
 def benchmark_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--agent", nargs="+", action="append", required=True, metavar="LABEL MODEL BASE_URL",
-                        help="An agent model: a row label, its model name and base URL(s). Repeat for more.")
-    parser.add_argument("--agent-format", nargs=2, action="append", default=[], metavar=("LABEL", "FORMAT"),
-                        help="The prompt format of one --agent (by its label), e.g. --agent-format smollm2 "
-                             "agent-react-v1; the others use --prompt-format.")
+    parser.add_argument(
+        "--agent",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar="LABEL MODEL BASE_URL",
+        help="An agent model: a row label, its model name and base URL(s). Repeat for more.",
+    )
+    parser.add_argument(
+        "--agent-format",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("LABEL", "FORMAT"),
+        help="The prompt format of one --agent (by its label), e.g. --agent-format smollm2 "
+        "agent-react-v1; the others use --prompt-format.",
+    )
     parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"Default: {' '.join(METHODS)}.")
     parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
     parser.add_argument("--ids", default=None, help="Test ids (test_query_ids); default: the queries' ids.")
-    parser.add_argument("--reference", default=None,
-                        help="SoWR reference row, <label>_<cot|dfs> (default: the first agent's first method).")
+    parser.add_argument(
+        "--reference",
+        default=None,
+        help="SoWR reference row, <label>_<cot|dfs> (default: the first agent's first method).",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="SoPR / SoWR rounds (default 3, as StableToolBench).")
     _query_arguments(parser)
     add_settings_arguments(parser, AgentSettings, exclude=AGENT_FIELDS)
@@ -207,21 +264,38 @@ def benchmark(args: argparse.Namespace) -> int:
 
     try:
         agents = parse_agents(args.agent, args.agent_format)
-        template, *_ = [settings_from_args(args, AgentSettings, base_urls=agents[0].base_urls,
-                                           model=agents[0].model, method=method)
-                        for method in args.methods]  # every method checked before the first row runs
+        template, *_ = [
+            settings_from_args(
+                args, AgentSettings, base_urls=agents[0].base_urls, model=agents[0].model, method=method
+            )
+            for method in args.methods
+        ]  # every method checked before the first row runs
         judge = settings_from_args(args, JudgeSettings, prefix="judge-")
-        result = run_benchmark(args.queries, agents, args.methods, template, judge, args.out, ids=args.ids,
-                               tools=args.tools, reference=args.reference, repeats=max(1, args.repeats),
-                               progress=not args.no_progress, limit=args.limit)
+        result = run_benchmark(
+            args.queries,
+            agents,
+            args.methods,
+            template,
+            judge,
+            args.out,
+            ids=args.ids,
+            tools=args.tools,
+            reference=args.reference,
+            repeats=max(1, args.repeats),
+            progress=not args.no_progress,
+            limit=args.limit,
+        )
     except (*USER_ERRORS, AgentRunError) as exc:
         print(f"mirrorapi benchmark: error: {exc}", file=sys.stderr)
         return 2
     print(result.report.read_text(encoding="utf-8"))
     if not result.complete:
         failed = sum(len(run.failures) for run in result.agent_runs.values())
-        print(f"incomplete: {failed} queries and {len(result.judge_failures)} judge calls failed; rerun the same "
-              "command to retry them", file=sys.stderr)
+        print(
+            f"incomplete: {failed} queries and {len(result.judge_failures)} judge calls failed; rerun the same "
+            "command to retry them",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -267,27 +341,60 @@ def tooleyes_command(argv: list[str] | None, usage: str | None = None) -> int:
 
 # ------------------------------------------------------------------------------------------- registry
 FAC = Command("fac", "Score final answers with an open judge: FAC (default) or SoPR.", fac_arguments, fac)
-SOWR = Command("sowr", "SoWR: win rate of candidate answers against a reference's, with an open judge.",
-               sowr_arguments, sowr)
-JUDGE_AGREEMENT = Command("judge-agreement", "How well a judge agrees with labelled final answers.",
-                          judge_agreement_arguments, judge_agreement)
-FIDELITY = Command("simulator", "A virtual server's fidelity: replay real held-out calls, compare the answers.",
-                   fidelity_arguments, fidelity)
-RUN_AGENT = Command("run-agent", "Run a tool-calling model on StableToolBench queries against /virtual.",
-                    run_agent_arguments, run_agent)
-APIBANK = Command("apibank", "API-Bank level-1 and level-2 API-call accuracy on the virtual server.",
-                  lambda parser: None, lambda args: apibank_command(args.passthrough), passthrough=True)
-TOOLEYES = Command("tooleyes", "ToolEyes' capability scores of agent trajectories.",
-                   lambda parser: None, lambda args: tooleyes_command(args.passthrough), passthrough=True)
-BENCHMARK = Command("benchmark", "Agents x methods on /virtual, then SoPR, SoWR and FAC in one report.",
-                    benchmark_arguments, benchmark, description=(
-                        "Run every --agent with every --method against the virtual server, score the answers "
-                        "(SoPR, SoWR against --reference, FAC) with the judge and write <out>/report.md (+ .json, "
-                        ".png). Reruns resume."))
+SOWR = Command(
+    "sowr", "SoWR: win rate of candidate answers against a reference's, with an open judge.", sowr_arguments, sowr
+)
+JUDGE_AGREEMENT = Command(
+    "judge-agreement",
+    "How well a judge agrees with labelled final answers.",
+    judge_agreement_arguments,
+    judge_agreement,
+)
+FIDELITY = Command(
+    "simulator",
+    "A virtual server's fidelity: replay real held-out calls, compare the answers.",
+    fidelity_arguments,
+    fidelity,
+)
+RUN_AGENT = Command(
+    "run-agent",
+    "Run a tool-calling model on StableToolBench queries against /virtual.",
+    run_agent_arguments,
+    run_agent,
+)
+APIBANK = Command(
+    "apibank",
+    "API-Bank level-1 and level-2 API-call accuracy on the virtual server.",
+    lambda parser: None,
+    lambda args: apibank_command(args.passthrough),
+    passthrough=True,
+)
+TOOLEYES = Command(
+    "tooleyes",
+    "ToolEyes' capability scores of agent trajectories.",
+    lambda parser: None,
+    lambda args: tooleyes_command(args.passthrough),
+    passthrough=True,
+)
+BENCHMARK = Command(
+    "benchmark",
+    "Agents x methods on /virtual, then SoPR, SoWR and FAC in one report.",
+    benchmark_arguments,
+    benchmark,
+    description=(
+        "Run every --agent with every --method against the virtual server, score the answers "
+        "(SoPR, SoWR against --reference, FAC) with the judge and write <out>/report.md (+ .json, "
+        ".png). Reruns resume."
+    ),
+)
 
 
 def register(sub) -> None:
     """The evaluation stage's subcommands of `mirrorapi`."""
     add_command(sub, BENCHMARK)
-    add_group(sub, "eval", "Score agents, judges and simulators (the commands of eval/*.py).",
-              [RUN_AGENT, FAC, SOWR, JUDGE_AGREEMENT, FIDELITY, APIBANK, TOOLEYES])
+    add_group(
+        sub,
+        "eval",
+        "Score agents, judges and simulators (the commands of eval/*.py).",
+        [RUN_AGENT, FAC, SOWR, JUDGE_AGREEMENT, FIDELITY, APIBANK, TOOLEYES],
+    )

@@ -41,31 +41,47 @@ def score_table(run, metric: str, repeats: int, judge: str, prompt_format: str) 
         for group in groups:
             n = len(run.ids[group])
             records = by_cell.get((model, group), [])
-            scores = [100.0 * sum(r["score"] for r in records if r["repeat"] == rep) / n if n else 0.0
-                      for rep in range(repeats)]
+            scores = [
+                100.0 * sum(r["score"] for r in records if r["repeat"] == rep) / n if n else 0.0
+                for rep in range(repeats)
+            ]
             for rep, score in enumerate(scores):
                 per_repeat_scores[rep].append(score)
             mean, std = _mean_std(scores)
             ids_status = [statuses[(model, group, qid)] for qid in run.ids[group]]
             missing_ids = [qid for qid in run.ids[group] if statuses[(model, group, qid)] == "missing"]
             cells[group] = {
-                "score": round(mean, 2), "std": round(std, 2), "per_repeat": [round(s, 2) for s in scores],
-                "ids": n, "missing": len(missing_ids), "empty": ids_status.count("empty"),
+                "score": round(mean, 2),
+                "std": round(std, 2),
+                "per_repeat": [round(s, 2) for s in scores],
+                "ids": n,
+                "missing": len(missing_ids),
+                "empty": ids_status.count("empty"),
                 "give_up": ids_status.count("give_up"),
-                "judgments": len(records), "judge_calls": sum(r["judged"] for r in records),
-                **{v.lower(): sum(r["judged"] and r["parsed"] and r["verdict"] == v for r in records)
-                   for v in _VERDICT_COUNTS},
+                "judgments": len(records),
+                "judge_calls": sum(r["judged"] for r in records),
+                **{
+                    v.lower(): sum(r["judged"] and r["parsed"] and r["verdict"] == v for r in records)
+                    for v in _VERDICT_COUNTS
+                },
                 "unparseable": sum(not r["parsed"] for r in records),
                 "pending": n * repeats - len(records),
                 "missing_ids": missing_ids,
             }
         averages = [statistics.fmean(per_repeat_scores[rep]) if groups else 0.0 for rep in range(repeats)]
         mean, std = _mean_std(averages)
-        rows.append({"model": model, "groups": cells,
-                     "average": {"score": round(mean, 2), "std": round(std, 2)}})
+        rows.append({"model": model, "groups": cells, "average": {"score": round(mean, 2), "std": round(std, 2)}})
     pending = sum(cell["pending"] for row in rows for cell in row["groups"].values())
-    return {"metric": metric, "judge": judge, "prompt_format": prompt_format,
-            "repeats": repeats, "groups": groups, "complete": pending == 0, "pending": pending, "rows": rows}
+    return {
+        "metric": metric,
+        "judge": judge,
+        "prompt_format": prompt_format,
+        "repeats": repeats,
+        "groups": groups,
+        "complete": pending == 0,
+        "pending": pending,
+        "rows": rows,
+    }
 
 
 def _title(group: str) -> str:
@@ -94,8 +110,11 @@ class MetricTable:
     averages: dict[str, float] = field(default_factory=dict)  # row -> Average (the report's chart)
 
     def table_lines(self) -> list[str]:
-        return ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header),
-                *("| " + " | ".join(row) + " |" for row in self.rows)]
+        return [
+            "| " + " | ".join(self.header) + " |",
+            "|" + "---|" * len(self.header),
+            *("| " + " | ".join(row) + " |" for row in self.rows),
+        ]
 
     def markdown(self) -> str:
         return "\n".join([self.heading, "", *self.notes, *self.table_lines(), *self.details]) + "\n"
@@ -105,8 +124,10 @@ class MetricTable:
         out.mkdir(parents=True, exist_ok=True)
         paths = {ext: out / f"{self.name}.{ext}" for ext in ("md", "csv", "json")}
         paths["md"].write_text(self.markdown(), encoding="utf-8")
-        paths["json"].write_text(json.dumps({**self.document, "versions": package_versions()}, ensure_ascii=False,
-                                            indent=2) + "\n", encoding="utf-8")
+        paths["json"].write_text(
+            json.dumps({**self.document, "versions": package_versions()}, ensure_ascii=False, indent=2) + "\n",
+            encoding="utf-8",
+        )
         with open(paths["csv"], "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
             writer.writerow(self.csv_header)
@@ -118,26 +139,46 @@ def metric_table(table: dict) -> MetricTable:
     """The FAC or SoPR table of `score_table`'s document."""
     name = table["metric"].upper() if table["metric"] == "fac" else "SoPR"
     groups, repeats = table["groups"], table["repeats"]
-    notes = [f"Judge `{table['judge']}`, prompt `{table['prompt_format']}`, {repeats} repeat(s)"
-             + ("; ± is the standard deviation over repeats." if repeats > 1 else "."),
-             "Every id of the id lists is in the denominator: missing, empty and give-up answers and "
-             "unparseable judge outputs count as Unsolved."
-             + (" SoPR scores Solved 1, Unsure 0.5, Unsolved 0." if table["metric"] == "sopr" else ""), ""]
+    notes = [
+        f"Judge `{table['judge']}`, prompt `{table['prompt_format']}`, {repeats} repeat(s)"
+        + ("; ± is the standard deviation over repeats." if repeats > 1 else "."),
+        "Every id of the id lists is in the denominator: missing, empty and give-up answers and "
+        "unparseable judge outputs count as Unsolved."
+        + (" SoPR scores Solved 1, Unsure 0.5, Unsolved 0." if table["metric"] == "sopr" else ""),
+        "",
+    ]
     if not table["complete"]:
-        notes += [f"**Incomplete:** {table['pending']} judgment(s) failed and count 0 here; rerun the same "
-                  "command to retry them.", ""]
-    rows = [[row["model"], *(_cell(row["groups"][g]["score"], row["groups"][g]["std"], repeats) for g in groups),
-             _cell(row["average"]["score"], row["average"]["std"], repeats)] for row in table["rows"]]
-    details = ["", "## Counts", "",
-               "Ids per group; judgments are ids × repeats.", "",
-               "| Method | Group | ids | missing | empty | give up | judge calls | Solved | Unsure | Unsolved "
-               "| unparseable | pending |", "|" + "---|" * 12]
+        notes += [
+            f"**Incomplete:** {table['pending']} judgment(s) failed and count 0 here; rerun the same "
+            "command to retry them.",
+            "",
+        ]
+    rows = [
+        [
+            row["model"],
+            *(_cell(row["groups"][g]["score"], row["groups"][g]["std"], repeats) for g in groups),
+            _cell(row["average"]["score"], row["average"]["std"], repeats),
+        ]
+        for row in table["rows"]
+    ]
+    details = [
+        "",
+        "## Counts",
+        "",
+        "Ids per group; judgments are ids × repeats.",
+        "",
+        "| Method | Group | ids | missing | empty | give up | judge calls | Solved | Unsure | Unsolved "
+        "| unparseable | pending |",
+        "|" + "---|" * 12,
+    ]
     for row in table["rows"]:
         for g in groups:
             c = row["groups"][g]
-            details.append(f"| {row['model']} | {g} | {c['ids']} | {c['missing']} | {c['empty']} | {c['give_up']} "
-                           f"| {c['judge_calls']} | {c['solved']} | {c['unsure']} | {c['unsolved']} "
-                           f"| {c['unparseable']} | {c['pending']} |")
+            details.append(
+                f"| {row['model']} | {g} | {c['ids']} | {c['missing']} | {c['empty']} | {c['give_up']} "
+                f"| {c['judge_calls']} | {c['solved']} | {c['unsure']} | {c['unsolved']} "
+                f"| {c['unparseable']} | {c['pending']} |"
+            )
     if any(row["groups"][g]["missing_ids"] for row in table["rows"] for g in groups):
         details += ["", "## Ids without an answer (counted Unsolved)", ""]
         for row in table["rows"]:
@@ -146,14 +187,34 @@ def metric_table(table: dict) -> MetricTable:
                 if len(qids) == n:
                     details.append(f"- {row['model']} / {g}: all {n} ids (no answers for this group)")
                 elif qids:
-                    more = (f" and {len(qids) - _LISTED} more ({table['metric']}.json lists all)"
-                            if len(qids) > _LISTED else "")
+                    more = (
+                        f" and {len(qids) - _LISTED} more ({table['metric']}.json lists all)"
+                        if len(qids) > _LISTED
+                        else ""
+                    )
                     details.append(f"- {row['model']} / {g} ({len(qids)}): {', '.join(qids[:_LISTED])}{more}")
-    csv_rows = [[row["model"], *(row["groups"][g]["score"] for g in groups), row["average"]["score"],
-                 *(row["groups"][g]["std"] for g in groups), row["average"]["std"]] for row in table["rows"]]
-    return MetricTable(table["metric"], f"# {name} score", notes, ["Method", *(_title(g) for g in groups), "Average"],
-                       rows, details, ["method", *groups, "average", *(f"{g}_std" for g in groups), "average_std"],
-                       csv_rows, table, {row["model"]: row["average"]["score"] for row in table["rows"]})
+    csv_rows = [
+        [
+            row["model"],
+            *(row["groups"][g]["score"] for g in groups),
+            row["average"]["score"],
+            *(row["groups"][g]["std"] for g in groups),
+            row["average"]["std"],
+        ]
+        for row in table["rows"]
+    ]
+    return MetricTable(
+        table["metric"],
+        f"# {name} score",
+        notes,
+        ["Method", *(_title(g) for g in groups), "Average"],
+        rows,
+        details,
+        ["method", *groups, "average", *(f"{g}_std" for g in groups), "average_std"],
+        csv_rows,
+        table,
+        {row["model"]: row["average"]["score"] for row in table["rows"]},
+    )
 
 
 def render_markdown(table: dict) -> str:

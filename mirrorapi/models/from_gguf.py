@@ -41,8 +41,9 @@ def hf_folder_from_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike
     # With tied embeddings the output layer is the embedding matrix itself, not a copy of it.
     allowed_missing = {"lm_head.weight"} if tied else set()
     if set(missing) - allowed_missing or unexpected:
-        raise RuntimeError(f"GGUF weights do not fit the model built from its config: missing {missing}, "
-                           f"unexpected {unexpected}")
+        raise RuntimeError(
+            f"GGUF weights do not fit the model built from its config: missing {missing}, unexpected {unexpected}"
+        )
     plain.tie_weights()
     if tied and plain.get_output_embeddings().weight.data_ptr() != plain.get_input_embeddings().weight.data_ptr():
         raise RuntimeError("tie_word_embeddings is set but the output layer is not the embedding matrix")
@@ -57,6 +58,11 @@ def hf_folder_from_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike
     saved = json.loads(config_path.read_text(encoding="utf-8"))
     saved["dtype"] = COMPUTE_DTYPE  # `dtype="auto"` loads the float16 tensors as float32 (docstring)
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return {"architecture": type(plain).__name__, "parameters": parameters, "tied_embeddings": tied,
-            "storage_dtype": STORAGE_DTYPE, "config_dtype": COMPUTE_DTYPE,
-            "has_chat_template": bool(tokenizer.chat_template)}
+    return {
+        "architecture": type(plain).__name__,
+        "parameters": parameters,
+        "tied_embeddings": tied,
+        "storage_dtype": STORAGE_DTYPE,
+        "config_dtype": COMPUTE_DTYPE,
+        "has_chat_template": bool(tokenizer.chat_template),
+    }

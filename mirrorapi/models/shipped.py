@@ -43,10 +43,16 @@ from mirrorapi.versions import package_versions
 GGUF_FILE = f"model-{SERVED_TENSOR_TYPE}.gguf"  # the name `gguf_for_serving` gives a fine-tune's export
 
 
-def get_shipped_model(name: str, models_dir: str | os.PathLike | None = None, *,
-                      adapter_dir: str | os.PathLike | None = None, index_url: str | None = None, force: bool = False,
-                      base_dir: str | os.PathLike | None = None,
-                      progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> Path:  # noqa: T201
+def get_shipped_model(
+    name: str,
+    models_dir: str | os.PathLike | None = None,
+    *,
+    adapter_dir: str | os.PathLike | None = None,
+    index_url: str | None = None,
+    force: bool = False,
+    base_dir: str | os.PathLike | None = None,
+    progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr),  # noqa: T201
+) -> Path:
     """The folder of shipped model `name`, made on first use. `adapter_dir` replaces the package's adapter (one
     being tried before it ships); `base_dir` a base model folder to merge into instead of getting the catalogue's
     (the tests' tiny model: a base without a GGUF gives a folder without one); `index_url` goes to the base's
@@ -59,9 +65,11 @@ def get_shipped_model(name: str, models_dir: str | os.PathLike | None = None, *,
     missing = missing_adapter_files(adapter)
     if missing:
         if own:
-            raise ModelGetError(f"{name}: the adapter is not shipped yet (mirrorapi/models/adapters/{name}/ lacks "
-                                f"{', '.join(missing)}; its README.md says what will be there); pass --adapter DIR "
-                                "to use an adapter folder of your own")
+            raise ModelGetError(
+                f"{name}: the adapter is not shipped yet (mirrorapi/models/adapters/{name}/ lacks "
+                f"{', '.join(missing)}; its README.md says what will be there); pass --adapter DIR "
+                "to use an adapter folder of your own"
+            )
         raise ModelGetError(f"{adapter} is not an adapter folder to ship: it lacks {', '.join(missing)}")
     record = read_training_record(adapter)
     if record is None or not record.get("prompt_format"):
@@ -80,8 +88,11 @@ def get_shipped_model(name: str, models_dir: str | os.PathLike | None = None, *,
     if not force and complete(target):
         progress(f"{name}: reusing {target}")
         return target
-    base = Path(base_dir) if base_dir is not None else get_base_model(model.base, models_dir, index_url=index_url,
-                                                                       progress=progress)
+    base = (
+        Path(base_dir)
+        if base_dir is not None
+        else get_base_model(model.base, models_dir, index_url=index_url, progress=progress)
+    )
     models_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}.partial-", dir=models_dir) as partial:
         built = Path(partial) / "model"
@@ -101,8 +112,9 @@ def _build(name: str, adapter: Path, record: dict, base: Path, built: Path, prog
     progress(f"{name}: merging the adapter into {base}")
     merge_adapter(adapter, base, built)
     shutil.copyfile(adapter / "README.md", built / "README.md")  # the model card: data, recipe, scores, licence
-    (built / TRAINING_FILE).write_text(json.dumps({**record, "adapter": False}, indent=2, ensure_ascii=False) + "\n",
-                                       encoding="utf-8")
+    (built / TRAINING_FILE).write_text(
+        json.dumps({**record, "adapter": False}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     if (base / "LICENSE").is_file():
         shutil.copyfile(base / "LICENSE", built / "LICENSE")
     base_file = base_gguf(base)
@@ -111,13 +123,16 @@ def _build(name: str, adapter: Path, record: dict, base: Path, built: Path, prog
         export_gguf(built, built / GGUF_FILE, base_file, SERVED_TENSOR_TYPE)
 
 
-def _write_card(built: Path, name: str, adapter: Path | None, digests: dict[str, str], base: Path,
-                base_pin: str | None) -> None:
+def _write_card(
+    built: Path, name: str, adapter: Path | None, digests: dict[str, str], base: Path, base_pin: str | None
+) -> None:
     """SHIPPED_CARD_FILE, last: its presence marks the folder complete."""
     source = str(adapter) if adapter else f"the mirrorapi package (mirrorapi/models/adapters/{name})"
-    card = {"name": name,
-            "adapter": {"from": source, "sha256": digests},
-            "base": {"name": SHIPPED_MODELS[name].base, "folder": str(base), "wheel_sha256": base_pin},
-            "weights": {"gguf_file": GGUF_FILE if (built / GGUF_FILE).is_file() else None},
-            "versions": package_versions()}
+    card = {
+        "name": name,
+        "adapter": {"from": source, "sha256": digests},
+        "base": {"name": SHIPPED_MODELS[name].base, "folder": str(base), "wheel_sha256": base_pin},
+        "weights": {"gguf_file": GGUF_FILE if (built / GGUF_FILE).is_file() else None},
+        "versions": package_versions(),
+    }
     (built / SHIPPED_CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")

@@ -44,8 +44,9 @@ def permute_for_gguf(weight: np.ndarray, n_head: int) -> np.ndarray:
     return weight.reshape(n_head, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def export_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike, base_gguf: str | os.PathLike,
-                tensor_type: str = "f16") -> Path:
+def export_gguf(
+    model_dir: str | os.PathLike, out_path: str | os.PathLike, base_gguf: str | os.PathLike, tensor_type: str = "f16"
+) -> Path:
     """Write `out_path` (atomically: a temporary file renamed at the end) from the safetensors of `model_dir`,
     with the metadata and tokenizer of `base_gguf`."""
     import gguf  # here, not at the top: the command line imports this module; the train extra has gguf
@@ -60,20 +61,31 @@ def export_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike, base_
     n_blocks, n_head, n_kv = config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_blocks)
     tied = bool(config.get("tie_word_embeddings", False))
-    quant = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
-             "f32": gguf.GGMLQuantizationType.F32}[tensor_type]
+    quant = {
+        "f16": gguf.GGMLQuantizationType.F16,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+        "f32": gguf.GGMLQuantizationType.F32,
+    }[tensor_type]
 
     tmp_path = out_path.with_name(out_path.name + ".partial")
     writer = gguf.GGUFWriter(tmp_path, arch)
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type",
-                                                             "tokenizer.chat_template"):
+        if field.name.startswith("GGUF.") or field.name in (
+            "general.architecture",
+            "general.file_type",
+            "tokenizer.chat_template",
+        ):
             continue
         main_type = field.types[0]
         sub_type = field.types[-1] if main_type == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), main_type, sub_type=sub_type)
-    writer.add_file_type({"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-                          "f32": gguf.LlamaFileType.ALL_F32}[tensor_type])
+    writer.add_file_type(
+        {
+            "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+            "f32": gguf.LlamaFileType.ALL_F32,
+        }[tensor_type]
+    )
     base_template = reader.fields.get("tokenizer.chat_template")
     template = _chat_template(model_dir) or (base_template.contents() if base_template is not None else None)
     if template:
@@ -94,8 +106,10 @@ def export_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike, base_
         written.add(gguf_name)
     expected = {t.name for t in reader.tensors}
     if written != expected:
-        raise GGUFExportError(f"{model_dir}: tensors differ from the base GGUF's: missing "
-                              f"{sorted(expected - written)[:5]}, extra {sorted(written - expected)[:5]}")
+        raise GGUFExportError(
+            f"{model_dir}: tensors differ from the base GGUF's: missing "
+            f"{sorted(expected - written)[:5]}, extra {sorted(written - expected)[:5]}"
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -121,8 +135,10 @@ def gguf_for_serving(model_dir: str | os.PathLike, tensor_type: str = SERVED_TEN
     base = _base_model_of(model_dir)
     base_file = base_gguf(base) if base is not None else None
     if base_file is None:
-        raise GGUFExportError(f"{model_dir}: its base model ({base or 'not named in README.md'}) is not a folder made "
-                              "by `mirrorapi models get`, so there is no GGUF to take the tokenizer from")
+        raise GGUFExportError(
+            f"{model_dir}: its base model ({base or 'not named in README.md'}) is not a folder made "
+            "by `mirrorapi models get`, so there is no GGUF to take the tokenizer from"
+        )
     out = model_dir / f"model-{tensor_type}.gguf"
     weights = list(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]
     if out.is_file() and all(out.stat().st_mtime >= w.stat().st_mtime for w in weights if w.exists()):
@@ -160,8 +176,9 @@ def _add_tensor(writer, gguf, name: str, tensor: np.ndarray, quant) -> None:
 
 def _read_config(model_dir: Path) -> dict:
     if (model_dir / "adapter_config.json").is_file() and not (model_dir / "config.json").is_file():
-        raise GGUFExportError(f"{model_dir} is a LoRA adapter: merge it first (training/merge_lora.py) and export "
-                              "the merged folder")
+        raise GGUFExportError(
+            f"{model_dir} is a LoRA adapter: merge it first (training/merge_lora.py) and export the merged folder"
+        )
     try:
         return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -174,20 +191,30 @@ def _check_compatible(config: dict, reader, arch: str, model_dir: Path) -> None:
         return field.contents() if field is not None else None
 
     if arch != "llama" or config.get("model_type") != "llama":
-        raise GGUFExportError(f"{model_dir}: model_type {config.get('model_type')!r} with a base GGUF of "
-                              f"architecture {arch!r}: only llama fine-tunes of a llama GGUF are exported")
-    pairs = {"num_hidden_layers": "block_count", "hidden_size": "embedding_length",
-             "intermediate_size": "feed_forward_length", "num_attention_heads": "attention.head_count",
-             "num_key_value_heads": "attention.head_count_kv"}
+        raise GGUFExportError(
+            f"{model_dir}: model_type {config.get('model_type')!r} with a base GGUF of "
+            f"architecture {arch!r}: only llama fine-tunes of a llama GGUF are exported"
+        )
+    pairs = {
+        "num_hidden_layers": "block_count",
+        "hidden_size": "embedding_length",
+        "intermediate_size": "feed_forward_length",
+        "num_attention_heads": "attention.head_count",
+        "num_key_value_heads": "attention.head_count_kv",
+    }
     for hf_key, gguf_key in pairs.items():
         if config.get(hf_key) != meta(gguf_key):
-            raise GGUFExportError(f"{model_dir}: {hf_key} {config.get(hf_key)} differs from the base GGUF's "
-                                  f"{arch}.{gguf_key} {meta(gguf_key)}: not a fine-tune of that model")
+            raise GGUFExportError(
+                f"{model_dir}: {hf_key} {config.get(hf_key)} differs from the base GGUF's "
+                f"{arch}.{gguf_key} {meta(gguf_key)}: not a fine-tune of that model"
+            )
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     vocab = _vocabulary(model_dir)
-    if config.get("vocab_size") != len(tokens) or (vocab is not None and vocab != tokens[:len(vocab)]):
-        raise GGUFExportError(f"{model_dir}: its tokenizer differs from the base GGUF's ({len(tokens)} tokens); "
-                              "a changed vocabulary cannot reuse the base's tokenizer")
+    if config.get("vocab_size") != len(tokens) or (vocab is not None and vocab != tokens[: len(vocab)]):
+        raise GGUFExportError(
+            f"{model_dir}: its tokenizer differs from the base GGUF's ({len(tokens)} tokens); "
+            "a changed vocabulary cannot reuse the base's tokenizer"
+        )
 
 
 def _vocabulary(model_dir: Path) -> list[str | None] | None:

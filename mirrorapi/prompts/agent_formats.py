@@ -36,8 +36,8 @@ AGENT_SYSTEM_V1 = (
     "on the next step.\n"
     "Rules:\n"
     "1. A step cannot be undone. When you are stuck, or the functions keep failing, call Finish with "
-    "return_type \"give_up_and_restart\" to start over.\n"
-    "2. Always end by calling Finish. With return_type \"give_answer\", put everything the user needs into "
+    'return_type "give_up_and_restart" to start over.\n'
+    '2. Always end by calling Finish. With return_type "give_answer", put everything the user needs into '
     "final_answer: it is the only part the user sees.\n"
     "3. Call the functions by their own names, never by the tool names.\n"
     "Task: answer the user's real-time query with the functions. You can use these tools:\n"
@@ -52,12 +52,12 @@ AGENT_SYSTEM_REACT_V1 = (
     "Thought: where you stand and what to do next, in at most five sentences\n"
     "Action: the name of ONE function from the list\n"
     "Action Input: the arguments of that function as one JSON object\n"
-    "The result comes back to you as \"Observation: ...\". Do not write observations yourself.\n"
+    'The result comes back to you as "Observation: ...". Do not write observations yourself.\n'
     "Rules:\n"
-    "1. A step cannot be undone. When you are stuck, or the functions keep failing, write \"Action: Finish\" "
-    "and \"Action Input: {\"return_type\": \"give_up_and_restart\"}\" to start over.\n"
-    "2. Always end with \"Action: Finish\" and \"Action Input: {\"return_type\": \"give_answer\", "
-    "\"final_answer\": \"...\"}\": the final answer is the only part the user sees, so make it complete.\n"
+    '1. A step cannot be undone. When you are stuck, or the functions keep failing, write "Action: Finish" '
+    'and "Action Input: {"return_type": "give_up_and_restart"}" to start over.\n'
+    '2. Always end with "Action: Finish" and "Action Input: {"return_type": "give_answer", '
+    '"final_answer": "..."}": the final answer is the only part the user sees, so make it complete.\n'
     "3. Use the function names exactly as listed, never the tool names.\n"
     "Task: answer the user's real-time query with the functions. You can use these tools:\n"
     "{tools}\n"
@@ -66,10 +66,13 @@ AGENT_SYSTEM_REACT_V1 = (
 )
 REACT_OBSERVATION = "Observation: "
 # What the model is told after a reply in which no `Action:` line was found.
-REACT_NO_ACTION = (REACT_OBSERVATION + "no action found in your reply. Reply with a \"Thought:\" line, an "
-                   "\"Action:\" line naming one function and an \"Action Input:\" line with its JSON arguments.")
-_REACT_LABEL = re.compile(r"^[\s*#>_`-]*(thought|action input|action|observation)[\s*_`]*:[\s*_]*",
-                          re.IGNORECASE | re.MULTILINE)
+REACT_NO_ACTION = (
+    REACT_OBSERVATION + 'no action found in your reply. Reply with a "Thought:" line, an '
+    '"Action:" line naming one function and an "Action Input:" line with its JSON arguments.'
+)
+_REACT_LABEL = re.compile(
+    r"^[\s*#>_`-]*(thought|action input|action|observation)[\s*_`]*:[\s*_]*", re.IGNORECASE | re.MULTILINE
+)
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
@@ -108,7 +111,7 @@ def _react_arguments(text: str) -> tuple[str, str]:
     except ValueError:
         pass
     if "{" in text:
-        repaired = json_repair.loads(text[text.index("{"):])
+        repaired = json_repair.loads(text[text.index("{") :])
         if isinstance(repaired, dict):
             return json.dumps(repaired, ensure_ascii=False), "Action Input repaired"
     return text, "Action Input is not JSON"
@@ -121,10 +124,10 @@ def parse_react_step(text: str) -> ReactStep:
     text = text or ""
     parts: list[tuple[str, str]] = []  # (label, text) in order
     found = list(_REACT_LABEL.finditer(text))
-    lead = text[:found[0].start()] if found else text
+    lead = text[: found[0].start()] if found else text
     for index, match in enumerate(found):
         end = found[index + 1].start() if index + 1 < len(found) else len(text)
-        parts.append((match.group(1).lower(), text[match.end():end].strip()))
+        parts.append((match.group(1).lower(), text[match.end() : end].strip()))
     thought_parts, action, arguments, problems = [lead.strip()] if lead.strip() else [], None, None, []
     for label, body in parts:
         if label == "observation":
@@ -165,8 +168,10 @@ def react_grammar(function_names: list[str], thought_chars: int = 400) -> str:
     one of `function_names`, a JSON object. For engines with grammar-constrained decoding (llama.cpp's
     servers take it as the request's `grammar`), so a model that does not keep the layout still acts."""
     names = " | ".join(json.dumps(name) for name in dict.fromkeys(function_names))
-    return (f'root ::= "Thought: " thought "\\nAction: " action "\\nAction Input: " object\n'
-            f"thought ::= [^\\n]{{1,{thought_chars}}}\naction ::= {names}\n" + _GBNF_JSON)
+    return (
+        f'root ::= "Thought: " thought "\\nAction: " action "\\nAction Input: " object\n'
+        f"thought ::= [^\\n]{{1,{thought_chars}}}\naction ::= {names}\n" + _GBNF_JSON
+    )
 
 
 def render_react_step(thought: str, calls: list[tuple[str, str]]) -> str:
@@ -185,8 +190,10 @@ def react_conversation(messages: list[dict]) -> list[dict]:
     for message in messages:
         role, content = message.get("role"), message.get("content") or ""
         if role == "assistant":
-            calls = [((c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments", ""))
-                     for c in message.get("tool_calls") or []]
+            calls = [
+                ((c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments", ""))
+                for c in message.get("tool_calls") or []
+            ]
             out.append({"role": "assistant", "content": render_react_step(content, calls)})
             if not calls:
                 out.append({"role": "user", "content": REACT_NO_ACTION})
@@ -210,8 +217,13 @@ def agent_tool_list(tools: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def agent_messages(query: str, tools: list[tuple[str, str]], fmt: str = DEFAULT_AGENT_FORMAT,
-                   system_prompt: str | None = None, functions: Sequence[dict] = ()) -> list[dict]:
+def agent_messages(
+    query: str,
+    tools: list[tuple[str, str]],
+    fmt: str = DEFAULT_AGENT_FORMAT,
+    system_prompt: str | None = None,
+    functions: Sequence[dict] = (),
+) -> list[dict]:
     """The first two messages of an agent run. `system_prompt` (a user's own text, e.g. from a file)
     replaces ours; `{tools}` in it is replaced by the tool list, `{functions}` by the function list
     (`functions`: the OpenAI tool schemas, which text formats show in the prompt)."""
@@ -227,10 +239,14 @@ def agent_messages(query: str, tools: list[tuple[str, str]], fmt: str = DEFAULT_
 
 def agent_diversity_message(candidates: list[dict], observation: str = "") -> dict:
     """DFS's message before a sibling branch: earlier actions from this state, to be avoided."""
-    text = ("Your earlier attempts from this point did not succeed. These are the actions you already took "
-            "here:\n" + json.dumps(candidates, ensure_ascii=False, indent=2) + "\n")
+    text = (
+        "Your earlier attempts from this point did not succeed. These are the actions you already took "
+        "here:\n" + json.dumps(candidates, ensure_ascii=False, indent=2) + "\n"
+    )
     if observation:
         text += f"The last observation before them was: {observation}\n"
-    text += ("You are still in the middle of the task. Look at the current state and choose an action that "
-             "differs from all of the above.")
+    text += (
+        "You are still in the middle of the task. Look at the current state and choose an action that "
+        "differs from all of the above."
+    )
     return {"role": "user", "content": text}

@@ -40,8 +40,10 @@ FAC_SYSTEM_V1 = (
 )
 
 VERDICTS = ("Solved", "Unsolved", "Unsure")
-_LABELLED = re.compile(r"^[\s*#>_-]*(?:verdict|answer status)[\s*_]*[:：]?[\s*_]*\n?[\s*_]*(unsolved|solved|unsure)\b",
-                       re.IGNORECASE | re.MULTILINE)
+_LABELLED = re.compile(
+    r"^[\s*#>_-]*(?:verdict|answer status)[\s*_]*[:：]?[\s*_]*\n?[\s*_]*(unsolved|solved|unsure)\b",
+    re.IGNORECASE | re.MULTILINE,
+)
 _REASON = re.compile(r"^[\s*#>_-]*reason[\s*_]*[:：]?[\s*_]*(.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
 
 
@@ -116,13 +118,19 @@ def judge_messages(query: str, answer: str, fmt: str = DEFAULT_JUDGE_FORMAT, ste
     `cut_judge_text` here, so every caller (FAC, judge agreement, training data) shows the same."""
     query, answer = cut_judge_text(query), cut_judge_text(answer)
     if fmt == "sopr-v1":
-        return [{"role": "system", "content": SOPR_SYSTEM_V1},
-                {"role": "user", "content": f"Query:\n{query}\n\nTool calls:\n{steps.strip() or '(none)'}"
-                                            f"\n\nFinal answer:\n{answer}"}]
+        return [
+            {"role": "system", "content": SOPR_SYSTEM_V1},
+            {
+                "role": "user",
+                "content": f"Query:\n{query}\n\nTool calls:\n{steps.strip() or '(none)'}\n\nFinal answer:\n{answer}",
+            },
+        ]
     if fmt != "fac-v1":
         raise ValueError(f"unknown judge prompt format {fmt!r}; known: {', '.join(JUDGE_FORMATS)}")
-    return [{"role": "system", "content": FAC_SYSTEM_V1},
-            {"role": "user", "content": f"Query:\n{query}\n\nFinal answer:\n{answer}"}]
+    return [
+        {"role": "system", "content": FAC_SYSTEM_V1},
+        {"role": "user", "content": f"Query:\n{query}\n\nFinal answer:\n{answer}"},
+    ]
 
 
 def judge_completion(verdict: str, reason: str = "") -> str:
@@ -144,7 +152,7 @@ def parse_verdict(text: str, allowed: tuple[str, ...] = ("Solved", "Unsolved")) 
         verdict = first.capitalize() if first.lower() in {v.lower() for v in VERDICTS} else None
     if verdict not in allowed:
         verdict = None
-    reason = _REASON.search(text[found.end():] if found else text)
+    reason = _REASON.search(text[found.end() :] if found else text)
     return verdict, (reason.group(1).strip() if reason else "")
 
 
@@ -158,19 +166,24 @@ SOWR_SYSTEM_V1 = (
     "Preferred: A or B\n"
     "Reason: one short sentence"
 )
-_PREFERRED = re.compile(r"^[\s*#>_-]*(?:preferred|better answer|winner)[\s*_]*[:：]?[\s*_]*(?:answer\s*)?([AB])\b",
-                        re.IGNORECASE | re.MULTILINE)
+_PREFERRED = re.compile(
+    r"^[\s*#>_-]*(?:preferred|better answer|winner)[\s*_]*[:：]?[\s*_]*(?:answer\s*)?([AB])\b",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
-def preference_messages(query: str, answers: tuple[tuple[str, str], tuple[str, str]],
-                        fmt: str = "sowr-v1") -> list[dict]:
+def preference_messages(
+    query: str, answers: tuple[tuple[str, str], tuple[str, str]], fmt: str = "sowr-v1"
+) -> list[dict]:
     """The `sowr-v1` judge messages; `answers` = ((steps A, final answer A), (steps B, final answer B))."""
     if fmt not in PREFERENCE_FORMATS:
         raise ValueError(f"unknown preference prompt format {fmt!r}; known: {', '.join(PREFERENCE_FORMATS)}")
     parts = [f"Query:\n{query.strip()}"]
     for label, (steps, answer) in zip("AB", answers, strict=True):
-        parts.append(f"Answer {label}\nTool calls:\n{steps.strip() or '(none)'}\nFinal answer:\n"
-                     f"{answer.strip() or '(no final answer)'}")
+        parts.append(
+            f"Answer {label}\nTool calls:\n{steps.strip() or '(none)'}\nFinal answer:\n"
+            f"{answer.strip() or '(no final answer)'}"
+        )
     return [{"role": "system", "content": SOWR_SYSTEM_V1}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
@@ -182,7 +195,7 @@ def parse_preference(text: str) -> tuple[str | None, str]:
     if choice is None:
         first = next((line.strip(" *#.:`") for line in text.splitlines() if line.strip()), "")
         choice = first.upper() if first.upper() in ("A", "B") else None
-    reason = _REASON.search(text[found.end():] if found else text)
+    reason = _REASON.search(text[found.end() :] if found else text)
     return choice, (reason.group(1).strip() if reason else "")
 
 
@@ -198,14 +211,19 @@ TOOLEYES_SYSTEM_V1 = (
     "Quality: the plan is efficient and complete, without useless or repeated calls.\n"
     "Selection: each tool called suits the step it was called for.\n"
     "Relevance: the final answer addresses the query with the information the tools returned.\n"
-    "Reply with exactly five lines:\nFocus: N\nValidity: N\nQuality: N\nSelection: N\nRelevance: N")
-_RATING = re.compile(r"^[\s*#>_-]*(focus|validity|quality|selection|relevance)[\s*_]*[:：][\s*_]*(\d+(?:\.\d+)?)",
-                     re.IGNORECASE | re.MULTILINE)
+    "Reply with exactly five lines:\nFocus: N\nValidity: N\nQuality: N\nSelection: N\nRelevance: N"
+)
+_RATING = re.compile(
+    r"^[\s*#>_-]*(focus|validity|quality|selection|relevance)[\s*_]*[:：][\s*_]*(\d+(?:\.\d+)?)",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def tooleyes_messages(query: str, steps: str, answer: str) -> list[dict]:
-    user = (f"Query:\n{cut_judge_text(query)}\n\nTool calls:\n{steps or '(none)'}\n\n"
-            f"Final answer:\n{cut_judge_text(answer) or '(none)'}")
+    user = (
+        f"Query:\n{cut_judge_text(query)}\n\nTool calls:\n{steps or '(none)'}\n\n"
+        f"Final answer:\n{cut_judge_text(answer) or '(none)'}"
+    )
     return [{"role": "system", "content": TOOLEYES_SYSTEM_V1}, {"role": "user", "content": user}]
 
 

@@ -91,8 +91,13 @@ def stateless_format(fmt: str) -> str:
     return {STRUCTURED_SESSION_FORMAT: STRUCTURED_FORMAT, SESSION_FORMAT: DEFAULT_SIMULATOR_FORMAT}.get(fmt, fmt)
 
 
-_SKELETON_TYPES = {"str": {"type": "string"}, "int": {"type": "number"}, "float": {"type": "number"},
-                   "bool": {"type": "boolean"}, "empty list": {"type": "array"}}
+_SKELETON_TYPES = {
+    "str": {"type": "string"},
+    "int": {"type": "number"},
+    "float": {"type": "number"},
+    "bool": {"type": "boolean"},
+    "empty list": {"type": "array"},
+}
 
 
 def skeleton_schema(template: Any) -> dict:
@@ -143,16 +148,20 @@ def observation_schema(doc: ApiDoc, fmt: str) -> dict:
         return OBSERVATION_SCHEMA
 
     def branch(error: dict, response: dict) -> dict:
-        return {"type": "object", "properties": {"error": error, "response": response},
-                "required": ["error", "response"], "additionalProperties": False}
+        return {
+            "type": "object",
+            "properties": {"error": error, "response": response},
+            "required": ["error", "response"],
+            "additionalProperties": False,
+        }
 
     return {"anyOf": [branch({"const": ""}, schema), branch({"type": "string", "minLength": 1}, {})]}
 
 
 SIMULATOR_SYSTEM_V1 = (
     "You are the server behind a web API. You receive the API's documentation and one request, and you "
-    "answer exactly as the real API would. Reply with a single JSON object with two keys: \"error\" (an "
-    "empty string when the call succeeds, otherwise the error message the API returns) and \"response\" "
+    'answer exactly as the real API would. Reply with a single JSON object with two keys: "error" (an '
+    'empty string when the call succeeds, otherwise the error message the API returns) and "response" '
     "(the API's output). Follow the documented response format when one is given. Reject a request the "
     "real API would reject, such as one missing a required parameter or with an invalid value. "
     "Output nothing but the JSON object."
@@ -197,8 +206,11 @@ def render_observation(error: str, response: Any, fmt: str) -> str:
 
 
 def _param_v1(p: dict) -> dict:
-    out = {"name": api_key_name(p["name"]), "type": p.get("type", ""),
-           "description": cut_text(p.get("description") or "", PARAM_DESCRIPTION_CHAR_BUDGET)}
+    out = {
+        "name": api_key_name(p["name"]),
+        "type": p.get("type", ""),
+        "description": cut_text(p.get("description") or "", PARAM_DESCRIPTION_CHAR_BUDGET),
+    }
     if p.get("default") not in ("", None):
         out["default"] = p["default"]
     return out
@@ -237,12 +249,15 @@ def history_line(tool: str, api: str, arguments: dict, error: str, response: Any
 def keyed_history_line(tool: str, api: str, key: str, error: str, response: Any, fmt: str = SESSION_FORMAT) -> str:
     """`history_line` of a call given by its canonical JSON `key` (the server has it, not always the object)."""
     answer = render_observation(error, truncate_response(response), fmt)
-    return (f'{{"tool":{json.dumps(tool, ensure_ascii=False)},"api":{json.dumps(api, ensure_ascii=False)},'
-            f'"request":{key},"answer":{answer}}}')
+    return (
+        f'{{"tool":{json.dumps(tool, ensure_ascii=False)},"api":{json.dumps(api, ensure_ascii=False)},'
+        f'"request":{key},"answer":{answer}}}'
+    )
 
 
-def select_history(lines: list[str], max_calls: int = DEFAULT_HISTORY_CALLS,
-                   char_budget: int = HISTORY_CHAR_BUDGET) -> list[str]:
+def select_history(
+    lines: list[str], max_calls: int = DEFAULT_HISTORY_CALLS, char_budget: int = HISTORY_CHAR_BUDGET
+) -> list[str]:
     """The history a prompt shows: of `lines` (oldest first), the newest calls first, at most
     `max_calls`, stopping at the first that would pass `char_budget` (calls are never cut, and an
     older call is never shown without the newer ones)."""
@@ -309,15 +324,19 @@ def simulator_messages(
             )
         parts.append("Request:\n" + canonical_json(arguments))
         default_system = SIMULATOR_SYSTEM_SESSION_V1 if fmt in SESSION_FORMATS else SIMULATOR_SYSTEM_V1
-        return [{"role": "system", "content": system_prompt or default_system},
-                {"role": "user", "content": "\n\n".join(parts)}]
+        return [
+            {"role": "system", "content": system_prompt or default_system},
+            {"role": "user", "content": "\n\n".join(parts)},
+        ]
     if fmt in ("stabletoolbench", "stabletoolbench-cache", COT_FORMAT):
         if not system_prompt:
             raise ValueError(f"prompt format {fmt!r} needs a system prompt (the MirrorAPI model's own, from a file)")
         if fmt == COT_FORMAT:
             check_cot_system_prompt(system_prompt)
-        return [{"role": "system", "content": system_prompt},
-                {"role": "user", "content": _stabletoolbench_user(doc, arguments, fmt == "stabletoolbench-cache")}]
+        return [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": _stabletoolbench_user(doc, arguments, fmt == "stabletoolbench-cache")},
+        ]
     raise ValueError(f"unknown simulator prompt format {fmt!r}; known: {', '.join(SIMULATOR_FORMATS)}")
 
 

@@ -62,7 +62,7 @@ def parse_simulator_output(text: str) -> tuple[dict | None, str]:
                     "response": tail[1:-1] if tail.endswith('"') and len(tail) > 1 else tail[1:],
                 }, "regex"
     if "{" in body:
-        repaired = json_repair.loads(body[body.index("{"):])
+        repaired = json_repair.loads(body[body.index("{") :])
         obs = _as_observation(repaired)
         if obs is not None:
             return obs, "repaired"

@@ -96,8 +96,9 @@ class VirtualEndpoint:
             body = await read_body(scope, receive, self.max_body)
         except BodyTooLarge as exc:
             deadline.received()
-            message = (f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to "
-                       f"{self.max_body:,})")
+            message = (
+                f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to {self.max_body:,})"
+            )
             await send_json(send, 413, error_body(message), [(b"connection", b"close")])
             return self.server.refused(413, "body_too_large", f"{exc.args[0]:,} bytes or more")
         except ClientGone:
@@ -120,7 +121,7 @@ class VirtualEndpoint:
         return await self.app(scope, receive, send)
 
 
-PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7f) if chr(c) != "%")  # what a header value may hold as is
+PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")  # what a header value may hold as is
 
 
 @functools.lru_cache(maxsize=1024)  # a server gives a handful of outcomes and provenances, over and over
@@ -146,8 +147,11 @@ def create_app(settings: ServerSettings) -> VirtualEndpoint:
 
     # FastAPI's OpenTelemetry hooks are off: /metrics is the server's telemetry, and the check costs
     # environment lookups on every request.
-    app = FastAPI(title="mirrorapi virtual API server", lifespan=lifespan,
-                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app = FastAPI(
+        title="mirrorapi virtual API server",
+        lifespan=lifespan,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     app.state.server = server  # the routes' `ServerDep`
     app.include_router(router)
     return VirtualEndpoint(app, server, mcp, episodes)
@@ -174,16 +178,19 @@ def raise_open_file_limit() -> tuple[int, int]:
 
 def configure_logging(settings: ServerSettings) -> None:
     """Logging of the server process (start-up, engine and cache events; request lines are `RequestLogWriter`'s)."""
-    logging.basicConfig(level=getattr(logging, settings.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, settings.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def serve(settings: ServerSettings) -> None:
     """Build the app and run uvicorn until interrupted (raises RegistryError / CacheError at start-up); with
     `workers` > 1, uvicorn's worker processes (`serve_workers`)."""
     configure_logging(settings)
-    logger.info("settings (not default): %s", {k: v for k, v in settings.non_default().items()
-                                               if k not in ("api_key", "server_api_key")})
+    logger.info(
+        "settings (not default): %s",
+        {k: v for k, v in settings.non_default().items() if k not in ("api_key", "server_api_key")},
+    )
     if (warning := check_uvicorn()) is not None:
         logger.warning("%s", warning)
     gc.set_threshold(*GC_THRESHOLDS)
@@ -191,8 +198,12 @@ def serve(settings: ServerSettings) -> None:
     if after >= 0:
         logger.info("open files: up to %d (soft limit raised from %d)", after, before)
         if after < settings.max_episodes + 256:
-            logger.warning("open files limit %d is below max_episodes %d: raise the hard limit (ulimit -Hn) to hold "
-                           "that many OpenEnv episodes", after, settings.max_episodes)
+            logger.warning(
+                "open files limit %d is below max_episodes %d: raise the hard limit (ulimit -Hn) to hold "
+                "that many OpenEnv episodes",
+                after,
+                settings.max_episodes,
+            )
     if settings.workers > 1:
         return serve_workers(settings)
     app = create_app(settings)
@@ -245,6 +256,7 @@ def die_with_master(master: int) -> None:
     MASTER_WATCH_SECONDS (portable, unlike Linux's PR_SET_PDEATHSIG, which also fires when the thread that started
     the process ends); the worker then gets SIGTERM (uvicorn's graceful stop), and exits if it is still there
     WORKER_STOP_SECONDS later."""
+
     def watch() -> None:
         while os.getppid() == master:
             time.sleep(MASTER_WATCH_SECONDS)
@@ -252,4 +264,5 @@ def die_with_master(master: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(WORKER_STOP_SECONDS)
         os._exit(1)
+
     threading.Thread(target=watch, name="die-with-master", daemon=True).start()

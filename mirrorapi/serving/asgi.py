@@ -7,8 +7,10 @@ import hmac
 import json
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
-UNAUTHORIZED = ("Unauthorized: this server needs an API key (send `Authorization: Bearer <key>`, or "
-                "StableToolBench's `toolbench_key` header)")
+UNAUTHORIZED = (
+    "Unauthorized: this server needs an API key (send `Authorization: Bearer <key>`, or "
+    "StableToolBench's `toolbench_key` header)"
+)
 # A body over the bound is read to its end (and dropped) before the 413, up to this much: a client still
 # sending when the server closes gets a connection reset instead of the answer.
 DRAIN_BYTES = 16 * 1024 * 1024
@@ -78,8 +80,13 @@ async def read_body(scope, receive, limit: int) -> bytes:
 
 
 async def send_json(send, status: int, body: bytes, headers: list | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": JSON_HEADERS + [(b"content-length", b"%d" % len(body))] + (headers or [])})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": JSON_HEADERS + [(b"content-length", b"%d" % len(body))] + (headers or []),
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -28,15 +28,25 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-SERVE = Command("serve", "Run the virtual API server (same as serving/main_mirrorapi.py).", add_server_arguments,
-                serve, STARTUP_ERRORS)
+SERVE = Command(
+    "serve",
+    "Run the virtual API server (same as serving/main_mirrorapi.py).",
+    add_server_arguments,
+    serve,
+    STARTUP_ERRORS,
+)
 
 
 # ------------------------------------------------------------------------------------------- cache
 def cache_import_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="<cache>/<cat>/<tool>_for_<cat>/<api>.json folder, or a pairs .jsonl file.")
-    parser.add_argument("--cache", required=True, help=(
-        "The cache: a SQLite file (created if missing) or a postgresql:// URL (its tables are created if missing)."))
+    parser.add_argument(
+        "--cache",
+        required=True,
+        help=(
+            "The cache: a SQLite file (created if missing) or a postgresql:// URL (its tables are created if missing)."
+        ),
+    )
     parser.add_argument("--tools", nargs="+", metavar="SOURCE", help="Resolve names with these tools folders.")
     parser.add_argument("--origin", help="Provenance suffix imported:<origin> (default: the folder's name).")
     parser.add_argument("--force", action="store_true", help="Import again even if the folder is unchanged.")
@@ -52,8 +62,9 @@ def cache_import(args: argparse.Namespace) -> int:
         if args.source.endswith(".jsonl"):
             report = import_pairs(cache, args.source, registry=registry)
         else:
-            report = import_stabletoolbench_cache(cache, args.source, registry=registry, origin=args.origin,
-                                                  force=args.force)
+            report = import_stabletoolbench_cache(
+                cache, args.source, registry=registry, origin=args.origin, force=args.force
+            )
     finally:
         cache.close()
     if args.json:
@@ -61,9 +72,11 @@ def cache_import(args: argparse.Namespace) -> int:
     elif report["skipped"]:
         print(f"{report['origin']}: imported before and unchanged, nothing done (--force imports it again)")
     else:
-        print(f"{report['origin']}: {report['entries']:,} entries read, {report['stored']:,} stored, "
-              f"{len(report['unreadable']):,} unreadable, {report['skipped_placeholders']:,} failure placeholders "
-              f"skipped" + (f", {report['unresolved_apis']:,} APIs not in the tools" if registry else ""))
+        print(
+            f"{report['origin']}: {report['entries']:,} entries read, {report['stored']:,} stored, "
+            f"{len(report['unreadable']):,} unreadable, {report['skipped_placeholders']:,} failure placeholders "
+            f"skipped" + (f", {report['unresolved_apis']:,} APIs not in the tools" if registry else "")
+        )
         for reason in report["unreadable"][:20]:
             print(f"  {reason}")
     return 0
@@ -72,11 +85,20 @@ def cache_import(args: argparse.Namespace) -> int:
 def cache_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder")
     parser.add_argument("--cache", required=True, help="The cache: a SQLite file or a postgresql:// URL.")
-    parser.add_argument("--provenance", nargs="+", metavar="PREFIX",
-                     help="Only entries whose provenance starts so (real, imported, simulated).")
-    parser.add_argument("--identity", metavar="IDENTITY", help=(
-        "Write the recorded answers and the simulated answers of this simulator identity (`cache stats` lists "
-        "them; '' for recorded answers only). Needed when the cache holds several."))
+    parser.add_argument(
+        "--provenance",
+        nargs="+",
+        metavar="PREFIX",
+        help="Only entries whose provenance starts so (real, imported, simulated).",
+    )
+    parser.add_argument(
+        "--identity",
+        metavar="IDENTITY",
+        help=(
+            "Write the recorded answers and the simulated answers of this simulator identity (`cache stats` lists "
+            "them; '' for recorded answers only). Needed when the cache holds several."
+        ),
+    )
 
 
 def cache_export(args: argparse.Namespace) -> int:
@@ -84,8 +106,9 @@ def cache_export(args: argparse.Namespace) -> int:
 
     cache = _existing_cache(args.cache)
     try:
-        report = export_stabletoolbench_cache(cache, args.folder, provenance=args.provenance or (),
-                                              identity=args.identity)
+        report = export_stabletoolbench_cache(
+            cache, args.folder, provenance=args.provenance or (), identity=args.identity
+        )
     finally:
         cache.close()
     simulated = f" (simulated answers of {report['identity']})" if report["identity"] else ""
@@ -108,8 +131,9 @@ def cache_prune(args: argparse.Namespace) -> int:
         deleted = cache.prune(args.identity)
         if not deleted:
             known = "; ".join(cache.identities()) or "none"
-            raise CacheError(f"no simulated answers of identity {args.identity!r} in {cache.location} "
-                             f"(identities: {known})")
+            raise CacheError(
+                f"no simulated answers of identity {args.identity!r} in {cache.location} (identities: {known})"
+            )
     finally:
         cache.close()
     print(f"{deleted:,} simulated answers of {args.identity} deleted from {cache.location}")
@@ -117,10 +141,20 @@ def cache_prune(args: argparse.Namespace) -> int:
 
 
 def cache_migrate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--from", dest="source", required=True, metavar="CACHE",
-                         help="The cache to copy: a SQLite file (PATH or sqlite:///PATH) or a postgresql:// URL.")
-    parser.add_argument("--to", dest="destination", required=True, metavar="CACHE",
-                         help="The cache to copy into (created if missing): a SQLite file or a postgresql:// URL.")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="CACHE",
+        help="The cache to copy: a SQLite file (PATH or sqlite:///PATH) or a postgresql:// URL.",
+    )
+    parser.add_argument(
+        "--to",
+        dest="destination",
+        required=True,
+        metavar="CACHE",
+        help="The cache to copy into (created if missing): a SQLite file or a postgresql:// URL.",
+    )
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
 
 
@@ -139,8 +173,10 @@ def cache_migrate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
     else:
-        print(f"{report['entries_copied']:,} of {report['entries_read']:,} entries and {report['sessions_copied']:,} "
-              f"sessions copied from {report['from']} to {report['to']} (entries it held already were kept)")
+        print(
+            f"{report['entries_copied']:,} of {report['entries_read']:,} entries and {report['sessions_copied']:,} "
+            f"sessions copied from {report['from']} to {report['to']} (entries it held already were kept)"
+        )
     return 0
 
 
@@ -165,8 +201,9 @@ def cache_stats(args: argparse.Namespace) -> int:
     for provenance, n in sorted(stats["by_provenance"].items()):
         if not provenance.startswith("simulated:"):
             print(f"  {provenance}: {n:,}")
-    print(f"simulated:  {stats['entries'] - stats['recorded']:,} in {len(stats['by_identity']):,} simulator "
-          "identities")
+    print(
+        f"simulated:  {stats['entries'] - stats['recorded']:,} in {len(stats['by_identity']):,} simulator identities"
+    )
     for identity, item in stats["by_identity"].items():
         print(f"  {identity}: {item['entries']:,} entries, {item['hits']:,} hits")
     print(f"in sessions: {stats['session_entries']:,} (answers stored under a session's history)")
@@ -187,17 +224,42 @@ def _existing_cache(location: str):
 
 
 CACHE_COMMANDS = [
-    Command("import", "Import a StableToolBench cache folder, or real pairs (.jsonl).", cache_import_arguments,
-            cache_import, CACHE_ERRORS),
-    Command("export", "Write the cache as a StableToolBench cache folder.", cache_export_arguments, cache_export,
-            CACHE_ERRORS),
-    Command("prune", "Delete the simulated answers of one simulator identity.", cache_prune_arguments, cache_prune,
-            CACHE_ERRORS),
-    Command("stats", "Entries, APIs, hits, simulator identities and imports of a cache.", cache_stats_arguments,
-            cache_stats, CACHE_ERRORS),
-    Command("migrate", "Copy every entry, session and import record of one cache into another, e.g. a SQLite "
-            "file into PostgreSQL (what the destination holds already is kept; run again after an interruption).",
-            cache_migrate_arguments, cache_migrate, CACHE_ERRORS),
+    Command(
+        "import",
+        "Import a StableToolBench cache folder, or real pairs (.jsonl).",
+        cache_import_arguments,
+        cache_import,
+        CACHE_ERRORS,
+    ),
+    Command(
+        "export",
+        "Write the cache as a StableToolBench cache folder.",
+        cache_export_arguments,
+        cache_export,
+        CACHE_ERRORS,
+    ),
+    Command(
+        "prune",
+        "Delete the simulated answers of one simulator identity.",
+        cache_prune_arguments,
+        cache_prune,
+        CACHE_ERRORS,
+    ),
+    Command(
+        "stats",
+        "Entries, APIs, hits, simulator identities and imports of a cache.",
+        cache_stats_arguments,
+        cache_stats,
+        CACHE_ERRORS,
+    ),
+    Command(
+        "migrate",
+        "Copy every entry, session and import record of one cache into another, e.g. a SQLite "
+        "file into PostgreSQL (what the destination holds already is kept; run again after an interruption).",
+        cache_migrate_arguments,
+        cache_migrate,
+        CACHE_ERRORS,
+    ),
 ]
 
 

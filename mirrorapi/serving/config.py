@@ -57,102 +57,226 @@ class ServerSettings(BaseModel):
 
     # StableToolBench keys
     api_key: str = Field("EMPTY", description="Key sent to the engine (vllm serve --api-key).")
-    api_base: list[str] = Field(["http://127.0.0.1:12345/v1"], description=(
-        "OpenAI-compatible engine URL(s) ending in /v1; several are replicas, used round-robin."))
-    model: str = Field("mirrorapi", description=(
-        "The request's `model`: vLLM's --served-model-name or a LoRA module name; for `transformers serve`, "
-        "the model folder's absolute path."))
+    api_base: list[str] = Field(
+        ["http://127.0.0.1:12345/v1"],
+        description=("OpenAI-compatible engine URL(s) ending in /v1; several are replicas, used round-robin."),
+    )
+    model: str = Field(
+        "mirrorapi",
+        description=(
+            "The request's `model`: vLLM's --served-model-name or a LoRA module name; for `transformers serve`, "
+            "the model folder's absolute path."
+        ),
+    )
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of the simulator (0: greedy).")
-    tools_folder: list[Path] = Field(description=(
-        "ToolBench tools folder(s) <Category>/<tool>.json, or StableToolBench query files (required)."))
+    tools_folder: list[Path] = Field(
+        description=("ToolBench tools folder(s) <Category>/<tool>.json, or StableToolBench query files (required).")
+    )
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
-    cache_folder: Path | None = Field(None, description=(
-        "A StableToolBench cache folder (<cat>/<tool>_for_<cat>/<api>.json), imported into the cache "
-        "database at start-up (once; later starts skip an unchanged folder)."))
+    cache_folder: Path | None = Field(
+        None,
+        description=(
+            "A StableToolBench cache folder (<cat>/<tool>_for_<cat>/<api>.json), imported into the cache "
+            "database at start-up (once; later starts skip an unchanged folder)."
+        ),
+    )
     is_save: bool = Field(True, description="Store simulated responses in the cache (false: store nothing new).")
-    log_file: Path | None = Field(None, description="Append every request line (one JSON object each) to this "
-                                  "file; stderr gets them at log_level info or debug.")
+    log_file: Path | None = Field(
+        None,
+        description="Append every request line (one JSON object each) to this "
+        "file; stderr gets them at log_level info or debug.",
+    )
     toolbench_url: str | None = Field(None, description="Accepted for StableToolBench configs; ignored.")
     # ours
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 exposes the server).")
-    server_api_key: str | None = Field(None, description=(
-        "Key clients must send (Authorization: Bearer KEY, or StableToolBench's toolbench_key header); "
-        "other requests get HTTP 401. /health and /live stay open. Set it before binding a non-loopback host."))
+    server_api_key: str | None = Field(
+        None,
+        description=(
+            "Key clients must send (Authorization: Bearer KEY, or StableToolBench's toolbench_key header); "
+            "other requests get HTTP 401. /health and /live stay open. Set it before binding a non-loopback host."
+        ),
+    )
     max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body; a larger one gets HTTP 413.")
-    max_arguments_chars: int = Field(16_384, gt=0, description=(
-        "Largest tool_input (characters of JSON) sent to the engine; a larger miss is an error observation."))
-    request_timeout: float = Field(10.0, gt=0, description=(
-        "Seconds a client may take to send one whole request (headers and body); slower ones are disconnected."))
+    max_arguments_chars: int = Field(
+        16_384,
+        gt=0,
+        description=(
+            "Largest tool_input (characters of JSON) sent to the engine; a larger miss is an error observation."
+        ),
+    )
+    request_timeout: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "Seconds a client may take to send one whole request (headers and body); slower ones are disconnected."
+        ),
+    )
     cache_path: Path = Field(Path("mirrorapi_cache.sqlite"), description="The SQLite cache database.")
-    cache_url: str | None = Field(None, description=(
-        "postgresql://USER:PASSWORD@HOST:PORT/DATABASE: keep the cache and the sessions on PostgreSQL (the "
-        "same schema), shared by every server on it, on any host; unset: the SQLite file cache_path."))
-    workers: int = Field(1, ge=1, description=(
-        "Server processes (uvicorn's workers) on one port, sharing the cache, the metrics and the request log."))
-    mode: Literal["simulate", "replay"] = Field("simulate", description=(
-        "simulate: a cache miss asks the engine; replay: cache only, a miss is an error observation."))
-    simulator_identity: str | None = Field(None, min_length=1, description=(
-        "Look simulated answers up, and store new ones, under this simulator identity instead of the one "
-        "computed from model, prompt format and decoding settings (`mirrorapi cache stats` lists those a cache "
-        "holds). With mode replay it reproduces a published run's answers exactly."))
-    missing_required: Literal["reject", "simulate"] = Field("reject", description=(
-        "A call without a required argument: reject it like a real API (no engine call), or simulate it."))
-    unknown_arguments: Literal["simulate", "reject"] = Field("simulate", description=(
-        "A call with arguments the doc does not list: simulate it, or reject it."))
+    cache_url: str | None = Field(
+        None,
+        description=(
+            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE: keep the cache and the sessions on PostgreSQL (the "
+            "same schema), shared by every server on it, on any host; unset: the SQLite file cache_path."
+        ),
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Server processes (uvicorn's workers) on one port, sharing the cache, the metrics and the request log."
+        ),
+    )
+    mode: Literal["simulate", "replay"] = Field(
+        "simulate",
+        description=("simulate: a cache miss asks the engine; replay: cache only, a miss is an error observation."),
+    )
+    simulator_identity: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Look simulated answers up, and store new ones, under this simulator identity instead of the one "
+            "computed from model, prompt format and decoding settings (`mirrorapi cache stats` lists those a cache "
+            "holds). With mode replay it reproduces a published run's answers exactly."
+        ),
+    )
+    missing_required: Literal["reject", "simulate"] = Field(
+        "reject",
+        description=(
+            "A call without a required argument: reject it like a real API (no engine call), or simulate it."
+        ),
+    )
+    unknown_arguments: Literal["simulate", "reject"] = Field(
+        "simulate", description=("A call with arguments the doc does not list: simulate it, or reject it.")
+    )
     engine_timeout: float = Field(60.0, gt=0, description="Seconds an engine call may take, retries included.")
-    engine_attempt_timeout: float | None = Field(None, gt=0, description=(
-        "Seconds an attempt may take when another replica could take the next one; a slower replica is "
-        "given up. The last replica standing may use what is left of engine_timeout. Unset: engine_timeout "
-        "shared by the replicas an attempt can fail over to (said at start-up)."))
-    engine_retries: int = Field(2, ge=0, description=(
-        "Further attempts after a failed one: on another replica at once, else after a jittered backoff."))
-    engine_cooldown: float = Field(10.0, ge=0, description=(
-        "Seconds a replica that failed is skipped; then it is probed and gets calls again once it answers."))
-    engine_max_in_flight: int = Field(64, gt=0, description=(
-        "Simulator calls in flight per replica; more wait for a free one (a CPU engine given many calls at "
-        "once answers none of them in time)."))
-    engine_max_waiting: int = Field(256, ge=0, description=(
-        "Simulator calls that may wait for a free replica; a miss beyond gets an error observation at once "
-        "(the simulator is busy) instead of a long wait."))
+    engine_attempt_timeout: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Seconds an attempt may take when another replica could take the next one; a slower replica is "
+            "given up. The last replica standing may use what is left of engine_timeout. Unset: engine_timeout "
+            "shared by the replicas an attempt can fail over to (said at start-up)."
+        ),
+    )
+    engine_retries: int = Field(
+        2,
+        ge=0,
+        description=(
+            "Further attempts after a failed one: on another replica at once, else after a jittered backoff."
+        ),
+    )
+    engine_cooldown: float = Field(
+        10.0,
+        ge=0,
+        description=(
+            "Seconds a replica that failed is skipped; then it is probed and gets calls again once it answers."
+        ),
+    )
+    engine_max_in_flight: int = Field(
+        64,
+        gt=0,
+        description=(
+            "Simulator calls in flight per replica; more wait for a free one (a CPU engine given many calls at "
+            "once answers none of them in time)."
+        ),
+    )
+    engine_max_waiting: int = Field(
+        256,
+        ge=0,
+        description=(
+            "Simulator calls that may wait for a free replica; a miss beyond gets an error observation at once "
+            "(the simulator is busy) instead of a long wait."
+        ),
+    )
     max_tokens: int = Field(1024, gt=0, description="Most tokens the simulator may generate per response.")
     # A Literal of the formats' tuple (pydantic spreads it; a static checker cannot).
-    prompt_format: Literal[SIMULATOR_FORMATS] = Field("mirrorapi-v1", description=(  # type: ignore[valid-type]
-        "Simulator prompt format (mirrorapi/prompts/simulator_formats.py): the one the model was trained with."))
-    system_prompt_file: Path | None = Field(None, description=(
-        "System prompt text file; required by the stabletoolbench formats (released MirrorAPI weights)."))
-    structured_output: bool = Field(True, description=(
-        "Ask the engine for JSON of the observation schema (response_format json_schema)."))
+    prompt_format: Literal[SIMULATOR_FORMATS] = Field(  # type: ignore[valid-type]
+        "mirrorapi-v1",
+        description=(
+            "Simulator prompt format (mirrorapi/prompts/simulator_formats.py): the one the model was trained with."
+        ),
+    )
+    system_prompt_file: Path | None = Field(
+        None,
+        description=("System prompt text file; required by the stabletoolbench formats (released MirrorAPI weights)."),
+    )
+    structured_output: bool = Field(
+        True, description=("Ask the engine for JSON of the observation schema (response_format json_schema).")
+    )
     few_shot: int = Field(0, ge=0, description="Real cached examples of the same API shown to the simulator.")
     few_shot_char_budget: int = Field(2048, gt=0, description="Most characters of examples per prompt.")
-    few_shot_response_chars: int = Field(0, ge=0, description=(
-        "Shrink each example's response to about this many characters (valid JSON kept; 0: show examples whole, "
-        "skipping those over the budget). Match the simulator's training data."))
-    seed: int | None = Field(None, description=(
-        "Sampling seed sent to the engine (the stabletoolbench formats: 42, as upstream sends; with them "
-        "max_tokens defaults to 2048 and structured_output to false, also as upstream)."))
-    session_history: int = Field(DEFAULT_HISTORY_CALLS, ge=0, description=(
-        "Earlier calls of a session (X-Session-Id, the MCP session) shown to the simulator, newest first, in "
-        "prompt format mirrorapi-session-v1; 0 ignores session ids (every call is simulated alone)."))
-    session_char_budget: int = Field(HISTORY_CHAR_BUDGET, gt=0, description=(
-        "Most characters of session history per prompt (whole calls only)."))
-    session_ttl: float = Field(3600.0, gt=0, description=(
-        "Seconds a session is kept after its last call (in the cache store, so sessions survive a restart); "
-        "a later call starts it over."))
-    mcp_toolset: str = Field("", description=(
-        "Tools that /mcp lists when its URL names none, in toolset syntax (`category=Data&tool=APIBank/apibank_account"
-        "&api=C/T/A&query=<query_id>`); empty: every API."))
-    mcp_max_sessions: int = Field(4096, gt=0, description=(
-        "MCP sessions open at once on a server process; an `initialize` beyond gets HTTP 503 saying so."))
-    mcp_sessions_per_client: int = Field(1024, gt=0, description=(
-        "MCP sessions one client address may hold open at once (one client cannot take them all)."))
-    mcp_session_idle_timeout: float = Field(300.0, gt=0, description=(
-        "Seconds an MCP session may go without a request before it is closed (its id then answers 404)."))
-    max_episodes: int = Field(16384, gt=0, description=(
-        "OpenEnv episodes open at once (WebSocket connections at /ws and HTTP episodes together); a reset beyond "
-        "is refused saying so."))
-    episode_idle_timeout: float = Field(900.0, gt=0, description=(
-        "Seconds an OpenEnv episode opened over HTTP (POST /reset) is kept without a request (one on /ws lives "
-        "as long as its connection)."))
+    few_shot_response_chars: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Shrink each example's response to about this many characters (valid JSON kept; 0: show examples whole, "
+            "skipping those over the budget). Match the simulator's training data."
+        ),
+    )
+    seed: int | None = Field(
+        None,
+        description=(
+            "Sampling seed sent to the engine (the stabletoolbench formats: 42, as upstream sends; with them "
+            "max_tokens defaults to 2048 and structured_output to false, also as upstream)."
+        ),
+    )
+    session_history: int = Field(
+        DEFAULT_HISTORY_CALLS,
+        ge=0,
+        description=(
+            "Earlier calls of a session (X-Session-Id, the MCP session) shown to the simulator, newest first, in "
+            "prompt format mirrorapi-session-v1; 0 ignores session ids (every call is simulated alone)."
+        ),
+    )
+    session_char_budget: int = Field(
+        HISTORY_CHAR_BUDGET, gt=0, description=("Most characters of session history per prompt (whole calls only).")
+    )
+    session_ttl: float = Field(
+        3600.0,
+        gt=0,
+        description=(
+            "Seconds a session is kept after its last call (in the cache store, so sessions survive a restart); "
+            "a later call starts it over."
+        ),
+    )
+    mcp_toolset: str = Field(
+        "",
+        description=(
+            "Tools that /mcp lists when its URL names none, in toolset syntax "
+            "(`category=Data&tool=APIBank/apibank_account&api=C/T/A&query=<query_id>`); empty: every API."
+        ),
+    )
+    mcp_max_sessions: int = Field(
+        4096,
+        gt=0,
+        description=("MCP sessions open at once on a server process; an `initialize` beyond gets HTTP 503 saying so."),
+    )
+    mcp_sessions_per_client: int = Field(
+        1024,
+        gt=0,
+        description=("MCP sessions one client address may hold open at once (one client cannot take them all)."),
+    )
+    mcp_session_idle_timeout: float = Field(
+        300.0,
+        gt=0,
+        description=("Seconds an MCP session may go without a request before it is closed (its id then answers 404)."),
+    )
+    max_episodes: int = Field(
+        16384,
+        gt=0,
+        description=(
+            "OpenEnv episodes open at once (WebSocket connections at /ws and HTTP episodes together); a reset beyond "
+            "is refused saying so."
+        ),
+    )
+    episode_idle_timeout: float = Field(
+        900.0,
+        gt=0,
+        description=(
+            "Seconds an OpenEnv episode opened over HTTP (POST /reset) is kept without a request (one on /ws lives "
+            "as long as its connection)."
+        ),
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
     @field_validator("api_base", "tools_folder", mode="before")
@@ -173,16 +297,20 @@ class ServerSettings(BaseModel):
             raise ValueError(f"cache_folder: {self.cache_folder} is not a folder")
         if self.prompt_format.startswith("stabletoolbench"):
             if self.system_prompt_file is None:
-                raise ValueError(f"prompt_format {self.prompt_format} needs system_prompt_file "
-                                 "(the system prompt the MirrorAPI model was trained with)")
+                raise ValueError(
+                    f"prompt_format {self.prompt_format} needs system_prompt_file "
+                    "(the system prompt the MirrorAPI model was trained with)"
+                )
             for key, value in STABLETOOLBENCH_REQUEST_SETTINGS.items():  # upstream's request, unless set
                 if key not in self.model_fields_set:
                     setattr(self, key, value)
         if self.system_prompt_file is not None and not self.system_prompt_file.is_file():
             raise ValueError(f"system_prompt_file: {self.system_prompt_file} does not exist")
         if self.cache_url is not None and not self.cache_url.startswith(("postgresql://", "postgres://")):
-            raise ValueError(f"cache_url: expected postgresql://..., got {self.cache_url.split(':', 1)[0]}:... "
-                             "(a SQLite cache is set with cache_path)")
+            raise ValueError(
+                f"cache_url: expected postgresql://..., got {self.cache_url.split(':', 1)[0]}:... "
+                "(a SQLite cache is set with cache_path)"
+            )
         if self.prompt_format == COT_FORMAT:
             check_cot_system_prompt(self.system_prompt() or "")  # refused at start, not on every request
         if self.cache_path.exists() and self.cache_path.is_dir():
@@ -194,11 +322,15 @@ class ServerSettings(BaseModel):
         warnings = []
         for base in self.api_base:
             if not base.rstrip("/").endswith("/v1"):
-                warnings.append(f"api_base {base} does not end in /v1: OpenAI-compatible engines (vllm serve, "
-                                f"transformers serve) answer at {base.rstrip('/')}/v1/chat/completions")
+                warnings.append(
+                    f"api_base {base} does not end in /v1: OpenAI-compatible engines (vllm serve, "
+                    f"transformers serve) answer at {base.rstrip('/')}/v1/chat/completions"
+                )
         if not is_loopback(self.host) and not self.server_api_key:
-            warnings.append(f"host {self.host} is reachable from other machines and server_api_key is not set: "
-                            "anyone who can reach it can use the simulator and fill its cache")
+            warnings.append(
+                f"host {self.host} is reachable from other machines and server_api_key is not set: "
+                "anyone who can reach it can use the simulator and fill its cache"
+            )
         return warnings
 
     def attempt_timeout(self) -> float:
@@ -216,11 +348,16 @@ class ServerSettings(BaseModel):
             how = "engine_attempt_timeout"
         else:
             tries = max(1, min(len(self.api_base), self.engine_retries + 1))
-            how = (f"engine_attempt_timeout unset: engine_timeout {self.engine_timeout:g} s shared by the {tries} "
-                   "replicas a call can try" if tries > 1 else "engine_attempt_timeout unset, one replica to try: "
-                   "the whole engine_timeout")
-        return (f"engine: {len(self.api_base)} replica(s); a call may take {self.engine_timeout:g} s, an attempt "
-                f"{chosen:g} s before the next replica is tried ({how})")
+            how = (
+                f"engine_attempt_timeout unset: engine_timeout {self.engine_timeout:g} s shared by the {tries} "
+                "replicas a call can try"
+                if tries > 1
+                else "engine_attempt_timeout unset, one replica to try: the whole engine_timeout"
+            )
+        return (
+            f"engine: {len(self.api_base)} replica(s); a call may take {self.engine_timeout:g} s, an attempt "
+            f"{chosen:g} s before the next replica is tried ({how})"
+        )
 
     def system_prompt(self) -> str | None:
         return self.system_prompt_file.read_text(encoding="utf-8") if self.system_prompt_file else None
@@ -228,8 +365,11 @@ class ServerSettings(BaseModel):
     def non_default(self) -> dict:
         """Settings that differ from the defaults, as JSON values (logged at start-up)."""
         fields = type(self).model_fields
-        return {k: v for k, v in self.model_dump(mode="json").items()
-                if fields[k].is_required() or v != fields[k].default and str(v) != str(fields[k].default)}
+        return {
+            k: v
+            for k, v in self.model_dump(mode="json").items()
+            if fields[k].is_required() or v != fields[k].default and str(v) != str(fields[k].default)
+        }
 
 
 def is_loopback(host: str) -> bool:
@@ -245,8 +385,11 @@ def is_loopback(host: str) -> bool:
 FIELDS = ServerSettings.model_fields
 
 
-def load_settings(config: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None,
-                  environ: Mapping[str, str] | None = None) -> ServerSettings:
+def load_settings(
+    config: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ServerSettings:
     """Settings from a YAML file, the environment and explicit overrides; raises `ConfigError`."""
     environ = os.environ if environ is None else environ
     config = config or environ.get(CONFIG_ENV)
@@ -254,8 +397,12 @@ def load_settings(config: str | os.PathLike | None = None, overrides: Mapping[st
     data.update(environment_values(ServerSettings, ENV_PREFIX, environ))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     # "null"/"none" from the environment or a flag clear a setting whose default is None.
-    data = {k: None if isinstance(v, str) and v.lower() in ("null", "none") and k in FIELDS
-            and FIELDS[k].default is None else v for k, v in data.items()}
+    data = {
+        k: None
+        if isinstance(v, str) and v.lower() in ("null", "none") and k in FIELDS and FIELDS[k].default is None
+        else v
+        for k, v in data.items()
+    }
     try:
         settings = ServerSettings.model_validate(data)
     except ValidationError as exc:

@@ -74,8 +74,15 @@ def _is_chat_with_user(api_name: str) -> bool:
 
 
 class VirtualApi:
-    def __init__(self, settings: ServerSettings, registry: ToolRegistry, cache: Store, simulator: Simulator,
-                 metrics: ServerMetrics, lease_holder: str | None = None):
+    def __init__(
+        self,
+        settings: ServerSettings,
+        registry: ToolRegistry,
+        cache: Store,
+        simulator: Simulator,
+        metrics: ServerMetrics,
+        lease_holder: str | None = None,
+    ):
         """`metrics`: where engine calls and coalesced misses are counted; `lease_holder`: this process's name when
         the store is shared by several processes (see `Responder`)."""
         self.settings, self.registry, self.cache = settings, registry, cache
@@ -96,8 +103,12 @@ class VirtualApi:
             else:
                 read = await self.large_bodies.parse(body, self.settings.max_arguments_chars)
                 if isinstance(read, Failure):
-                    answer.status, answer.outcome, answer.body, answer.detail = (read.status, read.outcome, read.body,
-                                                                                 read.detail)
+                    answer.status, answer.outcome, answer.body, answer.detail = (
+                        read.status,
+                        read.outcome,
+                        read.body,
+                        read.detail,
+                    )
                     return answer
                 request, parsed = read[0], read[1:]
             if request.model_extra:
@@ -105,8 +116,11 @@ class VirtualApi:
             if "chat" in request.api_name.lower() and _is_chat_with_user(request.api_name):
                 answer.body, answer.outcome = observation_bytes("", CHAT_WITH_USER_REPLY), "chat_with_user"
                 return answer
-            answer.names = (request.category[:LOGGED_NAME_CHARS], request.tool_name[:LOGGED_NAME_CHARS],
-                            request.api_name[:LOGGED_NAME_CHARS])
+            answer.names = (
+                request.category[:LOGGED_NAME_CHARS],
+                request.tool_name[:LOGGED_NAME_CHARS],
+                request.api_name[:LOGGED_NAME_CHARS],
+            )
             if parsed is None:
                 arguments, key = parse_arguments(request.tool_input)
             else:  # None for arguments too large to simulate: only a recorded answer can serve them
@@ -140,13 +154,16 @@ class VirtualApi:
         finally:
             answer.stages["total"] = time.perf_counter() - start
 
-    async def _respond(self, answer: Answer, doc: ApiDoc, arguments: dict | None, key: str,
-                       session_id: str | None) -> None:
+    async def _respond(
+        self, answer: Answer, doc: ApiDoc, arguments: dict | None, key: str, session_id: str | None
+    ) -> None:
         """The answer of a resolved call, in its session (when it has one); the session advanced by it."""
         session, history, settings = None, None, self.settings
         if session_id and len(session_id) > MAX_SESSION_ID_CHARS:
-            raise SessionIdError(f"the session id is {len(session_id):,} characters long; a session id "
-                                 f"(session_id or X-Session-Id) has at most {MAX_SESSION_ID_CHARS}")
+            raise SessionIdError(
+                f"the session id is {len(session_id):,} characters long; a session id "
+                f"(session_id or X-Session-Id) has at most {MAX_SESSION_ID_CHARS}"
+            )
         if session_id and settings.session_history:
             answer.session = session_id
             session = Session(settings.session_history, await self.cache.session(session_id, settings.session_ttl))
@@ -158,17 +175,26 @@ class VirtualApi:
         answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
         if session is not None and session_id:
             observation = json.loads(reply.observation)
-            line = keyed_history_line(doc.tool, doc.api, key, observation.get("error", ""),
-                                      observation.get("response", ""), session_format(settings.prompt_format))
-            await self.cache.update_session(session_id, settings.session_ttl,
-                                            advance(settings.session_history, settings.session_char_budget, line))
+            line = keyed_history_line(
+                doc.tool,
+                doc.api,
+                key,
+                observation.get("error", ""),
+                observation.get("response", ""),
+                session_format(settings.prompt_format),
+            )
+            await self.cache.update_session(
+                session_id, settings.session_ttl, advance(settings.session_history, settings.session_char_budget, line)
+            )
 
     def check_miss(self, doc: ApiDoc, arguments: dict | None, key: str) -> None:
         """Before a miss is simulated: the bound on what reaches the engine, and the validation policy
         (`arguments` is None only for arguments over the bound)."""
         if len(key) > self.settings.max_arguments_chars or arguments is None:  # never sent to the engine, never stored
-            raise ArgumentError(f"tool_input is too large to simulate: {len(key):,} characters of JSON "
-                                f"(this server simulates calls of up to {self.settings.max_arguments_chars:,}).")
+            raise ArgumentError(
+                f"tool_input is too large to simulate: {len(key):,} characters of JSON "
+                f"(this server simulates calls of up to {self.settings.max_arguments_chars:,})."
+            )
         check_arguments(doc, arguments, self.settings.missing_required, self.settings.unknown_arguments)
 
 
@@ -188,8 +214,12 @@ class LargeBodies:
     def start(cls) -> ProcessPoolExecutor:
         if cls._pool is None:
             cls._ready.clear()
-            cls._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=exit_with_parent, initargs=(os.getpid(),))
+            cls._pool = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=exit_with_parent,
+                initargs=(os.getpid(),),
+            )
             # Ready once it has imported this module (what a body's parse needs; seconds on a busy machine).
             cls._pool.submit(read_large_body, b"{}", 0).add_done_callback(lambda _: cls._ready.set())
         return cls._pool
@@ -208,10 +238,12 @@ class LargeBodies:
 def exit_with_parent(parent: int) -> None:
     """In `LargeBodies`' worker: exit when the server process is gone (it went on after a server stopped, waiting
     on its queue for ever; a server killed cannot stop it). A thread looks twice a second."""
+
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
         os._exit(0)
+
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
@@ -234,8 +266,12 @@ def read_large_body(body: bytes, max_arguments_chars: int):
 
 def _failed(answer: Answer, exc: Exception) -> Answer:
     failure = to_failure(exc)
-    answer.status, answer.outcome, answer.body, answer.detail = (failure.status, failure.outcome, failure.body,
-                                                                 failure.detail)
+    answer.status, answer.outcome, answer.body, answer.detail = (
+        failure.status,
+        failure.outcome,
+        failure.body,
+        failure.detail,
+    )
     if answer.cache is None and "cache_lookup" in answer.stages:
         answer.cache = "miss"
     return answer
@@ -258,8 +294,10 @@ def parse_arguments(value: Any) -> tuple[dict, str]:
         try:
             key.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise ToolInputError(f"tool_input holds a lone surrogate {key[exc.start:exc.end]!r} at character "
-                                 f"{exc.start}: not valid Unicode text") from None
+            raise ToolInputError(
+                f"tool_input holds a lone surrogate {key[exc.start : exc.end]!r} at character "
+                f"{exc.start}: not valid Unicode text"
+            ) from None
     # Counting brackets is cheap; only a key with many of them is looked at closer.
     if key.count("{") + key.count("[") > MAX_ARGUMENT_DEPTH and _deeper_than(key, MAX_ARGUMENT_DEPTH):
         raise ToolInputError(f"tool_input is nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)")
@@ -309,8 +347,10 @@ def check_arguments(doc: ApiDoc, arguments: dict, missing_required: str, unknown
         missing = [name for name in required if name not in arguments]
         if missing:
             names = ", ".join(repr(n) for n in missing)
-            raise ArgumentError(f"Missing required parameter{'s' if len(missing) > 1 else ''} {names} "
-                                f"of {doc.api_title} ({doc.tool_title}).")
+            raise ArgumentError(
+                f"Missing required parameter{'s' if len(missing) > 1 else ''} {names} "
+                f"of {doc.api_title} ({doc.tool_title})."
+            )
     if unknown_arguments == "reject":
         known = set(required) | set(optional)
         unknown = [name for name in arguments if name not in known]
@@ -345,9 +385,14 @@ def to_failure(exc: BaseException) -> Failure:
     """Every failure of a /virtual call -> the HTTP status, the metrics outcome and the body."""
     if isinstance(exc, ValidationError):
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-        body = json.dumps({"error": f"Invalid request body: {problems}", "response": "",
-                           "detail": json.loads(exc.json(include_url=False, include_input=False))},
-                          ensure_ascii=False).encode()
+        body = json.dumps(
+            {
+                "error": f"Invalid request body: {problems}",
+                "response": "",
+                "detail": json.loads(exc.json(include_url=False, include_input=False)),
+            },
+            ensure_ascii=False,
+        ).encode()
         return Failure(422, "invalid_body", body, problems)
     if isinstance(exc, SessionIdError):
         message = f"Invalid request: {exc}"
@@ -369,5 +414,9 @@ def to_failure(exc: BaseException) -> Failure:
     # A bug of ours, not the client's: logged with its traceback, answered as an observation so
     # that the agent's run goes on (StableToolBench's servers answered 500 here).
     logger.error("internal error on /virtual", exc_info=exc)
-    return Failure(200, "internal_error", observation_bytes(f"{ENGINE_FAILURE}: internal server error", ""),
-                   f"{type(exc).__name__}: {exc}")
+    return Failure(
+        200,
+        "internal_error",
+        observation_bytes(f"{ENGINE_FAILURE}: internal server error", ""),
+        f"{type(exc).__name__}: {exc}",
+    )

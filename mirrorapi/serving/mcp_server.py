@@ -57,8 +57,14 @@ def json_rpc_error(status: int, message: str) -> bytes:
 
 async def send_refusal(send, status: int, message: str, headers: list | None = None) -> None:
     body = json_rpc_error(status, message)
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))] + (headers or [])})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+            + (headers or []),
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -78,12 +84,16 @@ class McpSessionBounds:
             self._forget_idle()
         idle = f"a session with no request for {self.idle_seconds:g} s is closed"
         if self._by_client[client] >= self.per_client:
-            return (f"Too many open MCP sessions from {client}: {self._by_client[client]:,} of the "
-                    f"{self.per_client:,} one client may hold (mcp_sessions_per_client). End one (HTTP DELETE with "
-                    f"its Mcp-Session-Id) or reuse one; {idle}.")
+            return (
+                f"Too many open MCP sessions from {client}: {self._by_client[client]:,} of the "
+                f"{self.per_client:,} one client may hold (mcp_sessions_per_client). End one (HTTP DELETE with "
+                f"its Mcp-Session-Id) or reuse one; {idle}."
+            )
         if len(self._sessions) >= self.total:
-            return (f"Too many open MCP sessions: {len(self._sessions):,} of {self.total:,} (mcp_max_sessions). Try "
-                    f"again shortly; {idle}.")
+            return (
+                f"Too many open MCP sessions: {len(self._sessions):,} of {self.total:,} (mcp_max_sessions). Try "
+                f"again shortly; {idle}."
+            )
         return None
 
     def opened(self, session_id: str, client: str) -> None:
@@ -115,9 +125,16 @@ class McpFrontDoor:
     def __init__(self, server: VirtualServer):
         self.virtual_server = server
         self.toolsets = server.toolsets
-        self.server = Server("mirrorapi", version="0.1.0", instructions=(
-            "Simulated web APIs: each tool answers as the real API would, with a JSON object "
-            '{"error": str, "response": ...}.'), on_list_tools=self.list_tools, on_call_tool=self.call_tool)
+        self.server = Server(
+            "mirrorapi",
+            version="0.1.0",
+            instructions=(
+                "Simulated web APIs: each tool answers as the real API would, with a JSON object "
+                '{"error": str, "response": ...}.'
+            ),
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+        )
         settings = server.settings
         host = settings.host
         security = (
@@ -131,10 +148,16 @@ class McpFrontDoor:
         )
         self.max_body = settings.max_body_bytes
         self.sessions = StreamableHTTPSessionManager(
-            app=self.server, json_response=True, security_settings=security, max_request_body_size=self.max_body,
-            session_idle_timeout=settings.mcp_session_idle_timeout, max_sessions=settings.mcp_max_sessions)
-        self.bounds = McpSessionBounds(settings.mcp_max_sessions, settings.mcp_sessions_per_client,
-                                       settings.mcp_session_idle_timeout)
+            app=self.server,
+            json_response=True,
+            security_settings=security,
+            max_request_body_size=self.max_body,
+            session_idle_timeout=settings.mcp_session_idle_timeout,
+            max_sessions=settings.mcp_max_sessions,
+        )
+        self.bounds = McpSessionBounds(
+            settings.mcp_max_sessions, settings.mcp_sessions_per_client, settings.mcp_session_idle_timeout
+        )
         self._sdk = StreamableHTTPASGIApp(self.sessions)
 
     def run(self):
@@ -148,8 +171,12 @@ class McpFrontDoor:
         try:
             body = await read_body(scope, receive, self.max_body)
         except BodyTooLarge as exc:
-            return await send_refusal(send, 413, f"Request body too large: {exc.args[0]:,} bytes or more (this "
-                                                 f"server takes up to {self.max_body:,})", [(b"connection", b"close")])
+            return await send_refusal(
+                send,
+                413,
+                f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to {self.max_body:,})",
+                [(b"connection", b"close")],
+            )
         except ClientGone:
             return
         session_id = next((v.decode("latin-1") for k, v in scope["headers"] if k == _SESSION_HEADER), None)
@@ -183,8 +210,9 @@ class McpFrontDoor:
                     self.bounds.opened(opened, client)
                 elif session_id is not None and (status == 404 or scope["method"] == "DELETE" and status < 400):
                     self.bounds.ended(session_id)
-                if status >= 400 and not any(k.lower() == b"content-type" and v.startswith(b"application/json")
-                                             for k, v in headers):
+                if status >= 400 and not any(
+                    k.lower() == b"content-type" and v.startswith(b"application/json") for k, v in headers
+                ):
                     held = message
                     return
             elif held is not None and message["type"] == "http.response.body":
@@ -214,10 +242,12 @@ class McpFrontDoor:
         cursor = params.cursor if params is not None and params.cursor else "0"
         # ASCII digits only (str.isdigit takes "²", which int() refuses), few enough for int() to read.
         if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= MAX_CURSOR_DIGITS):
-            raise MCPError(code=types.INVALID_PARAMS, message=f"invalid cursor {cursor[:40]!r}: give the nextCursor "
-                                                              "of the previous page")
+            raise MCPError(
+                code=types.INVALID_PARAMS,
+                message=f"invalid cursor {cursor[:40]!r}: give the nextCursor of the previous page",
+            )
         start = int(cursor)
-        page = names[start:start + PAGE_SIZE]
+        page = names[start : start + PAGE_SIZE]
         tools = [types.Tool.model_validate(mcp_tool(name, doc)) for name, doc in page]
         more = start + PAGE_SIZE < len(names)
         return types.ListToolsResult(tools=tools, next_cursor=str(start + PAGE_SIZE) if more else None)
@@ -227,10 +257,19 @@ class McpFrontDoor:
         doc = self.toolset(ctx).functions.get(params.name)
         if doc is None:
             message = f"Unknown tool {params.name!r} in this toolset."
-            return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(
-                {"error": message, "response": ""}))], is_error=True)
-        body = json.dumps({"category": doc.category, "tool_name": doc.tool, "api_name": doc.api,
-                           "tool_input": params.arguments or {}}, ensure_ascii=False).encode()
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=json.dumps({"error": message, "response": ""}))],
+                is_error=True,
+            )
+        body = json.dumps(
+            {
+                "category": doc.category,
+                "tool_name": doc.tool,
+                "api_name": doc.api,
+                "tool_input": params.arguments or {},
+            },
+            ensure_ascii=False,
+        ).encode()
         answer = await self.virtual_server.answer(body, self._session_id(ctx))
         text = answer.body.decode()
         try:

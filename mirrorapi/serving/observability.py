@@ -30,8 +30,27 @@ logger = logging.getLogger(__name__)
 _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps with arguments builds an encoder per call
 _STRING = json.encoder.encode_basestring  # a str as a JSON string, as _ENCODE writes it
 
-STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
-                 30, 60, 120)
+STAGE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+)
 
 
 class ServerMetrics:
@@ -40,31 +59,48 @@ class ServerMetrics:
 
     def __init__(self):
         self.registry = CollectorRegistry()
-        self.requests = Counter("mirrorapi_requests", "/virtual requests by outcome (hit, simulated, replay_miss, "
-                                "validation_error, engine_error, chat_with_user, invalid_body, internal_error), "
-                                "and the refusals of any path answered before a handler (unauthorized, "
-                                "method_not_allowed, body_too_large, request_timeout).",
-                                ["outcome"], registry=self.registry)
-        self.lookups = Counter("mirrorapi_cache_lookups", "Cache lookups by result (hit, miss).", ["result"],
-                               registry=self.registry)
-        self.stages = Histogram("mirrorapi_stage_seconds", "Latency of each stage of a /virtual request (parse, "
-                                "resolve, cache_lookup, engine, total).", ["stage"], buckets=STAGE_BUCKETS,
-                                registry=self.registry)
-        self.engine_calls = Counter("mirrorapi_engine_calls", "Engine calls by result (ok, garbage, empty, "
-                                    "unreachable, timeout, http, not_json, no_choice, busy).", ["result"],
-                                    registry=self.registry)
-        self.coalesced_requests = Counter("mirrorapi_coalesced_requests", "Cache misses answered by an identical "
-                                          "engine call already in flight.", registry=self.registry)
+        self.requests = Counter(
+            "mirrorapi_requests",
+            "/virtual requests by outcome (hit, simulated, replay_miss, "
+            "validation_error, engine_error, chat_with_user, invalid_body, internal_error), "
+            "and the refusals of any path answered before a handler (unauthorized, "
+            "method_not_allowed, body_too_large, request_timeout).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.lookups = Counter(
+            "mirrorapi_cache_lookups", "Cache lookups by result (hit, miss).", ["result"], registry=self.registry
+        )
+        self.stages = Histogram(
+            "mirrorapi_stage_seconds",
+            "Latency of each stage of a /virtual request (parse, resolve, cache_lookup, engine, total).",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.engine_calls = Counter(
+            "mirrorapi_engine_calls",
+            "Engine calls by result (ok, garbage, empty, unreachable, timeout, http, not_json, no_choice, busy).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.coalesced_requests = Counter(
+            "mirrorapi_coalesced_requests",
+            "Cache misses answered by an identical engine call already in flight.",
+            registry=self.registry,
+        )
         # Children bound once: `labels()` per request costs more than the observation itself.
         self._requests, self._lookups, self._stages = {}, {}, {}
 
     def record(self, answer: Answer) -> None:
         counter = self._requests.get(answer.outcome) or self._requests.setdefault(
-            answer.outcome, self.requests.labels(answer.outcome))
+            answer.outcome, self.requests.labels(answer.outcome)
+        )
         counter.inc()
         if answer.cache:
             counter = self._lookups.get(answer.cache) or self._lookups.setdefault(
-                answer.cache, self.lookups.labels(answer.cache))
+                answer.cache, self.lookups.labels(answer.cache)
+            )
             counter.inc()
         for stage, seconds in answer.stages.items():
             histogram = self._stages.get(stage) or self._stages.setdefault(stage, self.stages.labels(stage))
@@ -147,7 +183,7 @@ class RequestLogWriter:
                 try:
                     view = memoryview(data)
                     while view:
-                        view = view[os.write(fd, view):]
+                        view = view[os.write(fd, view) :]
                 except OSError as exc:  # a full disk or a closed stderr must not fail requests
                     logger.warning("request log lines lost: %s", exc)
 

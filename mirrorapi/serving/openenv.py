@@ -104,7 +104,7 @@ class Episodes:
     async def reset(self, data: Any) -> Episode:
         """A new episode from a reset's fields (see the module doc); EpisodeError for fields it cannot take."""
         if not isinstance(data, dict):
-            raise EpisodeError("reset takes an object: {\"toolset\", \"task\", \"episode_id\"}, each optional")
+            raise EpisodeError('reset takes an object: {"toolset", "task", "episode_id"}, each optional')
         task_id, spec, episode_id = data.get("task"), data.get("toolset"), data.get("episode_id")
         for name, value in (("task", task_id), ("toolset", spec), ("episode_id", episode_id)):
             if value is not None and not isinstance(value, (str, int)) or isinstance(value, bool):
@@ -114,8 +114,10 @@ class Episodes:
         if task_id is not None:
             task_id = str(task_id)
             if task_id not in registry.queries:
-                raise EpisodeError(f"reset: unknown task {task_id[:100]!r}: a task is the query_id of a "
-                                   "StableToolBench query file the server loaded with its tools")
+                raise EpisodeError(
+                    f"reset: unknown task {task_id[:100]!r}: a task is the query_id of a "
+                    "StableToolBench query file the server loaded with its tools"
+                )
             task = {"query_id": task_id, "query": registry.query_texts.get(task_id)}
             if spec is None:
                 spec = f"query={task_id}"
@@ -125,15 +127,18 @@ class Episodes:
         except ToolsetError as exc:
             raise EpisodeError(f"reset: toolset {spec[:200]!r}: {exc}") from None
         if len(toolset.functions) > MAX_EPISODE_TOOLS:
-            raise EpisodeError(f"reset: toolset {spec[:200]!r} has {len(toolset.functions):,} tools; an episode takes "
-                               f"at most {MAX_EPISODE_TOOLS:,}: name a category, tools, APIs or a query (`toolset`)")
+            raise EpisodeError(
+                f"reset: toolset {spec[:200]!r} has {len(toolset.functions):,} tools; an episode takes "
+                f"at most {MAX_EPISODE_TOOLS:,}: name a category, tools, APIs or a query (`toolset`)"
+            )
         if episode_id is None:
             episode_id = uuid.uuid4().hex
         else:
             episode_id = str(episode_id)
             if not episode_id or len(episode_id) > MAX_EPISODE_ID_CHARS:
-                raise EpisodeError(f"reset: episode_id must have 1 to {MAX_EPISODE_ID_CHARS} characters, "
-                                   f"got {len(episode_id):,}")
+                raise EpisodeError(
+                    f"reset: episode_id must have 1 to {MAX_EPISODE_ID_CHARS} characters, got {len(episode_id):,}"
+                )
             await self._start_over(episode_id)
         return Episode(episode_id, spec, toolset, task, last_used=time.monotonic())
 
@@ -145,18 +150,25 @@ class Episodes:
 
     def observation_of_reset(self, episode: Episode) -> str:
         """JSON text: the episode, its task and its tools (OpenEnv's ListToolsObservation, with more fields)."""
-        head = _ENCODE({"episode_id": episode.episode_id, "toolset": episode.toolset_spec, "task": episode.task,
-                        "metadata": {"episode_id": episode.episode_id}})
+        head = _ENCODE(
+            {
+                "episode_id": episode.episode_id,
+                "toolset": episode.toolset_spec,
+                "task": episode.task,
+                "metadata": {"episode_id": episode.episode_id},
+            }
+        )
         return '{"observation":' + head[:-1] + ',"tools":' + self.tools_json(episode) + '},"reward":null,"done":false}'
-
 
     async def step(self, episode: Episode, action: Any) -> str:
         """The observation of one action, as the JSON text of OpenEnv's serialised form (observation, reward,
         done). A tool call's /virtual answer goes into it as the bytes the server answered (never decoded and
         written again: a step's CPU is what 16,384 episodes at once are made of)."""
         if not isinstance(action, dict):
-            raise EpisodeError("step takes an action object: {\"type\": \"call_tool\", \"tool_name\", \"arguments\"} "
-                               "or {\"type\": \"list_tools\"}")
+            raise EpisodeError(
+                'step takes an action object: {"type": "call_tool", "tool_name", "arguments"} '
+                'or {"type": "list_tools"}'
+            )
         kind = action.get("type")
         episode.last_used = time.monotonic()
         if kind == "list_tools":
@@ -164,8 +176,10 @@ class Episodes:
                 '{"observation":{"tools":' + self.tools_json(episode) + ',"metadata":{}},"reward":null,"done":false}'
             )
         if kind != "call_tool":
-            raise EpisodeError(f"unknown action type {str(kind)[:60]!r}: this environment takes call_tool and "
-                               "list_tools (OpenEnv's MCP actions)")
+            raise EpisodeError(
+                f"unknown action type {str(kind)[:60]!r}: this environment takes call_tool and "
+                "list_tools (OpenEnv's MCP actions)"
+            )
         name, arguments = action.get("tool_name"), action.get("arguments", {})
         episode.steps += 1
         metadata: dict[str, Any] = {"episode_id": episode.episode_id, "step": episode.steps}
@@ -174,18 +188,31 @@ class Episodes:
             answer = await self.call(episode, doc, arguments)
             episode.calls.append((name, arguments, answer.body, answer.provenance))
             metadata.update(provenance=answer.provenance, cache=answer.cache, outcome=answer.outcome)
-            return (f'{{"observation":{{"tool_name":{_ENCODE(name)},"result":{answer.body.decode()},"error":null,'
-                    f'"metadata":{_ENCODE(metadata)}}},"reward":null,"done":false}}')
+            return (
+                f'{{"observation":{{"tool_name":{_ENCODE(name)},"result":{answer.body.decode()},"error":null,'
+                f'"metadata":{_ENCODE(metadata)}}},"reward":null,"done":false}}'
+            )
         if doc is None:
-            error = {"error_type": "tool_not_found", "message": (
-                f"Unknown tool {str(name)[:100]!r} in this episode's toolset of {len(episode.toolset.functions):,} "
-                "tools (list_tools names them).")}
+            error = {
+                "error_type": "tool_not_found",
+                "message": (
+                    f"Unknown tool {str(name)[:100]!r} in this episode's toolset of "
+                    f"{len(episode.toolset.functions):,} tools (list_tools names them)."
+                ),
+            }
         else:
-            error = {"error_type": "invalid_args", "message": (
-                f"arguments must be an object of the tool's parameters, got {type(arguments).__name__}")}
+            error = {
+                "error_type": "invalid_args",
+                "message": (f"arguments must be an object of the tool's parameters, got {type(arguments).__name__}"),
+            }
         episode.calls.append((name, arguments, None, error["message"]))
-        return _ENCODE({"observation": {"tool_name": name, "result": None, "error": error, "metadata": metadata},
-                        "reward": None, "done": False})
+        return _ENCODE(
+            {
+                "observation": {"tool_name": name, "result": None, "error": error, "metadata": metadata},
+                "reward": None,
+                "done": False,
+            }
+        )
 
     async def call(self, episode: Episode, doc, arguments: dict) -> Answer:
         """The `Answer` of one tool call in the episode's session, as /virtual gives it; counted in /metrics and
@@ -213,8 +240,13 @@ class Episodes:
             answer = json.loads(body)
             error = answer.get("error", "") if isinstance(answer, dict) else ""
             calls.append({"tool_name": tool, "arguments": arguments, "error": error, "provenance": detail})
-        return {"episode_id": episode.episode_id, "step_count": episode.steps, "toolset": episode.toolset_spec,
-                "task": episode.task, "calls": calls}
+        return {
+            "episode_id": episode.episode_id,
+            "step_count": episode.steps,
+            "toolset": episode.toolset_spec,
+            "task": episode.task,
+            "calls": calls,
+        }
 
     def room(self) -> str | None:
         """Why no episode can be opened now, or None."""
@@ -223,9 +255,11 @@ class Episodes:
         self._forget_idle()
         if self.connected + len(self.over_http) < self.max_episodes:
             return None
-        return (f"Too many open episodes: {self.connected + len(self.over_http):,} of {self.max_episodes:,} "
-                f"(max_episodes; {self.connected:,} on WebSockets, {len(self.over_http):,} over HTTP, which end after "
-                f"{self.idle_seconds:g} s without a request). Close one, or try again later.")
+        return (
+            f"Too many open episodes: {self.connected + len(self.over_http):,} of {self.max_episodes:,} "
+            f"(max_episodes; {self.connected:,} on WebSockets, {len(self.over_http):,} over HTTP, which end after "
+            f"{self.idle_seconds:g} s without a request). Close one, or try again later."
+        )
 
     def _forget_idle(self) -> None:
         stale = time.monotonic() - self.idle_seconds
@@ -285,8 +319,9 @@ class Episodes:
             if kind == "close":
                 return None, episode
             if kind not in ("step", "state", "mcp"):
-                return _ws_error(f"Unknown message type: {str(kind)[:60]} (reset, step, state, close, mcp)",
-                                 "UNKNOWN_TYPE"), episode
+                return _ws_error(
+                    f"Unknown message type: {str(kind)[:60]} (reset, step, state, close, mcp)", "UNKNOWN_TYPE"
+                ), episode
             current = episode or await self.reset({})
             if kind == "step":
                 return '{"type":"observation","data":' + await self.step(current, message.get("data")) + "}", current
@@ -310,19 +345,30 @@ class Episodes:
         if not isinstance(params, dict):
             return _rpc_error(request_id, JSON_RPC_INVALID_PARAMS, "params must be an object")
         if method == "tools/list":
-            tools = [{"name": t["name"], "description": t["description"], "inputSchema": t["input_schema"]}
-                     for t in json.loads(self.tools_json(episode))]
+            tools = [
+                {"name": t["name"], "description": t["description"], "inputSchema": t["input_schema"]}
+                for t in json.loads(self.tools_json(episode))
+            ]
             return _ENCODE({"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}})
         if method != "tools/call":
             return _rpc_error(request_id, JSON_RPC_METHOD_NOT_FOUND, f"Method not found: {method[:60]}")
-        observation = json.loads(await self.step(episode, {"type": "call_tool", "tool_name": params.get("name"),
-                                                           "arguments": params.get("arguments") or {}}))["observation"]
+        observation = json.loads(
+            await self.step(
+                episode,
+                {"type": "call_tool", "tool_name": params.get("name"), "arguments": params.get("arguments") or {}},
+            )
+        )["observation"]
         if observation["error"] is not None:
             return _rpc_error(request_id, JSON_RPC_INVALID_PARAMS, observation["error"]["message"])
         result = observation["result"]
         failed = not isinstance(result, dict) or bool(result.get("error"))
-        return _ENCODE({"jsonrpc": "2.0", "id": request_id, "result": {
-            "content": [{"type": "text", "text": _ENCODE(result)}], "isError": failed}})
+        return _ENCODE(
+            {
+                "jsonrpc": "2.0",
+                "id": request_id,
+                "result": {"content": [{"type": "text", "text": _ENCODE(result)}], "isError": failed},
+            }
+        )
 
     # ---------------------------------------------------------------------------------------- HTTP
     async def http(self, scope, receive, send) -> None:
@@ -330,8 +376,9 @@ class Episodes:
         path, method = scope["path"], scope["method"]
         if (path == "/state") != (method == "GET") or method not in ("GET", "POST"):
             allowed = b"GET" if path == "/state" else b"POST"
-            return await send_json(send, 405, _detail(f"Method Not Allowed: {path} takes {allowed.decode()}"),
-                                   [(b"allow", allowed)])
+            return await send_json(
+                send, 405, _detail(f"Method Not Allowed: {path} takes {allowed.decode()}"), [(b"allow", allowed)]
+            )
         try:
             if path == "/state":
                 query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
@@ -355,8 +402,14 @@ class Episodes:
             episode = self._known(data.get("episode_id"))
             return await send_json(send, 200, (await self.step(episode, data.get("action"))).encode())
         except BodyTooLarge as exc:
-            return await send_json(send, 413, _detail(f"Request body too large: {exc.args[0]:,} bytes or more (this "
-                                                      f"server takes up to {self.max_body:,})"))
+            return await send_json(
+                send,
+                413,
+                _detail(
+                    f"Request body too large: {exc.args[0]:,} bytes or more (this "
+                    f"server takes up to {self.max_body:,})"
+                ),
+            )
         except ClientGone:
             return
         except LookupError as exc:
@@ -369,15 +422,19 @@ class Episodes:
             raise EpisodeError("name the episode: `episode_id` as its reset answered it")
         episode = self.over_http.get(episode_id)
         if episode is None:
-            raise LookupError(f"unknown episode {episode_id[:100]!r}: not opened by POST /reset on this server "
-                              f"process, or idle for more than {self.idle_seconds:g} s")
+            raise LookupError(
+                f"unknown episode {episode_id[:100]!r}: not opened by POST /reset on this server "
+                f"process, or idle for more than {self.idle_seconds:g} s"
+            )
         return episode
 
 
 def tool_list(toolset: Toolset) -> list[dict]:
     """The toolset's tools as OpenEnv's `Tool` (name, description, input_schema)."""
-    return [{"name": name, "description": description(doc), "input_schema": input_schema(doc)}
-            for name, doc in toolset.functions.items()]
+    return [
+        {"name": name, "description": description(doc), "input_schema": input_schema(doc)}
+        for name, doc in toolset.functions.items()
+    ]
 
 
 def _ws_error(message: str, code: str) -> str:

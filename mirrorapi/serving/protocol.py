@@ -36,8 +36,14 @@ CHAT_WITH_USER_REPLY = "Chat with user."
 TOOL_INPUT_PARSE_ERROR = "Tool input parse error...\n"
 ENGINE_FAILURE = "Failed to generate fake response"
 # Error strings StableToolBench's agent client maps to status codes 6-11 (notes §1).
-SPECIAL_ERRORS = ("API not working error...", "Unauthorized error...", "Unsubscribed error...",
-                  "Too many requests error...", "Rate limit per minute error...", "Message error...")
+SPECIAL_ERRORS = (
+    "API not working error...",
+    "Unauthorized error...",
+    "Unsubscribed error...",
+    "Too many requests error...",
+    "Rate limit per minute error...",
+    "Message error...",
+)
 
 
 class VirtualRequest(BaseModel):
@@ -65,5 +71,3 @@ class ArgumentError(ValueError):
 
 class ReplayMiss(LookupError):
     """Replay mode and no cached response for the call."""
-
-

@@ -54,8 +54,15 @@ class Reply:
 
 
 class Responder:
-    def __init__(self, settings: ServerSettings, cache: Store, simulator: Simulator, metrics: ServerMetrics,
-                 check_miss: Callable[[ApiDoc, dict | None, str], None], lease_holder: str | None = None):
+    def __init__(
+        self,
+        settings: ServerSettings,
+        cache: Store,
+        simulator: Simulator,
+        metrics: ServerMetrics,
+        check_miss: Callable[[ApiDoc, dict | None, str], None],
+        lease_holder: str | None = None,
+    ):
         """`metrics`: counts engine calls and coalesced misses; `lease_holder`: this process's name in the store's
         leases when the store is shared, else None."""
         self.settings, self.cache, self.simulator, self.metrics = settings, cache, simulator, metrics
@@ -63,8 +70,9 @@ class Responder:
         self.identities = {False: simulator_identity(settings), True: simulator_identity(settings, in_session=True)}
         self._in_flight: dict[tuple[Call, str], asyncio.Task] = {}
 
-    async def respond(self, doc: ApiDoc, arguments: dict | None, key: str, history: History | None,
-                      stages: dict[str, float]) -> Reply:
+    async def respond(
+        self, doc: ApiDoc, arguments: dict | None, key: str, history: History | None, stages: dict[str, float]
+    ) -> Reply:
         """The answer to a call (`key`: the canonical JSON of `arguments`; `arguments` None for arguments too large
         to simulate, which only a recorded answer serves); records the time of the cache lookup and the engine in
         `stages`. Raises what `check_miss` raises, ReplayMiss and EngineError."""
@@ -94,8 +102,9 @@ class Responder:
             await asyncio.wait(tasks, timeout=timeout)
 
     # ------------------------------------------------------------------------------ simulation
-    async def _simulation(self, doc: ApiDoc, arguments: dict, call: Call, identity: str,
-                          history: History | None) -> Reply:
+    async def _simulation(
+        self, doc: ApiDoc, arguments: dict, call: Call, identity: str, history: History | None
+    ) -> Reply:
         flight = (call, identity)
         task = self._in_flight.get(flight)
         joined = task is not None
@@ -106,16 +115,23 @@ class Responder:
         else:
             self.metrics.coalesced()
         reply = await asyncio.shield(task)
-        return Reply(reply.observation, reply.provenance, hit=False, coalesced=reply.coalesced or joined,
-                     parsed=reply.parsed, rationale=reply.rationale)
+        return Reply(
+            reply.observation,
+            reply.provenance,
+            hit=False,
+            coalesced=reply.coalesced or joined,
+            parsed=reply.parsed,
+            rationale=reply.rationale,
+        )
 
     def _landed(self, flight: tuple, task: asyncio.Task) -> None:
         self._in_flight.pop(flight, None)
         if not task.cancelled():
             task.exception()  # retrieved here, so a failure nobody awaits any more is not reported as lost
 
-    async def _simulate_and_store(self, doc: ApiDoc, arguments: dict, call: Call, identity: str,
-                                  history: History | None) -> Reply:
+    async def _simulate_and_store(
+        self, doc: ApiDoc, arguments: dict, call: Call, identity: str, history: History | None
+    ) -> Reply:
         provenance = SIMULATED + identity
         if self.lease_holder is not None:
             found = await self._lease_or_answer(call, identity, self.lease_holder)
@@ -137,14 +153,27 @@ class Responder:
         self.metrics.engine_call("ok")
         text = observation_json(observation["error"], observation["response"])
         if self.settings.is_save:
-            entry = Entry(call.category, call.tool, call.api, call.arguments, call.history, identity,
-                          history.steps if history is not None else 0, _COMPACT(arguments), observation["error"],
-                          text, provenance, time.time(), rationale=rationale)
+            entry = Entry(
+                call.category,
+                call.tool,
+                call.api,
+                call.arguments,
+                call.history,
+                identity,
+                history.steps if history is not None else 0,
+                _COMPACT(arguments),
+                observation["error"],
+                text,
+                provenance,
+                time.time(),
+                rationale=rationale,
+            )
             try:
                 await self.cache.store(entry, self.lease_holder)
             except CacheError as exc:  # the answer is still good: give it, unstored
-                logger.warning("could not store a simulated answer of %s/%s/%s: %s", call.category, call.tool,
-                               call.api, exc)
+                logger.warning(
+                    "could not store a simulated answer of %s/%s/%s: %s", call.category, call.tool, call.api, exc
+                )
         else:
             await self._release(call, identity)
         return Reply(text.encode(), provenance, hit=False, parsed=how, rationale=rationale)

@@ -44,8 +44,11 @@ async def health(request: Request, server: ServerDep) -> JSONResponse:
     try:
         entries, open_sessions, session_entries = await cache.health_counts(settings.session_ttl)
     except CacheError as exc:  # the shared store is away: hits fail too; say so rather than answer 500
-        content: dict[str, Any] = {"status": "unavailable", "mode": settings.mode,
-                                   "misses": "not answered: the cache cannot be read"}
+        content: dict[str, Any] = {
+            "status": "unavailable",
+            "mode": settings.mode,
+            "misses": "not answered: the cache cannot be read",
+        }
         if told_all:
             content.update(detail=str(exc), model=settings.model, cache={"location": cache.location})
         return JSONResponse(status_code=503, content=content)
@@ -56,22 +59,47 @@ async def health(request: Request, server: ServerDep) -> JSONResponse:
     elif serving:
         status, misses = "degraded", f"simulated by {serving} of {len(engines)} engine replicas"
     else:
-        status, misses = "unavailable", ("not simulated: no engine replica serves the model; cache hits are still "
-                                         "served, misses get an error observation")
+        status, misses = (
+            "unavailable",
+            (
+                "not simulated: no engine replica serves the model; cache hits are still "
+                "served, misses get an error observation"
+            ),
+        )
     code = 503 if status == "unavailable" else 200
     if not told_all:
-        return JSONResponse(status_code=code, content={
-            "status": status, "misses": misses, "mode": settings.mode,
-            "detail": "send the server's API key for the engines, the cache and the sessions"})
-    return JSONResponse(status_code=code, content={
-        "status": status, "misses": misses, "mode": settings.mode, "model": settings.model,
-        "prompt_format": settings.prompt_format,
-        "engine": [{"base_url": e.base_url, "reachable": e.reachable, "serves_model": e.ok, "detail": e.detail,
-                    "cooling_down_s": e.cooling_down} for e in engines],
-        "cache": {"location": cache.location, "entries": entries},
-        "tools": server.tool_counts,
-        "sessions": {"open": open_sessions, "history": settings.session_history, "cache_entries": session_entries},
-    })
+        return JSONResponse(
+            status_code=code,
+            content={
+                "status": status,
+                "misses": misses,
+                "mode": settings.mode,
+                "detail": "send the server's API key for the engines, the cache and the sessions",
+            },
+        )
+    return JSONResponse(
+        status_code=code,
+        content={
+            "status": status,
+            "misses": misses,
+            "mode": settings.mode,
+            "model": settings.model,
+            "prompt_format": settings.prompt_format,
+            "engine": [
+                {
+                    "base_url": e.base_url,
+                    "reachable": e.reachable,
+                    "serves_model": e.ok,
+                    "detail": e.detail,
+                    "cooling_down_s": e.cooling_down,
+                }
+                for e in engines
+            ],
+            "cache": {"location": cache.location, "entries": entries},
+            "tools": server.tool_counts,
+            "sessions": {"open": open_sessions, "history": settings.session_history, "cache_entries": session_entries},
+        },
+    )
 
 
 @router.get("/metrics")

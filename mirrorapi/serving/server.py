@@ -46,15 +46,27 @@ class VirtualServer:
         self.metrics = ServerMetrics()
         self.request_log = RequestLogWriter(settings)
         self.toolsets = ToolsetCache(registry)  # the toolsets of /mcp URLs and OpenEnv resets already seen
-        self.engine = EngineClient(settings.api_base, settings.model, settings.api_key,
-                                   timeout=settings.engine_timeout, attempt_timeout=settings.attempt_timeout(),
-                                   retries=settings.engine_retries, cooldown=settings.engine_cooldown,
-                                   max_in_flight=settings.engine_max_in_flight,
-                                   max_waiting=settings.engine_max_waiting)
+        self.engine = EngineClient(
+            settings.api_base,
+            settings.model,
+            settings.api_key,
+            timeout=settings.engine_timeout,
+            attempt_timeout=settings.attempt_timeout(),
+            retries=settings.engine_retries,
+            cooldown=settings.engine_cooldown,
+            max_in_flight=settings.engine_max_in_flight,
+            max_waiting=settings.engine_max_waiting,
+        )
         # Servers that share the store simulate a call once between them (a lease per call in the store).
         shared = settings.workers > 1 or is_url(settings.cache_url or "")
-        self.virtual = VirtualApi(settings, registry, cache, Simulator(self.engine, cache, settings), self.metrics,
-                                  lease_holder() if shared else None)
+        self.virtual = VirtualApi(
+            settings,
+            registry,
+            cache,
+            Simulator(self.engine, cache, settings),
+            self.metrics,
+            lease_holder() if shared else None,
+        )
 
     @classmethod
     def build(cls, settings: ServerSettings) -> VirtualServer:
@@ -64,9 +76,16 @@ class VirtualServer:
             logger.warning("%s", warning)
         registry = ToolRegistry.load(settings.tools_folder)
         stats = registry.stats()
-        logger.info("tools: %d categories, %d tools, %d APIs loaded in %.2f s (%d unreadable files skipped; "
-                    "compiled index: %s)", stats["categories"], stats["tools"], stats["apis"], stats["load_seconds"],
-                    stats["unreadable"], ", ".join(stats["indexes"]) or "none")
+        logger.info(
+            "tools: %d categories, %d tools, %d APIs loaded in %.2f s (%d unreadable files skipped; "
+            "compiled index: %s)",
+            stats["categories"],
+            stats["tools"],
+            stats["apis"],
+            stats["load_seconds"],
+            stats["unreadable"],
+            ", ".join(stats["indexes"]) or "none",
+        )
         cache = open_server_cache(settings)
         try:
             if settings.cache_folder is not None:
@@ -109,8 +128,10 @@ class VirtualServer:
         settings = self.settings
         if settings.mode == "simulate":
             logger.info("%s", settings.attempt_timeout_reason())
-        logger.info("simulator identity (simulated answers are looked up and stored under it): %s",
-                    self.virtual.responder.identities[False])
+        logger.info(
+            "simulator identity (simulated answers are looked up and stored under it): %s",
+            self.virtual.responder.identities[False],
+        )
         if settings.max_body_bytes >= LARGE_BODY_BYTES:
             LargeBodies.start()  # its worker process starts in the background, shared by this process's apps
         background = [asyncio.create_task(self._maintain_cache())]
@@ -147,11 +168,18 @@ class VirtualServer:
             if replica.ok:
                 logger.info("engine %s serves model %r (%s)", replica.base_url, self.engine.model, replica.detail)
             elif replica.reachable:
-                logger.warning("engine %s %s: fix `model` (or `api_base`); misses get an error observation until "
-                               "it does", replica.base_url, replica.detail)
+                logger.warning(
+                    "engine %s %s: fix `model` (or `api_base`); misses get an error observation until it does",
+                    replica.base_url,
+                    replica.detail,
+                )
             else:
-                logger.warning("engine %s is not reachable yet (%s): cache hits are served, misses get an error "
-                               "observation until it answers", replica.base_url, replica.detail)
+                logger.warning(
+                    "engine %s is not reachable yet (%s): cache hits are served, misses get an error "
+                    "observation until it answers",
+                    replica.base_url,
+                    replica.detail,
+                )
 
 
 def open_server_cache(settings: ServerSettings) -> Store:

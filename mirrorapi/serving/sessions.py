@@ -67,9 +67,11 @@ def advance(keep: int, char_budget: int, line: str):
     `keep`, within `char_budget` (`select_history` stops at the first call that does not fit, so an older one
     is never shown again); the digest covers every call. A session row so stays within about the budget however
     large its calls (8 calls of 16 KB each were 128 KB per session)."""
+
     def apply(state: State | None) -> State:
         session = Session(keep, state)
         session.record_line(line)
         digest, steps, _ = session.state()
         return digest, steps, select_history(list(session.lines), keep, char_budget)[::-1]
+
     return apply

@@ -42,8 +42,11 @@ def response_format(doc: ApiDoc, prompt_format: str) -> dict:
     """OpenAI's `response_format` for one call: the observation schema, in `mirrorapi-v2` the doc's response
     shape for a success (`mirrorapi.prompts.simulator_formats.observation_schema`)."""
     schema = observation_schema(doc, prompt_format)
-    return RESPONSE_FORMAT if schema is OBSERVATION_SCHEMA else \
-        {"type": "json_schema", "json_schema": {"name": "observation", "schema": schema}}
+    return (
+        RESPONSE_FORMAT
+        if schema is OBSERVATION_SCHEMA
+        else {"type": "json_schema", "json_schema": {"name": "observation", "schema": schema}}
+    )
 
 
 def simulator_identity(settings: ServerSettings, in_session: bool = False) -> str:
@@ -62,8 +65,12 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
     if settings.simulator_identity:
         return settings.simulator_identity + (f"+{session_format(settings.prompt_format)}" if in_session else "")
     prompt_format = session_format(settings.prompt_format) if in_session else settings.prompt_format
-    parts = [f"{settings.model}@{prompt_format}", f"temperature={settings.temperature:g}",
-             f"structured_output={'on' if settings.structured_output else 'off'}", f"few_shot={settings.few_shot}"]
+    parts = [
+        f"{settings.model}@{prompt_format}",
+        f"temperature={settings.temperature:g}",
+        f"structured_output={'on' if settings.structured_output else 'off'}",
+        f"few_shot={settings.few_shot}",
+    ]
     if settings.few_shot:
         parts.append(f"few_shot_chars={settings.few_shot_char_budget}")
         if settings.few_shot_response_chars:
@@ -86,8 +93,13 @@ class Simulator:
         self.engine, self.cache, self.settings = engine, cache, settings
         self.system_prompt = settings.system_prompt()
 
-    def messages(self, doc: ApiDoc, arguments: dict, history: History | None = None,
-                 candidates: list[tuple[str, str]] | None = None) -> list[dict]:
+    def messages(
+        self,
+        doc: ApiDoc,
+        arguments: dict,
+        history: History | None = None,
+        candidates: list[tuple[str, str]] | None = None,
+    ) -> list[dict]:
         """The chat messages for a call; `candidates`: the API's recorded (arguments, observation) pairs
         to choose few-shot examples from (read from the cache when not given)."""
         examples = []
@@ -102,22 +114,32 @@ class Simulator:
                 self.settings.few_shot_response_chars,
             )
         if history is not None:  # our session format; a system prompt file is for the stateless format
-            return simulator_messages(doc, arguments, examples, fmt=session_format(self.settings.prompt_format),
-                                      history=history.lines)
-        return simulator_messages(doc, arguments, examples, fmt=self.settings.prompt_format,
-                                  system_prompt=self.system_prompt)
+            return simulator_messages(
+                doc, arguments, examples, fmt=session_format(self.settings.prompt_format), history=history.lines
+            )
+        return simulator_messages(
+            doc, arguments, examples, fmt=self.settings.prompt_format, system_prompt=self.system_prompt
+        )
 
-    async def simulate(self, doc: ApiDoc, arguments: dict, history: History | None = None,
-                       candidates: list[tuple[str, str]] | None = None) -> tuple[dict, str, str]:
+    async def simulate(
+        self,
+        doc: ApiDoc,
+        arguments: dict,
+        history: History | None = None,
+        candidates: list[tuple[str, str]] | None = None,
+    ) -> tuple[dict, str, str]:
         """(the observation {"error", "response"}, how the model's text was read: json, fenced, literal,
         regex, repaired, the rationale of a CoT-mode answer or "") for `arguments` as received, after
         `history` inside a session; raises EngineError (kinds of the engine client, plus `empty` and
         `garbage`)."""
         settings = self.settings
         text = await self.engine.chat(
-            self.messages(doc, arguments, history, candidates), temperature=settings.temperature,
-            max_tokens=settings.max_tokens, seed=settings.seed,
-            response_format=response_format(doc, settings.prompt_format) if settings.structured_output else None)
+            self.messages(doc, arguments, history, candidates),
+            temperature=settings.temperature,
+            max_tokens=settings.max_tokens,
+            seed=settings.seed,
+            response_format=response_format(doc, settings.prompt_format) if settings.structured_output else None,
+        )
         if not text:
             raise EngineError("empty", "the engine's message holds no text")
         observation, how = parse_simulator_output(text)
@@ -138,5 +160,5 @@ def unusable_output(text: str) -> str:
         return f"the simulator's output was not JSON ({len(text):,} characters)"
     if isinstance(value, dict):
         keys = ", ".join(repr(k)[:40] for k in list(value)[:5]) or "none"
-        return f"the simulator's output was a JSON object without \"error\" or \"response\" (keys: {keys})"
-    return f"the simulator's output was a JSON {type(value).__name__}, not an {{\"error\", \"response\"}} object"
+        return f'the simulator\'s output was a JSON object without "error" or "response" (keys: {keys})'
+    return f'the simulator\'s output was a JSON {type(value).__name__}, not an {{"error", "response"}} object'

@@ -62,8 +62,10 @@ from mirrorapi.serving.config import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                            b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+REQUEST_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
 LINGER_SECONDS = 2.0
 # The uvicorn releases this module was tested with (tests/serving/test_transport.py): from the first, up to the
 # second (excluded); pyproject.toml's range.
@@ -140,10 +142,16 @@ class ReceiveDeadline(asyncio.Protocol):
     """uvicorn's own HTTP protocol, plus a deadline for receiving each whole request (see the module doc). uvicorn
     builds one per connection, with the keyword arguments it gives its own protocols."""
 
-    def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None):
-        self._inner: asyncio.Protocol = uvicorn_protocol()(config=config, server_state=server_state,
-                                                           app_state=app_state, _loop=_loop)
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ):
+        self._inner: asyncio.Protocol = uvicorn_protocol()(
+            config=config, server_state=server_state, app_state=app_state, _loop=_loop
+        )
         self._connections = _connections_of(config.loaded_app)  # after uvicorn's protocol loaded the config
         self._loop = _loop or asyncio.get_event_loop()
         self._transport: asyncio.Transport | None = None
@@ -216,8 +224,9 @@ class ReceiveDeadline(asyncio.Protocol):
             self._timer = self._loop.call_at(due, self._check)
             return
         logger.info("client %s took more than %g s to send a request: disconnected", self._peer, timeout)
-        body = json.dumps({"error": f"Request Timeout: the request was not received within {timeout:g} s",
-                           "response": ""}).encode()
+        body = json.dumps(
+            {"error": f"Request Timeout: the request was not received within {timeout:g} s", "response": ""}
+        ).encode()
         if self._writes is not None:  # an answer of the same turn goes first
             self._writes.flush()
         self._transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
@@ -276,6 +285,7 @@ class RequestDeadlineMiddleware:
             if message["type"] == "http.response.start":
                 deadline.received()
             await send(message)
+
         await self.app(scope, receive_until_whole, send_stopping)
 
 
@@ -285,8 +295,10 @@ def uvicorn_protocol() -> Callable[..., asyncio.Protocol]:
     try:
         return uvicorn.importer.import_from_string(uvicorn.config.HTTP_PROTOCOLS["auto"])
     except (AttributeError, KeyError, ImportError, uvicorn.importer.ImportFromStringError) as exc:
-        raise RuntimeError(f"uvicorn {uvicorn.__version__}: its HTTP protocol table moved ({exc!r}); the server's "
-                           f"transport (mirrorapi/serving/transport.py) was tested with {_TESTED}") from None
+        raise RuntimeError(
+            f"uvicorn {uvicorn.__version__}: its HTTP protocol table moved ({exc!r}); the server's "
+            f"transport (mirrorapi/serving/transport.py) was tested with {_TESTED}"
+        ) from None
 
 
 _TESTED = f"uvicorn>={TESTED_UVICORN[0]},<{TESTED_UVICORN[1]}"
@@ -301,8 +313,10 @@ def check_uvicorn() -> str | None:
     version = metadata.version("uvicorn")
     if _release(TESTED_UVICORN[0]) <= _release(version) < _release(TESTED_UVICORN[1]):
         return None
-    return (f"uvicorn {version} is outside the releases the server's transport was tested with ({_TESTED}); "
-            "if requests fail, install one of those")
+    return (
+        f"uvicorn {version} is outside the releases the server's transport was tested with ({_TESTED}); "
+        "if requests fail, install one of those"
+    )
 
 
 def uvicorn_options(settings: ServerSettings) -> dict:
@@ -313,7 +327,19 @@ def uvicorn_options(settings: ServerSettings) -> dict:
     # No proxy-header rewriting: the server binds 127.0.0.1 by default and reports no client addresses.
     # WebSockets (OpenEnv's /ws): websockets' sans-I/O protocol (timers, no task per connection beyond the app's);
     # no per-message compression (a zlib context per connection: gigabytes at 16,384 episodes).
-    return dict(host=settings.host, port=settings.port, http=ReceiveDeadline, ws="websockets-sansio",
-                ws_per_message_deflate=False, ws_max_size=settings.max_body_bytes, ws_ping_interval=30.0,
-                ws_ping_timeout=30.0, log_config=None, access_log=False, proxy_headers=False,
-                log_level=settings.log_level, timeout_graceful_shutdown=5, timeout_keep_alive=5)
+    return dict(
+        host=settings.host,
+        port=settings.port,
+        http=ReceiveDeadline,
+        ws="websockets-sansio",
+        ws_per_message_deflate=False,
+        ws_max_size=settings.max_body_bytes,
+        ws_ping_interval=30.0,
+        ws_ping_timeout=30.0,
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=5,
+    )

@@ -38,10 +38,22 @@ def merge_lora(args: argparse.Namespace) -> int:
     return 0
 
 
-SFT = Command("sft", "Fine-tune the simulator or the judge with TRL's SFTTrainer (`--config RECIPE.yaml`; "
-              "`--help` lists the recipe keys).", lambda parser: None, sft, (RecipeError,), passthrough=True)
-MERGE_LORA = Command("merge-lora", "Merge a LoRA adapter written by `train sft` into its base model.",
-                     merge_lora_arguments, merge_lora, (RecipeError,))
+SFT = Command(
+    "sft",
+    "Fine-tune the simulator or the judge with TRL's SFTTrainer (`--config RECIPE.yaml`; "
+    "`--help` lists the recipe keys).",
+    lambda parser: None,
+    sft,
+    (RecipeError,),
+    passthrough=True,
+)
+MERGE_LORA = Command(
+    "merge-lora",
+    "Merge a LoRA adapter written by `train sft` into its base model.",
+    merge_lora_arguments,
+    merge_lora,
+    (RecipeError,),
+)
 
 
 def register(sub) -> None:

@@ -15,8 +15,9 @@ from mirrorapi.training.recipe import RecipeError, check_model_source
 logger = logging.getLogger(__name__)
 
 
-def merge_lora(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, base_model: str | None = None,
-               **load_kwargs) -> Path:
+def merge_lora(
+    adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, base_model: str | None = None, **load_kwargs
+) -> Path:
     """Merge `adapter_dir` into its base model (the one recorded in the adapter unless `base_model` is given);
     `load_kwargs` go to `from_pretrained` (revision, trust_remote_code)."""
     from peft import PeftConfig

@@ -46,33 +46,56 @@ class RecipeError(Exception):
 class RecipeArguments:
     """mirrorapi's own recipe keys; the rest are TRL's `SFTConfig` and `ModelConfig` keys."""
 
-    dataset_path: str | None = field(default=None, metadata={
-        "help": "Folder written by data/build_simulator_sft.py or data/build_judge_sft.py."})
+    dataset_path: str | None = field(
+        default=None, metadata={"help": "Folder written by data/build_simulator_sft.py or data/build_judge_sft.py."}
+    )
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
-    eval_splits: list[str] = field(default_factory=lambda: ["test_id", "test_ood"], metadata={
-        "help": "Splits to report eval loss on (simulator: test_id test_ood; judge: test)."})
-    max_train_samples: int | None = field(default=None, metadata={
-        "help": "Train on the first N records (of those that fit in max_length)."})
-    max_eval_samples: int | None = field(default=None, metadata={
-        "help": "Evaluate on the first N records of each eval split (of those that fit)."})
-    drop_overlong: bool = field(default=True, metadata={
-        "help": "Drop records longer than max_length instead of truncating them: a cut completion teaches the "
-                "simulator never to close its JSON."})
-    train_top_layers: int | None = field(default=None, metadata={
-        "help": "Full fine-tuning of the top N decoder layers and the final norm only; the embeddings (tied to the "
-                "output layer in small models) and the layers below stay frozen, so the backward pass stops at layer "
-                "N from the top: about 2x fewer FLOPs per token on a CPU. Not with LoRA."})
-    logits_only_where_loss: bool = field(default=False, metadata={
-        "help": "Project the hidden states through the LM head only at the positions whose next token carries a "
-                "loss (the completion), on any device; TRL does so on GPUs only, and on a CPU computes the "
-                "vocabulary logits of every prompt token too. Same loss; about 2x faster on a CPU for the simulator "
-                "(mirrorapi/training/lm_head.py)."})
-    max_train_seconds: float | None = field(default=None, metadata={
-        "help": "Stop training at the first step that ends past this many seconds, then save and evaluate as usual "
-                "(a run that must fit a lent machine's time; mirrorapi/training/time_limit.py)."})
+    eval_splits: list[str] = field(
+        default_factory=lambda: ["test_id", "test_ood"],
+        metadata={"help": "Splits to report eval loss on (simulator: test_id test_ood; judge: test)."},
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Train on the first N records (of those that fit in max_length)."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Evaluate on the first N records of each eval split (of those that fit)."}
+    )
+    drop_overlong: bool = field(
+        default=True,
+        metadata={
+            "help": "Drop records longer than max_length instead of truncating them: a cut completion teaches the "
+            "simulator never to close its JSON."
+        },
+    )
+    train_top_layers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Full fine-tuning of the top N decoder layers and the final norm only; the embeddings (tied to "
+            "the output layer in small models) and the layers below stay frozen, so the backward pass stops at layer "
+            "N from the top: about 2x fewer FLOPs per token on a CPU. Not with LoRA."
+        },
+    )
+    logits_only_where_loss: bool = field(
+        default=False,
+        metadata={
+            "help": "Project the hidden states through the LM head only at the positions whose next token carries a "
+            "loss (the completion), on any device; TRL does so on GPUs only, and on a CPU computes the "
+            "vocabulary logits of every prompt token too. Same loss; about 2x faster on a CPU for the simulator "
+            "(mirrorapi/training/lm_head.py)."
+        },
+    )
+    max_train_seconds: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training at the first step that ends past this many seconds, then save and evaluate as "
+            "usual (a run that must fit a lent machine's time; mirrorapi/training/time_limit.py)."
+        },
+    )
     resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
-    merge: bool = field(default=False, metadata={
-        "help": "LoRA only: also write the base model with the adapter merged in, to output_dir/merged."})
+    merge: bool = field(
+        default=False,
+        metadata={"help": "LoRA only: also write the base model with the adapter merged in, to output_dir/merged."},
+    )
 
 
 def freeze_below_top_layers(model, top: int) -> tuple[int, int]:
@@ -84,7 +107,7 @@ def freeze_below_top_layers(model, top: int) -> tuple[int, int]:
     if top > len(layers):
         raise RecipeError(f"train_top_layers {top}: the model has only {len(layers)} decoder layers")
     model.requires_grad_(False)
-    for layer in list(layers)[len(layers) - top:]:
+    for layer in list(layers)[len(layers) - top :]:
         layer.requires_grad_(True)
     norm = getattr(model.model, "norm", None)
     if norm is not None:
@@ -140,8 +163,9 @@ def check_recipe_file(config_file: str | None, dataclass_types) -> None:
     known = {f.name for cls in dataclass_types for f in dataclasses.fields(cls)} | {"env"}
     unknown = sorted(set(config) - known)
     if unknown:
-        raise RecipeError(f"unknown key(s) in {config_file}: {', '.join(unknown)} (`training/sft.py --help` "
-                          "lists the keys)")
+        raise RecipeError(
+            f"unknown key(s) in {config_file}: {', '.join(unknown)} (`training/sft.py --help` lists the keys)"
+        )
 
 
 def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
@@ -154,15 +178,20 @@ def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
         if recipe.train_top_layers < 1:
             raise RecipeError(f"train_top_layers must be at least 1 (got {recipe.train_top_layers})")
         if model_args.use_peft:
-            raise RecipeError("train_top_layers is full fine-tuning of the top layers; with use_peft, choose the "
-                              "layers with lora_target_modules instead")
+            raise RecipeError(
+                "train_top_layers is full fine-tuning of the top layers; with use_peft, choose the "
+                "layers with lora_target_modules instead"
+            )
     if recipe.logits_only_where_loss:
         if not compact_lm_head_supported():
-            raise RecipeError("logits_only_where_loss steers TRL's fused LM head (trl>=1.0, add_fused_lm_head), "
-                              "which the installed TRL lacks; set it to false")
+            raise RecipeError(
+                "logits_only_where_loss steers TRL's fused LM head (trl>=1.0, add_fused_lm_head), "
+                "which the installed TRL lacks; set it to false"
+            )
         if training_args.use_liger_kernel:
-            raise RecipeError("logits_only_where_loss and use_liger_kernel both replace the LM head's loss; "
-                              "choose one")
+            raise RecipeError(
+                "logits_only_where_loss and use_liger_kernel both replace the LM head's loss; choose one"
+            )
     check_packing(training_args, model_args)
     check_quantization(training_args, model_args)
     if training_args.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
@@ -173,31 +202,40 @@ def check_packing(training_args, model_args) -> None:
     """Packed batches only with whole records kept apart: bfd packing and an attention that honours the record
     boundaries (PACKING_ATTENTION); with none set, the fastest one installed."""
     if training_args.padding_free and not training_args.packing:
-        raise RecipeError("padding_free without packing does not enforce max_length; use --packing true "
-                          "(packing_strategy bfd is padding-free)")
+        raise RecipeError(
+            "padding_free without packing does not enforce max_length; use --packing true "
+            "(packing_strategy bfd is padding-free)"
+        )
     if not training_args.packing:
         return
     if training_args.packing_strategy != "bfd":
-        raise RecipeError(f"packing_strategy {training_args.packing_strategy!r} cuts records or lets them attend to "
-                          "each other; use bfd (whole records, kept apart by their position ids)")
+        raise RecipeError(
+            f"packing_strategy {training_args.packing_strategy!r} cuts records or lets them attend to "
+            "each other; use bfd (whole records, kept apart by their position ids)"
+        )
     attention = model_args.attn_implementation
     if attention is None:
         model_args.attn_implementation = next(a for a in PACKING_ATTENTION_DEFAULTS if attention_available(a))
         logger.info("packed batches: attn_implementation %s", model_args.attn_implementation)
     elif attention not in PACKING_ATTENTION:
-        raise RecipeError(f"attn_implementation {attention!r} is not known to keep packed records apart; use one "
-                          f"of {', '.join(PACKING_ATTENTION)} (or --packing false)")
+        raise RecipeError(
+            f"attn_implementation {attention!r} is not known to keep packed records apart; use one "
+            f"of {', '.join(PACKING_ATTENTION)} (or --packing false)"
+        )
     elif not attention_available(attention):
         package = "flash-attn" if attention == "flash_attention_2" else "flash-attn-3 (flash_attn_interface)"
-        raise RecipeError(f"attn_implementation {attention} needs a CUDA GPU and the {package} package; use "
-                          "flex_attention or sdpa, or leave it unset to take the best one installed")
+        raise RecipeError(
+            f"attn_implementation {attention} needs a CUDA GPU and the {package} package; use "
+            "flex_attention or sdpa, or leave it unset to take the best one installed"
+        )
 
 
 def attention_available(attention: str) -> bool:
     from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
 
     return {"flash_attention_3": is_flash_attn_3_available, "flash_attention_2": is_flash_attn_2_available}.get(
-        attention, lambda: True)()
+        attention, lambda: True
+    )()
 
 
 def check_quantization(training_args, model_args) -> None:
@@ -221,8 +259,12 @@ def model_init_kwargs(training_args, model_args) -> dict:
     from accelerate import PartialState
     from trl import get_quantization_config
 
-    kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
-              "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype}
+    kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+    }
     quantization = get_quantization_config(model_args)
     if quantization is not None:  # each process loads its quantized copy onto its own GPU
         kwargs.update(quantization_config=quantization, device_map={"": PartialState().local_process_index})
@@ -239,8 +281,9 @@ def check_model_source(model_name_or_path: str | None) -> None:
         if not (path / "config.json").is_file():
             raise RecipeError(f"{model_name_or_path} is not a model folder (no config.json)")
         return
-    looks_local = (model_name_or_path.startswith(("/", ".", "~")) or model_name_or_path.count("/") != 1
-                   or path.parent.is_dir())
+    looks_local = (
+        model_name_or_path.startswith(("/", ".", "~")) or model_name_or_path.count("/") != 1 or path.parent.is_dir()
+    )
     if looks_local:
         raise RecipeError(f"base model folder not found: {model_name_or_path}")
 
@@ -258,8 +301,10 @@ def load_tokenizer(model_name_or_path: str, chat_template_path: str | None, **lo
             raise RecipeError(f"chat template file not found: {chat_template_path}")
         tokenizer.chat_template = Path(chat_template_path).read_text(encoding="utf-8")
     if not tokenizer.chat_template:
-        raise RecipeError(f"the tokenizer of {model_name_or_path} has no chat template; the training records are "
-                          "chat messages, so use a chat/instruct model or pass --chat_template_path FILE")
+        raise RecipeError(
+            f"the tokenizer of {model_name_or_path} has no chat template; the training records are "
+            "chat messages, so use a chat/instruct model or pass --chat_template_path FILE"
+        )
     return tokenizer
 
 
@@ -280,20 +325,25 @@ def load_splits(recipe: RecipeArguments):
         raise RecipeError(f"{path} holds a single dataset; expected splits ({recipe.train_split}, ...)")
     for split in [recipe.train_split, *recipe.eval_splits]:
         if split not in dataset:
-            raise RecipeError(f"{path} has no split {split!r} (it has: {', '.join(dataset)}); "
-                              "set --train_split / --eval_splits")
+            raise RecipeError(
+                f"{path} has no split {split!r} (it has: {', '.join(dataset)}); set --train_split / --eval_splits"
+            )
     for split in [recipe.train_split, *recipe.eval_splits]:
         columns = dataset[split].column_names
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
         if missing:
-            raise RecipeError(f"split {split!r} of {path} lacks the column(s) {', '.join(missing)} "
-                              f"(it has: {', '.join(columns)}); expected conversational prompt/completion records")
+            raise RecipeError(
+                f"split {split!r} of {path} lacks the column(s) {', '.join(missing)} "
+                f"(it has: {', '.join(columns)}); expected conversational prompt/completion records"
+            )
         for column in REQUIRED_COLUMNS:
             feature = dataset[split].features[column]
             inner = getattr(feature, "feature", None)
             if not isinstance(inner, dict) or not {"role", "content"} <= set(inner):
-                raise RecipeError(f"column {column!r} of split {split!r} in {path} is not a list of chat messages "
-                                  "({role, content})")
+                raise RecipeError(
+                    f"column {column!r} of split {split!r} in {path} is not a list of chat messages "
+                    "({role, content})"
+                )
     if len(dataset[recipe.train_split]) == 0:
         raise RecipeError(f"split {recipe.train_split!r} of {path} is empty")
     return dataset
@@ -303,8 +353,12 @@ def check_inputs(recipe: RecipeArguments, training_args, model_args):
     """Every check that needs no model weights; returns (tokenizer, DatasetDict)."""
     check_model_source(model_args.model_name_or_path)
     dataset = load_splits(recipe)
-    tokenizer = load_tokenizer(model_args.model_name_or_path, training_args.chat_template_path,
-                               revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code)
+    tokenizer = load_tokenizer(
+        model_args.model_name_or_path,
+        training_args.chat_template_path,
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+    )
     if recipe.resume:
         from transformers.trainer_utils import get_last_checkpoint
 
@@ -315,12 +369,16 @@ def check_inputs(recipe: RecipeArguments, training_args, model_args):
 
 def training_splits(dataset, recipe: RecipeArguments, tokenizer, max_length: int | None, num_proc: int | None):
     """(train, {name: eval}) with only the prompt/completion columns, subsampled and length-filtered."""
+
     def prepare(split: str, limit: int | None):
         data = dataset[split].select_columns(list(REQUIRED_COLUMNS))
         if recipe.drop_overlong and max_length:
             before = len(data)
-            data = data.filter(lambda r: _length(tokenizer, r) <= max_length, num_proc=num_proc,
-                               desc=f"dropping {split} records over {max_length} tokens")
+            data = data.filter(
+                lambda r: _length(tokenizer, r) <= max_length,
+                num_proc=num_proc,
+                desc=f"dropping {split} records over {max_length} tokens",
+            )
             logger.info("%s: %d of %d records fit in %d tokens", split, len(data), before, max_length)
         if limit is not None:  # the first N records that fit
             data = data.select(range(min(limit, len(data))))
@@ -335,8 +393,11 @@ def training_splits(dataset, recipe: RecipeArguments, tokenizer, max_length: int
 
 def _length(tokenizer, record: dict) -> int:
     # Tokenised here as well as in TRL: TRL truncates, and once truncated a record's length is lost.
-    return len(tokenizer.apply_chat_template(record["prompt"] + record["completion"], tokenize=True,
-                                             return_dict=True)["input_ids"])
+    return len(
+        tokenizer.apply_chat_template(record["prompt"] + record["completion"], tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
+    )
 
 
 def dataset_stats(dataset_path: str) -> dict:

@@ -29,10 +29,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Keys of the training arguments recorded in the model card (the recipe's own keys are all recorded).
-RECORDED_KEYS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "max_steps", "num_train_epochs",
-                 "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "max_length",
-                 "packing", "packing_strategy", "padding_free", "use_liger_kernel", "bf16", "seed",
-                 "completion_only_loss", "use_cpu")
+RECORDED_KEYS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "max_steps",
+    "num_train_epochs",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "gradient_checkpointing",
+    "max_length",
+    "packing",
+    "packing_strategy",
+    "padding_free",
+    "use_liger_kernel",
+    "bf16",
+    "seed",
+    "completion_only_loss",
+    "use_cpu",
+)
 RECORDED_MODEL_KEYS = ("dtype", "attn_implementation", "model_revision", "load_in_4bit", "load_in_8bit", "use_peft")
 RECORDED_LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 
@@ -43,8 +58,9 @@ def build_trainer(recipe, training_args, model_args):
     from trl import SFTTrainer, get_peft_config
 
     tokenizer, dataset = check_inputs(recipe, training_args, model_args)
-    train, evals = training_splits(dataset, recipe, tokenizer, training_args.max_length,
-                                   training_args.dataset_num_proc)
+    train, evals = training_splits(
+        dataset, recipe, tokenizer, training_args.max_length, training_args.dataset_num_proc
+    )
     if not evals and training_args.eval_strategy != "no":
         raise RecipeError(f"no record of the eval splits {recipe.eval_splits} fits; pass --eval_strategy no")
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
@@ -53,9 +69,15 @@ def build_trainer(recipe, training_args, model_args):
     callbacks: list[TrainerCallback] = [ThroughputCallback()]
     if recipe.max_train_seconds is not None:
         callbacks.append(TimeLimitCallback(recipe.max_train_seconds))
-    trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=train,
-                         eval_dataset=evals or None, processing_class=tokenizer,
-                         peft_config=get_peft_config(model_args), callbacks=callbacks)
+    trainer = SFTTrainer(
+        model=model_args.model_name_or_path,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=evals or None,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        callbacks=callbacks,
+    )
     if recipe.train_top_layers is not None:  # before train() builds the optimizer over what requires grad
         trainable, total = freeze_below_top_layers(trainer.model, recipe.train_top_layers)
         logger.info("train_top_layers %d: %d of %d parameters trainable", recipe.train_top_layers, trainable, total)
@@ -69,11 +91,15 @@ def run_sft(recipe, training_args, model_args, argv: Sequence[str] = ()) -> dict
     start = time.perf_counter()
     with logits_only_where_loss(recipe.logits_only_where_loss):
         trainer.train(resume_from_checkpoint=True if recipe.resume else training_args.resume_from_checkpoint)
-        metrics = {"train_loss": trainer.state.log_history[-1].get("train_loss"), "steps": trainer.state.global_step,
-                   "planned_steps": trainer.state.max_steps,
-                   "stopped_early": trainer.state.global_step < trainer.state.max_steps,
-                   "train_seconds": round(time.perf_counter() - start, 1), "train_records": len(train),
-                   **{f"{name}_records": len(data) for name, data in evals.items()}}
+        metrics = {
+            "train_loss": trainer.state.log_history[-1].get("train_loss"),
+            "steps": trainer.state.global_step,
+            "planned_steps": trainer.state.max_steps,
+            "stopped_early": trainer.state.global_step < trainer.state.max_steps,
+            "train_seconds": round(time.perf_counter() - start, 1),
+            "train_records": len(train),
+            **{f"{name}_records": len(data) for name, data in evals.items()},
+        }
         if evals:
             metrics.update(final_eval_losses(trainer))
     trainer.save_model(training_args.output_dir)
@@ -82,16 +108,32 @@ def run_sft(recipe, training_args, model_args, argv: Sequence[str] = ()) -> dict
         stats = dataset_stats(recipe.dataset_path)
         train_split = dataset[recipe.train_split]
         prompt_format = stats.get("prompt_format") or (
-            train_split[0]["prompt_format"] if "prompt_format" in train_split.column_names else None)
-        info = {"base_model": model_args.model_name_or_path, "kind": stats.get("kind"), "prompt_format": prompt_format,
-                "adapter": bool(model_args.use_peft), "dataset_path": recipe.dataset_path, "dataset_stats": stats,
-                "recipe": {"config_file": config_file(list(argv)), "argv": list(argv),
-                           "resolved": resolved_keys(recipe, training_args, model_args)},
-                "metrics": metrics, "log_history": trainer.state.log_history}
+            train_split[0]["prompt_format"] if "prompt_format" in train_split.column_names else None
+        )
+        info = {
+            "base_model": model_args.model_name_or_path,
+            "kind": stats.get("kind"),
+            "prompt_format": prompt_format,
+            "adapter": bool(model_args.use_peft),
+            "dataset_path": recipe.dataset_path,
+            "dataset_stats": stats,
+            "recipe": {
+                "config_file": config_file(list(argv)),
+                "argv": list(argv),
+                "resolved": resolved_keys(recipe, training_args, model_args),
+            },
+            "metrics": metrics,
+            "log_history": trainer.state.log_history,
+        }
         write_model_card(training_args.output_dir, info)
         if recipe.merge:
-            merge_lora(training_args.output_dir, f"{training_args.output_dir}/merged", model_args.model_name_or_path,
-                       revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code)
+            merge_lora(
+                training_args.output_dir,
+                f"{training_args.output_dir}/merged",
+                model_args.model_name_or_path,
+                revision=model_args.model_revision,
+                trust_remote_code=training_args.trust_remote_code,
+            )
         logger.info("saved %s (%s)", training_args.output_dir, metrics)
     trainer.accelerator.wait_for_everyone()
     return metrics
@@ -100,8 +142,13 @@ def run_sft(recipe, training_args, model_args, argv: Sequence[str] = ()) -> dict
 def final_eval_losses(trainer) -> dict[str, float]:
     """Eval losses of the final weights: those logged at the last step, else a fresh evaluation."""
     step = trainer.state.global_step
-    logged = {k: v for entry in trainer.state.log_history if entry.get("step") == step
-              for k, v in entry.items() if k.startswith("eval_") and k.endswith("_loss")}
+    logged = {
+        k: v
+        for entry in trainer.state.log_history
+        if entry.get("step") == step
+        for k, v in entry.items()
+        if k.startswith("eval_") and k.endswith("_loss")
+    }
     return logged or {k: v for k, v in trainer.evaluate().items() if k.endswith("_loss")}
 
 

@@ -25,7 +25,11 @@ class TimeLimitCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if time.perf_counter() - self._start >= self.seconds and not control.should_training_stop:
-            logger.info("max_train_seconds %s reached at step %d of %d: stopping", self.seconds, state.global_step,
-                        state.max_steps)
+            logger.info(
+                "max_train_seconds %s reached at step %d of %d: stopping",
+                self.seconds,
+                state.global_step,
+                state.max_steps,
+            )
             control.should_training_stop = True
         return control

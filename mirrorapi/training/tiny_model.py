@@ -41,9 +41,11 @@ def default_corpus() -> list[Path]:
     """The bundled real sample of a source checkout: tool docs, request/response pairs and judged answers."""
     files = sorted(SAMPLES.glob("*.jsonl")) + sorted(SAMPLES.glob("tools/*/*.json"))
     if not files:
-        raise CorpusError(f"no tokenizer corpus: the sample data {SAMPLES} exists only in a source checkout of "
-                          "mirrorapi (it is not installed with the wheel); pass corpus=[files] "
-                          "(scripts/make_tiny_model.py --corpus FILE ...), e.g. your pairs JSONL and tool docs")
+        raise CorpusError(
+            f"no tokenizer corpus: the sample data {SAMPLES} exists only in a source checkout of "
+            "mirrorapi (it is not installed with the wheel); pass corpus=[files] "
+            "(scripts/make_tiny_model.py --corpus FILE ...), e.g. your pairs JSONL and tool docs"
+        )
     return files
 
 
@@ -74,25 +76,44 @@ def train_tokenizer(corpus: Iterable[Path], vocab_size: int = 1024):
 
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     bpe.train_from_iterator(_texts(corpus), trainer)
     model = json.loads(bpe.to_str())["model"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
-    tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=merges,  # type: ignore[arg-type]  # it takes pairs too extra_special_tokens=SPECIAL_TOKENS[1:],
-                               eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer = Qwen2Tokenizer(
+        vocab=model["vocab"],
+        merges=merges,  # type: ignore[arg-type]  # it takes pairs too extra_special_tokens=SPECIAL_TOKENS[1:],
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
-def build_tiny_model(out_dir: str | Path, corpus: Iterable[Path] | None = None, vocab_size: int = 1024,
-                     hidden_size: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                     intermediate_size: int = 512, max_positions: int = 4096, seed: int = 0) -> Path:
+def build_tiny_model(
+    out_dir: str | Path,
+    corpus: Iterable[Path] | None = None,
+    vocab_size: int = 1024,
+    hidden_size: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int = 512,
+    max_positions: int = 4096,
+    seed: int = 0,
+) -> Path:
     """Write tokenizer, config, generation config and random weights to `out_dir`; returns it."""
     files = _corpus_files(corpus) if corpus is not None else default_corpus()  # before the slow imports
     import torch
@@ -102,16 +123,24 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[Path] | None = None, 
     tokenizer = train_tokenizer(files, vocab_size)
     im_end, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate_size,
-        max_position_embeddings=max_positions, tie_word_embeddings=True,
-        bos_token_id=pad, eos_token_id=im_end, pad_token_id=pad,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=pad,
+        eos_token_id=im_end,
+        pad_token_id=pad,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     # Greedy by default: a simulator should answer the same way every time.
-    model.generation_config = GenerationConfig(eos_token_id=[im_end, pad], pad_token_id=pad, bos_token_id=pad,
-                                               do_sample=False)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[im_end, pad], pad_token_id=pad, bos_token_id=pad, do_sample=False
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

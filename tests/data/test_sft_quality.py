@@ -11,52 +11,67 @@ from mirrorapi.transport_failures import in_band_error, transport_failure
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
 
 
-@pytest.mark.parametrize("error, kind", [
-    ("Rate limit per minute error...", "rate_limit"),
-    ("Too many requests error...", "rate_limit"),
-    ("API not working error...", "unavailable"),
-    ("Unauthorized error...", "auth"),
-    ("Unsubscribed error...", "auth"),
-    ("Gateway error...", "gateway"),
-    ("request invalid, data error. status_code=500", "server_error"),
-    ("Failed to generate fake response", "simulator_failure"),
-    ("Function executing from my_tools.Logistics.pridnestrovie_post.api import get_track_info error...\n"
-     "Exceeded 30 redirects.", "unavailable"),
-])
+@pytest.mark.parametrize(
+    "error, kind",
+    [
+        ("Rate limit per minute error...", "rate_limit"),
+        ("Too many requests error...", "rate_limit"),
+        ("API not working error...", "unavailable"),
+        ("Unauthorized error...", "auth"),
+        ("Unsubscribed error...", "auth"),
+        ("Gateway error...", "gateway"),
+        ("request invalid, data error. status_code=500", "server_error"),
+        ("Failed to generate fake response", "simulator_failure"),
+        (
+            "Function executing from my_tools.Logistics.pridnestrovie_post.api import get_track_info error...\n"
+            "Exceeded 30 redirects.",
+            "unavailable",
+        ),
+    ],
+)
 def test_transport_error_strings(error, kind):
     assert transport_failure(error, "") == kind
 
 
-@pytest.mark.parametrize("response, kind", [
-    ('{"message":"You are not subscribed to this API."}', "auth"),
-    ("{'message': 'This endpoint is disabled for your subscription'}", "auth"),
-    ('{"status":"401","msg":"Authentication required"}', "auth"),
-    ('{"status": 429, "message": "slow down"}', "rate_limit"),
-    ('{"error": {"code": 503, "message": "backend down"}}', "server_error"),
-    ("<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>", "gateway"),
-    ("Internal Server Error", "server_error"),
-    ('{\'message\': "Endpoint \'/search/shows\' does not exist"}', "unavailable"),
-    ("The request timed out", "timeout"),
-])
+@pytest.mark.parametrize(
+    "response, kind",
+    [
+        ('{"message":"You are not subscribed to this API."}', "auth"),
+        ("{'message': 'This endpoint is disabled for your subscription'}", "auth"),
+        ('{"status":"401","msg":"Authentication required"}', "auth"),
+        ('{"status": 429, "message": "slow down"}', "rate_limit"),
+        ('{"error": {"code": 503, "message": "backend down"}}', "server_error"),
+        ("<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>", "gateway"),
+        ("Internal Server Error", "server_error"),
+        ("{'message': \"Endpoint '/search/shows' does not exist\"}", "unavailable"),
+        ("The request timed out", "timeout"),
+    ],
+)
 def test_transport_failures_in_the_message(response, kind):
     assert transport_failure("", response) == kind
 
 
-@pytest.mark.parametrize("error, response", [
-    ("", "500.0"),  # a calculator's answer
-    ("", "{'price': 500, 'id': 404123, 'year': 1500, 'code': 401}"),
-    ("", '{"code": 503, "city": "Lyon", "population": 516092}'),  # a field called code is not a status
-    ("", "The parameter `blocked` is required for 500 items; see page 404."),
-    ("", "the mascot leads the cheers during a timeout ."),  # a real API-Bank ImageCaption answer
-    ("", "Forbidden City is the former imperial palace in Beijing."),
-    ("", "The token is invalid."),
-    ("", json.dumps({"articles": [{"title": "Rate limits explained", "body": "x" * 400}]})),
-    ("The scene does not exist.", ""),  # API-Bank's own error: a genuine error example
-    ("invalid parameter name. parameter: lang", ""),
-    ("Function executing from my_tools.Movies.streaming_availability.api import search_basic_free error...\n"
-     "search_basic_free() got an unexpected keyword argument 'query'", ""),
-    ("Message error...", "{'statusCode': 400, 'error': 'Bad Request', 'message': 'Invalid request query input'}"),
-])
+@pytest.mark.parametrize(
+    "error, response",
+    [
+        ("", "500.0"),  # a calculator's answer
+        ("", "{'price': 500, 'id': 404123, 'year': 1500, 'code': 401}"),
+        ("", '{"code": 503, "city": "Lyon", "population": 516092}'),  # a field called code is not a status
+        ("", "The parameter `blocked` is required for 500 items; see page 404."),
+        ("", "the mascot leads the cheers during a timeout ."),  # a real API-Bank ImageCaption answer
+        ("", "Forbidden City is the former imperial palace in Beijing."),
+        ("", "The token is invalid."),
+        ("", json.dumps({"articles": [{"title": "Rate limits explained", "body": "x" * 400}]})),
+        ("The scene does not exist.", ""),  # API-Bank's own error: a genuine error example
+        ("invalid parameter name. parameter: lang", ""),
+        (
+            "Function executing from my_tools.Movies.streaming_availability.api import search_basic_free error...\n"
+            "search_basic_free() got an unexpected keyword argument 'query'",
+            "",
+        ),
+        ("Message error...", "{'statusCode': 400, 'error': 'Bad Request', 'message': 'Invalid request query input'}"),
+    ],
+)
 def test_genuine_answers_are_kept(error, response):
     assert transport_failure(error, response) is None
 
@@ -90,14 +105,17 @@ def test_on_the_shared_pairs_only_live_rapidapi_calls_have_transport_failures(sh
     assert set(flagged["toolbench-example"]) == {"auth", "unavailable"} and len(flagged["toolbench-example"]) < 30
 
 
-@pytest.mark.parametrize("response, expected", [
-    ("Error: flight HAT030 not available on date 2024-05-13", True),  # tau-bench's in-band error
-    ('{"error": "user not found"}', True),
-    ('{"status": "error", "detail": "x"}', True),
-    ('{"success": false}', True),
-    ('{"error": "", "data": [1, 2]}', False),
-    ('{"status": "success"}', False),
-    ("Errors are rare in this text", False),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("Error: flight HAT030 not available on date 2024-05-13", True),  # tau-bench's in-band error
+        ('{"error": "user not found"}', True),
+        ('{"status": "error", "detail": "x"}', True),
+        ('{"success": false}', True),
+        ('{"error": "", "data": [1, 2]}', False),
+        ('{"status": "success"}', False),
+        ("Errors are rare in this text", False),
+    ],
+)
 def test_in_band_errors(response, expected):
     assert in_band_error(response) is expected

@@ -41,8 +41,9 @@ def test_pairs_jsonl_skips_bad_lines_and_reports_them(tmp_path):
     good = open(SAMPLES / "pairs.jsonl", encoding="utf-8").readline()
     path = tmp_path / "pairs.jsonl"
     not_an_object = json.loads(good) | {"tool_input": ["a", "list"]}
-    path.write_text(good + "not json\n" + json.dumps({"source": "x"}) + "\n\n" + json.dumps(not_an_object) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        good + "not json\n" + json.dumps({"source": "x"}) + "\n\n" + json.dumps(not_an_object) + "\n", encoding="utf-8"
+    )
     bad = []
     pairs = list(read_pairs_jsonl(path, bad.append))
     assert len(pairs) == 1 and pairs[0] == json.loads(good)
@@ -60,8 +61,11 @@ def test_stabletoolbench_cache_gives_the_same_records_as_the_pairs(tmp_path, reg
     via_pairs, pair_stats = build_simulator_records(rapidapi_pairs, registry, options)
 
     def calls(records):
-        return {(r["category"], r["tool"], r["api"], r["arguments"]): (r["prompt"], r["completion"])
-                for r in records["train"]}
+        return {
+            (r["category"], r["tool"], r["api"], r["arguments"]): (r["prompt"], r["completion"])
+            for r in records["train"]
+        }
+
     assert calls(via_cache) == calls(via_pairs)
     assert cache_stats["kept"]["total"] == pair_stats["kept"]["total"] > 50
     assert cache_stats["dropped"]["transport_failure"] == pair_stats["dropped"]["transport_failure"] > 0
@@ -70,19 +74,27 @@ def test_stabletoolbench_cache_gives_the_same_records_as_the_pairs(tmp_path, reg
 def test_stabletoolbench_cache_oddities(tmp_path):
     api_dir = tmp_path / "cache" / "Jobs" / "usa_jobs_for_it_for_Jobs"
     api_dir.mkdir(parents=True)
-    (api_dir / "search_jobs.json").write_text(json.dumps({
-        "{'keyword': 'python', 'remote': True, 'page': None}": {"error": "", "response": "{'jobs': []}"},
-        "{'keyword': ": {"error": "", "response": "cut key"},
-        "['not', 'a', 'dict']": {"error": "", "response": "x"},
-        "{}": "not an observation",
-    }), encoding="utf-8")
+    (api_dir / "search_jobs.json").write_text(
+        json.dumps(
+            {
+                "{'keyword': 'python', 'remote': True, 'page': None}": {"error": "", "response": "{'jobs': []}"},
+                "{'keyword': ": {"error": "", "response": "cut key"},
+                "['not', 'a', 'dict']": {"error": "", "response": "x"},
+                "{}": "not an observation",
+            }
+        ),
+        encoding="utf-8",
+    )
     (api_dir / "broken.json").write_text("{not json", encoding="utf-8")
     bad = []
     pairs = list(read_stabletoolbench_cache(tmp_path / "cache", bad.append))
     assert len(pairs) == 1
     # `_for_<Category>` is removed exactly: the tool's own `_for_it` stays.
-    assert (pairs[0]["category"], pairs[0]["tool_name"], pairs[0]["api_name"]) == ("Jobs", "usa_jobs_for_it",
-                                                                                     "search_jobs")
+    assert (pairs[0]["category"], pairs[0]["tool_name"], pairs[0]["api_name"]) == (
+        "Jobs",
+        "usa_jobs_for_it",
+        "search_jobs",
+    )
     assert pairs[0]["tool_input"] == {"keyword": "python", "remote": True, "page": None}
     assert len(bad) == 4 and any("broken.json" in b for b in bad)
 
@@ -119,12 +131,19 @@ def test_alpaca_records_are_parsed_back_to_doc_request_and_observation(tmp_path,
 
 
 def test_alpaca_jsonl_is_read_too(tmp_path):
-    line = {"system": "S", "output": '{"error": "", "response": "ok"}',
-            "instruction": "API doc:\n{'api_name': 'Ping', 'api_description': 'd', 'required_parameters': [], "
-                           "'optional_parameters': [], 'tool_description': 't', 'tool_name': 'pinger', "
-                           "'tool_category': 'Data'}\n\nRequest:\n{}"}
+    line = {
+        "system": "S",
+        "output": '{"error": "", "response": "ok"}',
+        "instruction": "API doc:\n{'api_name': 'Ping', 'api_description': 'd', 'required_parameters': [], "
+        "'optional_parameters': [], 'tool_description': 't', 'tool_name': 'pinger', "
+        "'tool_category': 'Data'}\n\nRequest:\n{}",
+    }
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps(line) + "\n", encoding="utf-8")
     (pair,) = read_alpaca(path)
-    assert (pair["category"], pair["tool_name"], pair["api_name"], pair["response"]) == \
-        ("Data", "pinger", "ping", {"error": "", "response": "ok"})
+    assert (pair["category"], pair["tool_name"], pair["api_name"], pair["response"]) == (
+        "Data",
+        "pinger",
+        "ping",
+        {"error": "", "response": "ok"},
+    )

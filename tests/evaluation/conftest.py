@@ -43,6 +43,7 @@ def eval_cli():
             spec.loader.exec_module(module)
             loaded[name] = module.main
         return loaded[name]
+
     return get
 
 
@@ -90,10 +91,17 @@ class FaultyJudge:
             self.received.append(body["messages"])
             if self.failing and self.fail_on and self.fail_on in str(body["messages"]):
                 return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
-            return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": self.reply}}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            return {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": self.reply}}
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+
         return app
 
 
@@ -108,9 +116,18 @@ def start_virtual_server(folder: Path, samples: Path, api_base: str, model: str,
     """`python serving/main_mirrorapi.py` in `folder` -> (base URL, request log, process, output file)."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    values = {"api_base": api_base, "model": model, "tools_folder": samples / "tools", "port": port,
-              "cache_path": folder / "cache.sqlite", "log_file": folder / "requests.log", "max_tokens": 48,
-              "engine_timeout": 60, "log_level": "info", **settings}
+    values = {
+        "api_base": api_base,
+        "model": model,
+        "tools_folder": samples / "tools",
+        "port": port,
+        "cache_path": folder / "cache.sqlite",
+        "log_file": folder / "requests.log",
+        "max_tokens": 48,
+        "engine_timeout": 60,
+        "log_level": "info",
+        **settings,
+    }
     config = folder / "server.yml"
     config.write_text("".join(f"{key}: {value}\n" for key, value in values.items()))
     output = open(folder / "server.out", "wb")
@@ -143,8 +160,9 @@ def virtual_server(samples, tmp_path):
     started = []
 
     def start(api_base: str, model: str, **settings) -> tuple[str, Path]:
-        url, log, process, output = start_virtual_server(tmp_path / f"server{len(started)}", samples, api_base,
-                                                         model, **settings)
+        url, log, process, output = start_virtual_server(
+            tmp_path / f"server{len(started)}", samples, api_base, model, **settings
+        )
         started.append((process, output))
         return url, log
 

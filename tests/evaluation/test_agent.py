@@ -33,19 +33,47 @@ def world(samples, tmp_path_factory, virtual_server_process):
     for folder in FOLDERS.values():
         recorded_cache_folder(load_recordings([answers / folder]), json.loads(queries.read_text()), root / "cache")
     url, _, process, output = virtual_server_process(
-        root / "server", samples, "http://127.0.0.1:9/v1", "no-engine", mode="replay", cache_folder=root / "cache",
-        tools_folder=f"[{samples / 'tools'}, {queries}]")
-    yield {"queries": queries, "answers": answers, "server": url + "/virtual", "root": root, "stb": stb,
-           "tools": samples / "tools"}
+        root / "server",
+        samples,
+        "http://127.0.0.1:9/v1",
+        "no-engine",
+        mode="replay",
+        cache_folder=root / "cache",
+        tools_folder=f"[{samples / 'tools'}, {queries}]",
+    )
+    yield {
+        "queries": queries,
+        "answers": answers,
+        "server": url + "/virtual",
+        "root": root,
+        "stb": stb,
+        "tools": samples / "tools",
+    }
     stop(process)
     output.close()
 
 
 def _run(eval_cli, world, base_url: str, method: str, out: Path, *extra: str) -> int:
-    return eval_cli("run_agent")(["--queries", str(world["queries"]), "--server", world["server"], "--base-url",
-                                  base_url, "--model", "recorded-agent", "--method", method, "--out", str(out),
-                                  "--tools", str(world["tools"]), "--no-progress",
-                                  *extra])
+    return eval_cli("run_agent")(
+        [
+            "--queries",
+            str(world["queries"]),
+            "--server",
+            world["server"],
+            "--base-url",
+            base_url,
+            "--model",
+            "recorded-agent",
+            "--method",
+            method,
+            "--out",
+            str(out),
+            "--tools",
+            str(world["tools"]),
+            "--no-progress",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +120,10 @@ def _assert_conversation(conversation: list[dict]) -> None:
                 name, _ = call["function"]["name"], call["function"]["arguments"]
                 if name == "Finish":
                     break
-                assert any(m["role"] == "tool" and m.get("tool_call_id") == call["id"] and "content" in m
-                           for m in conversation[index + 1:]), call
+                assert any(
+                    m["role"] == "tool" and m.get("tool_call_id") == call["id"] and "content" in m
+                    for m in conversation[index + 1 :]
+                ), call
         else:
             assert "content" in message
 
@@ -128,13 +158,15 @@ def _tool_path(record: dict) -> list[tuple[str, object]]:
     return calls
 
 
-def test_runs_write_raw_files_stabletoolbench_converts_and_fac_scores(recorded_runs, world, eval_cli, tiny_engine,
-                                                                      tmp_path):
+def test_runs_write_raw_files_stabletoolbench_converts_and_fac_scores(
+    recorded_runs, world, eval_cli, tiny_engine, tmp_path
+):
     for method, folder in FOLDERS.items():
         out, _ = recorded_runs[method]
         converted = json.loads((out / f"{GROUP}.json").read_text())
-        recorded = json.loads((world["stb"] / "data_example" / "model_predictions_converted" / folder
-                               / f"{GROUP}.json").read_text())
+        recorded = json.loads(
+            (world["stb"] / "data_example" / "model_predictions_converted" / folder / f"{GROUP}.json").read_text()
+        )
         assert sorted(converted) == sorted(IDS)
         for qid in IDS:
             data = _raw(out, qid, method)
@@ -154,9 +186,23 @@ def test_runs_write_raw_files_stabletoolbench_converts_and_fac_scores(recorded_r
         (answers / method).mkdir(parents=True)
         (answers / method / f"{GROUP}.json").write_text((recorded_runs[method][0] / f"{GROUP}.json").read_text())
     ids = world["stb"] / "solvable_queries_example" / "test_query_ids"
-    code = eval_cli("fac")(["--answers", str(answers), "--ids", str(ids), "--base-url", tiny_engine.base_url,
-                            "--model", tiny_engine.model, "--out", str(tmp_path / "fac"), "--max-tokens", "8",
-                            "--no-progress"])
+    code = eval_cli("fac")(
+        [
+            "--answers",
+            str(answers),
+            "--ids",
+            str(ids),
+            "--base-url",
+            tiny_engine.base_url,
+            "--model",
+            tiny_engine.model,
+            "--out",
+            str(tmp_path / "fac"),
+            "--max-tokens",
+            "8",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     table = json.loads((tmp_path / "fac" / "fac.json").read_text())
     assert [row["model"] for row in table["rows"]] == sorted(FOLDERS)
@@ -173,6 +219,7 @@ def test_dfs_backtracks_on_give_up(recorded_runs):
         nodes.append(node)
         for child in node["children"]:
             walk(child)
+
     walk(data["tree"]["tree"])
     give_ups = [n for n in nodes if n["node_type"] == "Action Input" and n.get("observation_code") == 4]
     answer = [n for n in nodes if n["node_type"] == "Action Input" and n.get("observation_code") == 3]
@@ -194,8 +241,24 @@ def test_rerun_skips_finished_queries(recorded_runs, world, eval_cli, capsys):
         assert _run(eval_cli, world, base_url, "CoT@1", out) == 0
         assert agent.requests == 3
         # Another model's run into the same folder is refused, not mixed in.
-        assert eval_cli("run_agent")(["--queries", str(world["queries"]), "--server", world["server"], "--base-url",
-                                      base_url, "--model", "other-model", "--out", str(out), "--no-progress"]) == 2
+        assert (
+            eval_cli("run_agent")(
+                [
+                    "--queries",
+                    str(world["queries"]),
+                    "--server",
+                    world["server"],
+                    "--base-url",
+                    base_url,
+                    "--model",
+                    "other-model",
+                    "--out",
+                    str(out),
+                    "--no-progress",
+                ]
+            )
+            == 2
+        )
         assert "holds an answer of model 'recorded-agent'" in capsys.readouterr().err
     assert "608" in json.loads((out / f"{GROUP}.json").read_text())
 
@@ -218,9 +281,25 @@ def test_failing_engine_is_reported_per_query_and_retried(world, eval_cli, fault
 def test_tiny_model_agent_ends_every_query(world, eval_cli, tiny_engine, tmp_path):
     """A model that never calls a tool: every chain ends at the depth budget, without a final answer."""
     out = tmp_path / "tiny"
-    code = eval_cli("run_agent")(["--queries", str(world["queries"]), "--server", world["server"], "--base-url",
-                                  tiny_engine.base_url, "--model", tiny_engine.model, "--out", str(out),
-                                  "--single-chain-max-step", "1", "--max-tokens", "8", "--no-progress"])
+    code = eval_cli("run_agent")(
+        [
+            "--queries",
+            str(world["queries"]),
+            "--server",
+            world["server"],
+            "--base-url",
+            tiny_engine.base_url,
+            "--model",
+            tiny_engine.model,
+            "--out",
+            str(out),
+            "--single-chain-max-step",
+            "1",
+            "--max-tokens",
+            "8",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     converted = json.loads((out / f"{GROUP}.json").read_text())
     assert sorted(converted) == sorted(IDS)
@@ -235,10 +314,27 @@ def test_sowr_of_the_two_example_models(world, eval_cli, tiny_engine, tmp_path):
     converted = world["stb"] / "data_example" / "model_predictions_converted"
     ids = world["stb"] / "solvable_queries_example" / "test_query_ids"
     out = tmp_path / "sowr"
-    code = eval_cli("sowr")(["--reference", str(converted / "virtual_chatgpt_cot"), "--candidate",
-                             str(converted / "virtual_chatgpt_dfs"), "--ids", str(ids), "--base-url",
-                             tiny_engine.base_url, "--model", tiny_engine.model, "--out", str(out),
-                             "--rounds", "1", "--max-tokens", "8", "--no-progress"])
+    code = eval_cli("sowr")(
+        [
+            "--reference",
+            str(converted / "virtual_chatgpt_cot"),
+            "--candidate",
+            str(converted / "virtual_chatgpt_dfs"),
+            "--ids",
+            str(ids),
+            "--base-url",
+            tiny_engine.base_url,
+            "--model",
+            tiny_engine.model,
+            "--out",
+            str(out),
+            "--rounds",
+            "1",
+            "--max-tokens",
+            "8",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     table = json.loads((out / "sowr.json").read_text())
     assert table["reference"] == "virtual_chatgpt_cot" and table["complete"]
@@ -271,8 +367,9 @@ def test_text_protocol_reproduces_the_recorded_runs(react_runs, world):
     for method, folder in FOLDERS.items():
         out, bodies = react_runs[method]
         converted = json.loads((out / f"{GROUP}.json").read_text())
-        recorded = json.loads((world["stb"] / "data_example" / "model_predictions_converted" / folder
-                               / f"{GROUP}.json").read_text())
+        recorded = json.loads(
+            (world["stb"] / "data_example" / "model_predictions_converted" / folder / f"{GROUP}.json").read_text()
+        )
         assert sorted(converted) == sorted(IDS)
         for qid in IDS:
             data = _raw(out, qid, method)
@@ -313,29 +410,63 @@ def test_text_protocol_unknown_function_gets_an_error_observation(world, eval_cl
     # The FAKE engine replies with the same text every time: a call of a function the query does not have.
     faulty_judge.reply = 'Thought: I will search the web.\nAction: google_search\nAction Input: {"q": "gmhikaru"}'
     out = tmp_path / "react-unknown"
-    assert _run(eval_cli, world, faulty_judge.base_url, "CoT@1", out, "--prompt-format", "agent-react-v1",
-                "--single-chain-max-step", "4", "--limit", "1") == 0
+    assert (
+        _run(
+            eval_cli,
+            world,
+            faulty_judge.base_url,
+            "CoT@1",
+            out,
+            "--prompt-format",
+            "agent-react-v1",
+            "--single-chain-max-step",
+            "4",
+            "--limit",
+            "1",
+        )
+        == 0
+    )
     data = _raw(out, "588", "CoT@1")
     chain = data["trys"][0]["chain"]
     assert [n["node_type"] for n in chain] == ["Thought", "Action", "Action Input"] * 2
-    assert all(n["observation_code"] == 1 and "No such function name: google_search" in n["observation"]
-               for n in chain if n["node_type"] == "Action Input")
+    assert all(
+        n["observation_code"] == 1 and "No such function name: google_search" in n["observation"]
+        for n in chain
+        if n["node_type"] == "Action Input"
+    )
     assert data["answer_generation"]["valid_data"] is False
     second = faulty_judge.received[-1]  # the second step (the first requests may be the runner's probes)
     assert second[-1] == {"role": "user", "content": f"Observation: {chain[2]['observation']}"}
-    assert second[-2]["content"].startswith("Thought: I will search the web.\nAction: "
-                                            "invalid_hallucination_function_name\n")
+    assert second[-2]["content"].startswith(
+        "Thought: I will search the web.\nAction: invalid_hallucination_function_name\n"
+    )
 
 
 def test_react_grammar_names_the_query_functions(world, eval_cli, tmp_path):
     with serve_recorded_agent([world["answers"] / "virtual_chatgpt_cot"], free_port(), text_protocol=True) as (
-            base_url, agent):
-        assert _run(eval_cli, world, base_url, "CoT@1", tmp_path / "grammar", "--prompt-format", "agent-react-v1",
-                    "--react-grammar", "--limit", "1") == 0
+        base_url,
+        agent,
+    ):
+        assert (
+            _run(
+                eval_cli,
+                world,
+                base_url,
+                "CoT@1",
+                tmp_path / "grammar",
+                "--prompt-format",
+                "agent-react-v1",
+                "--react-grammar",
+                "--limit",
+                "1",
+            )
+            == 0
+        )
         grammars = {body["grammar"] for body in agent.bodies if "grammar" in body}
     (grammar,) = grammars  # one query, one grammar
-    functions = [f["function"]["name"] for f in _raw(tmp_path / "grammar", "588", "CoT@1")
-                 ["answer_generation"]["function"]]
+    functions = [
+        f["function"]["name"] for f in _raw(tmp_path / "grammar", "588", "CoT@1")["answer_generation"]["function"]
+    ]
     action = next(line for line in grammar.splitlines() if line.startswith("action ::="))
     assert action == "action ::= " + " | ".join(f'"{name}"' for name in functions)  # Finish is the last one
     assert grammar.startswith('root ::= "Thought: " thought "\\nAction: " action "\\nAction Input: " object')

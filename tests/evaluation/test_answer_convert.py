@@ -49,7 +49,8 @@ def test_function_call_null_is_read_as_no_function_call(samples):
         (stb / "model_predictions_converted" / "virtual_chatgpt_cot" / "G1_instruction.json").read_text()
     )
     modern = copy.deepcopy(raw)
-    modern["answer_generation"]["train_messages"] = [_as_tool_calls_dialect(m)
-                                                     for m in raw["answer_generation"]["train_messages"]]
+    modern["answer_generation"]["train_messages"] = [
+        _as_tool_calls_dialect(m) for m in raw["answer_generation"]["train_messages"]
+    ]
     assert any(m.get("function_call", "absent") is None for m in modern["answer_generation"]["train_messages"][-1])
     assert convert_answer(modern, "CoT@1")["answer"]["answer_details"] == theirs["608"]["answer"]["answer_details"]

@@ -17,8 +17,14 @@ from mirrorapi.evaluation.judge.scoring import ScoringRun
 from mirrorapi.evaluation.score_tables import render_markdown, score_table
 from mirrorapi.prompts.judge_formats import EMPTY, GIVE_UP, JUDGE_VERDICTS, judge_messages, parse_verdict
 
-STB_GROUP_SIZES = {"G1_instruction": 163, "G1_category": 153, "G1_tool": 158, "G2_category": 124,
-                   "G2_instruction": 106, "G3_instruction": 61}
+STB_GROUP_SIZES = {
+    "G1_instruction": 163,
+    "G1_category": 153,
+    "G1_tool": 158,
+    "G2_category": 124,
+    "G2_instruction": 106,
+    "G3_instruction": 61,
+}
 
 
 def _converted(stb_answers, model):
@@ -42,20 +48,27 @@ def test_finish_arguments_give_the_inner_answer_text(stb_answers):
     assert extract_final_answer(cot["588"]["answer"]["final_answer"]) == (EMPTY, "")
 
 
-@pytest.mark.parametrize("final_answer, expected", [
-    # The Finish arguments of a give-up, as ToolBench's agent writes them.
-    ('{\n  "return_type": "give_up_and_restart"\n}', (GIVE_UP, "")),
-    ('{"return_type": "give_answer", "final_answer": ""}', (EMPTY, "")),
-    ('{"return_type": "give_answer", "final_answer": "   "}', (EMPTY, "")),
-    (None, (EMPTY, "")),
-    # Raw newlines inside the string (agents' JSON is often not strict) and a cut-off closing brace.
-    ('{\n  "return_type": "give_answer",\n  "final_answer": "line one\nline two"\n}',
-     ("answer", "line one\nline two")),
-    ('{"return_type": "give_answer", "final_answer": "Messi played for Barcelona',
-     ("answer", "Messi played for Barcelona")),
-    # Another agent's plain-text answer is judged as it is.
-    ("Paris is the capital of France.", ("answer", "Paris is the capital of France.")),
-])
+@pytest.mark.parametrize(
+    "final_answer, expected",
+    [
+        # The Finish arguments of a give-up, as ToolBench's agent writes them.
+        ('{\n  "return_type": "give_up_and_restart"\n}', (GIVE_UP, "")),
+        ('{"return_type": "give_answer", "final_answer": ""}', (EMPTY, "")),
+        ('{"return_type": "give_answer", "final_answer": "   "}', (EMPTY, "")),
+        (None, (EMPTY, "")),
+        # Raw newlines inside the string (agents' JSON is often not strict) and a cut-off closing brace.
+        (
+            '{\n  "return_type": "give_answer",\n  "final_answer": "line one\nline two"\n}',
+            ("answer", "line one\nline two"),
+        ),
+        (
+            '{"return_type": "give_answer", "final_answer": "Messi played for Barcelona',
+            ("answer", "Messi played for Barcelona"),
+        ),
+        # Another agent's plain-text answer is judged as it is.
+        ("Paris is the capital of France.", ("answer", "Paris is the capital of France.")),
+    ],
+)
 def test_extract_final_answer(final_answer, expected):
     assert extract_final_answer(final_answer) == expected
 
@@ -63,8 +76,10 @@ def test_extract_final_answer(final_answer, expected):
 def test_render_steps_lists_the_tool_calls_of_a_real_trajectory(stb_answers):
     details = _converted(stb_answers, "virtual_chatgpt_cot")["1073"]["answer"]["answer_details"]
     lines = render_steps(details).splitlines()
-    assert [line.split("(")[0] for line in lines] == ["- popularsitesforquery_for_keyword_analysis",
-                                                      "- querykeywords_for_keyword_analysis"]
+    assert [line.split("(")[0] for line in lines] == [
+        "- popularsitesforquery_for_keyword_analysis",
+        "- querykeywords_for_keyword_analysis",
+    ]
     assert "pinterest.com" in lines[0]
     assert all(len(line) < 450 for line in lines)  # responses cut to a budget
 
@@ -99,10 +114,13 @@ def test_every_id_becomes_an_item_missing_ones_included(stb_answers, tmp_path):
     assert list(single) == ["virtual_chatgpt_dfs"] and list(single["virtual_chatgpt_dfs"]) == ["G1_instruction"]
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "is not valid JSON"),
-    ('{"588": {"query": "q"}}', "not a converted answer file"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"588": {"query": "q"}}', "not a converted answer file"),
+    ],
+)
 def test_unusable_answer_files_are_one_clear_error(tmp_path, content, message):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "G1_instruction.json").write_text(content)
@@ -112,14 +130,17 @@ def test_unusable_answer_files_are_one_clear_error(tmp_path, content, message):
         load_ids(tmp_path / "nowhere")
 
 
-@pytest.mark.parametrize("text, allowed, verdict", [
-    # What StableToolBench's FAC script records for an empty answer (notes §5.5).
-    ("Answer Status: \nUnsolved\nReason: Parsing error", ("Solved", "Unsolved"), "Unsolved"),
-    ("Verdict: Solved\nReason: It lists the clubs; nothing is left unsolved.", ("Solved", "Unsolved"), "Solved"),
-    ("Verdict: Unsure\nReason: the tool results do not say", JUDGE_VERDICTS["sopr-v1"], "Unsure"),
-    ("Verdict: Unsure\nReason: the tool results do not say", JUDGE_VERDICTS["fac-v1"], None),
-    ("The answer is partially solved and partially unsolved.", ("Solved", "Unsolved"), None),
-])
+@pytest.mark.parametrize(
+    "text, allowed, verdict",
+    [
+        # What StableToolBench's FAC script records for an empty answer (notes §5.5).
+        ("Answer Status: \nUnsolved\nReason: Parsing error", ("Solved", "Unsolved"), "Unsolved"),
+        ("Verdict: Solved\nReason: It lists the clubs; nothing is left unsolved.", ("Solved", "Unsolved"), "Solved"),
+        ("Verdict: Unsure\nReason: the tool results do not say", JUDGE_VERDICTS["sopr-v1"], "Unsure"),
+        ("Verdict: Unsure\nReason: the tool results do not say", JUDGE_VERDICTS["fac-v1"], None),
+        ("The answer is partially solved and partially unsolved.", ("Solved", "Unsolved"), None),
+    ],
+)
 def test_verdict_comes_from_the_label_line(text, allowed, verdict):
     assert parse_verdict(text, allowed)[0] == verdict
 
@@ -132,8 +153,17 @@ def test_sopr_prompt_shows_the_tool_calls():
 
 
 def _record(model, group, qid, repeat, verdict, score, judged=True, parsed=True):
-    return {"model": model, "group": group, "query_id": qid, "repeat": repeat, "verdict": verdict, "score": score,
-            "judged": judged, "parsed": parsed, "prompt_format": "sopr-v1"}
+    return {
+        "model": model,
+        "group": group,
+        "query_id": qid,
+        "repeat": repeat,
+        "verdict": verdict,
+        "score": score,
+        "judged": judged,
+        "parsed": parsed,
+        "prompt_format": "sopr-v1",
+    }
 
 
 def test_score_table_denominators_repeats_and_average():
@@ -145,14 +175,17 @@ def test_score_table_denominators_repeats_and_average():
     items += [AnswerItem("m", "G3_instruction", q, "q", "a", "answer") for q in ("7", "8")]
     records = [
         # repeat 0: G1 = Solved + Unsure + unparseable + missing = 1.5 / 4; G3 = Solved + Solved = 2 / 2
-        _record("m", "G1_instruction", "1", 0, "Solved", 1.0), _record("m", "G1_instruction", "2", 0, "Unsure", 0.5),
+        _record("m", "G1_instruction", "1", 0, "Solved", 1.0),
+        _record("m", "G1_instruction", "2", 0, "Unsure", 0.5),
         _record("m", "G1_instruction", "3", 0, "Unsolved", 0.0, parsed=False),
         _record("m", "G1_instruction", "4", 0, "Unsolved", 0.0, judged=False),
-        _record("m", "G3_instruction", "7", 0, "Solved", 1.0), _record("m", "G3_instruction", "8", 0, "Solved", 1.0),
+        _record("m", "G3_instruction", "7", 0, "Solved", 1.0),
+        _record("m", "G3_instruction", "8", 0, "Solved", 1.0),
         # repeat 1: G1 = 1 / 4 (and one judgment pending); G3 = 1 / 2
         _record("m", "G1_instruction", "1", 1, "Solved", 1.0),
         _record("m", "G1_instruction", "4", 1, "Unsolved", 0.0, judged=False),
-        _record("m", "G3_instruction", "7", 1, "Unsolved", 0.0), _record("m", "G3_instruction", "8", 1, "Solved", 1.0),
+        _record("m", "G3_instruction", "7", 1, "Unsolved", 0.0),
+        _record("m", "G3_instruction", "8", 1, "Solved", 1.0),
     ]
     run = ScoringRun(records, items, ids, failures=["x"], judge_calls=0)
     table = score_table(run, "sopr", 2, "judge", "sopr-v1")

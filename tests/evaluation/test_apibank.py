@@ -46,33 +46,63 @@ def test_the_shipped_dialogues_are_api_banks_levels_1_and_2():
 
 def test_parse_call_follows_api_banks_argument_pattern():
     assert apibank.parse_call("Sure. [AddAlarm(token='z9x8', time='2021-10-14 08:00:00')] done") == (
-        "AddAlarm", {"token": "z9x8", "time": "2021-10-14 08:00:00"})
+        "AddAlarm",
+        {"token": "z9x8", "time": "2021-10-14 08:00:00"},
+    )
     assert apibank.parse_call('[Calculator(formula="(1+2)*3")]') == ("Calculator", {"formula": "(1+2)*3"})
     assert apibank.parse_call("[GetToday()]") == ("GetToday", {})
     assert apibank.parse_call("I will add an alarm.") is None
 
 
-@pytest.mark.parametrize("api, predicted, annotated, correct", [
-    # add_agenda.py: content by word overlap (Jaccard > 0.5), time and location exact.
-    ("AddAgenda", {"content": "Meeting with client A", "time": "2023-07-15 14:00:00", "location": "Client"},
-     {"content": "Meeting with Client A", "time": "2023-07-15 14:00:00", "location": "Client"}, True),  # 3/5
-    ("AddAgenda", {"content": "Meeting client", "time": "2023-07-15 14:00:00", "location": "Client"},
-     {"content": "Meeting with Client A", "time": "2023-07-15 14:00:00", "location": "Client"}, False),  # 1/5
-    # add_reminder.py: the same overlap after lower-casing.
-    ("AddReminder", {"content": "CALL MOM", "time": "2023-03-16 14:00:00", "token": "x"},
-     {"content": "call mom", "time": "2023-03-16 14:00:00", "token": "y"}, True),
-    # calculator.py: the formula without spaces.
-    ("Calculator", {"formula": "(1 + 2) * 3"}, {"formula": "(1+2)*3"}, True),
-    # query_stock.py: the stock code upper-cased and stripped.
-    ("QueryStock", {"stock_code": " sq ", "date": "2022-03-31"}, {"stock_code": "SQ", "date": "2022-03-31"}, True),
-    # send_email.py: receiver case-insensitive, subject exact.
-    ("SendEmail", {"receiver": "A@B.COM", "subject": "Hi", "content": "x"},
-     {"receiver": "a@b.com", "subject": "Hi", "content": "x"}, True),
-    ("SendEmail", {"receiver": "a@b.com", "subject": "hi", "content": "x"},
-     {"receiver": "a@b.com", "subject": "Hi", "content": "x"}, False),
-    # the default (e.g. add_alarm.py): input exactly equal.
-    ("AddAlarm", {"token": "t", "time": "2021-10-14 8:00:00"}, {"token": "t", "time": "2021-10-14 08:00:00"}, False),
-])
+@pytest.mark.parametrize(
+    "api, predicted, annotated, correct",
+    [
+        # add_agenda.py: content by word overlap (Jaccard > 0.5), time and location exact.
+        (
+            "AddAgenda",
+            {"content": "Meeting with client A", "time": "2023-07-15 14:00:00", "location": "Client"},
+            {"content": "Meeting with Client A", "time": "2023-07-15 14:00:00", "location": "Client"},
+            True,
+        ),  # 3/5
+        (
+            "AddAgenda",
+            {"content": "Meeting client", "time": "2023-07-15 14:00:00", "location": "Client"},
+            {"content": "Meeting with Client A", "time": "2023-07-15 14:00:00", "location": "Client"},
+            False,
+        ),  # 1/5
+        # add_reminder.py: the same overlap after lower-casing.
+        (
+            "AddReminder",
+            {"content": "CALL MOM", "time": "2023-03-16 14:00:00", "token": "x"},
+            {"content": "call mom", "time": "2023-03-16 14:00:00", "token": "y"},
+            True,
+        ),
+        # calculator.py: the formula without spaces.
+        ("Calculator", {"formula": "(1 + 2) * 3"}, {"formula": "(1+2)*3"}, True),
+        # query_stock.py: the stock code upper-cased and stripped.
+        ("QueryStock", {"stock_code": " sq ", "date": "2022-03-31"}, {"stock_code": "SQ", "date": "2022-03-31"}, True),
+        # send_email.py: receiver case-insensitive, subject exact.
+        (
+            "SendEmail",
+            {"receiver": "A@B.COM", "subject": "Hi", "content": "x"},
+            {"receiver": "a@b.com", "subject": "Hi", "content": "x"},
+            True,
+        ),
+        (
+            "SendEmail",
+            {"receiver": "a@b.com", "subject": "hi", "content": "x"},
+            {"receiver": "a@b.com", "subject": "Hi", "content": "x"},
+            False,
+        ),
+        # the default (e.g. add_alarm.py): input exactly equal.
+        (
+            "AddAlarm",
+            {"token": "t", "time": "2021-10-14 8:00:00"},
+            {"token": "t", "time": "2021-10-14 08:00:00"},
+            False,
+        ),
+    ],
+)
 def test_api_banks_per_api_rules(api, predicted, annotated, correct):
     assert apibank.call_is_correct(result(api, predicted, "out"), result(api, annotated, "out")) is correct
 
@@ -88,10 +118,13 @@ def test_special_outputs_of_api_banks_rules():
     gt = result("RegisterUser", {"username": "u", "password": "p", "email": "e"}, {"token": "abc"})
     assert apibank.call_is_correct(result("RegisterUser", gt["input"], {"token": "other"}), gt)
     # an exception where none was recorded is wrong; a missing argument is wrong (API-Bank: KeyError).
-    assert not apibank.call_is_correct(result("AddAlarm", gt["input"], None, "boom"),
-                                       result("AddAlarm", gt["input"], None))
-    assert not apibank.call_is_correct(result("QueryStock", {"date": "2022-03-31"}, 1),
-                                       result("QueryStock", {"stock_code": "SQ", "date": "2022-03-31"}, 1))
+    assert not apibank.call_is_correct(
+        result("AddAlarm", gt["input"], None, "boom"), result("AddAlarm", gt["input"], None)
+    )
+    assert not apibank.call_is_correct(
+        result("QueryStock", {"date": "2022-03-31"}, 1),
+        result("QueryStock", {"stock_code": "SQ", "date": "2022-03-31"}, 1),
+    )
 
 
 # ------------------------------------------------------------------------------- replayed model, real HTTP
@@ -110,9 +143,14 @@ def replayed_model(replies: dict[str, str]):
     async def chat(request: Request) -> dict:
         messages = (await request.json())["messages"]
         text = replies[json.dumps(messages, sort_keys=True)]
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": "replay",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "replay",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
 
     port = free_port()
     with serve_in_thread(app, port, access_log=False) as url:
@@ -130,8 +168,15 @@ def replay_server(tmp_path: Path):
     cache.close()
     assert report["unresolved_apis"] == 0
     port = free_port()
-    settings = ServerSettings(api_base="http://127.0.0.1:9/v1", model="none", mode="replay", tools_folder=[TOOLS],
-                              cache_path=tmp_path / "cache.sqlite", log_level="warning", port=port)
+    settings = ServerSettings(
+        api_base="http://127.0.0.1:9/v1",
+        model="none",
+        mode="replay",
+        tools_folder=[TOOLS],
+        cache_path=tmp_path / "cache.sqlite",
+        log_level="warning",
+        port=port,
+    )
     with serve_in_thread(create_app(settings), port, timeout=60, access_log=False) as url:
         yield url + "/virtual"
 
@@ -139,8 +184,9 @@ def replay_server(tmp_path: Path):
 def as_written(api: str, params: dict) -> str:
     """A call as a model writes it for API-Bank's parser: list values (recorded as strings like "['a', 'b']")
     unquoted, which its pattern `(\\w+)\\s*=\\s*(\\[.*\\])` reads back whole; other values quoted."""
-    return "[{}({})]".format(api, ", ".join(f"{k}={v}" if v.startswith("[") else f"{k}='{v}'"
-                                            for k, v in params.items()))
+    return "[{}({})]".format(
+        api, ", ".join(f"{k}={v}" if v.startswith("[") else f"{k}='{v}'" for k, v in params.items())
+    )
 
 
 def test_a_replayed_model_scores_what_api_bank_defines(tmp_path):
@@ -170,8 +216,9 @@ def test_a_replayed_model_scores_what_api_bank_defines(tmp_path):
     wrong = len(calls) - right
     assert right and wrong
     with replay_server(tmp_path) as server, replayed_model(replies) as engine:
-        settings = apibank.Settings(data=DATA, tools_folder=TOOLS, server=server, base_urls=[engine], model="replay",
-                                    levels=(1, 2), limit=None)
+        settings = apibank.Settings(
+            data=DATA, tools_folder=TOOLS, server=server, base_urls=[engine], model="replay", levels=(1, 2), limit=None
+        )
         rows = []
         for level, count in limit.items():
             settings.levels, settings.limit = (level,), count
@@ -202,13 +249,28 @@ def test_a_run_resumes_from_its_samples_file(tmp_path):
     and a failed model call is reported and asked again."""
     descriptions = apibank.load_descriptions(DATA)
     samples = [s for d in apibank.load_dialogues(DATA, 1)[:2] for s in apibank.samples_of(d, 1)]
-    replies = {json.dumps(apibank.build_messages(s, descriptions), sort_keys=True):
-               as_written(s.truth["api_name"], s.truth["param_dict"]) if s.kind == "call" else s.truth["text"]
-               for s in samples}
+    replies = {
+        json.dumps(apibank.build_messages(s, descriptions), sort_keys=True): as_written(
+            s.truth["api_name"], s.truth["param_dict"]
+        )
+        if s.kind == "call"
+        else s.truth["text"]
+        for s in samples
+    }
     out = tmp_path / "run"
     with replay_server(tmp_path) as server:
-        settings = apibank.Settings(data=DATA, tools_folder=TOOLS, server=server, base_urls=["http://127.0.0.1:9/v1"],
-                                    model="replay", levels=(1,), limit=2, timeout=60.0, out=out, progress=False)
+        settings = apibank.Settings(
+            data=DATA,
+            tools_folder=TOOLS,
+            server=server,
+            base_urls=["http://127.0.0.1:9/v1"],
+            model="replay",
+            levels=(1,),
+            limit=2,
+            timeout=60.0,
+            out=out,
+            progress=False,
+        )
         failed = apibank.evaluate(settings)  # no engine there: every model call fails
         assert len(failed) == len(samples) and all("engine_error" in r for r in failed)
         assert apibank.summarize(failed)[1]["engine_errors"] == len(samples)

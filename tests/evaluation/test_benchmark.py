@@ -27,8 +27,12 @@ def test_recorded_benchmark_writes_one_report(samples, tiny_engine, tmp_path):
     assert summary["reference"] == "chatgpt_replay_cot"
     # StableToolBench's own runs of the first two queries: CoT finished 608 but not 588; DFS finished both.
     counts = summary["agent_counts"]
-    assert counts["chatgpt_replay_cot"]["G1_instruction"] == {**counts["chatgpt_replay_cot"]["G1_instruction"],
-                                                              "answered": 2, "give_answer": 1, "no_finish": 1}
+    assert counts["chatgpt_replay_cot"]["G1_instruction"] == {
+        **counts["chatgpt_replay_cot"]["G1_instruction"],
+        "answered": 2,
+        "give_answer": 1,
+        "no_finish": 1,
+    }
     assert counts["chatgpt_replay_dfs"]["G1_instruction"]["give_answer"] == 2
     assert (tmp_path / "report.png").stat().st_size > 1000
     sowr = json.loads((tmp_path / "scores" / "sowr.json").read_text())
@@ -41,9 +45,27 @@ def test_recorded_benchmark_writes_one_report(samples, tiny_engine, tmp_path):
 
 
 def test_benchmark_rejects_an_unknown_method(capsys, tmp_path):
-    code = mirrorapi_main(["benchmark", "--queries", str(tmp_path), "--server", "http://127.0.0.1:9/virtual",
-                           "--agent", "a", "m", "http://127.0.0.1:9/v1", "--methods", "ReAct", "--out", str(tmp_path),
-                           "--judge-base-url", "http://127.0.0.1:9/v1", "--judge-model", "j"])
+    code = mirrorapi_main(
+        [
+            "benchmark",
+            "--queries",
+            str(tmp_path),
+            "--server",
+            "http://127.0.0.1:9/virtual",
+            "--agent",
+            "a",
+            "m",
+            "http://127.0.0.1:9/v1",
+            "--methods",
+            "ReAct",
+            "--out",
+            str(tmp_path),
+            "--judge-base-url",
+            "http://127.0.0.1:9/v1",
+            "--judge-model",
+            "j",
+        ]
+    )
     assert code == 2
     assert "unknown method 'ReAct'" in capsys.readouterr().err
 
@@ -52,13 +74,34 @@ def test_recorded_benchmark_with_a_text_protocol_agent_beside_the_replays(sample
     """A third row from an agent in the agent-react-v1 text protocol (the RECORDED CoT run replayed as text),
     through the `python -m` entry, with a simulator (the tiny model) for what the cache lacks."""
     stb = samples / "stabletoolbench"
-    with serve_recorded_agent([stb / "data_example" / "answer" / "virtual_chatgpt_cot"], free_port(),
-                              text_protocol=True) as (base_url, agent):
-        code = recorded_benchmark_main([
-            "--out", str(tmp_path), "--limit", "2", "--agent", "text_replay", "recorded-agent", base_url,
-            "--agent-format", "text_replay", "agent-react-v1", "--simulator-base-url", tiny_engine.base_url,
-            "--simulator-model", tiny_engine.model, "--judge-base-url", tiny_engine.base_url,
-            "--judge-model", tiny_engine.model, "--judge-max-tokens", "8"])
+    with serve_recorded_agent(
+        [stb / "data_example" / "answer" / "virtual_chatgpt_cot"], free_port(), text_protocol=True
+    ) as (base_url, agent):
+        code = recorded_benchmark_main(
+            [
+                "--out",
+                str(tmp_path),
+                "--limit",
+                "2",
+                "--agent",
+                "text_replay",
+                "recorded-agent",
+                base_url,
+                "--agent-format",
+                "text_replay",
+                "agent-react-v1",
+                "--simulator-base-url",
+                tiny_engine.base_url,
+                "--simulator-model",
+                tiny_engine.model,
+                "--judge-base-url",
+                tiny_engine.base_url,
+                "--judge-model",
+                tiny_engine.model,
+                "--judge-max-tokens",
+                "8",
+            ]
+        )
         assert code == 0
         assert agent.bodies and all("tools" not in body for body in agent.bodies)
     assert "| text_replay_cot | I1 Inst |" in capsys.readouterr().out

@@ -15,8 +15,23 @@ from mirrorapi.evaluation.answers.items import build_items, load_answers, load_i
 from mirrorapi.evaluation.judge.scoring import JudgeSettings, run_scoring
 from mirrorapi.prompts.judge_formats import parse_verdict
 
-RECORD_KEYS = {"metric", "model", "group", "query_id", "repeat", "verdict", "score", "reason", "judged", "parsed",
-               "status", "answer", "raw", "prompt_format", "judge"}
+RECORD_KEYS = {
+    "metric",
+    "model",
+    "group",
+    "query_id",
+    "repeat",
+    "verdict",
+    "score",
+    "reason",
+    "judged",
+    "parsed",
+    "status",
+    "answer",
+    "raw",
+    "prompt_format",
+    "judge",
+}
 # In StableToolBench's data_example (G1_instruction 588, 608, 1073), CoT never finished query 588:
 # five answers have text to judge.
 JUDGED_EXAMPLE_ANSWERS = 5
@@ -33,9 +48,23 @@ def _example_ids(samples):
 @pytest.mark.slow
 def test_fac_scores_every_id_and_resumes(eval_cli, tiny_engine, stb_answers, stb_ids, tmp_path):
     out = tmp_path / "fac"
-    argv = ["--answers", str(stb_answers), "--ids", str(stb_ids), "--base-url", tiny_engine.base_url,
-            "--model", tiny_engine.model, "--out", str(out), "--max-tokens", "8", "--concurrency", "4",
-            "--no-progress"]
+    argv = [
+        "--answers",
+        str(stb_answers),
+        "--ids",
+        str(stb_ids),
+        "--base-url",
+        tiny_engine.base_url,
+        "--model",
+        tiny_engine.model,
+        "--out",
+        str(out),
+        "--max-tokens",
+        "8",
+        "--concurrency",
+        "4",
+        "--no-progress",
+    ]
     assert eval_cli("fac")(argv) == 0
 
     ids = load_ids(stb_ids)
@@ -43,8 +72,9 @@ def test_fac_scores_every_id_and_resumes(eval_cli, tiny_engine, stb_answers, stb
     records = _lines(out / "answers.jsonl")
     assert len(records) == 2 * sum(len(v) for v in ids.values())  # every id of every group, for both models
     assert all(set(r) == RECORD_KEYS for r in records)
-    assert {(r["model"], r["group"], r["query_id"]) for r in records} == {(i.model, i.group, i.query_id)
-                                                                          for i in items}
+    assert {(r["model"], r["group"], r["query_id"]) for r in records} == {
+        (i.model, i.group, i.query_id) for i in items
+    }
     judged = [r for r in records if r["judged"]]
     assert len(judged) == JUDGED_EXAMPLE_ANSWERS
     for r in records:
@@ -62,19 +92,33 @@ def test_fac_scores_every_id_and_resumes(eval_cli, tiny_engine, stb_answers, stb
     assert [row["model"] for row in table["rows"]] == ["virtual_chatgpt_cot", "virtual_chatgpt_dfs"]
     assert sorted(table["groups"]) == sorted(ids) and table["complete"]
     if len(ids) == 6:  # StableToolBench's column order
-        assert table["groups"] == ["G1_instruction", "G1_category", "G1_tool", "G2_category", "G2_instruction",
-                                   "G3_instruction"]
+        assert table["groups"] == [
+            "G1_instruction",
+            "G1_category",
+            "G1_tool",
+            "G2_category",
+            "G2_instruction",
+            "G3_instruction",
+        ]
     for row in table["rows"]:
         for group, cell in row["groups"].items():
             assert cell["ids"] == len(ids[group])
-            accounted = (cell["missing"] + cell["empty"] + cell["give_up"] + cell["solved"] + cell["unsure"]
-                         + cell["unsolved"] + cell["unparseable"] + cell["pending"])
+            accounted = (
+                cell["missing"]
+                + cell["empty"]
+                + cell["give_up"]
+                + cell["solved"]
+                + cell["unsure"]
+                + cell["unsolved"]
+                + cell["unparseable"]
+                + cell["pending"]
+            )
             assert accounted == cell["ids"]
             solved = sum(r["score"] for r in records if (r["model"], r["group"]) == (row["model"], group))
             assert cell["score"] == round(100 * solved / len(ids[group]), 2)
     with open(out / "fac.csv") as fh:
         rows = list(csv.reader(fh))
-    assert rows[0][:len(ids) + 2] == ["method", *table["groups"], "average"] and len(rows) == 3
+    assert rows[0][: len(ids) + 2] == ["method", *table["groups"], "average"] and len(rows) == 3
     markdown = (out / "fac.md").read_text()
     if len(ids) == 6:
         assert "| Method | I1 Inst | I1 Cat | I1 Tool | I2 Cat | I2 Inst | I3 Inst | Average |" in markdown
@@ -111,20 +155,35 @@ def test_repeats_and_sopr_share_an_output_folder(tiny_engine, stb_answers, sampl
     assert {r["prompt_format"] for r in sopr_records} == {"sopr-v1"}
     assert all(r["score"] == {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}[r["verdict"]] for r in sopr_records)
     table = json.loads((tmp_path / "sopr.json").read_text())
-    assert table["repeats"] == 2 and all(len(c["per_repeat"]) == 2 for row in table["rows"]
-                                         for c in row["groups"].values())
+    assert table["repeats"] == 2 and all(
+        len(c["per_repeat"]) == 2 for row in table["rows"] for c in row["groups"].values()
+    )
     assert (tmp_path / "fac.md").is_file() and "SoPR" in (tmp_path / "sopr.md").read_text()
 
 
-def test_unparseable_judge_outputs_count_unsolved_and_are_reported(eval_cli, faulty_judge, stb_answers, samples,
-                                                                   tmp_path):
-    argv = ["--answers", str(stb_answers), "--ids", str(_example_ids(samples)), "--base-url", faulty_judge.base_url,
-            "--model", faulty_judge.model, "--out", str(tmp_path), "--no-progress"]
+def test_unparseable_judge_outputs_count_unsolved_and_are_reported(
+    eval_cli, faulty_judge, stb_answers, samples, tmp_path
+):
+    argv = [
+        "--answers",
+        str(stb_answers),
+        "--ids",
+        str(_example_ids(samples)),
+        "--base-url",
+        faulty_judge.base_url,
+        "--model",
+        faulty_judge.model,
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    ]
     assert eval_cli("fac")(argv) == 0
     judged = [r for r in _lines(tmp_path / "answers.jsonl") if r["judged"]]
     assert len(judged) == JUDGED_EXAMPLE_ANSWERS == faulty_judge.requests
-    assert all((r["verdict"], r["score"], r["parsed"], r["raw"]) == ("Unsolved", 0.0, False, faulty_judge.reply)
-               for r in judged)
+    assert all(
+        (r["verdict"], r["score"], r["parsed"], r["raw"]) == ("Unsolved", 0.0, False, faulty_judge.reply)
+        for r in judged
+    )
     cells = [c for row in json.loads((tmp_path / "fac.json").read_text())["rows"] for c in row["groups"].values()]
     assert sum(c["unparseable"] for c in cells) == JUDGED_EXAMPLE_ANSWERS
     assert sum(c["solved"] + c["unsolved"] for c in cells) == 0
@@ -132,8 +191,21 @@ def test_unparseable_judge_outputs_count_unsolved_and_are_reported(eval_cli, fau
 
 def test_failed_judge_calls_stay_pending_until_a_rerun(eval_cli, faulty_judge, stb_answers, samples, tmp_path, capsys):
     faulty_judge.failing, faulty_judge.fail_on = True, "gmhikaru"  # query 608, answered by both models
-    argv = ["--answers", str(stb_answers), "--ids", str(_example_ids(samples)), "--base-url", faulty_judge.base_url,
-            "--model", faulty_judge.model, "--out", str(tmp_path), "--timeout", "5", "--no-progress"]
+    argv = [
+        "--answers",
+        str(stb_answers),
+        "--ids",
+        str(_example_ids(samples)),
+        "--base-url",
+        faulty_judge.base_url,
+        "--model",
+        faulty_judge.model,
+        "--out",
+        str(tmp_path),
+        "--timeout",
+        "5",
+        "--no-progress",
+    ]
     assert eval_cli("fac")(argv) == 1
     assert "2 judge call(s) failed" in capsys.readouterr().err
     table = json.loads((tmp_path / "fac.json").read_text())
@@ -157,8 +229,21 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, faulty_judge, stb_answe
     down = f"http://127.0.0.1:{free_port()}/v1"
     cases = [
         (common + ["--base-url", down, "--model", "m"], "not reachable"),
-        (["--answers", str(tmp_path / "none"), "--ids", ids, "--base-url", down, "--model", "m", "--out",
-          str(tmp_path / "o")], "answers not found"),
+        (
+            [
+                "--answers",
+                str(tmp_path / "none"),
+                "--ids",
+                ids,
+                "--base-url",
+                down,
+                "--model",
+                "m",
+                "--out",
+                str(tmp_path / "o"),
+            ],
+            "answers not found",
+        ),
         (common + ["--base-url", faulty_judge.base_url, "--model", "m", "--repeats", "0"], "at least 1"),
     ]
     for argv, message in cases:
@@ -179,22 +264,37 @@ def test_a_changed_answer_is_judged_again(eval_cli, faulty_judge, stb_answers, s
 
     answers = tmp_path / "answers"
     shutil.copytree(stb_answers, answers)
-    argv = ["--answers", str(answers), "--ids", str(_example_ids(samples)), "--base-url", faulty_judge.base_url,
-            "--model", faulty_judge.model, "--out", str(tmp_path / "out"), "--no-progress"]
+    argv = [
+        "--answers",
+        str(answers),
+        "--ids",
+        str(_example_ids(samples)),
+        "--base-url",
+        faulty_judge.base_url,
+        "--model",
+        faulty_judge.model,
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     assert eval_cli("fac")(argv) == 0 and faulty_judge.requests == JUDGED_EXAMPLE_ANSWERS
     file = answers / "virtual_chatgpt_cot" / "G1_instruction.json"
     data = json.loads(file.read_text())
     data["588"]["answer"]["final_answer"] = json.dumps({"return_type": "give_answer", "final_answer": "Barcelona."})
     file.write_text(json.dumps(data))
     assert eval_cli("fac")(argv) == 0 and faulty_judge.requests == JUDGED_EXAMPLE_ANSWERS + 1
-    record = next(r for r in _lines(tmp_path / "out" / "answers.jsonl")
-                  if (r["model"], r["query_id"]) == ("virtual_chatgpt_cot", "588"))
+    record = next(
+        r
+        for r in _lines(tmp_path / "out" / "answers.jsonl")
+        if (r["model"], r["query_id"]) == ("virtual_chatgpt_cot", "588")
+    )
     assert (record["status"], record["answer"], record["judged"]) == ("answer", "Barcelona.", True)
 
 
 def test_concurrency_default_follows_the_engine(tiny_engine, faulty_judge):
     """Without --concurrency: 2 requests in flight on `transformers serve` (one generation at a time), 16 on
     an engine whose /v1/models lists the model as `owned_by: vllm`, as vLLM's does."""
+
     async def default(base_url: str, model: str) -> int:
         engine = EngineClient(base_url, model)
         try:

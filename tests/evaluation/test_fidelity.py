@@ -96,13 +96,32 @@ def test_nearest_example_is_the_closest_call_of_the_same_api(sample_pairs):
 
 def test_error_precision_and_recall_count_the_calls_they_are_over():
     # Four real calls, two of which failed (one with an error field, one with tau-bench's in-band "Error: ...").
-    real = [{"error": "The token is invalid.", "response": ""}, {"error": "", "response": "Error: no such user"},
-            {"error": "", "response": "ok"}, {"error": "", "response": "ok"}]
-    pairs = [{"source": "api-bank", "episode": "e", "step": i, "category": "APIBank", "tool_name": "t",
-              "api_name": "a", "tool_input": {"i": i}, "response": response} for i, response in enumerate(real)]
+    real = [
+        {"error": "The token is invalid.", "response": ""},
+        {"error": "", "response": "Error: no such user"},
+        {"error": "", "response": "ok"},
+        {"error": "", "response": "ok"},
+    ]
+    pairs = [
+        {
+            "source": "api-bank",
+            "episode": "e",
+            "step": i,
+            "category": "APIBank",
+            "tool_name": "t",
+            "api_name": "a",
+            "tool_input": {"i": i},
+            "response": response,
+        }
+        for i, response in enumerate(real)
+    ]
     # The simulator catches the first failure, misses the second, and fails one call that worked.
-    simulated = [{"error": "bad token", "response": ""}, {"error": "", "response": "fine"},
-                 {"error": "", "response": "Error: made up"}, {"error": "", "response": "ok"}]
+    simulated = [
+        {"error": "bad token", "response": ""},
+        {"error": "", "response": "fine"},
+        {"error": "", "response": "Error: made up"},
+        {"error": "", "response": "ok"},
+    ]
     metrics = slice_metrics(compare(pairs, simulated), "simulated")
     assert metrics["errors"] == {"both": 1, "real_only": 1, "simulated_only": 1, "neither": 1}
     assert (metrics["error_precision"], metrics["error_precision_n"]) == (50.0, 2)
@@ -125,10 +144,25 @@ def test_a_call_answered_from_the_cache_is_told_apart_by_the_server_s_own_outcom
 
 def test_a_missing_baseline_is_wrong_on_every_check_even_where_the_real_answer_is_empty():
     # Real ToolBench calls whose API answered nothing (an empty response), and one with an answer.
-    pairs = [{"source": "toolbench-example", "episode": "e", "step": step, "category": "Logistics",
-              "tool_name": "squake", "api_name": "checkhealth", "tool_input": {}, "response": response}
-             for step, response in enumerate([{"error": "", "response": ""}, {"error": "", "response": ""},
-                                              {"error": "", "response": "{'status': 'ok'}"}])]
+    pairs = [
+        {
+            "source": "toolbench-example",
+            "episode": "e",
+            "step": step,
+            "category": "Logistics",
+            "tool_name": "squake",
+            "api_name": "checkhealth",
+            "tool_input": {},
+            "response": response,
+        }
+        for step, response in enumerate(
+            [
+                {"error": "", "response": ""},
+                {"error": "", "response": ""},
+                {"error": "", "response": "{'status': 'ok'}"},
+            ]
+        )
+    ]
     simulated = [{"error": "", "response": ""}, {"error": "", "response": "ok"}, {"error": "", "response": "x"}]
     rows = compare(pairs, simulated, baseline=lambda pair: None)  # no training call of this API
     baseline = slice_metrics(rows, "baseline")
@@ -138,20 +172,33 @@ def test_a_missing_baseline_is_wrong_on_every_check_even_where_the_real_answer_i
 
 
 @pytest.mark.slow
-def test_replay_through_a_fresh_server_in_episode_order(eval_cli, virtual_server, tiny_engine, sample_pairs,
-                                                         samples, tmp_path):
+def test_replay_through_a_fresh_server_in_episode_order(
+    eval_cli, virtual_server, tiny_engine, sample_pairs, samples, tmp_path
+):
     held_out, train = _split(sample_pairs, per_source=1, max_calls=4)
     assert {p["source"] for p in held_out} == set(SOURCES)
     url, request_log = virtual_server(tiny_engine.base_url, tiny_engine.model)
     out = tmp_path / "report"
-    argv = ["--pairs", str(_write(tmp_path / "heldout.jsonl", held_out)), "--server", url, "--out", str(out),
-            "--baseline-pairs", str(_write(tmp_path / "train.jsonl", train)), "--tools", str(samples / "tools"),
-            "--concurrency", "1", "--no-progress"]
+    argv = [
+        "--pairs",
+        str(_write(tmp_path / "heldout.jsonl", held_out)),
+        "--server",
+        url,
+        "--out",
+        str(out),
+        "--baseline-pairs",
+        str(_write(tmp_path / "train.jsonl", train)),
+        "--tools",
+        str(samples / "tools"),
+        "--concurrency",
+        "1",
+        "--no-progress",
+    ]
     assert eval_cli("simulator")(argv) == 0
 
     # One episode at a time: the server saw the calls in (source, episode, step) order.
     lines = [line for line in request_log.read_text().splitlines() if "{" in line]
-    seen = [json.loads(line[line.index("{"):])["api"] for line in lines]  # one JSON object per request
+    seen = [json.loads(line[line.index("{") :])["api"] for line in lines]  # one JSON object per request
     assert seen == ["/".join(api_id(p)) for p in held_out]
 
     report = json.loads((out / "fidelity.json").read_text())
@@ -160,8 +207,9 @@ def test_replay_through_a_fresh_server_in_episode_order(eval_cli, virtual_server
     assert report["cache_hits"]["n"] == 0 and report["scored"] == len(held_out)
     assert sum(report["outcomes"].values()) == len(held_out) and "hit" not in report["outcomes"]
     assert set(report["per_source"]) == set(SOURCES)
-    assert {s: b["n"] for s, b in report["per_source"].items()} == {s: sum(p["source"] == s for p in held_out)
-                                                                    for s in SOURCES}
+    assert {s: b["n"] for s, b in report["per_source"].items()} == {
+        s: sum(p["source"] == s for p in held_out) for s in SOURCES
+    }
     assert sum(b["n"] for b in report["per_api"].values()) == len(held_out)
     for block in [report["overall"], *report["per_source"].values()]:
         for side in ("simulated", "baseline"):
@@ -170,8 +218,9 @@ def test_replay_through_a_fresh_server_in_episode_order(eval_cli, virtual_server
             assert all(0 <= metrics[k] <= 100 for k in ("bleu4", "rouge_l", "error_agreement"))
             assert sum(metrics["errors"].values()) == block["n"]
     rows = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
-    assert [(r["episode"], r["step"], r["real"]) for r in rows] == [(p["episode"], p["step"], p["response"])
-                                                                    for p in held_out]
+    assert [(r["episode"], r["step"], r["real"]) for r in rows] == [
+        (p["episode"], p["step"], p["response"]) for p in held_out
+    ]
     assert all(isinstance(r["simulated"]["error"], str) and not r["request_failed"] for r in rows)
     assert (out / "fidelity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     markdown = (out / "fidelity.md").read_text()
@@ -179,8 +228,9 @@ def test_replay_through_a_fresh_server_in_episode_order(eval_cli, virtual_server
 
 
 @pytest.mark.slow
-def test_identical_answers_score_full_marks_and_a_used_cache_is_flagged(eval_cli, virtual_server, tiny_model_dir,
-                                                                         sample_pairs, registry, samples, tmp_path):
+def test_identical_answers_score_full_marks_and_a_used_cache_is_flagged(
+    eval_cli, virtual_server, tiny_model_dir, sample_pairs, registry, samples, tmp_path
+):
     # The held-out calls' real answers are put into the server's cache before it starts, and the server
     # only replays its cache: every answer it gives is the real one, so every metric must be perfect.
     held_out, _ = _split(sample_pairs, per_source=2, max_calls=3)
@@ -192,20 +242,47 @@ def test_identical_answers_score_full_marks_and_a_used_cache_is_flagged(eval_cli
     rows = []
     for pair in held_out:
         doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
-        rows.append((doc.category, doc.tool, doc.api, canonical_json(pair["tool_input"]), pair["response"]["error"],
-                     pair["response"]["response"]))
+        rows.append(
+            (
+                doc.category,
+                doc.tool,
+                doc.api,
+                canonical_json(pair["tool_input"]),
+                pair["response"]["error"],
+                pair["response"]["response"],
+            )
+        )
     assert cache.put_many(rows, "real") == len(held_out)
     cache.close()
-    url, _ = virtual_server(f"http://127.0.0.1:{free_port()}/v1", "unused", mode="replay",
-                            missing_required="simulate", cache_path=tmp_path / "filled.sqlite")
+    url, _ = virtual_server(
+        f"http://127.0.0.1:{free_port()}/v1",
+        "unused",
+        mode="replay",
+        missing_required="simulate",
+        cache_path=tmp_path / "filled.sqlite",
+    )
     out = tmp_path / "report"
-    argv = ["--pairs", str(_write(tmp_path / "heldout.jsonl", held_out)), "--server", url + "/virtual",
-            "--out", str(out), "--tools", str(samples / "tools"), "--no-progress"]
+    argv = [
+        "--pairs",
+        str(_write(tmp_path / "heldout.jsonl", held_out)),
+        "--server",
+        url + "/virtual",
+        "--out",
+        str(out),
+        "--tools",
+        str(samples / "tools"),
+        "--no-progress",
+    ]
     # By default a call the server answered from what its cache held is counted apart, and scored nowhere.
     assert eval_cli("simulator")(argv) == 0
     report = json.loads((out / "fidelity.json").read_text())
-    assert report["cache_hits"] == {"n": len(held_out), "scored": False, "per_source": {
-        source: sum(p["source"] == source for p in held_out) for source in {p["source"] for p in held_out}}}
+    assert report["cache_hits"] == {
+        "n": len(held_out),
+        "scored": False,
+        "per_source": {
+            source: sum(p["source"] == source for p in held_out) for source in {p["source"] for p in held_out}
+        },
+    }
     assert report["outcomes"] == {"hit": len(held_out)} and report["scored"] == 0
     assert report["overall"]["simulated"] == {"n": 0}
     assert f"**{len(held_out)} answered from the cache**" in (out / "fidelity.md").read_text()
@@ -223,8 +300,9 @@ def test_identical_answers_score_full_marks_and_a_used_cache_is_flagged(eval_cli
     assert "**Warning:** the server's cache held" in (out / "fidelity.md").read_text()
 
 
-def test_the_calls_the_cache_answers_are_left_out_of_every_row(eval_cli, virtual_server, sample_pairs, registry,
-                                                               samples, tmp_path):
+def test_the_calls_the_cache_answers_are_left_out_of_every_row(
+    eval_cli, virtual_server, sample_pairs, registry, samples, tmp_path
+):
     """Held-out calls of which the server's cache holds every other one (as a server seeded with the training
     calls holds those whose arguments a training call repeats): those are counted apart, and the simulator, the
     nearest example and the session pass are scored on the others only. The server replays its cache (no
@@ -237,14 +315,42 @@ def test_the_calls_the_cache_answers_are_left_out_of_every_row(eval_cli, virtual
     cached = held_out[::2]
     cache = ResponseCache(tmp_path / "seeded.sqlite")
     docs = [registry.resolve(p["category"], p["tool_name"], p["api_name"]) for p in cached]
-    cache.put_many([(d.category, d.tool, d.api, canonical_json(p["tool_input"]), p["response"]["error"],
-                     p["response"]["response"]) for d, p in zip(docs, cached, strict=True)], "imported:training")
+    cache.put_many(
+        [
+            (
+                d.category,
+                d.tool,
+                d.api,
+                canonical_json(p["tool_input"]),
+                p["response"]["error"],
+                p["response"]["response"],
+            )
+            for d, p in zip(docs, cached, strict=True)
+        ],
+        "imported:training",
+    )
     cache.close()
-    url, _ = virtual_server(f"http://127.0.0.1:{free_port()}/v1", "unused", mode="replay",
-                            missing_required="simulate", cache_path=tmp_path / "seeded.sqlite")
+    url, _ = virtual_server(
+        f"http://127.0.0.1:{free_port()}/v1",
+        "unused",
+        mode="replay",
+        missing_required="simulate",
+        cache_path=tmp_path / "seeded.sqlite",
+    )
     out = tmp_path / "report"
-    argv = ["--pairs", str(_write(tmp_path / "heldout.jsonl", held_out)), "--server", url, "--out", str(out),
-            "--baseline-pairs", str(_write(tmp_path / "train.jsonl", train)), "--history", "both", "--no-progress"]
+    argv = [
+        "--pairs",
+        str(_write(tmp_path / "heldout.jsonl", held_out)),
+        "--server",
+        url,
+        "--out",
+        str(out),
+        "--baseline-pairs",
+        str(_write(tmp_path / "train.jsonl", train)),
+        "--history",
+        "both",
+        "--no-progress",
+    ]
     assert eval_cli("simulator")(argv) == 0
     report = json.loads((out / "fidelity.json").read_text())
     others = [p for p in held_out if p not in cached]
@@ -261,8 +367,10 @@ def test_the_calls_the_cache_answers_are_left_out_of_every_row(eval_cli, virtual
     sessions = report["sessions"]
     assert (sessions["cache_hits"], sessions["scored"]) == (len(cached), len(others))
     assert sessions["with"]["overall"]["n"] == sessions["without"]["overall"]["n"] == len(others)
-    assert "| replay | step | calls | ROUGE-L | BLEU-4 | error agreement | error precision | error recall |" in \
-        (out / "fidelity.md").read_text()
+    assert (
+        "| replay | step | calls | ROUGE-L | BLEU-4 | error agreement | error precision | error recall |"
+        in (out / "fidelity.md").read_text()
+    )
     rows = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
     assert [r["from_cache"] for r in rows] == [p in cached for p in held_out]
     assert {r["provenance"] for r in rows if r["from_cache"]} == {"imported:training"}
@@ -273,10 +381,23 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, samples, tmp_path, caps
     pairs = str(samples / "pairs.jsonl")
     cases = [
         (["--pairs", pairs, "--server", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path)], "does not answer"),
-        (["--pairs", str(tmp_path / "none.jsonl"), "--server", "http://127.0.0.1:9", "--out", str(tmp_path)],
-         "not found"),
-        (["--pairs", pairs, "--server", "http://127.0.0.1:9", "--out", str(tmp_path), "--embedding-model",
-          str(tmp_path / "no-model")], "embedding model folder not found"),
+        (
+            ["--pairs", str(tmp_path / "none.jsonl"), "--server", "http://127.0.0.1:9", "--out", str(tmp_path)],
+            "not found",
+        ),
+        (
+            [
+                "--pairs",
+                pairs,
+                "--server",
+                "http://127.0.0.1:9",
+                "--out",
+                str(tmp_path),
+                "--embedding-model",
+                str(tmp_path / "no-model"),
+            ],
+            "embedding model folder not found",
+        ),
     ]
     for argv, message in cases:
         assert simulator(argv + ["--no-progress"]) == 2

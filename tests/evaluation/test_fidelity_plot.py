@@ -7,10 +7,16 @@ from mirrorapi.evaluation.fidelity.report import METRIC_TITLES, figure
 
 def test_not_applicable_is_labelled_and_has_no_bar():
     # schema conformance: no successful call with a schema among those scored for this source (None).
-    source = {"n": 2, "simulated": {"bleu4": 12.0, "rouge_l": 30.0, "schema_conformance": None},
-              "baseline": {"bleu4": 40.0, "rouge_l": 0.0, "schema_conformance": None}}
-    overall = {"n": 5, "simulated": {"bleu4": 10.0, "rouge_l": 25.0, "schema_conformance": 50.0},
-               "baseline": {"bleu4": 35.0, "rouge_l": 20.0, "schema_conformance": 75.0}}
+    source = {
+        "n": 2,
+        "simulated": {"bleu4": 12.0, "rouge_l": 30.0, "schema_conformance": None},
+        "baseline": {"bleu4": 40.0, "rouge_l": 0.0, "schema_conformance": None},
+    }
+    overall = {
+        "n": 5,
+        "simulated": {"bleu4": 10.0, "rouge_l": 25.0, "schema_conformance": 50.0},
+        "baseline": {"bleu4": 35.0, "rouge_l": 20.0, "schema_conformance": 75.0},
+    }
     fig = figure({"overall": overall, "per_source": {"tau-bench": source}, "baseline": True})
     overall_ax, source_ax = fig.axes[:2]
     labels = [t.get_text() for t in source_ax.get_xticklabels()]

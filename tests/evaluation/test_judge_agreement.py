@@ -19,12 +19,18 @@ def test_cohen_kappa_of_a_textbook_table():
 
 
 def test_unparseable_predictions_count_as_unsolved_and_have_their_own_column():
-    rows = [{"label": "Solved", "prediction": "Solved"}, {"label": "Solved", "prediction": "unparseable"},
-            {"label": "Unsolved", "prediction": "unparseable"}, {"label": "Unsolved", "prediction": "Solved"}]
+    rows = [
+        {"label": "Solved", "prediction": "Solved"},
+        {"label": "Solved", "prediction": "unparseable"},
+        {"label": "Unsolved", "prediction": "unparseable"},
+        {"label": "Unsolved", "prediction": "Solved"},
+    ]
     stats = agreement_stats(rows)
     assert stats["accuracy"] == 0.5  # rows 1 and 3 agree once unparseable is read as Unsolved
-    assert stats["confusion"] == {"Solved": {"Solved": 1, "Unsolved": 0, "unparseable": 1},
-                                  "Unsolved": {"Solved": 1, "Unsolved": 0, "unparseable": 1}}
+    assert stats["confusion"] == {
+        "Solved": {"Solved": 1, "Unsolved": 0, "unparseable": 1},
+        "Unsolved": {"Solved": 1, "Unsolved": 0, "unparseable": 1},
+    }
     assert (stats["n"], stats["unparseable"], stats["labelled_solved"], stats["predicted_solved"]) == (4, 2, 2, 2)
 
 
@@ -44,8 +50,23 @@ def test_agreement_report_on_the_labelled_sample(eval_cli, tiny_engine, samples,
         per_source[record["source"]] = per_source.get(record["source"], 0) + 1
         if per_source[record["source"]] <= 6:
             records.append(record)
-    argv = ["--labelled", str(labelled), "--base-url", tiny_engine.base_url, "--model", tiny_engine.model,
-            "--out", str(tmp_path), "--max-tokens", "8", "--concurrency", "4", "--limit", "6", "--no-progress"]
+    argv = [
+        "--labelled",
+        str(labelled),
+        "--base-url",
+        tiny_engine.base_url,
+        "--model",
+        tiny_engine.model,
+        "--out",
+        str(tmp_path),
+        "--max-tokens",
+        "8",
+        "--concurrency",
+        "4",
+        "--limit",
+        "6",
+        "--no-progress",
+    ]
     assert eval_cli("judge_agreement")(argv) == 0
     report = json.loads((tmp_path / "agreement.json").read_text())
     assert report["overall"]["n"] == len(records) and report["pending"] == 0
@@ -75,8 +96,21 @@ def test_agreement_report_on_the_labelled_sample(eval_cli, tiny_engine, samples,
 @pytest.mark.shared
 def test_limit_per_source_on_the_shared_labelled_set(eval_cli, tiny_engine, shared_data, tmp_path):
     labelled = shared_data / "judge" / "labelled.jsonl"
-    argv = ["--labelled", str(labelled), "--base-url", tiny_engine.base_url, "--model", tiny_engine.model,
-            "--out", str(tmp_path), "--max-tokens", "8", "--limit", "3", "--no-progress"]
+    argv = [
+        "--labelled",
+        str(labelled),
+        "--base-url",
+        tiny_engine.base_url,
+        "--model",
+        tiny_engine.model,
+        "--out",
+        str(tmp_path),
+        "--max-tokens",
+        "8",
+        "--limit",
+        "3",
+        "--no-progress",
+    ]
     assert eval_cli("judge_agreement")(argv) == 0
     report = json.loads((tmp_path / "agreement.json").read_text())
     sources = {json.loads(line)["source"] for line in labelled.read_text().splitlines()}
@@ -85,12 +119,23 @@ def test_limit_per_source_on_the_shared_labelled_set(eval_cli, tiny_engine, shar
 
 def test_bad_labelled_files_are_one_line_errors(eval_cli, tmp_path, capsys):
     good = {k: "x" for k in LABELLED_KEYS} | {"label": "Solved"}
-    cases = {"not-json.jsonl": "{oops\n", "no-label.jsonl": json.dumps({"source": "s", "id": "1"}) + "\n",
-             "bad-label.jsonl": json.dumps(good | {"label": "Maybe"}) + "\n"}
+    cases = {
+        "not-json.jsonl": "{oops\n",
+        "no-label.jsonl": json.dumps({"source": "s", "id": "1"}) + "\n",
+        "bad-label.jsonl": json.dumps(good | {"label": "Maybe"}) + "\n",
+    }
     for name, content in cases.items():
         (tmp_path / name).write_text(content)
-        argv = ["--labelled", str(tmp_path / name), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
-                "--out", str(tmp_path / "out")]
+        argv = [
+            "--labelled",
+            str(tmp_path / name),
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--out",
+            str(tmp_path / "out"),
+        ]
         assert eval_cli("judge_agreement")(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and f"{name}:1" in err[0]

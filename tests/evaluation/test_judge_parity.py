@@ -20,16 +20,32 @@ def test_fac_agreement_and_training_show_the_same_prompt(faulty_judge, tmp_path)
     assert len(LONG.strip()) > 8000
     answers = tmp_path / "answers" / "agent"
     answers.mkdir(parents=True)
-    (answers / "G1_instruction.json").write_text(json.dumps({
-        qid: {"query": QUERY, "available_tools": [],
-              "answer": {"method": "CoT@1", "total_steps": 3, "final_answer": final, "answer_details": []}}
-        for qid, final in FINAL_ANSWERS.items()}))
+    (answers / "G1_instruction.json").write_text(
+        json.dumps(
+            {
+                qid: {
+                    "query": QUERY,
+                    "available_tools": [],
+                    "answer": {"method": "CoT@1", "total_steps": 3, "final_answer": final, "answer_details": []},
+                }
+                for qid, final in FINAL_ANSWERS.items()
+            }
+        )
+    )
     ids = tmp_path / "ids"
     ids.mkdir()
     (ids / "G1_instruction.json").write_text(json.dumps({qid: 0 for qid in FINAL_ANSWERS}))
-    labelled = [{"source": "parity", "id": qid, "query": QUERY, "final_answer": final,
-                 "label": "Solved" if qid == "1" else "Unsolved", "label_kind": "test"}
-                for qid, final in FINAL_ANSWERS.items()]
+    labelled = [
+        {
+            "source": "parity",
+            "id": qid,
+            "query": QUERY,
+            "final_answer": final,
+            "label": "Solved" if qid == "1" else "Unsolved",
+            "label_kind": "test",
+        }
+        for qid, final in FINAL_ANSWERS.items()
+    ]
     (tmp_path / "labelled.jsonl").write_text("".join(json.dumps(r) + "\n" for r in labelled))
     settings = JudgeSettings([faulty_judge.base_url], faulty_judge.model)
 
@@ -41,8 +57,9 @@ def test_fac_agreement_and_training_show_the_same_prompt(faulty_judge, tmp_path)
     splits, _ = build_judge_records(labelled, test_fraction=0.0, balance=False)
     training = sorted(record["prompt"][1]["content"] for record in splits["train"])
 
-    expected = sorted([f"Query:\n{QUERY}\n\nFinal answer:\n{LONG.strip()[:8000]}...",
-                       f"Query:\n{QUERY}\n\nFinal answer:\n{SHORT}"])
+    expected = sorted(
+        [f"Query:\n{QUERY}\n\nFinal answer:\n{LONG.strip()[:8000]}...", f"Query:\n{QUERY}\n\nFinal answer:\n{SHORT}"]
+    )
     assert fac == expected
     assert agreement == expected
     assert training == expected

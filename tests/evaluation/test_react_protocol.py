@@ -26,24 +26,32 @@ FUNCTION = "get_channel_clips_for_kick_com_api_kick_api"
 
 
 def test_well_formed_reply():
-    step = parse_react_step(f'Thought: I need the clips of the channel first.\nAction: {FUNCTION}\n'
-                            'Action Input: {"channel_name": "gmhikaru"}')
+    step = parse_react_step(
+        f"Thought: I need the clips of the channel first.\nAction: {FUNCTION}\n"
+        'Action Input: {"channel_name": "gmhikaru"}'
+    )
     assert (step.thought, step.action, step.problem) == ("I need the clips of the channel first.", FUNCTION, "")
     assert json.loads(step.arguments) == {"channel_name": "gmhikaru"}
 
 
 def test_finish_with_a_multiline_answer_and_markdown_labels():
-    reply = ('**Thought:** I have both results.\n**Action:** `Finish`\n**Action Input:**\n```json\n'
-             '{"return_type": "give_answer",\n "final_answer": "The channel gmhikaru has 3 clips."}\n```')
+    reply = (
+        "**Thought:** I have both results.\n**Action:** `Finish`\n**Action Input:**\n```json\n"
+        '{"return_type": "give_answer",\n "final_answer": "The channel gmhikaru has 3 clips."}\n```'
+    )
     step = parse_react_step(reply)
     assert step.action == "Finish" and step.problem == ""
-    assert json.loads(step.arguments) == {"return_type": "give_answer",
-                                          "final_answer": "The channel gmhikaru has 3 clips."}
+    assert json.loads(step.arguments) == {
+        "return_type": "give_answer",
+        "final_answer": "The channel gmhikaru has 3 clips.",
+    }
 
 
 def test_invented_observation_and_later_steps_are_dropped():
-    reply = (f'Thought: get the clips\nAction: {FUNCTION}\nAction Input: {{"channel_name": "gmhikaru"}}\n'
-             'Observation: {"clips": ["a", "b"]}\nThought: done\nAction: Finish\nAction Input: {}')
+    reply = (
+        f'Thought: get the clips\nAction: {FUNCTION}\nAction Input: {{"channel_name": "gmhikaru"}}\n'
+        'Observation: {"clips": ["a", "b"]}\nThought: done\nAction: Finish\nAction Input: {}'
+    )
     step = parse_react_step(reply)
     assert (step.action, json.loads(step.arguments)) == (FUNCTION, {"channel_name": "gmhikaru"})
     assert "Observation" in step.problem
@@ -75,41 +83,70 @@ def test_no_action_is_a_thought_only():
 
 
 def test_unknown_function_name_is_kept_for_the_runner_to_reject():
-    message = react_as_tool_calls({"content": "Thought: search\nAction: google_search\nAction Input: {\"q\": \"x\"}"})
-    assert message["tool_calls"] == [{"type": "function",
-                                      "function": {"name": "google_search", "arguments": '{"q": "x"}'}}]
+    message = react_as_tool_calls({"content": 'Thought: search\nAction: google_search\nAction Input: {"q": "x"}'})
+    assert message["tool_calls"] == [
+        {"type": "function", "function": {"name": "google_search", "arguments": '{"q": "x"}'}}
+    ]
 
 
 def test_history_is_sent_as_text():
-    history = agent_messages("Show me the clips of gmhikaru.", [("kick_com_api_kick_api", "Kick.com data")],
-                             "agent-react-v1", functions=[{"type": "function", "function": {
-                                 "name": FUNCTION, "description": "Channel clips.",
-                                 "parameters": {"type": "object", "properties": {"channel_name": {"type": "string"}},
-                                                "required": ["channel_name"]}}}])
+    history = agent_messages(
+        "Show me the clips of gmhikaru.",
+        [("kick_com_api_kick_api", "Kick.com data")],
+        "agent-react-v1",
+        functions=[
+            {
+                "type": "function",
+                "function": {
+                    "name": FUNCTION,
+                    "description": "Channel clips.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"channel_name": {"type": "string"}},
+                        "required": ["channel_name"],
+                    },
+                },
+            }
+        ],
+    )
     assert f'{FUNCTION}: Channel clips.; arguments: {{"type":"object"' in history[0]["content"]
     assert "1.kick_com_api_kick_api: Kick.com data" in history[0]["content"]
-    history += [{"role": "assistant", "content": "Get the clips.", "tool_calls": [
-                    {"id": "call_1_0", "type": "function",
-                     "function": {"name": FUNCTION, "arguments": '{"channel_name": "gmhikaru"}'}}]},
-                {"role": "tool", "name": FUNCTION, "content": '{"error": "", "response": "[]"}',
-                 "tool_call_id": "call_1_0"},
-                {"role": "assistant", "content": "Hmm."}]
+    history += [
+        {
+            "role": "assistant",
+            "content": "Get the clips.",
+            "tool_calls": [
+                {
+                    "id": "call_1_0",
+                    "type": "function",
+                    "function": {"name": FUNCTION, "arguments": '{"channel_name": "gmhikaru"}'},
+                }
+            ],
+        },
+        {"role": "tool", "name": FUNCTION, "content": '{"error": "", "response": "[]"}', "tool_call_id": "call_1_0"},
+        {"role": "assistant", "content": "Hmm."},
+    ]
     sent = react_conversation(history)
     assert sent[:2] == history[:2]
     assert sent[2:] == [
-        {"role": "assistant",
-         "content": f'Thought: Get the clips.\nAction: {FUNCTION}\nAction Input: {{"channel_name": "gmhikaru"}}'},
+        {
+            "role": "assistant",
+            "content": f'Thought: Get the clips.\nAction: {FUNCTION}\nAction Input: {{"channel_name": "gmhikaru"}}',
+        },
         {"role": "user", "content": 'Observation: {"error": "", "response": "[]"}'},
         {"role": "assistant", "content": "Thought: Hmm."},
-        {"role": "user", "content": REACT_NO_ACTION}]
+        {"role": "user", "content": REACT_NO_ACTION},
+    ]
     # What was sent reads back into the same call.
     step = parse_react_step(sent[2]["content"])
     assert (step.thought, step.action, step.arguments) == ("Get the clips.", FUNCTION, '{"channel_name": "gmhikaru"}')
 
 
 def test_agent_format_per_benchmark_agent():
-    agents = parse_agents([["replay", "recorded-agent", "http://127.0.0.1:1/v1"],
-                           ["smollm2", "/m", "http://127.0.0.1:2/v1"]], [["smollm2", "agent-react-v1"]])
+    agents = parse_agents(
+        [["replay", "recorded-agent", "http://127.0.0.1:1/v1"], ["smollm2", "/m", "http://127.0.0.1:2/v1"]],
+        [["smollm2", "agent-react-v1"]],
+    )
     assert [a.prompt_format for a in agents] == [None, "agent-react-v1"]
     with pytest.raises(ValueError, match="no --agent has that label"):
         parse_agents([["replay", "recorded-agent", "http://127.0.0.1:1/v1"]], [["smollm2", "agent-react-v1"]])
@@ -129,7 +166,7 @@ def test_real_replies_of_an_untrained_small_model():
         "I'm glad to help!\nYou can find the channel clips and details on their official website, "
         "Kick.com/mhikaru. They also have a dedicated page where you can read about their content.",
         "Sure, I'd be happy to help. Here are some popular sites and main keywords for the search query "
-        "\"birthday party ideas\" that can inspire you:\n\n1. Facebook: Birthday Party Ideas\n2. Pinterest: "
+        '"birthday party ideas" that can inspire you:\n\n1. Facebook: Birthday Party Ideas\n2. Pinterest: '
         "Birthday Party Ideas\n3. Instagram: Birthday Party Ideas",
     ]
     for reply in replies:
@@ -142,8 +179,10 @@ def test_real_grammar_constrained_reply_is_an_invalid_finish():
     """SmolLM2-135M-Instruct held to the layout by the reply grammar (llama.cpp) on query 608: it copies the
     prompt's words and calls Finish with a return_type that does not exist (the reply as the grammar makes
     it, put back together from the run's answer file). StableToolBench's Finish rules make that status 2."""
-    reply = ('Thought: where you stand and what to do next, in at least five sentences\nAction: Finish\n'
-             'Action Input: {"return_type" :"not a valid choice"}')
+    reply = (
+        "Thought: where you stand and what to do next, in at least five sentences\nAction: Finish\n"
+        'Action Input: {"return_type" :"not a valid choice"}'
+    )
     message = react_as_tool_calls({"content": reply})
     (call,) = message["tool_calls"]
     assert call["function"] == {"name": "Finish", "arguments": '{"return_type" :"not a valid choice"}'}

@@ -12,8 +12,19 @@ KEY_PACKAGES = ("transformers", "openai", "sacrebleu", "fastapi", "uvicorn")
 
 def test_fac_report_names_the_installed_versions(eval_cli, faulty_judge, stb_answers, samples, tmp_path):
     ids = samples / "stabletoolbench" / "solvable_queries_example" / "test_query_ids"
-    argv = ["--answers", str(stb_answers), "--ids", str(ids), "--base-url", faulty_judge.base_url,
-            "--model", faulty_judge.model, "--out", str(tmp_path), "--no-progress"]
+    argv = [
+        "--answers",
+        str(stb_answers),
+        "--ids",
+        str(ids),
+        "--base-url",
+        faulty_judge.base_url,
+        "--model",
+        faulty_judge.model,
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    ]
     assert eval_cli("fac")(argv) == 0
     versions = json.loads((tmp_path / "fac.json").read_text())["versions"]
     assert {name: versions.get(name) for name in KEY_PACKAGES} == {n: metadata.version(n) for n in KEY_PACKAGES}

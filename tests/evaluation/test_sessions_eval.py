@@ -13,7 +13,7 @@ from mirrorapi.tools import ToolRegistry
 
 def test_values_are_ids_tokens_and_names():
     # api-bank gen-00133: GetUserToken's answer, then AppointmentRegistration's (real pairs of data/samples)
-    assert values("{\"token\": \"o8i7u6y5t4r3e2w1q0\"}") == {"o8i7u6y5t4r3e2w1q0"}
+    assert values('{"token": "o8i7u6y5t4r3e2w1q0"}') == {"o8i7u6y5t4r3e2w1q0"}
     assert values("56545338") == {"56545338"}
     assert values({"status": "success", "ok": True, "n": 3, "id": 17, "price": 4.5}) == {"17", "4.5"}
     long = "Reservation ABC123 confirmed for flight HAT004 on 2024-05-16; the passenger was told"
@@ -43,28 +43,60 @@ def test_replay_with_and_without_history(eval_cli, virtual_server, samples, tmp_
     registry = ToolRegistry.load([samples / "tools"])
     calls: dict = {}
     for pair in pairs:
-        calls.setdefault((pair["category"], pair["tool_name"], pair["api_name"], canonical_json(pair["tool_input"])),
-                         []).append(pair)
+        calls.setdefault(
+            (pair["category"], pair["tool_name"], pair["api_name"], canonical_json(pair["tool_input"])), []
+        ).append(pair)
     by_episode: dict = {}
     for pair in pairs:
         by_episode.setdefault((pair["source"], pair["episode"]), []).append(pair)
-    chosen = [e for e in by_episode.values() if len(e) > 1 and consistency(e, [p["response"] for p in e])["steps"]
-              and all(len(calls[(p["category"], p["tool_name"], p["api_name"], canonical_json(p["tool_input"]))]) == 1
-                      for p in e)][:3]
+    chosen = [
+        e
+        for e in by_episode.values()
+        if len(e) > 1
+        and consistency(e, [p["response"] for p in e])["steps"]
+        and all(
+            len(calls[(p["category"], p["tool_name"], p["api_name"], canonical_json(p["tool_input"]))]) == 1 for p in e
+        )
+    ][:3]
     held = [p for episode in chosen for p in episode]
     assert len(chosen) == 3
     cache = ResponseCache(tmp_path / "filled.sqlite")
     docs = [registry.resolve(p["category"], p["tool_name"], p["api_name"]) for p in held]
-    cache.put_many([(d.category, d.tool, d.api, p["tool_input"], p["response"]["error"], p["response"]["response"])
-                    for d, p in zip(docs, held, strict=True)], "real")
+    cache.put_many(
+        [
+            (d.category, d.tool, d.api, p["tool_input"], p["response"]["error"], p["response"]["response"])
+            for d, p in zip(docs, held, strict=True)
+        ],
+        "real",
+    )
     cache.close()
-    url, log = virtual_server(f"http://127.0.0.1:{free_port()}/v1", "unused", mode="replay",
-                              missing_required="simulate", cache_path=tmp_path / "filled.sqlite")
+    url, log = virtual_server(
+        f"http://127.0.0.1:{free_port()}/v1",
+        "unused",
+        mode="replay",
+        missing_required="simulate",
+        cache_path=tmp_path / "filled.sqlite",
+    )
     heldout = tmp_path / "heldout.jsonl"
     heldout.write_text("".join(json.dumps(p) + "\n" for p in held))
     out = tmp_path / "report"
-    assert eval_cli("simulator")(["--pairs", str(heldout), "--server", url, "--out", str(out), "--history", "both",
-                                  "--include-cache-hits", "--no-progress"]) == 0
+    assert (
+        eval_cli("simulator")(
+            [
+                "--pairs",
+                str(heldout),
+                "--server",
+                url,
+                "--out",
+                str(out),
+                "--history",
+                "both",
+                "--include-cache-hits",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "fidelity.json").read_text())["sessions"]
     assert report["episodes"] == 3 and report["calls"] == len(held)
     # Recorded answers are served in sessions too: every call of both passes was a hit, scored on request.

@@ -13,18 +13,21 @@ def item(status: str = "answer") -> AnswerItem:
     return AnswerItem("m", "G1_instruction", "1", "q", "a" if status == "answer" else "", status)
 
 
-@pytest.mark.parametrize("ref, cand, ref_verdict, cand_verdict, expected", [
-    ("missing", "answer", None, "Unsolved", ("candidate", "missing answer")),  # upstream: output +1
-    ("answer", "missing", "Solved", None, ("reference", "missing answer")),
-    ("missing", "missing", None, None, (None, "both missing")),
-    ("answer", "answer", "Solved", "Unsolved", ("reference", "pass rate")),  # exactly one Solved wins
-    ("answer", "answer", "Unsure", "Solved", ("candidate", "pass rate")),
-    ("answer", "answer", "Unsolved", "Unsure", ("candidate", "pass rate")),  # neither Solved: the Unsure one
-    ("answer", "answer", "Solved", "Solved", (None, "compare")),  # both Solved: the judge compares
-    ("answer", "give_up", "Unsolved", "Unsolved", (None, "compare")),
-    ("empty", "give_up", "Unsolved", "Unsolved", (None, "no answers")),
-    ("answer", "answer", None, "Solved", (None, "pending")),  # a failed SoPR call: no vote yet
-])
+@pytest.mark.parametrize(
+    "ref, cand, ref_verdict, cand_verdict, expected",
+    [
+        ("missing", "answer", None, "Unsolved", ("candidate", "missing answer")),  # upstream: output +1
+        ("answer", "missing", "Solved", None, ("reference", "missing answer")),
+        ("missing", "missing", None, None, (None, "both missing")),
+        ("answer", "answer", "Solved", "Unsolved", ("reference", "pass rate")),  # exactly one Solved wins
+        ("answer", "answer", "Unsure", "Solved", ("candidate", "pass rate")),
+        ("answer", "answer", "Unsolved", "Unsure", ("candidate", "pass rate")),  # neither Solved: the Unsure one
+        ("answer", "answer", "Solved", "Solved", (None, "compare")),  # both Solved: the judge compares
+        ("answer", "give_up", "Unsolved", "Unsolved", (None, "compare")),
+        ("empty", "give_up", "Unsolved", "Unsolved", (None, "no answers")),
+        ("answer", "answer", None, "Solved", (None, "pending")),  # a failed SoPR call: no vote yet
+    ],
+)
 def test_decide(ref, cand, ref_verdict, cand_verdict, expected):
     assert decide(item(ref), item(cand), ref_verdict, cand_verdict) == expected
 

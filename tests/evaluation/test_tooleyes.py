@@ -60,7 +60,10 @@ def test_rule_based_parts_by_hand(answers):
     for model in ("virtual_chatgpt_cot", "virtual_chatgpt_dfs"):
         # Every recorded call names a listed tool with exactly its required parameters (checked by hand).
         assert {q: (r["s_FA"], r["tool_reality"]) for q, r in by_query(result, model).items()} == {
-            "588": (1.0, 1.0), "608": (1.0, 1.0), "1073": (1.0, 1.0)}
+            "588": (1.0, 1.0),
+            "608": (1.0, 1.0),
+            "1073": (1.0, 1.0),
+        }
     faulty = by_query(result, "faulty")
     assert faulty["1073"]["s_FA"] == pytest.approx(2 / 3)  # 1 malformed of 3 turns
     assert faulty["1073"]["tool_reality"] == 0.0  # the one well-formatted call is a hallucinated tool
@@ -79,9 +82,14 @@ def fixed_judge(text: str):
 
     @app.post("/v1/chat/completions")
     async def chat() -> dict:
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": "judge",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "judge",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
 
     port = free_port()
     with serve_in_thread(app, port, access_log=False) as url:

@@ -20,23 +20,49 @@ from mirrorapi.tools import ToolRegistry
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "tooleyes"
 ADVICE_SLIP = [  # Tool_Library/Advice/Advice_slip/config_gpt4.json, as ToolEyes ships it
-    {"name": "random_advice", "description": "Returns a random advice slip as a slip object.",
-     "parameters": {"type": "object", "properties": {}, "required": []}},
-    {"name": "advice_by_id", "description": "If an advice slip is found with the corresponding {slip_id}, a slip "
-     "object is returned.", "parameters": {"type": "object", "properties": {"slip_id": {
-         "type": "string", "description": "The unique ID of this advice slip."}}, "required": ["slip_id"]}},
-    {"name": "search_advice", "description": "If an advice slip is found, containing the corresponding search term "
-     "in {query}, an array of slip objects is returned inside a search object.", "parameters": {
-         "type": "object", "properties": {"query": {"type": "string", "description": "The search query provided."}},
-         "required": ["query"]}},
-    {"name": "ask_to_user", "description": "You can ask user for guidance when you think you need more information "
-     "to handle the task, but you should use this tool as less as you can.", "parameters": {
-         "type": "object", "properties": {"question": {"type": "string", "description":
-                                                       "The question you want to ask to user."}},
-         "required": ["question"]}},
-    {"name": "finish", "description": "Finish the task and give your answer.", "parameters": {
-        "type": "object", "properties": {"answer": {"type": "string", "description": "Your answer for the task."}},
-        "required": ["answer"]}},
+    {
+        "name": "random_advice",
+        "description": "Returns a random advice slip as a slip object.",
+        "parameters": {"type": "object", "properties": {}, "required": []},
+    },
+    {
+        "name": "advice_by_id",
+        "description": "If an advice slip is found with the corresponding {slip_id}, a slip object is returned.",
+        "parameters": {
+            "type": "object",
+            "properties": {"slip_id": {"type": "string", "description": "The unique ID of this advice slip."}},
+            "required": ["slip_id"],
+        },
+    },
+    {
+        "name": "search_advice",
+        "description": "If an advice slip is found, containing the corresponding search term "
+        "in {query}, an array of slip objects is returned inside a search object.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "The search query provided."}},
+            "required": ["query"],
+        },
+    },
+    {
+        "name": "ask_to_user",
+        "description": "You can ask user for guidance when you think you need more information "
+        "to handle the task, but you should use this tool as less as you can.",
+        "parameters": {
+            "type": "object",
+            "properties": {"question": {"type": "string", "description": "The question you want to ask to user."}},
+            "required": ["question"],
+        },
+    },
+    {
+        "name": "finish",
+        "description": "Finish the task and give your answer.",
+        "parameters": {
+            "type": "object",
+            "properties": {"answer": {"type": "string", "description": "Your answer for the task."}},
+            "required": ["answer"],
+        },
+    },
 ]
 
 
@@ -60,12 +86,21 @@ def test_a_library_checkout_is_copied_without_the_agent_controls(tmp_path):
     config.parent.mkdir(parents=True)
     config.write_text(json.dumps(ADVICE_SLIP), encoding="utf-8")
     assert write_tools_folder(tmp_path / "Tool_Library", tmp_path / "tools") == {
-        "categories": 1, "tools": 1, "functions": 3}
+        "categories": 1,
+        "tools": 1,
+        "functions": 3,
+    }
     assert library_tools(tmp_path / "Tool_Library")[("Advice", "Advice_slip")] == ADVICE_SLIP[:3]
     doc = ToolRegistry.load([tmp_path / "tools"]).resolve("Advice", "Advice_slip", "advice_by_id")
-    assert doc.required_parameters == [{"name": "slip_id", "type": "STRING", "default": "",
-                                        "description": "The unique ID of this advice slip.",
-                                        "schema": ADVICE_SLIP[1]["parameters"]["properties"]["slip_id"]}]
+    assert doc.required_parameters == [
+        {
+            "name": "slip_id",
+            "type": "STRING",
+            "default": "",
+            "description": "The unique ID of this advice slip.",
+            "schema": ADVICE_SLIP[1]["parameters"]["properties"]["slip_id"],
+        }
+    ]
     assert doc.description.startswith("If an advice slip is found") and doc.method == "POST"
     # the shipped copy holds the same functions for this tool
     assert json.loads((DATA / "tools" / "Advice" / "Advice_slip.json").read_text()) == ADVICE_SLIP[:3]
@@ -96,12 +131,22 @@ def simulator_engine(seen: list):
 def test_a_toolEyes_tool_answers_through_the_virtual_server(tmp_path):
     seen: list = []
     with simulator_engine(seen) as engine:
-        settings = ServerSettings(api_base=engine, model="sim", tools_folder=[DATA / "tools"], port=free_port(),
-                                  cache_path=tmp_path / "cache.sqlite", log_file=tmp_path / "requests.log",
-                                  log_level="warning")
+        settings = ServerSettings(
+            api_base=engine,
+            model="sim",
+            tools_folder=[DATA / "tools"],
+            port=free_port(),
+            cache_path=tmp_path / "cache.sqlite",
+            log_file=tmp_path / "requests.log",
+            log_level="warning",
+        )
         with serve_in_thread(create_app(settings), settings.port, timeout=60, access_log=False) as url:
-            body = {"category": "Advice", "tool_name": "Advice_slip", "api_name": "search_advice",
-                    "tool_input": json.dumps({"query": "studying"})}
+            body = {
+                "category": "Advice",
+                "tool_name": "Advice_slip",
+                "api_name": "search_advice",
+                "tool_input": json.dumps({"query": "studying"}),
+            }
             first = httpx.post(url + "/virtual", json=body, timeout=30).json()
             again = httpx.post(url + "/virtual", json=body, timeout=30).json()
     assert first == again == {"error": "", "response": {"total_results": "1", "query": "studying"}}

@@ -27,14 +27,16 @@ time.sleep(60)
 
 
 def child(*ignored: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-c", IGNORING, *ignored], stdout=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", IGNORING, *ignored], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert process.stdout.readline() == "ready\n"
     return process
 
 
-@pytest.mark.parametrize("ignored, signal_name", [((), "SIGINT"), (("SIGINT",), "SIGTERM"),
-                                                  (("SIGINT", "SIGTERM"), "SIGKILL")])
+@pytest.mark.parametrize(
+    "ignored, signal_name", [((), "SIGINT"), (("SIGINT",), "SIGTERM"), (("SIGINT", "SIGTERM"), "SIGKILL")]
+)
 def test_stop_escalates_until_the_child_is_gone(ignored, signal_name):
     process = child(*ignored)
     start = time.monotonic()

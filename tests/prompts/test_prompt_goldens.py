@@ -30,15 +30,17 @@ EMAIL_REGEX_FOR_LAZY = {
     "name": "email-regex-for-lazy",
     "title": "email-regex-for-lazy",
     "tool_name": "email-regex-for-lazy",
-    "api_list": [{
-        "name": "email regex",
-        "url": "https://email-regex-for-lazy.p.rapidapi.com/email/kjhfsdf",
-        "description": "email regex return it if its an email",
-        "method": "GET",
-        "required_parameters": [{"name": "value", "type": "string", "description": "", "default": "kjhfsdf"}],
-        "optional_parameters": [],
-        "test_endpoint": "",
-    }],
+    "api_list": [
+        {
+            "name": "email regex",
+            "url": "https://email-regex-for-lazy.p.rapidapi.com/email/kjhfsdf",
+            "description": "email regex return it if its an email",
+            "method": "GET",
+            "required_parameters": [{"name": "value", "type": "string", "description": "", "default": "kjhfsdf"}],
+            "optional_parameters": [],
+            "test_endpoint": "",
+        }
+    ],
 }
 SYSTEM = "The released model's own system prompt, from the user's file."
 
@@ -51,10 +53,12 @@ def registry(samples, tmp_path_factory):
     return ToolRegistry.load([folder, samples / "tools"])
 
 
-STB_DOC = ("{'api_name': 'email regex', 'api_description': 'email regex return it if its an email', "
-           "'required_parameters': [{'name': 'value', 'type': 'string', 'description': '', 'default': 'kjhfsdf'}], "
-           "'optional_parameters': [], 'tool_description': 'email regex for lazy', 'tool_name': 'email_regex', "
-           "'tool_category': 'Business'}")
+STB_DOC = (
+    "{'api_name': 'email regex', 'api_description': 'email regex return it if its an email', "
+    "'required_parameters': [{'name': 'value', 'type': 'string', 'description': '', 'default': 'kjhfsdf'}], "
+    "'optional_parameters': [], 'tool_description': 'email regex for lazy', 'tool_name': 'email_regex', "
+    "'tool_category': 'Business'}"
+)
 STB_REQUEST = "{'value': 'walid@example.com', 'format': 'json'}"
 
 
@@ -70,10 +74,16 @@ def test_stabletoolbench(registry, client_tool_name):
 
 def test_stabletoolbench_cache(registry):
     doc = registry.resolve("Business", "email_regex_for_lazy", "email_regex")
-    user = simulator_messages(doc, {"value": "walid@example.com", "format": "json"}, fmt="stabletoolbench-cache",
-                              system_prompt=SYSTEM)[1]["content"]
-    assert user == "API doc:\n" + STB_DOC.replace("'api_name': 'email regex'", "'api_name': 'email_regex'") + \
-        "\n\nRequest:\n" + STB_REQUEST
+    user = simulator_messages(
+        doc, {"value": "walid@example.com", "format": "json"}, fmt="stabletoolbench-cache", system_prompt=SYSTEM
+    )[1]["content"]
+    assert (
+        user
+        == "API doc:\n"
+        + STB_DOC.replace("'api_name': 'email regex'", "'api_name': 'email_regex'")
+        + "\n\nRequest:\n"
+        + STB_REQUEST
+    )
 
 
 def test_stabletoolbench_plain_tool(registry):
@@ -84,7 +94,8 @@ def test_stabletoolbench_plain_tool(registry):
         "'required_parameters': [{'name': 'id', 'type': 'string', 'description': '', "
         "'default': 'DOUANE_AGENCE_GONDRAND'}], 'optional_parameters': [], "
         "'tool_description': 'Transitaires de dédouanement en Nouvelle-Calédonie ', 'tool_name': 'transitaires', "
-        "'tool_category': 'Logistics'}\n\nRequest:\n{'is_id': 'EKVF'}")
+        "'tool_category': 'Logistics'}\n\nRequest:\n{'is_id': 'EKVF'}"
+    )
 
 
 class RecordingEngine:
@@ -101,8 +112,12 @@ class RecordingEngine:
 
 def test_stabletoolbench_request_settings_are_upstreams(registry, samples, tmp_path):
     (tmp_path / "system.txt").write_text(SYSTEM, encoding="utf-8")
-    base = {"tools_folder": [str(samples / "tools")], "prompt_format": "stabletoolbench",
-            "system_prompt_file": str(tmp_path / "system.txt"), "is_save": False}
+    base = {
+        "tools_folder": [str(samples / "tools")],
+        "prompt_format": "stabletoolbench",
+        "system_prompt_file": str(tmp_path / "system.txt"),
+        "is_save": False,
+    }
     settings = load_settings(overrides=base, environ={})
     engine = RecordingEngine()
     doc = registry.resolve("Business", "email_regex_for_lazy", "email_regex")
@@ -119,11 +134,12 @@ def test_stabletoolbench_request_settings_are_upstreams(registry, samples, tmp_p
 
 MIRRORAPI_V1_SYSTEM = (
     "You are the server behind a web API. You receive the API's documentation and one request, and you "
-    "answer exactly as the real API would. Reply with a single JSON object with two keys: \"error\" (an "
-    "empty string when the call succeeds, otherwise the error message the API returns) and \"response\" "
+    'answer exactly as the real API would. Reply with a single JSON object with two keys: "error" (an '
+    'empty string when the call succeeds, otherwise the error message the API returns) and "response" '
     "(the API's output). Follow the documented response format when one is given. Reject a request the "
     "real API would reject, such as one missing a required parameter or with an invalid value. "
-    "Output nothing but the JSON object.")
+    "Output nothing but the JSON object."
+)
 
 
 def test_mirrorapi_v1(registry):
@@ -151,10 +167,12 @@ def test_mirrorapi_v2_writes_json_responses_as_values(registry):
     """v1's layout; an example whose response text holds a JSON object or array shows it as that value, unescaped;
     other text (plain, a Python repr, broken JSON) stays a string."""
     doc = registry.resolve("Logistics", "transitaires", "transitaire")
-    examples = [({"is_id": "A"}, {"error": "", "response": '{"id": "A", "tags": ["x"]}'}),
-                ({"is_id": "B"}, {"error": "", "response": "[1, 2]"}),
-                ({"is_id": "C"}, {"error": "", "response": "{'id': 'C'}"}),
-                ({"is_id": "D"}, {"error": "Not found", "response": '{"id": '})]
+    examples = [
+        ({"is_id": "A"}, {"error": "", "response": '{"id": "A", "tags": ["x"]}'}),
+        ({"is_id": "B"}, {"error": "", "response": "[1, 2]"}),
+        ({"is_id": "C"}, {"error": "", "response": "{'id': 'C'}"}),
+        ({"is_id": "D"}, {"error": "Not found", "response": '{"id": '}),
+    ]
     v1 = simulator_messages(doc, {"is_id": "EKVF"}, examples)
     v2 = simulator_messages(doc, {"is_id": "EKVF"}, examples, fmt="mirrorapi-v2")
     assert v2[0] == {"role": "system", "content": MIRRORAPI_V1_SYSTEM}
@@ -165,8 +183,8 @@ def test_mirrorapi_v2_writes_json_responses_as_values(registry):
         'Request: {"is_id":"A"}\nResponse: {"error":"","response":{"id":"A","tags":["x"]}}\n'
         'Request: {"is_id":"B"}\nResponse: {"error":"","response":[1,2]}\n'
         'Request: {"is_id":"C"}\nResponse: {"error":"","response":"{\'id\': \'C\'}"}\n'
-        'Request: {"is_id":"D"}\nResponse: {"error":"Not found","response":"{\\"id\\": "}')
-
+        'Request: {"is_id":"D"}\nResponse: {"error":"Not found","response":"{\\"id\\": "}'
+    )
 
 
 def test_mirrorapi_session_v2_writes_json_responses_as_values_in_examples_and_history(registry):
@@ -176,17 +194,25 @@ def test_mirrorapi_session_v2_writes_json_responses_as_values_in_examples_and_hi
     examples = [({"is_id": "A"}, {"error": "", "response": '{"id": "A", "tags": ["x"]}'})]
     real = ("transitaires", "transitaires", {"is_id": "A"}, "", '{"id": "A", "tags": ["x"]}')
     earlier_v1, earlier_v2 = history_line(*real), history_line(*real, fmt="mirrorapi-session-v2")
-    assert earlier_v2 == ('{"tool":"transitaires","api":"transitaires","request":{"is_id":"A"},'
-                          '"answer":{"error":"","response":{"id":"A","tags":["x"]}}}')
+    assert earlier_v2 == (
+        '{"tool":"transitaires","api":"transitaires","request":{"is_id":"A"},'
+        '"answer":{"error":"","response":{"id":"A","tags":["x"]}}}'
+    )
     v1 = simulator_messages(doc, {"is_id": "EKVF"}, examples, fmt="mirrorapi-session-v1", history=[earlier_v1])
     v2 = simulator_messages(doc, {"is_id": "EKVF"}, examples, fmt="mirrorapi-session-v2", history=[earlier_v2])
     assert v2[0] == v1[0]
-    assert "\n\nEarlier calls in this session, newest first:\n" + earlier_v2 + '\n\nRequest:\n{"is_id":"EKVF"}' in \
-        v2[1]["content"]
-    assert ('Examples:\nRequest: {"is_id":"A"}\nResponse: {"error":"","response":{"id":"A","tags":["x"]}}\n\n'
-            in v2[1]["content"])
-    assert v2[1]["content"].replace('{"id":"A","tags":["x"]}', '"{\\"id\\": \\"A\\", \\"tags\\": [\\"x\\"]}"') == \
-        v1[1]["content"]
+    assert (
+        "\n\nEarlier calls in this session, newest first:\n" + earlier_v2 + '\n\nRequest:\n{"is_id":"EKVF"}'
+        in v2[1]["content"]
+    )
+    assert (
+        'Examples:\nRequest: {"is_id":"A"}\nResponse: {"error":"","response":{"id":"A","tags":["x"]}}\n\n'
+        in v2[1]["content"]
+    )
+    assert (
+        v2[1]["content"].replace('{"id":"A","tags":["x"]}', '"{\\"id\\": \\"A\\", \\"tags\\": [\\"x\\"]}"')
+        == v1[1]["content"]
+    )
 
 
 FAC_V1_SYSTEM = (
@@ -198,7 +224,8 @@ FAC_V1_SYSTEM = (
     "the query unaddressed, or an answer about something else.\n"
     "Reply in exactly this form:\n"
     "Verdict: Solved or Unsolved\n"
-    "Reason: one short sentence")
+    "Reason: one short sentence"
+)
 
 SOPR_V1_SYSTEM = (
     "You decide whether an AI assistant solved a user's query, from the tool calls it made and its final "
@@ -209,7 +236,8 @@ SOPR_V1_SYSTEM = (
     "Unsure: the answer looks complete, but the tool results neither confirm nor contradict it.\n"
     "Reply in exactly this form:\n"
     "Verdict: Solved, Unsolved or Unsure\n"
-    "Reason: one short sentence")
+    "Reason: one short sentence"
+)
 
 
 def test_fac_v1():
@@ -225,8 +253,12 @@ def test_sopr_v1():
     steps = '- search_movies({"genre": "horror"}) -> {"results": ["The Conjuring"]}'
     assert judge_messages("Recommend a horror movie.", "The Conjuring.", "sopr-v1", steps=steps) == [
         {"role": "system", "content": SOPR_V1_SYSTEM},
-        {"role": "user", "content": "Query:\nRecommend a horror movie.\n\nTool calls:\n" + steps +
-                                    "\n\nFinal answer:\nThe Conjuring."},
+        {
+            "role": "user",
+            "content": "Query:\nRecommend a horror movie.\n\nTool calls:\n"
+            + steps
+            + "\n\nFinal answer:\nThe Conjuring.",
+        },
     ]
     assert judge_messages("q", "a", "sopr-v1")[1]["content"] == "Query:\nq\n\nTool calls:\n(none)\n\nFinal answer:\na"
 
@@ -236,16 +268,24 @@ def test_mirrorapi_session_v1(registry):
     # request, the earlier calls newest first, one compact `{"tool","api","request","answer"}` line each.
     doc = registry.resolve("Logistics", "transitaires", "transitaire")
     earlier = history_line("transitaires", "transitaires", {}, "", "DOUANE_AGENCE_GONDRAND, EKVF")
-    assert earlier == ('{"tool":"transitaires","api":"transitaires","request":{},'
-                       '"answer":{"error":"","response":"DOUANE_AGENCE_GONDRAND, EKVF"}}')
+    assert earlier == (
+        '{"tool":"transitaires","api":"transitaires","request":{},'
+        '"answer":{"error":"","response":"DOUANE_AGENCE_GONDRAND, EKVF"}}'
+    )
     system, user = simulator_messages(doc, {"is_id": "EKVF"}, fmt="mirrorapi-session-v1", history=[earlier])
-    assert system == {"role": "system", "content": MIRRORAPI_V1_SYSTEM + (
-        " The request is part of a session: the session's earlier calls and their answers are listed, newest "
-        "first. Stay consistent with them: what they created (ids, tokens, names, bookings) exists, what they "
-        "deleted does not, and values they returned keep their values.")}
+    assert system == {
+        "role": "system",
+        "content": MIRRORAPI_V1_SYSTEM
+        + (
+            " The request is part of a session: the session's earlier calls and their answers are listed, newest "
+            "first. Stay consistent with them: what they created (ids, tokens, names, bookings) exists, what they "
+            "deleted does not, and values they returned keep their values."
+        ),
+    }
     doc_json = user["content"].split("\n\n")[0]
-    assert user["content"] == (doc_json + "\n\nEarlier calls in this session, newest first:\n" + earlier +
-                               '\n\nRequest:\n{"is_id":"EKVF"}')
+    assert user["content"] == (
+        doc_json + "\n\nEarlier calls in this session, newest first:\n" + earlier + '\n\nRequest:\n{"is_id":"EKVF"}'
+    )
     assert doc_json == simulator_messages(doc, {})[1]["content"].split("\n\n")[0]  # the mirrorapi-v1 doc
     first = simulator_messages(doc, {"is_id": "EKVF"}, fmt="mirrorapi-session-v1", history=[])[1]["content"]
     assert "\n\nEarlier calls in this session, newest first:\n(none)\n\nRequest:\n" in first

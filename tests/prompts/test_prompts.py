@@ -19,8 +19,9 @@ def registry(samples):
 def test_canonical_json_and_stabletoolbench_repr_keys():
     assert canonical_json({"b": 2, "a": "é"}) == '{"a":"é","b":2}'
     # A StableToolBench cache key is str(dict): single quotes, True/None, insertion order.
-    assert canonical_json(parse_repr_key("{'name': 'Lionel Messi', 'top': True, 'x': None}")) == \
-        canonical_json({"x": None, "top": True, "name": "Lionel Messi"})
+    assert canonical_json(parse_repr_key("{'name': 'Lionel Messi', 'top': True, 'x': None}")) == canonical_json(
+        {"x": None, "top": True, "name": "Lionel Messi"}
+    )
     assert parse_repr_key("{}") == {}
     with pytest.raises(ValueError):
         parse_repr_key("{'unterminated")
@@ -28,8 +29,11 @@ def test_canonical_json_and_stabletoolbench_repr_keys():
 
 def test_mirrorapi_v1_messages(registry):
     doc = registry.resolve("TauBench", "taubench_airline", "get_user_details")
-    messages = simulator_messages(doc, {"user_id": "mia_li_3668"},
-                                  examples=[({"user_id": "x"}, {"error": "Error: user not found", "response": ""})])
+    messages = simulator_messages(
+        doc,
+        {"user_id": "mia_li_3668"},
+        examples=[({"user_id": "x"}, {"error": "Error: user not found", "response": ""})],
+    )
     assert [m["role"] for m in messages] == ["system", "user"]
     user = messages[1]["content"]
     doc_json = json.loads(user.split("\n", 1)[1].split("\n\n", 1)[0])
@@ -94,16 +98,26 @@ def test_parses_real_stabletoolbench_observations(shared_data):
     assert whole >= 20 and cut >= 1
 
 
-@pytest.mark.parametrize("text, expected, how", [
-    ('{"error": "", "response": {"a": 1}}', {"error": "", "response": {"a": 1}}, "json"),
-    ('{"error": "", "response": ""}', {"error": "", "response": ""}, "json"),  # empty is a valid answer
-    ('```json\n{"error": "", "response": "ok"}\n```', {"error": "", "response": "ok"}, "fenced"),
-    ("{'error': '', 'response': 'single quotes', 'x': True}", {"error": "", "response": "single quotes"}, "literal"),
-    ('{"mechanism_of_the_api": "it looks up "things"", "error": "", "response": "He said "hi" today"}',
-     {"error": "", "response": 'He said "hi" today'}, "regex"),
-    ('{"error": "", "response": {"list": [1, 2', {"error": "", "response": {"list": [1, 2]}}, "repaired"),
-    ('{"error": null, "response": [1]}', {"error": "", "response": [1]}, "json"),
-])
+@pytest.mark.parametrize(
+    "text, expected, how",
+    [
+        ('{"error": "", "response": {"a": 1}}', {"error": "", "response": {"a": 1}}, "json"),
+        ('{"error": "", "response": ""}', {"error": "", "response": ""}, "json"),  # empty is a valid answer
+        ('```json\n{"error": "", "response": "ok"}\n```', {"error": "", "response": "ok"}, "fenced"),
+        (
+            "{'error': '', 'response': 'single quotes', 'x': True}",
+            {"error": "", "response": "single quotes"},
+            "literal",
+        ),
+        (
+            '{"mechanism_of_the_api": "it looks up "things"", "error": "", "response": "He said "hi" today"}',
+            {"error": "", "response": 'He said "hi" today'},
+            "regex",
+        ),
+        ('{"error": "", "response": {"list": [1, 2', {"error": "", "response": {"list": [1, 2]}}, "repaired"),
+        ('{"error": null, "response": [1]}', {"error": "", "response": [1]}, "json"),
+    ],
+)
 def test_parse_simulator_output_variants(text, expected, how):
     assert parse_simulator_output(text) == (expected, how)
 

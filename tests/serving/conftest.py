@@ -33,8 +33,14 @@ SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"  # every tool of the sample a
 SHARED_PAIRS = REPO.parent / "shared" / "data" / "pairs"
 
 # StableToolBench's README request (notes §1).
-README_REQUEST = {"category": "Artificial_Intelligence_Machine_Learning", "tool_name": "TTSKraken",
-                  "api_name": "List Languages", "tool_input": "{}", "strip": "truncate", "toolbench_key": ""}
+README_REQUEST = {
+    "category": "Artificial_Intelligence_Machine_Learning",
+    "tool_name": "TTSKraken",
+    "api_name": "List Languages",
+    "tool_input": "{}",
+    "strip": "truncate",
+    "toolbench_key": "",
+}
 
 
 @dataclass
@@ -44,8 +50,11 @@ class RunningServer:
     client: httpx.Client
 
     def virtual(self, body) -> httpx.Response:
-        return self.client.post("/virtual", json=body) if not isinstance(body, (str, bytes)) else \
-            self.client.post("/virtual", content=body, headers={"content-type": "application/json"})
+        return (
+            self.client.post("/virtual", json=body)
+            if not isinstance(body, (str, bytes))
+            else self.client.post("/virtual", content=body, headers={"content-type": "application/json"})
+        )
 
     def metric(self, name: str, **labels) -> float:
         """The value of one sample of /metrics (0 when absent)."""
@@ -66,16 +75,20 @@ def running_server(graceful_shutdown: float | None = None, **settings) -> Iterat
     app = create_app(resolved)
     options = {k: v for k, v in uvicorn_options(resolved).items() if k not in ("host", "port")}  # the server's own
     options.update(log_level=None, timeout_graceful_shutdown=graceful_shutdown)
-    with serve_in_thread(app, port, **options) as url, \
-            httpx.Client(base_url=url, timeout=60) as client:
+    with serve_in_thread(app, port, **options) as url, httpx.Client(base_url=url, timeout=60) as client:
         yield RunningServer(url, app, client)
 
 
 def agent_body(category: str, tool: str, api: str, arguments: dict) -> dict:
     """What StableToolBench's agent client sends (notes §6): normalised names, the raw arguments string."""
-    return {"category": category, "tool_name": standardize(tool), "api_name": api_key_name(api),
-            "tool_input": json.dumps(arguments, indent=2, ensure_ascii=False), "strip": "truncate",
-            "toolbench_key": ""}
+    return {
+        "category": category,
+        "tool_name": standardize(tool),
+        "api_name": api_key_name(api),
+        "tool_input": json.dumps(arguments, indent=2, ensure_ascii=False),
+        "strip": "truncate",
+        "toolbench_key": "",
+    }
 
 
 def store_settings(location: str) -> dict:

@@ -28,12 +28,21 @@ async def tool_client(url: str) -> dict:
         except RuntimeError as exc:
             unknown = str(exc)
         state = await env.state()
-        return {"reset_tools": sorted(t.name for t in reset.observation.tools),
-                "reset_metadata": reset.observation.metadata, "tools": sorted(t.name for t in tools),
-                "schema": next(t.input_schema for t in tools if t.name == "getusertoken"), "login": login,
-                "invalid": {"result": invalid.observation.result, "metadata": invalid.observation.metadata,
-                            "reward": invalid.reward, "done": invalid.done},
-                "unknown": unknown, "state": {"episode_id": state.episode_id, "step_count": state.step_count}}
+        return {
+            "reset_tools": sorted(t.name for t in reset.observation.tools),
+            "reset_metadata": reset.observation.metadata,
+            "tools": sorted(t.name for t in tools),
+            "schema": next(t.input_schema for t in tools if t.name == "getusertoken"),
+            "login": login,
+            "invalid": {
+                "result": invalid.observation.result,
+                "metadata": invalid.observation.metadata,
+                "reward": invalid.reward,
+                "done": invalid.done,
+            },
+            "unknown": unknown,
+            "state": {"episode_id": state.episode_id, "step_count": state.step_count},
+        }
 
 
 async def generic_client(url: str) -> dict:
@@ -94,11 +103,17 @@ async def documented_environment(url: str) -> dict:
         unknown = environment.call_api("no_such_tool", "{}")
         environment.env.close()
         return {"prompt": prompt, "answer": json.loads(answer), "unknown": unknown}
+
     return await asyncio.get_running_loop().run_in_executor(None, run)  # the sync client runs its own loop
 
 
-SCENARIOS = {"tool_client": tool_client, "generic_client": generic_client, "capacity": capacity,
-             "refused_without_key": refused_without_key, "documented_environment": documented_environment}
+SCENARIOS = {
+    "tool_client": tool_client,
+    "generic_client": generic_client,
+    "capacity": capacity,
+    "refused_without_key": refused_without_key,
+    "documented_environment": documented_environment,
+}
 
 if __name__ == "__main__":
     print(json.dumps(asyncio.run(SCENARIOS[sys.argv[2]](sys.argv[1]))))

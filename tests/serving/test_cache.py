@@ -74,6 +74,7 @@ def test_64_concurrent_writers_on_one_api_lose_nothing(cache_location):
             failures.append(exc)
         finally:
             cache.close()
+
     threads = [threading.Thread(target=write, args=(i,)) for i in range(64)]
     for t in threads:
         t.start()
@@ -144,11 +145,13 @@ def test_import_export_round_trip(stb_cache, sample_tools, cache_location, tmp_p
         category, tool_dir = path.parent.parent.name, path.parent.name
         assert tool_dir.endswith("_for_" + category)
         for key, observation in json.loads(path.read_text()).items():
-            exported[(category, tool_dir[: -len("_for_" + category)], path.stem,
-                      canonical_json(parse_repr_key(key)))] = observation
+            exported[
+                (category, tool_dir[: -len("_for_" + category)], path.stem, canonical_json(parse_repr_key(key)))
+            ] = observation
     # Registry names are the folder names here (all APIs resolve), so the layout round-trips exactly.
-    assert {k: json.dumps(v, sort_keys=True) for k, v in exported.items()} == \
-        {k: json.dumps(v, sort_keys=True) for k, v in expected.items()}
+    assert {k: json.dumps(v, sort_keys=True) for k, v in exported.items()} == {
+        k: json.dumps(v, sort_keys=True) for k, v in expected.items()
+    }
 
 
 def test_import_happens_once_per_unchanged_folder(stb_cache, cache_location, tmp_path):
@@ -165,8 +168,14 @@ def test_import_happens_once_per_unchanged_folder(stb_cache, cache_location, tmp
     # A new file (StableToolBench kept writing) makes the folder new: its entries come in, nothing doubles.
     new = copy / "Data" / "web_search_for_Data" / "websearch.json"
     new.parent.mkdir(parents=True, exist_ok=True)
-    new.write_text(json.dumps({"{'q': 'x'}": {"error": "", "response": "found"},
-                               "{'q': 'y'}": {"error": "Failed to generate fake response", "response": ""}}))
+    new.write_text(
+        json.dumps(
+            {
+                "{'q': 'x'}": {"error": "", "response": "found"},
+                "{'q': 'y'}": {"error": "Failed to generate fake response", "response": ""},
+            }
+        )
+    )
     again = import_stabletoolbench_cache(cache, copy)
     assert not again["skipped"] and again["stored"] == 1 and again["skipped_placeholders"] == 1
     assert cache.count() == first["stored"] + 1

@@ -28,8 +28,9 @@ def test_export_writes_every_real_call(sample_tools, samples, cache_location, tm
     API, one key per distinct call (`str(arguments)`, as its server writes them), each with the real answer.
     The expected counts are computed here from the pairs file itself."""
     pairs = [json.loads(line) for line in (samples / "pairs.jsonl").read_text(encoding="utf-8").splitlines()]
-    calls = {(p["category"], p["tool_name"], p["api_name"], json.dumps(p["tool_input"], sort_keys=True)): p
-             for p in pairs}
+    calls = {
+        (p["category"], p["tool_name"], p["api_name"], json.dumps(p["tool_input"], sort_keys=True)): p for p in pairs
+    }
     apis = {call[:3] for call in calls}
     assert len(calls) > 100 and len(apis) > 50  # the sample holds what the test is about
 
@@ -43,8 +44,9 @@ def test_export_writes_every_real_call(sample_tools, samples, cache_location, tm
     files = sorted(out.glob("*/*/*.json"))
     assert len(files) == len(apis)
     assert all(path.parent.name.endswith("_for_" + path.parent.parent.name) for path in files)
-    exported = {(path, key): value for path in files
-                for key, value in json.loads(path.read_text(encoding="utf-8")).items()}
+    exported = {
+        (path, key): value for path in files for key, value in json.loads(path.read_text(encoding="utf-8")).items()
+    }
     assert len(exported) == len(calls)
     answers: dict[tuple, list] = {}  # (category, key) -> the real answers of those calls (some calls recur)
     for p in pairs:

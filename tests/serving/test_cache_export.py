@@ -41,12 +41,16 @@ def trajectory_calls(stabletoolbench: Path) -> list[dict]:
     """Every tool call of StableToolBench's example answer trajectories, as its agent client sent it to
     /virtual: the query's category, the standardized tool name, the API name, the model's raw
     arguments string (notes §1, §6)."""
-    queries = {str(q["query_id"]): q for q in json.loads(
-        (stabletoolbench / "solvable_queries/test_instruction/G1_instruction.json").read_text())}
+    queries = {
+        str(q["query_id"]): q
+        for q in json.loads((stabletoolbench / "solvable_queries/test_instruction/G1_instruction.json").read_text())
+    }
     calls = {}
     for path in sorted((stabletoolbench / "data_example/answer").glob("*/G1_instruction/*.json")):
-        apis = {f"{api_key_name(a['api_name'])}_for_{standardize(a['tool_name'])}": a
-                for a in queries[path.name.split("_")[0]]["api_list"]}
+        apis = {
+            f"{api_key_name(a['api_name'])}_for_{standardize(a['tool_name'])}": a
+            for a in queries[path.name.split("_")[0]]["api_list"]
+        }
         for name, arguments in _function_calls(json.loads(path.read_text())):
             if name in apis:
                 api = apis[name]
@@ -75,13 +79,18 @@ def unsorted(arguments: dict) -> bool:
     return list(arguments) != sorted(arguments)
 
 
-def test_calls_an_agent_sent_through_the_server_are_found_by_stabletoolbench(serve, engine_stub, shared_data,
-                                                                            tmp_path):
+def test_calls_an_agent_sent_through_the_server_are_found_by_stabletoolbench(
+    serve, engine_stub, shared_data, tmp_path
+):
     stabletoolbench = shared_data / "stabletoolbench"
     calls = trajectory_calls(stabletoolbench)
     assert sum(unsorted(json.loads(c["tool_input"])) for c in calls) >= 2  # the kick.com and TheClique calls
-    with serve(tools_folder=[str(stabletoolbench / "solvable_queries/test_instruction/G1_instruction.json")],
-               api_base=[engine_stub()], cache_path=str(tmp_path / "c.sqlite"), missing_required="simulate") as server:
+    with serve(
+        tools_folder=[str(stabletoolbench / "solvable_queries/test_instruction/G1_instruction.json")],
+        api_base=[engine_stub()],
+        cache_path=str(tmp_path / "c.sqlite"),
+        missing_required="simulate",
+    ) as server:
         for body in calls:
             assert server.virtual(body).json() == STUB_OBSERVATION
     cache = ResponseCache(tmp_path / "c.sqlite")
@@ -93,8 +102,12 @@ def test_calls_an_agent_sent_through_the_server_are_found_by_stabletoolbench(ser
     # Our own lookups stay order-insensitive: the same call, keys reversed, is a hit.
     body = next(c for c in calls if unsorted(json.loads(c["tool_input"])))
     reversed_input = json.dumps(dict(reversed(json.loads(body["tool_input"]).items())))
-    with serve(tools_folder=[str(stabletoolbench / "solvable_queries/test_instruction/G1_instruction.json")],
-               api_base=[engine_stub()], cache_path=str(tmp_path / "c.sqlite"), mode="replay") as server:
+    with serve(
+        tools_folder=[str(stabletoolbench / "solvable_queries/test_instruction/G1_instruction.json")],
+        api_base=[engine_stub()],
+        cache_path=str(tmp_path / "c.sqlite"),
+        mode="replay",
+    ) as server:
         assert server.virtual({**body, "tool_input": reversed_input}).json() == STUB_OBSERVATION
 
 
@@ -106,14 +119,22 @@ def test_imported_real_pairs_are_found_by_stabletoolbench(shared_data, sample_to
         assert import_pairs(cache, path, registry=ToolRegistry.load([sample_tools]))["unreadable"] == []
         for line in path.open(encoding="utf-8"):
             pair = json.loads(line)
-            key = (pair["category"], standardize(pair["tool_name"]), api_key_name(pair["api_name"]),
-                   canonical_json(pair["tool_input"]))
+            key = (
+                pair["category"],
+                standardize(pair["tool_name"]),
+                api_key_name(pair["api_name"]),
+                canonical_json(pair["tool_input"]),
+            )
             first.setdefault(key, pair)
     export_stabletoolbench_cache(cache, tmp_path / "export")
     checked = 0
     for pair in first.values():
-        body = {"category": pair["category"], "tool_name": standardize(pair["tool_name"]),
-                "api_name": api_key_name(pair["api_name"]), "tool_input": json.dumps(pair["tool_input"], indent=2)}
+        body = {
+            "category": pair["category"],
+            "tool_name": standardize(pair["tool_name"]),
+            "api_name": api_key_name(pair["api_name"]),
+            "tool_input": json.dumps(pair["tool_input"], indent=2),
+        }
         assert stabletoolbench_lookup(tmp_path / "export", body) == pair["response"], body
         checked += unsorted(pair["tool_input"])
     assert checked > 300  # real calls whose arguments are not in sorted order
@@ -121,12 +142,18 @@ def test_imported_real_pairs_are_found_by_stabletoolbench(shared_data, sample_to
 
 # ------------------------------------------------------------------------------------ path safety
 # `{outside}`: an absolute path in the test's own folder (a broken export must not litter elsewhere).
-UNSAFE = [("..", "tool", "api"), ("Data", "../../outside", "api"), ("Data", "tool", "{outside}/api"),
-          ("Data/../..", "tool", "api"), ("{outside}", "tool", "api")]
+UNSAFE = [
+    ("..", "tool", "api"),
+    ("Data", "../../outside", "api"),
+    ("Data", "tool", "{outside}/api"),
+    ("Data/../..", "tool", "api"),
+    ("{outside}", "tool", "api"),
+]
 
 
-@pytest.mark.parametrize("names", UNSAFE, ids=["category ..", "tool with /", "absolute api", "category with /",
-                                               "absolute category"])
+@pytest.mark.parametrize(
+    "names", UNSAFE, ids=["category ..", "tool with /", "absolute api", "category with /", "absolute category"]
+)
 def test_export_never_writes_outside_its_folder(names, tmp_path, capsys):
     names = tuple(name.format(outside=tmp_path / "outside") for name in names)
     db = tmp_path / "work" / "c.sqlite"
@@ -139,9 +166,10 @@ def test_export_never_writes_outside_its_folder(names, tmp_path, capsys):
     assert main(["cache", "export", str(out), "--cache", str(db)]) == 1
     captured = capsys.readouterr()
     assert captured.out.startswith("1 entries written to 1 files")
-    refused, = captured.err.splitlines()
+    (refused,) = captured.err.splitlines()
     assert refused.startswith(f"refused, would be written outside the folder: {'/'.join(names)} (1 entries): ")
     written = {p for p in tmp_path.rglob("*")} - before
     assert written and all(p.is_relative_to(out) or p in out.parents for p in written), written
     assert json.loads((out / "Data/theclique_for_Data/transfermarkt_search.json").read_text()) == {
-        "{'name': 'Messi'}": {"error": "", "response": "safe"}}
+        "{'name': 'Messi'}": {"error": "", "response": "safe"}
+    }

@@ -21,24 +21,41 @@ from .conftest import store_settings
 
 API = ("Data", "theclique", "transfermarkt_search")
 MESSI = {"name": "Lionel Messi"}
-BODY = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
-        "tool_input": json.dumps(MESSI), "strip": "truncate", "toolbench_key": ""}
+BODY = {
+    "category": "Data",
+    "tool_name": "theclique",
+    "api_name": "transfermarkt_search",
+    "tool_input": json.dumps(MESSI),
+    "strip": "truncate",
+    "toolbench_key": "",
+}
 
 
 def identity(samples, **settings) -> str:
-    return simulator_identity(load_settings(overrides={"tools_folder": [str(samples / "tools")], **settings},
-                                            environ={}))
+    return simulator_identity(
+        load_settings(overrides={"tools_folder": [str(samples / "tools")], **settings}, environ={})
+    )
 
 
 def test_identity_names_what_changes_answers(samples, tmp_path):
     base = identity(samples, model="sim-a")
     assert base == "sim-a@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0"
-    changed = [identity(samples, model="sim-b"), identity(samples, model="sim-a", temperature=0.7),
-               identity(samples, model="sim-a", structured_output=False), identity(samples, model="sim-a", few_shot=3)]
+    changed = [
+        identity(samples, model="sim-b"),
+        identity(samples, model="sim-a", temperature=0.7),
+        identity(samples, model="sim-a", structured_output=False),
+        identity(samples, model="sim-a", few_shot=3),
+    ]
     for n, text in enumerate(("released system prompt", "another system prompt")):
         (tmp_path / f"system{n}.txt").write_text(text, encoding="utf-8")
-        changed.append(identity(samples, model="sim-a", prompt_format="stabletoolbench",
-                                system_prompt_file=str(tmp_path / f"system{n}.txt")))
+        changed.append(
+            identity(
+                samples,
+                model="sim-a",
+                prompt_format="stabletoolbench",
+                system_prompt_file=str(tmp_path / f"system{n}.txt"),
+            )
+        )
     assert len(set(changed) | {base}) == len(changed) + 1
     assert identity(samples, model="sim-a", max_tokens=99, engine_timeout=5) == base  # no effect on a whole answer
     assert identity(samples, model="sim-a", simulator_identity="published-run-7") == "published-run-7"
@@ -111,7 +128,9 @@ def test_a_schema_1_database_opens_and_keeps_its_entries(tmp_path):
     assert cache.get(*API, '{"name":"Pele"}')[1] == "imported:tool_response_cache"
     assert cache.get(*API, '{"name":"Zidane"}', "m@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0") is None
     assert cache.get(*API, '{"name":"Zidane"}', "m@mirrorapi-v1") == (
-        '{"error":"","response":"simulated Zidane"}', "simulated:m@mirrorapi-v1")
+        '{"error":"","response":"simulated Zidane"}',
+        "simulated:m@mirrorapi-v1",
+    )
     cache.close()
     assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
     ResponseCache(path).close()  # opens again as is
@@ -143,11 +162,28 @@ def test_a_schema_3_database_opens_with_its_entries_and_keeps_rationales_from_th
     (old,) = cache.rows()
     assert (old.observation, old.hits, old.rationale) == ('{"error":"","response":"simulated Zidane"}', 2, "")
     cot = "m@stabletoolbench-cot"
-    asyncio.run(cache.store(Entry(*API, '{"name":"Kaka"}', "", cot, 0, '{"name":"Kaka"}', "",
-                                  '{"error":"","response":"Kaka"}', "simulated:" + cot, 4.0, rationale="why")))
+    asyncio.run(
+        cache.store(
+            Entry(
+                *API,
+                '{"name":"Kaka"}',
+                "",
+                cot,
+                0,
+                '{"name":"Kaka"}',
+                "",
+                '{"error":"","response":"Kaka"}',
+                "simulated:" + cot,
+                4.0,
+                rationale="why",
+            )
+        )
+    )
     asyncio.run(cache.aclose())
-    assert {e.arguments: e.rationale for e in ResponseCache(path).rows()} == {'{"name":"Zidane"}': "",
-                                                                            '{"name":"Kaka"}': "why"}
+    assert {e.arguments: e.rationale for e in ResponseCache(path).rows()} == {
+        '{"name":"Zidane"}': "",
+        '{"name":"Kaka"}': "why",
+    }
 
 
 def test_a_database_of_a_newer_mirrorapi_is_a_clear_error(cache_location):
@@ -155,8 +191,9 @@ def test_a_database_of_a_newer_mirrorapi_is_a_clear_error(cache_location):
     with cache._transaction():
         cache._execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
     cache.close()
-    with pytest.raises(CacheError, match="schema version 9 was written by a newer mirrorapi; this one reads "
-                                         "versions up to 4"):
+    with pytest.raises(
+        CacheError, match="schema version 9 was written by a newer mirrorapi; this one reads versions up to 4"
+    ):
         open_cache(cache_location)
 
 
@@ -182,7 +219,10 @@ def test_stats_export_and_prune_per_identity(cache_location, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("3 entries written to 1 files")
     exported = json.loads((tmp_path / "out/Data/theclique_for_Data/transfermarkt_search.json").read_text())
     assert {k: v["response"] for k, v in exported.items()} == {
-        "{'name': 'Messi'}": "recorded", "{'name': 'Pele'}": "B on Pele", "{'name': 'Zico'}": "B on Zico"}
+        "{'name': 'Messi'}": "recorded",
+        "{'name': 'Pele'}": "B on Pele",
+        "{'name': 'Zico'}": "B on Zico",
+    }
 
     assert main(["cache", "prune", "--cache", db, "--identity", "B"]) == 0
     assert capsys.readouterr().out == f"2 simulated answers of B deleted from {db}\n"

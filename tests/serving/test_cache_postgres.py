@@ -34,8 +34,9 @@ def fill(location: str) -> None:
     cache.get(*API, '{"club":"Inter Miami","name":"Messi"}')
 
     async def in_a_session() -> None:
-        await cache.store(new_entry(*API, {"name": "Kaka"}, "", "A on Kaka, step 1", "simulated:A", 5.0,
-                                    history="digest-1", steps=1))
+        await cache.store(
+            new_entry(*API, {"name": "Kaka"}, "", "A on Kaka, step 1", "simulated:A", 5.0, history="digest-1", steps=1)
+        )
         await cache.update_session("episode-1", 3600, advance(8, 4096, "a line"))
         assert await cache.lookup(Call(*API, '{"name":"Kaka"}', "digest-1"), "A") is not None
         await cache.aclose()
@@ -47,11 +48,15 @@ def snapshot(location: str) -> dict:
     cache = open_cache(location)
     try:
         stats = cache.stats()
-        return {"entries": sorted(cache.rows(), key=lambda e: (e.arguments, e.identity)),
-                "sessions": [row[:4] for row in cache.sessions()],
-                "imports": [row[:3] for row in cache.imports()],
-                "stats": {k: stats[k] for k in ("entries", "hits", "recorded", "by_identity", "by_provenance",
-                                                "session_entries", "sessions")}}
+        return {
+            "entries": sorted(cache.rows(), key=lambda e: (e.arguments, e.identity)),
+            "sessions": [row[:4] for row in cache.sessions()],
+            "imports": [row[:3] for row in cache.imports()],
+            "stats": {
+                k: stats[k]
+                for k in ("entries", "hits", "recorded", "by_identity", "by_provenance", "session_entries", "sessions")
+            },
+        }
     finally:
         cache.close()
 
@@ -63,8 +68,10 @@ def test_migrate_copies_sqlite_into_postgresql_and_back(postgres_database, tmp_p
     assert before["stats"]["entries"] == 5 and before["stats"]["hits"] == 3 and before["sessions"]
 
     assert main(["cache", "migrate", "--from", f"sqlite:///{sqlite}", "--to", postgres_database]) == 0
-    assert capsys.readouterr().out == (f"5 of 5 entries and 1 sessions copied from {sqlite} to {postgres_database} "
-                                       "(entries it held already were kept)\n")
+    assert capsys.readouterr().out == (
+        f"5 of 5 entries and 1 sessions copied from {sqlite} to {postgres_database} "
+        "(entries it held already were kept)\n"
+    )
     assert snapshot(postgres_database) == before  # every column: times, hits, arguments as sent, sessions
     # Again (an interrupted migration is simply run again): nothing doubles.
     assert main(["cache", "migrate", "--from", str(sqlite), "--to", postgres_database, "--json"]) == 0
@@ -113,6 +120,7 @@ def test_servers_starting_together_create_the_schema_once(postgres_database):
             caches.append(open_cache(postgres_database))
         except Exception as exc:  # noqa: BLE001 - collected and asserted below
             errors.append(exc)
+
     threads = [threading.Thread(target=open_one) for _ in range(8)]
     for thread in threads:
         thread.start()
@@ -131,8 +139,10 @@ def test_a_connection_the_database_dropped_is_an_error_once_then_connected_again
 
     def drop_connections() -> None:
         with psycopg.connect(postgres_database, autocommit=True) as db:
-            db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND pid != pg_backend_pid()")
+            db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid != pg_backend_pid()"
+            )
 
     drop_connections()
     with pytest.raises(CacheError, match="^cache database postgresql://"):
@@ -168,9 +178,23 @@ def test_a_version_3_database_gets_the_rationale_column_and_keeps_its_entries(po
     cache = open_cache(postgres_database)
     (old,) = cache.rows()
     assert (json.loads(old.observation)["response"], old.rationale) == ("real Messi", "")
+
     async def store_one_with_a_rationale() -> None:
-        await cache.store(Entry(*API, '{"name":"Kaka"}', "", "A", 0, '{"name":"Kaka"}', "",
-                                '{"error":"","response":"Kaka"}', "simulated:A", 2.0, rationale="why"))
+        await cache.store(
+            Entry(
+                *API,
+                '{"name":"Kaka"}',
+                "",
+                "A",
+                0,
+                '{"name":"Kaka"}',
+                "",
+                '{"error":"","response":"Kaka"}',
+                "simulated:A",
+                2.0,
+                rationale="why",
+            )
+        )
         assert {e.arguments: e.rationale for e in cache.rows()} == {'{"name":"Messi"}': "", '{"name":"Kaka"}': "why"}
         await cache.aclose()
 

@@ -40,9 +40,12 @@ def test_writes_wait_for_the_lock_without_blocking_the_event_loop_and_none_is_dr
     async def scenario():
         holder.start()
         await asyncio.to_thread(held.wait)
-        stores = [asyncio.ensure_future(cache.store(new_entry(*API, {"i": i, "z": 0}, "", f"answer {i}", "simulated:m",
-                                                              time.time())))
-                  for i in range(20)]
+        stores = [
+            asyncio.ensure_future(
+                cache.store(new_entry(*API, {"i": i, "z": 0}, "", f"answer {i}", "simulated:m", time.time()))
+            )
+            for i in range(20)
+        ]
         assert await cache.lookup(Call(*API, canonical_json({"name": "recorded"})), "m")  # a hit while it is held
         maintained = asyncio.ensure_future(cache.maintain(idle_seconds=3600))  # the hit count waits too
         longest, start = 0.0, time.perf_counter()
@@ -66,12 +69,20 @@ def test_writes_wait_for_the_lock_without_blocking_the_event_loop_and_none_is_dr
 
 
 def test_shutdown_stores_simulations_still_in_flight(serve, engine_stub, tmp_path):
-    body = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
-            "tool_input": '{"name": "Lionel Messi"}'}
+    body = {
+        "category": "Data",
+        "tool_name": "theclique",
+        "api_name": "transfermarkt_search",
+        "tool_input": '{"name": "Lionel Messi"}',
+    }
     # The engine answers after the client gave up and after uvicorn's graceful shutdown cancelled the request.
-    with (serve(api_base=[engine_stub(delay=1.5)], cache_path=str(tmp_path / "c.sqlite"),
-                graceful_shutdown=0.2) as server, pytest.raises(httpx.ReadTimeout)):
+    with (
+        serve(
+            api_base=[engine_stub(delay=1.5)], cache_path=str(tmp_path / "c.sqlite"), graceful_shutdown=0.2
+        ) as server,
+        pytest.raises(httpx.ReadTimeout),
+    ):
         server.client.post("/virtual", json=body, timeout=0.5)
     cache = ResponseCache(tmp_path / "c.sqlite")
-    (_, _, _, _, observation, provenance), = cache.entries()
+    ((_, _, _, _, observation, provenance),) = cache.entries()
     assert json.loads(observation) == STUB_OBSERVATION and provenance.startswith("simulated:")

@@ -31,17 +31,23 @@ def test_shipped_config_loads_with_stabletoolbench_keys():
 
 def test_released_model_config_asks_for_its_system_prompt_file():
     with pytest.raises(ConfigError, match="system_prompt_file: .*mirrorapi_system_prompt.txt does not exist"):
-        load_settings(REPO / "serving" / "config_mirrorapi_released.yml",
-                      overrides={"tools_folder": [str(SAMPLE_TOOLS)]}, environ={})
+        load_settings(
+            REPO / "serving" / "config_mirrorapi_released.yml",
+            overrides={"tools_folder": [str(SAMPLE_TOOLS)]},
+            environ={},
+        )
 
 
 def test_stabletoolbench_config_yml_keys_are_accepted(tmp_path):
     # The keys of StableToolBench's server/config.yml, as its users have them.
     (tmp_path / "tools").mkdir()
     (tmp_path / "tool_response_cache").mkdir()
-    config = write(tmp_path / "config.yml", "api_key: ''\napi_base: ''\nmodel: gpt-4-turbo\ntemperature: 0\n"
-                   "toolbench_url: http://8.130.32.149:8080/rapidapi\ntools_folder: ./tools\n"
-                   "cache_folder: ./tool_response_cache\nis_save: true\nport: 8080\nlog_file: ./server.log\n")
+    config = write(
+        tmp_path / "config.yml",
+        "api_key: ''\napi_base: ''\nmodel: gpt-4-turbo\ntemperature: 0\n"
+        "toolbench_url: http://8.130.32.149:8080/rapidapi\ntools_folder: ./tools\n"
+        "cache_folder: ./tool_response_cache\nis_save: true\nport: 8080\nlog_file: ./server.log\n",
+    )
     with pytest.raises(ConfigError, match="api_base: expected http"):  # empty api_base: OpenAI's cloud there
         load_settings(config, environ={})
     settings = load_settings(config, overrides={"api_base": ["http://127.0.0.1:9/v1"]}, environ={})
@@ -51,8 +57,12 @@ def test_stabletoolbench_config_yml_keys_are_accepted(tmp_path):
 
 def test_precedence_defaults_file_environment_flags(tmp_path):
     config = write(tmp_path / "c.yml", f"tools_folder: {SAMPLE_TOOLS}\nport: 9001\nmodel: from-file\n")
-    environ = {"MIRRORAPI_PORT": "9002", "MIRRORAPI_API_BASE": "http://a:1/v1, http://b:2/v1",
-               "MIRRORAPI_IS_SAVE": "false", "MIRRORAPI_CONFIG": str(config)}
+    environ = {
+        "MIRRORAPI_PORT": "9002",
+        "MIRRORAPI_API_BASE": "http://a:1/v1, http://b:2/v1",
+        "MIRRORAPI_IS_SAVE": "false",
+        "MIRRORAPI_CONFIG": str(config),
+    }
     settings = load_settings(environ=environ)
     assert settings.port == 9002 and settings.model == "from-file" and settings.is_save is False
     assert settings.api_base == ["http://a:1/v1", "http://b:2/v1"]
@@ -60,15 +70,19 @@ def test_precedence_defaults_file_environment_flags(tmp_path):
     assert settings.port == 9003 and settings.seed == 7
 
 
-@pytest.mark.parametrize("text, message", [
-    ("tool_folder: x\n", r"unknown key 'tool_folder' \(did you mean 'tools_folder'\?\)"),
-    ("port: eighty\n", "port: Input should be a valid integer"),
-    ("is_save: maybe\n", "is_save: Input should be a valid boolean"),
-    ("mode: record\n", "mode: Input should be 'simulate' or 'replay'"),
-    ("tools_folder: ./nowhere\n", "tools_folder: .*nowhere does not exist"),
-    ("port: [1\n", "is not valid YAML"),
-    ("- a list\n", "expected a mapping"),
-], ids=["unknown-key", "int", "bool", "choice", "missing-folder", "yaml", "not-a-mapping"])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("tool_folder: x\n", r"unknown key 'tool_folder' \(did you mean 'tools_folder'\?\)"),
+        ("port: eighty\n", "port: Input should be a valid integer"),
+        ("is_save: maybe\n", "is_save: Input should be a valid boolean"),
+        ("mode: record\n", "mode: Input should be 'simulate' or 'replay'"),
+        ("tools_folder: ./nowhere\n", "tools_folder: .*nowhere does not exist"),
+        ("port: [1\n", "is not valid YAML"),
+        ("- a list\n", "expected a mapping"),
+    ],
+    ids=["unknown-key", "int", "bool", "choice", "missing-folder", "yaml", "not-a-mapping"],
+)
 def test_bad_config_is_one_clear_error(tmp_path, text, message):
     if "tools_folder" not in text and "-" not in text[:1]:
         text += f"tools_folder: {SAMPLE_TOOLS}\n"
@@ -87,11 +101,16 @@ def test_serve_command_exits_2_with_one_line(tmp_path, capsys):
 
 def test_server_script_bad_config_exits_2_before_serving(tmp_path):
     config = write(tmp_path / "bad.yml", "tools_folder: ./missing-tools\n")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config), "--port", "1"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--config", str(config), "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"main_mirrorapi.py: error: config {config}: tools_folder: {tmp_path / 'missing-tools'} does not exist"]
+        f"main_mirrorapi.py: error: config {config}: tools_folder: {tmp_path / 'missing-tools'} does not exist"
+    ]
 
 
 def test_server_script_help_lists_every_setting():

@@ -78,29 +78,40 @@ Ensure responses are directly aligned with the API's intended output and maintai
 """
 
 # The example answer inside COT_SYSTEM, as a CoT model writes it (from "Response:" to the closing brace).
-UPSTREAM_ANSWER = COT_SYSTEM[COT_SYSTEM.index("Response:") + len("Response:"):
-                             COT_SYSTEM.index("Ensure responses are directly")].strip()
-UPSTREAM_MECHANISM = ('The "List Languages" API for the TTSKraken service returns a list of supported languages for '
-                      "their text-to-speech offerings.")
+UPSTREAM_ANSWER = COT_SYSTEM[
+    COT_SYSTEM.index("Response:") + len("Response:") : COT_SYSTEM.index("Ensure responses are directly")
+].strip()
+UPSTREAM_MECHANISM = (
+    'The "List Languages" API for the TTSKraken service returns a list of supported languages for '
+    "their text-to-speech offerings."
+)
 
 
 def test_cot_prompt_is_upstreams_system_prompt_and_request_layout(samples, tmp_path):
     (tmp_path / "cot.txt").write_text(COT_SYSTEM, encoding="utf-8")
-    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")],
-                                        "prompt_format": "stabletoolbench-cot",
-                                        "system_prompt_file": str(tmp_path / "cot.txt")}, environ={})
+    settings = load_settings(
+        overrides={
+            "tools_folder": [str(samples / "tools")],
+            "prompt_format": "stabletoolbench-cot",
+            "system_prompt_file": str(tmp_path / "cot.txt"),
+        },
+        environ={},
+    )
     doc = ToolRegistry.load([samples / "tools"]).resolve("Logistics", "transitaires", "transitaire")
-    messages = simulator_messages(doc, {"is_id": "EKVF"}, fmt="stabletoolbench-cot",
-                                  system_prompt=settings.system_prompt())
+    messages = simulator_messages(
+        doc, {"is_id": "EKVF"}, fmt="stabletoolbench-cot", system_prompt=settings.system_prompt()
+    )
     assert messages == [
         {"role": "system", "content": COT_SYSTEM},
-        {"role": "user", "content":
-            "API doc:\n{'api_name': 'Transitaire', 'api_description': 'Récupère un transitaire donnée', "
+        {
+            "role": "user",
+            "content": "API doc:\n{'api_name': 'Transitaire', 'api_description': 'Récupère un transitaire donnée', "
             "'required_parameters': [{'name': 'id', 'type': 'string', 'description': '', "
             "'default': 'DOUANE_AGENCE_GONDRAND'}], 'optional_parameters': [], "
             "'tool_description': 'Transitaires de dédouanement en Nouvelle-Calédonie ', "
             "'tool_name': 'transitaires', "
-            "'tool_category': 'Logistics'}\n\nRequest:\n{'is_id': 'EKVF'}"},
+            "'tool_category': 'Logistics'}\n\nRequest:\n{'is_id': 'EKVF'}",
+        },
     ]
     # The simulator identity names the mode, so CoT answers are never served as plain ones (or back).
     assert "@stabletoolbench-cot," in simulator_identity(settings)
@@ -111,8 +122,11 @@ def test_cot_prompt_is_upstreams_system_prompt_and_request_layout(samples, tmp_p
 def test_a_system_prompt_without_the_tag_is_refused_at_start(samples, tmp_path):
     (tmp_path / "sft.txt").write_text(COT_SYSTEM.replace("[CHAIN_OF_THOUGHT]\n", ""), encoding="utf-8")
     with pytest.raises(ValueError, match="CHAIN_OF_THOUGHT"):
-        ServerSettings(tools_folder=[samples / "tools"], prompt_format="stabletoolbench-cot",
-                       system_prompt_file=tmp_path / "sft.txt")
+        ServerSettings(
+            tools_folder=[samples / "tools"],
+            prompt_format="stabletoolbench-cot",
+            system_prompt_file=tmp_path / "sft.txt",
+        )
 
 
 def test_upstreams_example_answer_gives_the_observation_and_the_rationale():
@@ -132,10 +146,14 @@ def cot_engine(answer: str):
 
     @app.post("/v1/chat/completions")
     async def chat() -> dict:
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": "cot",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
-                             "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "cot",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
 
     port = free_port()
     with serve_in_thread(app, port, access_log=False) as url:
@@ -144,17 +162,33 @@ def cot_engine(answer: str):
 
 def test_the_server_in_cot_mode_answers_error_and_response_and_logs_the_rationale(samples, tmp_path):
     (tmp_path / "cot.txt").write_text(COT_SYSTEM, encoding="utf-8")
-    answer = json.dumps({"mechanism_of_the_api": "Looks the forwarder up by its id.", "error": "",
-                         "response": {"name": "EKVF", "city": "Nouméa"}})
+    answer = json.dumps(
+        {
+            "mechanism_of_the_api": "Looks the forwarder up by its id.",
+            "error": "",
+            "response": {"name": "EKVF", "city": "Nouméa"},
+        }
+    )
     with cot_engine(answer) as engine:
         port = free_port()
-        settings = ServerSettings(api_base=engine, model="cot", tools_folder=[samples / "tools"], port=port,
-                                  prompt_format="stabletoolbench-cot", system_prompt_file=tmp_path / "cot.txt",
-                                  cache_path=tmp_path / "cache.sqlite", log_file=tmp_path / "requests.log",
-                                  log_level="warning")
+        settings = ServerSettings(
+            api_base=engine,
+            model="cot",
+            tools_folder=[samples / "tools"],
+            port=port,
+            prompt_format="stabletoolbench-cot",
+            system_prompt_file=tmp_path / "cot.txt",
+            cache_path=tmp_path / "cache.sqlite",
+            log_file=tmp_path / "requests.log",
+            log_level="warning",
+        )
         with serve_in_thread(create_app(settings), port, timeout=60, access_log=False) as url:
-            body = {"category": "Logistics", "tool_name": "transitaires", "api_name": "transitaire",
-                    "tool_input": json.dumps({"is_id": "EKVF"})}
+            body = {
+                "category": "Logistics",
+                "tool_name": "transitaires",
+                "api_name": "transitaire",
+                "tool_input": json.dumps({"is_id": "EKVF"}),
+            }
             reply = httpx.post(url + "/virtual", json=body, timeout=30).json()
             again = httpx.post(url + "/virtual", json=body, timeout=30).json()  # from the cache
     assert reply == again == {"error": "", "response": {"name": "EKVF", "city": "Nouméa"}}
@@ -175,9 +209,15 @@ def test_the_server_in_cot_mode_answers_error_and_response_and_logs_the_rational
 
 def test_the_simulator_keeps_the_rationale_apart(samples, tmp_path):
     (tmp_path / "cot.txt").write_text(COT_SYSTEM, encoding="utf-8")
-    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")], "is_save": False,
-                                        "prompt_format": "stabletoolbench-cot",
-                                        "system_prompt_file": str(tmp_path / "cot.txt")}, environ={})
+    settings = load_settings(
+        overrides={
+            "tools_folder": [str(samples / "tools")],
+            "is_save": False,
+            "prompt_format": "stabletoolbench-cot",
+            "system_prompt_file": str(tmp_path / "cot.txt"),
+        },
+        environ={},
+    )
 
     class Engine:  # stand-in: answers upstream's example
         async def chat(self, messages, **settings):
@@ -195,29 +235,41 @@ def test_train_cot_records_become_cot_sft_records(samples, tmp_path):
     from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
     from mirrorapi.data.sources import read_alpaca
 
-    doc = ("{'api_name': 'Transitaire', 'api_description': 'Récupère un transitaire donnée', "
-           "'required_parameters': [{'name': 'id', 'type': 'string', 'description': '', 'default': 'X'}], "
-           "'optional_parameters': [], 'tool_description': 'Transitaires', 'tool_name': 'transitaires', "
-           "'tool_category': 'Logistics'}")
-    cot = {"instruction": COT_SYSTEM, "input": f"API doc:\n{doc}\n\nRequest:\n{{'id': 'EKVF'}}",
-           "output": '{"mechanism_of_the_api": "Looks the forwarder up.", "error": "", "response": "Gondrand"}'}
-    plain = {**cot, "input": f"API doc:\n{doc}\n\nRequest:\n{{'id': 'OTHER'}}",
-             "output": '{"error": "", "response": "Other"}'}
+    doc = (
+        "{'api_name': 'Transitaire', 'api_description': 'Récupère un transitaire donnée', "
+        "'required_parameters': [{'name': 'id', 'type': 'string', 'description': '', 'default': 'X'}], "
+        "'optional_parameters': [], 'tool_description': 'Transitaires', 'tool_name': 'transitaires', "
+        "'tool_category': 'Logistics'}"
+    )
+    cot = {
+        "instruction": COT_SYSTEM,
+        "input": f"API doc:\n{doc}\n\nRequest:\n{{'id': 'EKVF'}}",
+        "output": '{"mechanism_of_the_api": "Looks the forwarder up.", "error": "", "response": "Gondrand"}',
+    }
+    plain = {
+        **cot,
+        "input": f"API doc:\n{doc}\n\nRequest:\n{{'id': 'OTHER'}}",
+        "output": '{"error": "", "response": "Other"}',
+    }
     path = tmp_path / "train_cot.json"
     path.write_text(json.dumps([cot, plain]), encoding="utf-8")
     pairs = list(read_alpaca(path))
     assert [p.get("rationale") for p in pairs] == ["Looks the forwarder up.", None]
     assert pairs[0]["tool_input"] == {"id": "EKVF"} and pairs[0]["response"] == {"error": "", "response": "Gondrand"}
 
-    options = SimulatorDataOptions(prompt_format="stabletoolbench-cot", system_prompt=COT_SYSTEM,
-                                   ood_fraction=0.0, id_fraction=0.0)
+    options = SimulatorDataOptions(
+        prompt_format="stabletoolbench-cot", system_prompt=COT_SYSTEM, ood_fraction=0.0, id_fraction=0.0
+    )
     splits, stats = build_simulator_records(pairs, ToolRegistry.load([samples / "tools"]), options)
     assert stats["dropped"]["no_rationale"] == 1
     (record,) = splits["train"]
     assert record["prompt"][0] == {"role": "system", "content": COT_SYSTEM}
     assert record["prompt"][1]["content"].startswith("API doc:\n{'api_name': 'Transitaire'")
     assert json.loads(record["completion"][0]["content"]) == {
-        "mechanism_of_the_api": "Looks the forwarder up.", "error": "", "response": "Gondrand"}
+        "mechanism_of_the_api": "Looks the forwarder up.",
+        "error": "",
+        "response": "Gondrand",
+    }
     assert record["completion"][0]["content"].startswith('{"mechanism_of_the_api":')  # upstream's key order
     with pytest.raises(ValueError, match="CHAIN_OF_THOUGHT"):
         SimulatorDataOptions(prompt_format="stabletoolbench-cot", system_prompt="no tag").check()

@@ -19,11 +19,15 @@ def agent_sees(error: EngineError) -> str:
     return json.loads(failure.body)["error"]
 
 
-@pytest.mark.parametrize("http_body, kind, reason", [
-    (b"<html><body>502 Bad Gateway</body></html>", "not_json", "the simulator engine's answer is not JSON"),
-    (b'{"foo": 1}', "no_choice", "the simulator engine's answer is not a chat completion (no choices)"),
-    (b'{"choices": []}', "no_choice", "the simulator engine's answer is not a chat completion (no choices)"),
-], ids=["html", "foo", "no-choices"])
+@pytest.mark.parametrize(
+    "http_body, kind, reason",
+    [
+        (b"<html><body>502 Bad Gateway</body></html>", "not_json", "the simulator engine's answer is not JSON"),
+        (b'{"foo": 1}', "no_choice", "the simulator engine's answer is not a chat completion (no choices)"),
+        (b'{"choices": []}', "no_choice", "the simulator engine's answer is not a chat completion (no choices)"),
+    ],
+    ids=["html", "foo", "no-choices"],
+)
 def test_an_engine_answer_that_is_no_chat_completion(http_body, kind, reason):
     with pytest.raises(EngineError) as err:
         _message(_json_body(http_body))
@@ -31,11 +35,15 @@ def test_an_engine_answer_that_is_no_chat_completion(http_body, kind, reason):
     assert agent_sees(err.value) == f"{PREFIX} ({reason})"
 
 
-@pytest.mark.parametrize("model_text, reason", [
-    ('{"foo": 1}', "the simulator's output was a JSON object without \"error\" or \"response\" (keys: 'foo')"),
-    ("[1, 2]", "the simulator's output was a JSON list, not an {\"error\", \"response\"} object"),
-    ("Sure! Here is the response", "the simulator's output was not JSON (26 characters)"),
-], ids=["foo", "list", "prose"])
+@pytest.mark.parametrize(
+    "model_text, reason",
+    [
+        ('{"foo": 1}', 'the simulator\'s output was a JSON object without "error" or "response" (keys: \'foo\')'),
+        ("[1, 2]", 'the simulator\'s output was a JSON list, not an {"error", "response"} object'),
+        ("Sure! Here is the response", "the simulator's output was not JSON (26 characters)"),
+    ],
+    ids=["foo", "list", "prose"],
+)
 def test_model_text_that_is_no_observation(model_text, reason):
     assert unusable_output(model_text) == reason
     assert agent_sees(EngineError("garbage", unusable_output(model_text))) == f"{PREFIX} ({reason})"

@@ -9,8 +9,14 @@ import pytest
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
 
-README_REQUEST = {"category": "Artificial_Intelligence_Machine_Learning", "tool_name": "TTSKraken",
-                  "api_name": "List Languages", "tool_input": "{}", "strip": "truncate", "toolbench_key": ""}
+README_REQUEST = {
+    "category": "Artificial_Intelligence_Machine_Learning",
+    "tool_name": "TTSKraken",
+    "api_name": "List Languages",
+    "tool_input": "{}",
+    "strip": "truncate",
+    "toolbench_key": "",
+}
 # The untrained tiny model's greedy answer decodes to no text at all (special tokens only): the agent is
 # told exactly that, not a vague failure.
 EMPTY = {"error": "Failed to generate fake response (the simulator's output was empty)", "response": ""}
@@ -18,8 +24,12 @@ EMPTY = {"error": "Failed to generate fake response (the simulator's output was 
 
 @pytest.fixture(scope="module")
 def garbage(serve, tiny_engine, tmp_path_factory):
-    with serve(api_base=[tiny_engine.base_url], model=tiny_engine.model, max_tokens=12,
-               cache_path=str(tmp_path_factory.mktemp("db") / "c.sqlite")) as server:
+    with serve(
+        api_base=[tiny_engine.base_url],
+        model=tiny_engine.model,
+        max_tokens=12,
+        cache_path=str(tmp_path_factory.mktemp("db") / "c.sqlite"),
+    ) as server:
         yield server
 
 
@@ -40,7 +50,7 @@ def test_readme_request_with_a_garbage_engine_is_an_error_never_cached(garbage):
 
 @pytest.mark.slow
 def test_identical_concurrent_misses_make_one_engine_call(garbage):
-    body = {**README_REQUEST, "tool_input": "{\"concurrent\": true}"}
+    body = {**README_REQUEST, "tool_input": '{"concurrent": true}'}
     calls = garbage.metric("mirrorapi_engine_calls_total", result="empty")
     coalesced = garbage.metric("mirrorapi_coalesced_requests_total")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -61,33 +71,50 @@ def test_metrics_count_outcomes_and_stage_latency(garbage):
 
 
 def test_hanging_engine_is_an_error_within_the_timeout(serve, engine_hanging, tmp_path):
-    with serve(api_base=[engine_hanging], engine_timeout=1.5, engine_retries=1,
-               cache_path=str(tmp_path / "c.sqlite")) as server:
+    with serve(
+        api_base=[engine_hanging], engine_timeout=1.5, engine_retries=1, cache_path=str(tmp_path / "c.sqlite")
+    ) as server:
         start = time.monotonic()
         response = server.virtual(README_REQUEST)
         elapsed = time.monotonic() - start
-        assert response.json() == {"error": "Failed to generate fake response (the simulator engine did not "
-                                            "answer in time)", "response": ""}
+        assert response.json() == {
+            "error": "Failed to generate fake response (the simulator engine did not answer in time)",
+            "response": "",
+        }
         assert 1.4 < elapsed < 3.0
     assert ResponseCache(tmp_path / "c.sqlite").count() == 0
 
 
 def test_replay_mode_answers_from_the_cache_only(serve, engine_hanging, tmp_path):
     cache = ResponseCache(tmp_path / "c.sqlite")
-    cache.put("Data", "theclique", "transfermarkt_search", canonical_json({"name": "Lionel Messi"}), "",
-              "[{'name': 'Lionel Messi'}]", "real")
+    cache.put(
+        "Data",
+        "theclique",
+        "transfermarkt_search",
+        canonical_json({"name": "Lionel Messi"}),
+        "",
+        "[{'name': 'Lionel Messi'}]",
+        "real",
+    )
     cache.close()
     # The engine hangs: a replay server that asked it would not answer within the test's patience.
-    with serve(api_base=[engine_hanging], mode="replay", engine_timeout=30,
-               cache_path=str(tmp_path / "c.sqlite")) as server:
-        body = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
-                "tool_input": "{\"name\": \"Lionel Messi\"}"}
+    with serve(
+        api_base=[engine_hanging], mode="replay", engine_timeout=30, cache_path=str(tmp_path / "c.sqlite")
+    ) as server:
+        body = {
+            "category": "Data",
+            "tool_name": "theclique",
+            "api_name": "transfermarkt_search",
+            "tool_input": '{"name": "Lionel Messi"}',
+        }
         assert server.virtual(body).json() == {"error": "", "response": "[{'name': 'Lionel Messi'}]"}
         start = time.monotonic()
-        miss = server.virtual({**body, "tool_input": "{\"name\": \"Pele\"}"}).json()
+        miss = server.virtual({**body, "tool_input": '{"name": "Pele"}'}).json()
         assert time.monotonic() - start < 2
-        assert miss == {"error": "No recorded response for this call (the server replays its cache only).",
-                        "response": ""}
+        assert miss == {
+            "error": "No recorded response for this call (the server replays its cache only).",
+            "response": "",
+        }
         assert server.metric("mirrorapi_requests_total", outcome="replay_miss") == 1
         health = server.client.get("/health").json()
         assert health["mode"] == "replay" and health["engine"] == [] and health["status"] == "ok"
@@ -95,11 +122,11 @@ def test_replay_mode_answers_from_the_cache_only(serve, engine_hanging, tmp_path
 
 
 @pytest.mark.slow
-def test_a_model_the_engine_does_not_serve_is_reported_at_start_up_and_by_health(serve, tiny_engine, tmp_path,
-                                                                                caplog):
+def test_a_model_the_engine_does_not_serve_is_reported_at_start_up_and_by_health(serve, tiny_engine, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="mirrorapi.serving"):
-        with serve(api_base=[tiny_engine.base_url], model="mirrorapi",
-                   cache_path=str(tmp_path / "c.sqlite")) as server:
+        with serve(
+            api_base=[tiny_engine.base_url], model="mirrorapi", cache_path=str(tmp_path / "c.sqlite")
+        ) as server:
             response = server.client.get("/health")
             deadline = time.monotonic() + 10
             while "does not serve" not in caplog.text and time.monotonic() < deadline:
@@ -119,8 +146,10 @@ def test_an_api_base_without_v1_is_reported_at_start_up(serve, engine_down, tmp_
         with serve(api_base=[base, engine_down], cache_path=str(tmp_path / "c.sqlite")):
             pass
     lines = [r.getMessage() for r in caplog.records if "does not end in /v1" in r.getMessage()]
-    assert lines == [f"api_base {base} does not end in /v1: OpenAI-compatible engines (vllm serve, transformers "
-                     f"serve) answer at {base}/v1/chat/completions"]
+    assert lines == [
+        f"api_base {base} does not end in /v1: OpenAI-compatible engines (vllm serve, transformers "
+        f"serve) answer at {base}/v1/chat/completions"
+    ]
 
 
 def test_without_an_attempt_timeout_a_hung_replica_leaves_time_for_the_other(serve, engine_stub, tmp_path, caplog):
@@ -129,14 +158,23 @@ def test_without_an_attempt_timeout_a_hung_replica_leaves_time_for_the_other(ser
     other in time. (With the whole deadline per attempt, such a call failed.)"""
     from harness.fake_engines import HungEngine
 
-    with HungEngine() as hung, caplog.at_level("INFO", logger="mirrorapi.serving"), \
-            serve(api_base=[hung.url, engine_stub()], engine_timeout=2.0, engine_cooldown=60,
-                  cache_path=str(tmp_path / "c.sqlite")) as server:
+    with (
+        HungEngine() as hung,
+        caplog.at_level("INFO", logger="mirrorapi.serving"),
+        serve(
+            api_base=[hung.url, engine_stub()],
+            engine_timeout=2.0,
+            engine_cooldown=60,
+            cache_path=str(tmp_path / "c.sqlite"),
+        ) as server,
+    ):
         answers = [server.virtual({**README_REQUEST, "tool_input": f'{{"call": {i}}}'}).json() for i in range(3)]
         assert hung.connections >= 1  # the hung replica was met
     assert all(answer["error"] == "" for answer in answers), answers
-    assert "an attempt 1 s before the next replica is tried (engine_attempt_timeout unset: engine_timeout 2 s " \
-           "shared by the 2 replicas a call can try)" in caplog.text
+    assert (
+        "an attempt 1 s before the next replica is tried (engine_attempt_timeout unset: engine_timeout 2 s "
+        "shared by the 2 replicas a call can try)" in caplog.text
+    )
 
 
 def test_a_miss_beyond_the_simulators_queue_is_told_it_is_busy(serve, tmp_path):
@@ -144,14 +182,21 @@ def test_a_miss_beyond_the_simulators_queue_is_told_it_is_busy(serve, tmp_path):
     takes the replica (its answer takes 2 s) are answered at once that the simulator is busy."""
     from harness.fake_engines import StubEngine
 
-    busy = {"error": "Failed to generate fake response (the simulator is busy: too many calls are waiting for it; "
-                     "try again later)", "response": ""}
-    with StubEngine(delay=2.0) as engine, \
-            serve(api_base=[engine.url], engine_max_in_flight=1, engine_max_waiting=0,
-                  cache_path=str(tmp_path / "c.sqlite")) as server, \
-            concurrent.futures.ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda i: server.virtual({**README_REQUEST, "tool_input": f'{{"call": {i}}}'}).json(),
-                                range(4)))
+    busy = {
+        "error": "Failed to generate fake response (the simulator is busy: too many calls are waiting for it; "
+        "try again later)",
+        "response": "",
+    }
+    with (
+        StubEngine(delay=2.0) as engine,
+        serve(
+            api_base=[engine.url], engine_max_in_flight=1, engine_max_waiting=0, cache_path=str(tmp_path / "c.sqlite")
+        ) as server,
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+    ):
+        answers = list(
+            pool.map(lambda i: server.virtual({**README_REQUEST, "tool_input": f'{{"call": {i}}}'}).json(), range(4))
+        )
     simulated = [a for a in answers if a["error"] == ""]
     assert len(simulated) >= 1 and busy in answers
     assert all(a == busy for a in answers if a["error"]), answers

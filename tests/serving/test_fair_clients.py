@@ -22,10 +22,18 @@ from mcp.shared.exceptions import MCPError
 from harness.fake_engines import HungEngine, StubEngine
 from mirrorapi.engine_client import EngineClient, EngineError
 
-BODY = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
-        "tool_input": "{\"name\": \"Lionel Messi\"}"}
-INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "hostile", "version": "1"}}}
+BODY = {
+    "category": "Data",
+    "tool_name": "theclique",
+    "api_name": "transfermarkt_search",
+    "tool_input": '{"name": "Lionel Messi"}',
+}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "hostile", "version": "1"}},
+}
 MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
 
@@ -48,9 +56,16 @@ def is_json_rpc_error(response: httpx.Response) -> str:
 
 # ------------------------------------------------------------------------------------------------- MCP
 def test_one_client_cannot_take_every_mcp_session(serve, engine_down, tmp_path):
-    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], mcp_sessions_per_client=3,
-               mcp_max_sessions=5) as server, client_from(server.url, "127.0.0.1") as first, \
-            client_from(server.url, "127.0.0.2") as second:
+    with (
+        serve(
+            cache_path=str(tmp_path / "c.sqlite"),
+            api_base=[engine_down],
+            mcp_sessions_per_client=3,
+            mcp_max_sessions=5,
+        ) as server,
+        client_from(server.url, "127.0.0.1") as first,
+        client_from(server.url, "127.0.0.2") as second,
+    ):
         opened = [initialize(first) for _ in range(3)]
         assert [r.status_code for r in opened] == [200, 200, 200]
         refused = initialize(first)
@@ -71,8 +86,15 @@ def test_one_client_cannot_take_every_mcp_session(serve, engine_down, tmp_path):
 
 
 def test_an_idle_mcp_session_is_closed_in_seconds_not_half_an_hour(serve, engine_down, tmp_path):
-    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], mcp_sessions_per_client=1,
-               mcp_session_idle_timeout=1.0) as server, client_from(server.url, "127.0.0.1") as client:
+    with (
+        serve(
+            cache_path=str(tmp_path / "c.sqlite"),
+            api_base=[engine_down],
+            mcp_sessions_per_client=1,
+            mcp_session_idle_timeout=1.0,
+        ) as server,
+        client_from(server.url, "127.0.0.1") as client,
+    ):
         session = initialize(client).headers["mcp-session-id"]
         assert initialize(client).status_code == 503
         time.sleep(1.6)
@@ -89,8 +111,9 @@ def test_mcp_honours_max_body_bytes_and_answers_json(serve, engine_down, tmp_pat
         assert response.status_code == 413
         assert "100,000" in is_json_rpc_error(response)
         # The SDK's own refusals (a wrong content type here) are JSON-RPC errors with a JSON content type too.
-        wrong = server.client.post("/mcp", content=json.dumps(INITIALIZE),
-                                   headers={**MCP_HEADERS, "content-type": "text/plain"})
+        wrong = server.client.post(
+            "/mcp", content=json.dumps(INITIALIZE), headers={**MCP_HEADERS, "content-type": "text/plain"}
+        )
         assert wrong.status_code == 400
         assert "Content-Type" in is_json_rpc_error(wrong)
         assert initialize(server.client).status_code == 200
@@ -99,13 +122,16 @@ def test_mcp_honours_max_body_bytes_and_answers_json(serve, engine_down, tmp_pat
 @pytest.mark.parametrize("cursor", ["9" * 4301, "\u00b2", "-1"], ids=["4301-digits", "superscript-two", "negative"])
 def test_a_cursor_int_cannot_read_is_invalid_params(serve, engine_down, tmp_path, cursor):
     with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down]) as server:
+
         async def main():
-            transport = streamable_http_client(server.url + "/mcp?tool=APIBank/apibank_account",
-                                               http_client=create_mcp_http_client())
+            transport = streamable_http_client(
+                server.url + "/mcp?tool=APIBank/apibank_account", http_client=create_mcp_http_client()
+            )
             async with Client(transport, mode="legacy") as client:
                 with pytest.raises(MCPError) as raised:
                     await client.list_tools(cursor=cursor)
                 return raised.value
+
         error = asyncio.run(main())
         assert error.error.code == -32602  # JSON-RPC's invalid params
         assert "invalid cursor" in error.error.message
@@ -116,8 +142,10 @@ def test_a_cursor_int_cannot_read_is_invalid_params(serve, engine_down, tmp_path
 def test_a_session_id_of_any_length_is_refused_clearly(serve, engine_down, tmp_path):
     with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down]) as server:
         long_id = "s" * 900_000
-        for response in (server.virtual({**BODY, "session_id": long_id}),
-                         server.client.post("/virtual", json=BODY, headers={"x-session-id": long_id[:60_000]})):
+        for response in (
+            server.virtual({**BODY, "session_id": long_id}),
+            server.client.post("/virtual", json=BODY, headers={"x-session-id": long_id[:60_000]}),
+        ):
             assert response.status_code == 422
             assert "session id" in response.json()["error"] and "256" in response.json()["error"]
         assert server.virtual({**BODY, "session_id": "s" * 256}).status_code == 200
@@ -131,6 +159,7 @@ def test_a_session_keeps_only_the_history_a_prompt_can_show(serve, engine_stub, 
             answer = server.virtual({**BODY, "session_id": "big", "tool_input": {"name": f"{i}" + "x" * 15_000}})
             assert answer.status_code == 200
     import sqlite3
+
     with sqlite3.connect(cache) as db:
         steps, lines = db.execute("SELECT steps, lines FROM sessions WHERE id = 'big'").fetchone()
     assert steps == 8
@@ -162,8 +191,9 @@ def test_the_sqlite_wal_stays_bounded_after_a_burst_of_writes(tmp_path, monkeypa
 def test_a_huge_argument_does_not_stall_other_clients(serve, engine_down, tmp_path):
     """A 3 MB argument (`[[1]] * 600,000`) beside small calls, with the body bound raised above it: the small
     calls are answered while it is worked on (on main they waited 2-3 s)."""
-    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], engine_retries=0,
-               max_body_bytes=4_000_000) as server:
+    with serve(
+        cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], engine_retries=0, max_body_bytes=4_000_000
+    ) as server:
         huge = json.dumps({**BODY, "tool_input": {"name": "Messi", "rows": [[1]] * 600_000}}).encode()
         server.virtual(BODY)  # the engine-down answer of the small call is the same every time
         waits: list[float] = []
@@ -197,8 +227,14 @@ def _log_lines(path) -> list[dict]:
 
 def test_refusals_are_counted_and_logged(serve, engine_down, tmp_path):
     log = tmp_path / "requests.jsonl"
-    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], server_api_key="sesame",
-               log_file=str(log), max_body_bytes=1000, request_timeout=0.5) as server:
+    with serve(
+        cache_path=str(tmp_path / "c.sqlite"),
+        api_base=[engine_down],
+        server_api_key="sesame",
+        log_file=str(log),
+        max_body_bytes=1000,
+        request_timeout=0.5,
+    ) as server:
         key = {"authorization": "Bearer sesame"}
         assert server.client.post("/virtual", json=BODY).status_code == 401
         assert server.client.get("/virtual", headers=key).status_code == 405
@@ -212,8 +248,7 @@ def test_refusals_are_counted_and_logged(serve, engine_down, tmp_path):
         for outcome in ("unauthorized", "method_not_allowed", "body_too_large", "request_timeout"):
             assert f'mirrorapi_requests_total{{outcome="{outcome}"}} 1.0' in metrics, outcome
     statuses = {line["outcome"]: line["status"] for line in _log_lines(log)}
-    assert statuses == {"unauthorized": 401, "method_not_allowed": 405, "body_too_large": 413,
-                        "request_timeout": 408}
+    assert statuses == {"unauthorized": 401, "method_not_allowed": 405, "body_too_large": 413, "request_timeout": 408}
 
 
 def test_health_without_the_key_tells_no_paths_or_engine_urls(serve, engine_down, tmp_path):
@@ -233,9 +268,11 @@ def test_a_replica_that_lists_its_model_but_hangs_completions_stays_out(serve, t
     """It is skipped after its first timeout and not let back in by its model list after every cool-down;
     /health says degraded."""
     with StubEngine() as good, StubEngine(delay=3600, model="mirrorapi") as hung:
+
         async def calls() -> tuple[list[float], list[bool]]:
-            engine = EngineClient([hung.url, good.url], "mirrorapi", timeout=5, attempt_timeout=0.4, retries=1,
-                                  cooldown=0.2)
+            engine = EngineClient(
+                [hung.url, good.url], "mirrorapi", timeout=5, attempt_timeout=0.4, retries=1, cooldown=0.2
+            )
             slow = []
             try:
                 deadline = time.monotonic() + 3.0
@@ -247,12 +284,17 @@ def test_a_replica_that_lists_its_model_but_hangs_completions_stays_out(serve, t
                 return slow, [replica.ok for replica in await engine.health(timeout=0.5)]
             finally:
                 await engine.aclose()
+
         latencies, healthy = asyncio.run(calls())
         slowed = [t for t in latencies if t > 0.35]
         assert len(slowed) <= 1, f"{len(slowed)} calls waited for the hung replica: {slowed}"
         assert healthy == [False, True]
-        with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[hung.url, good.url], engine_attempt_timeout=0.4,
-                   engine_cooldown=0.2) as server:
+        with serve(
+            cache_path=str(tmp_path / "c.sqlite"),
+            api_base=[hung.url, good.url],
+            engine_attempt_timeout=0.4,
+            engine_cooldown=0.2,
+        ) as server:
             server.virtual({**BODY, "tool_input": {"name": "a miss"}})  # fails over from the hung replica
             health = server.client.get("/health").json()
             assert health["status"] == "degraded", health
@@ -262,6 +304,7 @@ def test_engine_deadlines_end_when_set_not_at_the_next_whole_second():
     """Four calls to a hung engine with a 5.2 s deadline, started a quarter second apart: aiohttp's rounding up
     made at least three of them end 0.25-1 s late."""
     with HungEngine() as hung:
+
         async def one(offset: float) -> float:
             await asyncio.sleep(offset)
             engine = EngineClient(hung.url, "m", timeout=5.2, retries=0)
@@ -275,6 +318,7 @@ def test_engine_deadlines_end_when_set_not_at_the_next_whole_second():
 
         async def main() -> list[float]:
             return list(await asyncio.gather(*(one(i / 4) for i in range(4))))
+
         durations = asyncio.run(main())
     assert all(5.2 <= d < 5.45 for d in durations), durations
 
@@ -291,8 +335,18 @@ def test_the_large_body_worker_ends_with_its_server(sample_tools, tmp_path):
 
     port, log = free_port(), tmp_path / "server.log"
     with open(log, "wb") as out:
-        command = [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools),
-                   "--cache-path", str(tmp_path / "c.sqlite"), "--port", str(port), "--mode", "replay"]
+        command = [
+            sys.executable,
+            "serving/main_mirrorapi.py",
+            "--tools-folder",
+            str(sample_tools),
+            "--cache-path",
+            str(tmp_path / "c.sqlite"),
+            "--port",
+            str(port),
+            "--mode",
+            "replay",
+        ]
         repo = Path(__file__).resolve().parents[2]
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=repo)
     try:
@@ -305,6 +359,7 @@ def test_the_large_body_worker_ends_with_its_server(sample_tools, tmp_path):
                     if b"spawn_main" in command:
                         return int(child)
             return None
+
         pid = poll_until(worker, 60, "the large-body worker")
     finally:
         server.send_signal(signal.SIGKILL)
@@ -315,6 +370,7 @@ def test_the_large_body_worker_ends_with_its_server(sample_tools, tmp_path):
             return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z" or None
         except OSError:
             return True
+
     try:
         poll_until(gone, 15, f"the large-body worker {pid} outlived its server")
     finally:

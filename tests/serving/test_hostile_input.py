@@ -12,16 +12,27 @@ import pytest
 from harness.processes import free_port
 from mirrorapi.serving.config import ServerSettings
 
-BODY = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
-        "tool_input": "{\"name\": \"Lionel Messi\"}"}
+BODY = {
+    "category": "Data",
+    "tool_name": "theclique",
+    "api_name": "transfermarkt_search",
+    "tool_input": '{"name": "Lionel Messi"}',
+}
 
 
 @pytest.fixture(scope="module")
 def guarded(serve, tmp_path_factory):
     """No engine listens: a call that reached it would be an `unreachable` engine call."""
     db = tmp_path_factory.mktemp("db")
-    with serve(cache_path=str(db / "c.sqlite"), api_base=[f"http://127.0.0.1:{free_port()}/v1"], engine_timeout=2,
-               engine_retries=0, max_body_bytes=100_000, max_arguments_chars=1000, request_timeout=1.0) as server:
+    with serve(
+        cache_path=str(db / "c.sqlite"),
+        api_base=[f"http://127.0.0.1:{free_port()}/v1"],
+        engine_timeout=2,
+        engine_retries=0,
+        max_body_bytes=100_000,
+        max_arguments_chars=1000,
+        request_timeout=1.0,
+    ) as server:
         yield server
 
 
@@ -32,7 +43,7 @@ def engine_calls(server) -> float:
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 def test_a_body_over_the_limit_is_413_in_the_error_shape(guarded, chunked):
     body = json.dumps({**BODY, "tool_input": {"text": "x" * 200_000}}).encode()
-    content = iter([body[i:i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
+    content = iter([body[i : i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
     response = guarded.client.post("/virtual", content=content, headers={"content-type": "application/json"})
     assert response.status_code == 413
     assert set(response.json()) == {"error", "response"}
@@ -62,17 +73,23 @@ def test_a_huge_name_is_answered_at_once_and_echoed_short(guarded, field):
     assert elapsed < 1.0  # the closest-name search once took seconds on the event loop
 
 
-@pytest.mark.parametrize("tool_input, reason", [
-    ("[" * 5000 + "]" * 5000, "tool_input is nested too deeply"),
-    ("{\"a\": " * 150 + "1" + "}" * 150, "tool_input is nested too deeply (more than 100 levels)"),
-    ("{\"name\": \"\\ud800\"}", "tool_input holds a lone surrogate '\\ud800'"),
-], ids=["5000-levels", "150-levels", "lone-surrogate"])
+@pytest.mark.parametrize(
+    "tool_input, reason",
+    [
+        ("[" * 5000 + "]" * 5000, "tool_input is nested too deeply"),
+        ('{"a": ' * 150 + "1" + "}" * 150, "tool_input is nested too deeply (more than 100 levels)"),
+        ('{"name": "\\ud800"}', "tool_input holds a lone surrogate '\\ud800'"),
+    ],
+    ids=["5000-levels", "150-levels", "lone-surrogate"],
+)
 def test_deep_nesting_and_lone_surrogates_are_parse_errors(guarded, tool_input, reason):
     internal = guarded.metric("mirrorapi_requests_total", outcome="internal_error")
     response = guarded.virtual({**BODY, "tool_input": tool_input})
     assert response.status_code == 200
-    assert response.json() == {"error": "Tool input parse error...\n" + response.json()["error"].split("\n", 1)[1],
-                               "response": ""}
+    assert response.json() == {
+        "error": "Tool input parse error...\n" + response.json()["error"].split("\n", 1)[1],
+        "response": "",
+    }
     assert response.json()["error"].split("\n", 1)[1].startswith(reason)
     assert guarded.metric("mirrorapi_requests_total", outcome="internal_error") == internal
 
@@ -112,8 +129,10 @@ def _trickle(url: str, data: bytes, pause: float, patience: float) -> tuple[byte
 @pytest.mark.parametrize("part", ["headers", "body"])
 def test_a_client_that_trickles_is_disconnected(guarded, part):
     body = json.dumps(BODY).encode()
-    head = (b"POST /virtual HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % len(body))
+    head = (
+        b"POST /virtual HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(body)
+    )
     if part == "body":  # headers at once, then the body a byte at a time
         host, port = guarded.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as conn:
@@ -145,8 +164,10 @@ def test_each_request_on_a_connection_has_its_own_deadline(guarded):
     """A whole request, then 0.7 s later a second one on the same connection that trickles: it gets its
     full second (request_timeout 1 s) from its own first byte, not from the first request's."""
     body = json.dumps(BODY).encode()
-    request = (b"POST /virtual HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-               b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    request = (
+        b"POST /virtual HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
     host, port = guarded.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as conn:
         conn.settimeout(5)
@@ -183,11 +204,20 @@ def test_api_key(serve, tmp_path):
         assert httpx.get(server.url + "/metrics", headers={"authorization": "Bearer s3cret"}).status_code == 200
 
 
-@pytest.mark.parametrize("host, key, warned", [
-    ("0.0.0.0", None, True), ("192.0.2.10", None, True), ("::", None, True), ("myhost.example", None, True),
-    ("0.0.0.0", "k", False), ("127.0.0.1", None, False), ("127.0.0.2", None, False), ("::1", None, False),
-    ("localhost", None, False),
-])
+@pytest.mark.parametrize(
+    "host, key, warned",
+    [
+        ("0.0.0.0", None, True),
+        ("192.0.2.10", None, True),
+        ("::", None, True),
+        ("myhost.example", None, True),
+        ("0.0.0.0", "k", False),
+        ("127.0.0.1", None, False),
+        ("127.0.0.2", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+    ],
+)
 def test_warning_when_exposed_without_a_key(sample_tools, host, key, warned):
     # Only the logic: tests never bind a non-loopback address.
     settings = ServerSettings(tools_folder=[sample_tools], host=host, server_api_key=key)

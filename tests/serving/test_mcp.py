@@ -14,23 +14,29 @@ from mcp.shared.exceptions import MCPError
 
 # Real API-Bank calls of data/samples/pairs.jsonl (episode gen-00133).
 LOGIN_ARGS = {"username": "JaneSmith", "password": "password"}
-LOGIN_ANSWER = {"error": "", "response": "{\"token\": \"o8i7u6y5t4r3e2w1q0\"}"}
+LOGIN_ANSWER = {"error": "", "response": '{"token": "o8i7u6y5t4r3e2w1q0"}'}
 ACCOUNT_TOOLS = {"checktoken", "deleteaccount", "forgotpassword", "getusertoken", "modifypassword", "registeruser"}
 
 
 def call(url: str, steps, mode: str = "auto", headers: dict | None = None):
     """Run `steps(client)` against the MCP server at `url` with the official client."""
+
     async def main():
         transport = streamable_http_client(url, http_client=create_mcp_http_client(headers=headers))
         async with Client(transport, mode=mode) as client:
             return await steps(client)
+
     return asyncio.run(main())
 
 
 def test_toolset_by_url_lists_schemas_from_the_docs(serve, recorded_cache, engine_down, samples):
     query_file = samples / "stabletoolbench/solvable_queries_example/test_instruction/G1_instruction.json"
-    with serve(tools_folder=[str(samples / "tools"), str(query_file)], api_base=[engine_down],
-               cache_path=str(recorded_cache), mcp_toolset="tool=APIBank/apibank_account") as server:
+    with serve(
+        tools_folder=[str(samples / "tools"), str(query_file)],
+        api_base=[engine_down],
+        cache_path=str(recorded_cache),
+        mcp_toolset="tool=APIBank/apibank_account",
+    ) as server:
         tools = call(server.url + "/mcp", lambda c: c.list_tools()).tools
         assert {t.name for t in tools} == ACCOUNT_TOOLS  # the configured toolset
         login = next(t for t in tools if t.name == "getusertoken")
@@ -39,8 +45,9 @@ def test_toolset_by_url_lists_schemas_from_the_docs(serve, recorded_cache, engin
         assert login.input_schema["properties"]["username"]["type"] == "string"
         assert login.input_schema["properties"]["username"]["description"]
 
-        tools = call(server.url + "/mcp?category=Sports&api=APIBank/apibank_finance/QueryBalance",
-                     lambda c: c.list_tools()).tools
+        tools = call(
+            server.url + "/mcp?category=Sports&api=APIBank/apibank_finance/QueryBalance", lambda c: c.list_tools()
+        ).tools
         assert {t.name for t in tools} == {
             "v4_sports",
             "v4_sports_sport_odds",
@@ -60,26 +67,40 @@ def test_toolset_by_url_lists_schemas_from_the_docs(serve, recorded_cache, engin
                 await client.list_tools()
             except MCPError as exc:
                 return exc
+
         error = call(server.url + "/mcp?category=NoSuchCategory", unknown)
         assert isinstance(error, MCPError) and "Unknown category 'NoSuchCategory'" in str(error)
 
 
 def test_calls_are_answered_like_virtual(serve, recorded_cache, engine_down, samples):
-    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0,
-               mcp_toolset="tool=APIBank/apibank_account") as server:
+    with serve(
+        api_base=[engine_down],
+        cache_path=str(recorded_cache),
+        engine_retries=0,
+        mcp_toolset="tool=APIBank/apibank_account",
+    ) as server:
+
         async def steps(client):
             hit = await client.call_tool("getusertoken", LOGIN_ARGS)
             invalid = await client.call_tool("getusertoken", {"username": "JaneSmith"})
             unknown = await client.call_tool("no_such_tool", {})
             return hit, invalid, unknown
+
         hit, invalid, unknown = call(server.url + "/mcp", steps)
-        virtual = server.virtual({"category": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken",
-                                  "tool_input": json.dumps(LOGIN_ARGS)})
+        virtual = server.virtual(
+            {
+                "category": "APIBank",
+                "tool_name": "apibank_account",
+                "api_name": "GetUserToken",
+                "tool_input": json.dumps(LOGIN_ARGS),
+            }
+        )
         assert not hit.is_error and json.loads(hit.content[0].text) == LOGIN_ANSWER
         assert hit.content[0].text == virtual.text
         # A call without a required argument: the /virtual validation error, as an MCP tool error.
         assert invalid.is_error and json.loads(invalid.content[0].text)["error"].startswith(
-            "Missing required parameter 'password'")
+            "Missing required parameter 'password'"
+        )
         assert unknown.is_error and "Unknown tool" in unknown.content[0].text
         assert server.metric("mirrorapi_requests_total", outcome="hit") == 2  # MCP's and /virtual's
         assert server.metric("mirrorapi_requests_total", outcome="validation_error") == 1
@@ -88,12 +109,19 @@ def test_calls_are_answered_like_virtual(serve, recorded_cache, engine_down, sam
 @pytest.mark.slow
 def test_uncached_call_is_simulated_in_the_mcp_session(serve, simulator_engine, samples, tmp_path):
     cache_path = tmp_path / "c.sqlite"
-    with serve(api_base=[simulator_engine.base_url], model=simulator_engine.model, cache_path=str(cache_path),
-               engine_timeout=120, mcp_toolset="tool=APIBank/apibank_account&tool=APIBank/apibank_finance") as server:
+    with serve(
+        api_base=[simulator_engine.base_url],
+        model=simulator_engine.model,
+        cache_path=str(cache_path),
+        engine_timeout=120,
+        mcp_toolset="tool=APIBank/apibank_account&tool=APIBank/apibank_finance",
+    ) as server:
+
         async def episode(client):
             login = await client.call_tool("getusertoken", LOGIN_ARGS)
             balance = await client.call_tool("querybalance", {"token": "o8i7u6y5t4r3e2w1q0"})
             return [r.content[0].text for r in (login, balance)]
+
         # The legacy handshake gives an MCP session (Mcp-Session-Id): it is the simulation session.
         first = call(server.url + "/mcp", episode, mode="legacy")
         assert server.metric("mirrorapi_requests_total", outcome="simulated") == 2
@@ -101,10 +129,16 @@ def test_uncached_call_is_simulated_in_the_mcp_session(serve, simulator_engine, 
         again = call(server.url + "/mcp", episode, headers={"X-Session-Id": "replay"})
         assert again == first and server.metric("mirrorapi_requests_total", outcome="hit") == 2
         # /virtual in a session of its own gives the same answer for the first call.
-        virtual = server.client.post("/virtual", headers={"X-Session-Id": "v"}, json={
-            "category": "APIBank", "tool_name": "apibank_account", "api_name": "getusertoken",
-            "tool_input": json.dumps(LOGIN_ARGS)})
+        virtual = server.client.post(
+            "/virtual",
+            headers={"X-Session-Id": "v"},
+            json={
+                "category": "APIBank",
+                "tool_name": "apibank_account",
+                "api_name": "getusertoken",
+                "tool_input": json.dumps(LOGIN_ARGS),
+            },
+        )
         assert virtual.text == first[0]
-    steps = sorted(s for (s,) in sqlite3.connect(cache_path).execute(
-        "SELECT steps FROM entries WHERE history != ''"))
+    steps = sorted(s for (s,) in sqlite3.connect(cache_path).execute("SELECT steps FROM entries WHERE history != ''"))
     assert steps == [0, 1]

@@ -14,23 +14,39 @@ from mirrorapi.tools import ApiDoc
 
 
 def doc(template):
-    return ApiDoc(category="TauBench", tool="taubench_airline", api="get_user_details", tool_title="t",
-                  api_title="a", tool_description="", description="", method="GET", required_parameters=[],
-                  optional_parameters=[], template_response=template)
+    return ApiDoc(
+        category="TauBench",
+        tool="taubench_airline",
+        api="get_user_details",
+        tool_title="t",
+        api_title="a",
+        tool_description="",
+        description="",
+        method="GET",
+        required_parameters=[],
+        optional_parameters=[],
+        template_response=template,
+    )
 
 
 USER = {"name": {"first_name": "str", "last_name": "str"}, "email": "str", "_list_length": 1}
 
 
-@pytest.mark.parametrize("answer, valid", [
-    ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x"}}, True),
-    ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x", "x": 1}}, True),
-    ({"error": "", "response": "success"}, False),  # a success must be the documented object
-    ({"error": "", "response": {"email": "m@x"}}, False),  # a documented key is missing
-    ({"error": "", "response": "Error: user not found"}, False),  # an in-band error is not the documented shape
-    ({"error": "Unknown user", "response": ""}, True),
-    ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x"}, "more": 1}, False),
-])
+@pytest.mark.parametrize(
+    "answer, valid",
+    [
+        ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x"}}, True),
+        ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x", "x": 1}}, True),
+        ({"error": "", "response": "success"}, False),  # a success must be the documented object
+        ({"error": "", "response": {"email": "m@x"}}, False),  # a documented key is missing
+        ({"error": "", "response": "Error: user not found"}, False),  # an in-band error is not the documented shape
+        ({"error": "Unknown user", "response": ""}, True),
+        (
+            {"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x"}, "more": 1},
+            False,
+        ),
+    ],
+)
 def test_v2_success_has_the_documented_shape(answer, valid):
     schema = observation_schema(doc(USER), "mirrorapi-v2")
     assert jsonschema.validators.validator_for(schema)(schema).is_valid(answer) is valid

@@ -17,22 +17,27 @@ CLIENT_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
 DRIVER = Path(__file__).with_name("openenv_driver.py")
 TOOLSET = "tool=APIBank/apibank_account"
 LOGIN = {"username": "JaneSmith", "password": "password"}  # a real API-Bank call of data/samples/pairs.jsonl
-LOGIN_ANSWER = {"error": "", "response": "{\"token\": \"o8i7u6y5t4r3e2w1q0\"}"}
+LOGIN_ANSWER = {"error": "", "response": '{"token": "o8i7u6y5t4r3e2w1q0"}'}
 ACCOUNT_TOOLS = ["checktoken", "deleteaccount", "forgotpassword", "getusertoken", "modifypassword", "registeruser"]
 
 
 def drive(url: str, scenario: str) -> dict:
     """Run a scenario of openenv_driver.py with OpenEnv's client, in the client's venv."""
     assert CLIENT_PYTHON.is_file(), "OpenEnv's client is not installed: run `make openenv-client`"
-    done = subprocess.run([str(CLIENT_PYTHON), str(DRIVER), url, scenario], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [str(CLIENT_PYTHON), str(DRIVER), url, scenario], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
 
 def virtual_body(arguments: dict) -> dict:
-    return {"category": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken",
-            "tool_input": json.dumps(arguments)}
+    return {
+        "category": "APIBank",
+        "tool_name": "apibank_account",
+        "api_name": "GetUserToken",
+        "tool_input": json.dumps(arguments),
+    }
 
 
 def test_openenvs_tool_client_drives_an_episode_answered_like_virtual(serve, recorded_cache, engine_down):
@@ -42,9 +47,14 @@ def test_openenvs_tool_client_drives_an_episode_answered_like_virtual(serve, rec
         refused = server.virtual(virtual_body({"username": "JaneSmith"})).json()
         hits = server.metric("mirrorapi_requests_total", outcome="hit")
     assert seen["reset_tools"] == seen["tools"] == ACCOUNT_TOOLS  # reset gives the toolset's tools
-    assert seen["schema"] == {"type": "object", "required": ["username", "password"], "properties": {
-        "username": {"type": "string", "description": "The username of the user."},
-        "password": {"type": "string", "description": "The password of the user."}}}
+    assert seen["schema"] == {
+        "type": "object",
+        "required": ["username", "password"],
+        "properties": {
+            "username": {"type": "string", "description": "The username of the user."},
+            "password": {"type": "string", "description": "The password of the user."},
+        },
+    }
     assert seen["login"] == login == LOGIN_ANSWER  # call_tool returns /virtual's observation
     assert seen["invalid"]["result"] == refused and refused["error"].startswith("Missing required parameter")
     assert seen["invalid"]["metadata"]["outcome"] == "validation_error" and seen["invalid"]["metadata"]["step"] == 2
@@ -59,9 +69,10 @@ def test_an_episode_is_a_virtual_session_replayed_from_the_cache(serve, engine_s
     session id replays them as hits, and a reset naming the same episode id starts its session over."""
     with serve(api_base=[engine_stub()], cache_path=str(tmp_path / "c.sqlite")) as server:
         first = drive(server.url, "generic_client")
-        replay = [server.client.post("/virtual", json=virtual_body(arguments), headers={"x-session-id": "replay"})
-                  for arguments in ({"username": "new user", "password": "pw"},
-                                    {"username": "new user", "password": "pw2"})]
+        replay = [
+            server.client.post("/virtual", json=virtual_body(arguments), headers={"x-session-id": "replay"})
+            for arguments in ({"username": "new user", "password": "pw"}, {"username": "new user", "password": "pw2"})
+        ]
         again = drive(server.url, "generic_client")
     assert first["reset"]["episode_id"] == "episode-7" and first["reset"]["task"] is None
     assert [t["name"] for t in first["reset"]["tools"]] == ACCOUNT_TOOLS
@@ -71,18 +82,34 @@ def test_an_episode_is_a_virtual_session_replayed_from_the_cache(serve, engine_s
     assert [r.json() for r in replay] == [STUB_OBSERVATION] * 2  # the same calls, the same history: hits
     assert [r.json() for r in replay] == [s["result"] for s in first["steps"]]
     assert [s["metadata"]["cache"] for s in again["steps"]] == ["hit", "hit"]
-    assert first["state"]["step_count"] == 2 and [c["arguments"]["password"] for c in first["state"]["calls"]] == \
-        ["pw", "pw2"]
+    assert first["state"]["step_count"] == 2 and [c["arguments"]["password"] for c in first["state"]["calls"]] == [
+        "pw",
+        "pw2",
+    ]
     assert first["state"]["calls"][0]["provenance"] == first["steps"][0]["metadata"]["provenance"]
 
 
 def test_a_task_is_a_stabletoolbench_query(serve, engine_down, tmp_path, samples):
     """reset(task=query_id): the query's APIs are the toolset and its text is in the observation (HTTP here)."""
     query_file = tmp_path / "queries.json"
-    query_file.write_text(json.dumps([{"query_id": 77, "query": "Log me in as JaneSmith.", "api_list": [
-        {"category_name": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken"}]}]))
-    with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"),
-               tools_folder=[str(samples / "tools"), str(query_file)]) as server:
+    query_file.write_text(
+        json.dumps(
+            [
+                {
+                    "query_id": 77,
+                    "query": "Log me in as JaneSmith.",
+                    "api_list": [
+                        {"category_name": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken"}
+                    ],
+                }
+            ]
+        )
+    )
+    with serve(
+        api_base=[engine_down],
+        cache_path=str(tmp_path / "c.sqlite"),
+        tools_folder=[str(samples / "tools"), str(query_file)],
+    ) as server:
         reset = server.client.post("/reset", json={"task": "77"}).json()["observation"]
         unknown = server.client.post("/reset", json={"task": "78"})
     assert reset["task"] == {"query_id": "77", "query": "Log me in as JaneSmith."}
@@ -92,10 +119,25 @@ def test_a_task_is_a_stabletoolbench_query(serve, engine_down, tmp_path, samples
 
 def test_the_documented_trl_environment_runs_an_episode(serve, recorded_cache, engine_down, tmp_path, samples):
     query_file = tmp_path / "queries.json"
-    query_file.write_text(json.dumps([{"query_id": 77, "query": "Log me in as JaneSmith.", "api_list": [
-        {"category_name": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken"}]}]))
-    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0,
-               tools_folder=[str(samples / "tools"), str(query_file)]) as server:
+    query_file.write_text(
+        json.dumps(
+            [
+                {
+                    "query_id": 77,
+                    "query": "Log me in as JaneSmith.",
+                    "api_list": [
+                        {"category_name": "APIBank", "tool_name": "apibank_account", "api_name": "GetUserToken"}
+                    ],
+                }
+            ]
+        )
+    )
+    with serve(
+        api_base=[engine_down],
+        cache_path=str(recorded_cache),
+        engine_retries=0,
+        tools_folder=[str(samples / "tools"), str(query_file)],
+    ) as server:
         seen = drive(server.url, "documented_environment")
     assert seen["prompt"].startswith("APIs: ") and json.loads(seen["prompt"][6:])[0]["name"] == "getusertoken"
     assert seen["answer"] == LOGIN_ANSWER
@@ -107,8 +149,13 @@ def test_http_reset_step_state_take_openenvs_request_shapes(serve, recorded_cach
         client = server.client
         reset = client.post("/reset", json={"toolset": TOOLSET, "seed": 3}).json()
         episode = reset["observation"]["episode_id"]
-        step = client.post("/step", json={"action": {"type": "call_tool", "tool_name": "getusertoken",
-                                                     "arguments": LOGIN}, "episode_id": episode}).json()
+        step = client.post(
+            "/step",
+            json={
+                "action": {"type": "call_tool", "tool_name": "getusertoken", "arguments": LOGIN},
+                "episode_id": episode,
+            },
+        ).json()
         listed = client.post("/step", json={"action": {"type": "list_tools"}, "episode_id": episode}).json()
         state = client.get("/state", params={"episode_id": episode}).json()
         unknown = client.post("/step", json={"action": {"type": "list_tools"}, "episode_id": "nope"})
@@ -117,11 +164,13 @@ def test_http_reset_step_state_take_openenvs_request_shapes(serve, recorded_cach
         method = client.get("/reset")
     assert reset["reward"] is None and reset["done"] is False
     assert step["observation"]["result"] == LOGIN_ANSWER and step["observation"]["error"] is None
-    assert step["observation"]["metadata"]["provenance"] == "real" and \
-        step["observation"]["metadata"]["cache"] == "hit"
+    assert (
+        step["observation"]["metadata"]["provenance"] == "real" and step["observation"]["metadata"]["cache"] == "hit"
+    )
     assert [t["name"] for t in listed["observation"]["tools"]] == ACCOUNT_TOOLS
     assert state["step_count"] == 1 and state["calls"] == [
-        {"tool_name": "getusertoken", "arguments": LOGIN, "error": "", "provenance": "real"}]
+        {"tool_name": "getusertoken", "arguments": LOGIN, "error": "", "provenance": "real"}
+    ]
     assert unknown.status_code == 404 and "unknown episode 'nope'" in unknown.json()["detail"]
     assert wrong.status_code == 422 and "unknown action type 'fly'" in wrong.json()["detail"]
     assert bad_toolset.status_code == 422 and "NoSuchCategory" in bad_toolset.json()["detail"]
@@ -143,16 +192,28 @@ def test_open_episodes_are_bounded_and_the_api_key_holds_on_the_websocket(serve,
 def test_the_example_drives_64_episodes_with_openenvs_client(serve, engine_stub, tmp_path):
     with serve(api_base=[engine_stub()], cache_path=str(tmp_path / "c.sqlite")) as server:
         assert CLIENT_PYTHON.is_file(), "OpenEnv's client is not installed: run `make openenv-client`"
-        done = subprocess.run([str(CLIENT_PYTHON), str(REPO / "scripts" / "openenv_episodes.py"), "--url", server.url,
-                               "--episodes", "64", "--steps", "3"], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                str(CLIENT_PYTHON),
+                str(REPO / "scripts" / "openenv_episodes.py"),
+                "--url",
+                server.url,
+                "--episodes",
+                "64",
+                "--steps",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["episodes"] == 64 and report["steps"] == 192
     assert sum(report["by_cache_and_answer"].values()) == 192
 
 
-def test_websocket_messages_json_rpc_and_a_default_toolset_too_large(serve, recorded_cache, engine_down,
-                                                                     monkeypatch):
+def test_websocket_messages_json_rpc_and_a_default_toolset_too_large(serve, recorded_cache, engine_down, monkeypatch):
     """With the `websockets` client: JSON-RPC at a /mcp WebSocket and as {"type": "mcp"} on /ws; a default toolset
     over the episode bound refuses a step before reset but not a reset naming a toolset; bad messages."""
     import asyncio
@@ -162,30 +223,52 @@ def test_websocket_messages_json_rpc_and_a_default_toolset_too_large(serve, reco
     from mirrorapi.serving import openenv
 
     monkeypatch.setattr(openenv, "MAX_EPISODE_TOOLS", 100)  # the sample's 262 APIs are then too many
-    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0,
-               mcp_toolset=TOOLSET) as default_ok, \
-            serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as default_large:
+    with (
+        serve(
+            api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0, mcp_toolset=TOOLSET
+        ) as default_ok,
+        serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as default_large,
+    ):
+
         async def main() -> dict:
             seen = {}
             async with connect(default_ok.url.replace("http", "ws") + "/mcp") as ws:
                 await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
                 seen["listed"] = json.loads(await ws.recv())
-                await ws.send(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                                          "params": {"name": "getusertoken", "arguments": LOGIN}}))
+                await ws.send(
+                    json.dumps(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": 2,
+                            "method": "tools/call",
+                            "params": {"name": "getusertoken", "arguments": LOGIN},
+                        }
+                    )
+                )
                 seen["called"] = json.loads(await ws.recv())
                 await ws.send(json.dumps({"jsonrpc": "2.0", "id": 3, "method": "resources/list"}))
                 seen["unknown_method"] = json.loads(await ws.recv())
             async with connect(default_large.url.replace("http", "ws") + "/ws") as ws:
-                for message in ({"type": "step", "data": {"type": "list_tools"}},
-                                {"type": "reset", "data": {"toolset": TOOLSET}},
-                                {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
-                                                         "params": {"name": "getusertoken", "arguments": LOGIN}}},
-                                {"type": "fly"}):
+                for message in (
+                    {"type": "step", "data": {"type": "list_tools"}},
+                    {"type": "reset", "data": {"toolset": TOOLSET}},
+                    {
+                        "type": "mcp",
+                        "data": {
+                            "jsonrpc": "2.0",
+                            "id": 4,
+                            "method": "tools/call",
+                            "params": {"name": "getusertoken", "arguments": LOGIN},
+                        },
+                    },
+                    {"type": "fly"},
+                ):
                     await ws.send(json.dumps(message))
                     seen.setdefault("ws", []).append(json.loads(await ws.recv()))
                 await ws.send("not json")
                 seen["ws"].append(json.loads(await ws.recv()))
             return seen
+
         seen = asyncio.run(main())
     assert [t["name"] for t in seen["listed"]["result"]["tools"]] == ACCOUNT_TOOLS
     assert seen["listed"]["result"]["tools"][3]["inputSchema"]["required"] == ["username", "password"]
@@ -194,8 +277,9 @@ def test_websocket_messages_json_rpc_and_a_default_toolset_too_large(serve, reco
     assert seen["unknown_method"]["error"]["code"] == -32601
     too_large, reset, rpc, unknown, not_json = seen["ws"]
     assert too_large["type"] == "error" and "262 tools" in too_large["data"]["message"]
-    assert reset["type"] == "observation" and [t["name"] for t in reset["data"]["observation"]["tools"]] == \
-        ACCOUNT_TOOLS
+    assert (
+        reset["type"] == "observation" and [t["name"] for t in reset["data"]["observation"]["tools"]] == ACCOUNT_TOOLS
+    )
     assert rpc["type"] == "mcp" and json.loads(rpc["data"]["result"]["content"][0]["text"]) == LOGIN_ANSWER
     assert unknown["type"] == "error" and unknown["data"]["code"] == "UNKNOWN_TYPE"
     assert not_json["type"] == "error" and not_json["data"]["code"] == "INVALID_JSON"

@@ -7,19 +7,35 @@ from mirrorapi.serving.protocol import ArgumentError, ToolInputError
 from mirrorapi.tools import ToolRegistry
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("", {}), ("   ", {}), ("{}", {}), ({"a": 1}, {"a": 1}),
-    ('{\n  "name": "Lionel Messi"\n}', {"name": "Lionel Messi"}),
-    ('{"text": "two\nlines"}', {"text": "two\nlines"}),  # a literal newline inside a string, as models write it
-], ids=["empty", "blank", "empty-object", "object", "agent-string", "raw-newline"])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("", {}),
+        ("   ", {}),
+        ("{}", {}),
+        ({"a": 1}, {"a": 1}),
+        ('{\n  "name": "Lionel Messi"\n}', {"name": "Lionel Messi"}),
+        ('{"text": "two\nlines"}', {"text": "two\nlines"}),  # a literal newline inside a string, as models write it
+    ],
+    ids=["empty", "blank", "empty-object", "object", "agent-string", "raw-newline"],
+)
 def test_tool_input_objects(value, expected):
     assert parse_tool_input(value) == expected
 
 
-@pytest.mark.parametrize("value, message", [
-    ("[1, 2]", "must be a JSON object, got list"), ("5", "got int"), ('"text"', "got str"),
-    ("{'a': 1}", "not valid JSON"), ("{\"a\": 1", "not valid JSON"), (None, "got NoneType"), (7, "got int"),
-], ids=["list", "number", "string", "python-repr", "truncated", "null", "int"])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("[1, 2]", "must be a JSON object, got list"),
+        ("5", "got int"),
+        ('"text"', "got str"),
+        ("{'a': 1}", "not valid JSON"),
+        ('{"a": 1', "not valid JSON"),
+        (None, "got NoneType"),
+        (7, "got int"),
+    ],
+    ids=["list", "number", "string", "python-repr", "truncated", "null", "int"],
+)
 def test_tool_input_that_is_not_an_object(value, message):
     with pytest.raises(ToolInputError, match=message):
         parse_tool_input(value)

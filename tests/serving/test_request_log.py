@@ -11,8 +11,9 @@ NAMES = ('Da"ta', "the\\clique", "transfer\nmarkt \u00e9\u4e2d\U0001f600\x00")
 
 
 def written_lines(tmp_path, answers: list[Answer]) -> list[dict]:
-    writer = RequestLogWriter(ServerSettings(tools_folder=[tmp_path], log_file=tmp_path / "requests.jsonl",
-                                             log_level="warning"))
+    writer = RequestLogWriter(
+        ServerSettings(tools_folder=[tmp_path], log_file=tmp_path / "requests.jsonl", log_level="warning")
+    )
     for answer in answers:
         writer.record(answer)
     writer.close()
@@ -20,12 +21,25 @@ def written_lines(tmp_path, answers: list[Answer]) -> list[dict]:
 
 
 def test_every_line_is_json_with_the_names_as_sent(tmp_path):
-    hit = Answer(200, b"", "hit", names=NAMES, provenance='imported:"odd" \\ folder', cache="hit",
-                 stages={"total": 0.0000123})
+    hit = Answer(
+        200, b"", "hit", names=NAMES, provenance='imported:"odd" \\ folder', cache="hit", stages={"total": 0.0000123}
+    )
     failed = Answer(422, b"", "invalid_body", detail="body: Field required", stages={"total": 0.00002})
-    simulated = Answer(200, b"", "simulated", names=NAMES, provenance="simulated:m@f", cache="miss", coalesced=True,
-                       session="s\u00e9ssion", detail="", rationale="because\n\"so\"", parsed="fenced",
-                       extra_fields=["unexpected_field"], stages={"total": 0.0512, "engine": 0.0501})
+    simulated = Answer(
+        200,
+        b"",
+        "simulated",
+        names=NAMES,
+        provenance="simulated:m@f",
+        cache="miss",
+        coalesced=True,
+        session="s\u00e9ssion",
+        detail="",
+        rationale='because\n"so"',
+        parsed="fenced",
+        extra_fields=["unexpected_field"],
+        stages={"total": 0.0512, "engine": 0.0501},
+    )
     hit_line, failed_line, simulated_line = written_lines(tmp_path, [hit, failed, simulated])
 
     assert hit_line["api"] == "/".join(NAMES) and hit_line["provenance"] == 'imported:"odd" \\ folder'
@@ -37,7 +51,7 @@ def test_every_line_is_json_with_the_names_as_sent(tmp_path):
 
     assert simulated_line["engine_ms"] == 50.1 and simulated_line["coalesced"] is True
     assert simulated_line["parsed"] == "fenced" and simulated_line["extra_fields"] == ["unexpected_field"]
-    assert simulated_line["session"] == "s\u00e9ssion" and simulated_line["rationale"] == "because\n\"so\""
+    assert simulated_line["session"] == "s\u00e9ssion" and simulated_line["rationale"] == 'because\n"so"'
     assert simulated_line["ms"] == 51.2
 
 
@@ -49,8 +63,11 @@ def test_the_outcome_headers_carry_any_provenance_as_ascii():
 
     provenance = "simulated:/home/\u00e9l\u00e8ve/mod\u00e8le 100%@mirrorapi-v2,temperature=0"
     (outcome_name, outcome), (provenance_name, encoded) = answer_headers("simulated", provenance)
-    assert (outcome_name, outcome, provenance_name) == (b"x-mirrorapi-outcome", b"simulated",
-                                                        b"x-mirrorapi-provenance")
-    assert encoded.isascii() and all(0x20 <= c < 0x7f for c in encoded)
+    assert (outcome_name, outcome, provenance_name) == (
+        b"x-mirrorapi-outcome",
+        b"simulated",
+        b"x-mirrorapi-provenance",
+    )
+    assert encoded.isascii() and all(0x20 <= c < 0x7F for c in encoded)
     assert unquote(encoded.decode("ascii")) == provenance
     assert answer_headers("validation_error", None) == [(b"x-mirrorapi-outcome", b"validation_error")]

@@ -36,9 +36,17 @@ def test_server_process_imports_a_stabletoolbench_cache_once(stb_cache, sample_t
     folder, written = stb_cache
     port = free_port()
     config = tmp_path / "server.yml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "tools_folder": str(sample_tools), "cache_folder": str(folder), "cache_path": "cache.sqlite",
-        "api_base": f"http://127.0.0.1:{free_port()}/v1", "port": port}))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "tools_folder": str(sample_tools),
+                "cache_folder": str(folder),
+                "cache_path": "cache.sqlite",
+                "api_base": f"http://127.0.0.1:{free_port()}/v1",
+                "port": port,
+            }
+        )
+    )
     url = f"http://127.0.0.1:{port}"
     pair = next(p for p in real_pairs if p["source"] == "tau-bench")
     body = agent(pair["category"], pair["tool_name"], pair["api_name"], pair["tool_input"])
@@ -50,8 +58,10 @@ def test_server_process_imports_a_stabletoolbench_cache_once(stb_cache, sample_t
         assert health["status"] == "unavailable" and health["engine"][0]["reachable"] is False  # started anyway
         entries = health["cache"]["entries"]
         assert entries > 0
-        assert httpx.post(url + "/virtual", json=body).json() == written[
-            (pair["category"], pair["tool_name"], pair["api_name"], str(pair["tool_input"]))]
+        assert (
+            httpx.post(url + "/virtual", json=body).json()
+            == written[(pair["category"], pair["tool_name"], pair["api_name"], str(pair["tool_input"]))]
+        )
     finally:
         assert stop(server) == 0
     assert "imported " in log.read_text()

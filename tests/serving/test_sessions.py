@@ -19,14 +19,26 @@ from .conftest import store_settings
 
 # A real API-Bank episode (data/samples/pairs.jsonl, api-bank-generated gen-00133): a login, then a
 # call that carries the token it returned.
-LOGIN = ("APIBank", "apibank_account", "GetUserToken", {"username": "JaneSmith", "password": "password"},
-         {"error": "", "response": "{\"token\": \"o8i7u6y5t4r3e2w1q0\"}"})
+LOGIN = (
+    "APIBank",
+    "apibank_account",
+    "GetUserToken",
+    {"username": "JaneSmith", "password": "password"},
+    {"error": "", "response": '{"token": "o8i7u6y5t4r3e2w1q0"}'},
+)
 BALANCE = ("APIBank", "apibank_finance", "QueryBalance", {"token": "o8i7u6y5t4r3e2w1q0"})
 
 
 def body(category, tool, api, arguments, **extra) -> dict:
-    return {"category": category, "tool_name": tool, "api_name": api, "tool_input": json.dumps(arguments),
-            "strip": "truncate", "toolbench_key": "", **extra}
+    return {
+        "category": category,
+        "tool_name": tool,
+        "api_name": api,
+        "tool_input": json.dumps(arguments),
+        "strip": "truncate",
+        "toolbench_key": "",
+        **extra,
+    }
 
 
 def test_history_is_newest_first_whole_calls_within_the_budget():
@@ -35,8 +47,12 @@ def test_history_is_newest_first_whole_calls_within_the_budget():
     one = len(lines[0])
     assert select_history(lines, max_calls=8, char_budget=2 * one + 1) == [lines[4], lines[3]]
     assert select_history(lines, max_calls=8, char_budget=one - 1) == []  # a call is never cut
-    assert json.loads(lines[0]) == {"tool": "t", "api": "a", "request": {"i": 0},
-                                    "answer": {"error": "", "response": "x" * 40}}
+    assert json.loads(lines[0]) == {
+        "tool": "t",
+        "api": "a",
+        "request": {"i": 0},
+        "answer": {"error": "", "response": "x" * 40},
+    }
 
 
 def test_session_prompt_carries_the_history(samples):
@@ -47,7 +63,7 @@ def test_session_prompt_carries_the_history(samples):
     assert first[0] == later[0] and "session" in first[0]["content"]
     assert "newest first:\n(none)\n\nRequest:" in first[1]["content"]
     assert f"newest first:\n{login}\n\nRequest:\n" in later[1]["content"]
-    assert later[1]["content"].index("o8i7u6y5t4r3e2w1q0\\\"}") < later[1]["content"].index("Request:")
+    assert later[1]["content"].index('o8i7u6y5t4r3e2w1q0\\"}') < later[1]["content"].index("Request:")
     with pytest.raises(ValueError, match="no session history"):
         simulator_messages(doc, BALANCE[3], history=[login])
 
@@ -80,12 +96,17 @@ def test_simulator_prompts_session_calls_in_the_session_format(samples, tmp_path
 
 
 @pytest.mark.slow
-def test_session_answers_are_stored_under_the_history_and_replay_identically(serve, simulator_engine, samples,
-                                                                             tmp_path):
+def test_session_answers_are_stored_under_the_history_and_replay_identically(
+    serve, simulator_engine, samples, tmp_path
+):
     cache_path = tmp_path / "c.sqlite"
     login, balance = body(*LOGIN[:4]), body(*BALANCE)
-    with serve(api_base=[simulator_engine.base_url], model=simulator_engine.model, cache_path=str(cache_path),
-               engine_timeout=120) as server:
+    with serve(
+        api_base=[simulator_engine.base_url],
+        model=simulator_engine.model,
+        cache_path=str(cache_path),
+        engine_timeout=120,
+    ) as server:
         header = {"X-Session-Id": "episode-1"}
         first = [server.client.post("/virtual", json=b, headers=header).json() for b in (login, balance)]
         assert server.metric("mirrorapi_requests_total", outcome="simulated") == 2, first
@@ -101,10 +122,14 @@ def test_session_answers_are_stored_under_the_history_and_replay_identically(ser
         assert server.metric("mirrorapi_requests_total", outcome="simulated") == 4
 
     db = sqlite3.connect(cache_path)
-    rows = db.execute("SELECT tool, history, steps, provenance FROM entries WHERE history != '' "
-                      "ORDER BY steps, history").fetchall()
-    assert [(tool, steps) for tool, _, steps, _ in rows] == [("apibank_account", 0), ("apibank_finance", 0),
-                                                             ("apibank_finance", 1)]
+    rows = db.execute(
+        "SELECT tool, history, steps, provenance FROM entries WHERE history != '' ORDER BY steps, history"
+    ).fetchall()
+    assert [(tool, steps) for tool, _, steps, _ in rows] == [
+        ("apibank_account", 0),
+        ("apibank_finance", 0),
+        ("apibank_finance", 1),
+    ]
     assert rows[0][1] == EMPTY_HISTORY and rows[2][1] != EMPTY_HISTORY
     assert {p.split(",")[0] for *_, p in rows} == {f"simulated:{simulator_engine.model}@{SESSION_FORMAT}"}
     assert [
@@ -127,20 +152,24 @@ def test_recorded_answer_wins_inside_a_session(serve, samples, engine_down, cach
     assert open_cache(cache_location).session_count() == 0
 
 
-@pytest.mark.parametrize(("server_format", "session_format"), [("mirrorapi-v1", SESSION_FORMAT),
-                                                                ("mirrorapi-v2", "mirrorapi-session-v2")])
+@pytest.mark.parametrize(
+    ("server_format", "session_format"), [("mirrorapi-v1", SESSION_FORMAT), ("mirrorapi-v2", "mirrorapi-session-v2")]
+)
 def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_path, server_format, session_format):
     """`--history K` training prompts == the prompts a server sends when the episode is replayed in a session;
     a `mirrorapi-v2` server prompts its session calls in `mirrorapi-session-v2` (JSON values, never escaped)."""
-    episode = sorted((p for p in read_pairs_jsonl(samples / "pairs.jsonl") if p["episode"] == "gen-00133"),
-                     key=lambda p: p["step"])
+    episode = sorted(
+        (p for p in read_pairs_jsonl(samples / "pairs.jsonl") if p["episode"] == "gen-00133"), key=lambda p: p["step"]
+    )
     assert len(episode) == 4
     registry = ToolRegistry.load([samples / "tools"])
     options = SimulatorDataOptions(session_format, history=2, history_char_budget=4096, ood_fraction=0, id_fraction=0)
     splits, _ = build_simulator_records(episode, registry, options)
     records = {r["step"]: r for r in splits["train"]}
-    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")], "session_history": 2,
-                                        "prompt_format": server_format}, environ={})
+    settings = load_settings(
+        overrides={"tools_folder": [str(samples / "tools")], "session_history": 2, "prompt_format": server_format},
+        environ={},
+    )
     simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
     assert simulator_identity(settings, in_session=True).split(",")[0] == f"{settings.model}@{session_format}"
     session = Session(keep=settings.session_history)

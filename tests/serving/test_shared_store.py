@@ -30,8 +30,13 @@ from mirrorapi.serving.sessions import advance
 
 from .conftest import REPO, SAMPLE_TOOLS, store_settings
 
-API = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search", "strip": "truncate",
-       "toolbench_key": ""}
+API = {
+    "category": "Data",
+    "tool_name": "theclique",
+    "api_name": "transfermarkt_search",
+    "strip": "truncate",
+    "toolbench_key": "",
+}
 
 
 def call(name: str) -> dict:
@@ -42,8 +47,15 @@ def call(name: str) -> dict:
 def server_process(location: str, engine_url: str, log: Path, **settings) -> Iterator[tuple[str, subprocess.Popen]]:
     """`serving/main_mirrorapi.py` on a free port with the cache at `location`; (its URL, the process)."""
     port = free_port()
-    options = {**store_settings(location), "tools_folder": str(SAMPLE_TOOLS), "port": port, "api_base": engine_url,
-               "model": "stub", "log_level": "warning", **settings}
+    options = {
+        **store_settings(location),
+        "tools_folder": str(SAMPLE_TOOLS),
+        "port": port,
+        "api_base": engine_url,
+        "model": "stub",
+        "log_level": "warning",
+        **settings,
+    }
     command = [sys.executable, "serving/main_mirrorapi.py"]
     for key, value in options.items():
         command += [f"--{key.replace('_', '-')}", str(value)]
@@ -72,9 +84,11 @@ def outcomes(url: str) -> dict[str, float]:
 
 
 def test_two_servers_on_one_postgresql_share_misses_hits_and_leases(postgres_database, tmp_path):
-    with StubEngine(delay=0.5) as engine, \
-            server_process(postgres_database, engine.url, tmp_path / "a.log") as (a, _), \
-            server_process(postgres_database, engine.url, tmp_path / "b.log") as (b, _):
+    with (
+        StubEngine(delay=0.5) as engine,
+        server_process(postgres_database, engine.url, tmp_path / "a.log") as (a, _),
+        server_process(postgres_database, engine.url, tmp_path / "b.log") as (b, _),
+    ):
         assert httpx.post(a + "/virtual", json=call("Messi"), timeout=30).json() == STUB_OBSERVATION
         assert httpx.post(b + "/virtual", json=call("Messi"), timeout=30).json() == STUB_OBSERVATION
         assert outcomes(a) == {"hit": 0, "simulated": 1} and outcomes(b) == {"hit": 1, "simulated": 0}
@@ -82,8 +96,15 @@ def test_two_servers_on_one_postgresql_share_misses_hits_and_leases(postgres_dat
 
         # The same new call at both servers at once: one engine call (a lease in the store), both answered.
         answers = {}
-        threads = [threading.Thread(target=lambda u: answers.__setitem__(u, httpx.post(
-            u + "/virtual", json=call("Zidane"), timeout=30).json()), args=(u,)) for u in (a, b)]
+        threads = [
+            threading.Thread(
+                target=lambda u: answers.__setitem__(
+                    u, httpx.post(u + "/virtual", json=call("Zidane"), timeout=30).json()
+                ),
+                args=(u,),
+            )
+            for u in (a, b)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -98,8 +119,11 @@ def test_two_servers_on_one_postgresql_share_misses_hits_and_leases(postgres_dat
 def test_a_server_whose_postgresql_stops_says_so_on_health_and_in_observations(tmp_path):
     """The shared store goes away under a running server (its own PostgreSQL, stopped): /health answers 503
     naming the cache, not a 500, and a call gets an error observation; neither waits out a long timeout."""
-    with temporary_postgres(durable=False) as database, StubEngine() as engine, \
-            server_process(database.url, engine.url, tmp_path / "s.log") as (url, _):
+    with (
+        temporary_postgres(durable=False) as database,
+        StubEngine() as engine,
+        server_process(database.url, engine.url, tmp_path / "s.log") as (url, _),
+    ):
         assert httpx.post(url + "/virtual", json=call("Messi"), timeout=30).json() == STUB_OBSERVATION
         health = httpx.get(url + "/health", timeout=10)
         assert health.status_code == 200 and health.json()["cache"]["entries"] == 1
@@ -117,11 +141,15 @@ def test_a_server_whose_postgresql_stops_says_so_on_health_and_in_observations(t
 
 def test_workers_on_one_postgresql_cache(postgres_database, tmp_path):
     """`--workers 2` with `cache_url`: each worker opens the PostgreSQL store; what one stores, any serves."""
-    with StubEngine(delay=0.2) as engine, \
-            server_process(postgres_database, engine.url, tmp_path / "w.log", workers=2) as (url, _):
+    with (
+        StubEngine(delay=0.2) as engine,
+        server_process(postgres_database, engine.url, tmp_path / "w.log", workers=2) as (url, _),
+    ):
+
         def ask(n: int) -> dict:
             with httpx.Client(timeout=30) as http:  # a connection each: the kernel spreads them over the workers
                 return http.post(url + "/virtual", json=call(f"player {n}")).json()
+
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             assert list(pool.map(ask, range(8))) == [STUB_OBSERVATION] * 8
             assert list(pool.map(ask, range(8))) == [STUB_OBSERVATION] * 8
@@ -149,8 +177,7 @@ def test_kill_9_of_a_server_loses_no_answer_it_gave(postgres_database, tmp_path)
                     with lock:
                         answered.append(name)
 
-    with StubEngine(delay=0.05) as engine, \
-            server_process(postgres_database, engine.url, tmp_path / "b.log") as (b, _):
+    with StubEngine(delay=0.05) as engine, server_process(postgres_database, engine.url, tmp_path / "b.log") as (b, _):
         with server_process(postgres_database, engine.url, tmp_path / "a.log") as (a, victim):
             clients = [threading.Thread(target=client, args=(i, a)) for i in range(8)]
             for thread in clients:
@@ -200,8 +227,9 @@ def test_sessions_idle_longer_than_the_ttl_are_forgotten_and_removed(cache_locat
     """A session unused for longer than `session_ttl` starts over, and the server's maintenance deletes it."""
     cache = open_cache(cache_location)
     now = time.time()
-    cache.put_sessions([("old", "digest-old", 3, '["a", "b", "c"]', now - 7200),
-                        ("recent", "digest-recent", 1, '["d"]', now - 60)])
+    cache.put_sessions(
+        [("old", "digest-old", 3, '["a", "b", "c"]', now - 7200), ("recent", "digest-recent", 1, '["d"]', now - 60)]
+    )
 
     async def check() -> None:
         assert await cache.session("old", idle_seconds=3600) is None  # expired: its next call starts over

@@ -22,8 +22,16 @@ def trained_calls(simulator_sft_dir, sample_tools) -> list[dict]:
         doc = registry.resolve(record["category"], record["tool"], record["api"])
         arguments = json.loads(record["arguments"])
         if all(name in arguments for name in doc.parameter_names()[0]):
-            bodies.append({"category": doc.category, "tool_name": doc.tool, "api_name": doc.api,
-                           "tool_input": json.dumps(arguments), "strip": "truncate", "toolbench_key": ""})
+            bodies.append(
+                {
+                    "category": doc.category,
+                    "tool_name": doc.tool,
+                    "api_name": doc.api,
+                    "tool_input": json.dumps(arguments),
+                    "strip": "truncate",
+                    "toolbench_key": "",
+                }
+            )
     assert len(bodies) >= 2
     return bodies
 
@@ -31,8 +39,12 @@ def trained_calls(simulator_sft_dir, sample_tools) -> list[dict]:
 @pytest.mark.slow
 def test_miss_is_simulated_stored_with_provenance_then_a_hit(serve, simulator_engine, trained_calls, tmp_path):
     cache_path = tmp_path / "c.sqlite"
-    with serve(api_base=[simulator_engine.base_url], model=simulator_engine.model, cache_path=str(cache_path),
-               engine_timeout=120) as server:
+    with serve(
+        api_base=[simulator_engine.base_url],
+        model=simulator_engine.model,
+        cache_path=str(cache_path),
+        engine_timeout=120,
+    ) as server:
         body = trained_calls[0]
         first = server.virtual(body)
         assert first.status_code == 200
@@ -48,7 +60,7 @@ def test_miss_is_simulated_stored_with_provenance_then_a_hit(serve, simulator_en
         assert server.metric("mirrorapi_engine_calls_total", result="ok") == 1  # not asked again
 
     cache = ResponseCache(cache_path)
-    (category, tool, api, arguments, stored, provenance), = cache.entries()
+    ((category, tool, api, arguments, stored, provenance),) = cache.entries()
     assert (category, tool, api) == (body["category"], body["tool_name"], body["api_name"])
     assert arguments == canonical_json(json.loads(body["tool_input"]))
     assert json.loads(stored) == observation
@@ -59,14 +71,20 @@ def test_miss_is_simulated_stored_with_provenance_then_a_hit(serve, simulator_en
     assert cache.stats()["hits"] == 1
     # Each answer says how it was given (headers beside StableToolBench's body): simulated, then a hit, both
     # with the provenance stored.
-    assert [(r.headers["x-mirrorapi-outcome"], unquote(r.headers["x-mirrorapi-provenance"]))
-            for r in (first, second)] == [("simulated", provenance), ("hit", provenance)]
+    assert [
+        (r.headers["x-mirrorapi-outcome"], unquote(r.headers["x-mirrorapi-provenance"])) for r in (first, second)
+    ] == [("simulated", provenance), ("hit", provenance)]
 
 
 @pytest.mark.slow
 def test_is_save_false_stores_nothing(serve, simulator_engine, trained_calls, tmp_path):
-    with serve(api_base=[simulator_engine.base_url], model=simulator_engine.model, is_save=False,
-               cache_path=str(tmp_path / "c.sqlite"), engine_timeout=120) as server:
+    with serve(
+        api_base=[simulator_engine.base_url],
+        model=simulator_engine.model,
+        is_save=False,
+        cache_path=str(tmp_path / "c.sqlite"),
+        engine_timeout=120,
+    ) as server:
         body = trained_calls[1]
         answers = [server.virtual(body).json() for _ in range(2)]
         assert all(not a["error"].startswith("Failed to generate fake response") for a in answers)

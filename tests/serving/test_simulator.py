@@ -17,8 +17,9 @@ def candidates(*calls: dict) -> list[tuple[str, str]]:
 
 
 def test_examples_are_the_most_similar_calls_in_a_stable_order():
-    pool = candidates({"city": "Rome", "days": 5}, {"city": "Paris", "days": 5}, {"city": "Paris", "days": 3},
-                      {"zip": "75001"})
+    pool = candidates(
+        {"city": "Rome", "days": 5}, {"city": "Paris", "days": 5}, {"city": "Paris", "days": 3}, {"zip": "75001"}
+    )
     chosen = select_examples(pool, {"city": "Paris", "days": 3, "units": "metric"}, k=2, char_budget=10_000)
     assert [a for a, _ in chosen] == [{"city": "Paris", "days": 3}, {"city": "Paris", "days": 5}]
     assert select_examples(list(reversed(pool)), {"city": "Paris", "days": 3, "units": "metric"}, 2, 10_000) == chosen
@@ -52,13 +53,19 @@ def test_simulator_prompt_shows_recorded_examples_only(cache_with_provenances, s
     assert "invented Messy" not in user and "other API" not in user
     user = simulator.messages(doc, {"name": "Lionel"})[1]["content"]
     assert "recorded Messi" in user and "imported Messi Jr" in user and "invented" not in user
-    assert user.index("Examples:") < user.index("Request:\n{\"name\":\"Lionel\"}")
+    assert user.index("Examples:") < user.index('Request:\n{"name":"Lionel"}')
 
 
 def test_stabletoolbench_format_uses_the_users_system_prompt(cache_with_provenances, samples, tmp_path):
     (tmp_path / "system.txt").write_text("You are the API server of the released model.", encoding="utf-8")
-    settings = load_settings(overrides={"tools_folder": [str(samples / "tools")], "prompt_format": "stabletoolbench",
-                                        "system_prompt_file": str(tmp_path / "system.txt")}, environ={})
+    settings = load_settings(
+        overrides={
+            "tools_folder": [str(samples / "tools")],
+            "prompt_format": "stabletoolbench",
+            "system_prompt_file": str(tmp_path / "system.txt"),
+        },
+        environ={},
+    )
     doc = ToolRegistry.load(settings.tools_folder).resolve("Data", "theclique", "transfermarkt_search")
     system, user = Simulator(engine=None, cache=cache_with_provenances, settings=settings).messages(doc, {"name": "x"})
     assert system == {"role": "system", "content": "You are the API server of the released model."}
@@ -67,18 +74,21 @@ def test_stabletoolbench_format_uses_the_users_system_prompt(cache_with_provenan
 
 
 def test_long_examples_are_shown_shrunk_not_skipped():
-    flights = [{"flight": f"HAT{i:03d}", "origin": "JFK", "destination": "SEA", "seats": {"economy": i}}
-               for i in range(40)]
+    flights = [
+        {"flight": f"HAT{i:03d}", "origin": "JFK", "destination": "SEA", "seats": {"economy": i}} for i in range(40)
+    ]
     long_call = {"origin": "JFK", "destination": "SEA", "date": "2024-05-16"}
-    pool = [(canonical_json(long_call), json.dumps({"error": "", "response": json.dumps(flights)})),
-            (canonical_json({"origin": "LAX"}), json.dumps({"error": "", "response": "[]"}))]
+    pool = [
+        (canonical_json(long_call), json.dumps({"error": "", "response": json.dumps(flights)})),
+        (canonical_json({"origin": "LAX"}), json.dumps({"error": "", "response": "[]"})),
+    ]
     request = {"origin": "JFK", "destination": "SEA", "date": "2024-05-17"}
     whole = select_examples(pool, request, k=1, char_budget=600)
     assert [a for a, _ in whole] == [{"origin": "LAX"}]  # shown whole, the nearest call does not fit: skipped
-    (arguments, observation), = select_examples(pool, request, k=1, char_budget=600, response_chars=400)
+    ((arguments, observation),) = select_examples(pool, request, k=1, char_budget=600, response_chars=400)
     assert arguments == long_call
     shown = json.loads(observation["response"])  # still JSON: the first flights, whole
-    assert shown == flights[:len(shown)] and 1 <= len(shown) < len(flights)
+    assert shown == flights[: len(shown)] and 1 <= len(shown) < len(flights)
     assert len(observation["response"]) <= 400
 
 
@@ -88,7 +98,7 @@ def test_shrink_response_keeps_json_valid_and_the_shape():
     user = {"name": "Mia Li", "reservations": [f"R{i:05d}" for i in range(300)], "bio": "x" * 3000, "age": 41}
     shrunk = json.loads(shrink_response(json.dumps(user), 300))
     assert set(shrunk) == set(user) and shrunk["age"] == 41 and shrunk["name"] == "Mia Li"
-    assert shrunk["reservations"] == user["reservations"][:len(shrunk["reservations"])]
+    assert shrunk["reservations"] == user["reservations"][: len(shrunk["reservations"])]
     assert shrunk["bio"].endswith("...") and len(json.dumps(shrunk, separators=(",", ":"))) <= 300
     assert shrink_response("plain text " * 100, 40).endswith("...")
     assert len(shrink_response("plain text " * 100, 40)) <= 40

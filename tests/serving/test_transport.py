@@ -16,9 +16,11 @@ TCP_INFO_SEGS_OUT = 136
 BODY = b'{"error": "", "response": "ok"}'
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(BODY)
 
-pytestmark = [pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="TCP_INFO is Linux's"),
-              # the server's event loop (uvicorn takes uvloop where installed), and asyncio's own
-              pytest.mark.parametrize("run", [uvloop.run, asyncio.run], ids=["uvloop", "asyncio"])]
+pytestmark = [
+    pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="TCP_INFO is Linux's"),
+    # the server's event loop (uvicorn takes uvloop where installed), and asyncio's own
+    pytest.mark.parametrize("run", [uvloop.run, asyncio.run], ids=["uvloop", "asyncio"]),
+]
 
 
 def segments_sent(sock: socket.socket) -> int:
@@ -29,8 +31,10 @@ async def send_and_receive(gathered: bool, close: bool = False) -> tuple[int | N
     """A connection on 127.0.0.1; the server side writes HEAD and BODY in one turn (then closes, if `close`).
     Returns (segments the server side sent, None after a close; what the client received)."""
     loop = asyncio.get_running_loop()
-    with socket.create_server(("127.0.0.1", 0)) as listener, \
-            socket.create_connection(listener.getsockname()) as client:
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        socket.create_connection(listener.getsockname()) as client,
+    ):
         accepted, _ = listener.accept()
         transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, accepted)
         server_side = transport.get_extra_info("socket")
@@ -71,8 +75,10 @@ def test_a_close_sends_what_is_gathered_first(run):
 def test_nothing_leaves_before_the_turn_ends(run):
     async def check() -> None:
         loop = asyncio.get_running_loop()
-        with socket.create_server(("127.0.0.1", 0)) as listener, \
-                socket.create_connection(listener.getsockname()) as client:
+        with (
+            socket.create_server(("127.0.0.1", 0)) as listener,
+            socket.create_connection(listener.getsockname()) as client,
+        ):
             accepted, _ = listener.accept()
             transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, accepted)
             writes = GatheredWrites(transport, loop)
@@ -86,5 +92,5 @@ def test_nothing_leaves_before_the_turn_ends(run):
             assert client.recv(4096) == HEAD
             assert writes.get_write_buffer_size() == 0
             transport.close()
-    run(check())
 
+    run(check())

@@ -31,8 +31,9 @@ def test_the_installed_uvicorn_is_a_tested_release_and_pyproject_pins_that_range
 def test_uvicorns_protocol_table_and_the_arguments_it_builds_a_protocol_with():
     assert "auto" in uvicorn.config.HTTP_PROTOCOLS, "uvicorn.config.HTTP_PROTOCOLS has no 'auto' protocol"
     parameters = inspect.signature(uvicorn_protocol()).parameters
-    assert {"config", "server_state", "app_state", "_loop"} <= set(parameters), \
+    assert {"config", "server_state", "app_state", "_loop"} <= set(parameters), (
         f"uvicorn builds its HTTP protocol with other arguments now: {list(parameters)}"
+    )
 
 
 class _AppWithConnections:
@@ -46,8 +47,13 @@ class _AppWithConnections:
         if scope["type"] != "http":
             return
         body = type(self.connections.of(scope)).__name__.encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -60,6 +66,7 @@ def test_through_a_real_uvicorn_the_deadline_is_kept_and_a_responses_writes_leav
     def counted(self):
         flushed.append(len(self._gathered))
         flush(self)
+
     monkeypatch.setattr(GatheredWrites, "flush", counted)
     port = free_port()
     with serve_in_thread(_AppWithConnections(), port, http=ReceiveDeadline, log_level="warning") as url:

@@ -16,8 +16,14 @@ def imported(serve, stb_cache, tmp_path_factory):
     listens (misses fail fast), so everything answered here comes from the cache or the checks."""
     folder, _ = stb_cache
     db = tmp_path_factory.mktemp("db")
-    with serve(cache_folder=str(folder), cache_path=str(db / "c.sqlite"), log_file=str(db / "requests.jsonl"),
-               api_base=[f"http://127.0.0.1:{free_port()}/v1"], engine_timeout=2, engine_retries=0) as server:
+    with serve(
+        cache_folder=str(folder),
+        cache_path=str(db / "c.sqlite"),
+        log_file=str(db / "requests.jsonl"),
+        api_base=[f"http://127.0.0.1:{free_port()}/v1"],
+        engine_timeout=2,
+        engine_retries=0,
+    ) as server:
         yield server
 
 
@@ -54,8 +60,12 @@ def test_recorded_answers_are_served_as_hits(imported, recorded, agent):
         assert response.headers["x-mirrorapi-provenance"] == "imported:tool_response_cache"
     assert imported.metric("mirrorapi_requests_total", outcome="hit") == hits + len(chosen)
     # lines are written right after the event-loop turn that answered
-    poll_until(lambda: True if len(log.read_text().splitlines()) >= logged + len(chosen) else None, 5,
-               "request log lines", interval=0.02)
+    poll_until(
+        lambda: True if len(log.read_text().splitlines()) >= logged + len(chosen) else None,
+        5,
+        "request log lines",
+        interval=0.02,
+    )
     lines = [json.loads(line) for line in log.read_text().splitlines()[logged:]]
     assert len(lines) == len(chosen)
     assert {line["outcome"] for line in lines} == {"hit"}
@@ -91,19 +101,33 @@ def test_chat_with_user(imported, api_name):
     assert imported.virtual(body).json() == {"error": "", "response": "Chat with user."}
 
 
-@pytest.mark.parametrize("change, error", [
-    ({"category": "Sportz"}, "Unknown category 'Sportz'. Closest known: Sports."),
-    ({"tool_name": "theclique2"}, "Unknown tool 'theclique2' in category 'Data'. Closest known: theclique."),
-    ({"api_name": "transfermarkt_serch"}, "Unknown API 'transfermarkt_serch' for tool 'theclique' in category "
-                                          "'Data'. Closest known: transfermarkt_search"),
-    ({"tool_input": "[\"Lionel Messi\"]"}, "Tool input parse error...\ntool_input must be a JSON object, got list"),
-    ({"tool_input": "{'name': 'Lionel Messi'}"}, "Tool input parse error...\ntool_input is not valid JSON"),
-    ({"tool_input": 42}, "Tool input parse error...\ntool_input must be a JSON object or a string"),
-    ({"tool_input": "{}"}, "Missing required parameter 'name' of Transfermarkt search (TheClique)."),
-], ids=["category", "tool", "api", "input-list", "input-repr", "input-number", "missing-required"])
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        ({"category": "Sportz"}, "Unknown category 'Sportz'. Closest known: Sports."),
+        ({"tool_name": "theclique2"}, "Unknown tool 'theclique2' in category 'Data'. Closest known: theclique."),
+        (
+            {"api_name": "transfermarkt_serch"},
+            "Unknown API 'transfermarkt_serch' for tool 'theclique' in category "
+            "'Data'. Closest known: transfermarkt_search",
+        ),
+        ({"tool_input": '["Lionel Messi"]'}, "Tool input parse error...\ntool_input must be a JSON object, got list"),
+        ({"tool_input": "{'name': 'Lionel Messi'}"}, "Tool input parse error...\ntool_input is not valid JSON"),
+        ({"tool_input": 42}, "Tool input parse error...\ntool_input must be a JSON object or a string"),
+        ({"tool_input": "{}"}, "Missing required parameter 'name' of Transfermarkt search (TheClique)."),
+    ],
+    ids=["category", "tool", "api", "input-list", "input-repr", "input-number", "missing-required"],
+)
 def test_mistakes_at_the_api_level_are_observations(imported, change, error):
-    body = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
-            "tool_input": "{\n  \"name\": \"Lionel Messi\"\n}", "strip": "truncate", "toolbench_key": "", **change}
+    body = {
+        "category": "Data",
+        "tool_name": "theclique",
+        "api_name": "transfermarkt_search",
+        "tool_input": '{\n  "name": "Lionel Messi"\n}',
+        "strip": "truncate",
+        "toolbench_key": "",
+        **change,
+    }
     calls = imported.metric("mirrorapi_engine_calls_total", result="unreachable")
     response = imported.virtual(body)
     assert response.status_code == 200
@@ -114,13 +138,17 @@ def test_mistakes_at_the_api_level_are_observations(imported, change, error):
     assert "x-mirrorapi-provenance" not in response.headers  # nothing was looked up or simulated
 
 
-@pytest.mark.parametrize("body", [
-    b'{"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search"}',
-    b'{"category": "Data", "tool_name": "theclique", "api_name": ',
-    b'[{"category": "Data"}]',
-    b'{"category": {"a": 1}, "tool_name": "theclique", "api_name": "x", "tool_input": "{}"}',
-    b"",
-], ids=["missing-field", "not-json", "list", "wrong-type", "empty"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search"}',
+        b'{"category": "Data", "tool_name": "theclique", "api_name": ',
+        b'[{"category": "Data"}]',
+        b'{"category": {"a": 1}, "tool_name": "theclique", "api_name": "x", "tool_input": "{}"}',
+        b"",
+    ],
+    ids=["missing-field", "not-json", "list", "wrong-type", "empty"],
+)
 def test_body_not_of_the_contract_shape_is_422(imported, body):
     response = imported.virtual(body)
     assert response.status_code == 422
@@ -128,14 +156,20 @@ def test_body_not_of_the_contract_shape_is_422(imported, body):
 
 
 def test_engine_down_miss_is_an_error_observation_not_cached(imported):
-    body = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search",
-            "tool_input": "{\"name\": \"nobody recorded this\"}"}
+    body = {
+        "category": "Data",
+        "tool_name": "theclique",
+        "api_name": "transfermarkt_search",
+        "tool_input": '{"name": "nobody recorded this"}',
+    }
     entries = imported.client.get("/health").json()["cache"]["entries"]
     for _ in range(2):
         response = imported.virtual(body)
         assert response.status_code == 200
-        assert response.json() == {"error": "Failed to generate fake response (the simulator engine is unreachable)",
-                                   "response": ""}
+        assert response.json() == {
+            "error": "Failed to generate fake response (the simulator engine is unreachable)",
+            "response": "",
+        }
         assert response.headers["x-mirrorapi-outcome"] == "engine_error"
     response = imported.client.get("/health")
     health = response.json()

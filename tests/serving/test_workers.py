@@ -17,8 +17,14 @@ from harness.fake_engines import StubEngine
 from harness.processes import free_port, poll_until, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
-README_REQUEST = {"category": "Artificial_Intelligence_Machine_Learning", "tool_name": "TTSKraken",
-                  "api_name": "List Languages", "tool_input": "{}", "strip": "truncate", "toolbench_key": ""}
+README_REQUEST = {
+    "category": "Artificial_Intelligence_Machine_Learning",
+    "tool_name": "TTSKraken",
+    "api_name": "List Languages",
+    "tool_input": "{}",
+    "strip": "truncate",
+    "toolbench_key": "",
+}
 
 
 def test_an_identical_miss_at_two_servers_on_one_cache_is_simulated_once(serve, tmp_path):
@@ -26,9 +32,12 @@ def test_an_identical_miss_at_two_servers_on_one_cache_is_simulated_once(serve, 
     leases it in the store and asks the engine (an answer takes 1 s); the other waits for the stored answer."""
     body = {**README_REQUEST, "tool_input": '{"language": "same for both"}'}
     settings = dict(workers=2, cache_path=str(tmp_path / "shared.sqlite"))
-    with StubEngine(delay=1.0) as engine, \
-            serve(api_base=[engine.url], **settings) as first, serve(api_base=[engine.url], **settings) as second, \
-            concurrent.futures.ThreadPoolExecutor(2) as pool:
+    with (
+        StubEngine(delay=1.0) as engine,
+        serve(api_base=[engine.url], **settings) as first,
+        serve(api_base=[engine.url], **settings) as second,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
         answers = list(pool.map(lambda server: server.virtual(body).json(), (first, second)))
         calls = sum(s.metric("mirrorapi_engine_calls_total", result="ok") for s in (first, second))
         coalesced = sum(s.metric("mirrorapi_coalesced_requests_total") for s in (first, second))
@@ -42,9 +51,28 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
     url = f"http://127.0.0.1:{port}"
     with StubEngine(delay=0.2) as engine, open(server_log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools), "--workers", "2",
-             "--cache-path", str(tmp_path / "c.sqlite"), "--api-base", engine.url, "--model", "stub", "--port",
-             str(port), "--log-file", str(log_file)], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+            [
+                sys.executable,
+                "serving/main_mirrorapi.py",
+                "--tools-folder",
+                str(sample_tools),
+                "--workers",
+                "2",
+                "--cache-path",
+                str(tmp_path / "c.sqlite"),
+                "--api-base",
+                engine.url,
+                "--model",
+                "stub",
+                "--port",
+                str(port),
+                "--log-file",
+                str(log_file),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
         try:
             wait_until_ready(url + "/live", 120, process=process, log_path=server_log)
             workers = _workers(process.pid)
@@ -53,6 +81,7 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
                 with httpx.Client(timeout=60) as client:  # a connection each: the kernel spreads them over the workers
                     body = {**README_REQUEST, "tool_input": json.dumps({"call": i})}
                     return client.post(url + "/virtual", json=body).json()
+
             with concurrent.futures.ThreadPoolExecutor(16) as pool:
                 misses = list(pool.map(call, range(16)))
                 hits = list(pool.map(call, range(16)))  # now in the cache, whichever worker stored them
@@ -62,6 +91,7 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
             def replaced_workers() -> list[int] | None:
                 now = _workers(process.pid)
                 return now if workers[0] not in now and len(now) == 2 else None
+
             replaced = poll_until(replaced_workers, 120, "the killed worker was not replaced")
             after = call(0)
         finally:
@@ -87,22 +117,41 @@ def test_workers_die_with_their_master_and_the_server_starts_again(sample_tools,
     a new server could not bind the port), and the same command starts again."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools), "--workers", "2",
-               "--cache-path", str(tmp_path / "c.sqlite"), "--port", str(port), "--mode", "replay"]
+    command = [
+        sys.executable,
+        "serving/main_mirrorapi.py",
+        "--tools-folder",
+        str(sample_tools),
+        "--workers",
+        "2",
+        "--cache-path",
+        str(tmp_path / "c.sqlite"),
+        "--port",
+        str(port),
+        "--mode",
+        "replay",
+    ]
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
     with open(logs[0], "wb") as out:
         first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
         try:
             wait_until_ready(url + "/live", 120, process=first, log_path=logs[0])
-            workers = poll_until(lambda: _workers(first.pid) if len(_workers(first.pid)) == 2 else None, 60,
-                                 "two workers")
+            workers = poll_until(
+                lambda: _workers(first.pid) if len(_workers(first.pid)) == 2 else None, 60, "two workers"
+            )
             os.kill(first.pid, signal.SIGKILL)
             first.wait(10)
 
             def gone() -> bool | None:
-                return all(not Path(f"/proc/{pid}").exists() or
-                           Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-                           for pid in workers) or None
+                return (
+                    all(
+                        not Path(f"/proc/{pid}").exists()
+                        or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+                        for pid in workers
+                    )
+                    or None
+                )
+
             poll_until(gone, 30, f"the workers {workers} of the killed master still run")
         finally:
             for pid in workers if "workers" in locals() else []:

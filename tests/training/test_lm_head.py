@@ -18,11 +18,32 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def trainer_and_batch(tiny_model_dir, simulator_sft_dir, tmp_path_factory):
-    argv = ["--config", str(REPO / "training/configs/tiny_cpu.yaml"), "--model_name_or_path", str(tiny_model_dir),
-            "--dataset_path", str(simulator_sft_dir), "--output_dir", str(tmp_path_factory.mktemp("lm-head")),
-            "--packing", "true", "--max_length", "2048", "--max_train_samples", "6",
-            "--per_device_train_batch_size", "1", "--eval_strategy", "no", "--eval_on_start", "false",
-            "--shuffle_dataset", "false", "--logits_only_where_loss", "true"]
+    argv = [
+        "--config",
+        str(REPO / "training/configs/tiny_cpu.yaml"),
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--dataset_path",
+        str(simulator_sft_dir),
+        "--output_dir",
+        str(tmp_path_factory.mktemp("lm-head")),
+        "--packing",
+        "true",
+        "--max_length",
+        "2048",
+        "--max_train_samples",
+        "6",
+        "--per_device_train_batch_size",
+        "1",
+        "--eval_strategy",
+        "no",
+        "--eval_on_start",
+        "false",
+        "--shuffle_dataset",
+        "false",
+        "--logits_only_where_loss",
+        "true",
+    ]
     trainer, _, _, _ = build_trainer(*parse_recipe(argv))
     batch = next(iter(trainer.get_train_dataloader()))
     return trainer, batch
@@ -61,8 +82,9 @@ def test_same_loss_and_gradients_as_every_position(trainer_and_batch):
         kept_loss, kept_grads = loss_and_grads(trainer, batch)
     # Independent reference: mean cross-entropy of the model's own full logits over the labelled positions.
     with torch.no_grad():
-        logits = trainer.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                               use_cache=False).logits
+        logits = trainer.model(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False
+        ).logits
     reference = torch.nn.functional.cross_entropy(logits[0, :-1], batch["labels"][0, 1:], ignore_index=-100)
     assert torch.allclose(kept_loss, reference, atol=1e-5) and torch.allclose(full_loss, reference, atol=1e-5)
     assert full_grads.keys() == kept_grads.keys() and full_grads
@@ -87,5 +109,8 @@ def test_refused_with_liger():
     from mirrorapi.training.recipe import RecipeArguments, RecipeError, check_values
 
     with pytest.raises(RecipeError, match="logits_only_where_loss and use_liger_kernel"):
-        check_values(RecipeArguments(logits_only_where_loss=True), SFTConfig(output_dir="x", use_cpu=True,
-                                                                               use_liger_kernel=True), ModelConfig())
+        check_values(
+            RecipeArguments(logits_only_where_loss=True),
+            SFTConfig(output_dir="x", use_cpu=True, use_liger_kernel=True),
+            ModelConfig(),
+        )

@@ -34,16 +34,49 @@ def pair_slice(tmp_path_factory):
 def launched(pair_slice, tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("accelerate")
     pairs, tools = pair_slice
-    build = subprocess.run([sys.executable, str(REPO / "data/build_simulator_sft.py"), "--pairs", str(pairs),
-                            "--tools", str(tools), "--out", str(root / "data")],
-                           capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "data/build_simulator_sft.py"),
+            "--pairs",
+            str(pairs),
+            "--tools",
+            str(tools),
+            "--out",
+            str(root / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr
-    command = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
-               str(REPO / "training/accelerate/cpu.yaml"), str(REPO / "training/sft.py"),
-               "--config", str(REPO / "training/configs/tiny_cpu.yaml"), "--model_name_or_path", str(tiny_model_dir),
-               "--dataset_path", str(root / "data"), "--output_dir", str(root / "out"), "--max_steps", str(STEPS),
-               "--logging_steps", "5", "--eval_steps", str(STEPS // 2), "--save_steps", str(STEPS // 2),
-               "--max_eval_samples", "8", "--disable_tqdm", "true"]
+    command = [
+        str(Path(sys.executable).parent / "accelerate"),
+        "launch",
+        "--config_file",
+        str(REPO / "training/accelerate/cpu.yaml"),
+        str(REPO / "training/sft.py"),
+        "--config",
+        str(REPO / "training/configs/tiny_cpu.yaml"),
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--dataset_path",
+        str(root / "data"),
+        "--output_dir",
+        str(root / "out"),
+        "--max_steps",
+        str(STEPS),
+        "--logging_steps",
+        "5",
+        "--eval_steps",
+        str(STEPS // 2),
+        "--save_steps",
+        str(STEPS // 2),
+        "--max_eval_samples",
+        "8",
+        "--disable_tqdm",
+        "true",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     return root, result
@@ -116,6 +149,7 @@ def test_checkpoint_is_served_by_transformers_serve(launched, tmp_path):
     record = load_from_disk(str(root / "data"))["train"][0]
     with transformers_serve(root / "out", log_path=tmp_path / "serve.log", timeout=180) as engine:
         client = openai.OpenAI(base_url=engine.base_url, api_key="EMPTY")
-        completion = client.chat.completions.create(model=engine.model, messages=record["prompt"], temperature=0,
-                                                    max_tokens=32)
+        completion = client.chat.completions.create(
+            model=engine.model, messages=record["prompt"], temperature=0, max_tokens=32
+        )
     assert completion.choices[0].message.content.startswith('{"')  # trained 40 steps: the format begins

@@ -87,10 +87,14 @@ def test_merge_script(adapter_dir, tmp_path, capsys, entry_script):
     merge = entry_script("training/merge_lora.py").main
     assert merge(["--adapter", str(adapter_dir), "--out", str(tmp_path / "m")]) == 0
     input_ids = torch.tensor([[11, 12, 13]])
-    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(tmp_path / "m"), input_ids),
-                          logits(AutoModelForCausalLM.from_pretrained(adapter_dir / "merged"), input_ids))
+    assert torch.allclose(
+        logits(AutoModelForCausalLM.from_pretrained(tmp_path / "m"), input_ids),
+        logits(AutoModelForCausalLM.from_pretrained(adapter_dir / "merged"), input_ids),
+    )
     assert (tmp_path / "m/README.md").is_file()
     capsys.readouterr()
     assert merge(["--adapter", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err.strip() == f"merge_lora.py: error: {tmp_path} is not a LoRA adapter folder " \
-                                               "(no adapter_config.json)"
+    assert (
+        capsys.readouterr().err.strip() == f"merge_lora.py: error: {tmp_path} is not a LoRA adapter folder "
+        "(no adapter_config.json)"
+    )

@@ -24,11 +24,32 @@ def per_token_loss(logits, labels):
 
 @pytest.fixture(scope="module", params=["sdpa", "eager"])
 def packed(request, tiny_model_dir, simulator_sft_dir, tmp_path_factory):
-    argv = ["--config", str(REPO / "training/configs/tiny_cpu.yaml"), "--model_name_or_path", str(tiny_model_dir),
-            "--dataset_path", str(simulator_sft_dir), "--output_dir", str(tmp_path_factory.mktemp("packed")),
-            "--packing", "true", "--attn_implementation", request.param, "--max_length", "2048",
-            "--max_train_samples", str(RECORDS), "--per_device_train_batch_size", "1",
-            "--eval_strategy", "no", "--eval_on_start", "false", "--shuffle_dataset", "false"]
+    argv = [
+        "--config",
+        str(REPO / "training/configs/tiny_cpu.yaml"),
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--dataset_path",
+        str(simulator_sft_dir),
+        "--output_dir",
+        str(tmp_path_factory.mktemp("packed")),
+        "--packing",
+        "true",
+        "--attn_implementation",
+        request.param,
+        "--max_length",
+        "2048",
+        "--max_train_samples",
+        str(RECORDS),
+        "--per_device_train_batch_size",
+        "1",
+        "--eval_strategy",
+        "no",
+        "--eval_on_start",
+        "false",
+        "--shuffle_dataset",
+        "false",
+    ]
     trainer, _, train, _ = build_trainer(*parse_recipe(argv))
     batch = next(iter(trainer.get_train_dataloader()))
     return trainer, train, batch
@@ -70,7 +91,11 @@ def test_unpacked_records_are_the_packed_ones(packed, tiny_model_dir, simulator_
     tokenizer = trainer.processing_class
     positions = batch["position_ids"][0]
     starts = [*(positions == 0).nonzero().flatten().tolist(), len(positions)]
-    whole = {tuple(tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=True,
-                                                 return_dict=True)["input_ids"]) for r in train}
+    whole = {
+        tuple(
+            tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=True, return_dict=True)["input_ids"]
+        )
+        for r in train
+    }
     for start, end in zip(starts, starts[1:], strict=False):
         assert tuple(batch["input_ids"][0, start:end].tolist()) in whole

@@ -53,13 +53,23 @@ def test_unknown_recipe_key(cli, capsys, tmp_path, tiny_model_dir, simulator_sft
     status = cli(["--config", str(recipe), "--model_name_or_path", str(tiny_model_dir)])
     err = capsys.readouterr().err.strip()
     assert status == 2
-    assert err == f"sft.py: error: unknown key(s) in {recipe}: learning_rat, lora_rnk (`training/sft.py --help` " \
-                  "lists the keys)"
+    assert (
+        err == f"sft.py: error: unknown key(s) in {recipe}: learning_rat, lora_rnk (`training/sft.py --help` "
+        "lists the keys)"
+    )
 
 
 def test_dataset_without_the_expected_columns(cli, capsys, tiny_model_dir, text_only_dataset, tmp_path):
-    status, err, _ = run(cli, capsys, "--model_name_or_path", tiny_model_dir, "--dataset_path", text_only_dataset,
-                         "--output_dir", tmp_path / "out")
+    status, err, _ = run(
+        cli,
+        capsys,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_path",
+        text_only_dataset,
+        "--output_dir",
+        tmp_path / "out",
+    )
     assert status == 2
     assert err.startswith("sft.py: error: split 'train' of") and "lacks the column(s) prompt, completion" in err
     assert "it has: text, answer" in err
@@ -67,28 +77,54 @@ def test_dataset_without_the_expected_columns(cli, capsys, tiny_model_dir, text_
 
 
 def test_base_model_that_does_not_exist(cli, capsys, simulator_sft_dir, tmp_path):
-    status, err, _ = run(cli, capsys, "--model_name_or_path", tmp_path / "no-model", "--dataset_path",
-                         simulator_sft_dir, "--output_dir", tmp_path / "out")
+    status, err, _ = run(
+        cli,
+        capsys,
+        "--model_name_or_path",
+        tmp_path / "no-model",
+        "--dataset_path",
+        simulator_sft_dir,
+        "--output_dir",
+        tmp_path / "out",
+    )
     assert (status, err) == (2, f"sft.py: error: base model folder not found: {tmp_path / 'no-model'}")
 
 
 def test_tokenizer_without_a_chat_template(cli, capsys, no_template_model, simulator_sft_dir, tmp_path):
-    status, err, _ = run(cli, capsys, "--model_name_or_path", no_template_model, "--dataset_path",
-                         simulator_sft_dir, "--output_dir", tmp_path / "out")
+    status, err, _ = run(
+        cli,
+        capsys,
+        "--model_name_or_path",
+        no_template_model,
+        "--dataset_path",
+        simulator_sft_dir,
+        "--output_dir",
+        tmp_path / "out",
+    )
     assert status == 2
     assert err.startswith(f"sft.py: error: the tokenizer of {no_template_model} has no chat template")
     assert "--chat_template_path" in err
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--dataset_path", "nowhere/data"], "dataset folder not found: nowhere/data"),
-    (["--eval_splits", "test"], "has no split 'test' (it has: train, test_id, test_ood)"),
-    (["--resume", "true"], "--resume: no checkpoint in"),
-    (["--merge", "true"], "--merge applies to LoRA training only"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--dataset_path", "nowhere/data"], "dataset folder not found: nowhere/data"),
+        (["--eval_splits", "test"], "has no split 'test' (it has: train, test_id, test_ood)"),
+        (["--resume", "true"], "--resume: no checkpoint in"),
+        (["--merge", "true"], "--merge applies to LoRA training only"),
+    ],
+)
 def test_other_mistakes(cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path, extra, message):
-    argv = ["--model_name_or_path", tiny_model_dir, "--dataset_path", simulator_sft_dir,
-            "--output_dir", tmp_path / "out", *extra]
+    argv = [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_path",
+        simulator_sft_dir,
+        "--output_dir",
+        tmp_path / "out",
+        *extra,
+    ]
     status, err, _ = run(cli, capsys, *argv)
     assert status == 2 and message in err and err.startswith("sft.py: error: ")
 
@@ -100,20 +136,42 @@ def test_typo_in_a_relative_local_path_one_line_under_accelerate(tmp_path, monke
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     start = time.monotonic()
-    result = subprocess.run([accelerate, "launch", "-q", "--num_cpu_threads_per_process", "1", "--config_file",
-                             str(REPO / "training/accelerate/cpu.yaml"), str(REPO / "training/sft.py"), "--config",
-                             TINY_RECIPE, "--model_name_or_path", "runs/tiny-bse", "--dataset_path",
-                             str(simulator_sft_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            accelerate,
+            "launch",
+            "-q",
+            "--num_cpu_threads_per_process",
+            "1",
+            "--config_file",
+            str(REPO / "training/accelerate/cpu.yaml"),
+            str(REPO / "training/sft.py"),
+            "--config",
+            TINY_RECIPE,
+            "--model_name_or_path",
+            "runs/tiny-bse",
+            "--dataset_path",
+            str(simulator_sft_dir),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["sft.py: error: base model folder not found: runs/tiny-bse"]
     assert time.monotonic() - start < 60  # imports only (≈ 8 s of CPU); no network wait
 
 
-@pytest.mark.parametrize("script, function, flag", [
-    ("training/sft.py", "cli", "--dataset_path"), ("training/merge_lora.py", "main", "--adapter"),
-    ("data/build_simulator_sft.py", "main", "--stabletoolbench-cache"),
-    ("data/build_judge_sft.py", "main", "--labelled"),
-])
+@pytest.mark.parametrize(
+    "script, function, flag",
+    [
+        ("training/sft.py", "cli", "--dataset_path"),
+        ("training/merge_lora.py", "main", "--adapter"),
+        ("data/build_simulator_sft.py", "main", "--stabletoolbench-cache"),
+        ("data/build_judge_sft.py", "main", "--labelled"),
+    ],
+)
 def test_help_exits_0(entry_script, capsys, script, function, flag):
     with pytest.raises(SystemExit) as exit_:
         getattr(entry_script(script), function)(["--help"])

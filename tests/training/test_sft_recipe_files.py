@@ -26,16 +26,21 @@ def test_every_recipe_file_passes_the_checks(recipe):
         assert training_args.completion_only_loss in (None, True)  # None: TRL's prompt/completion default, on
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--packing", "true", "--packing_strategy", "wrapped"], "packing_strategy 'wrapped' cuts records"),
-    (["--packing", "true", "--attn_implementation", "paged|sdpa"], "'paged|sdpa' is not known to keep packed"),
-    (["--packing", "true", "--attn_implementation", "flash_attention_2"], "needs a CUDA GPU and the flash-attn"),
-    (["--padding_free", "true"], "padding_free without packing does not enforce max_length"),
-    (["--load_in_4bit", "true"], "--load_in_4bit trains a LoRA adapter on a quantized base (QLoRA): set use_peft"),
-    (["--load_in_8bit", "true", "--load_in_4bit", "true", "--use_peft", "true"],
-     "can't use 8 bit and 4 bit precision at the same time"),  # TRL's ModelConfig says it
-    (["--merge", "true"], "--merge applies to LoRA training only"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--packing", "true", "--packing_strategy", "wrapped"], "packing_strategy 'wrapped' cuts records"),
+        (["--packing", "true", "--attn_implementation", "paged|sdpa"], "'paged|sdpa' is not known to keep packed"),
+        (["--packing", "true", "--attn_implementation", "flash_attention_2"], "needs a CUDA GPU and the flash-attn"),
+        (["--padding_free", "true"], "padding_free without packing does not enforce max_length"),
+        (["--load_in_4bit", "true"], "--load_in_4bit trains a LoRA adapter on a quantized base (QLoRA): set use_peft"),
+        (
+            ["--load_in_8bit", "true", "--load_in_4bit", "true", "--use_peft", "true"],
+            "can't use 8 bit and 4 bit precision at the same time",
+        ),  # TRL's ModelConfig says it
+        (["--merge", "true"], "--merge applies to LoRA training only"),
+    ],
+)
 def test_settings_that_cannot_work_are_refused(extra, message):
     with pytest.raises(RecipeError) as error:
         parse_recipe(["--config", TINY, *extra])
@@ -47,13 +52,17 @@ def test_packing_without_an_attention_takes_one_that_keeps_records_apart():
     assert model_args.attn_implementation == "sdpa"  # no flash-attn on this CPU host
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None and torch.cuda.is_available(),
-                    reason="this host can run QLoRA")
+@pytest.mark.skipif(
+    importlib.util.find_spec("bitsandbytes") is not None and torch.cuda.is_available(),
+    reason="this host can run QLoRA",
+)
 def test_qlora_without_bitsandbytes_or_cuda_is_one_clear_line():
     with pytest.raises(RecipeError) as error:
         parse_recipe(["--config", TINY, "--use_peft", "true", "--load_in_4bit", "true"])
-    assert str(error.value) in ("--load_in_4bit needs the bitsandbytes package: pip install '.[gpu]' (GPU hosts)",
-                                "--load_in_4bit needs a CUDA GPU (bitsandbytes quantization); this run has none")
+    assert str(error.value) in (
+        "--load_in_4bit needs the bitsandbytes package: pip install '.[gpu]' (GPU hosts)",
+        "--load_in_4bit needs a CUDA GPU (bitsandbytes quantization); this run has none",
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel is installed")
@@ -66,16 +75,42 @@ def test_model_config_is_forwarded_as_trl_does():
     """The keys of trl/scripts/sft.py's model_init_kwargs, and QLoRA's BitsAndBytesConfig (built, not loaded: no GPU
     here) with the device map that puts each process's quantized copy on its own GPU."""
     parser = make_parser()
-    _, training_args, model_args = parser.parse_args_and_config([
-        "--config", TINY, "--model_revision", "v1.1", "--trust_remote_code", "true", "--attn_implementation", "eager",
-        "--dtype", "bfloat16", "--use_peft", "true", "--load_in_4bit", "true", "--use_bnb_nested_quant", "true"])
+    _, training_args, model_args = parser.parse_args_and_config(
+        [
+            "--config",
+            TINY,
+            "--model_revision",
+            "v1.1",
+            "--trust_remote_code",
+            "true",
+            "--attn_implementation",
+            "eager",
+            "--dtype",
+            "bfloat16",
+            "--use_peft",
+            "true",
+            "--load_in_4bit",
+            "true",
+            "--use_bnb_nested_quant",
+            "true",
+        ]
+    )
     kwargs = model_init_kwargs(training_args, model_args)
     quantization = kwargs.pop("quantization_config")
-    assert kwargs == {"revision": "v1.1", "trust_remote_code": True, "attn_implementation": "eager",
-                      "dtype": "bfloat16", "device_map": {"": 0}}
+    assert kwargs == {
+        "revision": "v1.1",
+        "trust_remote_code": True,
+        "attn_implementation": "eager",
+        "dtype": "bfloat16",
+        "device_map": {"": 0},
+    }
     assert isinstance(quantization, BitsAndBytesConfig)
-    assert (quantization.load_in_4bit, quantization.bnb_4bit_quant_type, quantization.bnb_4bit_use_double_quant,
-            quantization.bnb_4bit_compute_dtype) == (True, "nf4", True, torch.bfloat16)
+    assert (
+        quantization.load_in_4bit,
+        quantization.bnb_4bit_quant_type,
+        quantization.bnb_4bit_use_double_quant,
+        quantization.bnb_4bit_compute_dtype,
+    ) == (True, "nf4", True, torch.bfloat16)
     _, training_args, model_args = parser.parse_args_and_config(["--config", TINY, "--load_in_8bit", "true"])
     assert model_init_kwargs(training_args, model_args)["quantization_config"].load_in_8bit
     _, training_args, model_args = parser.parse_args_and_config(["--config", TINY])

@@ -21,11 +21,12 @@ def greedy(model_dir, prompts, max_new_tokens):
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     answers = []
     for start in range(0, len(prompts), 8):
-        batch = tokenizer.apply_chat_template(prompts[start:start + 8], add_generation_prompt=True, padding=True,
-                                              return_tensors="pt", return_dict=True)
+        batch = tokenizer.apply_chat_template(
+            prompts[start : start + 8], add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
+        )
         with torch.no_grad():
             out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
-        answers += tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        answers += tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     return answers
 
 
@@ -55,8 +56,11 @@ def test_trained_simulator_answers_json_observations(simulator_answers):
 def test_model_card_beside_the_weights(trained_simulator_dir, simulator_sft_dir, tiny_model_dir):
     info = json.loads((trained_simulator_dir / "mirrorapi_training.json").read_text())
     stats = json.loads((simulator_sft_dir / "stats.json").read_text())
-    assert (info["kind"], info["prompt_format"], info["base_model"]) == ("simulator", "mirrorapi-v1",
-                                                                          str(tiny_model_dir))
+    assert (info["kind"], info["prompt_format"], info["base_model"]) == (
+        "simulator",
+        "mirrorapi-v1",
+        str(tiny_model_dir),
+    )
     assert info["dataset_stats"] == stats and info["recipe"]["resolved"]["max_train_samples"] == 48
     assert info["metrics"]["steps"] == 300
     readme = (trained_simulator_dir / "README.md").read_text()
@@ -68,8 +72,9 @@ def test_model_card_beside_the_weights(trained_simulator_dir, simulator_sft_dir,
 def test_simulator_engine_serves_the_checkpoint(simulator_engine, simulator_training_prompts, simulator_answers):
     index = next(i for i, a in enumerate(simulator_answers) if is_strict_observation(a))
     client = openai.OpenAI(base_url=simulator_engine.base_url, api_key="EMPTY")
-    completion = client.chat.completions.create(model=simulator_engine.model, temperature=0, max_tokens=160,
-                                                messages=simulator_training_prompts[index])
+    completion = client.chat.completions.create(
+        model=simulator_engine.model, temperature=0, max_tokens=160, messages=simulator_training_prompts[index]
+    )
     assert is_strict_observation(completion.choices[0].message.content)
 
 

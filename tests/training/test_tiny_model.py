@@ -29,10 +29,14 @@ def test_chat_template_marks_the_assistant_turn(tiny_model_dir):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                {"role": "assistant", "content": '{"error":"","response":"ok"}'}]
-    encoded = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True)
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": '{"error":"","response":"ok"}'},
+    ]
+    encoded = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     ids, mask = encoded["input_ids"], encoded["assistant_masks"]
     assistant = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert assistant == '{"error":"","response":"ok"}<|im_end|>'
@@ -42,8 +46,12 @@ def test_chat_template_marks_the_assistant_turn(tiny_model_dir):
 
 def test_script_builds_a_loadable_model(tmp_path):
     out = tmp_path / "tiny"
-    result = subprocess.run([sys.executable, str(REPO / "scripts/make_tiny_model.py"), "--out", str(out),
-                             "--hidden-size", "64"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/make_tiny_model.py"), "--out", str(out), "--hidden-size", "64"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     from transformers import AutoModelForCausalLM
 

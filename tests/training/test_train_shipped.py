@@ -20,10 +20,23 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def shipped_run(tiny_model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("shipped")
-    result = subprocess.run([sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--tiny",
-                             "--base", str(tiny_model_dir), "--work", str(work),
-                             "--simulator-set", "max_train_seconds=0.001"],
-                            capture_output=True, text=True, timeout=900, cwd=REPO)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts/train_shipped_models.py"),
+            "--tiny",
+            "--base",
+            str(tiny_model_dir),
+            "--work",
+            str(work),
+            "--simulator-set",
+            "max_train_seconds=0.001",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return work
 
@@ -32,8 +45,14 @@ def test_the_output_is_what_a_lent_machine_hands_back(shipped_run):
     files = sorted((shipped_run / "out").iterdir())
     assert 0 < len(files) <= 8 and all(f.is_file() and f.stat().st_size <= 16 * 2**20 for f in files)
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", f.name) for f in files)
-    assert {f.name for f in files} >= {"report.json", "simulator-adapter.tar", "judge-adapter.tar",
-                                      "judge_scores.jsonl", "generations.jsonl.xz", "logs.tar.xz"}
+    assert {f.name for f in files} >= {
+        "report.json",
+        "simulator-adapter.tar",
+        "judge-adapter.tar",
+        "judge_scores.jsonl",
+        "generations.jsonl.xz",
+        "logs.tar.xz",
+    }
 
 
 def test_each_adapter_ships_in_float16_with_its_record(shipped_run, tmp_path):

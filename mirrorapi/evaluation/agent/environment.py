@@ -38,8 +38,14 @@ FUNCTION_NAME_LIMIT = 64
 DESCRIPTION_LIMIT = 256
 _PARAM_TYPES = {"NUMBER": "integer", "STRING": "string", "BOOLEAN": "boolean"}
 # The server's special error strings and the status codes StableToolBench's client gives them.
-_ERROR_CODES = {"API not working error...": 6, "Unauthorized error...": 7, "Unsubscribed error...": 8,
-                "Too many requests error...": 9, "Rate limit per minute error...": 10, "Message error...": 11}
+_ERROR_CODES = {
+    "API not working error...": 6,
+    "Unauthorized error...": 7,
+    "Unsubscribed error...": 8,
+    "Too many requests error...": 9,
+    "Rate limit per minute error...": 10,
+    "Message error...": 11,
+}
 
 FINISH = "Finish"
 GIVE_ANSWER, GIVE_UP = "give_answer", "give_up_and_restart"
@@ -50,15 +56,19 @@ FINISH_FUNCTION = {
     "type": "function",
     "function": {
         "name": FINISH,
-        "description": ("Call this function at the end of every attempt. When you have what the task asks for, "
-                        "give the final answer (the only part the user will see, so make it complete); when "
-                        "you cannot go on from the current state, give up and restart."),
+        "description": (
+            "Call this function at the end of every attempt. When you have what the task asks for, "
+            "give the final answer (the only part the user will see, so make it complete); when "
+            "you cannot go on from the current state, give up and restart."
+        ),
         "parameters": {
             "type": "object",
             "properties": {
                 "return_type": {"type": "string", "enum": [GIVE_ANSWER, GIVE_UP]},
-                "final_answer": {"type": "string",
-                                 "description": "The final answer for the user; required with give_answer."},
+                "final_answer": {
+                    "type": "string",
+                    "description": "The final answer for the user; required with give_answer.",
+                },
             },
             "required": ["return_type"],
         },
@@ -107,8 +117,10 @@ class QueryTools:
 
 
 def _parameter(param: dict) -> tuple[str, dict]:
-    prop = {"type": _PARAM_TYPES.get(str(param.get("type", "")), "string"),
-            "description": str(param.get("description") or "")[:DESCRIPTION_LIMIT]}
+    prop = {
+        "type": _PARAM_TYPES.get(str(param.get("type", "")), "string"),
+        "description": str(param.get("description") or "")[:DESCRIPTION_LIMIT],
+    }
     default = param.get("default", "")
     if default is not None and len(str(default)) != 0:
         prop["example_value"] = default
@@ -119,11 +131,11 @@ def function_schema(doc, tool_name: str) -> dict:
     """One API doc as an OpenAI tool, named and described as StableToolBench does."""
     name = f"{doc.api}_for_{tool_name}"[-FUNCTION_NAME_LIMIT:]
     # Upstream's fixed sentence (agents such as ToolLLaMA were trained on this exact layout).
-    description = f"This is the subfunction for tool \"{tool_name}\", you can use this tool."
+    description = f'This is the subfunction for tool "{tool_name}", you can use this tool.'
     api_description = (doc.description or "").strip()
     if api_description:
         api_description = api_description.replace(doc.api_title, name)[:DESCRIPTION_LIMIT]
-        description += f"The description of this function is: \"{api_description}\""
+        description += f'The description of this function is: "{api_description}"'
     properties, required = {}, []
     for param in doc.required_parameters:
         key, prop = _parameter(param)
@@ -132,9 +144,14 @@ def function_schema(doc, tool_name: str) -> dict:
     for param in doc.optional_parameters:
         key, prop = _parameter(param)
         properties.setdefault(key, prop)
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": properties, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
 def query_tools(query: dict, registry: ToolRegistry) -> QueryTools:
@@ -164,8 +181,11 @@ def query_tools(query: dict, registry: ToolRegistry) -> QueryTools:
             continue
         seen.add((tool.category, tool.name, doc.api))
         schema = function_schema(doc, tool.name)
-        functions.append(ToolFunction(schema["function"]["name"], str(item.get("category_name") or tool.category),
-                                      tool.name, doc.api, schema))
+        functions.append(
+            ToolFunction(
+                schema["function"]["name"], str(item.get("category_name") or tool.category), tool.name, doc.api, schema
+            )
+        )
         descriptions.setdefault(tool.name, tool.description)
     if not functions:
         raise QueryError(
@@ -199,12 +219,17 @@ def finish_status(arguments: str) -> tuple[str, int]:
     return '{error:""return_type" is not a valid choice"}', BAD_FINISH
 
 
-
 class VirtualClient:
     """POSTs StableToolBench's request body to a `/virtual` URL over one pooled aiohttp session."""
 
-    def __init__(self, url: str, timeout: float = 120.0, strip: str = "truncate", toolbench_key: str = "",
-                 max_connections: int = 256):
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 120.0,
+        strip: str = "truncate",
+        toolbench_key: str = "",
+        max_connections: int = 256,
+    ):
         self.url, self.timeout, self.strip, self.toolbench_key = url, timeout, strip, toolbench_key
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -213,27 +238,38 @@ class VirtualClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections),
-                headers={"toolbench_key": self.toolbench_key})
+                headers={"toolbench_key": self.toolbench_key},
+            )
         return self._session
 
     async def call(self, function: ToolFunction, arguments: str) -> tuple[str, int]:
         """(observation, status code) of one call, before the length cut."""
-        payload = {"category": function.category, "tool_name": function.tool, "api_name": function.api,
-                   "tool_input": arguments, "strip": self.strip, "toolbench_key": self.toolbench_key}
+        payload = {
+            "category": function.category,
+            "tool_name": function.tool,
+            "api_name": function.api,
+            "tool_input": arguments,
+            "strip": self.strip,
+            "toolbench_key": self.toolbench_key,
+        }
         try:
-            async with self._http().post(self.url, json=payload,
-                                         timeout=aiohttp.ClientTimeout(total=self.timeout)) as response:
+            async with self._http().post(
+                self.url, json=payload, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            ) as response:
                 body = await response.read()
                 status = response.status
         except asyncio.TimeoutError:
-            raise VirtualServerError(f"the virtual server at {self.url} did not answer within {self.timeout:g} s") \
-                from None
+            raise VirtualServerError(
+                f"the virtual server at {self.url} did not answer within {self.timeout:g} s"
+            ) from None
         except aiohttp.ClientError as exc:
-            raise VirtualServerError(f"the virtual server at {self.url} is unreachable ({type(exc).__name__}: "
-                                     f"{exc})") from None
+            raise VirtualServerError(
+                f"the virtual server at {self.url} is unreachable ({type(exc).__name__}: {exc})"
+            ) from None
         if status != 200:
-            return json.dumps({"error": f"request invalid, data error. status_code={status}", "response": ""}), \
-                REQUEST_ERROR
+            return json.dumps(
+                {"error": f"request invalid, data error. status_code={status}", "response": ""}
+            ), REQUEST_ERROR
         try:
             data = json.loads(body)
         except ValueError:

@@ -32,10 +32,12 @@ def load_queries(path: str | os.PathLike) -> dict[str, list[dict]]:
             data = json.loads(file.read_bytes())
         except (OSError, ValueError) as exc:
             raise AgentRunError(f"cannot read {file}: {exc}") from None
-        if not isinstance(data, list) or not all(isinstance(q, dict) and "query" in q and "api_list" in q
-                                                 for q in data):
-            raise AgentRunError(f"{file}: expected a StableToolBench query file (a list of {{query, api_list, "
-                                "query_id}})")
+        if not isinstance(data, list) or not all(
+            isinstance(q, dict) and "query" in q and "api_list" in q for q in data
+        ):
+            raise AgentRunError(
+                f"{file}: expected a StableToolBench query file (a list of {{query, api_list, query_id}}}})"
+            )
         groups[file.stem] = data
     if not groups:
         raise AgentRunError(f"no <group>.json query files in {path}")
@@ -61,11 +63,15 @@ def check_same_agent(data: dict, settings: AgentSettings, path: Path) -> None:
     if not isinstance(earlier, dict):
         return
     if (earlier.get("model"), earlier.get("method")) != (settings.model, settings.method):
-        raise AgentRunError(f"{path} holds an answer of model {earlier.get('model')!r} ({earlier.get('method')}), "
-                            f"not {settings.model!r} ({settings.method}); use another --out")
+        raise AgentRunError(
+            f"{path} holds an answer of model {earlier.get('model')!r} ({earlier.get('method')}), "
+            f"not {settings.model!r} ({settings.method}); use another --out"
+        )
     if earlier.get("prompt_format", "agent-v1") != settings.prompt_format:
-        raise AgentRunError(f"{path} holds an answer in prompt format {earlier.get('prompt_format', 'agent-v1')!r}, "
-                            f"not {settings.prompt_format!r}; use another --out")
+        raise AgentRunError(
+            f"{path} holds an answer in prompt format {earlier.get('prompt_format', 'agent-v1')!r}, "
+            f"not {settings.prompt_format!r}; use another --out"
+        )
 
 
 def write_atomically(path: Path, data: Any) -> None:

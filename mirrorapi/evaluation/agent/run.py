@@ -77,9 +77,14 @@ async def check_services(engine: EngineClient, server: VirtualClient) -> None:
         raise AgentRunError(f"{problem}; start it or fix --server")
 
 
-async def run_agent_async(queries: str | os.PathLike, settings: AgentSettings, out: str | os.PathLike,
-                          tools: Sequence[str | os.PathLike] = (), progress: bool = True,
-                          limit: int | None = None) -> AgentRun:
+async def run_agent_async(
+    queries: str | os.PathLike,
+    settings: AgentSettings,
+    out: str | os.PathLike,
+    tools: Sequence[str | os.PathLike] = (),
+    progress: bool = True,
+    limit: int | None = None,
+) -> AgentRun:
     """Run every query of `queries` not finished in `out` yet; write raw + converted answers."""
     start = time.monotonic()
     check_method(settings.method)
@@ -88,8 +93,9 @@ async def run_agent_async(queries: str | os.PathLike, settings: AgentSettings, o
     query_path = Path(queries)
     files = sorted(p for p in query_path.iterdir() if p.suffix == ".json") if query_path.is_dir() else [query_path]
     registry = load_registry(list(tools), files)
-    system_prompt = Path(settings.system_prompt_file).read_text(encoding="utf-8") if settings.system_prompt_file \
-        else None
+    system_prompt = (
+        Path(settings.system_prompt_file).read_text(encoding="utf-8") if settings.system_prompt_file else None
+    )
     todo, skipped = [], 0
     for group, items in groups.items():
         for item in items[:limit] if limit else items:
@@ -110,22 +116,29 @@ async def run_agent_async(queries: str | os.PathLike, settings: AgentSettings, o
             await check_services(engine, server)
             if settings.concurrency is None:
                 settings = replace(settings, concurrency=await engine_concurrency(engine))
-                logger.info("agent engine %s: %d queries in flight (--concurrency sets another number)",
-                            settings.base_urls[0], settings.concurrency)
+                logger.info(
+                    "agent engine %s: %d queries in flight (--concurrency sets another number)",
+                    settings.base_urls[0],
+                    settings.concurrency,
+                )
             done = await _run_all(todo, registry, engine, server, settings, system_prompt, out, failures, progress)
         finally:
             await engine.aclose()
             await server.aclose()
-    converted = {group: convert_answer_folder(out / ANSWER_DIR / group, settings.method, out / f"{group}.json")
-                 for group in groups if (out / ANSWER_DIR / group).is_dir()}
+    converted = {
+        group: convert_answer_folder(out / ANSWER_DIR / group, settings.method, out / f"{group}.json")
+        for group in groups
+        if (out / ANSWER_DIR / group).is_dir()
+    }
     return AgentRun(done, skipped, failures, converted, time.monotonic() - start)
 
 
 async def _run_all(todo, registry, engine, server, settings, system_prompt, out, failures, progress) -> int:
     semaphore = asyncio.Semaphore(max(1, settings.concurrency))
     down = asyncio.Event()  # engine or server unreachable: the rest are not started
-    bar = tqdm(total=len(todo), desc=f"{settings.model} {settings.method}", unit="query",
-               disable=None if progress else True)
+    bar = tqdm(
+        total=len(todo), desc=f"{settings.model} {settings.method}", unit="query", disable=None if progress else True
+    )
     done = 0
 
     async def one(group: str, qid: str, item: dict) -> None:

@@ -40,7 +40,7 @@ from mirrorapi.prompts.agent_formats import (
 logger = logging.getLogger(__name__)
 
 # Upstream's back-off lengths (DFS): a final answer ends the search, a give-up goes back two levels.
-_GIVE_UP_BACK, _STOP = 2, 10 ** 6
+_GIVE_UP_BACK, _STOP = 2, 10**6
 # Engine answers that say "this request cannot be answered" (e.g. longer than the model's context):
 # they end the chain. Other errors (404 wrong URL, 401, 5xx) fail the query, which a rerun retries.
 _REFUSALS = (400, 413)
@@ -72,8 +72,15 @@ class Node:
         return node
 
     def to_json(self, recursive: bool = False) -> dict:
-        out = {"is_terminal": self.terminal, "pruned": self.pruned, "finished": self.finished,
-               "depth": self.depth, "node_type": self.node_type, "description": self.description, "Elo": 1000.0}
+        out = {
+            "is_terminal": self.terminal,
+            "pruned": self.pruned,
+            "finished": self.finished,
+            "depth": self.depth,
+            "node_type": self.node_type,
+            "description": self.description,
+            "Elo": 1000.0,
+        }
         if self.node_type == "Action Input":
             out["observation"] = self.observation  # always present: the converter reads it on every Action Input
         elif self.observation:
@@ -121,8 +128,11 @@ def react_as_tool_calls(message: dict) -> dict:
     step = parse_react_step(text)
     if step.problem:
         logger.debug("agent-react-v1 reply: %s: %r", step.problem, text[:200])
-    calls = [{"type": "function", "function": {"name": step.action, "arguments": step.arguments}}] \
-        if step.action is not None else []
+    calls = (
+        [{"type": "function", "function": {"name": step.action, "arguments": step.arguments}}]
+        if step.action is not None
+        else []
+    )
     return {"role": "assistant", "content": step.thought, "tool_calls": calls}
 
 
@@ -133,11 +143,26 @@ class ModelRefused(Exception):
 class QueryRun:
     """One query's search: the model, the functions, the server, the tree."""
 
-    def __init__(self, query: dict, tools: QueryTools, engine: EngineClient, server: VirtualClient,
-                 settings: AgentSettings, system_prompt: str | None):
+    def __init__(
+        self,
+        query: dict,
+        tools: QueryTools,
+        engine: EngineClient,
+        server: VirtualClient,
+        settings: AgentSettings,
+        system_prompt: str | None,
+    ):
         self.query, self.tools, self.engine, self.server, self.settings = query, tools, engine, server, settings
-        self.root = Node("Action Input", messages=agent_messages(str(query.get("query", "")), tools.tool_descriptions,
-                                                                 settings.prompt_format, system_prompt, tools.schemas))
+        self.root = Node(
+            "Action Input",
+            messages=agent_messages(
+                str(query.get("query", "")),
+                tools.tool_descriptions,
+                settings.prompt_format,
+                system_prompt,
+                tools.schemas,
+            ),
+        )
         self.query_count = self.total_tokens = self.expanded = 0
         self.terminals: list[Node] = []
         self.give_ups: list[Node] = []
@@ -157,8 +182,12 @@ class QueryRun:
         if self.text_protocol:
             messages = react_conversation(messages)
         try:
-            message, usage = await self.engine.complete(messages, temperature=self.settings.temperature,
-                                                        max_tokens=self.settings.max_tokens, extra_body=self._extra)
+            message, usage = await self.engine.complete(
+                messages,
+                temperature=self.settings.temperature,
+                max_tokens=self.settings.max_tokens,
+                extra_body=self._extra,
+            )
         except EngineError as exc:
             if exc.kind == "http" and exc.status in _REFUSALS:
                 raise ModelRefused(str(exc)) from None
@@ -197,8 +226,9 @@ class QueryRun:
             observation, status = await self._run(name, arguments)
             observation = cut_observation(observation, self.settings.max_observation_length)
             shown_name = name if status != NO_SUCH_FUNCTION else "invalid_hallucination_function_name"
-            assistant["tool_calls"].append({"id": call_id, "type": "function",
-                                            "function": {"name": shown_name, "arguments": arguments}})
+            assistant["tool_calls"].append(
+                {"id": call_id, "type": "function", "function": {"name": shown_name, "arguments": arguments}}
+            )
             history.append({"role": "tool", "name": shown_name, "content": observation, "tool_call_id": call_id})
             current = action.child("Action Input", arguments, history)
             current.observation, current.observation_code = observation, status
@@ -239,8 +269,13 @@ class QueryRun:
             while not leaf.terminal and leaf.node_type != "Action Input" and leaf.children:
                 leaf = leaf.children[0]
             if leaf.node_type == "Action Input":
-                candidates.append({"name": leaf.parent.description, "arguments": leaf.description,
-                                   "function_output": leaf.observation})
+                candidates.append(
+                    {
+                        "name": leaf.parent.description,
+                        "arguments": leaf.description,
+                        "function_output": leaf.observation,
+                    }
+                )
         return agent_diversity_message(candidates, node.observation) if candidates else None
 
     async def search(self, node: Node, width: int) -> int:
@@ -272,30 +307,55 @@ def _finish_args(node: Node | None) -> str:
     return node.description if node is not None and node.node_type == "Action Input" else ""
 
 
-async def run_query(query: dict, tools: QueryTools, engine: EngineClient, server: VirtualClient,
-                    settings: AgentSettings, system_prompt: str | None = None) -> dict:
+async def run_query(
+    query: dict,
+    tools: QueryTools,
+    engine: EngineClient,
+    server: VirtualClient,
+    settings: AgentSettings,
+    system_prompt: str | None = None,
+) -> dict:
     """Run one query with `settings.method`; the raw answer file's content."""
     width = check_method(settings.method)
     run = QueryRun(query, tools, engine, server, settings, system_prompt)
-    generation = {"valid_data": False, "final_answer": "", "function": tools.schemas, "query_count": 0,
-                  "total_tokens": 0, "train_messages": [], "chain": [], "query": str(query.get("query", ""))}
+    generation = {
+        "valid_data": False,
+        "final_answer": "",
+        "function": tools.schemas,
+        "query_count": 0,
+        "total_tokens": 0,
+        "train_messages": [],
+        "chain": [],
+        "query": str(query.get("query", "")),
+    }
     if settings.method == "CoT@1":
         leaf = await run.chain()
         win = leaf.terminal
         chain = [n.to_json() for n in leaf.path()]
-        data = {"win": win, "try_count": 1, "trys": [{"chain": chain, "win": win}],
-                "compare_candidates": [chain] if win else [],
-                "forward_args": {"single_chain_max_step": settings.single_chain_max_step, "pass_at": 1, "answer": 1}}
+        data = {
+            "win": win,
+            "try_count": 1,
+            "trys": [{"chain": chain, "win": win}],
+            "compare_candidates": [chain] if win else [],
+            "forward_args": {"single_chain_max_step": settings.single_chain_max_step, "pass_at": 1, "answer": 1},
+        }
         if win:
             generation.update(valid_data=True, final_answer=_finish_args(leaf), train_messages=train_messages(leaf))
     else:
         await run.search(run.root, width)
         answer = run.terminals[0] if run.terminals else None
-        data = {"win": answer is not None,
-                "tree": {"size": run.root.size(), "max_length": run.root.height(), "tree": run.root.to_json(True)},
-                "forward_args": {"single_chain_max_step": settings.single_chain_max_step, "tree_beam_size": width,
-                                 "max_query_count": settings.max_query_count, "answer": 1, "with_filter": False},
-                "compare_candidates": [[n.to_json() for n in t.path()] for t in run.terminals]}
+        data = {
+            "win": answer is not None,
+            "tree": {"size": run.root.size(), "max_length": run.root.height(), "tree": run.root.to_json(True)},
+            "forward_args": {
+                "single_chain_max_step": settings.single_chain_max_step,
+                "tree_beam_size": width,
+                "max_query_count": settings.max_query_count,
+                "answer": 1,
+                "with_filter": False,
+            },
+            "compare_candidates": [[n.to_json() for n in t.path()] for t in run.terminals],
+        }
         generation["finish_type"] = "give_answer"
         # No final answer: upstream reports a random give-up node; we report the first one (reproducible).
         chosen = answer or (run.give_ups[0] if run.give_ups else None)

@@ -37,36 +37,53 @@ class AgentSettings:
     eval/run_agent.py and `mirrorapi benchmark` (mirrorapi/command_line.py), its help the description."""
 
     server: str = Field(description="The /virtual URL, e.g. http://127.0.0.1:8080/virtual.")
-    base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(description=(
-        "OpenAI-compatible base URL(s) of the agent model, e.g. http://127.0.0.1:8000/v1."))
+    base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(
+        description=("OpenAI-compatible base URL(s) of the agent model, e.g. http://127.0.0.1:8000/v1.")
+    )
     model: str = Field(description="The agent's model name on that engine.")
     method: str = Field(default="CoT@1", description=" or ".join(METHODS) + " (DFS_woFilter_w<width>).")
     api_key: str = Field(default="EMPTY", description="API key of the agent engine.")
     temperature: float = Field(default=0.0, ge=0, description="Agent temperature.")
     max_tokens: int = Field(default=1024, ge=1, description="Tokens per agent step.")
-    single_chain_max_step: int = Field(default=12, ge=1, description="Depth budget of a chain / tree path "
-                                       "(StableToolBench: 12).")
-    max_query_count: int = Field(default=200, ge=1,
-                                 description="Model calls per query for DFS (StableToolBench: 200).")
-    max_observation_length: int = Field(default=1024, ge=1, description=(
-        "Observations are cut to this many characters plus '...'."))
-    concurrency: int | None = Field(default=None, ge=1, description=(
-        "Queries in flight (default: 16 on vLLM, 2 on other engines such as transformers serve)."))
+    single_chain_max_step: int = Field(
+        default=12, ge=1, description="Depth budget of a chain / tree path (StableToolBench: 12)."
+    )
+    max_query_count: int = Field(
+        default=200, ge=1, description="Model calls per query for DFS (StableToolBench: 200)."
+    )
+    max_observation_length: int = Field(
+        default=1024, ge=1, description=("Observations are cut to this many characters plus '...'.")
+    )
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description=("Queries in flight (default: 16 on vLLM, 2 on other engines such as transformers serve)."),
+    )
     timeout: float = Field(default=300.0, gt=0, description="Seconds per agent call, retries included.")
     server_timeout: float = Field(default=120.0, gt=0, description="Seconds per /virtual call.")
     prompt_format: Literal[AGENT_FORMATS] = Field(  # type: ignore[valid-type]
-        default=DEFAULT_AGENT_FORMAT, description=(
-        "agent-v1: the functions go to the engine as OpenAI tools and the model answers with tool calls; "
-        "agent-react-v1: a text protocol (Thought / Action / Action Input) for models whose engine cannot pass "
-        "tool calls, e.g. SmolLM2."))
-    system_prompt_file: str | None = Field(default=None, description=(
-        "Use this text as the agent's system prompt ({tools} is replaced by the tool list)."))
-    tool_choice: str | None = Field(default=None, description=(
-        "Sent as the request's tool_choice when given (\"auto\", \"required\")."))
-    react_grammar: bool = Field(default=False, description=(
-        "agent-react-v1 only: send a GBNF grammar of the reply layout (one thought line, one of the query's "
-        "functions, a JSON object) as the request's `grammar`, which llama.cpp's servers enforce, so a model that "
-        "does not keep the layout still acts."))
+        default=DEFAULT_AGENT_FORMAT,
+        description=(
+            "agent-v1: the functions go to the engine as OpenAI tools and the model answers with tool calls; "
+            "agent-react-v1: a text protocol (Thought / Action / Action Input) for models whose engine cannot pass "
+            "tool calls, e.g. SmolLM2."
+        ),
+    )
+    system_prompt_file: str | None = Field(
+        default=None,
+        description=("Use this text as the agent's system prompt ({tools} is replaced by the tool list)."),
+    )
+    tool_choice: str | None = Field(
+        default=None, description=('Sent as the request\'s tool_choice when given ("auto", "required").')
+    )
+    react_grammar: bool = Field(
+        default=False,
+        description=(
+            "agent-react-v1 only: send a GBNF grammar of the reply layout (one thought line, one of the query's "
+            "functions, a JSON object) as the request's `grammar`, which llama.cpp's servers enforce, so a model that "
+            "does not keep the layout still acts."
+        ),
+    )
 
     @field_validator("method")
     @classmethod

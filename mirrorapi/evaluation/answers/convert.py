@@ -50,10 +50,12 @@ def _valid_chain(conversation: list[dict]) -> list[dict]:
         calls = message.get("tool_calls")
         if isinstance(legacy, dict):
             name = legacy.get("name")
-            following = conversation[index] if index < len(conversation) and isinstance(conversation[index], dict) \
-                else {}
-            nodes.append(_tool_node(name, legacy.get("arguments"), following.get("content", "")
-                                    if name != "Finish" else ""))
+            following = (
+                conversation[index] if index < len(conversation) and isinstance(conversation[index], dict) else {}
+            )
+            nodes.append(
+                _tool_node(name, legacy.get("arguments"), following.get("content", "") if name != "Finish" else "")
+            )
             index += 1  # the function message that answered it
         elif isinstance(calls, list) and calls:
             for call in calls:
@@ -64,9 +66,14 @@ def _valid_chain(conversation: list[dict]) -> list[dict]:
                 if name == "Finish":
                     nodes.append(_tool_node(name, function.get("arguments"), ""))
                     break
-                response = next((m.get("content", "") for m in conversation[index:]
-                                 if isinstance(m, dict) and m.get("role") == "tool"
-                                 and m.get("tool_call_id") == call.get("id")), "")
+                response = next(
+                    (
+                        m.get("content", "")
+                        for m in conversation[index:]
+                        if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id") == call.get("id")
+                    ),
+                    "",
+                )
                 nodes.append(_tool_node(name, function.get("arguments"), response))
         else:
             nodes.append(_assistant_node(message.get("content")))
@@ -80,8 +87,9 @@ def _trace_chain(trace: list[dict]) -> list[dict]:
         node = trace[index] if isinstance(trace[index], dict) else {}
         if node.get("node_type") == "Action":
             following = trace[index + 1] if index + 1 < len(trace) and isinstance(trace[index + 1], dict) else {}
-            nodes.append(_tool_node(node.get("description"), following.get("description", ""),
-                                    following.get("observation", "")))
+            nodes.append(
+                _tool_node(node.get("description"), following.get("description", ""), following.get("observation", ""))
+            )
             index += 2
             continue
         if node.get("node_type") == "Thought":
@@ -125,10 +133,16 @@ def convert_answer(data: dict, method: str) -> dict:
         nodes = []
     details, steps = _link(nodes)
     final_answer = generation.get("final_answer")
-    record = {"query": generation.get("query", ""), "available_tools": generation.get("function") or [],
-              "answer": {"method": method, "total_steps": steps,
-                         "final_answer": final_answer if isinstance(final_answer, str) else "",
-                         "answer_details": details}}
+    record = {
+        "query": generation.get("query", ""),
+        "available_tools": generation.get("function") or [],
+        "answer": {
+            "method": method,
+            "total_steps": steps,
+            "final_answer": final_answer if isinstance(final_answer, str) else "",
+            "answer_details": details,
+        },
+    }
     if isinstance(data.get("agent_settings"), dict):
         record["agent"] = data["agent_settings"]
     return record
@@ -149,8 +163,9 @@ def convert_answer_folder(
             converted[path.name.split("_")[0]] = convert_answer(json.loads(path.read_bytes()), method)
         except (OSError, ValueError, ConvertError) as exc:
             logger.warning("%s: not converted (%s)", path, exc)
-    converted = dict(sorted(converted.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit()
-                                                                else 0, kv[0])))
+    converted = dict(
+        sorted(converted.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit() else 0, kv[0]))
+    )
     if output is None:
         return converted
     output = Path(output)

@@ -106,7 +106,7 @@ def load_ids(path: str | os.PathLike) -> dict[str, list[str]]:
         elif isinstance(data, list) and all(isinstance(q, dict) and "query_id" in q for q in data):
             group_ids = [str(q["query_id"]) for q in data]
         else:
-            raise AnswersError(f"{file}: expected {{\"<query_id>\": 0, ...}} or a list of queries with `query_id`")
+            raise AnswersError(f'{file}: expected {{"<query_id>": 0, ...}} or a list of queries with `query_id`')
         ids[file.stem] = list(dict.fromkeys(group_ids))  # order kept, duplicates dropped
     return ids
 
@@ -137,8 +137,9 @@ def load_answers(path: str | os.PathLike) -> dict[str, dict[str, dict]]:
         for file in files:
             data = _read_json(file)
             if not _is_answer_file(data):
-                raise AnswersError(f"{file}: not a converted answer file "
-                                   "({qid: {query, answer: {final_answer, ...}}})")
+                raise AnswersError(
+                    f"{file}: not a converted answer file ({{qid: {{query, answer: {{final_answer, ...}}}}}})"
+                )
             answers.setdefault(model, {})[file.stem] = {str(k): v for k, v in data.items()}
     return answers
 
@@ -162,8 +163,9 @@ def build_items(answers: dict[str, dict[str, dict]], ids: dict[str, list[str]]) 
                 items.append(AnswerItem(model, group, qid, str(record.get("query") or ""), text, status, steps))
             extra = set(records) - set(ids[group])
             if extra:
-                logger.warning("%s/%s: %d answers whose ids are not in the id list are not scored",
-                               model, group, len(extra))
+                logger.warning(
+                    "%s/%s: %d answers whose ids are not in the id list are not scored", model, group, len(extra)
+                )
         for group in sorted(set(answers[model]) - set(ids)):
             logger.warning("%s/%s.json: no id list for group %s; not scored", model, group, group)
     return items

@@ -78,8 +78,18 @@ def load_trajectories(answers: str | Path) -> list[Trajectory]:
                 functions = [t.get("function", t) for t in record.get("available_tools") or [] if isinstance(t, dict)]
                 tools = {str(f.get("name")): f.get("parameters") or {} for f in functions if isinstance(f, dict)}
                 _, final = extract_final_answer(answer.get("final_answer"))
-                out.append(Trajectory(model, group, qid, str(record.get("query") or ""),
-                                      _path(answer.get("answer_details")), tools, final, answer.get("answer_details")))
+                out.append(
+                    Trajectory(
+                        model,
+                        group,
+                        qid,
+                        str(record.get("query") or ""),
+                        _path(answer.get("answer_details")),
+                        tools,
+                        final,
+                        answer.get("answer_details"),
+                    )
+                )
     return out
 
 
@@ -100,8 +110,11 @@ def arguments_object(arguments: Any) -> dict | None:
 
 
 def well_formatted(step: dict) -> bool:
-    return isinstance(step.get("name"), str) and bool(step["name"].strip()) and \
-        arguments_object(step.get("arguments")) is not None
+    return (
+        isinstance(step.get("name"), str)
+        and bool(step["name"].strip())
+        and arguments_object(step.get("arguments")) is not None
+    )
 
 
 def format_alignment(trajectory: Trajectory) -> float:
@@ -159,6 +172,7 @@ async def _rate_all(trajectories: list[Trajectory], judge: JudgeSettings) -> lis
             except EngineError:
                 return None
         return parse_tooleyes_ratings(text)
+
     try:
         return list(await asyncio.gather(*(rate(t) for t in trajectories)))
     finally:
@@ -178,8 +192,15 @@ def score(answers: str | Path, judge: JudgeSettings | None = None) -> ToolEyesRe
     result = ToolEyesResult()
     for t, rating in zip(trajectories, ratings, strict=True):
         result.unrated += judge is not None and rating is None
-        result.rows.append({"model": t.model, "scenario": t.group, "query_id": t.query_id, "ratings": rating,
-                            **capability_scores(t, rating)})
+        result.rows.append(
+            {
+                "model": t.model,
+                "scenario": t.group,
+                "query_id": t.query_id,
+                "ratings": rating,
+                **capability_scores(t, rating),
+            }
+        )
     return result
 
 
@@ -202,20 +223,34 @@ def table(rows: list[dict]) -> dict[str, dict[str, dict[str, float | None]]]:
 
 def report_markdown(result: ToolEyesResult, judge: JudgeSettings | None) -> str:
     """ToolEyes' capability table (its Table 3 layout: one column per capability, overall last), per scenario."""
+
     def cell(value: float | None) -> str:
         return "—" if value is None else f"{value:.2f}"
-    lines = ["# ToolEyes capability scores", "",
-             "| Model | Scenario | n | s_FA | s_IC | s_BP | s_TS | s_AO | Overall | tool reality |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    lines = [
+        "# ToolEyes capability scores",
+        "",
+        "| Model | Scenario | n | s_FA | s_IC | s_BP | s_TS | s_AO | Overall | tool reality |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for model, scenarios in table(result.rows).items():
         for scenario, c in scenarios.items():
-            lines.append(f"| {model} | {scenario} | {c['n']} | " + " | ".join(
-                cell(c[k]) for k in (*CAPABILITIES, "overall", "tool_reality")) + " |")
-    judged = f"judge {judge.model} ({', '.join(judge.base_urls)}), prompt tooleyes-v1" if judge else \
-        "no judge: s_IC, s_BP, s_TS, s_AO and Overall need one (—)"
-    lines += ["", f"Scores in %. s_FA and tool reality by rule; {judged}. Unrated trajectories (judge failures): "
-              f"{result.unrated}. Formulas and differences from ToolEyes: "
-              "mirrorapi/evaluation/benchmarks/tooleyes.py."]
+            lines.append(
+                f"| {model} | {scenario} | {c['n']} | "
+                + " | ".join(cell(c[k]) for k in (*CAPABILITIES, "overall", "tool_reality"))
+                + " |"
+            )
+    judged = (
+        f"judge {judge.model} ({', '.join(judge.base_urls)}), prompt tooleyes-v1"
+        if judge
+        else "no judge: s_IC, s_BP, s_TS, s_AO and Overall need one (—)"
+    )
+    lines += [
+        "",
+        f"Scores in %. s_FA and tool reality by rule; {judged}. Unrated trajectories (judge failures): "
+        f"{result.unrated}. Formulas and differences from ToolEyes: "
+        "mirrorapi/evaluation/benchmarks/tooleyes.py.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -228,16 +263,16 @@ def write_report(result: ToolEyesResult, judge: JudgeSettings | None, out: str |
     return out / "tooleyes.md"
 
 
-
-
 # ------------------------------------------------------------------------------- command line
 def parser(doc: str | None = None):
     import argparse
 
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
-    p.add_argument("--answers", required=True,
-                   help="Converted answers: <model>/<group>.json (eval/run_agent.py --out).")
+    p = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    p.add_argument(
+        "--answers", required=True, help="Converted answers: <model>/<group>.json (eval/run_agent.py --out)."
+    )
     p.add_argument("--out", required=True, type=Path, help="Output folder for tooleyes.md, .json and rows.")
     judge = p.add_argument_group("the judge (without --base-url: the rule-based parts only)")
     # The judge's flags are JudgeSettings' fields; the token cap defaults lower (a ToolEyes verdict: five short lines).

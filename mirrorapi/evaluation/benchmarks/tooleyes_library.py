@@ -40,5 +40,8 @@ def write_tools_folder(tool_library: str | Path, out: str | Path) -> dict[str, i
         path = Path(out) / category / f"{tool}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(functions, ensure_ascii=False) + "\n", encoding="utf-8")
-    return {"categories": len({c for c, _ in tools}), "tools": len(tools),
-            "functions": sum(len(f) for f in tools.values())}
+    return {
+        "categories": len({c for c, _ in tools}),
+        "tools": len(tools),
+        "functions": sum(len(f) for f in tools.values()),
+    }

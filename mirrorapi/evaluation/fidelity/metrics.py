@@ -122,8 +122,10 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
         "n": n,
         "bleu4": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
         "rouge_l": round(100.0 * statistics.fmean(r[f"{side}_rouge_l"] for r in rows), 2),
-        "valid_json": pct(sum(r[f"{side}_json"] for r in json_rows), len(json_rows)), "valid_json_n": len(json_rows),
-        "error_agreement": pct(errors["both"] + errors["neither"], n), "errors": errors,
+        "valid_json": pct(sum(r[f"{side}_json"] for r in json_rows), len(json_rows)),
+        "valid_json_n": len(json_rows),
+        "error_agreement": pct(errors["both"] + errors["neither"], n),
+        "errors": errors,
         "error_precision": pct(errors["both"], errors["both"] + errors[f"{side}_only"]),
         "error_precision_n": errors["both"] + errors[f"{side}_only"],
         "error_recall": pct(errors["both"], errors["both"] + errors["real_only"]),
@@ -161,9 +163,14 @@ class Embedder:
         vectors: list = [None] * len(texts)
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
-                indices = order[start:start + self.batch_size]
-                batch = self.tokenizer([texts[i] or " " for i in indices], padding=True, truncation=True,
-                                       max_length=self.max_length, return_tensors="pt")
+                indices = order[start : start + self.batch_size]
+                batch = self.tokenizer(
+                    [texts[i] or " " for i in indices],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                )
                 hidden = self.model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0), dim=-1)
@@ -190,8 +197,13 @@ def answered_from_cache(answer: dict) -> bool:
     return answer.get("outcome") == "hit" and not str(answer.get("provenance") or "").startswith("simulated:")
 
 
-def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict], dict | None] | None = None,
-            registry: ToolRegistry | None = None, embedder: Embedder | None = None) -> list[dict]:
+def compare(
+    pairs: list[dict],
+    simulated: list[dict],
+    baseline: Callable[[dict], dict | None] | None = None,
+    registry: ToolRegistry | None = None,
+    embedder: Embedder | None = None,
+) -> list[dict]:
     """One row per call: the three observations and what each side scores on it."""
     from rouge_score import rouge_scorer
 
@@ -203,16 +215,26 @@ def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict],
         if api_id(pair) not in schemas:  # checking a schema is costly: once per API
             schemas[api_id(pair)] = response_schema(find_doc(registry, pair))
         schema = schemas[api_id(pair)] if not real_error else None
-        row = {key: pair[key] for key in ("source", "episode", "step", "category", "tool_name", "api_name",
-                                          "tool_input")}
-        row.update(api="/".join(api_id(pair)), real=real, real_text=payload_text(real), real_error=real_error,
-                   real_json=not real_error and json_structure(real["response"]) is not None,
-                   schema_real=conforms(schema, real["response"]) if schema else None,
-                   request_failed=bool(sim.get("failed")), outcome=sim.get("outcome"),
-                   provenance=sim.get("provenance"), from_cache=answered_from_cache(sim),
-                   simulated_extra={k: v for k, v in sim.items() if k not in ("error", "response", *ANSWER_FACTS)})
-        observations = {"simulated": {"error": sim["error"], "response": sim["response"]},
-                        "baseline": baseline(pair) if baseline else None}
+        row = {
+            key: pair[key] for key in ("source", "episode", "step", "category", "tool_name", "api_name", "tool_input")
+        }
+        row.update(
+            api="/".join(api_id(pair)),
+            real=real,
+            real_text=payload_text(real),
+            real_error=real_error,
+            real_json=not real_error and json_structure(real["response"]) is not None,
+            schema_real=conforms(schema, real["response"]) if schema else None,
+            request_failed=bool(sim.get("failed")),
+            outcome=sim.get("outcome"),
+            provenance=sim.get("provenance"),
+            from_cache=answered_from_cache(sim),
+            simulated_extra={k: v for k, v in sim.items() if k not in ("error", "response", *ANSWER_FACTS)},
+        )
+        observations = {
+            "simulated": {"error": sim["error"], "response": sim["response"]},
+            "baseline": baseline(pair) if baseline else None,
+        }
         for side, obs in observations.items():
             if side == "baseline" and baseline is None:
                 continue
@@ -220,12 +242,18 @@ def compare(pairs: list[dict], simulated: list[dict], baseline: Callable[[dict],
             row[f"{side}_text"] = payload_text(obs)
             # rouge-score gives 0 to two texts without a word (`""`, `[]`); the same text is a full match. A missing
             # baseline (no training call of this API) is wrong on every check: its "" is no match for an empty answer.
-            row[f"{side}_rouge_l"] = (0.0 if obs is None else 1.0 if row[f"{side}_text"] == row["real_text"] else
-                                      scorer.score(row["real_text"], row[f"{side}_text"])["rougeL"].fmeasure)
+            row[f"{side}_rouge_l"] = (
+                0.0
+                if obs is None
+                else 1.0
+                if row[f"{side}_text"] == row["real_text"]
+                else scorer.score(row["real_text"], row[f"{side}_text"])["rougeL"].fmeasure
+            )
             row[f"{side}_error"] = is_error(obs) if obs is not None else not real_error
             row[f"{side}_json"] = obs is not None and json_structure(obs["response"]) is not None
-            row[f"schema_{side}"] = (None if not schema else
-                                     obs is not None and not is_error(obs) and conforms(schema, obs["response"]))
+            row[f"schema_{side}"] = (
+                None if not schema else obs is not None and not is_error(obs) and conforms(schema, obs["response"])
+            )
         rows.append(row)
     if embedder is not None and rows:
         for side in SIDES:
@@ -244,12 +272,19 @@ def build_report(rows: list[dict], server: str, baseline: bool, include_cache_hi
     scored = rows if include_cache_hits else [r for r in rows if not r["from_cache"]]
 
     def block(subset: list[dict]) -> dict:
-        return {"n": len(subset), "request_failures": sum(r["request_failed"] for r in subset),
-                "simulator_failures": sum(transport_failure(r["simulated"]["error"], "") == "simulator_failure"
-                                          for r in subset),
-                "baseline_coverage": (round(100.0 * sum(r["baseline"] is not None for r in subset) / len(subset), 2)
-                                      if baseline and subset else None),
-                **{side: slice_metrics(subset, side) for side in SIDES if side == "simulated" or baseline}}
+        return {
+            "n": len(subset),
+            "request_failures": sum(r["request_failed"] for r in subset),
+            "simulator_failures": sum(
+                transport_failure(r["simulated"]["error"], "") == "simulator_failure" for r in subset
+            ),
+            "baseline_coverage": (
+                round(100.0 * sum(r["baseline"] is not None for r in subset) / len(subset), 2)
+                if baseline and subset
+                else None
+            ),
+            **{side: slice_metrics(subset, side) for side in SIDES if side == "simulated" or baseline},
+        }
 
     by_source, by_api = defaultdict(list), defaultdict(list)
     for row in scored:
@@ -261,10 +296,19 @@ def build_report(rows: list[dict], server: str, baseline: bool, include_cache_hi
     outcomes: dict[str, int] = defaultdict(int)
     for row in rows:
         outcomes[row["outcome"] or "not said"] += 1
-    return {"server": server, "calls": len(rows), "scored": len(scored), "baseline": baseline,
-            "cache_hits": {"n": len(hits), "scored": include_cache_hits,
-                           "per_source": dict(sorted(hits_by_source.items()))},
-            "outcomes": dict(sorted(outcomes.items())),
-            "embedding": any("simulated_cosine" in r for r in rows[:1]),
-            "overall": block(scored), "per_source": {s: block(r) for s, r in sorted(by_source.items())},
-            "per_api": {a: block(r) for a, r in sorted(by_api.items())}}
+    return {
+        "server": server,
+        "calls": len(rows),
+        "scored": len(scored),
+        "baseline": baseline,
+        "cache_hits": {
+            "n": len(hits),
+            "scored": include_cache_hits,
+            "per_source": dict(sorted(hits_by_source.items())),
+        },
+        "outcomes": dict(sorted(outcomes.items())),
+        "embedding": any("simulated_cosine" in r for r in rows[:1]),
+        "overall": block(scored),
+        "per_source": {s: block(r) for s, r in sorted(by_source.items())},
+        "per_api": {a: block(r) for a, r in sorted(by_api.items())},
+    }

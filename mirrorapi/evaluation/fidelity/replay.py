@@ -94,15 +94,21 @@ def virtual_url(server: str) -> str:
 
 def request_body(pair: dict) -> dict:
     """What StableToolBench's agents post (notes §6): arguments as a raw JSON string."""
-    return {"category": pair["category"], "tool_name": pair["tool_name"], "api_name": pair["api_name"],
-            "tool_input": json.dumps(pair["tool_input"], ensure_ascii=False), "strip": "truncate",
-            "toolbench_key": ""}
+    return {
+        "category": pair["category"],
+        "tool_name": pair["tool_name"],
+        "api_name": pair["api_name"],
+        "tool_input": json.dumps(pair["tool_input"], ensure_ascii=False),
+        "strip": "truncate",
+        "toolbench_key": "",
+    }
 
 
 async def _post(client: aiohttp.ClientSession, url: str, pair: dict, session: str | None = None) -> dict:
     try:
-        async with client.post(url, json=request_body(pair),
-                               headers={"X-Session-Id": session} if session else None) as answer:
+        async with client.post(
+            url, json=request_body(pair), headers={"X-Session-Id": session} if session else None
+        ) as answer:
             status, text = answer.status, await answer.text()
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         return {"error": f"request failed: {type(exc).__name__}: {exc}", "response": "", "failed": True}
@@ -115,13 +121,23 @@ async def _post(client: aiohttp.ClientSession, url: str, pair: dict, session: st
     error = body.get("error")
     # How the server answered (its headers; absent from a server that does not say: then None).
     provenance = answer.headers.get(PROVENANCE_HEADER)
-    return {**body, "error": error if isinstance(error, str) else json.dumps(error),
-            "response": body.get("response", ""), "outcome": answer.headers.get(OUTCOME_HEADER),
-            "provenance": urllib.parse.unquote(provenance) if provenance is not None else None}
+    return {
+        **body,
+        "error": error if isinstance(error, str) else json.dumps(error),
+        "response": body.get("response", ""),
+        "outcome": answer.headers.get(OUTCOME_HEADER),
+        "provenance": urllib.parse.unquote(provenance) if provenance is not None else None,
+    }
 
 
-async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: float = 120.0,
-                 progress: bool = True, sessions: str | None = None) -> tuple[list[dict], int | None]:
+async def replay(
+    pairs: list[dict],
+    server: str,
+    concurrency: int = 8,
+    timeout: float = 120.0,
+    progress: bool = True,
+    sessions: str | None = None,
+) -> tuple[list[dict], int | None]:
     """The server's observation for every pair (same order); episodes in step order, several at once.
     With `sessions` (a prefix), each episode is one session: `X-Session-Id: <prefix><source>/<episode>`.
 
@@ -140,12 +156,15 @@ async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: 
             async with client.get(url[: -len("/virtual")] + "/health") as health:  # any HTTP answer will do
                 cache_entries = _cache_entries(await health.read())
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise FidelityError(f"the virtual server at {server} does not answer ({type(exc).__name__}); "
-                                "start it or fix --server") from exc
+            raise FidelityError(
+                f"the virtual server at {server} does not answer ({type(exc).__name__}); start it or fix --server"
+            ) from exc
         if cache_entries:
-            logger.warning("the server's cache already holds %d entries: calls it has seen are answered from the "
-                           "cache, not simulated (start it with a fresh cache to measure the simulator)",
-                           cache_entries)
+            logger.warning(
+                "the server's cache already holds %d entries: calls it has seen are answered from the "
+                "cache, not simulated (start it with a fresh cache to measure the simulator)",
+                cache_entries,
+            )
 
         async def run_episode(indices: list[int]) -> None:
             async with semaphore:
@@ -154,6 +173,7 @@ async def replay(pairs: list[dict], server: str, concurrency: int = 8, timeout: 
                     session = f"{sessions}{pair['source']}/{pair['episode']}" if sessions is not None else None
                     results[index] = await _post(client, url, pair, session)
                     bar.update()
+
         try:
             await asyncio.gather(*(run_episode(indices) for indices in episodes.values()))
         finally:
@@ -167,8 +187,6 @@ def _cache_entries(health: bytes) -> int | None:
     except (ValueError, KeyError, TypeError):
         return None
     return entries if isinstance(entries, int) else None
-
-
 
 
 def run_fidelity(settings: FidelitySettings, progress: bool = True) -> dict:
@@ -207,8 +225,9 @@ def run_fidelity(settings: FidelitySettings, progress: bool = True) -> dict:
     session_prefix = f"fidelity-{os.getpid()}-{time.time():.0f}:"  # new sessions on every run
     for name in {"off": ("without",), "on": ("with",), "both": ("without", "with")}[history]:
         sessions = session_prefix if name == "with" else None
-        simulated, entries = asyncio.run(replay(held_out, server, settings.concurrency, settings.timeout, progress,
-                                                sessions))
+        simulated, entries = asyncio.run(
+            replay(held_out, server, settings.concurrency, settings.timeout, progress, sessions)
+        )
         cache_entries = entries if cache_entries is None else cache_entries
         passes[name] = (simulated, compare(held_out, simulated, baseline, registry, embedder))
     # The same calls are left out of every pass: those either pass got from the cache (a recorded answer is served

@@ -8,10 +8,16 @@ from pathlib import Path
 
 from mirrorapi.versions import package_versions
 
-METRIC_TITLES = {"bleu4": "BLEU-4", "rouge_l": "ROUGE-L", "valid_json": "valid JSON",
-                 "error_agreement": "error agreement", "error_precision": "error precision",
-                 "error_recall": "error recall", "schema_conformance": "schema conformance",
-                 "embedding_cosine": "embedding cosine"}
+METRIC_TITLES = {
+    "bleu4": "BLEU-4",
+    "rouge_l": "ROUGE-L",
+    "valid_json": "valid JSON",
+    "error_agreement": "error agreement",
+    "error_precision": "error precision",
+    "error_recall": "error recall",
+    "schema_conformance": "schema conformance",
+    "embedding_cosine": "embedding cosine",
+}
 SIDE_TITLES = {"simulated": "simulator", "baseline": "nearest example"}
 
 DEFINITIONS = """\
@@ -51,43 +57,62 @@ def _metric_cells(metrics: dict) -> list[str]:
 def render_markdown(report: dict) -> str:
     sides = [s for s in SIDE_TITLES if s == "simulated" or report["baseline"]]
     overall = report["overall"]
-    lines = ["# Simulator fidelity", "",
-             f"Server `{report['server']}`: {report['calls']} held-out real calls replayed in episode order. "
-             f"{overall['simulator_failures']} answer(s) were the server's simulator failure (`Failed to generate "
-             f"fake response`: the model's output was not an observation) and {overall['request_failures']} "
-             "request(s) failed; both are scored as the error observations they are."]
+    lines = [
+        "# Simulator fidelity",
+        "",
+        f"Server `{report['server']}`: {report['calls']} held-out real calls replayed in episode order. "
+        f"{overall['simulator_failures']} answer(s) were the server's simulator failure (`Failed to generate "
+        f"fake response`: the model's output was not an observation) and {overall['request_failures']} "
+        "request(s) failed; both are scored as the error observations they are.",
+    ]
     if report.get("cache_entries_at_start"):
-        lines.append(f"**Warning:** the server's cache held {report['cache_entries_at_start']} entries before the "
-                     "replay; calls it had seen were answered from the cache, not simulated.")
+        lines.append(
+            f"**Warning:** the server's cache held {report['cache_entries_at_start']} entries before the "
+            "replay; calls it had seen were answered from the cache, not simulated."
+        )
     hits = report["cache_hits"]
     outcomes = ", ".join(f"{name} {n}" for name, n in report["outcomes"].items())
     where = ", ".join(f"{source} {n}" for source, n in hits["per_source"].items())
-    lines.append(f"How the server answered the {report['calls']} calls: {outcomes}. **{hits['n']} answered from the "
-                 "cache** (a recorded answer of the same call" + (f": {where}" if where else "") + "): "
-                 + ("scored with the rest (`--include-cache-hits`)." if hits["scored"] else
-                    f"left out; the figures below are over the other {report['scored']} calls."))
+    lines.append(
+        f"How the server answered the {report['calls']} calls: {outcomes}. **{hits['n']} answered from the "
+        "cache** (a recorded answer of the same call"
+        + (f": {where}" if where else "")
+        + "): "
+        + (
+            "scored with the rest (`--include-cache-hits`)."
+            if hits["scored"]
+            else f"left out; the figures below are over the other {report['scored']} calls."
+        )
+    )
     if report["baseline"]:
-        lines.append(f"Baseline: nearest example; {_num(overall['baseline_coverage'])}% of calls have a training "
-                     "call of the same API.")
+        lines.append(
+            f"Baseline: nearest example; {_num(overall['baseline_coverage'])}% of calls have a training "
+            "call of the same API."
+        )
     header = "| " + " | ".join(METRIC_TITLES.values()) + " |"
     lines += ["", "## Overall", "", "| | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 2)]
     for side in sides:
         lines.append(f"| {SIDE_TITLES[side]} | {overall['n']} | " + " | ".join(_metric_cells(overall[side])) + " |")
     real_schema = overall["simulated"].get("schema_conformance_real")
     if real_schema is not None:
-        lines.append(f"| real responses | {overall['simulated']['schema_n']} | – | – | – | – | – | – "
-                     f"| {_num(real_schema)} | – |")
+        lines.append(
+            f"| real responses | {overall['simulated']['schema_n']} | – | – | – | – | – | – "
+            f"| {_num(real_schema)} | – |"
+        )
     if overall["n"]:
-        lines += ["", "Error precision over the calls each side answered with an error, recall over the "
-                  f"{overall['simulated']['error_recall_n']} calls whose real answer was an error: "
-                  + "; ".join(f"{SIDE_TITLES[side]} {overall[side]['error_precision_n']} errors answered"
-                              for side in sides)
-                  + "."]
+        lines += [
+            "",
+            "Error precision over the calls each side answered with an error, recall over the "
+            f"{overall['simulated']['error_recall_n']} calls whose real answer was an error: "
+            + "; ".join(f"{SIDE_TITLES[side]} {overall[side]['error_precision_n']} errors answered" for side in sides)
+            + ".",
+        ]
     lines += ["", "## Per source", "", "| source | side | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 3)]
     for source, block in report["per_source"].items():
         for side in sides:
-            lines.append(f"| {source} | {SIDE_TITLES[side]} | {block['n']} | "
-                         + " | ".join(_metric_cells(block[side])) + " |")
+            lines.append(
+                f"| {source} | {SIDE_TITLES[side]} | {block['n']} | " + " | ".join(_metric_cells(block[side])) + " |"
+            )
     cell_title = "simulator / nearest example" if report["baseline"] else "simulator"
     lines += ["", f"## Per API ({cell_title})", "", "| API | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 2)]
     for api, block in report["per_api"].items():
@@ -115,8 +140,7 @@ def figure(report: dict):
     panels = [("overall", report["overall"]), *report["per_source"].items()]
     sides = [s for s in SIDE_TITLES if s == "simulated" or report["baseline"]]
     keys = [k for k in METRIC_TITLES if any(block[s].get(k) is not None for _, block in panels for s in sides)]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 1.3 * len(keys) + 2), 2.8 * len(panels)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 1.3 * len(keys) + 2), 2.8 * len(panels)), squeeze=False)
     width = 0.8 / len(sides)
     for ax, (name, block) in zip(axes[:, 0], panels, strict=True):
         for i, side in enumerate(sides):
@@ -139,10 +163,15 @@ def figure(report: dict):
 def write_report(out: Path, report: dict, rows: list[dict]) -> dict[str, Path]:
     """Write the four report files into `out`; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"md": out / "fidelity.md", "json": out / "fidelity.json", "png": out / "fidelity.png",
-             "calls": out / "calls.jsonl"}
-    paths["json"].write_text(json.dumps({**report, "versions": package_versions()}, ensure_ascii=False, indent=2)
-                             + "\n", encoding="utf-8")
+    paths = {
+        "md": out / "fidelity.md",
+        "json": out / "fidelity.json",
+        "png": out / "fidelity.png",
+        "calls": out / "calls.jsonl",
+    }
+    paths["json"].write_text(
+        json.dumps({**report, "versions": package_versions()}, ensure_ascii=False, indent=2) + "\n", encoding="utf-8"
+    )
     paths["md"].write_text(render_markdown(report), encoding="utf-8")
     with open(paths["calls"], "w", encoding="utf-8") as fh:
         for row in rows:

@@ -32,14 +32,21 @@ from mirrorapi.tools import ToolRegistry
 
 STEP_BUCKETS = ("0", "1", "2", "3+")
 # The columns of the history tables (those of the fidelity tables a session can change).
-HISTORY_METRICS = {"rouge_l": "ROUGE-L", "bleu4": "BLEU-4", "error_agreement": "error agreement",
-                   "error_precision": "error precision", "error_recall": "error recall", "valid_json": "valid JSON"}
+HISTORY_METRICS = {
+    "rouge_l": "ROUGE-L",
+    "bleu4": "BLEU-4",
+    "error_agreement": "error agreement",
+    "error_precision": "error precision",
+    "error_recall": "error recall",
+    "valid_json": "valid JSON",
+}
 _COMMON = {"success", "true", "false", "null", "none", "error", "failed", "str", "int", "float", "list"}
 _TOKEN = re.compile(r"[A-Za-z0-9][\w@.:/-]{3,}")
 
 
-def heldout_episodes(pairs: list[dict], registry: ToolRegistry, max_episodes: int | None = None,
-                     history: int = 0) -> list[dict]:
+def heldout_episodes(
+    pairs: list[dict], registry: ToolRegistry, max_episodes: int | None = None, history: int = 0
+) -> list[dict]:
     """The pairs of the episodes `data/build_simulator_sft.py --history <history>` (default fractions
     and seed; the split depends on `--history`, through deduplication) holds out as test_id /
     test_ood, whole episodes; at most `max_episodes` of them (`some_episodes`)."""
@@ -94,6 +101,7 @@ def values(obj: Any) -> set[str]:
                 found.update(t for t in _TOKEN.findall(text) if any(c.isdigit() for c in t))
             elif len(text) >= 3 and text.lower() not in _COMMON:
                 found.add(text)
+
     walk(obj)
     return found
 
@@ -123,8 +131,12 @@ def consistency(pairs: list[dict], observations: list[dict], scored: list[bool] 
             requests |= values(pair["tool_input"])
             real_answers |= real_now
             side_answers |= side_now
-    return {"score": round(100.0 * repeated / carried, 2) if carried else None, "steps": steps,
-            "values_carried": carried, "values_repeated": repeated}
+    return {
+        "score": round(100.0 * repeated / carried, 2) if carried else None,
+        "steps": steps,
+        "values_carried": carried,
+        "values_repeated": repeated,
+    }
 
 
 def step_bucket(step: int) -> str:
@@ -138,19 +150,27 @@ def per_step(rows: list[dict]) -> dict:
     return {bucket: slice_metrics(by_bucket[bucket], "simulated") for bucket in STEP_BUCKETS if by_bucket[bucket]}
 
 
-def history_report(pairs: list[dict], passes: dict[str, tuple[list[dict], list[dict]]],
-                   include_cache_hits: bool = False) -> dict:
+def history_report(
+    pairs: list[dict], passes: dict[str, tuple[list[dict], list[dict]]], include_cache_hits: bool = False
+) -> dict:
     """`passes`: name ("without", "with") -> (observations, compared rows) of one replay. The calls the server
     answered from its cache (rows' `from_cache`, the same in every pass) are left out, as in the main figures,
     unless `include_cache_hits`."""
     first_rows = next(iter(passes.values()))[1]
     kept = [include_cache_hits or not row["from_cache"] for row in first_rows]
-    report: dict = {"episodes": len({(p["source"], p["episode"]) for p in pairs}), "calls": len(pairs),
-                    "cache_hits": sum(row["from_cache"] for row in first_rows), "scored": sum(kept)}
+    report: dict = {
+        "episodes": len({(p["source"], p["episode"]) for p in pairs}),
+        "calls": len(pairs),
+        "cache_hits": sum(row["from_cache"] for row in first_rows),
+        "scored": sum(kept),
+    }
     for name, (observations, rows) in passes.items():
         scored = [row for row, keep in zip(rows, kept, strict=True) if keep]
-        report[name] = {"overall": slice_metrics(scored, "simulated"), "per_step": per_step(scored),
-                        "consistency": consistency(pairs, observations, kept)}
+        report[name] = {
+            "overall": slice_metrics(scored, "simulated"),
+            "per_step": per_step(scored),
+            "consistency": consistency(pairs, observations, kept),
+        }
     return report
 
 
@@ -159,26 +179,43 @@ def _cell(value) -> str:
 
 
 def render_history_markdown(report: dict) -> str:
-    lines = ["", "## With and without session history", "",
-             f"{report['episodes']} held-out episodes ({report['calls']} calls) replayed twice: each call alone, "
-             f"then one session per episode (`X-Session-Id`); {report['cache_hits']} of the calls were answered from "
-             "the cache in both passes" + (" (scored too)" if report["cache_hits"] and report["scored"] ==
-                                           report["calls"] else "") + ".", "",
-             "| replay | step | calls | " + " | ".join(HISTORY_METRICS.values()) + " |",
-             "|---|---|---|" + "---|" * len(HISTORY_METRICS)]
+    lines = [
+        "",
+        "## With and without session history",
+        "",
+        f"{report['episodes']} held-out episodes ({report['calls']} calls) replayed twice: each call alone, "
+        f"then one session per episode (`X-Session-Id`); {report['cache_hits']} of the calls were answered from "
+        "the cache in both passes"
+        + (" (scored too)" if report["cache_hits"] and report["scored"] == report["calls"] else "")
+        + ".",
+        "",
+        "| replay | step | calls | " + " | ".join(HISTORY_METRICS.values()) + " |",
+        "|---|---|---|" + "---|" * len(HISTORY_METRICS),
+    ]
     for name in ("without", "with"):
         if name not in report:
             continue
         for bucket, metrics in [("all", report[name]["overall"])] + list(report[name]["per_step"].items()):
-            lines.append(f"| {name} history | {bucket} | {metrics['n']} | "
-                         + " | ".join(_cell(metrics.get(key)) for key in HISTORY_METRICS) + " |")
-    lines += ["", "| replay | consistency | steps that carry values | values carried | values repeated |",
-              "|---|---|---|---|---|"]
+            lines.append(
+                f"| {name} history | {bucket} | {metrics['n']} | "
+                + " | ".join(_cell(metrics.get(key)) for key in HISTORY_METRICS)
+                + " |"
+            )
+    lines += [
+        "",
+        "| replay | consistency | steps that carry values | values carried | values repeated |",
+        "|---|---|---|---|---|",
+    ]
     for name in ("without", "with"):
         if name in report:
             c = report[name]["consistency"]
-            lines.append(f"| {name} history | {_cell(c['score'])} | {c['steps']} | {c['values_carried']} | "
-                         f"{c['values_repeated']} |")
-    lines += ["", "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, "
-              "the share the simulated answer repeats (`mirrorapi.evaluation.fidelity.session_history`)."]
+            lines.append(
+                f"| {name} history | {_cell(c['score'])} | {c['steps']} | {c['values_carried']} | "
+                f"{c['values_repeated']} |"
+            )
+    lines += [
+        "",
+        "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, "
+        "the share the simulated answer repeats (`mirrorapi.evaluation.fidelity.session_history`).",
+    ]
     return "\n".join(lines) + "\n"

@@ -39,6 +39,7 @@ UNPARSEABLE = "unparseable"
 def load_labelled(paths: list[str | Path], limit: int | None = None) -> list[dict]:
     """Records of the judge schema; `limit` keeps the first N of each source. A bad line is an error here
     (the SFT builder skips them instead): agreement over silently thinned data would mislead."""
+
     def bad(reason: str) -> None:
         raise AnswersError(f"labelled answers: {reason} (the judge schema: {', '.join(JUDGE_KEYS)})")
 
@@ -79,25 +80,32 @@ def agreement_stats(rows: list[dict]) -> dict:
     confusion = {label: {p: 0 for p in (*LABELS, UNPARSEABLE)} for label in LABELS}
     for r in rows:
         confusion[r["label"]][r["prediction"]] += 1
-    return {"n": len(rows), **_accuracy_and_kappa(scored),
-            "unparseable": sum(r["prediction"] == UNPARSEABLE for r in rows),
-            "labelled_solved": sum(r["label"] == "Solved" for r in rows),
-            "predicted_solved": sum(r["prediction"] == "Solved" for r in rows), "confusion": confusion,
-            "solved_to_all": _accuracy_and_kappa([(label, "Solved") for label, _ in scored])}
+    return {
+        "n": len(rows),
+        **_accuracy_and_kappa(scored),
+        "unparseable": sum(r["prediction"] == UNPARSEABLE for r in rows),
+        "labelled_solved": sum(r["label"] == "Solved" for r in rows),
+        "predicted_solved": sum(r["prediction"] == "Solved" for r in rows),
+        "confusion": confusion,
+        "solved_to_all": _accuracy_and_kappa([(label, "Solved") for label, _ in scored]),
+    }
 
 
 def _accuracy_and_kappa(scored: list[tuple[str, str]]) -> dict:
     kappa = cohen_kappa(scored)
-    return {"accuracy": round(sum(a == b for a, b in scored) / len(scored), 4) if scored else None,
-            "kappa": None if kappa is None else round(kappa, 4)}
+    return {
+        "accuracy": round(sum(a == b for a, b in scored) / len(scored), 4) if scored else None,
+        "kappa": None if kappa is None else round(kappa, 4),
+    }
 
 
 def _prediction_key(record: dict) -> tuple:
     return (record["judge"], record["prompt_format"], record["source"], str(record["id"]))
 
 
-async def predict(records: list[dict], settings: JudgeSettings, out: Path, fmt: str = DEFAULT_JUDGE_FORMAT,
-                  progress: bool = True) -> tuple[list[dict], list[str]]:
+async def predict(
+    records: list[dict], settings: JudgeSettings, out: Path, fmt: str = DEFAULT_JUDGE_FORMAT, progress: bool = True
+) -> tuple[list[dict], list[str]]:
     """One prediction per labelled record (judged, or taken from an earlier run in `out`)."""
     out.mkdir(parents=True, exist_ok=True)
     store = JsonlStore(out / "predictions.jsonl", _prediction_key)
@@ -108,8 +116,14 @@ async def predict(records: list[dict], settings: JudgeSettings, out: Path, fmt: 
         if key in done:
             continue
         status, answer = extract_final_answer(record["final_answer"])
-        base = {"judge": settings.model, "prompt_format": fmt, "source": record["source"], "id": str(record["id"]),
-                "label_kind": record.get("label_kind", ""), "label": record["label"]}
+        base = {
+            "judge": settings.model,
+            "prompt_format": fmt,
+            "source": record["source"],
+            "id": str(record["id"]),
+            "label_kind": record.get("label_kind", ""),
+            "label": record["label"],
+        }
         if status != "answer":
             done[key] = {**base, "prediction": "Unsolved", "judged": False, "reason": f"{status} answer", "raw": ""}
             store.append(done[key])
@@ -119,8 +133,13 @@ async def predict(records: list[dict], settings: JudgeSettings, out: Path, fmt: 
 
     def handle(call: JudgeCall, raw: str) -> None:
         verdict, reason = parse_verdict(raw, JUDGE_VERDICTS[fmt])
-        done[call.key] = {**call.payload, "prediction": verdict or UNPARSEABLE, "judged": True, "reason": reason,
-                          "raw": raw}
+        done[call.key] = {
+            **call.payload,
+            "prediction": verdict or UNPARSEABLE,
+            "judged": True,
+            "reason": reason,
+            "raw": raw,
+        }
         store.append(done[call.key])
 
     failures = await judge_all(calls, handle, settings, "judge agreement", progress)
@@ -135,9 +154,14 @@ def agreement_report(rows: list[dict], judge: str, fmt: str, pending: int) -> di
     for row in rows:
         by_source.setdefault(row["source"], []).append(row)
         by_kind.setdefault(f"{row['source']} / {row['label_kind']}", []).append(row)
-    return {"judge": judge, "prompt_format": fmt, "pending": pending, "overall": agreement_stats(rows),
-            "per_source": {s: agreement_stats(r) for s, r in sorted(by_source.items())},
-            "per_label_kind": {k: agreement_stats(r) for k, r in sorted(by_kind.items())}}
+    return {
+        "judge": judge,
+        "prompt_format": fmt,
+        "pending": pending,
+        "overall": agreement_stats(rows),
+        "per_source": {s: agreement_stats(r) for s, r in sorted(by_source.items())},
+        "per_label_kind": {k: agreement_stats(r) for k, r in sorted(by_kind.items())},
+    }
 
 
 def _fmt(value: float | None) -> str:
@@ -145,32 +169,50 @@ def _fmt(value: float | None) -> str:
 
 
 def render_markdown(report: dict) -> str:
-    lines = ["# Judge agreement", "", f"Judge `{report['judge']}`, prompt `{report['prompt_format']}`. "
-             "Unparseable outputs count as Unsolved in accuracy and kappa (kappa is n/a when chance "
-             "agreement is 1).", ""]
+    lines = [
+        "# Judge agreement",
+        "",
+        f"Judge `{report['judge']}`, prompt `{report['prompt_format']}`. "
+        "Unparseable outputs count as Unsolved in accuracy and kappa (kappa is n/a when chance "
+        "agreement is 1).",
+        "",
+    ]
     if report["pending"]:
         lines += [f"**Incomplete:** {report['pending']} judge call(s) failed and are left out; rerun to retry.", ""]
-    lines += ["Beside each slice, a judge that says Solved to every answer (its accuracy is the share of Solved "
-              "labels, its kappa 0): the judge is worth its verdicts where it beats that.", "",
-              "| Slice | n | accuracy | Cohen's kappa | Solved-to-all accuracy | Solved-to-all kappa "
-              "| labelled Solved | predicted Solved | unparseable |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "Beside each slice, a judge that says Solved to every answer (its accuracy is the share of Solved "
+        "labels, its kappa 0): the judge is worth its verdicts where it beats that.",
+        "",
+        "| Slice | n | accuracy | Cohen's kappa | Solved-to-all accuracy | Solved-to-all kappa "
+        "| labelled Solved | predicted Solved | unparseable |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     slices = [("overall", report["overall"]), *report["per_source"].items(), *report["per_label_kind"].items()]
     for name, s in slices:
         constant = s["solved_to_all"]
-        lines.append(f"| {name} | {s['n']} | {_fmt(s['accuracy'])} | {_fmt(s['kappa'])} "
-                     f"| {_fmt(constant['accuracy'])} | {_fmt(constant['kappa'])} | {s['labelled_solved']} "
-                     f"| {s['predicted_solved']} | {s['unparseable']} |")
+        lines.append(
+            f"| {name} | {s['n']} | {_fmt(s['accuracy'])} | {_fmt(s['kappa'])} "
+            f"| {_fmt(constant['accuracy'])} | {_fmt(constant['kappa'])} | {s['labelled_solved']} "
+            f"| {s['predicted_solved']} | {s['unparseable']} |"
+        )
     lines += ["", "## Confusion matrices (rows: label, columns: judge)", ""]
     for name, s in [("overall", report["overall"]), *report["per_source"].items()]:
         lines += [f"**{name}**", "", "| label \\ judge | Solved | Unsolved | unparseable |", "|---|---|---|---|"]
-        lines += [f"| {label} | " + " | ".join(str(v) for v in s["confusion"][label].values()) + " |"
-                  for label in LABELS]
+        lines += [
+            f"| {label} | " + " | ".join(str(v) for v in s["confusion"][label].values()) + " |" for label in LABELS
+        ]
         lines.append("")
     return "\n".join(lines)
 
 
-def run_agreement(labelled: list[str | Path], settings: JudgeSettings, out: str | Path, limit: int | None = None,
-                  fmt: str = DEFAULT_JUDGE_FORMAT, progress: bool = True) -> tuple[dict, list[str]]:
+def run_agreement(
+    labelled: list[str | Path],
+    settings: JudgeSettings,
+    out: str | Path,
+    limit: int | None = None,
+    fmt: str = DEFAULT_JUDGE_FORMAT,
+    progress: bool = True,
+) -> tuple[dict, list[str]]:
     """Judge the labelled answers and write `agreement.md` / `agreement.json` into `out`."""
     if fmt not in JUDGE_VERDICTS or JUDGE_VERDICTS[fmt] != LABELS:
         raise JudgeRunError(f"judge agreement needs a Solved/Unsolved prompt format, not {fmt!r}")
@@ -178,7 +220,8 @@ def run_agreement(labelled: list[str | Path], settings: JudgeSettings, out: str 
     records = load_labelled(labelled, limit)
     rows, failures = asyncio.run(predict(records, settings, out, fmt, progress))
     report = agreement_report(rows, settings.model, fmt, pending=len(records) - len(rows))
-    (out / "agreement.json").write_text(json.dumps({**report, "versions": package_versions()}, ensure_ascii=False,
-                                                   indent=2) + "\n", encoding="utf-8")
+    (out / "agreement.json").write_text(
+        json.dumps({**report, "versions": package_versions()}, ensure_ascii=False, indent=2) + "\n", encoding="utf-8"
+    )
     (out / "agreement.md").write_text(render_markdown(report), encoding="utf-8")
     return report, failures

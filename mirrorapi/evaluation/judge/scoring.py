@@ -41,8 +41,11 @@ JUDGE_METRICS = {
     "sopr": ("sopr-v1", {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}),
 }
 ANSWERS_FILE = "answers.jsonl"
-_UNJUDGED_REASON = {"missing": "no answer for this id", "empty": "empty final answer",
-                    "give_up": "the agent gave up (give_up_and_restart)"}
+_UNJUDGED_REASON = {
+    "missing": "no answer for this id",
+    "empty": "empty final answer",
+    "give_up": "the agent gave up (give_up_and_restart)",
+}
 
 
 class JudgeRunError(Exception):
@@ -54,13 +57,19 @@ class JudgeSettings:
     """How to reach the judge and how to ask it. Each field is also a flag of every command that asks a
     judge (eval/fac.py, eval/sowr.py, eval/judge_agreement.py; `--judge-*` in `mirrorapi benchmark`)."""
 
-    base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(description=(
-        "OpenAI-compatible base URL(s) of the judge engine, e.g. http://127.0.0.1:12345/v1."))
+    base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(
+        description=("OpenAI-compatible base URL(s) of the judge engine, e.g. http://127.0.0.1:12345/v1.")
+    )
     model: str = Field(description="The judge's model name on that engine.")
     api_key: str = Field(default="EMPTY", description="API key of the judge engine.")
-    concurrency: int | None = Field(default=None, ge=1, description=(
-        "Judge requests in flight (default: 16 on vLLM, 2 on `transformers serve` and other engines, which work "
-        "on one request at a time)."))
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Judge requests in flight (default: 16 on vLLM, 2 on `transformers serve` and other engines, which work "
+            "on one request at a time)."
+        ),
+    )
     max_tokens: int = Field(default=256, ge=1, description="Tokens per judge output.")
     temperature: float = Field(default=0.0, ge=0, description="Judge temperature.")
     timeout: float = Field(default=120.0, gt=0, description="Seconds per judge call, retries included.")
@@ -108,8 +117,14 @@ class JsonlStore:
 
 
 # ------------------------------------------------------------------------------------ the calls
-async def run_judge_calls(engine: EngineClient, calls: list[JudgeCall], handle: Callable[[JudgeCall, str], None],
-                          settings: JudgeSettings, desc: str = "judging", progress: bool = True) -> list[str]:
+async def run_judge_calls(
+    engine: EngineClient,
+    calls: list[JudgeCall],
+    handle: Callable[[JudgeCall, str], None],
+    settings: JudgeSettings,
+    desc: str = "judging",
+    progress: bool = True,
+) -> list[str]:
     """Send `calls` concurrently (at most `settings.concurrency` in flight); `handle` gets each raw answer.
 
     Returns one message per call that got no answer. An unreachable engine stops the run early:
@@ -127,8 +142,9 @@ async def run_judge_calls(engine: EngineClient, calls: list[JudgeCall], handle: 
                 bar.update()
                 return
             try:
-                raw = await engine.chat(call.messages, temperature=settings.temperature,
-                                        max_tokens=settings.max_tokens)
+                raw = await engine.chat(
+                    call.messages, temperature=settings.temperature, max_tokens=settings.max_tokens
+                )
             except EngineError as exc:
                 failures.append(f"{call.key}: {exc}")
                 if exc.kind == "unreachable":
@@ -152,21 +168,30 @@ async def check_reachable(engine: EngineClient) -> None:
         raise JudgeRunError(f"the judge engine is not reachable ({details}); start it or fix --base-url")
 
 
-async def judge_all(calls: list[JudgeCall], handle: Callable[[JudgeCall, str], None], settings: JudgeSettings,
-                    desc: str, progress: bool = True) -> list[str]:
+async def judge_all(
+    calls: list[JudgeCall],
+    handle: Callable[[JudgeCall, str], None],
+    settings: JudgeSettings,
+    desc: str,
+    progress: bool = True,
+) -> list[str]:
     """The one engine start/stop of a judging run: open a client to the judge, check that it answers,
     send `calls` (see `run_judge_calls`), close it. No calls: no engine contact at all."""
     if not calls:
         return []
     # Streamed: a call this run gives up on (timeout) then stops costing a CPU engine (EngineClient).
-    engine = EngineClient(settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout,
-                          stream=True)
+    engine = EngineClient(
+        settings.base_urls, settings.model, api_key=settings.api_key, timeout=settings.timeout, stream=True
+    )
     try:
         await check_reachable(engine)
         if settings.concurrency is None:
             settings = dataclasses.replace(settings, concurrency=await engine_concurrency(engine))
-            logger.info("judge engine %s: %d requests in flight (--concurrency sets another number)",
-                        settings.base_urls[0], settings.concurrency)
+            logger.info(
+                "judge engine %s: %d requests in flight (--concurrency sets another number)",
+                settings.base_urls[0],
+                settings.concurrency,
+            )
         return await run_judge_calls(engine, calls, handle, settings, desc, progress)
     finally:
         await engine.aclose()
@@ -182,24 +207,51 @@ def _sort_key(record: dict) -> tuple:
     return metric, model, group, (0, int(qid), "") if qid.isdigit() else (1, 0, qid), repeat
 
 
-def _record(item: AnswerItem, metric: str, repeat: int, settings: JudgeSettings, verdict: str, *,
-            judged: bool, parsed: bool, reason: str, raw: str) -> dict:
+def _record(
+    item: AnswerItem,
+    metric: str,
+    repeat: int,
+    settings: JudgeSettings,
+    verdict: str,
+    *,
+    judged: bool,
+    parsed: bool,
+    reason: str,
+    raw: str,
+) -> dict:
     fmt, scores = JUDGE_METRICS[metric]
-    return {"metric": metric, "model": item.model, "group": item.group, "query_id": item.query_id,
-            "repeat": repeat, "verdict": verdict, "score": scores[verdict], "reason": reason,
-            "judged": judged, "parsed": parsed, "status": item.status, "answer": item.answer,
-            "raw": raw, "prompt_format": fmt, "judge": settings.model}
+    return {
+        "metric": metric,
+        "model": item.model,
+        "group": item.group,
+        "query_id": item.query_id,
+        "repeat": repeat,
+        "verdict": verdict,
+        "score": scores[verdict],
+        "reason": reason,
+        "judged": judged,
+        "parsed": parsed,
+        "status": item.status,
+        "answer": item.answer,
+        "raw": raw,
+        "prompt_format": fmt,
+        "judge": settings.model,
+    }
 
 
 def _check_same_judge(done: dict[tuple, dict], metric: str, settings: JudgeSettings, out: Path) -> None:
     fmt = JUDGE_METRICS[metric][0]
     for record in done.values():
-        if record["metric"] == metric and record.get("judged") and (
-                record.get("judge") != settings.model or record.get("prompt_format") != fmt):
+        if (
+            record["metric"] == metric
+            and record.get("judged")
+            and (record.get("judge") != settings.model or record.get("prompt_format") != fmt)
+        ):
             raise JudgeRunError(
                 f"{out / ANSWERS_FILE} holds {metric} verdicts of judge {record.get('judge')!r} with prompt "
                 f"{record.get('prompt_format')!r}, not {settings.model!r} with {fmt!r}; "
-                "use another --out or --overwrite")
+                "use another --out or --overwrite"
+            )
 
 
 @dataclass
@@ -212,9 +264,16 @@ class ScoringRun:
     table: MetricTable | None = None  # the metric's table, once `run_scoring` has computed it
 
 
-async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settings: JudgeSettings, out: Path,
-                      metric: str = "fac", repeats: int = 1, overwrite: bool = False,
-                      progress: bool = True) -> ScoringRun:
+async def score_items(
+    items: list[AnswerItem],
+    ids: dict[str, list[str]],
+    settings: JudgeSettings,
+    out: Path,
+    metric: str = "fac",
+    repeats: int = 1,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ScoringRun:
     """Judge every item `repeats` times (skipping keys already in `out/answers.jsonl`)."""
     if metric not in JUDGE_METRICS:
         raise ValueError(f"unknown metric {metric!r}; known: {', '.join(JUDGE_METRICS)}")
@@ -236,20 +295,44 @@ async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settin
         if earlier is not None and (earlier.get("status"), earlier.get("answer")) == (item.status, item.answer):
             continue  # judged before; a changed answer file is judged again
         if item.status != "answer":
-            done[key] = _record(item, metric, repeat, settings, "Unsolved", judged=False, parsed=True,
-                                reason=_UNJUDGED_REASON[item.status], raw="")
+            done[key] = _record(
+                item,
+                metric,
+                repeat,
+                settings,
+                "Unsolved",
+                judged=False,
+                parsed=True,
+                reason=_UNJUDGED_REASON[item.status],
+                raw="",
+            )
             store.append(done[key])
             unjudged += 1
             continue
         messages = judge_messages(item.query, item.answer, fmt, steps=item.steps)
         calls.append(JudgeCall(key, messages, {"item": item, "repeat": repeat}))
-    logger.info("%s: %d judgments: %d from an earlier run, %d Unsolved without a judge call, %d judge calls",
-                metric, len(wanted), len(wanted) - unjudged - len(calls), unjudged, len(calls))
+    logger.info(
+        "%s: %d judgments: %d from an earlier run, %d Unsolved without a judge call, %d judge calls",
+        metric,
+        len(wanted),
+        len(wanted) - unjudged - len(calls),
+        unjudged,
+        len(calls),
+    )
 
     def handle(call: JudgeCall, raw: str) -> None:
         verdict, reason = parse_verdict(raw, allowed)
-        record = _record(call.payload["item"], metric, call.payload["repeat"], settings, verdict or "Unsolved",
-                         judged=True, parsed=verdict is not None, reason=reason, raw=raw)
+        record = _record(
+            call.payload["item"],
+            metric,
+            call.payload["repeat"],
+            settings,
+            verdict or "Unsolved",
+            judged=True,
+            parsed=verdict is not None,
+            reason=reason,
+            raw=raw,
+        )
         done[call.key] = record
         store.append(record)
 
@@ -259,8 +342,16 @@ async def score_items(items: list[AnswerItem], ids: dict[str, list[str]], settin
     return ScoringRun([done[k] for k in keys if k in done], items, ids, failures, len(calls))
 
 
-def run_scoring(answers: str | os.PathLike, ids: str | os.PathLike, settings: JudgeSettings, out: str | os.PathLike,
-                metric: str = "fac", repeats: int = 1, overwrite: bool = False, progress: bool = True) -> ScoringRun:
+def run_scoring(
+    answers: str | os.PathLike,
+    ids: str | os.PathLike,
+    settings: JudgeSettings,
+    out: str | os.PathLike,
+    metric: str = "fac",
+    repeats: int = 1,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ScoringRun:
     """Read converted answers and id lists, judge them, and write `answers.jsonl` and the tables into `out`."""
     id_lists = load_ids(ids)
     items = build_items(load_answers(answers), id_lists)

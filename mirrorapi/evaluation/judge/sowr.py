@@ -79,10 +79,19 @@ class SowrRun:
     preference_calls: int
 
 
-async def _sowr(reference: str, items: list[AnswerItem], ids: dict[str, list[str]], settings: JudgeSettings,
-                out: Path, rounds: int, overwrite: bool, progress: bool) -> SowrRun:
-    scoring = await score_items(items, ids, settings, out, metric="sopr", repeats=rounds, overwrite=overwrite,
-                                progress=progress)
+async def _sowr(
+    reference: str,
+    items: list[AnswerItem],
+    ids: dict[str, list[str]],
+    settings: JudgeSettings,
+    out: Path,
+    rounds: int,
+    overwrite: bool,
+    progress: bool,
+) -> SowrRun:
+    scoring = await score_items(
+        items, ids, settings, out, metric="sopr", repeats=rounds, overwrite=overwrite, progress=progress
+    )
     verdicts = {(r["model"], r["group"], r["query_id"], r["repeat"]): r["verdict"] for r in scoring.records}
     by_key = {(i.model, i.group, i.query_id): i for i in items}
     candidates = sorted({i.model for i in items} - {reference})
@@ -98,21 +107,37 @@ async def _sowr(reference: str, items: list[AnswerItem], ids: dict[str, list[str
                 ref_item, cand_item = by_key[(reference, group, qid)], by_key[(candidate, group, qid)]
                 for round_ in range(rounds):
                     key = (reference, candidate, group, qid, round_)
-                    winner, how = decide(ref_item, cand_item, verdicts.get((reference, group, qid, round_)),
-                                         verdicts.get((candidate, group, qid, round_)))
-                    base = {"reference": reference, "candidate": candidate, "group": group, "query_id": qid,
-                            "round": round_, "judge": settings.model, "prompt_format": PREFERENCE_FORMAT}
+                    winner, how = decide(
+                        ref_item,
+                        cand_item,
+                        verdicts.get((reference, group, qid, round_)),
+                        verdicts.get((candidate, group, qid, round_)),
+                    )
+                    base = {
+                        "reference": reference,
+                        "candidate": candidate,
+                        "group": group,
+                        "query_id": qid,
+                        "round": round_,
+                        "judge": settings.model,
+                        "prompt_format": PREFERENCE_FORMAT,
+                    }
                     if how != "compare":
                         decisions[key] = {**base, "winner": winner, "how": how}
                         continue
                     earlier = done.get(key)
-                    if earlier is not None and earlier.get("answers") == [ref_item.answer, cand_item.answer] \
-                            and earlier.get("judge") == settings.model:
+                    if (
+                        earlier is not None
+                        and earlier.get("answers") == [ref_item.answer, cand_item.answer]
+                        and earlier.get("judge") == settings.model
+                    ):
                         decisions[key] = earlier
                         continue
                     ref_first = _reference_first(qid, round_, reference, candidate)
-                    pair = [(ref_item.steps, cut_judge_text(ref_item.answer)),
-                            (cand_item.steps, cut_judge_text(cand_item.answer))]
+                    pair = [
+                        (ref_item.steps, cut_judge_text(ref_item.answer)),
+                        (cand_item.steps, cut_judge_text(cand_item.answer)),
+                    ]
                     shown = pair if ref_first else pair[::-1]
                     calls.append(
                         JudgeCall(
@@ -127,8 +152,14 @@ async def _sowr(reference: str, items: list[AnswerItem], ids: dict[str, list[str
         winner = None
         if choice is not None:
             winner = "reference" if (choice == "A") == call.payload["ref_first"] else "candidate"
-        record = {**call.payload["base"], "winner": winner, "how": "preference" if choice else "unparseable",
-                  "reason": reason, "raw": raw, "answers": call.payload["answers"]}
+        record = {
+            **call.payload["base"],
+            "winner": winner,
+            "how": "preference" if choice else "unparseable",
+            "reason": reason,
+            "raw": raw,
+            "answers": call.payload["answers"],
+        }
         decisions[call.key] = record
         store.append(record)
 
@@ -139,8 +170,14 @@ async def _sowr(reference: str, items: list[AnswerItem], ids: dict[str, list[str
     return SowrRun(table, failures, len(calls))
 
 
-def sowr_table(reference: str, candidates: list[str], ids: dict[str, list[str]], decisions: dict[tuple, dict],
-               rounds: int, judge: str) -> dict:
+def sowr_table(
+    reference: str,
+    candidates: list[str],
+    ids: dict[str, list[str]],
+    decisions: dict[tuple, dict],
+    rounds: int,
+    judge: str,
+) -> dict:
     groups = group_order(ids)
     rows, pending_total = [], 0
     for candidate in candidates:
@@ -165,50 +202,115 @@ def sowr_table(reference: str, candidates: list[str], ids: dict[str, list[str]],
             rate = 100.0 * wins / n if n else 0.0
             rates.append(rate)
             pending_total += pending
-            cells[group] = {"win_rate": round(rate, 2), "tie_rate": round(100.0 * ties / n if n else 0.0, 2),
-                            "ids": n, "wins": wins, "ties": ties, "losses": losses, "preference_calls": calls,
-                            "unparseable": unparseable, "pending": pending}
-        rows.append({"model": candidate, "groups": cells,
-                     "average": {"win_rate": round(statistics.fmean(rates), 2) if rates else 0.0}})
-    return {"metric": "sowr", "reference": reference, "judge": judge, "prompt_format": PREFERENCE_FORMAT,
-            "pass_rate_format": "sopr-v1", "rounds": rounds, "groups": groups, "complete": pending_total == 0,
-            "pending": pending_total, "rows": rows}
+            cells[group] = {
+                "win_rate": round(rate, 2),
+                "tie_rate": round(100.0 * ties / n if n else 0.0, 2),
+                "ids": n,
+                "wins": wins,
+                "ties": ties,
+                "losses": losses,
+                "preference_calls": calls,
+                "unparseable": unparseable,
+                "pending": pending,
+            }
+        rows.append(
+            {
+                "model": candidate,
+                "groups": cells,
+                "average": {"win_rate": round(statistics.fmean(rates), 2) if rates else 0.0},
+            }
+        )
+    return {
+        "metric": "sowr",
+        "reference": reference,
+        "judge": judge,
+        "prompt_format": PREFERENCE_FORMAT,
+        "pass_rate_format": "sopr-v1",
+        "rounds": rounds,
+        "groups": groups,
+        "complete": pending_total == 0,
+        "pending": pending_total,
+        "rows": rows,
+    }
 
 
 def sowr_metric_table(table: dict) -> MetricTable:
     """The SoWR table of `sowr_table`'s document (win rates; ties and losses in the counts)."""
     groups = table["groups"]
-    notes = [(f"Win rate of each model against `{table['reference']}`; judge `{table['judge']}`, pass rates "
-              f"`{table['pass_rate_format']}` then preferences `{table['prompt_format']}`, majority of "
-              f"{table['rounds']} round(s). Ties are not counted as wins (see Counts)."), ""]
+    notes = [
+        (
+            f"Win rate of each model against `{table['reference']}`; judge `{table['judge']}`, pass rates "
+            f"`{table['pass_rate_format']}` then preferences `{table['prompt_format']}`, majority of "
+            f"{table['rounds']} round(s). Ties are not counted as wins (see Counts)."
+        ),
+        "",
+    ]
     if not table["complete"]:
-        notes += [(f"**Incomplete:** {table['pending']} vote(s) pending (failed judge calls); rerun the same "
-                   "command to retry them."), ""]
-    rows = [[row["model"], *(f"{row['groups'][g]['win_rate']:.1f}" for g in groups),
-             f"{row['average']['win_rate']:.1f}"] for row in table["rows"]]
-    details = ["", "## Counts", "", ("| Method | Group | ids | wins | ties | losses | preference calls | "
-               "unparseable | pending |"), "|" + "---|" * 9]
+        notes += [
+            (
+                f"**Incomplete:** {table['pending']} vote(s) pending (failed judge calls); rerun the same "
+                "command to retry them."
+            ),
+            "",
+        ]
+    rows = [
+        [row["model"], *(f"{row['groups'][g]['win_rate']:.1f}" for g in groups), f"{row['average']['win_rate']:.1f}"]
+        for row in table["rows"]
+    ]
+    details = [
+        "",
+        "## Counts",
+        "",
+        ("| Method | Group | ids | wins | ties | losses | preference calls | unparseable | pending |"),
+        "|" + "---|" * 9,
+    ]
     for row in table["rows"]:
         for g in groups:
             c = row["groups"][g]
-            details.append(f"| {row['model']} | {g} | {c['ids']} | {c['wins']} | {c['ties']} | {c['losses']} | "
-                           f"{c['preference_calls']} | {c['unparseable']} | {c['pending']} |")
-    csv_rows = [[row["model"], *(row["groups"][g]["win_rate"] for g in groups), row["average"]["win_rate"],
-                 *(row["groups"][g]["ties"] for g in groups)] for row in table["rows"]]
-    return MetricTable("sowr", "# SoWR (solvable win rate)", notes,
-                       ["Method", *(GROUPS.get(g, g) for g in groups), "Average"], rows, details,
-                       ["method", *groups, "average", *(f"{g}_ties" for g in groups)], csv_rows, table,
-                       {row["model"]: row["average"]["win_rate"] for row in table["rows"]})
+            details.append(
+                f"| {row['model']} | {g} | {c['ids']} | {c['wins']} | {c['ties']} | {c['losses']} | "
+                f"{c['preference_calls']} | {c['unparseable']} | {c['pending']} |"
+            )
+    csv_rows = [
+        [
+            row["model"],
+            *(row["groups"][g]["win_rate"] for g in groups),
+            row["average"]["win_rate"],
+            *(row["groups"][g]["ties"] for g in groups),
+        ]
+        for row in table["rows"]
+    ]
+    return MetricTable(
+        "sowr",
+        "# SoWR (solvable win rate)",
+        notes,
+        ["Method", *(GROUPS.get(g, g) for g in groups), "Average"],
+        rows,
+        details,
+        ["method", *groups, "average", *(f"{g}_ties" for g in groups)],
+        csv_rows,
+        table,
+        {row["model"]: row["average"]["win_rate"] for row in table["rows"]},
+    )
 
 
-def run_sowr(reference: str | os.PathLike, candidates: list[str | os.PathLike], ids: str | os.PathLike,
-             settings: JudgeSettings, out: str | os.PathLike, rounds: int = 3, overwrite: bool = False,
-             progress: bool = True) -> SowrRun:
+def run_sowr(
+    reference: str | os.PathLike,
+    candidates: list[str | os.PathLike],
+    ids: str | os.PathLike,
+    settings: JudgeSettings,
+    out: str | os.PathLike,
+    rounds: int = 3,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> SowrRun:
     """Compare every candidate model with the reference model; write `sowr.{md,csv,json}` into `out`."""
     reference_answers = load_answers(reference)
     if len(reference_answers) != 1:
-        raise AnswersError(f"--reference must hold one model's answers, found {len(reference_answers)}: "
-                           f"{', '.join(sorted(reference_answers))}")
+        raise AnswersError(
+            f"--reference must hold one model's answers, found {len(reference_answers)}: "
+            f"{', '.join(sorted(reference_answers))}"
+        )
     reference_name = next(iter(reference_answers))
     answers = dict(reference_answers)
     for path in candidates:

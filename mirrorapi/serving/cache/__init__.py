@@ -42,10 +42,32 @@ from mirrorapi.serving.cache.postgres import PostgresCache
 from mirrorapi.serving.cache.sqlite import ResponseCache
 from mirrorapi.serving.cache.store import Store
 
-__all__ = ["IMPORTED", "NO_SESSION", "REAL", "RECORDED", "SCHEMA_VERSION", "SIMULATED", "CacheError", "Call", "Entry",
-           "PostgresCache", "ResponseCache", "Store", "copy_cache", "export_identity", "export_stabletoolbench_cache",
-           "identity_of", "import_pairs", "import_stabletoolbench_cache", "is_url", "lease_holder", "new_entry",
-           "open_cache", "sqlite_path", "unsafe_name"]
+__all__ = [
+    "IMPORTED",
+    "NO_SESSION",
+    "REAL",
+    "RECORDED",
+    "SCHEMA_VERSION",
+    "SIMULATED",
+    "CacheError",
+    "Call",
+    "Entry",
+    "PostgresCache",
+    "ResponseCache",
+    "Store",
+    "copy_cache",
+    "export_identity",
+    "export_stabletoolbench_cache",
+    "identity_of",
+    "import_pairs",
+    "import_stabletoolbench_cache",
+    "is_url",
+    "lease_holder",
+    "new_entry",
+    "open_cache",
+    "sqlite_path",
+    "unsafe_name",
+]
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -64,7 +86,7 @@ def sqlite_path(location: str | os.PathLike) -> str:
     """The file a SQLite location names: a path, or a URL as SQLAlchemy writes them (`sqlite:///relative/path`,
     `sqlite:////absolute/path`)."""
     location = str(location)
-    return location[len("sqlite:///"):] if location.startswith("sqlite:///") else location
+    return location[len("sqlite:///") :] if location.startswith("sqlite:///") else location
 
 
 def copy_cache(source: Store, destination: Store) -> dict:
@@ -76,5 +98,10 @@ def copy_cache(source: Store, destination: Store) -> dict:
     for origin, fingerprint, n, _ in source.imports():
         if destination.import_fingerprint(origin) is None:
             destination.record_import(origin, fingerprint, n)
-    return {"from": source.location, "to": destination.location, "entries_read": source.count(),
-            "entries_copied": entries, "sessions_copied": sessions}
+    return {
+        "from": source.location,
+        "to": destination.location,
+        "entries_read": source.count(),
+        "entries_copied": entries,
+        "sessions_copied": sessions,
+    }

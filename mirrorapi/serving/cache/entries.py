@@ -41,8 +41,22 @@ SIMULATED = "simulated:"  # + the simulator identity
 RECORDED = ""  # the `identity` of recorded entries (real, imported:*): shared by every simulator
 NO_SESSION = ""  # the `history` of calls outside a session
 # The columns of an entry, in the order `Entry` holds them and `rows()` / `put_entries` copy them.
-ENTRY_COLUMNS = ("category", "tool", "api", "arguments", "history", "identity", "steps", "arguments_as_sent",
-                 "error", "observation", "provenance", "created", "hits", "rationale")
+ENTRY_COLUMNS = (
+    "category",
+    "tool",
+    "api",
+    "arguments",
+    "history",
+    "identity",
+    "steps",
+    "arguments_as_sent",
+    "error",
+    "observation",
+    "provenance",
+    "created",
+    "hits",
+    "rationale",
+)
 
 
 class CacheError(Exception):
@@ -61,8 +75,11 @@ class Call:
 
     def digest(self) -> bytes:
         """A fixed-size key for databases whose indexes cannot hold long text (PostgreSQL's btree)."""
-        return hashlib.sha256("\0".join((self.category, self.tool, self.api, self.arguments,
-                                         self.history)).encode("utf-8", "surrogatepass")).digest()
+        return hashlib.sha256(
+            "\0".join((self.category, self.tool, self.api, self.arguments, self.history)).encode(
+                "utf-8", "surrogatepass"
+            )
+        ).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,20 +108,43 @@ class Entry:
 
 def identity_of(provenance: str) -> str:
     """The `identity` column of an entry of this provenance ('' for recorded answers)."""
-    return provenance[len(SIMULATED):] if provenance.startswith(SIMULATED) else RECORDED
+    return provenance[len(SIMULATED) :] if provenance.startswith(SIMULATED) else RECORDED
 
 
-def new_entry(category: str, tool: str, api: str, arguments: Any, error: str, response: Any, provenance: str,
-              now: float, history: str = NO_SESSION, steps: int = 0) -> Entry:
+def new_entry(
+    category: str,
+    tool: str,
+    api: str,
+    arguments: Any,
+    error: str,
+    response: Any,
+    provenance: str,
+    now: float,
+    history: str = NO_SESSION,
+    steps: int = 0,
+) -> Entry:
     """`arguments`: the argument object, or its JSON text; either way its key order is kept as given."""
-    as_sent = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False,
-                                                                       separators=(",", ":"))
+    as_sent = (
+        arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    )
     key = canonical_json(json.loads(as_sent) if isinstance(arguments, str) else arguments)
     identity = identity_of(provenance)
     if history and not identity:
         raise CacheError("a recorded answer belongs to no session (history must be empty)")
-    return Entry(category, tool, api, key, history, identity, steps, as_sent, error,
-                 observation_json(error, response), provenance, now)
+    return Entry(
+        category,
+        tool,
+        api,
+        key,
+        history,
+        identity,
+        steps,
+        as_sent,
+        error,
+        observation_json(error, response),
+        provenance,
+        now,
+    )
 
 
 def served(rows: Iterable[tuple], identity: str, history: str) -> tuple | None:

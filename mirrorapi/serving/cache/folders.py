@@ -72,8 +72,13 @@ def _store(cache: Store, pairs: Iterable[dict], registry, provenance: str, repor
     report["stored"] += cache.put_many(rows, provenance)
 
 
-def import_stabletoolbench_cache(cache: Store, folder: str | os.PathLike, registry: ToolRegistry | None = None,
-                                 origin: str | None = None, force: bool = False) -> dict:
+def import_stabletoolbench_cache(
+    cache: Store,
+    folder: str | os.PathLike,
+    registry: ToolRegistry | None = None,
+    origin: str | None = None,
+    force: bool = False,
+) -> dict:
     """Load a StableToolBench cache folder with provenance `imported:<origin>` (default: the folder's name).
 
     Done once per folder: an unchanged folder (same files, sizes and times) is skipped unless
@@ -83,8 +88,15 @@ def import_stabletoolbench_cache(cache: Store, folder: str | os.PathLike, regist
     folder = Path(folder).resolve()
     if not folder.is_dir():
         raise CacheError(f"StableToolBench cache folder not found: {folder}")
-    report: dict[str, Any] = {"origin": str(folder), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
-              "skipped_placeholders": 0, "unreadable": []}
+    report: dict[str, Any] = {
+        "origin": str(folder),
+        "skipped": False,
+        "entries": 0,
+        "stored": 0,
+        "unresolved_apis": 0,
+        "skipped_placeholders": 0,
+        "unreadable": [],
+    }
     fingerprint = _fingerprint(folder)
     if not force and cache.import_fingerprint(str(folder)) == fingerprint:
         report["skipped"] = True
@@ -96,16 +108,30 @@ def import_stabletoolbench_cache(cache: Store, folder: str | os.PathLike, regist
     except SourceError as exc:
         raise CacheError(str(exc)) from None
     cache.record_import(str(folder), fingerprint, report["entries"])
-    logger.info("imported %s: %d entries (%d new), %d unreadable, %d placeholders skipped, %d APIs unknown "
-                "to the tools folder", folder, report["entries"], report["stored"], len(report["unreadable"]),
-                report["skipped_placeholders"], report["unresolved_apis"])
+    logger.info(
+        "imported %s: %d entries (%d new), %d unreadable, %d placeholders skipped, %d APIs unknown "
+        "to the tools folder",
+        folder,
+        report["entries"],
+        report["stored"],
+        len(report["unreadable"]),
+        report["skipped_placeholders"],
+        report["unresolved_apis"],
+    )
     return report
 
 
 def import_pairs(cache: Store, path: str | os.PathLike, registry: ToolRegistry | None = None) -> dict:
     """Load real pairs (our JSONL schema) with provenance `real`; the first pair of a key wins."""
-    report: dict[str, Any] = {"origin": str(path), "skipped": False, "entries": 0, "stored": 0, "unresolved_apis": 0,
-              "skipped_placeholders": 0, "unreadable": []}
+    report: dict[str, Any] = {
+        "origin": str(path),
+        "skipped": False,
+        "entries": 0,
+        "stored": 0,
+        "unresolved_apis": 0,
+        "skipped_placeholders": 0,
+        "unreadable": [],
+    }
     try:
         _store(cache, read_pairs_jsonl(path, on_bad=report["unreadable"].append), registry, REAL, report)
     except SourceError as exc:
@@ -153,8 +179,9 @@ def export_identity(cache: Store, identity: str | None) -> str:
     return next(iter(identities), RECORDED)
 
 
-def export_stabletoolbench_cache(cache: Store, folder: str | os.PathLike, provenance: Iterable[str] = (),
-                                 identity: str | None = None) -> dict:
+def export_stabletoolbench_cache(
+    cache: Store, folder: str | os.PathLike, provenance: Iterable[str] = (), identity: str | None = None
+) -> dict:
     """Write the cache as a StableToolBench cache folder: the recorded answers plus the simulated
     answers of one simulator identity (see `export_identity`), i.e. what a server of that identity
     answers; `provenance`: only entries whose provenance starts with one of these prefixes.
@@ -171,8 +198,9 @@ def export_stabletoolbench_cache(cache: Store, folder: str | os.PathLike, proven
     refused = []
     for (category, tool, api), group in itertools.groupby(rows, key=lambda row: row[:3]):
         content = {str(json.loads(row[3])): json.loads(row[4]) for row in group}
-        problem = next(filter(None, (unsafe_name(n) for n in (category, f"{tool}_for_{category}", f"{api}.json"))),
-                       None)
+        problem = next(
+            filter(None, (unsafe_name(n) for n in (category, f"{tool}_for_{category}", f"{api}.json"))), None
+        )
         path = root / category / f"{tool}_for_{category}" / f"{api}.json"
         if problem is None and not path.resolve().is_relative_to(root):  # e.g. a symlink left in the folder
             problem = f"{path} resolves outside {root}"

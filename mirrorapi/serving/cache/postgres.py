@@ -64,37 +64,49 @@ _COLUMNS = ", ".join(ENTRY_COLUMNS)
 _VALUES = ", ".join(["%s"] * (len(ENTRY_COLUMNS) + 1))
 _INSERT = f"INSERT INTO entries (call, {_COLUMNS}) VALUES ({_VALUES}) ON CONFLICT (call, identity) DO NOTHING"
 # A simulated answer is not stored where a recorded one exists (it would never be served)...
-_INSERT_SIMULATED = (f"INSERT INTO entries (call, {_COLUMNS}) SELECT {_VALUES} WHERE NOT EXISTS "
-                     "(SELECT 1 FROM entries WHERE call = %s AND identity = '') "
-                     "ON CONFLICT (call, identity) DO NOTHING")
+_INSERT_SIMULATED = (
+    f"INSERT INTO entries (call, {_COLUMNS}) SELECT {_VALUES} WHERE NOT EXISTS "
+    "(SELECT 1 FROM entries WHERE call = %s AND identity = '') "
+    "ON CONFLICT (call, identity) DO NOTHING"
+)
 # ... and a recorded answer replaces every simulated answer of the same call, in every session history.
-_DROP_SHADOWED = ("DELETE FROM entries WHERE category = %s AND tool = %s AND api = %s AND arguments = %s "
-                  "AND identity != ''")
+_DROP_SHADOWED = (
+    "DELETE FROM entries WHERE category = %s AND tool = %s AND api = %s AND arguments = %s AND identity != ''"
+)
 # A server's store of a simulated answer and the release of its lease, in one statement (one round trip, one
 # implicit transaction): a data-modifying CTE runs whether the insert stores a row or not.
-_STORE_SIMULATED = ("WITH released AS (DELETE FROM leases WHERE call = %s AND identity = %s AND holder = %s) "
-                    + _INSERT_SIMULATED)
+_STORE_SIMULATED = (
+    "WITH released AS (DELETE FROM leases WHERE call = %s AND identity = %s AND holder = %s) " + _INSERT_SIMULATED
+)
 # The recorded row and the simulated rows of each identity of a call: outside a session its one digest;
 # inside one, also the digest of the call under its history. (An array parameter costs more to send.)
 _SELECT = "SELECT id, observation, provenance, identity, history FROM entries WHERE "
 _FIND = {1: _SELECT + "call = %s", 2: _SELECT + "call IN (%s, %s)"}
 _COUNT_HITS = "UPDATE entries SET hits = hits + %s WHERE id = %s"
-_TAKE_LEASE = ("INSERT INTO leases VALUES (%s, %s, %s, %s) ON CONFLICT (call, identity) DO UPDATE SET "
-               "holder = excluded.holder, expires = excluded.expires "
-               "WHERE leases.expires < %s OR leases.holder = excluded.holder")
+_TAKE_LEASE = (
+    "INSERT INTO leases VALUES (%s, %s, %s, %s) ON CONFLICT (call, identity) DO UPDATE SET "
+    "holder = excluded.holder, expires = excluded.expires "
+    "WHERE leases.expires < %s OR leases.holder = excluded.holder"
+)
 _RELEASE_LEASE = "DELETE FROM leases WHERE call = %s AND identity = %s AND holder = %s"
 _SESSION = "SELECT digest, steps, lines FROM sessions WHERE key = %s AND used >= %s"
 _SESSION_FOR_UPDATE = "SELECT digest, steps, lines, used FROM sessions WHERE key = %s FOR UPDATE"
-_PUT_SESSION = ("INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO UPDATE SET "
-                "digest = excluded.digest, steps = excluded.steps, lines = excluded.lines, used = excluded.used")
+_PUT_SESSION = (
+    "INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO UPDATE SET "
+    "digest = excluded.digest, steps = excluded.steps, lines = excluded.lines, used = excluded.used"
+)
 _NEW_SESSION = "INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING"
 # /health's three counts in one round trip (count(*) reads the table: a probe every few seconds, not per request).
-_HEALTH_COUNTS = ("SELECT (SELECT count(*) FROM entries), (SELECT count(*) FROM sessions WHERE used >= %s), "
-                  "(SELECT count(*) FROM entries WHERE history != '')")
+_HEALTH_COUNTS = (
+    "SELECT (SELECT count(*) FROM entries), (SELECT count(*) FROM sessions WHERE used >= %s), "
+    "(SELECT count(*) FROM entries WHERE history != '')"
+)
 _FORGET_SESSIONS = "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions WHERE used < %s LIMIT 1000)"
 _FORGET_LEASES = "DELETE FROM leases WHERE expires < %s"
-_EXAMPLES = ("SELECT arguments, observation FROM entries WHERE category = %s AND tool = %s AND api = %s "
-             "AND identity = '' ORDER BY arguments LIMIT %s")
+_EXAMPLES = (
+    "SELECT arguments, observation FROM entries WHERE category = %s AND tool = %s AND api = %s "
+    "AND identity = '' ORDER BY arguments LIMIT %s"
+)
 # The administrative side's statements (`store.Store`).
 STATEMENTS = Statements(
     count_hits=_COUNT_HITS,
@@ -103,9 +115,9 @@ STATEMENTS = Statements(
     record_import="INSERT INTO imports VALUES (%s, %s, %s, %s)",
     examples=_EXAMPLES,
     entries="SELECT category, tool, api, arguments, observation, provenance FROM entries WHERE history = ''{where} "
-            "ORDER BY category, tool, api, arguments, identity",
+    "ORDER BY category, tool, api, arguments, identity",
     served_entries="SELECT category, tool, api, arguments_as_sent, observation FROM entries WHERE history = '' AND "
-                   "identity IN ('', %s){where} ORDER BY category, tool, api, arguments",
+    "identity IN ('', %s){where} ORDER BY category, tool, api, arguments",
     provenance_like="provenance LIKE %s",
     rows=f"SELECT {_COLUMNS} FROM entries",
     sessions="SELECT id, digest, steps, lines, used FROM sessions",
@@ -117,10 +129,10 @@ STATEMENTS = Statements(
     session_count="SELECT count(*) FROM entries WHERE history != ''",
     stats_by_provenance="SELECT provenance, count(*) FROM entries GROUP BY provenance",
     stats_by_identity="SELECT identity, count(*), sum(hits), min(created), max(created) FROM entries "
-                      "WHERE identity != '' GROUP BY identity ORDER BY identity",
+    "WHERE identity != '' GROUP BY identity ORDER BY identity",
     stats_totals="SELECT count(*), coalesce(sum(hits), 0), count(DISTINCT category || '/' || tool || '/' || api), "
-                 "sum(CASE WHEN error != '' THEN 1 ELSE 0 END), sum(CASE WHEN identity = '' THEN 1 ELSE 0 END), "
-                 "sum(CASE WHEN history != '' THEN 1 ELSE 0 END) FROM entries",
+    "sum(CASE WHEN error != '' THEN 1 ELSE 0 END), sum(CASE WHEN identity = '' THEN 1 ELSE 0 END), "
+    "sum(CASE WHEN history != '' THEN 1 ELSE 0 END) FROM entries",
     stats_imports="SELECT origin, entries, imported_at FROM imports ORDER BY imported_at",
     stats_sessions="SELECT count(*) FROM sessions",
 )
@@ -133,9 +145,23 @@ def _keys(call: Call) -> tuple[bytes, ...]:
 
 
 def _row(entry: Entry) -> tuple:
-    return (entry.call.digest(), entry.category, entry.tool, entry.api, entry.arguments, entry.history,
-            entry.identity, entry.steps, entry.arguments_as_sent, entry.error, entry.observation, entry.provenance,
-            entry.created, entry.hits, entry.rationale)
+    return (
+        entry.call.digest(),
+        entry.category,
+        entry.tool,
+        entry.api,
+        entry.arguments,
+        entry.history,
+        entry.identity,
+        entry.steps,
+        entry.arguments_as_sent,
+        entry.error,
+        entry.observation,
+        entry.provenance,
+        entry.created,
+        entry.hits,
+        entry.rationale,
+    )
 
 
 def session_key(session_id: str) -> bytes:
@@ -254,8 +280,16 @@ class PostgresCache(Store):
     def _write_entries(self, entries: list[Entry]) -> int:
         return _write_entries(self._db, entries)
 
-    def get(self, category: str, tool: str, api: str, arguments: str, identity: str = RECORDED,
-            history: str = NO_SESSION, count_hit: bool = True) -> tuple[str, str] | None:
+    def get(
+        self,
+        category: str,
+        tool: str,
+        api: str,
+        arguments: str,
+        identity: str = RECORDED,
+        history: str = NO_SESSION,
+        count_hit: bool = True,
+    ) -> tuple[str, str] | None:
         keys = _keys(Call(category, tool, api, arguments, history))
         rows = self._live().execute(_FIND[len(keys)], keys).fetchall()
         return self._served(rows, identity, history, count_hit)
@@ -265,16 +299,23 @@ class PostgresCache(Store):
         while chunk := list(itertools.islice(sessions, IMPORT_TRANSACTION_ROWS)):
             with self._transaction():
                 for id_, digest, steps, lines, used in chunk:
-                    stored += self._db.execute(_NEW_SESSION, (session_key(id_), id_, digest, steps, lines,
-                                                              used)).rowcount
+                    stored += self._db.execute(
+                        _NEW_SESSION, (session_key(id_), id_, digest, steps, lines, used)
+                    ).rowcount
         return stored
 
     def stats(self) -> dict:
         stats = super().stats()
         stats["path"] = stats["location"]
-        stats["bytes"] = int(self._live().execute(
-            "SELECT coalesce(sum(pg_total_relation_size(to_regclass(name))), 0) FROM unnest(%s::text[]) AS name",
-            (list(TABLE_NAMES),)).fetchone()[0])  # type: ignore[index]  # an aggregate: always one row
+        row = (
+            self._live()
+            .execute(
+                "SELECT coalesce(sum(pg_total_relation_size(to_regclass(name))), 0) FROM unnest(%s::text[]) AS name",
+                (list(TABLE_NAMES),),
+            )
+            .fetchone()
+        )
+        stats["bytes"] = int(row[0])  # type: ignore[index]  # an aggregate: always one row
         return stats
 
     def close(self) -> None:
@@ -298,8 +339,9 @@ class PostgresCache(Store):
         async with self._connection() as db:
             if entry.identity and lease_holder is not None:  # what a server stores: one statement
                 recorded = Call(entry.category, entry.tool, entry.api, entry.arguments).digest()
-                return (await db.execute(_STORE_SIMULATED, (row[0], entry.identity, lease_holder, *row,
-                                                            recorded))).rowcount == 1
+                return (
+                    await db.execute(_STORE_SIMULATED, (row[0], entry.identity, lease_holder, *row, recorded))
+                ).rowcount == 1
             async with db.transaction():
                 if entry.identity:
                     recorded = Call(entry.category, entry.tool, entry.api, entry.arguments).digest()
@@ -358,7 +400,7 @@ class PostgresCache(Store):
         try:
             async with self._connection() as db:
                 for start in range(0, len(ids), HIT_FLUSH_ROWS):
-                    rows = [(hits[id_], id_) for id_ in ids[start:start + HIT_FLUSH_ROWS]]
+                    rows = [(hits[id_], id_) for id_ in ids[start : start + HIT_FLUSH_ROWS]]
                     async with db.transaction(), db.cursor() as cursor:
                         await cursor.executemany(_COUNT_HITS, rows)
                 now = time.time()
@@ -409,10 +451,16 @@ class PostgresCache(Store):
             self._pool_lock = asyncio.Lock()
         async with self._pool_lock:
             if self._pool is None:
-                pool = AsyncConnectionPool(self._conninfo, min_size=1, max_size=self._pool_connections,
-                                           kwargs={"autocommit": True}, open=False, name="mirrorapi-cache",
-                                           # a request waits this long for a connection, not psycopg's 30 s
-                                           timeout=CONNECT_TIMEOUT_SECONDS)
+                pool = AsyncConnectionPool(
+                    self._conninfo,
+                    min_size=1,
+                    max_size=self._pool_connections,
+                    kwargs={"autocommit": True},
+                    open=False,
+                    name="mirrorapi-cache",
+                    # a request waits this long for a connection, not psycopg's 30 s
+                    timeout=CONNECT_TIMEOUT_SECONDS,
+                )
                 try:
                     await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
                 except Exception as exc:

@@ -56,13 +56,17 @@ def open_schema(db: psycopg.Connection, location: str) -> None:
         row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row else None
         if version is not None and version > SCHEMA_VERSION:
-            raise CacheError(f"{location}: cache schema version {version} was written by a newer "
-                             f"mirrorapi; this one reads versions up to {SCHEMA_VERSION}")
+            raise CacheError(
+                f"{location}: cache schema version {version} was written by a newer "
+                f"mirrorapi; this one reads versions up to {SCHEMA_VERSION}"
+            )
         if version is None:
             exists = db.execute("SELECT to_regclass('entries') IS NOT NULL").fetchone()[0]  # type: ignore[index]
             if exists:
-                raise CacheError(f"{location}: has an entries table but no mirrorapi schema version "
-                                 "(give the cache a database, or a schema, of its own)")
+                raise CacheError(
+                    f"{location}: has an entries table but no mirrorapi schema version "
+                    "(give the cache a database, or a schema, of its own)"
+                )
             # Version 3 is PostgreSQL's first: there is nothing older to migrate.
             for statement in _TABLES[1:]:
                 db.execute(statement)

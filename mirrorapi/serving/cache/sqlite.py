@@ -58,8 +58,9 @@ CHECKPOINT_WRITES = 250  # writer commits between checkpoints (in a thread) of a
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
 
 _COLUMNS = ", ".join(ENTRY_COLUMNS)
-_INSERT = (f"INSERT OR IGNORE INTO entries ({_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
-           "?13, ?14)")
+_INSERT = (
+    f"INSERT OR IGNORE INTO entries ({_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+)
 # A simulated answer is not stored where a recorded one exists (it would never be served)...
 _INSERT_SIMULATED = (
     f"INSERT OR IGNORE INTO entries ({_COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
@@ -70,8 +71,10 @@ _INSERT_SIMULATED = (
 _DROP_SHADOWED = "DELETE FROM entries WHERE category = ? AND tool = ? AND api = ? AND arguments = ? AND identity != ''"
 # Equality on the key's prefix: the recorded row or the simulated rows of each identity (a few at most).
 # The request path reads the observation as bytes: it is the response body as stored (no decode, no encode).
-_SELECT = "SELECT id, {}, provenance, identity, history FROM entries WHERE category = ? AND tool = ? AND api = ? " \
-          "AND arguments = ? AND "
+_SELECT = (
+    "SELECT id, {}, provenance, identity, history FROM entries WHERE category = ? AND tool = ? AND api = ? "
+    "AND arguments = ? AND "
+)
 _FIND = _SELECT.format("observation") + "history = ''"
 _FIND_IN_SESSION = _SELECT.format("observation") + "history IN ('', ?)"
 _LOOKUP = _SELECT.format("CAST(observation AS BLOB)") + "history = ''"
@@ -81,8 +84,10 @@ _TAKE_LEASE = (
     "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET holder = excluded.holder, "
     "expires = excluded.expires WHERE leases.expires < ? OR leases.holder = excluded.holder"
 )
-_RELEASE_LEASE = ("DELETE FROM leases WHERE category = ? AND tool = ? AND api = ? AND arguments = ? AND history = ? "
-                  "AND identity = ? AND holder = ?")
+_RELEASE_LEASE = (
+    "DELETE FROM leases WHERE category = ? AND tool = ? AND api = ? AND arguments = ? AND history = ? "
+    "AND identity = ? AND holder = ?"
+)
 _SESSION = "SELECT digest, steps, lines FROM sessions WHERE id = ? AND used >= ?"
 _PUT_SESSION = "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?)"
 _NEW_SESSION = "INSERT INTO sessions VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
@@ -95,11 +100,11 @@ STATEMENTS = Statements(
     forget_import="DELETE FROM imports WHERE origin = ?",
     record_import="INSERT INTO imports VALUES (?, ?, ?, ?)",
     examples="SELECT arguments, observation FROM entries WHERE category = ? AND tool = ? AND api = ? "
-             "AND identity = '' ORDER BY arguments LIMIT ?",
+    "AND identity = '' ORDER BY arguments LIMIT ?",
     entries="SELECT category, tool, api, arguments, observation, provenance FROM entries WHERE history = ''{where} "
-            "ORDER BY category, tool, api, arguments, identity",
+    "ORDER BY category, tool, api, arguments, identity",
     served_entries="SELECT category, tool, api, arguments_as_sent, observation FROM entries WHERE history = '' AND "
-                   "identity IN ('', ?){where} ORDER BY category, tool, api, arguments",
+    "identity IN ('', ?){where} ORDER BY category, tool, api, arguments",
     provenance_like="provenance LIKE ?",
     rows=f"SELECT {_COLUMNS} FROM entries",
     sessions="SELECT id, digest, steps, lines, used FROM sessions",
@@ -111,10 +116,10 @@ STATEMENTS = Statements(
     session_count="SELECT count(*) FROM entries WHERE history != ''",
     stats_by_provenance="SELECT provenance, count(*) FROM entries GROUP BY provenance",
     stats_by_identity="SELECT identity, count(*), sum(hits), min(created), max(created) FROM entries "
-                      "WHERE identity != '' GROUP BY identity ORDER BY identity",
+    "WHERE identity != '' GROUP BY identity ORDER BY identity",
     stats_totals="SELECT count(*), coalesce(sum(hits), 0), count(DISTINCT category || '/' || tool || '/' || api), "
-                 "sum(CASE WHEN error != '' THEN 1 ELSE 0 END), sum(CASE WHEN identity = '' THEN 1 ELSE 0 END), "
-                 "sum(CASE WHEN history != '' THEN 1 ELSE 0 END) FROM entries",
+    "sum(CASE WHEN error != '' THEN 1 ELSE 0 END), sum(CASE WHEN identity = '' THEN 1 ELSE 0 END), "
+    "sum(CASE WHEN history != '' THEN 1 ELSE 0 END) FROM entries",
     stats_imports="SELECT origin, entries, imported_at FROM imports ORDER BY imported_at",
     stats_sessions="SELECT count(*) FROM sessions",
 )
@@ -148,9 +153,22 @@ def _write_entries(db: sqlite3.Connection, entries: Iterable[Entry]) -> int:
     """Insert entries (inside a transaction) by the rules of the cache; returns how many were stored."""
     stored = 0
     for entry in entries:
-        row = (entry.category, entry.tool, entry.api, entry.arguments, entry.history, entry.identity, entry.steps,
-               entry.arguments_as_sent, entry.error, entry.observation, entry.provenance, entry.created, entry.hits,
-               entry.rationale)
+        row = (
+            entry.category,
+            entry.tool,
+            entry.api,
+            entry.arguments,
+            entry.history,
+            entry.identity,
+            entry.steps,
+            entry.arguments_as_sent,
+            entry.error,
+            entry.observation,
+            entry.provenance,
+            entry.created,
+            entry.hits,
+            entry.rationale,
+        )
         if entry.identity:  # simulated
             stored += db.execute(_INSERT_SIMULATED, row).rowcount
         else:
@@ -201,8 +219,16 @@ class ResponseCache(Store):
                 stored += sum(self._db.execute(_NEW_SESSION, row).rowcount for row in chunk)
         return stored
 
-    def get(self, category: str, tool: str, api: str, arguments: str, identity: str = RECORDED,
-            history: str = NO_SESSION, count_hit: bool = True) -> tuple[str, str] | None:
+    def get(
+        self,
+        category: str,
+        tool: str,
+        api: str,
+        arguments: str,
+        identity: str = RECORDED,
+        history: str = NO_SESSION,
+        count_hit: bool = True,
+    ) -> tuple[str, str] | None:
         if history:
             rows = self._db.execute(_FIND_IN_SESSION, (category, tool, api, arguments, history)).fetchall()
         else:
@@ -242,8 +268,9 @@ class ResponseCache(Store):
     # Called on the server's event loop only.
     async def lookup(self, call: Call, identity: str) -> tuple[bytes, str] | None:
         if call.history:
-            rows = self._db.execute(_LOOKUP_IN_SESSION, (call.category, call.tool, call.api, call.arguments,
-                                                         call.history)).fetchall()
+            rows = self._db.execute(
+                _LOOKUP_IN_SESSION, (call.category, call.tool, call.api, call.arguments, call.history)
+            ).fetchall()
         else:
             rows = self._db.execute(_LOOKUP, (call.category, call.tool, call.api, call.arguments)).fetchall()
         return self._served(rows, identity, call.history, True)
@@ -254,6 +281,7 @@ class ResponseCache(Store):
             if lease_holder is not None:
                 db.execute(_RELEASE_LEASE, (*_key(entry.call), entry.identity, lease_holder))
             return stored
+
         return await self._loop_writer().submit(job)
 
     async def recorded_examples(self, category: str, tool: str, api: str, limit: int) -> list[tuple[str, str]]:
@@ -262,7 +290,8 @@ class ResponseCache(Store):
     async def try_lease(self, call: Call, identity: str, holder: str, seconds: float) -> bool:
         now = time.time()
         return await self._loop_writer().submit(
-            lambda db: db.execute(_TAKE_LEASE, (*_key(call), identity, holder, now + seconds, now)).rowcount == 1)
+            lambda db: db.execute(_TAKE_LEASE, (*_key(call), identity, holder, now + seconds, now)).rowcount == 1
+        )
 
     async def release_lease(self, call: Call, identity: str, holder: str) -> None:
         await self._loop_writer().submit(lambda db: db.execute(_RELEASE_LEASE, (*_key(call), identity, holder)))
@@ -278,6 +307,7 @@ class ResponseCache(Store):
             state = advance((row[0], row[1], json.loads(row[2])) if row else None)
             db.execute(_PUT_SESSION, (session_id, state[0], state[1], json.dumps(state[2], ensure_ascii=False), now))
             return state
+
         return await self._loop_writer().submit(job)
 
     async def maintain(self, idle_seconds: float) -> None:
@@ -286,11 +316,12 @@ class ResponseCache(Store):
         hits, self._pending_hits = self._pending_hits, {}
         ids = sorted(hits)  # in the order of the table: the pages are written once each
         for start in range(0, len(ids), HIT_FLUSH_ROWS):
-            rows = [(hits[id_], id_) for id_ in ids[start:start + HIT_FLUSH_ROWS]]
+            rows = [(hits[id_], id_) for id_ in ids[start : start + HIT_FLUSH_ROWS]]
             await writer.submit(functools.partial(_count_hits, rows=rows))
         now = time.time()
-        await writer.submit(lambda db: (db.execute(_FORGET_SESSIONS, (now - idle_seconds,)),
-                                        db.execute(_FORGET_LEASES, (now,))))
+        await writer.submit(
+            lambda db: (db.execute(_FORGET_SESSIONS, (now - idle_seconds,)), db.execute(_FORGET_LEASES, (now,)))
+        )
         with contextlib.suppress(sqlite3.Error):  # reported by `_checkpointed`; next time
             await asyncio.shield(self._start_checkpoint())
 

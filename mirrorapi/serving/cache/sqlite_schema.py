@@ -35,8 +35,9 @@ CREATE TABLE {name} (
 """
 # A rowid table and a narrow unique index, not a WITHOUT ROWID table: its b-tree would carry the rows
 # (a kilobyte each) between the keys; the narrow index makes a random lookup a third faster (8 -> 5 us).
-_ENTRIES_KEY = ("CREATE UNIQUE INDEX IF NOT EXISTS entries_key ON entries "
-                "(category, tool, api, arguments, history, identity)")
+_ENTRIES_KEY = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS entries_key ON entries (category, tool, api, arguments, history, identity)"
+)
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS imports (origin TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, "
     "entries INTEGER NOT NULL, imported_at REAL NOT NULL)",
@@ -56,8 +57,10 @@ _ENTRIES_V2 = (
 )  # version 2, for migrating 1
 
 
-_COLUMNS_V3 = "category, tool, api, arguments, history, identity, steps, arguments_as_sent, error, observation, " \
-              "provenance, created, hits"
+_COLUMNS_V3 = (
+    "category, tool, api, arguments, history, identity, steps, arguments_as_sent, error, observation, "
+    "provenance, created, hits"
+)
 _COLUMNS = _COLUMNS_V3 + ", rationale"
 
 
@@ -68,9 +71,11 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
     exactly that identity (`simulator_identity`). Arguments as first received were not kept: the
     canonical (sorted) form stands in for them."""
     db.execute(_ENTRIES_V2.format(name="entries_v2"))
-    db.execute("INSERT INTO entries_v2 SELECT category, tool, api, arguments, CASE WHEN provenance LIKE "
-               f"'{SIMULATED}%' THEN substr(provenance, {len(SIMULATED) + 1}) ELSE '' END, arguments, error, "
-               "observation, provenance, created, hits FROM entries")
+    db.execute(
+        "INSERT INTO entries_v2 SELECT category, tool, api, arguments, CASE WHEN provenance LIKE "
+        f"'{SIMULATED}%' THEN substr(provenance, {len(SIMULATED) + 1}) ELSE '' END, arguments, error, "
+        "observation, provenance, created, hits FROM entries"
+    )
     db.execute("DROP TABLE entries")
     db.execute("ALTER TABLE entries_v2 RENAME TO entries")
 
@@ -79,11 +84,15 @@ def _migrate_2_to_3(db: sqlite3.Connection) -> None:
     """Version 2 kept answers given inside sessions in a table of their own (`session_entries`); version 3
     keys every answer by its call and the session history ('' outside a session), in one table."""
     db.execute(_ENTRIES.format(name="entries_v3"))
-    db.execute(f"INSERT INTO entries_v3 ({_COLUMNS_V3}) SELECT category, tool, api, arguments, '', identity, 0, "
-               "arguments_as_sent, error, observation, provenance, created, hits FROM entries")
+    db.execute(
+        f"INSERT INTO entries_v3 ({_COLUMNS_V3}) SELECT category, tool, api, arguments, '', identity, 0, "
+        "arguments_as_sent, error, observation, provenance, created, hits FROM entries"
+    )
     if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'session_entries'").fetchone():
-        db.execute(f"INSERT INTO entries_v3 ({_COLUMNS_V3}) SELECT category, tool, api, arguments, history, identity, "
-                   "steps, arguments, error, observation, provenance, created, 0 FROM session_entries")
+        db.execute(
+            f"INSERT INTO entries_v3 ({_COLUMNS_V3}) SELECT category, tool, api, arguments, history, identity, "
+            "steps, arguments, error, observation, provenance, created, 0 FROM session_entries"
+        )
         db.execute("DROP TABLE session_entries")
     db.execute("DROP TABLE entries")
     db.execute("ALTER TABLE entries_v3 RENAME TO entries")
@@ -103,8 +112,9 @@ _MIGRATIONS = {
 }  # version n -> n + 1, all in one transaction at open
 
 
-def open_schema(db: sqlite3.Connection, path: Path,
-                transaction: Callable[[], contextlib.AbstractContextManager]) -> None:
+def open_schema(
+    db: sqlite3.Connection, path: Path, transaction: Callable[[], contextlib.AbstractContextManager]
+) -> None:
     """Create the tables of a new database, or migrate an older one, inside one `transaction`; CacheError for a
     database that is not a cache, or one written by a newer mirrorapi."""
     version = schema_version(db)
@@ -119,8 +129,10 @@ def open_schema(db: sqlite3.Connection, path: Path,
             db.execute(_ENTRIES.format(name="entries"))
             db.execute(_ENTRIES_KEY)
         elif version > SCHEMA_VERSION:
-            raise CacheError(f"{path}: cache schema version {version} was written by a newer mirrorapi; "
-                             f"this one reads versions up to {SCHEMA_VERSION}")
+            raise CacheError(
+                f"{path}: cache schema version {version} was written by a newer mirrorapi; "
+                f"this one reads versions up to {SCHEMA_VERSION}"
+            )
         else:
             while version < SCHEMA_VERSION:
                 logger.info("migrating cache %s from schema version %d to %d", path, version, version + 1)

@@ -84,8 +84,12 @@ class LoopWriter:
             self._waiting_since, self._reported = now, 0.0
         elif now - self._waiting_since - self._reported >= 10.0:
             self._reported = now - self._waiting_since
-            logger.warning("cache writes wait for the database lock (another connection holds it, e.g. an import; "
-                           "%.0f s so far); %d writes queued, none dropped", self._reported, len(self._jobs))
+            logger.warning(
+                "cache writes wait for the database lock (another connection holds it, e.g. an import; "
+                "%.0f s so far); %d writes queued, none dropped",
+                self._reported,
+                len(self._jobs),
+            )
         self._scheduled = asyncio.get_running_loop().call_later(self.POLL_SECONDS, self._commit)
 
     @staticmethod

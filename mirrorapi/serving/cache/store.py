@@ -144,8 +144,16 @@ class Store(abc.ABC):
         """Insert entries by the rules of `entries` inside the open transaction; how many were stored."""
 
     @abc.abstractmethod
-    def get(self, category: str, tool: str, api: str, arguments: str, identity: str = RECORDED,
-            history: str = NO_SESSION, count_hit: bool = True) -> tuple[str, str] | None:
+    def get(
+        self,
+        category: str,
+        tool: str,
+        api: str,
+        arguments: str,
+        identity: str = RECORDED,
+        history: str = NO_SESSION,
+        count_hit: bool = True,
+    ) -> tuple[str, str] | None:
         """(observation JSON, provenance) that a server of `identity` answers (see `served`), or None."""
 
     @abc.abstractmethod
@@ -170,8 +178,18 @@ class Store(abc.ABC):
             self._pending_hits[row[0]] = self._pending_hits.get(row[0], 0) + 1
         return row[1], row[2]
 
-    def put(self, category: str, tool: str, api: str, arguments: Any, error: str, response: Any,
-            provenance: str, history: str = NO_SESSION, steps: int = 0) -> bool:
+    def put(
+        self,
+        category: str,
+        tool: str,
+        api: str,
+        arguments: Any,
+        error: str,
+        response: Any,
+        provenance: str,
+        history: str = NO_SESSION,
+        steps: int = 0,
+    ) -> bool:
         """Store one answer (committed on return); False when an entry that wins is already there.
         `arguments`: the argument object (or its JSON text) as received; its key order is kept."""
         entry = new_entry(category, tool, api, arguments, error, response, provenance, time.time(), history, steps)
@@ -184,8 +202,10 @@ class Store(abc.ABC):
         waits long for the write lock (an interrupted import is simply run again: nothing doubles)."""
         now, stored, first = time.time(), 0, True
         rows = iter(rows)
-        while chunk := [new_entry(c, t, a, args, e, r, provenance, now)
-                        for c, t, a, args, e, r in itertools.islice(rows, IMPORT_TRANSACTION_ROWS)]:
+        while chunk := [
+            new_entry(c, t, a, args, e, r, provenance, now)
+            for c, t, a, args, e, r in itertools.islice(rows, IMPORT_TRANSACTION_ROWS)
+        ]:
             if not first:
                 time.sleep(IMPORT_PAUSE_SECONDS)
             first = False
@@ -268,16 +288,30 @@ class Store(abc.ABC):
 
     def stats(self) -> dict:
         by_provenance = dict(self._execute(self.sql.stats_by_provenance).fetchall())
-        by_identity = {identity: {"entries": n, "hits": int(hits or 0), "first": first, "last": last}
-                       for identity, n, hits, first, last in self._execute(self.sql.stats_by_identity).fetchall()}
+        by_identity = {
+            identity: {"entries": n, "hits": int(hits or 0), "first": first, "last": last}
+            for identity, n, hits, first, last in self._execute(self.sql.stats_by_identity).fetchall()
+        }
         totals = self._execute(self.sql.stats_totals).fetchone()
-        imports = [{"origin": o, "entries": n, "imported_at": t}
-                   for o, n, t in self._execute(self.sql.stats_imports).fetchall()]
+        imports = [
+            {"origin": o, "entries": n, "imported_at": t}
+            for o, n, t in self._execute(self.sql.stats_imports).fetchall()
+        ]
         sessions = self._execute(self.sql.stats_sessions).fetchone()[0]
-        return {"location": self.location, "schema_version": SCHEMA_VERSION, "entries": totals[0],
-                "apis": totals[2], "errors": int(totals[3] or 0), "hits": int(totals[1]),
-                "recorded": int(totals[4] or 0), "by_identity": by_identity, "by_provenance": by_provenance,
-                "imports": imports, "session_entries": int(totals[5] or 0), "sessions": sessions}
+        return {
+            "location": self.location,
+            "schema_version": SCHEMA_VERSION,
+            "entries": totals[0],
+            "apis": totals[2],
+            "errors": int(totals[3] or 0),
+            "hits": int(totals[1]),
+            "recorded": int(totals[4] or 0),
+            "by_identity": by_identity,
+            "by_provenance": by_provenance,
+            "imports": imports,
+            "session_entries": int(totals[5] or 0),
+            "sessions": sessions,
+        }
 
     def _provenance_filter(self, provenance: Iterable[str]) -> tuple[str, list[str]]:
         prefixes = list(provenance)

@@ -56,11 +56,21 @@ def write_recorded_pairs(dialogues: list[dict], tools: dict[str, str], path: str
                 continue
             result = turn["result"]
             output = result["output"]
-            rows.append({"source": "api-bank", "episode": dialogue["file"].removesuffix(".jsonl"), "step": step,
-                         "category": CATEGORY, "tool_name": tools[turn["api_name"]], "api_name": turn["api_name"],
-                         "tool_input": turn["param_dict"],
-                         "response": {"error": result["exception"] or "",
-                                      "response": output if isinstance(output, str) else json.dumps(output)}})
+            rows.append(
+                {
+                    "source": "api-bank",
+                    "episode": dialogue["file"].removesuffix(".jsonl"),
+                    "step": step,
+                    "category": CATEGORY,
+                    "tool_name": tools[turn["api_name"]],
+                    "api_name": turn["api_name"],
+                    "tool_input": turn["param_dict"],
+                    "response": {
+                        "error": result["exception"] or "",
+                        "response": output if isinstance(output, str) else json.dumps(output),
+                    },
+                }
+            )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return len(rows)
@@ -75,8 +85,11 @@ class VirtualApiBank:
     searcher: dict[tuple[str, str], dict]
     types: dict[str, dict[str, str]]
     # Made on the event loop that runs the calls (aiohttp binds a session to it): build one inside a coroutine.
-    http: aiohttp.ClientSession = field(default_factory=lambda: aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=120.0), raise_for_status=True))
+    http: aiohttp.ClientSession = field(
+        default_factory=lambda: aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=120.0), raise_for_status=True
+        )
+    )
 
     async def execute(self, api_name: str, arguments: dict[str, str]) -> Result:
         """The call as API-Bank records it: typed input, output, exception. The server gets the arguments as
@@ -93,8 +106,12 @@ class VirtualApiBank:
             return {**result, "output": recorded["output"], "exception": recorded["exception"]}
         if api_name not in self.tools:
             return {**result, "output": None, "exception": f"unknown API {api_name}"}
-        body = {"category": CATEGORY, "tool_name": self.tools[api_name], "api_name": api_name,
-                "tool_input": json.dumps(arguments)}
+        body = {
+            "category": CATEGORY,
+            "tool_name": self.tools[api_name],
+            "api_name": api_name,
+            "tool_input": json.dumps(arguments),
+        }
         async with self.http.post(self.server, json=body) as response:
             answer = await response.json(content_type=None)
         error = answer.get("error") or None

@@ -20,8 +20,13 @@ def parse_call(text: str) -> tuple[str, dict[str, str]] | None:
         return None
     arguments = {}
     for m in _ARGUMENT.finditer(match.group(2)):
-        key, value = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4)) if m.group(3) else (
-            m.group(5), m.group(6))
+        key, value = (
+            (m.group(1), m.group(2))
+            if m.group(1)
+            else (m.group(3), m.group(4))
+            if m.group(3)
+            else (m.group(5), m.group(6))
+        )
         arguments[key] = value
     return match.group(1), arguments
 
@@ -95,15 +100,19 @@ def _history_date(value: str) -> str:
 
 def _fields(**normalizers: Callable[[Any], Any]) -> Callable[[Result, Result], bool]:
     """Named input fields equal after a normalizer, then output and exception equal."""
+
     def check(r: Result, g: Result) -> bool:
         return all(norm(r["input"][k]) == norm(g["input"][k]) for k, norm in normalizers.items()) and _same(
-            "output", "exception")(r, g)
+            "output", "exception"
+        )(r, g)
+
     return check
 
 
 def _content(field_name: str, lower: bool, exact: tuple[str, ...] | None) -> Callable[[Result, Result], bool]:
     """Agenda/reminder/meeting APIs: the free-text field by word overlap; `exact` fields (None: all the others)
     equal; then output and exception."""
+
     def check(r: Result, g: Result) -> bool:
         a, b = r["input"][field_name], g["input"][field_name]
         if not _words_overlap(a.lower() if lower else a, b.lower() if lower else b):
@@ -115,6 +124,7 @@ def _content(field_name: str, lower: bool, exact: tuple[str, ...] | None) -> Cal
         elif any(r["input"][k] != g["input"][k] for k in exact):
             return False
         return _same("output", "exception")(r, g)
+
     return check
 
 
@@ -127,17 +137,21 @@ def _delete_by_time(r: Result, g: Result) -> bool:
 
 def _none_output_or(check_inputs: Callable[[Result, Result], bool]) -> Callable[[Result, Result], bool]:
     """APIs returning random ids/tokens: the output only has to be absent when the annotated one is."""
+
     def check(r: Result, g: Result) -> bool:
         if g["output"] is None and r["output"] is not None:
             return False
         return check_inputs(r, g) and r["exception"] == g["exception"]
+
     return check
 
 
 def _scene(compare_output: bool) -> Callable[[Result, Result], bool]:
     def devices(result: Result) -> list:
-        items = [{**d, "name": d["name"].strip().lower(), "description": d["description"].strip()}
-                 for d in result["input"]["devices"]]
+        items = [
+            {**d, "name": d["name"].strip().lower(), "description": d["description"].strip()}
+            for d in result["input"]["devices"]
+        ]
         return sorted(items, key=lambda d: d["name"])
 
     def check(r: Result, g: Result) -> bool:
@@ -148,12 +162,14 @@ def _scene(compare_output: bool) -> Callable[[Result, Result], bool]:
         if not compare_output and g["output"] is None and r["output"] is not None:
             return False
         return r["exception"] == g["exception"]
+
     return check
 
 
 def _search_engine(r: Result, g: Result) -> bool:
     def ordered(output: Any) -> Any:
         return sorted(output, key=lambda x: x["title"] + x["abstract"], reverse=True) if output is not None else None
+
     return r["exception"] == g["exception"] and ordered(r["output"]) == ordered(g["output"])
 
 
@@ -180,31 +196,45 @@ RULES: dict[str, Callable[[Result, Result], bool]] = {
     "AddMeeting": _content("meeting_topic", lower=False, exact=None),
     "ModifyMeeting": _content("meeting_topic", lower=False, exact=None),
     "QueryMeeting": _content("meeting_topic", lower=False, exact=None),
-    "DeleteAgenda": _delete_by_time, "DeleteMeeting": _delete_by_time, "DeleteReminder": _delete_by_time,
+    "DeleteAgenda": _delete_by_time,
+    "DeleteMeeting": _delete_by_time,
+    "DeleteReminder": _delete_by_time,
     "Calculator": _fields(formula=lambda f: f.replace(" ", "")),
     "GetToday": lambda r, g: r["output"] is not None and r["exception"] is None and not r["input"],
-    "Dictionary": _same("output", "exception"), "Wiki": _same("output", "exception"),
+    "Dictionary": _same("output", "exception"),
+    "Wiki": _same("output", "exception"),
     "ToolSearcher": _same("output", "exception"),
     "PlayMusic": _same("output"),
     "SearchEngine": _search_engine,
     "Translate": _fields(src=lambda s: s),
-    "AppointmentRegistration": _none_output_or(lambda r, g: all(
-        n(r["input"][k]) == n(g["input"][k]) for k, n in
-        (("patient_name", _strip), ("date", lambda d: _date_as(d, _DAY)), ("doctor_name", _strip)))),
+    "AppointmentRegistration": _none_output_or(
+        lambda r, g: all(
+            n(r["input"][k]) == n(g["input"][k])
+            for k, n in (("patient_name", _strip), ("date", lambda d: _date_as(d, _DAY)), ("doctor_name", _strip))
+        )
+    ),
     "RegisterUser": _none_output_or(lambda r, g: r["input"] == g["input"]),
-    "AddScene": _scene(compare_output=False), "ModifyScene": _scene(compare_output=True),
-    "DeleteScene": _fields(name=_lower), "QueryScene": _fields(name=_lower),
+    "AddScene": _scene(compare_output=False),
+    "ModifyScene": _scene(compare_output=True),
+    "DeleteScene": _fields(name=_lower),
+    "QueryScene": _fields(name=_lower),
     "CancelRegistration": _fields(appointment_id=_strip),
     "CancelTimedSwitch": _fields(name=_lower, time=lambda t: _date_as(t, _STAMP)),
     "TimedSwitch": _fields(name=_lower, time=lambda t: _date_as(t, _STAMP), on=lambda v: v),
     "DocumentQA": _fields(url=_strip, question=_strip),
-    "EmergencyKnowledge": _fields(symptom=_lower), "SymptomSearch": _fields(symptom=_lower),
-    "ModifyRegistration": _fields(appointment_id=lambda v: str(v).strip(),
-                                  new_appointment_date=lambda d: None if d is None else _date_as(d, _DAY),
-                                  new_appointment_doctor=_strip),
+    "EmergencyKnowledge": _fields(symptom=_lower),
+    "SymptomSearch": _fields(symptom=_lower),
+    "ModifyRegistration": _fields(
+        appointment_id=lambda v: str(v).strip(),
+        new_appointment_date=lambda d: None if d is None else _date_as(d, _DAY),
+        new_appointment_doctor=_strip,
+    ),
     "QueryBalance": _fields(token=_strip),
-    "QueryHealthData": _fields(user_id=lambda u: _upper(u) or None, start_time=lambda t: _date_as(t, _STAMP),
-                               end_time=lambda t: _date_as(t, _STAMP)),
+    "QueryHealthData": _fields(
+        user_id=lambda u: _upper(u) or None,
+        start_time=lambda t: _date_as(t, _STAMP),
+        end_time=lambda t: _date_as(t, _STAMP),
+    ),
     "QueryHistoryToday": _fields(date=_history_date),
     "QueryRegistration": _fields(patient_name=_strip, date=lambda d: _date_as(d, _DAY)),
     "QueryStock": _fields(stock_code=lambda c: _upper(c) or None, date=lambda d: _date_as(d, _DAY)),

@@ -80,7 +80,7 @@ def samples_of(dialogue: dict, level: int) -> list[Sample]:
             continue
         out.append(Sample(level, dialogue["file"], turns[:i], apis, turn, len(out)))
         if i + 1 < len(turns):  # API-Bank indexes past the end here (a crash); no dialogue of levels 1-2 ends so
-            out.append(Sample(level, dialogue["file"], turns[:i + 1], apis, turns[i + 1], len(out)))
+            out.append(Sample(level, dialogue["file"], turns[: i + 1], apis, turns[i + 1], len(out)))
     return out
 
 

@@ -49,39 +49,64 @@ class Settings:
 
     server: str = Field(description="The virtual server's /virtual URL, e.g. http://127.0.0.1:8080/virtual.")
     base_urls: Annotated[list[str], Flag("base-url", "URL")] = Field(
-        description="The model's OpenAI-compatible /v1 URL(s).")
+        description="The model's OpenAI-compatible /v1 URL(s)."
+    )
     model: str = Field(description="The model name the engine serves.")
     data: Path = Field(default=Path("data/apibank"), description="API-Bank dialogues (data/apibank).")
-    tools_folder: Annotated[Path, Flag("tools")] = Field(default=Path("data/samples/tools"), description=(
-        "The tools folder the server serves; its APIBank/ category names the tools."))
+    tools_folder: Annotated[Path, Flag("tools")] = Field(
+        default=Path("data/samples/tools"),
+        description=("The tools folder the server serves; its APIBank/ category names the tools."),
+    )
     api_key: str = Field(default="EMPTY", description="API key of the model's engine.")
     levels: Annotated[tuple[int, ...], Flag(choices=tuple(sorted(LEVELS)))] = Field(
-        default=tuple(sorted(LEVELS)), description="API-Bank levels: 1 (Call), 2 (Retrieve+Call).")
+        default=tuple(sorted(LEVELS)), description="API-Bank levels: 1 (Call), 2 (Retrieve+Call)."
+    )
     temperature: float = Field(default=0.0, ge=0, description="Sampling temperature of the model.")
     max_tokens: int = Field(default=256, ge=1, description="Tokens per model output.")
-    concurrency: int = Field(default=4, ge=1, description=(
-        "Model calls in flight (a CPU engine answers one at a time: 1 there)."))
+    concurrency: int = Field(
+        default=4, ge=1, description=("Model calls in flight (a CPU engine answers one at a time: 1 there).")
+    )
     limit: int | None = Field(default=None, ge=1, description="Only the first N dialogues of each level.")
-    timeout: float = Field(default=600.0, gt=0, description=(
-        "Seconds per model call (queueing included: a CPU engine answers one at a time, the others wait)."))
-    out: Annotated[Path | None, Flag(metavar="FOLDER")] = Field(default=None, description=(
-        "Report folder; samples.jsonl there grows as samples are scored, and a rerun resumes (in code, None: no "
-        "file)."))
+    timeout: float = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "Seconds per model call (queueing included: a CPU engine answers one at a time, the others wait)."
+        ),
+    )
+    out: Annotated[Path | None, Flag(metavar="FOLDER")] = Field(
+        default=None,
+        description=(
+            "Report folder; samples.jsonl there grows as samples are scored, and a rerun resumes (in code, None: no "
+            "file)."
+        ),
+    )
     progress: bool = True
 
     def signature(self) -> dict:
         """What a row's answer depends on besides its sample: a rerun reuses only rows of the same."""
-        return {"model": self.model, "server": self.server, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+        return {
+            "model": self.model,
+            "server": self.server,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
 
 
-async def _score(sample: Sample, engine: EngineClient, api: VirtualApiBank, descriptions: dict[str, str],
-                 settings: Settings) -> dict:
-    row: dict[str, Any] = {"level": sample.level, "dialogue": sample.dialogue, "sample": sample.number,
-                           "kind": sample.kind, **settings.signature()}
+async def _score(
+    sample: Sample, engine: EngineClient, api: VirtualApiBank, descriptions: dict[str, str], settings: Settings
+) -> dict:
+    row: dict[str, Any] = {
+        "level": sample.level,
+        "dialogue": sample.dialogue,
+        "sample": sample.number,
+        "kind": sample.kind,
+        **settings.signature(),
+    }
     try:
-        output = await engine.chat(build_messages(sample, descriptions), temperature=settings.temperature,
-                                   max_tokens=settings.max_tokens)
+        output = await engine.chat(
+            build_messages(sample, descriptions), temperature=settings.temperature, max_tokens=settings.max_tokens
+        )
     except EngineError as exc:
         output, row["engine_error"] = "", str(exc)
     row["output"] = output
@@ -103,7 +128,7 @@ async def _score(sample: Sample, engine: EngineClient, api: VirtualApiBank, desc
 
 async def _evaluate(settings: Settings) -> list[dict]:
     descriptions = load_descriptions(settings.data)
-    dialogues = {level: load_dialogues(settings.data, level)[:settings.limit] for level in settings.levels}
+    dialogues = {level: load_dialogues(settings.data, level)[: settings.limit] for level in settings.levels}
     searcher = recorded_results([d for ds in dialogues.values() for d in ds])
     samples = [s for level, ds in dialogues.items() for d in ds for s in samples_of(d, level)]
     done = _done_rows(settings)
@@ -113,8 +138,10 @@ async def _evaluate(settings: Settings) -> list[dict]:
     # A dialogue's call samples one after another, then its response samples: each shares the previous one's
     # prompt up to its last turns (same instruction, descriptions, history), which llama.cpp's server does not
     # compute again (its prefix match); alternating the two instructions would start every prompt afresh.
-    todo = sorted((s for s in samples if _key(s.level, s.dialogue, s.number) not in done),
-                  key=lambda s: (s.level, s.dialogue, s.kind, s.number))
+    todo = sorted(
+        (s for s in samples if _key(s.level, s.dialogue, s.number) not in done),
+        key=lambda s: (s.level, s.dialogue, s.kind, s.number),
+    )
     bar = tqdm(total=len(todo), desc="API-Bank samples", unit="sample", disable=None if settings.progress else True)
     samples_file = settings.out / "samples.jsonl" if settings.out else None
     log = samples_file.open("a", encoding="utf-8") if samples_file else None
@@ -129,9 +156,12 @@ async def _evaluate(settings: Settings) -> list[dict]:
             log.flush()
         bar.update()
         return row
+
     try:
-        new = {_key(s.level, s.dialogue, s.number): row for s, row in
-               zip(todo, await asyncio.gather(*(one(s) for s in todo)), strict=True)}
+        new = {
+            _key(s.level, s.dialogue, s.number): row
+            for s, row in zip(todo, await asyncio.gather(*(one(s) for s in todo)), strict=True)
+        }
     finally:
         bar.close()
         if log is not None:
@@ -147,8 +177,9 @@ def _key(level: int, dialogue: str, number: int) -> tuple[int, str, int]:
 
 def _row_id(row: dict) -> str:
     """A row's sample and signature: the rows of one sample by one model and decoding share it."""
-    return json.dumps([row.get(k) for k in ("level", "dialogue", "sample", "model", "server", "temperature",
-                                            "max_tokens")])
+    return json.dumps(
+        [row.get(k) for k in ("level", "dialogue", "sample", "model", "server", "temperature", "max_tokens")]
+    )
 
 
 def _file_rows(path: Path) -> list[dict]:
@@ -170,8 +201,11 @@ def _done_rows(settings: Settings) -> dict[tuple[int, str, int], dict]:
         return {}
     settings.out.mkdir(parents=True, exist_ok=True)
     signature = settings.signature()
-    return {_key(r["level"], r["dialogue"], r["sample"]): r for r in _file_rows(settings.out / "samples.jsonl")
-            if all(r.get(k) == v for k, v in signature.items())}
+    return {
+        _key(r["level"], r["dialogue"], r["sample"]): r
+        for r in _file_rows(settings.out / "samples.jsonl")
+        if all(r.get(k) == v for k, v in signature.items())
+    }
 
 
 def evaluate(settings: Settings) -> list[dict]:
@@ -187,7 +221,8 @@ def summarize(rows: list[dict]) -> dict:
         calls = [r for r in rows if r["level"] == level and r["kind"] == "call"]
         responses = [r for r in rows if r["level"] == level and r["kind"] == "response"]
         out[level] = {
-            "calls": len(calls), "correct": sum(r["correct"] for r in calls),
+            "calls": len(calls),
+            "correct": sum(r["correct"] for r in calls),
             "accuracy": round(100.0 * sum(r["correct"] for r in calls) / len(calls), 2) if calls else None,
             "responses": len(responses),
             "rouge_l": round(100.0 * statistics.fmean(r["rouge_l"] for r in responses), 2) if responses else None,
@@ -203,26 +238,45 @@ def report_data(summary: dict, settings: Settings) -> dict:
     levels = {}
     for level, counts in sorted(summary.items()):
         dialogues = load_dialogues(settings.data, level)
-        levels[str(level)] = {**counts, "level_dialogues": len(dialogues),
-                              "level_calls": sum(x.kind == "call" for d in dialogues for x in samples_of(d, level))}
-    return {"levels": levels, "settings": {
-        "model": settings.model, "base_urls": settings.base_urls, "server": settings.server,
-        "temperature": settings.temperature, "max_tokens": settings.max_tokens, "limit": settings.limit}}
+        levels[str(level)] = {
+            **counts,
+            "level_dialogues": len(dialogues),
+            "level_calls": sum(x.kind == "call" for d in dialogues for x in samples_of(d, level)),
+        }
+    return {
+        "levels": levels,
+        "settings": {
+            "model": settings.model,
+            "base_urls": settings.base_urls,
+            "server": settings.server,
+            "temperature": settings.temperature,
+            "max_tokens": settings.max_tokens,
+            "limit": settings.limit,
+        },
+    }
 
 
 def report_lines(data: dict, heading: str = "#") -> list[str]:
     """API-Bank's layout (its Table 4): API-call accuracy per level, then the response ROUGE-L; counts, settings."""
+
     def cell(value: float | None) -> str:
         return "—" if value is None else f"{value:.2f}"
+
     levels, run = data["levels"], data["settings"]
-    lines = [f"{heading} API-Bank (levels 1-2) on the virtual server", "",
-             "| Model | " + " | ".join(f"{LEVEL_NAMES[int(level)]} (level {level})" for level in levels)
-             + " | Response ROUGE-L |", "|---|" + "---|" * len(levels) + "---|"]
+    lines = [
+        f"{heading} API-Bank (levels 1-2) on the virtual server",
+        "",
+        "| Model | "
+        + " | ".join(f"{LEVEL_NAMES[int(level)]} (level {level})" for level in levels)
+        + " | Response ROUGE-L |",
+        "|---|" + "---|" * len(levels) + "---|",
+    ]
     answered = [s for s in levels.values() if s["responses"]]
     total = sum(s["responses"] for s in answered)
     pooled = sum(s["rouge_l"] * s["responses"] for s in answered) / total if total else None
-    lines.append(f"| {run['model']} | " + " | ".join(cell(s["accuracy"]) for s in levels.values())
-                 + f" | {cell(pooled)} |")
+    lines.append(
+        f"| {run['model']} | " + " | ".join(cell(s["accuracy"]) for s in levels.values()) + f" | {cell(pooled)} |"
+    )
     lines += ["", "Counts:", ""]
     for level, s in levels.items():
         lines.append(
@@ -231,10 +285,13 @@ def report_lines(data: dict, heading: str = "#") -> list[str]:
             f"{s['responses']} responses (ROUGE-L {cell(s['rouge_l'])}), "
             f"{s['engine_errors']} model calls failed (counted as wrong; rerun to ask them again)"
         )
-    lines += ["", f"Settings: server {run['server']}, model {run['model']} at {', '.join(run['base_urls'])}, "
-              f"temperature {run['temperature']}, max_tokens {run['max_tokens']}, "
-              f"dialogues per level {run['limit'] or 'all'}. Accuracy: API-Bank's per-API rules on the result the "
-              "virtual server returned; ROUGE-L: rouge-score rougeL F, in %."]
+    lines += [
+        "",
+        f"Settings: server {run['server']}, model {run['model']} at {', '.join(run['base_urls'])}, "
+        f"temperature {run['temperature']}, max_tokens {run['max_tokens']}, "
+        f"dialogues per level {run['limit'] or 'all'}. Accuracy: API-Bank's per-API rules on the result the "
+        "virtual server returned; ROUGE-L: rouge-score rougeL F, in %.",
+    ]
     return lines
 
 
@@ -251,10 +308,12 @@ def write_report(rows: list[dict], settings: Settings, out: str | Path) -> dict:
     # a later run may still reuse.
     mine = {_row_id(r) for r in rows}
     kept = [r for r in _file_rows(out / "samples.jsonl") if _row_id(r) not in mine]
-    (out / "samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
-                                               for r in [*rows, *kept]), encoding="utf-8")
-    (out / "summary.json").write_text(json.dumps({str(k): v for k, v in summary.items()}, indent=2) + "\n",
-                                      encoding="utf-8")
+    (out / "samples.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in [*rows, *kept]), encoding="utf-8"
+    )
+    (out / "summary.json").write_text(
+        json.dumps({str(k): v for k, v in summary.items()}, indent=2) + "\n", encoding="utf-8"
+    )
     data = report_data(summary, settings)
     (out / "report.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     (out / "report.md").write_text("\n".join(report_lines(data)) + "\n", encoding="utf-8")
@@ -274,8 +333,9 @@ def report_section(run: str | Path) -> list[str]:
 def parser(doc: str | None = None):
     import argparse
 
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     p.add_argument(
         "--write-pairs",
         type=Path,
@@ -297,8 +357,11 @@ def write_pairs_from(args) -> int:
 
 def settings_from(args) -> Settings:
     """The run of the command line; ValueError (SettingsError: one line naming the flag) if unusable."""
-    missing = [flag for flag, value in (("--server", args.server), ("--base-url", args.base_urls),
-                                        ("--model", args.model)) if not value]
+    missing = [
+        flag
+        for flag, value in (("--server", args.server), ("--base-url", args.base_urls), ("--model", args.model))
+        if not value
+    ]
     if missing:
         raise ValueError(f"missing {', '.join(missing)} (or give --write-pairs FILE)")
     return settings_from_args(args, Settings)
