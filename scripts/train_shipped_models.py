@@ -363,7 +363,7 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def write_adapters(out: Path, work: Path) -> None:
+def write_adapters(out: Path, work: Path, kinds: list[str]) -> None:
     """Each adapter as one tar file, its weights in float16: PEFT keeps LoRA weights in float32 under a bf16 base
     (19.6 MB for r 16, over a lent machine's 16 MiB per file); float16 keeps their precision better than bfloat16
     for values this small and halves the size. Written as soon as training ends, before anything that may fail."""
@@ -371,7 +371,7 @@ def write_adapters(out: Path, work: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    for kind in ("simulator", "judge"):
+    for kind in kinds:
         folder = work / kind
         weights = load_file(str(folder / "adapter_model.safetensors"))
         save_file(
@@ -452,10 +452,8 @@ def train_stage(args, work: Path) -> dict:
                 *extra[kind],
             ]
     started = time.perf_counter()
-    processes = {
-        kind: launch(kind, recipe, base, work, on_gpu, extra[kind])
-        for kind, recipe in (("simulator", SIMULATOR_RECIPE), ("judge", JUDGE_RECIPE))
-    }
+    recipes = {"simulator": SIMULATOR_RECIPE, "judge": JUDGE_RECIPE}
+    processes = {kind: launch(kind, recipes[kind], base, work, on_gpu, extra[kind]) for kind in args.kinds}
     failed = [kind for kind, process in processes.items() if process.wait() != 0]
     report["seconds"]["train"] = round(time.perf_counter() - started, 1)
     if failed:
@@ -467,31 +465,35 @@ def train_stage(args, work: Path) -> dict:
         report[kind] = training_figures(work / kind, parameters, where["peak_tflops_bf16"])
 
     out = Path(args.out or work / "out")
-    write_adapters(out, work)
+    write_adapters(out, work, args.kinds)
     write_report(out, work, report)
     device = where["device"]
     try:  # the adapters are out already: a failure from here on costs only these scores
-        started = time.perf_counter()
-        judge_rows = judge_scores(base, work / "judge", work / "data" / "judge", device)
-        (out / "judge_scores.jsonl").write_text("".join(json.dumps(r) + "\n" for r in judge_rows), encoding="utf-8")
-        report["judge"]["offline_agreement"] = {
-            "trained": agreement_table(judge_rows, "trained"),
-            "base": agreement_table(judge_rows, "base"),
-        }
-        report["seconds"]["judge_scores"] = round(time.perf_counter() - started, 1)
-        started = time.perf_counter()
-        records = held_out_sample(work / "data" / "simulator", args.per_stratum)
-        generations = generate(
-            base, work / "simulator", records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
-        )
-        with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in generations)
-        report["simulator"]["generated"] = {
-            "answers": len(generations),
-            "sampled": len(records),
-            "max_new_tokens": args.max_new_tokens,
-        }
-        report["seconds"]["generate"] = round(time.perf_counter() - started, 1)
+        if "judge" in args.kinds:
+            started = time.perf_counter()
+            judge_rows = judge_scores(base, work / "judge", work / "data" / "judge", device)
+            (out / "judge_scores.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in judge_rows), encoding="utf-8"
+            )
+            report["judge"]["offline_agreement"] = {
+                "trained": agreement_table(judge_rows, "trained"),
+                "base": agreement_table(judge_rows, "base"),
+            }
+            report["seconds"]["judge_scores"] = round(time.perf_counter() - started, 1)
+        if "simulator" in args.kinds:
+            started = time.perf_counter()
+            records = held_out_sample(work / "data" / "simulator", args.per_stratum)
+            generations = generate(
+                base, work / "simulator", records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
+            )
+            with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in generations)
+            report["simulator"]["generated"] = {
+                "answers": len(generations),
+                "sampled": len(records),
+                "max_new_tokens": args.max_new_tokens,
+            }
+            report["seconds"]["generate"] = round(time.perf_counter() - started, 1)
     except Exception as exc:  # noqa: BLE001 (reported, and the run's weights kept)
         report["scoring_failed"] = f"{type(exc).__name__}: {exc}"
         log(f"scoring failed: {report['scoring_failed']}")
@@ -538,6 +540,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools", nargs="+", help="Tool docs (default ../shared/data/toolenv/realtools).")
     parser.add_argument(
         "--labelled", nargs="+", help="Labelled answers (default ../shared/data/judge/labelled.jsonl)."
+    )
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=("simulator", "judge"),
+        default=["simulator", "judge"],
+        help="Which models the train stage trains (e.g. only the simulator, trained further from the shipped "
+        "adapter: --simulator-set init_adapter=DIR).",
     )
     parser.add_argument("--tiny", action="store_true", help="A few steps on data/samples: checks the path on a CPU.")
     parser.add_argument(

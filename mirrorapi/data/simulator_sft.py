@@ -140,6 +140,13 @@ class SimulatorDataOptions:
             "calls would otherwise drown the few hundred recorded calls of each real source."
         ),
     )
+    repeat_failures: Annotated[int, Flag(metavar="N")] = Field(
+        default=1,
+        description=(
+            "Repeat the training records whose real answer is a failure (an error field or an in-band error) N times, "
+            "on top of --repeat-sources: a simulator must learn when an API fails, and failures are the minority."
+        ),
+    )
 
     def check(self) -> None:
         if self.prompt_format not in SIMULATOR_FORMATS:
@@ -163,6 +170,8 @@ class SimulatorDataOptions:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.stateless_too and not self.history:
             raise ValueError("stateless_too adds stateless records beside session records: it needs history > 0")
+        if self.repeat_failures < 1:
+            raise ValueError(f"repeat_failures must be >= 1, got {self.repeat_failures}")
         self.source_repeats()
 
     def source_repeats(self) -> dict[str, int]:
@@ -203,8 +212,13 @@ def build_simulator_records(
         for name, members in chosen.splits.items():
             splits[name] += _stateless_records(kept, members, options, examples)
     repeats = options.source_repeats()
-    if repeats:
-        splits["train"] = [record for record in splits["train"] for _ in range(repeats.get(record["source"], 1))]
+    splits["train"] = [
+        record
+        for record in splits["train"]
+        for _ in range(
+            repeats.get(record["source"], 1) * (options.repeat_failures if record["kind"] != "success" else 1)
+        )
+    ]
     stats = {
         "kind": "simulator",
         "prompt_format": options.prompt_format,

@@ -92,6 +92,14 @@ class RecipeArguments:
         },
     )
     resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
+    init_adapter: str | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA only: start from this adapter folder's weights instead of a fresh adapter (train a shipped "
+            "adapter further, with a schedule and data of this run's own); its r, alpha and target modules are the "
+            "adapter's, not the recipe's."
+        },
+    )
     merge: bool = field(
         default=False,
         metadata={"help": "LoRA only: also write the base model with the adapter merged in, to output_dir/merged."},
@@ -364,6 +372,13 @@ def check_inputs(recipe: RecipeArguments, training_args, model_args):
 
         if not Path(training_args.output_dir).is_dir() or get_last_checkpoint(training_args.output_dir) is None:
             raise RecipeError(f"--resume: no checkpoint in {training_args.output_dir}")
+    if recipe.init_adapter:
+        if not model_args.use_peft:
+            raise RecipeError("init_adapter continues a LoRA adapter: it needs use_peft true")
+        if not (Path(recipe.init_adapter) / "adapter_config.json").is_file():
+            raise RecipeError(
+                f"init_adapter: {recipe.init_adapter} is not a LoRA adapter folder (no adapter_config.json)"
+            )
     return tokenizer, dataset
 
 

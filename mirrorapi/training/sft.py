@@ -69,13 +69,20 @@ def build_trainer(recipe, training_args, model_args):
     callbacks: list[TrainerCallback] = [ThroughputCallback()]
     if recipe.max_train_seconds is not None:
         callbacks.append(TimeLimitCallback(recipe.max_train_seconds))
+    model, peft_config = model_args.model_name_or_path, get_peft_config(model_args)
+    if recipe.init_adapter:  # TRL builds a fresh adapter from peft_config; a trainable PeftModel is taken as it is
+        from peft import PeftModel
+        from trl.trainer.utils import create_model_from_path  # the base loaded as TRL loads it
+
+        base = create_model_from_path(model, **training_args.model_init_kwargs)
+        model, peft_config = PeftModel.from_pretrained(base, recipe.init_adapter, is_trainable=True), None
     trainer = SFTTrainer(
-        model=model_args.model_name_or_path,
+        model=model,
         args=training_args,
         train_dataset=train,
         eval_dataset=evals or None,
         processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
+        peft_config=peft_config,
         callbacks=callbacks,
     )
     if recipe.train_top_layers is not None:  # before train() builds the optimizer over what requires grad

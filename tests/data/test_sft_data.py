@@ -286,9 +286,27 @@ def test_repeat_sources_repeats_training_records_only(registry):
     assert stats["splits"]["train"]["by_source"]["tau-bench"] == 3 * len(taus)
 
 
+def test_repeat_failures_repeats_failed_training_calls_on_top_of_their_source(registry):
+    plain, _ = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions())
+    options = SimulatorDataOptions(repeat_failures=2, repeat_sources=["tau-bench=3"])
+    repeated, stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, options)
+    # a failure is a pair whose real answer has an error field (the shared data's own field)
+    failed = {(p["source"], str(p["episode"]), int(p["step"])) for p in SAMPLE_PAIRS if p["response"].get("error")}
+    times = {"success": 1, "error": 2, "in_band_error": 2}
+    expected = [r for r in plain["train"] for _ in range(times[r["kind"]] * (3 if r["source"] == "tau-bench" else 1))]
+    assert any((r["source"], r["episode"], r["step"]) in failed for r in plain["train"])
+    assert {r["kind"] for r in plain["train"] if (r["source"], r["episode"], r["step"]) in failed} == {"error"}
+    assert repeated["train"] == expected and len(expected) > len(plain["train"])
+    assert repeated["test_id"] == plain["test_id"] and repeated["test_ood"] == plain["test_ood"]
+    assert stats["splits"]["train"]["error"] == 2 * sum(
+        (3 if r["source"] == "tau-bench" else 1) for r in plain["train"] if r["kind"] == "error"
+    )
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
+        ({"repeat_failures": 0}, "repeat_failures must be >= 1"),
         ({"repeat_sources": ["tau-bench"]}, "SOURCE=N"),
         ({"repeat_sources": ["tau-bench=0"]}, "SOURCE=N"),
         ({"stateless_too": True}, "needs history > 0"),

@@ -15,7 +15,12 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def adapter_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory, entry_script):
     out = tmp_path_factory.mktemp("lora") / "adapter"
-    status = entry_script("training/sft.py").cli(
+    assert train_lora(entry_script, tiny_model_dir, simulator_sft_dir, out, "--merge", "true") == 0
+    return out
+
+
+def train_lora(entry_script, tiny_model_dir, simulator_sft_dir, out, *extra) -> int:
+    return entry_script("training/sft.py").cli(
         [
             "--config",
             str(REPO / "training/configs/tiny_cpu.yaml"),
@@ -47,14 +52,11 @@ def adapter_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory, entry_scrip
             "false",
             "--save_strategy",
             "no",
-            "--merge",
-            "true",
             "--disable_tqdm",
             "true",
+            *extra,
         ]
     )
-    assert status == 0
-    return out
 
 
 def logits(model, input_ids):
@@ -98,3 +100,24 @@ def test_merge_script(adapter_dir, tmp_path, capsys, entry_script):
         capsys.readouterr().err.strip() == f"merge_lora.py: error: {tmp_path} is not a LoRA adapter folder "
         "(no adapter_config.json)"
     )
+
+
+@pytest.mark.slow
+def test_init_adapter_starts_from_the_adapters_weights(
+    adapter_dir, tiny_model_dir, simulator_sft_dir, tmp_path, entry_script
+):
+    """With a learning rate of 0 the run saves the adapter it started from; a fresh adapter (lora_B zero) would
+    differ, and so does one trained on from it."""
+    from safetensors.torch import load_file
+
+    start = load_file(adapter_dir / "adapter_model.safetensors")
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in start.items())
+    for learning_rate, same in (("0", True), ("1e-2", False)):
+        out = tmp_path / f"lr{learning_rate}"
+        extra = ("--init_adapter", str(adapter_dir), "--learning_rate", learning_rate, "--max_steps", "2")
+        assert train_lora(entry_script, tiny_model_dir, simulator_sft_dir, out, *extra) == 0
+        trained = load_file(out / "adapter_model.safetensors")
+        assert trained.keys() == start.keys()
+        assert all(torch.equal(trained[k], start[k]) for k in start) is same
+    info = json.loads((out / "mirrorapi_training.json").read_text())
+    assert info["recipe"]["resolved"]["init_adapter"] == str(adapter_dir)

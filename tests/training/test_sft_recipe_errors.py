@@ -113,6 +113,8 @@ def test_tokenizer_without_a_chat_template(cli, capsys, no_template_model, simul
         (["--eval_splits", "test"], "has no split 'test' (it has: train, test_id, test_ood)"),
         (["--resume", "true"], "--resume: no checkpoint in"),
         (["--merge", "true"], "--merge applies to LoRA training only"),
+        (["--init_adapter", "runs"], "init_adapter continues a LoRA adapter: it needs use_peft true"),
+        (["--use_peft", "true", "--init_adapter", "tests"], "init_adapter: tests is not a LoRA adapter folder"),
     ],
 )
 def test_other_mistakes(cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path, extra, message):
