@@ -76,7 +76,7 @@ def log(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- data
-def build_data(work: Path, pairs: list[str], tools: list[str], labelled: list[str]) -> dict:
+def build_data(work: Path, pairs: list[str], tools: list[str], labelled: list[str], repeat_failures: int) -> dict:
     started = time.perf_counter()
     data = work / "data"
     subprocess.run(
@@ -88,6 +88,8 @@ def build_data(work: Path, pairs: list[str], tools: list[str], labelled: list[st
             "--tools",
             *tools,
             *SIMULATOR_DATA_FLAGS,
+            "--repeat-failures",
+            str(repeat_failures),
             "--out",
             str(data / "simulator"),
         ],
@@ -549,6 +551,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Which models the train stage trains (e.g. only the simulator, trained further from the shipped "
         "adapter: --simulator-set init_adapter=DIR).",
     )
+    parser.add_argument(
+        "--repeat-failures",
+        type=int,
+        default=1,
+        help="The data stage: the simulator's failed training calls N times (the shipped simulator's second "
+        "stage: 2; docs/training.md).",
+    )
     parser.add_argument("--tiny", action="store_true", help="A few steps on data/samples: checks the path on a CPU.")
     parser.add_argument(
         "--per-stratum",
@@ -583,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         args.per_stratum, args.max_new_tokens, args.batch_size = 2, 16, 4
     if args.stage in ("all", "data"):
-        log(f"data: {json.dumps(build_data(work, args.pairs, args.tools, args.labelled))}")
+        log(f"data: {json.dumps(build_data(work, args.pairs, args.tools, args.labelled, args.repeat_failures))}")
     if args.stage in ("all", "train"):
         report = train_stage(args, work)
         log(f"done: {json.dumps({k: report[k] for k in ('seconds', 'machine')})}")
