@@ -86,13 +86,19 @@ $(OPENENV_VENV)/.installed: $(OPENENV_LOCK)
 	$(OPENENV_VENV)/bin/pip check
 	touch $@
 
+# Two workers (pytest-xdist; a file's tests stay on one worker, so a module's fixtures are built once), then the
+# tests that time themselves alone (the `serial` marker, tests/conftest.py).
+PYTEST_WORKERS ?= 2
+
 test: venv openenv-client
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -m serial
 
 # Everything but the tests marked slow: those that train a model or start an engine (tests/conftest.py
 # marks every test using such a fixture).
 test-quick: venv openenv-client
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not serial"
+	$(BIN)/python -m pytest -m "serial and not slow"
 
 # DEMO_ARGS: e.g. --full, --tiny, --quick, --samples, --work-dir DIR (scripts/demo.py --help). The default run
 # serves SmolLM2 with llama.cpp's server (`engine`); --tiny and --quick need neither it nor the package index.
