@@ -202,10 +202,14 @@ def simulator_sft_dir(tmp_path_factory) -> Path:
     from mirrorapi.records import read_pairs_jsonl
     from mirrorapi.tools import ToolRegistry
 
-    splits, stats = build_simulator_records(
-        read_pairs_jsonl(SAMPLES / "pairs.jsonl"), ToolRegistry.load([SAMPLES / "tools"]), SimulatorDataOptions()
-    )
-    return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "simulator", splits, stats)
+    def build(folder: Path) -> Path:
+        splits, stats = build_simulator_records(
+            read_pairs_jsonl(SAMPLES / "pairs.jsonl"), ToolRegistry.load([SAMPLES / "tools"]), SimulatorDataOptions()
+        )
+        return write_sft_dataset(folder / "simulator", splits, stats)
+
+    # Shared by the workers: a trained model's record names the dataset folder it was trained on.
+    return built_once(tmp_path_factory, "sft-data-simulator", build)
 
 
 @pytest.fixture(scope="session")
@@ -214,8 +218,11 @@ def judge_sft_dir(tmp_path_factory) -> Path:
     from mirrorapi.data.simulator_sft import write_sft_dataset
     from mirrorapi.records import read_labelled
 
-    splits, stats = build_judge_records(read_labelled(SAMPLES / "judge.jsonl", lambda reason: None))
-    return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "judge", splits, stats, JUDGE_COLUMNS)
+    def build(folder: Path) -> Path:
+        splits, stats = build_judge_records(read_labelled(SAMPLES / "judge.jsonl", lambda reason: None))
+        return write_sft_dataset(folder / "judge", splits, stats, JUDGE_COLUMNS)
+
+    return built_once(tmp_path_factory, "sft-data-judge", build)
 
 
 @pytest.fixture(scope="session")
@@ -251,37 +258,35 @@ def simulator_engine(trained_simulator_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
-    return built_once(
-        tmp_path_factory, "trained-judge", lambda folder: _train_judge(tiny_model_dir, judge_sft_dir, folder / "judge")
-    )
+    def train(folder: Path) -> Path:
+        out = folder / "judge"
+        run_sft_recipe(
+            [
+                "--config",
+                str(REPO / "training/configs/tiny_judge_cpu.yaml"),
+                "--model_name_or_path",
+                str(tiny_model_dir),
+                "--dataset_path",
+                str(judge_sft_dir),
+                "--output_dir",
+                str(out),
+                "--max_steps",
+                "20",
+                "--max_length",
+                "768",
+                "--eval_strategy",
+                "no",
+                "--eval_on_start",
+                "false",
+                "--save_strategy",
+                "no",
+                "--disable_tqdm",
+                "true",
+            ]
+        )
+        return out
 
-
-def _train_judge(tiny_model_dir: Path, judge_sft_dir: Path, out: Path) -> Path:
-    run_sft_recipe(
-        [
-            "--config",
-            str(REPO / "training/configs/tiny_judge_cpu.yaml"),
-            "--model_name_or_path",
-            str(tiny_model_dir),
-            "--dataset_path",
-            str(judge_sft_dir),
-            "--output_dir",
-            str(out),
-            "--max_steps",
-            "20",
-            "--max_length",
-            "768",
-            "--eval_strategy",
-            "no",
-            "--eval_on_start",
-            "false",
-            "--save_strategy",
-            "no",
-            "--disable_tqdm",
-            "true",
-        ]
-    )
-    return out
+    return built_once(tmp_path_factory, "trained-judge", train)
 
 
 @pytest.fixture(scope="session")
