@@ -82,7 +82,25 @@ TIMES_ITSELF = frozenset(
 )
 
 
+# The longest files first (their fixtures train or convert a model; `--durations` of a two-worker run): pytest-xdist
+# hands files to its workers in collection order, so these start at once and short files fill in around them,
+# instead of one long file running alone at the end.
+LONGEST_FIRST = (
+    "tests/test_demo.py",
+    "tests/serving/test_sessions.py",
+    "tests/test_lint.py",
+    "tests/training/test_train_shipped.py",
+    "tests/training/test_sft_accelerate.py",
+    "tests/models/test_shipped_models.py",
+    "tests/models/test_models_get.py",
+    "tests/models/test_to_gguf.py",
+    "tests/serving/test_shared_store.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(REPO).as_posix(), len(rank)))  # stable: same order
     for item in items:
         if TRAINS_OR_STARTS_AN_ENGINE.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
