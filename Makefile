@@ -25,13 +25,11 @@ venv: $(VENV)/.installed
 # 3. mirrorapi itself, --no-deps, built by the lock's setuptools (no build isolation: nothing unpinned).
 # 4. pip check: fails when a package needs something the lock lacks, or when step 1 took PyPI's CUDA build
 #    (it needs nvidia-* wheels): then PIP_TORCH_FLAGS is needed.
-# --no-compile: pip byte-compiles every file of every package, half of the install's time (100 s against 47 s
-# here); Python compiles what a program imports, once, on first use.
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
-	$(BIN)/pip install -q --no-compile --no-deps --require-hashes -r $(LOCK)
+	$(BIN)/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
+	$(BIN)/pip install -q --no-deps --require-hashes -r $(LOCK)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check || { echo "torch needs nvidia-* above? this index has no CPU build: set PIP_TORCH_FLAGS"; exit 1; }
 	touch $@
@@ -84,22 +82,23 @@ openenv-client: $(OPENENV_VENV)/.installed
 $(OPENENV_VENV)/.installed: $(OPENENV_LOCK)
 	rm -rf $(OPENENV_VENV)
 	$(PYTHON) -m venv $(OPENENV_VENV)
-	$(OPENENV_VENV)/bin/pip install -q --no-compile --no-deps --require-hashes -r $(OPENENV_LOCK)
+	$(OPENENV_VENV)/bin/pip install -q --no-deps --require-hashes -r $(OPENENV_LOCK)
 	$(OPENENV_VENV)/bin/pip check
 	touch $@
 
-# Two workers (pytest-xdist; a file's tests stay on one worker, so a module's fixtures are built once), then the
-# tests that time themselves alone (the `serial` marker, tests/conftest.py).
+# Two workers (pytest-xdist; a file's tests stay on one worker, so a module's fixtures are built once; files in
+# tests/conftest.py's order, the longest first, not xdist's most-tests-first), then the tests that time themselves
+# alone (the `serial` marker, tests/conftest.py).
 PYTEST_WORKERS ?= 2
 
 test: venv openenv-client
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"
 	$(BIN)/python -m pytest -m serial
 
 # Everything but the tests marked slow: those that train a model or start an engine (tests/conftest.py
 # marks every test using such a fixture).
 test-quick: venv openenv-client
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not serial"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not serial"
 	$(BIN)/python -m pytest -m "serial and not slow"
 
 # DEMO_ARGS: e.g. --full, --tiny, --quick, --samples, --work-dir DIR (scripts/demo.py --help). The default run
