@@ -91,13 +91,16 @@ $(OPENENV_VENV)/.installed: $(OPENENV_LOCK)
 # alone (the `serial` marker, tests/conftest.py).
 PYTEST_WORKERS ?= 2
 
-test: venv openenv-client
+# The two environments are built side by side (`make -j2`): pip is mostly one core's work.
+test:
+	$(MAKE) -j2 venv openenv-client
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"
 	$(BIN)/python -m pytest -m serial
 
 # Everything but the tests marked slow: those that train a model or start an engine (tests/conftest.py
 # marks every test using such a fixture).
-test-quick: venv openenv-client
+test-quick:
+	$(MAKE) -j2 venv openenv-client
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not serial"
 	$(BIN)/python -m pytest -m "serial and not slow"
 
