@@ -86,13 +86,23 @@ $(OPENENV_VENV)/.installed: $(OPENENV_LOCK)
 	$(OPENENV_VENV)/bin/pip check
 	touch $@
 
-test: venv openenv-client
-	$(BIN)/python -m pytest
+# Two workers (pytest-xdist; a file's tests stay on one worker, so a module's fixtures are built once; files in
+# tests/conftest.py's order, the longest first, not xdist's most-tests-first), then the tests that time themselves
+# alone (the `serial` marker, tests/conftest.py).
+PYTEST_WORKERS ?= 2
+
+# The two environments are built side by side (`make -j2`): pip is mostly one core's work.
+test:
+	$(MAKE) -j2 venv openenv-client
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"
+	$(BIN)/python -m pytest -m serial
 
 # Everything but the tests marked slow: those that train a model or start an engine (tests/conftest.py
 # marks every test using such a fixture).
-test-quick: venv openenv-client
-	$(BIN)/python -m pytest -m "not slow"
+test-quick:
+	$(MAKE) -j2 venv openenv-client
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not serial"
+	$(BIN)/python -m pytest -m "serial and not slow"
 
 # DEMO_ARGS: e.g. --full, --tiny, --quick, --samples, --work-dir DIR (scripts/demo.py --help). The default run
 # serves SmolLM2 with llama.cpp's server (`engine`); --tiny and --quick need neither it nor the package index.

@@ -37,6 +37,15 @@ SAMPLES = REPO / "data" / "samples"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under `make test`'s two pytest-xdist workers, each worker and everything it starts (trainings, engines) computes on
+# one thread: two workers whose torch each took both cores ran as long as one process (user CPU 20.6 min against
+# 11.7, the threads fighting); one thread each keeps both cores busy without that.
+if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[variable] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 # Compiled tools indexes (mirrorapi/tools_index.py) go to this run's own folder: none beside the repo's
 # sample folders, in the shared data's parent or in the user's cache; every run starts cold.
 os.environ["MIRRORAPI_TOOLS_INDEX_DIR"] = tempfile.mkdtemp(prefix="mirrorapi-tests-tools-index-")
@@ -60,10 +69,43 @@ TRAINS_OR_STARTS_AN_ENGINE = frozenset(
 )
 
 
+# Modules whose tests assert how long something took (a deadline kept, a client not starved): `make test` runs them
+# alone after the two-worker run, so the other worker's CPU cannot make them late.
+TIMES_ITSELF = frozenset(
+    {
+        "tests/test_engine_client.py",
+        "tests/harness/test_processes.py",
+        "tests/serving/test_engine_paths.py",
+        "tests/serving/test_fair_clients.py",
+        "tests/serving/test_hostile_input.py",
+    }
+)
+
+
+# The longest files first (their fixtures train or convert a model; `--durations` of a two-worker run): pytest-xdist
+# hands files to its workers in collection order, so these start at once and short files fill in around them,
+# instead of one long file running alone at the end.
+LONGEST_FIRST = (
+    "tests/test_demo.py",
+    "tests/serving/test_sessions.py",
+    "tests/test_lint.py",
+    "tests/training/test_train_shipped.py",
+    "tests/training/test_sft_accelerate.py",
+    "tests/models/test_shipped_models.py",
+    "tests/models/test_models_get.py",
+    "tests/models/test_to_gguf.py",
+    "tests/serving/test_shared_store.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(REPO).as_posix(), len(rank)))  # stable: same order
     for item in items:
         if TRAINS_OR_STARTS_AN_ENGINE.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if item.path.relative_to(REPO).as_posix() in TIMES_ITSELF:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(scope="session")
@@ -78,11 +120,29 @@ def samples() -> Path:
     return SAMPLES
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)`'s folder, made once per run. `make test` runs two pytest-xdist workers, each with its own
+    session fixtures: a heavy one (a training, a model conversion) is built by the first worker that asks, in the
+    run's temp folder both share, while the other waits on a lock and then reuses it (pytest-xdist's documented
+    pattern). Without xdist, a folder of this session."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return build(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / f"shared-{name}"
+    with FileLock(f"{shared}.lock"):
+        if not (shared / ".built").is_file():
+            shutil.rmtree(shared, ignore_errors=True)  # what a failed build left
+            shared.mkdir()
+            (shared / ".built").write_text(str(build(shared)), encoding="utf-8")
+    return Path((shared / ".built").read_text(encoding="utf-8"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from mirrorapi.training.tiny_model import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
+    return built_once(tmp_path_factory, "tiny-model", lambda folder: build_tiny_model(folder / "model"))
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +158,7 @@ def tiny_engine(tiny_model_dir, tmp_path_factory):
 def smollm2_dir(tmp_path_factory) -> Path:
     from mirrorapi.models.get import get_base_model
 
-    return get_base_model("smollm2-135m-instruct", tmp_path_factory.mktemp("models"))
+    return built_once(tmp_path_factory, "models", lambda folder: get_base_model("smollm2-135m-instruct", folder))
 
 
 @pytest.fixture(scope="session")
@@ -160,10 +220,14 @@ def simulator_sft_dir(tmp_path_factory) -> Path:
     from mirrorapi.records import read_pairs_jsonl
     from mirrorapi.tools import ToolRegistry
 
-    splits, stats = build_simulator_records(
-        read_pairs_jsonl(SAMPLES / "pairs.jsonl"), ToolRegistry.load([SAMPLES / "tools"]), SimulatorDataOptions()
-    )
-    return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "simulator", splits, stats)
+    def build(folder: Path) -> Path:
+        splits, stats = build_simulator_records(
+            read_pairs_jsonl(SAMPLES / "pairs.jsonl"), ToolRegistry.load([SAMPLES / "tools"]), SimulatorDataOptions()
+        )
+        return write_sft_dataset(folder / "simulator", splits, stats)
+
+    # Shared by the workers: a trained model's record names the dataset folder it was trained on.
+    return built_once(tmp_path_factory, "sft-data-simulator", build)
 
 
 @pytest.fixture(scope="session")
@@ -172,27 +236,33 @@ def judge_sft_dir(tmp_path_factory) -> Path:
     from mirrorapi.data.simulator_sft import write_sft_dataset
     from mirrorapi.records import read_labelled
 
-    splits, stats = build_judge_records(read_labelled(SAMPLES / "judge.jsonl", lambda reason: None))
-    return write_sft_dataset(tmp_path_factory.mktemp("sft-data") / "judge", splits, stats, JUDGE_COLUMNS)
+    def build(folder: Path) -> Path:
+        splits, stats = build_judge_records(read_labelled(SAMPLES / "judge.jsonl", lambda reason: None))
+        return write_sft_dataset(folder / "judge", splits, stats, JUDGE_COLUMNS)
+
+    return built_once(tmp_path_factory, "sft-data-judge", build)
 
 
 @pytest.fixture(scope="session")
 def trained_simulator_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trained") / "simulator"
-    run_sft_recipe(
-        [
-            "--config",
-            str(REPO / "training/configs/tiny_cpu.yaml"),
-            "--model_name_or_path",
-            str(tiny_model_dir),
-            "--dataset_path",
-            str(simulator_sft_dir),
-            "--output_dir",
-            str(out),
-            *TINY_SIMULATOR_OVERRIDES,
-        ]
-    )
-    return out
+    def train(folder: Path) -> Path:
+        out = folder / "simulator"
+        run_sft_recipe(
+            [
+                "--config",
+                str(REPO / "training/configs/tiny_cpu.yaml"),
+                "--model_name_or_path",
+                str(tiny_model_dir),
+                "--dataset_path",
+                str(simulator_sft_dir),
+                "--output_dir",
+                str(out),
+                *TINY_SIMULATOR_OVERRIDES,
+            ]
+        )
+        return out
+
+    return built_once(tmp_path_factory, "trained-simulator", train)
 
 
 @pytest.fixture(scope="session")
@@ -206,32 +276,35 @@ def simulator_engine(trained_simulator_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trained") / "judge"
-    run_sft_recipe(
-        [
-            "--config",
-            str(REPO / "training/configs/tiny_judge_cpu.yaml"),
-            "--model_name_or_path",
-            str(tiny_model_dir),
-            "--dataset_path",
-            str(judge_sft_dir),
-            "--output_dir",
-            str(out),
-            "--max_steps",
-            "20",
-            "--max_length",
-            "768",
-            "--eval_strategy",
-            "no",
-            "--eval_on_start",
-            "false",
-            "--save_strategy",
-            "no",
-            "--disable_tqdm",
-            "true",
-        ]
-    )
-    return out
+    def train(folder: Path) -> Path:
+        out = folder / "judge"
+        run_sft_recipe(
+            [
+                "--config",
+                str(REPO / "training/configs/tiny_judge_cpu.yaml"),
+                "--model_name_or_path",
+                str(tiny_model_dir),
+                "--dataset_path",
+                str(judge_sft_dir),
+                "--output_dir",
+                str(out),
+                "--max_steps",
+                "20",
+                "--max_length",
+                "768",
+                "--eval_strategy",
+                "no",
+                "--eval_on_start",
+                "false",
+                "--save_strategy",
+                "no",
+                "--disable_tqdm",
+                "true",
+            ]
+        )
+        return out
+
+    return built_once(tmp_path_factory, "trained-judge", train)
 
 
 @pytest.fixture(scope="session")

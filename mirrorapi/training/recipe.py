@@ -127,8 +127,7 @@ def freeze_below_top_layers(model, top: int) -> tuple[int, int]:
 def make_parser():
     from trl import ModelConfig, SFTConfig, TrlParser
 
-    # TRL annotates its argument as transformers' DataClassType (a NewType), which no class passes as such.
-    return TrlParser((RecipeArguments, SFTConfig, ModelConfig), allow_abbrev=False)  # type: ignore[arg-type]
+    return TrlParser((RecipeArguments, SFTConfig, ModelConfig), allow_abbrev=False)
 
 
 def config_file(argv: list[str]) -> str | None:
