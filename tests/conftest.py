@@ -172,13 +172,8 @@ def vllm_engine(smollm2_dir, tmp_path_factory):
 
 # ------------------------------------------------------------------ trained tiny models (issue 4)
 # Trained in this process through the real recipe (`training/sft.py`'s `cli`), once per session.
-TINY_SIMULATOR_OVERRIDES = [
-    "--max_train_samples",
-    "48",
-    "--max_length",
-    "512",
-    "--max_steps",
-    "300",
+# No evaluation, no checkpoint, no progress bar: the fixtures' trainings only need their weights.
+QUIET_TRAINING = [
     "--eval_strategy",
     "no",
     "--eval_on_start",
@@ -187,6 +182,15 @@ TINY_SIMULATOR_OVERRIDES = [
     "no",
     "--disable_tqdm",
     "true",
+]
+TINY_SIMULATOR_OVERRIDES = [
+    "--max_train_samples",
+    "48",
+    "--max_length",
+    "512",
+    "--max_steps",
+    "300",
+    *QUIET_TRAINING,
 ]
 
 
@@ -292,14 +296,7 @@ def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
                 "20",
                 "--max_length",
                 "768",
-                "--eval_strategy",
-                "no",
-                "--eval_on_start",
-                "false",
-                "--save_strategy",
-                "no",
-                "--disable_tqdm",
-                "true",
+                *QUIET_TRAINING,
             ]
         )
         return out
