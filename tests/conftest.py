@@ -247,23 +247,26 @@ def judge_sft_dir(tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "sft-data-judge", build)
 
 
+def recipe_argv(recipe: str, model: Path, dataset: Path, out: Path, *extra: str) -> list[str]:
+    """training/sft.py's arguments for a recipe of training/configs/ on a model, a dataset and an output folder."""
+    return [
+        "--config",
+        str(REPO / "training/configs" / recipe),
+        "--model_name_or_path",
+        str(model),
+        "--dataset_path",
+        str(dataset),
+        "--output_dir",
+        str(out),
+        *extra,
+    ]
+
+
 @pytest.fixture(scope="session")
 def trained_simulator_dir(tiny_model_dir, simulator_sft_dir, tmp_path_factory) -> Path:
     def train(folder: Path) -> Path:
         out = folder / "simulator"
-        run_sft_recipe(
-            [
-                "--config",
-                str(REPO / "training/configs/tiny_cpu.yaml"),
-                "--model_name_or_path",
-                str(tiny_model_dir),
-                "--dataset_path",
-                str(simulator_sft_dir),
-                "--output_dir",
-                str(out),
-                *TINY_SIMULATOR_OVERRIDES,
-            ]
-        )
+        run_sft_recipe(recipe_argv("tiny_cpu.yaml", tiny_model_dir, simulator_sft_dir, out, *TINY_SIMULATOR_OVERRIDES))
         return out
 
     return built_once(tmp_path_factory, "trained-simulator", train)
@@ -282,23 +285,8 @@ def simulator_engine(trained_simulator_dir, tmp_path_factory):
 def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
     def train(folder: Path) -> Path:
         out = folder / "judge"
-        run_sft_recipe(
-            [
-                "--config",
-                str(REPO / "training/configs/tiny_judge_cpu.yaml"),
-                "--model_name_or_path",
-                str(tiny_model_dir),
-                "--dataset_path",
-                str(judge_sft_dir),
-                "--output_dir",
-                str(out),
-                "--max_steps",
-                "20",
-                "--max_length",
-                "768",
-                *QUIET_TRAINING,
-            ]
-        )
+        extra = ("--max_steps", "20", "--max_length", "768", *QUIET_TRAINING)
+        run_sft_recipe(recipe_argv("tiny_judge_cpu.yaml", tiny_model_dir, judge_sft_dir, out, *extra))
         return out
 
     return built_once(tmp_path_factory, "trained-judge", train)
