@@ -4,7 +4,8 @@ Calls go to `POST /virtual` with the body StableToolBench's agents send: each al
 session (`history` on), each episode's calls in `step` order (stateful APIs; episodes run concurrently).
 Every simulated observation is compared with the real one, and so is a baseline: the nearest example,
 i.e. the real response of the most similar training call of the same API (`--baseline-pairs`), so a
-simulator has something real to beat. Metrics (all in %, see `metrics.slice_metrics`) are given overall, per source and per API.
+simulator has something real to beat. Metrics (all in %, see `metrics.slice_metrics`) are given
+overall, per source and per API.
 """
 
 from __future__ import annotations
