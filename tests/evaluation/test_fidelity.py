@@ -403,3 +403,50 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, samples, tmp_path, caps
         assert simulator(argv + ["--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("error:") and message in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_calls_alone_do_not_wait_for_their_episode_and_a_session_s_calls_do(sample_pairs):
+    # A STAND-IN for the virtual server, named as such: what is tested is when the calls arrive, which the real
+    # server, answering a replayed call at once, cannot show. It takes 0.3 s over every call and notes when each
+    # one came and went.
+    import asyncio
+    import time
+
+    from fastapi import FastAPI, Request
+
+    from harness.processes import serve_in_thread
+    from mirrorapi.evaluation.fidelity.replay import replay
+
+    episode = next(
+        calls[:3]
+        for calls in _episodes(sample_pairs).values()
+        if len({json.dumps(c["tool_input"], ensure_ascii=False) for c in calls[:3]}) == 3
+    )
+    seen: list[tuple[str, float, float]] = []
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {"cache": {"entries": 0}}
+
+    @app.post("/virtual")
+    async def virtual(request: Request):
+        body, came = await request.json(), time.monotonic()
+        await asyncio.sleep(0.3)
+        seen.append((body["tool_input"], came, time.monotonic()))
+        return {"error": "", "response": "ok"}
+
+    def arrivals(sessions):
+        seen.clear()
+        answers, _ = asyncio.run(replay(episode, server, concurrency=4, progress=False, sessions=sessions))
+        assert [a["response"] for a in answers] == ["ok"] * len(episode)
+        by_call = {call: (came, went) for call, came, went in seen}
+        return [by_call[json.dumps(p["tool_input"], ensure_ascii=False)] for p in episode]  # in step order
+
+    with serve_in_thread(app, free_port(), timeout=20) as server:
+        alone = arrivals(None)
+        in_session = arrivals("test:")
+    # Alone: every call of the episode was sent before the first was answered. In a session: each call only
+    # once the one before it was answered.
+    assert all(came < alone[0][1] for came, _ in alone)
+    assert all(later[0] >= earlier[1] for earlier, later in zip(in_session, in_session[1:]))

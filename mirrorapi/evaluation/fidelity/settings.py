@@ -55,7 +55,7 @@ class FidelitySettings:
             "with the rest; by default they are counted apart and left out."
         ),
     )
-    concurrency: int = Field(default=8, ge=1, description="Episodes replayed at once.")
+    concurrency: int = Field(default=8, ge=1, description="Calls in flight at once (in sessions: episodes).")
     timeout: float = Field(default=120.0, gt=0, description="Seconds per request.")
 
     @field_validator("embedding_model")
