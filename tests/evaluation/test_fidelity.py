@@ -407,9 +407,10 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, samples, tmp_path, caps
 
 def test_calls_alone_do_not_wait_for_their_episode_and_a_session_s_calls_do(sample_pairs):
     # A STAND-IN for the virtual server, named as such: what is tested is when the calls arrive, which the real
-    # server, answering a replayed call at once, cannot show. It takes 0.3 s over every call and notes when each
+    # server, answering a replayed call at once, cannot show. It takes 0.5 s over every call and notes when each
     # one came and went.
     import asyncio
+    import itertools
     import time
 
     from fastapi import FastAPI, Request
@@ -432,7 +433,7 @@ def test_calls_alone_do_not_wait_for_their_episode_and_a_session_s_calls_do(samp
     @app.post("/virtual")
     async def virtual(request: Request):
         body, came = await request.json(), time.monotonic()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.5)
         seen.append((body["tool_input"], came, time.monotonic()))
         return {"error": "", "response": "ok"}
 
@@ -449,4 +450,4 @@ def test_calls_alone_do_not_wait_for_their_episode_and_a_session_s_calls_do(samp
     # Alone: every call of the episode was sent before the first was answered. In a session: each call only
     # once the one before it was answered.
     assert all(came < alone[0][1] for came, _ in alone)
-    assert all(later[0] >= earlier[1] for earlier, later in zip(in_session, in_session[1:]))
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(in_session))
