@@ -1,11 +1,15 @@
 """`python eval/simulator.py`: replaying real held-out calls through a real virtual server, and the metrics."""
 
+import asyncio
+import itertools
 import json
+import time
 from collections import defaultdict
 
 import pytest
+from fastapi import FastAPI, Request
 
-from harness.processes import free_port
+from harness.processes import free_port, serve_in_thread
 from mirrorapi.evaluation.fidelity.metrics import (
     answered_from_cache,
     api_id,
@@ -15,7 +19,7 @@ from mirrorapi.evaluation.fidelity.metrics import (
     payload_text,
     slice_metrics,
 )
-from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
+from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs, replay
 from mirrorapi.prompts.simulator_formats import response_schema, skeleton_schema
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
@@ -409,15 +413,6 @@ def test_calls_alone_do_not_wait_for_their_episode_and_a_session_s_calls_do(samp
     # A STAND-IN for the virtual server, named as such: what is tested is when the calls arrive, which the real
     # server, answering a replayed call at once, cannot show. It takes 0.5 s over every call and notes when each
     # one came and went.
-    import asyncio
-    import itertools
-    import time
-
-    from fastapi import FastAPI, Request
-
-    from harness.processes import serve_in_thread
-    from mirrorapi.evaluation.fidelity.replay import replay
-
     episode = next(
         calls[:3]
         for calls in _episodes(sample_pairs).values()
