@@ -150,9 +150,9 @@ async def replay(
     url = virtual_url(server)
     # What must run in order: a session's calls; a call alone waits for nothing (a long episode would otherwise
     # hold a batching engine's other slots idle).
-    episodes: dict[tuple, list[int]] = defaultdict(list)
+    in_order: dict[tuple, list[int]] = defaultdict(list)  # calls that go one after another, by step
     for index, pair in enumerate(pairs):
-        episodes[(pair["source"], pair["episode"]) if sessions is not None else (index,)].append(index)
+        in_order[(pair["source"], pair["episode"]) if sessions is not None else (index,)].append(index)
     results: list[dict | None] = [None] * len(pairs)
     semaphore = asyncio.Semaphore(max(1, concurrency))
     bar = tqdm(total=len(pairs), desc="replaying", unit="call", disable=None if progress else True)
@@ -171,7 +171,7 @@ async def replay(
                 cache_entries,
             )
 
-        async def run_episode(indices: list[int]) -> None:
+        async def run_in_order(indices: list[int]) -> None:
             async with semaphore:
                 for index in sorted(indices, key=lambda i: pairs[i]["step"]):
                     pair = pairs[index]
@@ -180,7 +180,7 @@ async def replay(
                     bar.update()
 
         try:
-            await asyncio.gather(*(run_episode(indices) for indices in episodes.values()))
+            await asyncio.gather(*(run_in_order(indices) for indices in in_order.values()))
         finally:
             bar.close()
     return results, cache_entries  # type: ignore[return-value]
