@@ -57,8 +57,6 @@ SIMULATOR_DATA_FLAGS = [
     "1024",
     "--few-shot-response-chars",
     "600",
-    "--target-response-chars",
-    "1024",
     "--repeat-sources",
     "tau-bench=3",
     "api-bank=2",
@@ -76,7 +74,9 @@ def log(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- data
-def build_data(work: Path, pairs: list[str], tools: list[str], labelled: list[str], repeat_failures: int) -> dict:
+def build_data(
+    work: Path, pairs: list[str], tools: list[str], labelled: list[str], repeat_failures: int, target_chars: int
+) -> dict:
     started = time.perf_counter()
     data = work / "data"
     subprocess.run(
@@ -90,6 +90,8 @@ def build_data(work: Path, pairs: list[str], tools: list[str], labelled: list[st
             *SIMULATOR_DATA_FLAGS,
             "--repeat-failures",
             str(repeat_failures),
+            "--target-response-chars",
+            str(target_chars),
             "--out",
             str(data / "simulator"),
         ],
@@ -294,6 +296,7 @@ def generate(
             )
         for i, row in zip(batch, generated[:, encoded.input_ids.shape[1] :], strict=True):
             record = records[i]
+            new_tokens = int((row != tokenizer.pad_token_id).sum())
             out.append(
                 {
                     key: record[key]
@@ -313,6 +316,7 @@ def generate(
                 | {
                     "target": record["completion"][0]["content"],
                     "generated": tokenizer.decode(row, skip_special_tokens=True),
+                    "cut": new_tokens >= max_new_tokens,  # stopped by the limit, not by the model
                 }
             )
     return out
@@ -504,6 +508,32 @@ def train_stage(args, work: Path) -> dict:
     return report
 
 
+def answer_stage(args, work: Path) -> dict:
+    """An adapter's greedy answers to the held-out sample, as the train stage writes them, without training: to
+    compare adapters on the same records with the same generation settings."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    started = time.perf_counter()
+    base = base_model(work, args.base, args.base_gguf)
+    records = held_out_sample(work / "data" / "simulator", args.per_stratum)[: args.answers]
+    generations = generate(
+        base, Path(args.adapter), records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
+    )
+    out = Path(args.out or work / "out")
+    out.mkdir(parents=True, exist_ok=True)
+    with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in generations)
+    return {
+        "answers": len(generations),
+        "sampled": len(records),
+        "cut": sum(row["cut"] for row in generations),
+        "max_new_tokens": args.max_new_tokens,
+        "device": device,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
 def agreement_table(rows: list[dict], column: str) -> dict:
     table = {"all": {"judge": agreement_of(rows, column), "solved_to_all": agreement_of(rows, None)}}
     for source in sorted({r["source"] for r in rows}):
@@ -529,10 +559,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--stage",
-        choices=("all", "data", "train", "score"),
+        choices=("all", "data", "train", "answer", "score"),
         default="all",
-        help="score: the generations of a train stage (--generations), on the CPU, after it.",
+        help="answer: an adapter's greedy answers to the held-out sample, without training (--adapter); "
+        "score: the generations of a train or answer stage (--generations), on the CPU, after it.",
     )
+    parser.add_argument("--adapter", help="The simulator adapter the answer stage answers with.")
     parser.add_argument("--generations", help="generations.jsonl.xz of a train stage (--stage score).")
     parser.add_argument("--work", required=True, help="Work folder: data/, base/, the runs, logs/.")
     parser.add_argument("--out", help="Where the results go (default WORK/out); on a lent machine, $OUT.")
@@ -558,6 +590,13 @@ def main(argv: list[str] | None = None) -> int:
         help="The data stage: the simulator's failed training calls N times (the shipped simulator's second "
         "stage: 2; docs/training.md).",
     )
+    parser.add_argument(
+        "--target-response-chars",
+        type=int,
+        default=1024,
+        help="The data stage: longer training answers shrunk to about this many characters, JSON kept valid (the "
+        "first two stages: 1024; the third: 2048, the server's longest answer; docs/training.md).",
+    )
     parser.add_argument("--tiny", action="store_true", help="A few steps on data/samples: checks the path on a CPU.")
     parser.add_argument(
         "--per-stratum",
@@ -566,7 +605,10 @@ def main(argv: list[str] | None = None) -> int:
         help="Held-out records per (split, source, prompt format) to generate for.",
     )
     parser.add_argument("--generate-seconds", type=float, default=90.0)
-    parser.add_argument("--max-new-tokens", type=int, default=320)
+    parser.add_argument("--answers", type=int, help="At most this many of the sample (its first ones).")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=320, help="The server's max_tokens is 1024 (serving/config.py)."
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
         "--simulator-set",
@@ -587,15 +629,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.tools = args.tools or [str(SHARED / "toolenv" / "realtools" if shared else samples / "tools")]
     args.labelled = args.labelled or [str(SHARED / "judge" / "labelled.jsonl" if shared else samples / "judge.jsonl")]
-    if args.stage in ("all", "train") and not (args.base or args.base_gguf):
-        parser.error("the train stage needs --base DIR or --base-gguf FILE")
+    if args.stage in ("all", "train", "answer") and not (args.base or args.base_gguf):
+        parser.error(f"the {args.stage} stage needs --base DIR or --base-gguf FILE")
+    if args.stage == "answer" and not args.adapter:
+        parser.error("the answer stage needs --adapter DIR")
     if args.tiny:
         args.per_stratum, args.max_new_tokens, args.batch_size = 2, 16, 4
     if args.stage in ("all", "data"):
-        log(f"data: {json.dumps(build_data(work, args.pairs, args.tools, args.labelled, args.repeat_failures))}")
+        built = build_data(
+            work, args.pairs, args.tools, args.labelled, args.repeat_failures, args.target_response_chars
+        )
+        log(f"data: {json.dumps(built)}")
     if args.stage in ("all", "train"):
         report = train_stage(args, work)
         log(f"done: {json.dumps({k: report[k] for k in ('seconds', 'machine')})}")
+    if args.stage == "answer":
+        log(f"done: {json.dumps(answer_stage(args, work))}")
     if args.stage in ("all", "score"):
         generations = Path(args.generations or Path(args.out or work / "out") / "generations.jsonl.xz")
         scores = score_generations(generations, work, args.pairs, args.tools)

@@ -104,3 +104,65 @@ def test_generations_cover_every_held_out_stratum_and_are_scored(shipped_run):
     assert set(scores) == {"mirrorapi-v2", "mirrorapi-session-v2"}
     scored = sum(part.get("calls", 0) for report in scores.values() for part in report.values())
     assert scored == len(rows)
+
+
+def run_stage(*argv: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--tiny", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_the_answer_stage_answers_the_same_records_as_the_train_stage_without_training(
+    shipped_run, tiny_model_dir, tmp_path
+):
+    # an adapter answered again, alone: the first records of the same sample, greedy, so the same answers
+    adapter = shipped_run / "simulator"
+    weights = (adapter / "adapter_model.safetensors").read_bytes()
+    run_stage(
+        "--stage", "answer", "--work", str(shipped_run), "--base", str(tiny_model_dir), "--adapter", str(adapter),
+        "--answers", "3", "--out", str(tmp_path),
+    )  # fmt: skip
+    with lzma.open(shipped_run / "out" / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
+        trained = [json.loads(line) for line in fh][:3]
+    with lzma.open(tmp_path / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
+        answered = [json.loads(line) for line in fh]
+    assert [(r["split"], r["episode"], r["step"], r["prompt_format"]) for r in answered] == [
+        (r["split"], r["episode"], r["step"], r["prompt_format"]) for r in trained
+    ]
+    assert [r["generated"] for r in answered] == [r["generated"] for r in trained]
+    assert all(isinstance(r["cut"], bool) for r in answered)
+    assert (adapter / "adapter_model.safetensors").read_bytes() == weights  # nothing trained
+    run_stage("--stage", "score", "--work", str(shipped_run), "--generations", str(tmp_path / "generations.jsonl.xz"))
+    scores = json.loads((tmp_path / "fidelity-offline.json").read_text())
+    assert sum(part.get("calls", 0) for report in scores.values() for part in report.values()) == 3
+
+
+def test_the_answer_stage_needs_an_adapter(tiny_model_dir, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "answer", "--work", str(tmp_path),
+         "--base", str(tiny_model_dir)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--adapter" in result.stderr
+
+
+def response_chars(completion: list[dict]) -> int:
+    response = json.loads(completion[0]["content"])["response"]
+    return len(response if isinstance(response, str) else json.dumps(response, separators=(",", ":")))
+
+
+def test_target_response_chars_shrinks_the_long_training_answers(tmp_path):
+    longest = {}
+    for chars in (2048, 200):
+        work = tmp_path / str(chars)
+        run_stage("--stage", "data", "--work", str(work), "--target-response-chars", str(chars))
+        train = load_from_disk(str(work / "data" / "simulator"))["train"]
+        longest[chars] = max(map(response_chars, train["completion"]))
+    # the samples' longest answer (a tau-bench user, 1,866 characters) whole under 2,048; under 200 its values are
+    # cut to "..." and its lists shortened, its keys kept (mirrorapi.few_shot.shrink_response: "about" that many)
+    assert longest[2048] > 1800 and longest[200] < longest[2048] / 2
