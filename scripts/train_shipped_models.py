@@ -511,9 +511,7 @@ def train_stage(args, work: Path) -> dict:
 def answer_stage(args, work: Path) -> dict:
     """An adapter's greedy answers to the held-out sample, as the train stage writes them, without training: to
     compare adapters on the same records with the same generation settings."""
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = machine()["device"]
     started = time.perf_counter()
     base = base_model(work, args.base, args.base_gguf)
     records = held_out_sample(work / "data" / "simulator", args.per_stratum)[: args.answers]
@@ -565,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         "score: the generations of a train or answer stage (--generations), on the CPU, after it.",
     )
     parser.add_argument("--adapter", help="The simulator adapter the answer stage answers with.")
-    parser.add_argument("--generations", help="generations.jsonl.xz of a train stage (--stage score).")
+    parser.add_argument("--generations", help="generations.jsonl.xz of a train or answer stage (--stage score).")
     parser.add_argument("--work", required=True, help="Work folder: data/, base/, the runs, logs/.")
     parser.add_argument("--out", help="Where the results go (default WORK/out); on a lent machine, $OUT.")
     parser.add_argument("--base", help="Base model folder (mirrorapi models get smollm2-135m-instruct).")
