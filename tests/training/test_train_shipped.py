@@ -156,7 +156,7 @@ def response_chars(completion: list[dict]) -> int:
 def test_target_response_chars_shrinks_the_long_training_answers(shipped_run, tmp_path):
     # the fixture's data stage shrank answers at the default 1,024 characters: the samples' longest (a tau-bench
     # user, 1,866 characters) keeps its keys with values cut to "..." (mirrorapi.few_shot.shrink_response: "about"
-    # that many); at 200 its lists are shortened too
+    # that many); at 200 less of it is left
     run_stage("--stage", "data", "--work", str(tmp_path), "--target-response-chars", "200")
     longest = {
         chars: max(map(response_chars, load_from_disk(str(work / "data" / "simulator"))["train"]["completion"]))
