@@ -11,6 +11,10 @@ from mirrorapi.records import canonical_json
 # Candidates read per API when choosing few-shot examples (bounds the cost of a miss).
 FEW_SHOT_CANDIDATES = 256
 SHRINK_MARK = "..."  # the end of a string cut by `shrink_response`
+# Which of the examples equally similar to a call is shown first (`select_examples`): the shortest, or the one
+# nearest the median size of those tied. The shortest of many equally similar calls is often an atypical answer
+# (an empty result, an error); measured in docs/training.md ("Served, and which example a prompt shows").
+FEW_SHOT_TIES = ("shortest", "median")
 
 
 def _compact(value) -> str:
@@ -114,14 +118,23 @@ def argument_similarity(a: dict, b: dict) -> float:
 
 
 def select_examples(
-    candidates: list[tuple[str, str]], arguments: dict, k: int, char_budget: int, response_chars: int = 0
+    candidates: list[tuple[str, str]],
+    arguments: dict,
+    k: int,
+    char_budget: int,
+    response_chars: int = 0,
+    ties: str = "shortest",
 ) -> list[tuple[dict, dict]]:
     """Up to `k` (arguments, observation) pairs of `candidate_pool(candidates)` most similar to
     `arguments`, whose rendered size
-    (arguments + observation JSON) fits `char_budget` together. Deterministic: ties go to the
-    shorter, then the lexically first example. With `response_chars`, each example's response is first
+    (arguments + observation JSON) fits `char_budget` together. Deterministic: among equally similar
+    examples, `ties="shortest"` takes the shorter first, `ties="median"` the one whose size is nearest the
+    median size of those tied (the lower middle of an even count; then the shorter); then the lexically
+    first. With `response_chars`, each example's response is first
     shrunk to about that many characters (`shrink_response`), so the most similar calls are shown even
     when their answers are long; examples that still do not fit are skipped, never cut."""
+    if ties not in FEW_SHOT_TIES:
+        raise ValueError(f"unknown few-shot tie rule {ties!r}; known: {', '.join(FEW_SHOT_TIES)}")
     if k <= 0:
         return []
     scored = []
@@ -133,7 +146,14 @@ def select_examples(
             scored.append(
                 (-_similarity(arguments, items, args, _items(args)), size, args_json, args, observation_json)
             )
-    scored.sort(key=lambda item: item[:3])
+    if ties == "median":
+        sizes: dict[float, list[int]] = {}
+        for negative_similarity, size, *_ in scored:
+            sizes.setdefault(negative_similarity, []).append(size)
+        median = {similarity: sorted(group)[(len(group) - 1) // 2] for similarity, group in sizes.items()}
+        scored.sort(key=lambda item: (item[0], abs(item[1] - median[item[0]]), item[1], item[2]))
+    else:
+        scored.sort(key=lambda item: item[:3])
     chosen, used = [], 0
     for _, size, args_json, args, observation_json in scored:
         observation = json.loads(observation_json)

@@ -41,6 +41,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from mirrorapi.few_shot import FEW_SHOT_TIES
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
@@ -75,7 +77,13 @@ def log(message: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- data
 def build_data(
-    work: Path, pairs: list[str], tools: list[str], labelled: list[str], repeat_failures: int, target_chars: int
+    work: Path,
+    pairs: list[str],
+    tools: list[str],
+    labelled: list[str],
+    repeat_failures: int,
+    target_chars: int,
+    few_shot_ties: str,
 ) -> dict:
     started = time.perf_counter()
     data = work / "data"
@@ -92,6 +100,8 @@ def build_data(
             str(repeat_failures),
             "--target-response-chars",
             str(target_chars),
+            "--few-shot-ties",
+            few_shot_ties,
             "--out",
             str(data / "simulator"),
         ],
@@ -595,6 +605,14 @@ def main(argv: list[str] | None = None) -> int:
         help="The data stage: longer training answers shrunk to about this many characters, JSON kept valid (the "
         "first two stages: 1024; the third: 2048, the server's longest answer; docs/training.md).",
     )
+    parser.add_argument(
+        "--few-shot-ties",
+        choices=FEW_SHOT_TIES,
+        default="shortest",
+        help="The data stage: which of the equally similar examples a prompt shows (the shipped simulator: "
+        "shortest; median scored higher for a model trained with it, docs/training.md). The trained record names "
+        "it, so a server shows the model the examples it learnt from.",
+    )
     parser.add_argument("--tiny", action="store_true", help="A few steps on data/samples: checks the path on a CPU.")
     parser.add_argument(
         "--per-stratum",
@@ -635,7 +653,13 @@ def main(argv: list[str] | None = None) -> int:
         args.per_stratum, args.max_new_tokens, args.batch_size = 2, 16, 4
     if args.stage in ("all", "data"):
         built = build_data(
-            work, args.pairs, args.tools, args.labelled, args.repeat_failures, args.target_response_chars
+            work,
+            args.pairs,
+            args.tools,
+            args.labelled,
+            args.repeat_failures,
+            args.target_response_chars,
+            args.few_shot_ties,
         )
         log(f"data: {json.dumps(built)}")
     if args.stage in ("all", "train"):

@@ -26,7 +26,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mirrorapi.command_line import Flag
-from mirrorapi.few_shot import candidate_pool, select_examples, shrink_response
+from mirrorapi.few_shot import FEW_SHOT_TIES, candidate_pool, select_examples, shrink_response
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_SIMULATOR_FORMAT,
@@ -100,6 +100,13 @@ class SimulatorDataOptions:
             "server's `few_shot_response_chars`."
         ),
     )
+    few_shot_ties: Annotated[str, Flag(choices=FEW_SHOT_TIES)] = Field(
+        default="shortest",
+        description=(
+            "Which of the equally similar examples a prompt shows: the shortest, or the one of median size "
+            "(mirrorapi.few_shot.select_examples); match the server's `few_shot_ties`."
+        ),
+    )
     target_response_chars: int = Field(
         default=0,
         description=(
@@ -162,6 +169,8 @@ class SimulatorDataOptions:
             raise ValueError(f"prompt format {self.prompt_format!r} needs a system prompt file")
         if self.prompt_format == COT_FORMAT:
             check_cot_system_prompt(self.system_prompt or "")
+        if self.few_shot_ties not in FEW_SHOT_TIES:
+            raise ValueError(f"unknown few-shot tie rule {self.few_shot_ties!r}; known: {', '.join(FEW_SHOT_TIES)}")
         for name in ("few_shot", "few_shot_response_chars", "target_response_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -269,6 +278,7 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
             options.few_shot,
             options.few_shot_char_budget,
             options.few_shot_response_chars,
+            options.few_shot_ties,
         )
 
     return pick

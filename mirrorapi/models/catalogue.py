@@ -191,6 +191,7 @@ _SETTINGS_OF_DATA_OPTIONS = {
     "few_shot": "few_shot",
     "few_shot_char_budget": "few_shot_char_budget",
     "few_shot_response_chars": "few_shot_response_chars",
+    "few_shot_ties": "few_shot_ties",
     "history": "session_history",
     "history_char_budget": "session_char_budget",
 }

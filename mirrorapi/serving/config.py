@@ -32,6 +32,7 @@ from mirrorapi.command_line import (
     read_yaml_settings,
     settings_values,
 )
+from mirrorapi.few_shot import FEW_SHOT_TIES
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_HISTORY_CALLS,
@@ -211,6 +212,13 @@ class ServerSettings(BaseModel):
         description=(
             "Shrink each example's response to about this many characters (valid JSON kept; 0: show examples whole, "
             "skipping those over the budget). Match the simulator's training data."
+        ),
+    )
+    few_shot_ties: Literal[FEW_SHOT_TIES] = Field(  # type: ignore[valid-type]
+        "shortest",
+        description=(
+            "Which of the equally similar examples is shown: the shortest, or the one of median size. Match the "
+            "simulator's training data (its data option of the same name)."
         ),
     )
     seed: int | None = Field(

@@ -52,7 +52,7 @@ def response_format(doc: ApiDoc, prompt_format: str) -> dict:
 def simulator_identity(settings: ServerSettings, in_session: bool = False) -> str:
     """The name this server's simulated answers are stored and looked up under: the model, the prompt
     format (named with its version), and the settings that change what the model answers for a call:
-    temperature, structured output, few-shot examples (k and their budget), the system prompt text
+    temperature, structured output, few-shot examples (k, their budget, the tie rule), the system prompt text
     (a hash) and, when sampling, the seed. `max_tokens`, timeouts and replicas are left out: they do
     not change a complete answer. The `simulator_identity` setting names one instead.
     E.g. `mirrorapi@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0`.
@@ -75,6 +75,8 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
         parts.append(f"few_shot_chars={settings.few_shot_char_budget}")
         if settings.few_shot_response_chars:
             parts.append(f"few_shot_response_chars={settings.few_shot_response_chars}")
+        if settings.few_shot_ties != "shortest":  # the first rule: the identities stored before the setting stay
+            parts.append(f"few_shot_ties={settings.few_shot_ties}")
     if settings.temperature and settings.seed is not None:
         parts.append(f"seed={settings.seed}")
     system_prompt = None if in_session else settings.system_prompt()
@@ -112,6 +114,7 @@ class Simulator:
                 self.settings.few_shot,
                 self.settings.few_shot_char_budget,
                 self.settings.few_shot_response_chars,
+                self.settings.few_shot_ties,
             )
         if history is not None:  # our session format; a system prompt file is for the stateless format
             return simulator_messages(

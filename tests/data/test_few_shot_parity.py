@@ -19,8 +19,10 @@ APIS = {("APIBank", "apibank_account", "GetUserToken")}
 
 
 @pytest.mark.shared
-@pytest.mark.parametrize("prompt_format,response_chars", [("mirrorapi-v1", 0), ("mirrorapi-v2", 16)])
-def test_builder_and_server_show_the_same_examples(shared_data, tmp_path, prompt_format, response_chars):
+@pytest.mark.parametrize(
+    "prompt_format,response_chars,ties", [("mirrorapi-v1", 0, "shortest"), ("mirrorapi-v2", 16, "median")]
+)
+def test_builder_and_server_show_the_same_examples(shared_data, tmp_path, prompt_format, response_chars, ties):
     pairs = [
         p
         for p in read_pairs_jsonl(shared_data / "pairs" / "api-bank-generated.jsonl")
@@ -44,6 +46,7 @@ def test_builder_and_server_show_the_same_examples(shared_data, tmp_path, prompt
         prompt_format=prompt_format,
         few_shot=3,
         few_shot_response_chars=response_chars,
+        few_shot_ties=ties,
         ood_fraction=0.0,
         id_fraction=0.0,
     )
@@ -56,6 +59,7 @@ def test_builder_and_server_show_the_same_examples(shared_data, tmp_path, prompt
             "few_shot": 3,
             "prompt_format": prompt_format,
             "few_shot_response_chars": response_chars,
+            "few_shot_ties": ties,
         },
         environ={},
     )

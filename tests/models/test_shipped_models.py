@@ -280,6 +280,10 @@ def test_the_settings_a_record_says_a_model_must_be_served_with():
     assert serving_settings(
         {"kind": "simulator", "prompt_format": "mirrorapi-session-v2", "dataset_stats": stats}
     ) == {"prompt_format": "mirrorapi-v2", "session_history": 8, "session_char_budget": 4096}
+    # The examples' tie rule its data was built with (a record written before the rule existed names none: the
+    # server's default, the shortest, is the rule it was built with).
+    stats["options"] |= {"few_shot": 1, "few_shot_ties": "median"}
+    assert serving_settings({"kind": "simulator", "dataset_stats": stats})["few_shot_ties"] == "median"
 
 
 @pytest.mark.slow

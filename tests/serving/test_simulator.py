@@ -33,6 +33,40 @@ def test_examples_fit_the_budget_whole():
     assert [a for a, _ in chosen] == [{"city": "Paris", "days": 4}]  # the closer one does not fit: skipped, not cut
 
 
+def test_ties_go_to_the_shortest_or_to_the_median_size():
+    # Five calls equally similar to the request (the same `city`, another `day`), answers of 1 to 5 rooms; a sixth
+    # less similar. The median of the five sizes is the third's (3 rooms); with an even count the lower middle.
+    rooms = [{"error": "", "response": json.dumps([f"room {r}" for r in range(n)])} for n in (4, 1, 5, 3, 2)]
+    pool = [(canonical_json({"city": "Oslo", "day": d}), json.dumps(o)) for d, o in zip("MTWRF", rooms, strict=True)]
+    pool.append((canonical_json({"town": "Oslo"}), json.dumps({"error": "", "response": "[]"})))
+    request = {"city": "Oslo", "day": "S"}
+
+    def shown(ties: str, k: int = 1, pool=pool) -> list[int]:
+        return [len(json.loads(o["response"])) for _, o in select_examples(pool, request, k, 10_000, ties=ties)]
+
+    assert shown("shortest") == [1] and shown("shortest", k=3) == [1, 2, 3]
+    assert shown("median") == [3]
+    assert shown("median", k=3) == [3, 2, 4]  # 2 and 4 rooms are equally far from 3: the shorter first
+    assert shown("median", k=6)[-1] == 0  # the less similar call still comes after every tied one
+    assert shown("median", pool=pool[:4]) == [3]  # 4 tied (sizes of 1, 3, 4, 5 rooms): the lower middle
+    assert shown("median", pool=list(reversed(pool))) == [3]
+    with pytest.raises(ValueError, match="unknown few-shot tie rule 'longest'"):
+        select_examples(pool, request, 1, 10_000, ties="longest")
+
+
+def test_the_tie_rule_names_the_simulator_identity_and_is_checked(samples):
+    from mirrorapi.serving.config import ConfigError
+    from mirrorapi.serving.simulator import simulator_identity
+
+    base = {"tools_folder": [str(samples / "tools")], "few_shot": 1}
+    shortest = simulator_identity(load_settings(overrides=base, environ={}))
+    assert simulator_identity(load_settings(overrides={**base, "few_shot_ties": "shortest"}, environ={})) == shortest
+    median = simulator_identity(load_settings(overrides={**base, "few_shot_ties": "median"}, environ={}))
+    assert median == shortest + ",few_shot_ties=median"
+    with pytest.raises(ConfigError, match="few_shot_ties: Input should be 'shortest' or 'median'"):
+        load_settings(overrides={**base, "few_shot_ties": "longest"}, environ={})
+
+
 @pytest.fixture()
 def cache_with_provenances(tmp_path):
     cache = ResponseCache(tmp_path / "c.sqlite")
