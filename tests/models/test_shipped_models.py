@@ -286,6 +286,18 @@ def test_the_settings_a_record_says_a_model_must_be_served_with():
     assert serving_settings({"kind": "simulator", "dataset_stats": stats})["few_shot_ties"] == "median"
 
 
+def test_the_shipped_simulator_is_shown_the_examples_it_was_trained_on(samples):
+    """The shipped adapter's data were built before the tie rule was a setting, with ties to the shortest example
+    (docs/training.md): served with its record's settings, the server must choose them that way."""
+    from mirrorapi.models.catalogue import serving_settings
+    from mirrorapi.serving.config import load_settings
+
+    record = json.loads((shipped.ADAPTERS_DIR / "smollm2-135m-mirrorapi-simulator" / TRAINING_FILE).read_text())
+    assert "few_shot_ties" not in record["dataset_stats"]["options"] and record["server_settings"]["few_shot"] == 1
+    settings = {**serving_settings(record), "tools_folder": [str(samples / "tools")]}
+    assert load_settings(overrides=settings, environ={}).few_shot_ties == "shortest"
+
+
 @pytest.mark.slow
 def test_the_shipped_simulator_answers_as_its_record_says(smollm2_dir, tmp_path):
     """The adapter this package ships, merged into SmolLM2 as `models get` does, answers a real tau-bench call with
