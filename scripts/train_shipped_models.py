@@ -5,6 +5,9 @@ pair and label, in one run of a lent GPU machine; or on a tiny slice on the CPU,
     .venv/bin/python scripts/train_shipped_models.py --stage data --work runs/shipped
     # on the GPU machine (docs/training.md says how the work folder, the base GGUF and the wheels travel there)
     python scripts/train_shipped_models.py --stage train --work runs/shipped --base-gguf BASE.gguf --out "$OUT"
+    # the shipped simulator's answers as a virtual server asks its engine (response_format), then scored (CPU)
+    .venv/bin/python scripts/train_shipped_models.py --stage answer --work runs/shipped --engine URL --engine-model NAME \
+        --max-new-tokens 1024 && .venv/bin/python scripts/train_shipped_models.py --stage score --work runs/shipped
     # the whole path on the CPU, on a slice, with the tiny model (what tests/training/test_train_shipped.py runs)
     .venv/bin/python scripts/train_shipped_models.py --tiny --base runs/tiny-base --work runs/shipped-tiny
 
@@ -305,31 +308,59 @@ def generate(
                 eos_token_id=tokenizer.eos_token_id,
             )
         for i, row in zip(batch, generated[:, encoded.input_ids.shape[1] :], strict=True):
-            record = records[i]
             new_tokens = int((row != tokenizer.pad_token_id).sum())
             out.append(
-                {
-                    key: record[key]
-                    for key in (
-                        "split",
-                        "source",
-                        "episode",
-                        "step",
-                        "category",
-                        "tool",
-                        "api",
-                        "arguments",
-                        "prompt_format",
-                        "kind",
-                    )
-                }
-                | {
-                    "target": record["completion"][0]["content"],
-                    "generated": tokenizer.decode(row, skip_special_tokens=True),
-                    "cut": new_tokens >= max_new_tokens,  # stopped by the limit, not by the model
-                }
+                answer_row(records[i], tokenizer.decode(row, skip_special_tokens=True), new_tokens, max_new_tokens)
             )
     return out
+
+
+def answer_row(record: dict, text: str, new_tokens: int, max_new_tokens: int) -> dict:
+    """One line of generations.jsonl.xz: the record's call, its real answer as trained, the simulator's text."""
+    keys = ("split", "source", "episode", "step", "category", "tool", "api", "arguments", "prompt_format", "kind")
+    return {key: record[key] for key in keys} | {
+        "target": record["completion"][0]["content"],
+        "generated": text,
+        "cut": new_tokens >= max_new_tokens,  # stopped by the limit, not by the model
+    }
+
+
+def served_answers(
+    engine: str, model: str, records: list[dict], tools: list[str], max_tokens: int, structured_output: bool
+) -> list[dict]:
+    """The answers of a simulator an OpenAI-compatible engine serves (llama.cpp, vLLM) to `records`, asked as the
+    virtual server asks it: the record's own prompt (the server's, tests/data/test_few_shot_parity.py), temperature
+    0, and with `structured_output` (the server's default) its `response_format` for the call's API. What a user's
+    server gets; `generate` sends the prompts bare to transformers, and a grammar changes some answers."""
+    import asyncio
+
+    from mirrorapi.engine_client import EngineClient
+    from mirrorapi.prompts.simulator_formats import stateless_format
+    from mirrorapi.serving.simulator import response_format
+    from mirrorapi.tools import ToolRegistry
+
+    registry = ToolRegistry.load(tools)
+
+    async def ask_each() -> list[dict]:
+        client = EngineClient(engine, model, timeout=600, retries=0)
+        out, started = [], time.perf_counter()
+        try:
+            for n, record in enumerate(records, 1):
+                doc = registry.get(record["category"], record["tool"], record["api"])
+                # the server's prompt_format is the stateless one; its calls in sessions get the same schema
+                schema = response_format(doc, stateless_format(record["prompt_format"])) if structured_output else None
+                message, usage = await client.complete(
+                    record["prompt"], temperature=0.0, max_tokens=max_tokens, response_format=schema
+                )
+                text = message.get("content") if isinstance(message.get("content"), str) else ""
+                out.append(answer_row(record, text, int(usage.get("completion_tokens") or 0), max_tokens))
+                if n % 20 == 0:
+                    log(f"served answers: {n} of {len(records)} ({time.perf_counter() - started:.0f} s)")
+        finally:
+            await client.aclose()
+        return out
+
+    return asyncio.run(ask_each())
 
 
 # ----------------------------------------------------------------------------------------------- score (CPU)
@@ -521,13 +552,19 @@ def train_stage(args, work: Path) -> dict:
 def answer_stage(args, work: Path) -> dict:
     """An adapter's greedy answers to the held-out sample, as the train stage writes them, without training: to
     compare adapters on the same records with the same generation settings."""
-    device = machine()["device"]
     started = time.perf_counter()
-    base = base_model(work, args.base, args.base_gguf)
     records = held_out_sample(work / "data" / "simulator", args.per_stratum)[: args.answers]
-    generations = generate(
-        base, Path(args.adapter), records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
-    )
+    if args.engine:
+        device = f"engine {args.engine}"
+        generations = served_answers(
+            args.engine, args.engine_model, records, args.tools, args.max_new_tokens, args.structured_output
+        )
+    else:
+        device = machine()["device"]
+        base = base_model(work, args.base, args.base_gguf)
+        generations = generate(
+            base, Path(args.adapter), records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
+        )
     out = Path(args.out or work / "out")
     out.mkdir(parents=True, exist_ok=True)
     with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
@@ -538,6 +575,7 @@ def answer_stage(args, work: Path) -> dict:
         "cut": sum(row["cut"] for row in generations),
         "max_new_tokens": args.max_new_tokens,
         "device": device,
+        "structured_output": bool(args.engine and args.structured_output),
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -573,6 +611,18 @@ def main(argv: list[str] | None = None) -> int:
         "score: the generations of a train or answer stage (--generations), on the CPU, after it.",
     )
     parser.add_argument("--adapter", help="The simulator adapter the answer stage answers with.")
+    parser.add_argument(
+        "--engine",
+        help="Or the answer stage asks the simulator an OpenAI-compatible engine serves at this URL (.../v1), as the "
+        "virtual server asks it: e.g. scripts/serve_engine_cpu.sh on a `models get` folder.",
+    )
+    parser.add_argument("--engine-model", help="The model name that engine answers to (with --engine).")
+    parser.add_argument(
+        "--structured-output",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="With --engine: send the server's response_format (its structured_output, on by default).",
+    )
     parser.add_argument("--generations", help="generations.jsonl.xz of a train or answer stage (--stage score).")
     parser.add_argument("--work", required=True, help="Work folder: data/, base/, the runs, logs/.")
     parser.add_argument("--out", help="Where the results go (default WORK/out); on a lent machine, $OUT.")
@@ -645,10 +695,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.tools = args.tools or [str(SHARED / "toolenv" / "realtools" if shared else samples / "tools")]
     args.labelled = args.labelled or [str(SHARED / "judge" / "labelled.jsonl" if shared else samples / "judge.jsonl")]
-    if args.stage in ("all", "train", "answer") and not (args.base or args.base_gguf):
-        parser.error(f"the {args.stage} stage needs --base DIR or --base-gguf FILE")
-    if args.stage == "answer" and not args.adapter:
-        parser.error("the answer stage needs --adapter DIR")
+    if args.stage == "answer" and args.engine:
+        if not args.engine_model:
+            parser.error("--engine needs --engine-model NAME (the model name that engine answers to)")
+    elif args.stage in ("all", "train", "answer") and not (args.base or args.base_gguf):
+        parser.error(f"the {args.stage} stage needs --base DIR or --base-gguf FILE (or, to answer, --engine URL)")
+    if args.stage == "answer" and not (args.adapter or args.engine):
+        parser.error("the answer stage needs --adapter DIR, or --engine URL")
     if args.tiny:
         args.per_stratum, args.max_new_tokens, args.batch_size = 2, 16, 4
     if args.stage in ("all", "data"):

@@ -139,6 +139,25 @@ def test_the_answer_stage_answers_the_same_records_as_the_train_stage_without_tr
     assert (adapter / "adapter_model.safetensors").read_bytes() == weights  # nothing trained
 
 
+def test_the_answer_stage_asks_a_served_simulator_as_the_server_asks_it(shipped_run, tiny_engine, tmp_path):
+    # a real engine on loopback (`transformers serve` of the tiny model), asked the sample's first records: the same
+    # records as the train stage answered, each answer the engine's text, the limit it hit marked
+    run_stage(
+        "--stage", "answer", "--work", str(shipped_run), "--engine", tiny_engine.base_url,
+        "--engine-model", tiny_engine.model, "--answers", "3", "--out", str(tmp_path),
+    )  # fmt: skip
+    with lzma.open(shipped_run / "out" / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
+        trained = [json.loads(line) for line in fh][:3]
+    with lzma.open(tmp_path / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
+        answered = [json.loads(line) for line in fh]
+    assert [(r["episode"], r["step"], r["prompt_format"], r["target"]) for r in answered] == [
+        (r["episode"], r["step"], r["prompt_format"], r["target"]) for r in trained
+    ]
+    # the untrained tiny model writes 16 tokens (--tiny's limit) that decode to no text: each answer is marked cut
+    # from the engine's own count (`usage`), not from the text
+    assert all(isinstance(r["generated"], str) and r["cut"] for r in answered)
+
+
 def test_the_answer_stage_needs_an_adapter(tiny_model_dir, tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "answer", "--work", str(tmp_path),
@@ -146,6 +165,12 @@ def test_the_answer_stage_needs_an_adapter(tiny_model_dir, tmp_path):
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 2 and "--adapter" in result.stderr
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "answer", "--work", str(tmp_path),
+         "--engine", "http://127.0.0.1:9/v1"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--engine-model" in result.stderr
 
 
 def response_chars(completion: list[dict]) -> int:
