@@ -6,8 +6,9 @@ pair and label, in one run of a lent GPU machine; or on a tiny slice on the CPU,
     # on the GPU machine (docs/training.md says how the work folder, the base GGUF and the wheels travel there)
     python scripts/train_shipped_models.py --stage train --work runs/shipped --base-gguf BASE.gguf --out "$OUT"
     # the shipped simulator's answers as a virtual server asks its engine (response_format), then scored (CPU)
-    .venv/bin/python scripts/train_shipped_models.py --stage answer --work runs/shipped --engine URL --engine-model NAME \
-        --max-new-tokens 1024 && .venv/bin/python scripts/train_shipped_models.py --stage score --work runs/shipped
+    .venv/bin/python scripts/train_shipped_models.py --stage answer --work runs/shipped --engine URL \
+        --engine-model NAME --max-new-tokens 1024
+    .venv/bin/python scripts/train_shipped_models.py --stage score --work runs/shipped
     # the whole path on the CPU, on a slice, with the tiny model (what tests/training/test_train_shipped.py runs)
     .venv/bin/python scripts/train_shipped_models.py --tiny --base runs/tiny-base --work runs/shipped-tiny
 
