@@ -117,6 +117,11 @@ def run_stage(*argv: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+def generations(out: Path) -> list[dict]:
+    with lzma.open(out / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
 def test_the_answer_stage_answers_the_same_records_as_the_train_stage_without_training(
     shipped_run, tiny_model_dir, tmp_path
 ):
@@ -127,10 +132,7 @@ def test_the_answer_stage_answers_the_same_records_as_the_train_stage_without_tr
         "--stage", "answer", "--work", str(shipped_run), "--base", str(tiny_model_dir), "--adapter", str(adapter),
         "--answers", "3", "--out", str(tmp_path),
     )  # fmt: skip
-    with lzma.open(shipped_run / "out" / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
-        trained = [json.loads(line) for line in fh][:3]
-    with lzma.open(tmp_path / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
-        answered = [json.loads(line) for line in fh]
+    trained, answered = generations(shipped_run / "out")[:3], generations(tmp_path)
     assert [(r["split"], r["episode"], r["step"], r["prompt_format"]) for r in answered] == [
         (r["split"], r["episode"], r["step"], r["prompt_format"]) for r in trained
     ]
@@ -146,10 +148,7 @@ def test_the_answer_stage_asks_a_served_simulator_as_the_server_asks_it(shipped_
         "--stage", "answer", "--work", str(shipped_run), "--engine", tiny_engine.base_url,
         "--engine-model", tiny_engine.model, "--answers", "3", "--out", str(tmp_path),
     )  # fmt: skip
-    with lzma.open(shipped_run / "out" / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
-        trained = [json.loads(line) for line in fh][:3]
-    with lzma.open(tmp_path / "generations.jsonl.xz", "rt", encoding="utf-8") as fh:
-        answered = [json.loads(line) for line in fh]
+    trained, answered = generations(shipped_run / "out")[:3], generations(tmp_path)
     assert [(r["episode"], r["step"], r["prompt_format"], r["target"]) for r in answered] == [
         (r["episode"], r["step"], r["prompt_format"], r["target"]) for r in trained
     ]
