@@ -319,11 +319,42 @@ def generate(
 def answer_row(record: dict, text: str, new_tokens: int, max_new_tokens: int) -> dict:
     """One line of generations.jsonl.xz: the record's call, its real answer as trained, the simulator's text."""
     keys = ("split", "source", "episode", "step", "category", "tool", "api", "arguments", "prompt_format", "kind")
-    return {key: record[key] for key in keys} | {
-        "target": record["completion"][0]["content"],
-        "generated": text,
-        "cut": new_tokens >= max_new_tokens,  # stopped by the limit, not by the model
-    }
+    return (
+        {key: record[key] for key in keys}
+        | {
+            "target": record["completion"][0]["content"],
+            "generated": text,
+            "cut": new_tokens >= max_new_tokens,  # stopped by the limit, not by the model
+        }
+        | ({"history_twin": True} if record.get("history_twin") else {})
+    )
+
+
+def history_twins(dataset_path: Path, records: list[dict]) -> list[dict]:
+    """For each session record of `records`, the same call asked without its history: its split's stateless record
+    of that call (the data build's --stateless-too), its prompt as built, but carrying the session record's
+    source, episode, step and real answer, so that the score stage scores both against the same answer. A
+    session record whose call has no stateless record (a build without --stateless-too) has no twin."""
+    from datasets import load_from_disk
+
+    from mirrorapi.prompts.simulator_formats import SESSION_FORMATS
+
+    def call(record: dict, split: str) -> tuple:
+        return (split, record["category"], record["tool"], record["api"], record["arguments"])
+
+    dataset = load_from_disk(str(dataset_path))
+    stateless: dict[tuple, dict] = {}
+    for split in sorted({r["split"] for r in records if r["prompt_format"] in SESSION_FORMATS}):
+        for record in dataset[split]:
+            if record["prompt_format"] not in SESSION_FORMATS:
+                stateless.setdefault(call(record, split), record)
+    twins = []
+    for record in records:
+        twin = stateless.get(call(record, record["split"])) if record["prompt_format"] in SESSION_FORMATS else None
+        if twin is not None:
+            same_answer = {key: record[key] for key in ("split", "source", "episode", "step", "completion")}
+            twins.append({**twin, **same_answer, "history_twin": True})
+    return twins
 
 
 def served_answers(
@@ -370,7 +401,8 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     ROUGE-L, BLEU-4, valid JSON, error agreement, error precision and recall) against the real answers (the pairs
     as read, whole) and the nearest example (the most similar training call of the same API); a held-out call
     whose arguments equal a training call's is a cache hit on a server and is reported apart. One report per prompt
-    format: alone (mirrorapi-v2) and in its session (mirrorapi-session-v2)."""
+    format: alone (mirrorapi-v2) and in its session (mirrorapi-session-v2); with an answer stage's history twins, also
+    "history": the session calls that have a twin, with their history and without it."""
     from datasets import load_from_disk
 
     from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare
@@ -389,9 +421,8 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     with lzma.open(generations_path, "rt", encoding="utf-8") as fh:
         rows = [json.loads(line) for line in fh]
     registry = ToolRegistry.load(tools)
-    reports: dict = {}
-    for fmt in sorted({r["prompt_format"] for r in rows}):
-        chosen = [r for r in rows if r["prompt_format"] == fmt]
+
+    def report_of(chosen: list[dict]) -> dict:
         held = [by_id[(r["source"], r["episode"], r["step"])] for r in chosen]
         baseline = NearestExample(train_pairs, held)
         hit = [(api_id(p), canonical_json(p["tool_input"])) in cached for p in held]
@@ -406,7 +437,20 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
             report[name] = build_report(part, "offline (the GPU run's greedy answers)", True) if part else {"calls": 0}
             report[name].pop("per_api", None)
             report[name]["raw_json"] = sum(simulated[i]["read_as"] == "json" for i in subset)
-        reports[fmt] = report
+        return report
+
+    asked = [r for r in rows if not r.get("history_twin")]
+    reports: dict = {
+        fmt: report_of([r for r in asked if r["prompt_format"] == fmt])
+        for fmt in sorted({r["prompt_format"] for r in asked})
+    }
+    twins = {(r["source"], r["episode"], r["step"]): r for r in rows if r.get("history_twin")}
+    if twins:  # an answer stage's --history-twins: the same session calls with and without their history
+        in_session = [r for r in asked if (r["source"], r["episode"], r["step"]) in twins]
+        reports["history"] = {
+            "with_history": report_of(in_session),
+            "without_history": report_of([twins[(r["source"], r["episode"], r["step"])] for r in in_session]),
+        }
     return reports
 
 
@@ -555,6 +599,8 @@ def answer_stage(args, work: Path) -> dict:
     compare adapters on the same records with the same generation settings."""
     started = time.perf_counter()
     records = held_out_sample(work / "data" / "simulator", args.per_stratum)[: args.answers]
+    if args.history_twins:  # after the sample, so that its answers stay those of a run without twins
+        records += history_twins(work / "data" / "simulator", records)
     if args.engine:
         device = f"engine {args.engine}"
         generations = served_answers(
@@ -573,6 +619,7 @@ def answer_stage(args, work: Path) -> dict:
     return {
         "answers": len(generations),
         "sampled": len(records),
+        "history_twins": sum(bool(row.get("history_twin")) for row in generations),
         "cut": sum(row["cut"] for row in generations),
         "max_new_tokens": args.max_new_tokens,
         "device": device,
@@ -623,6 +670,12 @@ def main(argv: list[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="With --engine: send the server's response_format (its structured_output, on by default).",
+    )
+    parser.add_argument(
+        "--history-twins",
+        action="store_true",
+        help="The answer stage also asks each sampled call in a session without its history (the same call's "
+        "stateless record), and the score stage reports both on the same calls against the same real answers.",
     )
     parser.add_argument("--generations", help="generations.jsonl.xz of a train or answer stage (--stage score).")
     parser.add_argument("--work", required=True, help="Work folder: data/, base/, the runs, logs/.")

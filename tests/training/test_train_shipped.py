@@ -157,6 +157,37 @@ def test_the_answer_stage_asks_a_served_simulator_as_the_server_asks_it(shipped_
     assert all(isinstance(r["generated"], str) and r["cut"] for r in answered)
 
 
+def test_history_twins_ask_each_session_call_again_without_its_history(shipped_run, tiny_engine, tmp_path):
+    # --history-twins: after the sample's first records (answered as without it), each of their session calls once
+    # more as its split's stateless record of the same call, scored against the session record's real answer
+    run_stage(
+        "--stage", "answer", "--work", str(shipped_run), "--engine", tiny_engine.base_url,
+        "--engine-model", tiny_engine.model, "--answers", "8", "--history-twins", "--out", str(tmp_path),
+    )  # fmt: skip
+    rows, trained = generations(tmp_path), generations(shipped_run / "out")[:8]
+    asked, twins = rows[:8], rows[8:]
+    call = ("split", "episode", "step", "prompt_format", "target")
+    assert [[r[k] for k in call] for r in asked] == [[r[k] for k in call] for r in trained]
+    sessions = [r for r in asked if r["prompt_format"] == "mirrorapi-session-v2"]
+    assert sessions and all(r["history_twin"] for r in twins) and not any("history_twin" in r for r in asked)
+    dataset = load_from_disk(str(shipped_run / "data" / "simulator"))
+    what = ("split", "source", "episode", "step", "category", "tool", "api", "arguments", "target")
+    assert [{k: r[k] for k in what} for r in twins] == [{k: r[k] for k in what} for r in sessions]
+    for twin in twins:  # asked as the build's one stateless record of that call
+        same_call = [
+            r for r in dataset[twin["split"]]
+            if r["prompt_format"] == "mirrorapi-v2" and (r["api"], r["arguments"]) == (twin["api"], twin["arguments"])
+        ]  # fmt: skip
+        assert len(same_call) == 1 and twin["prompt_format"] == "mirrorapi-v2"
+
+    run_stage("--stage", "score", "--work", str(shipped_run), "--generations", str(tmp_path / "generations.jsonl.xz"))
+    scores = json.loads((tmp_path / "fidelity-offline.json").read_text())
+    assert set(scores) == {"mirrorapi-v2", "mirrorapi-session-v2", "history"}
+    calls = {name: sum(part["calls"] for part in report.values()) for name, report in scores["history"].items()}
+    assert calls == {"with_history": len(sessions), "without_history": len(sessions)}
+    assert sum(part["calls"] for fmt in ("mirrorapi-v2", "mirrorapi-session-v2") for part in scores[fmt].values()) == 8
+
+
 def test_the_answer_stage_needs_an_adapter(tiny_model_dir, tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "answer", "--work", str(tmp_path),
