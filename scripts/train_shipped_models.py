@@ -407,6 +407,7 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
 
     from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare
     from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
+    from mirrorapi.prompts.simulator_formats import SESSION_FORMATS
     from mirrorapi.prompts.simulator_output import parse_simulator_output
     from mirrorapi.records import canonical_json
     from mirrorapi.tools import ToolRegistry
@@ -446,7 +447,11 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     }
     twins = {(r["source"], r["episode"], r["step"]): r for r in rows if r.get("history_twin")}
     if twins:  # an answer stage's --history-twins: the same session calls with and without their history
-        in_session = [r for r in asked if (r["source"], r["episode"], r["step"]) in twins]
+        in_session = [
+            r
+            for r in asked
+            if r["prompt_format"] in SESSION_FORMATS and (r["source"], r["episode"], r["step"]) in twins
+        ]  # an alone record of the sample may be the same step: its call's first occurrence
         reports["history"] = {
             "with_history": report_of(in_session),
             "without_history": report_of([twins[(r["source"], r["episode"], r["step"])] for r in in_session]),

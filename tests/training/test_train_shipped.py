@@ -158,14 +158,15 @@ def test_the_answer_stage_asks_a_served_simulator_as_the_server_asks_it(shipped_
 
 
 def test_history_twins_ask_each_session_call_again_without_its_history(shipped_run, tiny_engine, tmp_path):
-    # --history-twins: after the sample's first records (answered as without it), each of their session calls once
-    # more as its split's stateless record of the same call, scored against the session record's real answer
+    # --history-twins: after the sample's records (answered as without it), each of its session calls once more as
+    # its split's stateless record of the same call, scored against the session record's real answer. The whole
+    # sample: some of its alone records are the same steps as session records (a call's first occurrence).
     run_stage(
         "--stage", "answer", "--work", str(shipped_run), "--engine", tiny_engine.base_url,
-        "--engine-model", tiny_engine.model, "--answers", "8", "--history-twins", "--out", str(tmp_path),
+        "--engine-model", tiny_engine.model, "--history-twins", "--out", str(tmp_path),
     )  # fmt: skip
-    rows, trained = generations(tmp_path), generations(shipped_run / "out")[:8]
-    asked, twins = rows[:8], rows[8:]
+    rows, trained = generations(tmp_path), generations(shipped_run / "out")
+    asked, twins = rows[: len(trained)], rows[len(trained) :]
     call = ("split", "episode", "step", "prompt_format", "target")
     assert [[r[k] for k in call] for r in asked] == [[r[k] for k in call] for r in trained]
     sessions = [r for r in asked if r["prompt_format"] == "mirrorapi-session-v2"]
@@ -185,7 +186,9 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
     assert set(scores) == {"mirrorapi-v2", "mirrorapi-session-v2", "history"}
     calls = {name: sum(part["calls"] for part in report.values()) for name, report in scores["history"].items()}
     assert calls == {"with_history": len(sessions), "without_history": len(sessions)}
-    assert sum(part["calls"] for fmt in ("mirrorapi-v2", "mirrorapi-session-v2") for part in scores[fmt].values()) == 8
+    assert sum(
+        part["calls"] for fmt in ("mirrorapi-v2", "mirrorapi-session-v2") for part in scores[fmt].values()
+    ) == len(asked)
 
 
 def test_the_answer_stage_needs_an_adapter(tiny_model_dir, tmp_path):
