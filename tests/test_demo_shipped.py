@@ -106,8 +106,8 @@ def test_a_shipped_simulator_is_served_with_its_record_s_settings(tmp_path):
         "session_char_budget": 4096,
         "max_tokens": 384,
     }  # where to listen and cache: the demo's
-    # The run's own fine-tune keeps the settings it was trained with: its examples' ties go to the median size,
-    # the shipped model's to the server's default (the shortest) its record does not name otherwise.
+    # The run's own fine-tune keeps the settings it was trained with: its examples' ties go to the median size;
+    # a shipped model's record that names no rule is served with the server's default (the shortest).
     assert demo.trained_settings["few_shot"] == 1 and demo.trained_settings["session_history"] == 4
     assert demo.trained_settings["few_shot_ties"] == "median" and "few_shot_ties" not in settings
 

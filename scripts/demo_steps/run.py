@@ -184,7 +184,7 @@ RETRIEVAL = {
     "simulator_few_shot_chars": 1024,
     "simulator_few_shot_response_chars": 600,
     # Ties to the example of median size: this fine-tune, trained and served with them, scored BLEU-4 59.1 against
-    # 46.2 with the shortest (docs/training.md). The shipped simulator keeps the shortest it was trained with.
+    # 46.2 with the shortest (docs/training.md). The shipped simulator's record names its own (median, served).
     "simulator_few_shot_ties": "median",
     "target_response_chars": 1024,
 }

@@ -286,16 +286,19 @@ def test_the_settings_a_record_says_a_model_must_be_served_with():
     assert serving_settings({"kind": "simulator", "dataset_stats": stats})["few_shot_ties"] == "median"
 
 
-def test_the_shipped_simulator_is_shown_the_examples_it_was_trained_on(samples):
-    """The shipped adapter's data were built before the tie rule was a setting, with ties to the shortest example
-    (docs/training.md): served with its record's settings, the server must choose them that way."""
+def test_the_shipped_simulator_is_served_with_the_tie_rule_its_record_names(samples):
+    """The shipped adapter's data were built before the tie rule was a setting, with ties to the shortest example;
+    served with the median-size one it scored higher on the held-out calls (docs/training.md), so its record's
+    server settings name `median`, and a server started with them must choose that way, not by its default."""
     from mirrorapi.models.catalogue import serving_settings
     from mirrorapi.serving.config import load_settings
 
     record = json.loads((shipped.ADAPTERS_DIR / "smollm2-135m-mirrorapi-simulator" / TRAINING_FILE).read_text())
     assert "few_shot_ties" not in record["dataset_stats"]["options"] and record["server_settings"]["few_shot"] == 1
     settings = {**serving_settings(record), "tools_folder": [str(samples / "tools")]}
-    assert load_settings(overrides=settings, environ={}).few_shot_ties == "shortest"
+    without_rule = {key: value for key, value in settings.items() if key != "few_shot_ties"}
+    assert load_settings(overrides=without_rule, environ={}).few_shot_ties == "shortest"  # the default, not taken
+    assert load_settings(overrides=settings, environ={}).few_shot_ties == "median"
 
 
 @pytest.mark.slow
