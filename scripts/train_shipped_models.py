@@ -363,15 +363,24 @@ def served_answers(
     """The answers of a simulator an OpenAI-compatible engine serves (llama.cpp, vLLM) to `records`, asked as the
     virtual server asks it: the record's own prompt (the server's, tests/data/test_few_shot_parity.py), temperature
     0, and with `structured_output` (the server's default) its `response_format` for the call's API. What a user's
-    server gets; `generate` sends the prompts bare to transformers, and a grammar changes some answers."""
+    server gets; `generate` sends the prompts bare to transformers, and a grammar changes some answers.
+
+    A call that a server's default argument policy refuses (`missing_required: reject`: a call without a required
+    argument) is answered as that server answers it, with the refusal and no engine call (`"answered_by":
+    "server"`): a served simulator is never asked it."""
     import asyncio
 
     from mirrorapi.engine_client import EngineClient
     from mirrorapi.prompts.simulator_formats import stateless_format
+    from mirrorapi.records import observation_json
+    from mirrorapi.serving.config import ServerSettings
+    from mirrorapi.serving.handler import check_arguments
+    from mirrorapi.serving.protocol import ArgumentError
     from mirrorapi.serving.simulator import response_format
     from mirrorapi.tools import ToolRegistry
 
     registry = ToolRegistry.load(tools)
+    policy = [ServerSettings.model_fields[key].default for key in ("missing_required", "unknown_arguments")]
 
     async def ask_each() -> list[dict]:
         client = EngineClient(engine, model, timeout=600, retries=0)
@@ -379,6 +388,12 @@ def served_answers(
         try:
             for n, record in enumerate(records, 1):
                 doc = registry.get(record["category"], record["tool"], record["api"])
+                try:
+                    check_arguments(doc, json.loads(record["arguments"]), *policy)
+                except ArgumentError as refused:
+                    out.append(answer_row(record, observation_json(str(refused), ""), 0, max_tokens))
+                    out[-1]["answered_by"] = "server"
+                    continue
                 # the server's prompt_format is the stateless one; its calls in sessions get the same schema
                 schema = response_format(doc, stateless_format(record["prompt_format"])) if structured_output else None
                 message, usage = await client.complete(
@@ -625,6 +640,7 @@ def answer_stage(args, work: Path) -> dict:
         "answers": len(generations),
         "sampled": len(records),
         "history_twins": sum(bool(row.get("history_twin")) for row in generations),
+        "refused_by_the_server": sum(row.get("answered_by") == "server" for row in generations),
         "cut": sum(row["cut"] for row in generations),
         "max_new_tokens": args.max_new_tokens,
         "device": device,
