@@ -125,7 +125,8 @@ class SimulatorDataOptions:
         default=0,
         description=(
             "Show each call's K earlier episode calls (newest first; format mirrorapi-session-v1, or -v2 with "
-            "--prompt-format mirrorapi-v2, chosen automatically); match the server's `session_history`."
+            "--prompt-format mirrorapi-v2, chosen automatically); match the server's `session_history`. A call with "
+            "no earlier call to show (an episode's first) is rendered in the stateless format, as the server asks it."
         ),
     )
     history_char_budget: int = Field(
@@ -214,7 +215,7 @@ def build_simulator_records(
     kept, dropped = chosen.kept, chosen.dropped
     examples = _example_picker(kept, chosen.splits["train"], options)
     splits = {
-        name: [_render(kept[i], options, examples(i), options.prompt_format) for i in members]
+        name: [_render(kept[i], options, examples(i), _format_of(kept[i], options)) for i in members]
         for name, members in chosen.splits.items()
     }
     if options.stateless_too:
@@ -284,19 +285,29 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
     return pick
 
 
+def _format_of(chosen: ChosenPair, options: SimulatorDataOptions) -> str:
+    """The format a call is rendered in: with history, the session format only when there are earlier calls to show;
+    a session's first call is the stateless call it is, as the server asks it (`Session.history` is None)."""
+    return options.prompt_format if chosen.history or not options.history else stateless_format(options.prompt_format)
+
+
 def _stateless_records(
     kept: list[ChosenPair], members: list[int], options: SimulatorDataOptions, examples
 ) -> list[dict]:
     """Each distinct call (API and arguments) of a split once, without history, in the stateless format; the first
-    one in input order, as a build without history keeps it."""
+    one in input order, as a build without history keeps it. A call the split already has in that format (a
+    session's first call) is not added again."""
     fmt = stateless_format(options.prompt_format)
-    seen: set[tuple] = set()
+
+    def call(chosen: ChosenPair) -> tuple:
+        return chosen.doc.category, chosen.doc.tool, chosen.doc.api, chosen.arguments_key
+
+    seen = {call(kept[i]) for i in members if _format_of(kept[i], options) == fmt}
     records = []
     for i in members:
         chosen = kept[i]
-        key = (chosen.doc.category, chosen.doc.tool, chosen.doc.api, chosen.arguments_key)
-        if key not in seen:
-            seen.add(key)
+        if call(chosen) not in seen:
+            seen.add(call(chosen))
             records.append(_render(chosen, options, examples(i), fmt))
     return records
 

@@ -13,9 +13,10 @@ Simulator formats
 - `mirrorapi-session-v1`: `mirrorapi-v1` for a call inside a session (an episode): the system prompt
   asks for answers consistent with the session, and between the examples and the request the user
   message lists the session's earlier calls and answers, newest first, whole calls only, within a
-  budget (`select_history`). Each earlier call is one compact JSON line (`history_line`). With no
-  earlier call the list reads `(none)`. The server uses it for calls that carry a session id; the
-  data builder renders `--history K` records with it from real episodes.
+  budget (`select_history`). Each earlier call is one compact JSON line (`history_line`). The server uses
+  it for calls that carry a session id and have an earlier call to show; the data builder renders `--history K`
+  records with it from real episodes. A call with none to show (a session's first) is asked in the stateless
+  format by both (`mirrorapi.serving.sessions.Session.history`); rendered here, its list reads `(none)`.
 - `mirrorapi-session-v2`: `mirrorapi-session-v1` with `mirrorapi-v2`'s JSON values, in the examples, the
   earlier calls' answers and the answer itself: what a `mirrorapi-v2` server's calls inside a session use
   (`session_format`), so a model trained on JSON values is never shown them escaped.

@@ -9,7 +9,8 @@ outcome, failures included, is an `Answer` ready to send (see `to_failure`).
 
 A call with a session id (and `session_history` > 0) is the same path with the session's history:
 its digest is part of the call's cache key (outside a session that part is empty), and the prompt
-shows its newest calls. Every answered call (hit or simulation) is then added to the session, in
+shows its newest calls; a call with no earlier call to show (the session's first) is asked as the stateless
+call it is. Every answered call (hit or simulation) is then added to the session, in
 the store (`mirrorapi.serving.sessions`).
 """
 

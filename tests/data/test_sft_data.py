@@ -235,7 +235,9 @@ def test_long_targets_are_shrunk_to_valid_json_not_dropped(registry):
 
 def test_stateless_too_renders_each_distinct_call_once_without_history_in_the_same_split(registry):
     """--stateless-too: beside every session record, each distinct call of a split once in the stateless format,
-    the first in input order, with the same few-shot examples and the same split (no episode crosses splits)."""
+    the first in input order, with the same few-shot examples and the same split (no episode crosses splits). An
+    episode's first call has no earlier call to show: with or without the flag it is rendered in the stateless
+    format (as the server asks it), and never twice."""
     session_only, _ = build_simulator_records(
         copy.deepcopy(SAMPLE_PAIRS),
         registry,
@@ -246,22 +248,29 @@ def test_stateless_too_renders_each_distinct_call_once_without_history_in_the_sa
         registry,
         SimulatorDataOptions(prompt_format="mirrorapi-session-v2", history=8, few_shot=1, stateless_too=True),
     )
+    firsts = 0
     for split, records in both.items():
         session = [r for r in records if r["prompt_format"] == "mirrorapi-session-v2"]
         alone = [r for r in records if r["prompt_format"] == "mirrorapi-v2"]
-        assert session == session_only[split] and len(session) + len(alone) == len(records)
+        assert len(session) + len(alone) == len(records)
+        assert session == [r for r in session_only[split] if r["prompt_format"] == "mirrorapi-session-v2"]
+        first_calls = [r for r in session_only[split] if r["prompt_format"] == "mirrorapi-v2"]
+        assert all(r in alone for r in first_calls)
+        assert not any("(none)" in r["prompt"][1]["content"] for r in session)
+        assert all(r in first_calls for r in session_only[split] if r["step"] == 0)  # nothing before step 0
+        firsts += len(first_calls)
         keys = [(r["category"], r["tool"], r["api"], r["arguments"]) for r in alone]
         assert (
-            len(keys) == len(set(keys)) == len({(r["category"], r["tool"], r["api"], r["arguments"]) for r in session})
+            len(keys) == len(set(keys)) == len({(r["category"], r["tool"], r["api"], r["arguments"]) for r in records})
         )
         for r in alone:
             system, user = r["prompt"]
             assert "Earlier calls in this session" not in user and "session" not in system["content"]
-            assert (r["source"], r["episode"]) in {(s["source"], s["episode"]) for s in session}
         assert stats["splits"][split]["by_prompt_format"] == {
             "mirrorapi-session-v2": len(session),
             "mirrorapi-v2": len(alone),
         }
+    assert firsts
     first = next(p for p in SAMPLE_PAIRS if p["source"] == "api-bank-generated")
     doc = registry.resolve(first["category"], first["tool_name"], first["api_name"])
     (record,) = [

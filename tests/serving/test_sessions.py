@@ -7,7 +7,13 @@ import sqlite3
 import pytest
 
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
-from mirrorapi.prompts.simulator_formats import SESSION_FORMAT, history_line, select_history, simulator_messages
+from mirrorapi.prompts.simulator_formats import (
+    SESSION_FORMAT,
+    history_line,
+    select_history,
+    simulator_messages,
+    stateless_format,
+)
 from mirrorapi.records import read_pairs_jsonl
 from mirrorapi.serving.cache import ResponseCache, import_pairs, open_cache
 from mirrorapi.serving.config import load_settings
@@ -78,6 +84,9 @@ def test_history_digest_names_the_whole_history():
     assert a.digest == b.digest != c.digest  # kept lines do not matter, every earlier call does
     assert len(a.lines) == 1 and a.steps == b.steps == 2
     assert a.history(8, 10_000).lines == [b.history(8, 10_000).lines[0]]
+    # Nothing earlier to show, at a session's start or when no earlier call fits the budget: no history at all (the
+    # call is the stateless one), not an empty list.
+    assert Session(keep=8).history(8, 10_000) is None and c.history(8, 10) is None and c.history(8, 10_000)
 
 
 def test_simulator_prompts_session_calls_in_the_session_format(samples, tmp_path):
@@ -114,27 +123,27 @@ def test_session_answers_are_stored_under_the_history_and_replay_identically(
         again = [server.virtual({**b, "session_id": "episode-2"}).json() for b in (login, balance)]
         assert again == first
         assert server.metric("mirrorapi_requests_total", outcome="hit") == 2
-        # The second call alone in a new session has another history: simulated again, not a hit.
-        server.client.post("/virtual", json=balance, headers={"X-Session-Id": "episode-3"})
+        # The second call first in a new session: nothing earlier to show, so it is the stateless call (not the
+        # session's answer after the login), simulated once and then the same answer alone, from the cache.
+        fresh = server.client.post("/virtual", json=balance, headers={"X-Session-Id": "episode-3"}).json()
         assert server.metric("mirrorapi_requests_total", outcome="simulated") == 3
-        # Without a session: the stateless cache holds none of the session answers.
-        server.virtual(balance)
-        assert server.metric("mirrorapi_requests_total", outcome="simulated") == 4
+        assert server.virtual(balance).json() == fresh
+        assert server.metric("mirrorapi_requests_total", outcome="hit") == 3
+        # Without a session, the login is the one the episodes began with.
+        assert server.virtual(login).json() == first[0]
+        assert server.metric("mirrorapi_requests_total", outcome="simulated") == 3
 
     db = sqlite3.connect(cache_path)
-    rows = db.execute(
-        "SELECT tool, history, steps, provenance FROM entries WHERE history != '' ORDER BY steps, history"
-    ).fetchall()
-    assert [(tool, steps) for tool, _, steps, _ in rows] == [
-        ("apibank_account", 0),
-        ("apibank_finance", 0),
-        ("apibank_finance", 1),
-    ]
-    assert rows[0][1] == EMPTY_HISTORY and rows[2][1] != EMPTY_HISTORY
-    assert {p.split(",")[0] for *_, p in rows} == {f"simulated:{simulator_engine.model}@{SESSION_FORMAT}"}
-    assert [
+    rows = db.execute("SELECT tool, history, steps, provenance FROM entries WHERE history != ''").fetchall()
+    assert [(tool, steps) for tool, _, steps, _ in rows] == [("apibank_finance", 1)]  # only the call after the login
+    assert rows[0][1] != EMPTY_HISTORY
+    assert rows[0][3].split(",")[0] == f"simulated:{simulator_engine.model}@{SESSION_FORMAT}"
+    assert sorted(
         (tool, p.split(",")[0]) for tool, p in db.execute("SELECT tool, provenance FROM entries WHERE history = ''")
-    ] == [("apibank_finance", f"simulated:{simulator_engine.model}@mirrorapi-v1")]
+    ) == [
+        ("apibank_account", f"simulated:{simulator_engine.model}@mirrorapi-v1"),
+        ("apibank_finance", f"simulated:{simulator_engine.model}@mirrorapi-v1"),
+    ]
 
 
 def test_recorded_answer_wins_inside_a_session(serve, samples, engine_down, cache_location):
@@ -178,7 +187,12 @@ def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_p
         served = simulator.messages(doc, pair["tool_input"], session.history(2, settings.session_char_budget))
         assert served == records[pair["step"]]["prompt"], pair["step"]
         session.record(doc.tool, doc.api, pair["tool_input"], **pair["response"], fmt=session_format)
-    assert "(none)" in records[0]["prompt"][1]["content"]
+    # The first call has no earlier call to show: the stateless call, as the server asks it, nothing said of a session.
+    assert (
+        records[0]["prompt_format"] == stateless_format(session_format)
+        and records[1]["prompt_format"] == session_format
+    )
+    assert "Earlier calls" not in records[0]["prompt"][1]["content"]
     assert records[3]["prompt"][1]["content"].count('{"tool":') == 2  # K = 2 of the 3 earlier calls
     # The login's real answer, a JSON object in a string: a value in -v2's history, escaped in -v1's.
     token = '{"token":"o8i7u6y5t4r3e2w1q0"}' if session_format != SESSION_FORMAT else '\\"token\\"'
