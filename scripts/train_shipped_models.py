@@ -88,6 +88,7 @@ def build_data(
     repeat_failures: int,
     target_chars: int,
     few_shot_ties: str,
+    without_examples_share: float,
 ) -> dict:
     started = time.perf_counter()
     data = work / "data"
@@ -106,6 +107,8 @@ def build_data(
             str(target_chars),
             "--few-shot-ties",
             few_shot_ties,
+            "--without-examples-share",
+            str(without_examples_share),
             "--out",
             str(data / "simulator"),
         ],
@@ -738,6 +741,13 @@ def main(argv: list[str] | None = None) -> int:
         "shortest; median scored higher for a model trained with it, docs/training.md). The trained record names "
         "it, so a server shows the model the examples it learnt from.",
     )
+    parser.add_argument(
+        "--without-examples-share",
+        type=float,
+        default=0.0,
+        help="The data stage: share of the simulator's training calls shown without their example, as a server "
+        "asks a call of an API it has no example of (docs/training.md, the fifth run).",
+    )
     parser.add_argument("--tiny", action="store_true", help="A few steps on data/samples: checks the path on a CPU.")
     parser.add_argument(
         "--per-stratum",
@@ -788,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
             args.repeat_failures,
             args.target_response_chars,
             args.few_shot_ties,
+            args.without_examples_share,
         )
         log(f"data: {json.dumps(built)}")
     if args.stage in ("all", "train"):

@@ -119,6 +119,14 @@ def judge_sft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test-fraction", type=float, default=0.1, help="Share of queries held out (test).")
     parser.add_argument("--no-balance", action="store_true", help="Keep the training split's natural balance.")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--repeat-sources",
+        nargs="+",
+        default=[],
+        metavar="SOURCE=N",
+        help="Repeat the training records of a source N times, after balancing (e.g. tau-bench/airline=4): "
+        "AnyToolBench's 810 labels would otherwise drown tau-bench's 152, the harder ones.",
+    )
 
 
 def build_judge_sft(args: argparse.Namespace) -> int:
@@ -127,7 +135,7 @@ def build_judge_sft(args: argparse.Namespace) -> int:
     bad: list[str] = []
     records = itertools.chain(*[read_labelled(path, bad.append) for path in args.labelled])
     splits, stats = build_judge_records(
-        records, args.prompt_format, args.test_fraction, not args.no_balance, args.seed
+        records, args.prompt_format, args.test_fraction, not args.no_balance, args.seed, args.repeat_sources
     )
     _note_unreadable(stats, bad, {"labelled": args.labelled})
     write_sft_dataset(args.out, splits, stats, JUDGE_COLUMNS)

@@ -19,6 +19,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
+from mirrorapi.data.sources import parse_source_repeats
 from mirrorapi.prompts.judge_formats import (
     DEFAULT_JUDGE_FORMAT,
     JUDGE_VERDICTS,
@@ -43,6 +44,7 @@ def build_judge_records(
     test_fraction: float = 0.1,
     balance: bool = True,
     seed: int = 42,
+    repeat_sources: list[str] = (),
 ) -> tuple[dict[str, list[dict]], dict]:
     if prompt_format not in TRAINABLE_JUDGE_FORMATS:
         raise ValueError(
@@ -51,6 +53,7 @@ def build_judge_records(
         )
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    repeats = parse_source_repeats(list(repeat_sources))
     verdicts = JUDGE_VERDICTS[prompt_format]
     read: Counter = Counter()
     dropped: Counter = Counter()
@@ -81,12 +84,18 @@ def build_judge_records(
             keep = {id(r) for rs in by_label.values() for r in rng.sample(rs, smallest)}
             balanced_out = len(train) - len(keep)
             train = [r for r in train if id(r) in keep]
+    train = [r for r in train for _ in range(repeats.get(r["source"], 1))]
     splits = {"train": train, "test": [kept[i] for i in indices["test"]]}
     rendered = {name: [_render(r, prompt_format) for r in rs] for name, rs in splits.items()}
     stats = {
         "kind": "judge",
         "prompt_format": prompt_format,
-        "options": {"test_fraction": test_fraction, "balance": balance, "seed": seed},
+        "options": {
+            "test_fraction": test_fraction,
+            "balance": balance,
+            "seed": seed,
+            "repeat_sources": list(repeat_sources),
+        },
         "read": {"total": sum(read.values()), **dict(sorted(read.items()))},
         "dropped": {k: dropped[k] for k in ("unknown_label", "empty_answer", "duplicate", "duplicate_conflicting")}
         | {"balancing": balanced_out},

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import tempfile
 from collections import Counter
@@ -26,6 +27,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mirrorapi.command_line import Flag
+from mirrorapi.data.sources import parse_source_repeats
 from mirrorapi.few_shot import FEW_SHOT_TIES, candidate_pool, select_examples, shrink_response
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
@@ -107,6 +109,14 @@ class SimulatorDataOptions:
             "(mirrorapi.few_shot.select_examples); match the server's `few_shot_ties`."
         ),
     )
+    without_examples_share: float = Field(
+        default=0.0,
+        description=(
+            "Share of the training calls shown without their examples (each of their records), drawn with --seed: "
+            "a server asks a call of an API its cache holds no call of (a new API, every test_ood call) without one, "
+            "a case otherwise under 1% of the training records, so the model learns to answer from the doc alone."
+        ),
+    )
     target_response_chars: int = Field(
         default=0,
         description=(
@@ -175,7 +185,7 @@ class SimulatorDataOptions:
         for name in ("few_shot", "few_shot_response_chars", "target_response_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("ood_fraction", "id_fraction"):
+        for name in ("ood_fraction", "id_fraction", "without_examples_share"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.stateless_too and not self.history:
@@ -186,13 +196,7 @@ class SimulatorDataOptions:
 
     def source_repeats(self) -> dict[str, int]:
         """`repeat_sources` as {source: N}; ValueError for an entry that is not SOURCE=N with N >= 1."""
-        repeats = {}
-        for entry in self.repeat_sources:
-            source, _, count = entry.rpartition("=")
-            if not source or not count.isdecimal() or int(count) < 1:
-                raise ValueError(f"repeat_sources entries are SOURCE=N with N >= 1, got {entry!r}")
-            repeats[source] = int(count)
-        return repeats
+        return parse_source_repeats(self.repeat_sources)
 
 
 def build_simulator_records(
@@ -257,9 +261,12 @@ def build_simulator_records(
 def _example_picker(kept: list[ChosenPair], train: list[int], options: SimulatorDataOptions):
     """index -> few-shot examples: the server's own choice (`select_examples` over `candidate_pool`, the
     one candidate order) among the training calls of the same API, as its cache would hold them after
-    `mirrorapi cache import` of the same pairs. Test records only ever see training calls."""
+    `mirrorapi cache import` of the same pairs; none for the `without_examples_share` of the training calls. Test
+    records only ever see training calls."""
     if not options.few_shot:
         return lambda index: []
+    draw = random.Random(f"{options.seed}:without-examples").random
+    without = {i for i in train if draw() < options.without_examples_share}
 
     by_api: dict[tuple, list[tuple[str, str]]] = {}
     for i in train:
@@ -272,6 +279,8 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
     pools = {api: candidate_pool(candidates) for api, candidates in by_api.items()}
 
     def pick(index: int) -> list[tuple[dict, dict]]:
+        if index in without:
+            return []
         doc, arguments = kept[index].doc, kept[index].arguments
         return select_examples(
             pools.get((doc.category, doc.tool, doc.api), []),

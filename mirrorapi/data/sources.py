@@ -107,3 +107,14 @@ def _parse_instruction(instruction: str) -> tuple[ApiDoc, dict] | None:
         source="alpaca",
     )
     return doc, arguments
+
+
+def parse_source_repeats(entries: list[str]) -> dict[str, int]:
+    """`SOURCE=N` entries (a `--repeat-sources` flag) as {source: N}; ValueError for one that is not, or N < 1."""
+    repeats = {}
+    for entry in entries:
+        source, _, count = entry.rpartition("=")
+        if not source or not count.isdecimal() or int(count) < 1:
+            raise ValueError(f"repeat_sources entries are SOURCE=N with N >= 1, got {entry!r}")
+        repeats[source] = int(count)
+    return repeats

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from datasets import load_from_disk
 
 from mirrorapi.data.judge_sft import build_judge_records
@@ -47,6 +48,19 @@ def test_duplicates_and_conflicts_are_counted():
     flipped = {**first, "id": "x", "label": "Unsolved" if first["label"] == "Solved" else "Solved"}
     _, stats = build_judge_records(LABELLED + [dict(first, id="copy"), flipped], test_fraction=0.2)
     assert (stats["dropped"]["duplicate"], stats["dropped"]["duplicate_conflicting"]) == (1, 1)
+
+
+def test_repeat_sources_repeats_a_sources_training_answers_after_balancing():
+    source = LABELLED[0]["source"]
+    plain, _ = build_judge_records(LABELLED, test_fraction=0.2)
+    repeated, stats = build_judge_records(LABELLED, test_fraction=0.2, repeat_sources=[f"{source}=3"])
+    ones = [r for r in plain["train"] if r["source"] == source]
+    assert ones and repeated["train"] == [r for r in plain["train"] for _ in range(3 if r["source"] == source else 1)]
+    assert repeated["test"] == plain["test"]
+    assert stats["splits"]["train"]["by_source"][source] == 3 * len(ones)
+    assert stats["options"]["repeat_sources"] == [f"{source}=3"]
+    with pytest.raises(ValueError, match="SOURCE=N"):
+        build_judge_records(LABELLED, repeat_sources=[source])
 
 
 def test_cli(tmp_path):

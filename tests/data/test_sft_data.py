@@ -312,6 +312,33 @@ def test_repeat_failures_repeats_failed_training_calls_on_top_of_their_source(re
     )
 
 
+def test_without_examples_share_hides_the_examples_of_that_share_of_training_calls_only(registry):
+    def examples_shown(records):
+        return [("\n\nExamples:\n" in r["prompt"][1]["content"]) for r in records]
+
+    options = {"few_shot": 1, "history": 2, "prompt_format": "mirrorapi-session-v2", "stateless_too": True}
+    plain, _ = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(**options))
+    hidden, stats = build_simulator_records(
+        copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(without_examples_share=0.5, **options)
+    )
+    assert hidden["test_id"] == plain["test_id"] and hidden["test_ood"] == plain["test_ood"]
+    assert stats["options"]["without_examples_share"] == 0.5
+    shown, now = examples_shown(plain["train"]), examples_shown(hidden["train"])
+    assert len(shown) == len(now) and not any(n and not s for s, n in zip(shown, now, strict=True))
+    lost = sum(s and not n for s, n in zip(shown, now, strict=True))
+    assert 0.3 * sum(shown) < lost < 0.7 * sum(shown)
+    # a hidden record is the same record without its examples: the prompt a server sends for an API it has no call of
+    for before, after in zip(plain["train"], hidden["train"], strict=True):
+        if before["prompt"] != after["prompt"]:
+            head, rest = before["prompt"][1]["content"].split("\n\nExamples:\n")
+            assert after["prompt"][1]["content"] == head + rest[rest.index("\n\n") :]
+            assert after["completion"] == before["completion"]
+    again, _ = build_simulator_records(
+        copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(without_examples_share=0.5, **options)
+    )
+    assert again == hidden  # drawn with the seed
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
@@ -319,6 +346,7 @@ def test_repeat_failures_repeats_failed_training_calls_on_top_of_their_source(re
         ({"repeat_sources": ["tau-bench"]}, "SOURCE=N"),
         ({"repeat_sources": ["tau-bench=0"]}, "SOURCE=N"),
         ({"stateless_too": True}, "needs history > 0"),
+        ({"without_examples_share": 1.0}, "without_examples_share must be in"),
     ],
 )
 def test_bad_mixing_options_are_refused(registry, options, message):
