@@ -44,7 +44,7 @@ def build_judge_records(
     test_fraction: float = 0.1,
     balance: bool = True,
     seed: int = 42,
-    repeat_sources: list[str] = (),
+    repeat_sources: Iterable[str] = (),
 ) -> tuple[dict[str, list[dict]], dict]:
     if prompt_format not in TRAINABLE_JUDGE_FORMATS:
         raise ValueError(
@@ -53,7 +53,8 @@ def build_judge_records(
         )
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    repeats = parse_source_repeats(list(repeat_sources))
+    repeat_sources = list(repeat_sources)
+    repeats = parse_source_repeats(repeat_sources)
     verdicts = JUDGE_VERDICTS[prompt_format]
     read: Counter = Counter()
     dropped: Counter = Counter()
@@ -94,7 +95,7 @@ def build_judge_records(
             "test_fraction": test_fraction,
             "balance": balance,
             "seed": seed,
-            "repeat_sources": list(repeat_sources),
+            "repeat_sources": repeat_sources,
         },
         "read": {"total": sum(read.values()), **dict(sorted(read.items()))},
         "dropped": {k: dropped[k] for k in ("unknown_label", "empty_answer", "duplicate", "duplicate_conflicting")}
