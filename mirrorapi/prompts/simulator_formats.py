@@ -135,15 +135,23 @@ def response_schema(doc: ApiDoc | None) -> dict | None:
     return schema
 
 
+# tau-bench's in-band failure, `"Error: <message>"`, as its tools return it (one of the forms
+# `mirrorapi.transport_failures.in_band_error` reads as a failure); the message without quotes or backslashes,
+# so that a grammar built from the pattern cannot run past the string's end.
+IN_BAND_ERROR_PATTERN = '^Error: [^"\\\\]+$'
+
+
 def observation_schema(doc: ApiDoc, fmt: str) -> dict:
     """The JSON schema a simulator's answer is held to when the engine has structured output.
 
     `mirrorapi-v2`, for an API whose doc gives an object or array response (its schema, or its template as a
     skeleton): a success (`error` "") must answer a `response` of that shape, so the engine's grammar writes
-    the documented JSON whenever the model answers a success; an error answers any `response`. No branch for a
-    tau-bench in-band error (`error` "", `response` "Error: ..."): a model that leans towards a plain string
-    for a success escapes into it (measured: "Errores", "Errormg" for 10 of 21 successes). Otherwise
-    OBSERVATION_SCHEMA."""
+    the documented JSON whenever the model answers a success; an error answers any `response`; and an in-band
+    error as tau-bench's tools write one (`error` "", `response` "Error: ..."), which without its branch the
+    grammar forbids: the shipped simulator, asked its own training calls that failed so, answered none of 30 with
+    a failure under the grammar and 17 without it. The branch is that exact prefix, not any string: with any
+    string, a model leaning towards a plain string for a success escaped into it ("Errores", "Errormg" for 10 of
+    21 successes). Otherwise OBSERVATION_SCHEMA."""
     schema = response_schema(doc) if fmt in STRUCTURED_FORMATS else None
     if not schema or schema.get("type") not in ("object", "array"):
         return OBSERVATION_SCHEMA
@@ -156,7 +164,13 @@ def observation_schema(doc: ApiDoc, fmt: str) -> dict:
             "additionalProperties": False,
         }
 
-    return {"anyOf": [branch({"const": ""}, schema), branch({"type": "string", "minLength": 1}, {})]}
+    return {
+        "anyOf": [
+            branch({"const": ""}, schema),
+            branch({"type": "string", "minLength": 1}, {}),
+            branch({"const": ""}, {"type": "string", "pattern": IN_BAND_ERROR_PATTERN}),
+        ]
+    }
 
 
 SIMULATOR_SYSTEM_V1 = (

@@ -1,5 +1,6 @@
 """Structured output per API in `mirrorapi-v2`: a success must answer the documented response shape, an error
-anything; v1 and undocumented APIs keep the plain
+anything, an in-band error the form tau-bench's tools write (`"Error: ..."`, its recorded answers); v1 and
+undocumented APIs keep the plain
 observation schema. The expected verdicts are written from the doc templates below, and the schema must compile
 into llama.cpp's grammar (the CPU engine) as it is sent."""
 
@@ -39,7 +40,11 @@ USER = {"name": {"first_name": "str", "last_name": "str"}, "email": "str", "_lis
         ({"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x", "x": 1}}, True),
         ({"error": "", "response": "success"}, False),  # a success must be the documented object
         ({"error": "", "response": {"email": "m@x"}}, False),  # a documented key is missing
-        ({"error": "", "response": "Error: user not found"}, False),  # an in-band error is not the documented shape
+        # tau-bench's in-band failures, as its recorded answers write them (../shared/data/pairs/tau-bench.jsonl)
+        ({"error": "", "response": "Error: payment amount does not add up, total price is 375, but paid 29"}, True),
+        ({"error": "", "response": "Error: flight HAT030 not available on date 2024-05-13"}, True),
+        ({"error": "", "response": "Errores"}, False),  # a success's plain string does not escape into the branch
+        ({"error": "", "response": "Error:"}, False),
         ({"error": "Unknown user", "response": ""}, True),
         (
             {"error": "", "response": {"name": {"first_name": "Mia", "last_name": "Li"}, "email": "m@x"}, "more": 1},
