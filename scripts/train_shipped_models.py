@@ -109,6 +109,7 @@ def build_data(
             few_shot_ties,
             "--without-examples-share",
             str(without_examples_share),
+            "--test-ood-shown",
             "--out",
             str(data / "simulator"),
         ],
@@ -256,14 +257,19 @@ def agreement_core(predicted: list[str], labels: list[str]) -> dict:
     return {"n": n, "accuracy": round(100 * accuracy, 1), "kappa": round(kappa, 3)}
 
 
-def held_out_sample(dataset_path: Path, per_stratum: int, seed: int = 0) -> list[dict]:
+HELD_OUT_SPLITS = ("test_id", "test_ood")
+
+
+def held_out_sample(
+    dataset_path: Path, per_stratum: int, seed: int = 0, splits: tuple[str, ...] = HELD_OUT_SPLITS
+) -> list[dict]:
     """Held-out records to generate for: of each (split, source, prompt format), up to `per_stratum`, taken in an
     order that visits every stratum in turn (so a run stopped by its time limit still has every source)."""
     from datasets import load_from_disk
 
     dataset = load_from_disk(str(dataset_path))
     strata: dict[tuple, list[dict]] = {}
-    for split in ("test_id", "test_ood"):
+    for split in splits:
         if split not in dataset:
             continue
         for record in dataset[split]:
@@ -420,7 +426,9 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     as read, whole) and the nearest example (the most similar training call of the same API); a held-out call
     whose arguments equal a training call's is a cache hit on a server and is reported apart. One report per prompt
     format: alone (mirrorapi-v2) and in its session (mirrorapi-session-v2); with an answer stage's history twins, also
-    "history": the session calls that have a twin, with their history and without it."""
+    "history": the session calls that have a twin, with their history and without it. Answers to `test_ood_shown`
+    (unseen APIs' calls shown an example) are reported apart, per prompt format, against the examples such a server
+    holds: the training calls and the calls of test_ood's other half of episodes."""
     from datasets import load_from_disk
 
     from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare
@@ -431,19 +439,26 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     from mirrorapi.tools import ToolRegistry
 
     by_id = {(p["source"], str(p["episode"]), int(p["step"])): p for p in load_pairs(pairs)}
-    train_split = load_from_disk(str(work / "data" / "simulator"))["train"]
-    train_ids = {
-        (r["source"], r["episode"], r["step"]) for r in train_split.select_columns(["source", "episode", "step"])
-    }
-    train_pairs = [by_id[i] for i in sorted(train_ids)]
-    cached = {(api_id(p), canonical_json(p["tool_input"])) for p in train_pairs}
+    dataset = load_from_disk(str(work / "data" / "simulator"))
+
+    def pairs_of(split: str) -> list[dict]:
+        ids = {
+            (r["source"], r["episode"], r["step"])
+            for r in dataset[split].select_columns(["source", "episode", "step"])
+        }
+        return [by_id[i] for i in sorted(ids)]
+
+    train_pairs = pairs_of("train")
     with lzma.open(generations_path, "rt", encoding="utf-8") as fh:
         rows = [json.loads(line) for line in fh]
     registry = ToolRegistry.load(tools)
 
-    def report_of(chosen: list[dict]) -> dict:
+    def report_of(chosen: list[dict], pool: list[dict]) -> dict:
+        """`chosen` scored against the nearest example of `pool` (what the server's cache holds); a call whose
+        arguments equal a pool call's is a cache hit."""
+        cached = {(api_id(p), canonical_json(p["tool_input"])) for p in pool}
         held = [by_id[(r["source"], r["episode"], r["step"])] for r in chosen]
-        baseline = NearestExample(train_pairs, held)
+        baseline = NearestExample(pool, held)
         hit = [(api_id(p), canonical_json(p["tool_input"])) in cached for p in held]
         simulated = []
         for r in chosen:
@@ -458,22 +473,35 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
             report[name]["raw_json"] = sum(simulated[i]["read_as"] == "json" for i in subset)
         return report
 
-    asked = [r for r in rows if not r.get("history_twin")]
-    reports: dict = {
-        fmt: report_of([r for r in asked if r["prompt_format"] == fmt])
-        for fmt in sorted({r["prompt_format"] for r in asked})
-    }
-    twins = {(r["source"], r["episode"], r["step"]): r for r in rows if r.get("history_twin")}
-    if twins:  # an answer stage's --history-twins: the same session calls with and without their history
-        in_session = [
-            r
-            for r in asked
-            if r["prompt_format"] in SESSION_FORMATS and (r["source"], r["episode"], r["step"]) in twins
-        ]  # an alone record of the sample may be the same step: its call's first occurrence
-        reports["history"] = {
-            "with_history": report_of(in_session),
-            "without_history": report_of([twins[(r["source"], r["episode"], r["step"])] for r in in_session]),
+    def reports_of(rows: list[dict], pool: list[dict]) -> dict:
+        asked = [r for r in rows if not r.get("history_twin")]
+        reports = {
+            fmt: report_of([r for r in asked if r["prompt_format"] == fmt], pool)
+            for fmt in sorted({r["prompt_format"] for r in asked})
         }
+        twins = {(r["source"], r["episode"], r["step"]): r for r in rows if r.get("history_twin")}
+        if twins:  # an answer stage's --history-twins: the same session calls with and without their history
+            in_session = [
+                r
+                for r in asked
+                if r["prompt_format"] in SESSION_FORMATS and (r["source"], r["episode"], r["step"]) in twins
+            ]  # an alone record of the sample may be the same step: its call's first occurrence
+            reports["history"] = {
+                "with_history": report_of(in_session, pool),
+                "without_history": report_of(
+                    [twins[(r["source"], r["episode"], r["step"])] for r in in_session], pool
+                ),
+            }
+        return reports
+
+    shown = [r for r in rows if r["split"] == "test_ood_shown"]
+    reports = reports_of([r for r in rows if r["split"] != "test_ood_shown"], train_pairs)
+    if shown:  # the pool: the training calls and the calls of test_ood's other half (the data stage's halves)
+        asked_episodes = {(r["source"], r["episode"]) for r in dataset["test_ood_shown"]}
+        pool = train_pairs + [
+            p for p in pairs_of("test_ood") if (p["source"], str(p["episode"])) not in asked_episodes
+        ]
+        reports["test_ood_shown"] = reports_of(shown, pool)
     return reports
 
 
@@ -621,7 +649,9 @@ def answer_stage(args, work: Path) -> dict:
     """An adapter's greedy answers to the held-out sample, as the train stage writes them, without training: to
     compare adapters on the same records with the same generation settings."""
     started = time.perf_counter()
-    records = held_out_sample(work / "data" / "simulator", args.per_stratum)[: args.answers]
+    records = held_out_sample(work / "data" / "simulator", args.per_stratum, splits=tuple(args.splits))[: args.answers]
+    if not records:
+        raise SystemExit(f"no held-out records in {', '.join(args.splits)}: build the data again (--stage data)")
     if args.history_twins:  # after the sample, so that its answers stay those of a run without twins
         records += history_twins(work / "data" / "simulator", records)
     if args.engine:
@@ -754,6 +784,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=120,
         help="Held-out records per (split, source, prompt format) to generate for.",
+    )
+    parser.add_argument(
+        "--splits",
+        nargs="+",
+        choices=(*HELD_OUT_SPLITS, "test_ood_shown"),
+        default=list(HELD_OUT_SPLITS),
+        help="The answer stage's held-out splits; test_ood_shown: unseen APIs' calls shown an example of their API "
+        "(the data stage's other half of test_ood's episodes), scored apart (docs/training.md).",
     )
     parser.add_argument("--generate-seconds", type=float, default=90.0)
     parser.add_argument("--answers", type=int, help="At most this many of the sample (its first ones).")

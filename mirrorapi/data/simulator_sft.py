@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -115,6 +115,15 @@ class SimulatorDataOptions:
             "Share of the training calls shown without their examples (each of their records), drawn with --seed: "
             "a server asks a call of an API its cache holds no call of (a new API, every test_ood call) without one, "
             "a case otherwise under 1% of the training records, so the model learns to answer from the doc alone."
+        ),
+    )
+    test_ood_shown: bool = Field(
+        default=False,
+        description=(
+            "Also write `test_ood_shown`: test_ood's calls of half its episodes (drawn with --seed), each shown an "
+            "example of its API from the other half, as a server whose cache holds recorded calls of an API the "
+            "simulator never trained on asks it (test_ood itself is asked without one, as for an API with no "
+            "recorded call)."
         ),
     )
     target_response_chars: int = Field(
@@ -225,6 +234,12 @@ def build_simulator_records(
     if options.stateless_too:
         for name, members in chosen.splits.items():
             splits[name] += _stateless_records(kept, members, options, examples)
+    if options.test_ood_shown:
+        asked, pool = _halve_episodes(kept, chosen.splits["test_ood"], options.seed)
+        shown = _example_picker(kept, pool, replace(options, without_examples_share=0.0))
+        splits["test_ood_shown"] = [_render(kept[i], options, shown(i), _format_of(kept[i], options)) for i in asked]
+        if options.stateless_too:
+            splits["test_ood_shown"] += _stateless_records(kept, asked, options, shown)
     repeats = options.source_repeats()
     splits["train"] = [
         record
@@ -262,7 +277,7 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
     """index -> few-shot examples: the server's own choice (`select_examples` over `candidate_pool`, the
     one candidate order) among the training calls of the same API, as its cache would hold them after
     `mirrorapi cache import` of the same pairs; none for the `without_examples_share` of the training calls. Test
-    records only ever see training calls."""
+    records only ever see training calls (test_ood_shown's: the calls of test_ood's other half, passed as `train`)."""
     if not options.few_shot:
         return lambda index: []
     draw = random.Random(f"{options.seed}:without-examples").random
@@ -292,6 +307,16 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
         )
 
     return pick
+
+
+def _halve_episodes(kept: list[ChosenPair], members: list[int], seed: int) -> tuple[list[int], list[int]]:
+    """`members` split by episode, drawn with `seed`: (the calls asked, the calls whose answers make the pool of
+    examples). Whole episodes, so a call is never shown its own episode's answers as examples."""
+    episodes = sorted({(kept[i].pair["source"], str(kept[i].pair["episode"])) for i in members})
+    random.Random(f"{seed}:test-ood-shown").shuffle(episodes)
+    in_pool = set(episodes[: len(episodes) // 2])
+    asked = [i for i in members if (kept[i].pair["source"], str(kept[i].pair["episode"])) not in in_pool]
+    return asked, [i for i in members if (kept[i].pair["source"], str(kept[i].pair["episode"])) in in_pool]
 
 
 def _format_of(chosen: ChosenPair, options: SimulatorDataOptions) -> str:

@@ -339,6 +339,67 @@ def test_without_examples_share_hides_the_examples_of_that_share_of_training_cal
     assert again == hidden  # drawn with the seed
 
 
+def test_test_ood_shown_asks_unseen_apis_calls_with_examples_from_other_held_out_episodes(registry):
+    """A server whose cache holds recorded calls of an API the simulator never trained on shows them as examples:
+    test_ood_shown asks half of test_ood's episodes so, the examples drawn from the other half's real answers."""
+    # besides the sample's own, logins of one user in eight more episodes of a held-out API (GetUserToken): each
+    # one's most similar call is another of them, in either half
+    pairs = SAMPLE_PAIRS + [
+        {
+            "source": "api-bank-generated",
+            "episode": f"extra-{k}",
+            "step": 0,
+            "category": "APIBank",
+            "tool_name": "apibank_account",
+            "api_name": "GetUserToken",
+            "tool_input": {"username": "zed", "password": f"pw{k}"},
+            "response": {"error": "The password is incorrect." if k % 2 else "", "response": "" if k % 2 else f"t{k}"},
+        }
+        for k in range(8)
+    ]
+    options = {"few_shot": 1, "history": 2, "prompt_format": "mirrorapi-session-v2", "stateless_too": True}
+    plain, _ = build_simulator_records(copy.deepcopy(pairs), registry, SimulatorDataOptions(**options))
+    shown, stats = build_simulator_records(
+        copy.deepcopy(pairs), registry, SimulatorDataOptions(test_ood_shown=True, **options)
+    )
+    assert {k: v for k, v in shown.items() if k != "test_ood_shown"} == plain
+    assert stats["splits"]["test_ood_shown"]["records"] == len(shown["test_ood_shown"]) > 0
+
+    def episode(record):
+        return record["source"], record["episode"]
+
+    asked = {episode(r) for r in shown["test_ood_shown"]}
+    ood_calls = {(episode(r), r["api"], r["arguments"]) for r in plain["test_ood"]}
+    assert asked < {episode(r) for r in plain["test_ood"]}  # a part of test_ood's episodes, whole episodes
+    assert {(episode(r), r["api"], r["arguments"]) for r in shown["test_ood_shown"]} == {
+        c for c in ood_calls if c[0] in asked
+    }
+    # every example shown is a real answer of the same API, from a test_ood episode outside the asked half
+    answers = {}
+    for p in pairs:
+        doc = registry.resolve(p["category"], p["tool_name"], p["api_name"])
+        if ((p["source"], str(p["episode"])), doc.api, canonical_json(p["tool_input"])) in ood_calls:
+            answers.setdefault((doc.api, canonical_json(p["tool_input"])), set()).add((p["source"], str(p["episode"])))
+    with_example = 0
+    for record in shown["test_ood_shown"]:
+        text = record["prompt"][1]["content"]
+        if "\n\nExamples:\n" not in text:
+            continue
+        with_example += 1
+        request = json.loads(text.split("\n\nExamples:\nRequest: ")[1].split("\n")[0])
+        pool_episodes = answers[(record["api"], canonical_json(request))]
+        assert pool_episodes and not pool_episodes & asked
+    assert with_example >= len(shown["test_ood_shown"]) // 2
+    # test_ood itself stays asked as for an API with no recorded call: no example
+    assert not any("\n\nExamples:\n" in r["prompt"][1]["content"] for r in plain["test_ood"])
+    extras = [r for r in shown["test_ood_shown"] if r["episode"].startswith("extra-")]
+    assert extras and all('"username":"zed"' in r["prompt"][1]["content"].split("Examples:")[1] for r in extras)
+    again, _ = build_simulator_records(
+        copy.deepcopy(pairs), registry, SimulatorDataOptions(test_ood_shown=True, **options)
+    )
+    assert again == shown  # drawn with the seed
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -191,6 +191,28 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
     ) == len(asked)
 
 
+def test_unseen_apis_shown_an_example_are_answered_and_scored_apart(shipped_run, tiny_model_dir, tmp_path):
+    # --splits test_ood_shown: unseen APIs' calls asked with an example from test_ood's other half of episodes, as
+    # a server whose cache holds recorded calls of those APIs asks them; scored apart, against the nearest example
+    # of that cache (the training calls have none of an unseen API)
+    run_stage(
+        "--stage", "answer", "--work", str(shipped_run), "--base", str(tiny_model_dir),
+        "--adapter", str(shipped_run / "simulator"), "--splits", "test_ood_shown", "--out", str(tmp_path),
+    )  # fmt: skip
+    rows = generations(tmp_path)
+    dataset = load_from_disk(str(shipped_run / "data" / "simulator"))
+    strata = {(r["source"], r["prompt_format"]) for r in dataset["test_ood_shown"]}
+    assert {r["split"] for r in rows} == {"test_ood_shown"} and {
+        (r["source"], r["prompt_format"]) for r in rows
+    } == strata
+    run_stage("--stage", "score", "--work", str(shipped_run), "--generations", str(tmp_path / "generations.jsonl.xz"))
+    scores = json.loads((tmp_path / "fidelity-offline.json").read_text())
+    assert set(scores) == {"test_ood_shown"}
+    assert sum(part["calls"] for report in scores["test_ood_shown"].values() for part in report.values()) == len(rows)
+    coverage = [report["simulated"]["overall"]["baseline_coverage"] for report in scores["test_ood_shown"].values()]
+    assert any(coverage)  # the other half's calls are examples of those APIs; no training call is
+
+
 def test_the_answer_stage_needs_an_adapter(tiny_model_dir, tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "answer", "--work", str(tmp_path),
