@@ -191,13 +191,13 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
     ) == len(asked)
 
 
-def test_unseen_apis_shown_an_example_are_answered_and_scored_apart(shipped_run, tiny_model_dir, tmp_path):
+def test_unseen_apis_shown_an_example_are_answered_and_scored_apart(shipped_run, tiny_engine, tmp_path):
     # --splits test_ood_shown: unseen APIs' calls asked with an example from test_ood's other half of episodes, as
     # a server whose cache holds recorded calls of those APIs asks them; scored apart, against the nearest example
     # of that cache (the training calls have none of an unseen API)
     run_stage(
-        "--stage", "answer", "--work", str(shipped_run), "--base", str(tiny_model_dir),
-        "--adapter", str(shipped_run / "simulator"), "--splits", "test_ood_shown", "--out", str(tmp_path),
+        "--stage", "answer", "--work", str(shipped_run), "--engine", tiny_engine.base_url,
+        "--engine-model", tiny_engine.model, "--splits", "test_ood_shown", "--out", str(tmp_path),
     )  # fmt: skip
     rows = generations(tmp_path)
     dataset = load_from_disk(str(shipped_run / "data" / "simulator"))
