@@ -197,6 +197,8 @@ class SimulatorDataOptions:
         for name in ("ood_fraction", "id_fraction", "without_examples_share"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.test_ood_shown and not self.few_shot:
+            raise ValueError("test_ood_shown asks unseen APIs' calls with examples: it needs few_shot > 0")
         if self.stateless_too and not self.history:
             raise ValueError("stateless_too adds stateless records beside session records: it needs history > 0")
         if self.repeat_failures < 1:

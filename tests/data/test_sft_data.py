@@ -408,6 +408,7 @@ def test_test_ood_shown_asks_unseen_apis_calls_with_examples_from_other_held_out
         ({"repeat_sources": ["tau-bench=0"]}, "SOURCE=N"),
         ({"stateless_too": True}, "needs history > 0"),
         ({"without_examples_share": 1.0}, "without_examples_share must be in"),
+        ({"test_ood_shown": True}, "needs few_shot > 0"),
     ],
 )
 def test_bad_mixing_options_are_refused(registry, options, message):
