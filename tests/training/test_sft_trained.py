@@ -62,9 +62,9 @@ def test_model_card_beside_the_weights(trained_simulator_dir, simulator_sft_dir,
         str(tiny_model_dir),
     )
     assert info["dataset_stats"] == stats and info["recipe"]["resolved"]["max_train_samples"] == 48
-    assert info["metrics"]["steps"] == 300
+    assert info["metrics"]["steps"] == 120
     readme = (trained_simulator_dir / "README.md").read_text()
-    for fact in (str(tiny_model_dir), "`mirrorapi-v1`", str(simulator_sft_dir), "| test_ood |", "max_steps: 300"):
+    for fact in (str(tiny_model_dir), "`mirrorapi-v1`", str(simulator_sft_dir), "| test_ood |", "max_steps: 120"):
         assert fact in readme
 
 
