@@ -233,11 +233,30 @@ def response_chars(completion: list[dict]) -> int:
     return len(response if isinstance(response, str) else json.dumps(response, separators=(",", ":")))
 
 
-def test_target_response_chars_shrinks_the_long_training_answers(shipped_run, tmp_path):
+def data_options(work: Path) -> dict:
+    return {
+        kind: json.loads((work / "data" / kind / "stats.json").read_text())["options"]
+        for kind in ("simulator", "judge")
+    }
+
+
+def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_path):
+    # by default the shipped models' data: both splits seeded 42, tau-bench's judge answers four times, a tenth of
+    # the judge's queries held out
+    options = data_options(shipped_run)
+    assert options["simulator"]["seed"] == 42 and options["simulator"]["test_ood_shown"] is True
+    assert (options["judge"]["seed"], options["judge"]["test_fraction"]) == (42, 0.1)
+    assert options["judge"]["repeat_sources"] == ["tau-bench/airline=4"]
+    run_stage(
+        "--stage", "data", "--work", str(tmp_path), "--target-response-chars", "200", "--seed", "7",
+        "--judge-test-fraction", "0.3",
+    )  # fmt: skip
+    options = data_options(tmp_path)
+    assert options["simulator"]["seed"] == 7 and options["simulator"]["target_response_chars"] == 200
+    assert (options["judge"]["seed"], options["judge"]["test_fraction"]) == (7, 0.3)
     # the fixture's data stage shrank answers at the default 1,024 characters: the samples' longest (a tau-bench
     # user, 1,866 characters) keeps its keys with values cut to "..." (mirrorapi.few_shot.shrink_response: "about"
     # that many); at 200 less of it is left
-    run_stage("--stage", "data", "--work", str(tmp_path), "--target-response-chars", "200")
     longest = {
         chars: max(map(response_chars, load_from_disk(str(work / "data" / "simulator"))["train"]["completion"]))
         for chars, work in ((1024, shipped_run), (200, tmp_path))
