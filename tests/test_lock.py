@@ -35,6 +35,8 @@ def read_lock(text: str) -> dict[str, tuple[Requirement, list[str]]]:
 
 
 LOCKED = read_lock(LOCK.read_text(encoding="utf-8"))
+# The installers every venv installs first (pip and uv), locked apart.
+TOOLS_LOCKED = read_lock((REPO / "requirements-tools.lock").read_text(encoding="utf-8"))
 # `make engine`'s lock (the cpu-engine extra: llama.cpp's server, built from its sdist).
 ENGINE_LOCKED = read_lock((REPO / "requirements-cpu-engine.lock").read_text(encoding="utf-8"))
 ENGINE_INSTALLED = (Path(sys.prefix) / ".engine-installed").is_file()
@@ -193,5 +195,7 @@ def test_the_venv_is_the_lock():
     assert differ == {}, "installed vs locked; rerun make venv"
     engine = {name: _pin(requirement) for name, (requirement, _) in ENGINE_LOCKED.items()} if ENGINE_INSTALLED else {}
     assert {name: installed.get(name) for name in engine} == engine, "installed vs the engine lock; make engine"
-    unlocked = set(installed) - set(LOCKED) - set(engine) - {"torch", "mirrorapi", "pip"}
+    tools = {name: _pin(requirement) for name, (requirement, _) in TOOLS_LOCKED.items()}
+    assert {name: installed.get(name) for name in tools} == tools, "installed vs the tools lock; rerun make venv"
+    unlocked = set(installed) - set(LOCKED) - set(engine) - set(tools) - {"torch", "mirrorapi"}
     assert unlocked == set(), "installed but not in the lock"
