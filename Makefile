@@ -17,6 +17,12 @@ OPENENV_VENV := .venv-openenv
 #   37 s for $(LOCK) from an empty uv cache, where pip 26.3 took 82 s from a warm one (docs/development.md). uv
 #   reads no pip configuration: behind a package mirror, set uv's own UV_DEFAULT_INDEX.
 TOOLS_LOCK := requirements-tools.lock
+# The venvs get the bytecode of every file installed (imports need it: under PYTHONDONTWRITEBYTECODE=1 each import
+# would compile from source, each time): ~17,000 files, 51 s of CPU for $(LOCK) by uv, 10 s for torch by pip.
+# `make test` passes COMPILE_BYTECODE= instead: its processes keep the bytecode of what they import (below).
+COMPILE_BYTECODE ?= yes
+UV_BYTECODE := $(if $(COMPILE_BYTECODE),--compile-bytecode)
+PIP_BYTECODE := $(if $(COMPILE_BYTECODE),,--no-compile)
 # Extra pip flags for torch, e.g. PIP_TORCH_FLAGS="--index-url https://download.pytorch.org/whl/cpu"
 # on a machine whose package index has no CPU build of torch 2.13.0.
 PIP_TORCH_FLAGS ?=
@@ -30,8 +36,7 @@ venv: $(VENV)/.installed
 # 1. torch, pinned by version in constraints-cpu.txt but not by hash: its CPU build is a different file on
 #    each index that has one (this machine's /opt/wheels, PyTorch's CPU index, PyPI's macOS wheels), and
 #    PyPI's Linux torch 2.13.0 is the CUDA build. --no-deps: its own requirements are in the lock.
-# 2. the lock, by uv, --require-hashes --no-deps: exactly the files it names, their bytecode compiled (imports
-#    need it: under PYTHONDONTWRITEBYTECODE=1 every import would compile from source, each time).
+# 2. the lock, by uv, --require-hashes --no-deps: exactly the files it names, their bytecode compiled (above).
 # 3. mirrorapi itself, --no-deps, built by the lock's setuptools (no build isolation: nothing unpinned).
 # 4. pip check: fails when a package needs something the lock lacks, or when step 1 took PyPI's CUDA build
 #    (it needs nvidia-* wheels): then PIP_TORCH_FLAGS is needed.
@@ -39,8 +44,8 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK) $(TOOLS_LOCK)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
-	$(BIN)/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --require-hashes --compile-bytecode -r $(LOCK)
+	$(BIN)/pip install -q --no-deps $(PIP_BYTECODE) -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --require-hashes $(UV_BYTECODE) -r $(LOCK)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check || { echo "torch needs nvidia-* above? this index has no CPU build: set PIP_TORCH_FLAGS"; exit 1; }
 	touch $@
@@ -83,7 +88,7 @@ $(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK) $(TOOLS_LOCK)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
 	$(VLLM_VENV)/bin/pip install -q --no-deps -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
-	$(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_VENV)/bin/python --no-deps --require-hashes --compile-bytecode \
+	$(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_VENV)/bin/python --no-deps --require-hashes $(UV_BYTECODE) \
 		-r $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/pip check | grep -v $(foreach p,$(VLLM_LEFT_OUT),-e "requires $(p),") -e "^No broken" \
 		-e "^$(VLLM_MISTAGGED)$$" && { echo "$(VLLM_VENV): pip check above"; exit 1; } || true
@@ -100,13 +105,15 @@ $(OPENENV_VENV)/.installed: $(OPENENV_LOCK) $(TOOLS_LOCK)
 	$(PYTHON) -m venv $(OPENENV_VENV)
 	$(OPENENV_VENV)/bin/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
 	$(OPENENV_VENV)/bin/uv pip install -q --python $(OPENENV_VENV)/bin/python --no-deps --require-hashes \
-		--compile-bytecode -r $(OPENENV_LOCK)
+		$(UV_BYTECODE) -r $(OPENENV_LOCK)
 	$(OPENENV_VENV)/bin/pip check
 	touch $@
 
 # Two workers (pytest-xdist; a file's tests stay on one worker, so a module's fixtures are built once; files in
 # tests/conftest.py's order, the longest first, not xdist's most-tests-first), then the tests that time themselves
-# alone (the `serial` marker, tests/conftest.py).
+# (the `serial` marker, tests/conftest.py) apart from that run, on two workers of their own: they mostly wait on
+# sockets and clocks, so two of their files at once keep their deadlines (8 runs: 41-46 s, against 62 s in one
+# process), where a training on the other worker would not.
 PYTEST_WORKERS ?= 2
 
 # The suite starts hundreds of Python processes (pytest's, servers, scripts): each may keep the bytecode of the
@@ -116,16 +123,16 @@ test test-quick: export PYTHONDONTWRITEBYTECODE =
 
 # The two environments are built side by side (`make -j2`: 79 s for both, 64 s for `make venv` alone).
 test:
-	$(MAKE) -j2 venv openenv-client
+	$(MAKE) -j2 venv openenv-client COMPILE_BYTECODE=
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"
-	$(BIN)/python -m pytest -m serial
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m serial
 
 # Everything but the tests marked slow: those that train a model or start an engine (tests/conftest.py
 # marks every test using such a fixture).
 test-quick:
-	$(MAKE) -j2 venv openenv-client
+	$(MAKE) -j2 venv openenv-client COMPILE_BYTECODE=
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not serial"
-	$(BIN)/python -m pytest -m "serial and not slow"
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "serial and not slow"
 
 # DEMO_ARGS: e.g. --full, --tiny, --quick, --samples, --work-dir DIR (scripts/demo.py --help). The default run
 # serves SmolLM2 with llama.cpp's server (`engine`); --tiny and --quick need neither it nor the package index.

@@ -402,7 +402,13 @@ BACKGROUND_POSTGRES = re.compile(r"\.venv/bin/python -m harness\.postgres_server
 
 
 def cheap_commands() -> list[Command]:
-    return [command for command in all_commands() if not command.gpu and CHEAP.match(command.line)]
+    """Each distinct command once, where it first appears: the same line on several pages (a data build, `tools
+    stats`) does the same thing each time."""
+    first: dict[str, Command] = {}
+    for command in all_commands():
+        if not command.gpu and CHEAP.match(command.line):
+            first.setdefault(command.line, command)
+    return list(first.values())
 
 
 def run_as_in_a_clone(commands: list[Command], latest: Path, root: Path) -> list[str]:
