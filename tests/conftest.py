@@ -164,11 +164,22 @@ def tiny_engine(tiny_model_dir, tmp_path_factory):
         yield engine
 
 
+# What a killed copy leaves in a model's folder. The run's one conversion of SmolLM2 starts from such a folder, so
+# that it also shows a half-written folder is made again (tests/models/test_models_get.py) without a second
+# conversion (30-40 s).
+CUT_SHORT_WEIGHTS = b"cut short"
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory) -> Path:
     from mirrorapi.models.get import get_base_model
 
-    return built_once(tmp_path_factory, "models", lambda folder: get_base_model("smollm2-135m-instruct", folder))
+    def build(folder: Path) -> Path:
+        (folder / "smollm2-135m-instruct").mkdir()
+        (folder / "smollm2-135m-instruct" / "model.safetensors").write_bytes(CUT_SHORT_WEIGHTS)
+        return get_base_model("smollm2-135m-instruct", folder)
+
+    return built_once(tmp_path_factory, "models", build)
 
 
 @pytest.fixture(scope="session")
