@@ -70,7 +70,7 @@ TRAINS_OR_STARTS_AN_ENGINE = frozenset(
 
 
 # Modules whose tests assert how long something took (a deadline kept, a client not starved): `make test` runs them
-# alone after the two-worker run, so the other worker's CPU cannot make them late.
+# after the two-worker run, two of these files at once (they mostly wait), so no training can make them late.
 TIMES_ITSELF = frozenset(
     {
         "tests/test_engine_client.py",
