@@ -105,6 +105,10 @@ class Entry:
     def call(self) -> Call:
         return Call(self.category, self.tool, self.api, self.arguments, self.history)
 
+    def values(self) -> tuple:
+        """The entry's columns in ENTRY_COLUMNS order: a row for the stores' INSERT statements."""
+        return tuple(getattr(self, column) for column in ENTRY_COLUMNS)
+
 
 def identity_of(provenance: str) -> str:
     """The `identity` column of an entry of this provenance ('' for recorded answers)."""

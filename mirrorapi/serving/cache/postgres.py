@@ -145,23 +145,7 @@ def _keys(call: Call) -> tuple[bytes, ...]:
 
 
 def _row(entry: Entry) -> tuple:
-    return (
-        entry.call.digest(),
-        entry.category,
-        entry.tool,
-        entry.api,
-        entry.arguments,
-        entry.history,
-        entry.identity,
-        entry.steps,
-        entry.arguments_as_sent,
-        entry.error,
-        entry.observation,
-        entry.provenance,
-        entry.created,
-        entry.hits,
-        entry.rationale,
-    )
+    return (entry.call.digest(), *entry.values())
 
 
 def session_key(session_id: str) -> bytes:

@@ -153,22 +153,7 @@ def _write_entries(db: sqlite3.Connection, entries: Iterable[Entry]) -> int:
     """Insert entries (inside a transaction) by the rules of the cache; returns how many were stored."""
     stored = 0
     for entry in entries:
-        row = (
-            entry.category,
-            entry.tool,
-            entry.api,
-            entry.arguments,
-            entry.history,
-            entry.identity,
-            entry.steps,
-            entry.arguments_as_sent,
-            entry.error,
-            entry.observation,
-            entry.provenance,
-            entry.created,
-            entry.hits,
-            entry.rationale,
-        )
+        row = entry.values()
         if entry.identity:  # simulated
             stored += db.execute(_INSERT_SIMULATED, row).rowcount
         else:
