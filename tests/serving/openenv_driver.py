@@ -1,10 +1,13 @@
 """Drives the server's OpenEnv episodes with OpenEnv's own clients (openenv-core), as a trainer would; run by
-tests/serving/test_openenv.py in the client's venv (`make openenv-client`): `python openenv_driver.py URL SCENARIO`.
-Prints one JSON object: what the clients returned."""
+tests/serving/test_openenv.py in the client's venv (`make openenv-client`): `python openenv_driver.py`, then one line
+`URL SCENARIO` on stdin for each scenario, answered by one JSON line: {"result": what the clients returned} or
+{"error": the traceback}. One process for a module's scenarios: importing OpenEnv's client takes ~6 s (openenv.core
+imports gradio)."""
 
 import asyncio
 import json
 import sys
+import traceback
 
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsObservation
 from openenv.core.generic_client import GenericEnvClient
@@ -116,4 +119,10 @@ SCENARIOS = {
 }
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(SCENARIOS[sys.argv[2]](sys.argv[1]))))
+    for line in sys.stdin:
+        url, scenario = line.split()
+        try:
+            reply = {"result": asyncio.run(SCENARIOS[scenario](url))}
+        except Exception:
+            reply = {"error": traceback.format_exc()}
+        print(json.dumps(reply), flush=True)

@@ -5,10 +5,13 @@ at /reset, /step, /state. A step is answered exactly as /virtual answers the cal
 from __future__ import annotations
 
 import json
+import select
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
 from harness.fake_engines import STUB_OBSERVATION
 
@@ -21,14 +24,41 @@ LOGIN_ANSWER = {"error": "", "response": '{"token": "o8i7u6y5t4r3e2w1q0"}'}
 ACCOUNT_TOOLS = ["checktoken", "deleteaccount", "forgotpassword", "getusertoken", "modifypassword", "registeruser"]
 
 
-def drive(url: str, scenario: str) -> dict:
-    """Run a scenario of openenv_driver.py with OpenEnv's client, in the client's venv."""
+@dataclass
+class OpenEnvDriver:
+    """openenv_driver.py, running in the client's venv: `drive` sends it a scenario and reads what came back."""
+
+    process: subprocess.Popen
+    log: Path
+
+    def drive(self, url: str, scenario: str) -> dict:
+        """Run a scenario with OpenEnv's client against the server at `url`; at most 120 s."""
+        self.process.stdin.write(f"{url} {scenario}\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], 120)
+        line = self.process.stdout.readline() if ready else ""
+        assert line, f"no answer to {scenario} (exit {self.process.poll()}): {self.log.read_text()[-3000:]}"
+        reply = json.loads(line)
+        assert "error" not in reply, reply["error"]
+        return reply["result"]
+
+
+@pytest.fixture(scope="module")
+def openenv_client(tmp_path_factory):
+    """One driver process for this module's scenarios (importing OpenEnv's client takes ~6 s)."""
     assert CLIENT_PYTHON.is_file(), "OpenEnv's client is not installed: run `make openenv-client`"
-    done = subprocess.run(
-        [str(CLIENT_PYTHON), str(DRIVER), url, scenario], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    log = tmp_path_factory.mktemp("openenv") / "driver.log"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(
+            [str(CLIENT_PYTHON), str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+    yield OpenEnvDriver(process, log)
+    process.stdin.close()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def virtual_body(arguments: dict) -> dict:
@@ -40,9 +70,11 @@ def virtual_body(arguments: dict) -> dict:
     }
 
 
-def test_openenvs_tool_client_drives_an_episode_answered_like_virtual(serve, recorded_cache, engine_down):
+def test_openenvs_tool_client_drives_an_episode_answered_like_virtual(
+    serve, recorded_cache, engine_down, openenv_client
+):
     with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as server:
-        seen = drive(server.url, "tool_client")
+        seen = openenv_client.drive(server.url, "tool_client")
         login = server.virtual(virtual_body(LOGIN)).json()
         refused = server.virtual(virtual_body({"username": "JaneSmith"})).json()
         hits = server.metric("mirrorapi_requests_total", outcome="hit")
@@ -64,16 +96,16 @@ def test_openenvs_tool_client_drives_an_episode_answered_like_virtual(serve, rec
     assert hits == 2  # the episode's call and /virtual's, both counted
 
 
-def test_an_episode_is_a_virtual_session_replayed_from_the_cache(serve, engine_stub, tmp_path):
+def test_an_episode_is_a_virtual_session_replayed_from_the_cache(serve, engine_stub, tmp_path, openenv_client):
     """Two misses in an episode are simulated in its session (the second after the first); /virtual with another
     session id replays them as hits, and a reset naming the same episode id starts its session over."""
     with serve(api_base=[engine_stub()], cache_path=str(tmp_path / "c.sqlite")) as server:
-        first = drive(server.url, "generic_client")
+        first = openenv_client.drive(server.url, "generic_client")
         replay = [
             server.client.post("/virtual", json=virtual_body(arguments), headers={"x-session-id": "replay"})
             for arguments in ({"username": "new user", "password": "pw"}, {"username": "new user", "password": "pw2"})
         ]
-        again = drive(server.url, "generic_client")
+        again = openenv_client.drive(server.url, "generic_client")
     assert first["reset"]["episode_id"] == "episode-7" and first["reset"]["task"] is None
     assert [t["name"] for t in first["reset"]["tools"]] == ACCOUNT_TOOLS
     assert [s["result"] for s in first["steps"]] == [STUB_OBSERVATION] * 2
@@ -117,7 +149,9 @@ def test_a_task_is_a_stabletoolbench_query(serve, engine_down, tmp_path, samples
     assert unknown.status_code == 422 and "unknown task '78'" in unknown.json()["detail"]
 
 
-def test_the_documented_trl_environment_runs_an_episode(serve, recorded_cache, engine_down, tmp_path, samples):
+def test_the_documented_trl_environment_runs_an_episode(
+    serve, recorded_cache, engine_down, tmp_path, samples, openenv_client
+):
     query_file = tmp_path / "queries.json"
     query_file.write_text(
         json.dumps(
@@ -138,7 +172,7 @@ def test_the_documented_trl_environment_runs_an_episode(serve, recorded_cache, e
         engine_retries=0,
         tools_folder=[str(samples / "tools"), str(query_file)],
     ) as server:
-        seen = drive(server.url, "documented_environment")
+        seen = openenv_client.drive(server.url, "documented_environment")
     assert seen["prompt"].startswith("APIs: ") and json.loads(seen["prompt"][6:])[0]["name"] == "getusertoken"
     assert seen["answer"] == LOGIN_ANSWER
     assert "Unknown tool 'no_such_tool'" in seen["unknown"]
@@ -177,13 +211,15 @@ def test_http_reset_step_state_take_openenvs_request_shapes(serve, recorded_cach
     assert method.status_code == 405
 
 
-def test_open_episodes_are_bounded_and_the_api_key_holds_on_the_websocket(serve, engine_down, tmp_path):
+def test_open_episodes_are_bounded_and_the_api_key_holds_on_the_websocket(
+    serve, engine_down, tmp_path, openenv_client
+):
     with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"), max_episodes=2) as server:
-        capacity = drive(server.url, "capacity")
+        capacity = openenv_client.drive(server.url, "capacity")
     assert "Too many open episodes: 2 of 2" in capacity["refused"] and "CAPACITY_REACHED" in capacity["refused"]
     assert capacity["reopened"] == TOOLSET
     with serve(api_base=[engine_down], cache_path=str(tmp_path / "c.sqlite"), server_api_key="sesame") as server:
-        refused = drive(server.url, "refused_without_key")
+        refused = openenv_client.drive(server.url, "refused_without_key")
         metrics = httpx.get(server.url + "/metrics", headers={"authorization": "Bearer sesame"}).text
     assert refused["refused"] is not None and "403" in refused["refused"]
     assert 'mirrorapi_requests_total{outcome="unauthorized"} 1.0' in metrics
