@@ -13,6 +13,7 @@ import pytest
 from harness.processes import free_port
 from mirrorapi.cli import main
 from mirrorapi.serving.cache import CacheError, Call, Entry, new_entry, open_cache
+from mirrorapi.serving.cache.postgres import connection_string, wait_seconds
 from mirrorapi.serving.config import ConfigError, load_settings
 from mirrorapi.serving.sessions import advance
 
@@ -201,3 +202,15 @@ def test_a_version_3_database_gets_the_rationale_column_and_keeps_its_entries(po
     asyncio.run(store_one_with_a_rationale())
     with psycopg.connect(postgres_database) as db:
         assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+
+
+@pytest.mark.parametrize(
+    ("query", "seconds"),
+    [("", 10.0), ("?connect_timeout=3", 3.0), ("?connect_timeout=0", 10.0), ("?connect_timeout=-1", 10.0)],
+)
+def test_a_request_waits_for_a_connection_as_long_as_the_url_lets_one_open(query, seconds):
+    """libpq's `connect_timeout` (https://www.postgresql.org/docs/current/libpq-connect.html): seconds to wait
+    while connecting, zero or less for ever. A request waits that long for a pool connection; for ever (or no
+    value) is the server's own 10 s, since a server must not hold a request for ever."""
+    url = "postgresql://postgres@127.0.0.1:5432/postgres" + query
+    assert wait_seconds(connection_string(url)) == seconds

@@ -20,6 +20,9 @@ Differences from the SQLite file, each for a reason:
   server's event loop at its first use): a query waits for the network without blocking the loop. The
   administrative side (`Store`'s: CLI commands, imports at start-up, /health's counts) uses one plain
   connection in autocommit mode.
+- A request waits for a pool connection as long as a connection may take to open: the URL's `connect_timeout`
+  (libpq's, in seconds; 10 unless the URL sets it), not psycopg's 30 s. A database gone away is then one
+  error observation after that wait, and a client that wants it sooner says so in the URL.
 - Hit counts are kept in memory and added (`hits = hits + n`, in id order so that servers never
   deadlock on each other) by `maintain()`, as the SQLite store does.
 
@@ -196,6 +199,19 @@ def connection_string(url: str) -> str:
     return make_conninfo(url, **extra)
 
 
+def wait_seconds(conninfo: str) -> float:
+    """How long a request waits for a connection: the `connect_timeout` of `conninfo` (as `connection_string` wrote
+    it), in whole seconds; 0 or less (libpq: wait for ever) or an unreadable value gives the default, since a
+    server must not hold a request for ever."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        seconds = int(str(conninfo_to_dict(conninfo).get("connect_timeout", "")).strip())
+    except ValueError:
+        return float(CONNECT_TIMEOUT_SECONDS)
+    return float(seconds if seconds > 0 else CONNECT_TIMEOUT_SECONDS)
+
+
 def public_location(url: str) -> str:
     """The URL without its password (for messages, /health and `cache stats`)."""
     from psycopg.conninfo import conninfo_to_dict
@@ -220,6 +236,7 @@ class PostgresCache(Store):
         self.url = url
         self.location = public_location(url)
         self._conninfo = connection_string(url)
+        self._wait_seconds = wait_seconds(self._conninfo)
         self._pool_connections = pool_connections
         self._pool: AsyncConnectionPool | None = None
         self._pool_lock: asyncio.Lock | None = None
@@ -442,11 +459,10 @@ class PostgresCache(Store):
                     kwargs={"autocommit": True},
                     open=False,
                     name="mirrorapi-cache",
-                    # a request waits this long for a connection, not psycopg's 30 s
-                    timeout=CONNECT_TIMEOUT_SECONDS,
+                    timeout=self._wait_seconds,  # a request's wait for a connection (module doc)
                 )
                 try:
-                    await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+                    await pool.open(wait=True, timeout=self._wait_seconds)
                 except Exception as exc:
                     await pool.close()
                     raise CacheError(f"cannot open cache database {self.location}: {_one_line(exc)}") from None
