@@ -84,7 +84,9 @@ TIMES_ITSELF = frozenset(
 
 # The longest files first (their fixtures train or convert a model; `--durations` of a two-worker run): pytest-xdist
 # hands files to its workers in collection order, so these start at once and short files fill in around them,
-# instead of one long file running alone at the end.
+# instead of one long file running alone at the end. The three files that need SmolLM2 (`smollm2_dir`: a download and
+# a conversion, ~30 s, built by the first worker that asks) are not handed out side by side: the other worker would
+# wait that long on the lock (19 s idle in a fresh-clone run, 2026-11-28); it runs the PostgreSQL file meanwhile.
 LONGEST_FIRST = (
     "tests/test_demo.py",
     "tests/serving/test_sessions.py",
@@ -92,9 +94,9 @@ LONGEST_FIRST = (
     "tests/training/test_train_shipped.py",
     "tests/training/test_sft_accelerate.py",
     "tests/models/test_shipped_models.py",
+    "tests/serving/test_shared_store.py",  # between the SmolLM2 files: see below
     "tests/models/test_models_get.py",
     "tests/models/test_to_gguf.py",
-    "tests/serving/test_shared_store.py",
 )
 
 
