@@ -82,21 +82,33 @@ TIMES_ITSELF = frozenset(
 )
 
 
-# The longest files first (their fixtures train or convert a model; `--durations` of a two-worker run): pytest-xdist
-# hands files to its workers in collection order, so these start at once and short files fill in around them,
-# instead of one long file running alone at the end. The three files that need SmolLM2 (`smollm2_dir`: a download and
-# a conversion, ~30 s, built by the first worker that asks) are not handed out side by side: the other worker would
-# wait that long on the lock (19 s idle in a fresh-clone run, 2026-11-28); it runs the PostgreSQL file meanwhile.
+# The longest files first, longest to shortest (their durations in a fresh-clone run of `make test`, 2026-11-28; the
+# longest train or convert a model): pytest-xdist hands files to its workers in collection order, so these start at
+# once and the short files fill in around them at the end, where the two workers then finish within seconds of each
+# other instead of one running a 15-s file alone. The three files that need SmolLM2 (`smollm2_dir`: a download and a
+# conversion, ~30 s, built by the first worker that asks) are not handed out side by side: the other worker would
+# wait that long on the lock (19 s idle in a fresh-clone run); it runs other files meanwhile.
 LONGEST_FIRST = (
     "tests/test_demo.py",
     "tests/serving/test_sessions.py",
-    "tests/test_lint.py",
     "tests/training/test_train_shipped.py",
-    "tests/training/test_sft_accelerate.py",
     "tests/models/test_shipped_models.py",
-    "tests/serving/test_shared_store.py",  # between the SmolLM2 files: see below
-    "tests/models/test_models_get.py",
+    "tests/training/test_sft_accelerate.py",
+    "tests/serving/test_shared_store.py",
+    "tests/serving/test_openenv.py",
+    "tests/test_lint.py",
     "tests/models/test_to_gguf.py",
+    "tests/test_install.py",
+    "tests/serving/test_workers.py",
+    "tests/test_readme.py",
+    "tests/models/test_models_get.py",
+    "tests/serving/test_cache.py",
+    "tests/evaluation/test_fidelity.py",
+    "tests/training/test_sft_recipe_errors.py",
+    "tests/test_slow_marking.py",
+    "tests/evaluation/test_agent.py",
+    "tests/training/test_sft_trained.py",
+    "tests/training/test_tiny_model.py",
 )
 
 
@@ -111,6 +123,9 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # A renamed file would silently lose its place: a timed one would then run beside the trainings.
+    if missing := [path for path in (*TIMES_ITSELF, *LONGEST_FIRST) if not (REPO / path).is_file()]:
+        raise pytest.UsageError(f"tests/conftest.py names test files that do not exist: {', '.join(missing)}")
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(REPO).as_posix(), len(rank)))  # stable: same order
     for item in items:
