@@ -4,10 +4,14 @@ script and in its `mirrorapi` subcommand; the model's default applies when the f
 from __future__ import annotations
 
 import argparse
+import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from mirrorapi.cli import STAGES
 from mirrorapi.cli import main as mirrorapi_main
 from mirrorapi.command_line import add_settings_arguments, settings_from_args
 from mirrorapi.evaluation.agent.settings import AgentSettings
@@ -183,3 +187,35 @@ def test_the_benchmark_report_is_built_from_the_tables_not_the_files(tmp_path):
     assert "| Method | I1 Inst | Average |\n|---|---|---|\n| m_cot | 50.0 | 50.0 |" in text
     assert "## SoPR\n\n(not computed)" in text
     assert not (tmp_path / "scores").exists()
+
+
+def top_level_commands(parser: argparse.ArgumentParser) -> set[str]:
+    return set(next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices)
+
+
+def test_each_top_level_command_is_listed_under_the_stage_that_registers_it():
+    """`mirrorapi X` builds only the parser of X's stage (cli.STAGES): each stage registers exactly the commands
+    listed under it, and with `tools` they are every command `mirrorapi --help` shows."""
+    for stage in set(STAGES.values()):
+        parser = argparse.ArgumentParser(allow_abbrev=False)
+        importlib.import_module(stage).register(parser.add_subparsers())
+        assert top_level_commands(parser) == {name for name, module in STAGES.items() if module == stage}
+    from mirrorapi.cli import make_parser
+
+    assert top_level_commands(make_parser()) == {"tools", *STAGES}
+
+
+def test_a_command_imports_its_own_stage_only():
+    """`mirrorapi models list` does not import the serving, evaluation, data or training commands (what made every
+    call pay for all of them); a name no stage has is still answered with every command to choose from."""
+    code = (
+        "import sys; from mirrorapi.cli import main; main(['models', 'list']); "
+        "print(sorted(m for m in sys.modules if m.startswith('mirrorapi.') and m.endswith('.commands')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['mirrorapi.models.commands']"
+    done = subprocess.run(
+        [sys.executable, "-m", "mirrorapi.cli", "cach"], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert done.returncode == 2 and "'cache', 'serve', 'benchmark', 'eval', 'data', 'train', 'models'" in done.stderr
