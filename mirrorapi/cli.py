@@ -2,8 +2,8 @@
 
 One subcommand group per stage, each registered by the stage itself (`register` in its `commands.py`;
 mirrorapi/command_line.py says how); the tools group, which every stage reads, is here. A call imports the
-commands of its own stage only (`STAGES`). The entry
-scripts (eval/*.py, data/*.py, training/*.py, serving/main_mirrorapi.py) run one of these commands alone.
+commands of its own stage only (`STAGES`). The entry scripts (eval/*.py, data/*.py, training/*.py,
+serving/main_mirrorapi.py) run one of these commands alone.
 Errors a user can fix (a missing folder, an unknown name) print one line and exit 2, never a traceback.
 """
 
