@@ -668,9 +668,16 @@ def answer_stage(args, work: Path) -> dict:
     """An adapter's greedy answers to the held-out sample, as the train stage writes them, without training: to
     compare adapters on the same records with the same generation settings."""
     started = time.perf_counter()
-    records = held_out_sample(work / "data" / "simulator", args.per_stratum, splits=tuple(args.splits))[: args.answers]
+    records = held_out_sample(work / "data" / "simulator", args.per_stratum, splits=tuple(args.splits))
+    if args.sources:  # after sampling, so that each kept record is the one a run without the filter asks
+        records = [r for r in records if r["source"] in args.sources]
+    records = records[: args.answers]
     if not records:
-        raise SystemExit(f"no held-out records in {', '.join(args.splits)}: build the data again (--stage data)")
+        raise SystemExit(
+            f"no held-out records in {', '.join(args.splits)}"
+            + (f" of {', '.join(args.sources)}" if args.sources else "")
+            + ": build the data again (--stage data), or name a source its data holds"
+        )
     if args.history_twins:  # after the sample, so that its answers stay those of a run without twins
         records += history_twins(work / "data" / "simulator", records)
     if args.engine:
@@ -825,6 +832,12 @@ def main(argv: list[str] | None = None) -> int:
         default=list(HELD_OUT_SPLITS),
         help="The answer stage's held-out splits; test_ood_shown: unseen APIs' calls shown an example of their API "
         "(the data stage's other half of test_ood's episodes), scored apart (docs/training.md).",
+    )
+    parser.add_argument(
+        "--sources",
+        nargs="+",
+        help="The answer stage asks only the sampled records of these sources (e.g. tau-bench api-bank "
+        "toolbench-example: with --per-stratum above their size, every held-out call of the small sources).",
     )
     parser.add_argument("--generate-seconds", type=float, default=90.0)
     parser.add_argument("--answers", type=int, help="At most this many of the sample (its first ones).")

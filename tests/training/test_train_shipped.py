@@ -191,6 +191,27 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
     ) == len(asked)
 
 
+def test_the_answer_stage_asks_only_the_named_sources_of_the_same_sample(shipped_run, tiny_engine, tmp_path):
+    # --sources: the sample's records of those sources, in the sample's order, and no other
+    run_stage(
+        "--stage", "answer", "--work", str(shipped_run), "--engine", tiny_engine.base_url,
+        "--engine-model", tiny_engine.model, "--sources", "tau-bench", "api-bank", "--out", str(tmp_path),
+    )  # fmt: skip
+    call = ("split", "source", "episode", "step", "prompt_format", "target")
+    named = ("tau-bench", "api-bank")
+    wanted = [[r[k] for k in call] for r in generations(shipped_run / "out") if r["source"] in named]
+    assert wanted and [[r[k] for k in call] for r in generations(tmp_path)] == wanted
+
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--tiny", "--stage", "answer", "--work",
+         str(shipped_run), "--engine", tiny_engine.base_url, "--engine-model", tiny_engine.model,
+         "--sources", "tau_bench", "--out", str(tmp_path / "none")],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 1 and "of tau_bench" in result.stderr  # a misspelt source asks nothing
+    assert not (tmp_path / "none").exists()
+
+
 def test_unseen_apis_shown_an_example_are_answered_and_scored_apart(shipped_run, tiny_engine, tmp_path):
     # --splits test_ood_shown: unseen APIs' calls asked with an example from test_ood's other half of episodes, as
     # a server whose cache holds recorded calls of those APIs asks them; scored apart, against the nearest example
