@@ -440,14 +440,15 @@ def served_answers(
 
 # ----------------------------------------------------------------------------------------------- score (CPU)
 def score_generations(generations_path: Path, work: Path, pairs: list[str], tools: list[str]) -> dict:
-    """The GPU run's answers scored as eval/simulator.py scores served ones (mirrorapi.evaluation.fidelity.metrics:
-    ROUGE-L, BLEU-4, valid JSON, error agreement, error precision and recall) against the real answers (the pairs
-    as read, whole) and the nearest example (the most similar training call of the same API); a held-out call
-    whose arguments equal a training call's is a cache hit on a server and is reported apart. One report per prompt
-    format: alone (mirrorapi-v2) and in its session (mirrorapi-session-v2); with an answer stage's history twins, also
-    "history": the session calls that have a twin, with their history and without it. Answers to `test_ood_shown`
-    (unseen APIs' calls shown an example) are reported apart, per prompt format, against the examples such a server
-    holds: the training calls and the calls of test_ood's other half of episodes."""
+    """A train or answer stage's answers scored as eval/simulator.py scores served ones
+    (mirrorapi.evaluation.fidelity.metrics: ROUGE-L, BLEU-4, valid JSON, error agreement, error precision and
+    recall) against the real answers (the pairs as read, whole) and the nearest example (the most similar training
+    call of the same API); a held-out call whose arguments equal a training call's is a cache hit on a server and
+    is reported apart. One report per prompt format: alone (mirrorapi-v2) and in its session
+    (mirrorapi-session-v2); with an answer stage's history twins, also "history": the session calls that have a
+    twin, with their history and without it. Answers to `test_ood_shown` (unseen APIs' calls shown an example) are
+    reported apart, per prompt format, against the examples such a server holds: the training calls and the calls
+    of test_ood's other half of episodes."""
     from datasets import load_from_disk
 
     from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare
@@ -471,6 +472,7 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     with lzma.open(generations_path, "rt", encoding="utf-8") as fh:
         rows = [json.loads(line) for line in fh]
     registry = ToolRegistry.load(tools)
+    answered_by = f"offline: the greedy answers in {generations_path} (a train or answer stage's)"
 
     def report_of(chosen: list[dict], pool: list[dict]) -> dict:
         """`chosen` scored against the nearest example of `pool` (what the server's cache holds); a call whose
@@ -487,7 +489,7 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
         for name, keep in (("simulated", False), ("cache_hits", True)):
             subset = [i for i in range(len(chosen)) if hit[i] == keep]
             part = compare([held[i] for i in subset], [simulated[i] for i in subset], baseline, registry)
-            report[name] = build_report(part, "offline (the GPU run's greedy answers)", True) if part else {"calls": 0}
+            report[name] = build_report(part, answered_by, True) if part else {"calls": 0}
             report[name].pop("per_api", None)
             report[name]["raw_json"] = sum(simulated[i]["read_as"] == "json" for i in subset)
         return report
