@@ -167,7 +167,9 @@ def test_an_index_without_the_project_says_so(tmp_path, capsys, only_the_named_i
         index = f"http://127.0.0.1:{port}/simple"
         status = main(["models", "get", "smollm2-135m-instruct", "--models-dir", str(models), "--index-url", index])
     finally:
-        server.terminate()  # not harness's stop(): its SIGINT comes first, which a child of an xdist worker ignores
+        # not harness's stop(), whose SIGINT comes first: a suite started as a shell's background job (`make test &`)
+        # hands its children SIGINT ignored, and http.server has no handler of its own, so stop() waited 10 s
+        server.terminate()
         server.wait(timeout=10)
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1
