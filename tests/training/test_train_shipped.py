@@ -191,7 +191,9 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
     ) == len(asked)
 
 
-def test_the_answer_stage_asks_only_the_named_sources_of_the_same_sample(shipped_run, tiny_engine, tmp_path):
+def test_the_answer_stage_asks_only_the_named_sources_of_the_same_sample(
+    shipped_run, tiny_engine, tmp_path, entry_script
+):
     # --sources: the sample's records of those sources, in the sample's order, and no other
     run_stage(
         "--stage", "answer", "--work", str(shipped_run), "--engine", tiny_engine.base_url,
@@ -202,13 +204,12 @@ def test_the_answer_stage_asks_only_the_named_sources_of_the_same_sample(shipped
     wanted = [[r[k] for k in call] for r in generations(shipped_run / "out") if r["source"] in named]
     assert wanted and [[r[k] for k in call] for r in generations(tmp_path)] == wanted
 
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--tiny", "--stage", "answer", "--work",
-         str(shipped_run), "--engine", tiny_engine.base_url, "--engine-model", tiny_engine.model,
-         "--sources", "tau_bench", "--out", str(tmp_path / "none")],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-    )  # fmt: skip
-    assert result.returncode == 1 and "of tau_bench" in result.stderr  # a misspelt source asks nothing
+    with pytest.raises(SystemExit, match="of tau_bench") as refused:  # a misspelt source asks nothing
+        entry_script("scripts/train_shipped_models.py").main(
+            ["--tiny", "--stage", "answer", "--work", str(shipped_run), "--engine", tiny_engine.base_url,
+             "--engine-model", tiny_engine.model, "--sources", "tau_bench", "--out", str(tmp_path / "none")]
+        )  # fmt: skip
+    assert isinstance(refused.value.code, str)  # exit status 1, the message on stderr
     assert not (tmp_path / "none").exists()
 
 
