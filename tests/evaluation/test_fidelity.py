@@ -3,6 +3,7 @@
 import asyncio
 import itertools
 import json
+import math
 import time
 from collections import defaultdict
 
@@ -134,6 +135,36 @@ def test_error_precision_and_recall_count_the_calls_they_are_over():
     # A side that never answers an error has no precision (n/a, not 0) and no recall.
     never = slice_metrics(compare(pairs, [{"error": "", "response": "ok"}] * 4), "simulated")
     assert (never["error_precision"], never["error_precision_n"], never["error_recall"]) == (None, 0, 0.0)
+
+
+def test_bleu4_gives_its_length_and_brevity_penalty_apart():
+    """BLEU (Papineni et al., 2002): the n-gram precisions' geometric mean times BP = exp(1 - r/c) for a candidate
+    length c under the reference length r, else 1. Answers that are the real ones' first words have every
+    precision 1, so BLEU-4 is BP alone: 16 of 20 words, BP = exp(1 - 20/16) = 77.88%."""
+    words = [f"word{i}" for i in range(20)]
+    pairs = [
+        {
+            "source": "tau-bench",
+            "episode": "e",
+            "step": step,
+            "category": "TauBench",
+            "tool_name": "t",
+            "api_name": "a",
+            "tool_input": {"i": step},
+            "response": {"error": "", "response": " ".join(words[step * 10 : step * 10 + 10])},
+        }
+        for step in range(2)
+    ]
+    simulated = [{"error": "", "response": " ".join(words[step * 10 : step * 10 + 8])} for step in range(2)]
+    short = slice_metrics(compare(pairs, simulated), "simulated")
+    assert short["bleu4_length"] == 80.0
+    assert short["bleu4_brevity_penalty"] == pytest.approx(100 * math.exp(1 - 20 / 16), abs=0.01)
+    assert short["bleu4"] == pytest.approx(short["bleu4_brevity_penalty"], abs=0.01)
+    # Writing more than the real answer costs precision, never a penalty.
+    longer = [{"error": "", "response": p["response"]["response"] + " extra words"} for p in pairs]
+    long = slice_metrics(compare(pairs, longer), "simulated")
+    assert (long["bleu4_length"], long["bleu4_brevity_penalty"]) == (120.0, 100.0)
+    assert long["bleu4"] < 100.0
 
 
 def test_a_call_answered_from_the_cache_is_told_apart_by_the_server_s_own_outcome():
@@ -301,7 +332,11 @@ def test_identical_answers_score_full_marks_and_a_used_cache_is_flagged(
     assert overall["schema_n"] > 0 and overall["schema_conformance"] == overall["schema_conformance_real"]
     assert overall["embedding_cosine"] == pytest.approx(100.0, abs=0.01)
     assert overall["error_recall"] in (100.0, None) and overall["error_precision"] in (100.0, None)
-    assert "**Warning:** the server's cache held" in (out / "fidelity.md").read_text()
+    assert (overall["bleu4_length"], overall["bleu4_brevity_penalty"]) == (100.0, 100.0)
+    markdown = (out / "fidelity.md").read_text()
+    assert "**Warning:** the server's cache held" in markdown
+    lengths = next(line for line in markdown.splitlines() if line.startswith("BLEU-4's length"))
+    assert all(f"{source} simulator 100.0 / 100.0" in lengths for source in report["per_source"])
 
 
 def test_the_calls_the_cache_answers_are_left_out_of_every_row(

@@ -90,7 +90,10 @@ def find_doc(registry: ToolRegistry | None, pair: dict) -> ApiDoc | None:
 def slice_metrics(rows: list[dict], side: str) -> dict:
     """Metrics of one side ("simulated" or "baseline") over compared call rows, all in %.
 
-    bleu4: corpus BLEU-4 (sacrebleu) of the payload texts; rouge_l: mean ROUGE-L F1 (rouge-score);
+    bleu4: corpus BLEU-4 (sacrebleu) of the payload texts, with its two parts apart: bleu4_length (this side's
+    tokens over the real answers', sacrebleu's ratio) and bleu4_brevity_penalty (the factor a length under 100%
+    costs: a side whose n-gram precisions match another's scores lower when it writes less); rouge_l: mean
+    ROUGE-L F1 (rouge-score);
     valid_json: share of calls whose real response is a JSON object/array where this side's is one
     too; error_agreement: share of calls where this side is an error exactly when the real call is;
     error_precision: of the calls this side answered with an error, the share whose real call erred
@@ -118,9 +121,12 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
     def pct(count: int, total: int) -> float | None:
         return round(100.0 * count / total, 2) if total else None
 
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])
     return {
         "n": n,
-        "bleu4": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+        "bleu4": round(bleu.score, 2),
+        "bleu4_length": pct(bleu.sys_len, bleu.ref_len),
+        "bleu4_brevity_penalty": round(100.0 * bleu.bp, 2),
         "rouge_l": round(100.0 * statistics.fmean(r[f"{side}_rouge_l"] for r in rows), 2),
         "valid_json": pct(sum(r[f"{side}_json"] for r in json_rows), len(json_rows)),
         "valid_json_n": len(json_rows),

@@ -25,7 +25,10 @@ DEFINITIONS = """\
 
 All figures are percentages. Text metrics compare the payload an agent sees (the error and the
 response; structured responses as compact JSON) with the real one.
-- **BLEU-4**: sacrebleu corpus BLEU; **ROUGE-L**: mean ROUGE-L F1 (rouge-score).
+- **BLEU-4**: sacrebleu corpus BLEU; **ROUGE-L**: mean ROUGE-L F1 (rouge-score). BLEU-4 is the n-gram
+  precisions' geometric mean times a brevity penalty: below the tables, a side's length (its tokens over the
+  real answers') and that penalty (100 at a length of 100 or more), which tell a gap in what is written from
+  one in how much is written.
 - **valid JSON**: of the calls whose real response is a JSON object or array, the share where this
   side's response is one too.
 - **error agreement**: the share of calls where this side is an error exactly when the real call is
@@ -113,6 +116,17 @@ def render_markdown(report: dict) -> str:
             lines.append(
                 f"| {source} | {SIDE_TITLES[side]} | {block['n']} | " + " | ".join(_metric_cells(block[side])) + " |"
             )
+    if report["per_source"]:
+        lengths = "; ".join(
+            f"{source} "
+            + ", ".join(
+                f"{SIDE_TITLES[side]} {_num(block[side].get('bleu4_length'))} / "
+                f"{_num(block[side].get('bleu4_brevity_penalty'))}"
+                for side in sides
+            )
+            for source, block in report["per_source"].items()
+        )
+        lines += ["", f"BLEU-4's length (tokens written over the real answers') and brevity penalty: {lengths}."]
     cell_title = "simulator / nearest example" if report["baseline"] else "simulator"
     lines += ["", f"## Per API ({cell_title})", "", "| API | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 2)]
     for api, block in report["per_api"].items():
