@@ -17,6 +17,7 @@ from mirrorapi.evaluation.fidelity.metrics import (
     compare,
     conforms,
     is_error,
+    paired_difference,
     payload_text,
     slice_metrics,
 )
@@ -165,6 +166,42 @@ def test_bleu4_gives_its_length_and_brevity_penalty_apart():
     long = slice_metrics(compare(pairs, longer), "simulated")
     assert (long["bleu4_length"], long["bleu4_brevity_penalty"]) == (120.0, 100.0)
     assert long["bleu4"] < 100.0
+
+
+def test_the_simulator_against_the_example_comes_with_a_bootstrap_interval():
+    """Twelve calls: the simulator answers half of them as the API did and misses the rest; the example gets one of
+    those six right and misses the rest. The difference is what the two sides' own scores say; the interval holds
+    it, is wider than a point where the sides differ call by call, and is one point (0) where the two sides are the
+    same answers."""
+    real = [{"error": "", "response": f"order {i} shipped to city {i} on day {i}"} for i in range(12)]
+    pairs = [
+        {
+            "source": "tau-bench",
+            "episode": "e",
+            "step": i,
+            "category": "TauBench",
+            "tool_name": "t",
+            "api_name": "a",
+            "tool_input": {"i": i},
+            "response": response,
+        }
+        for i, response in enumerate(real)
+    ]
+    simulated = [real[i] if i % 2 else {"error": "", "response": "nothing"} for i in range(12)]
+    example = {1: real[1]}
+    rows = compare(pairs, simulated, baseline=lambda pair: example.get(pair["step"], {"error": "", "response": "no"}))
+    gap = paired_difference(rows)
+    ours, theirs = slice_metrics(rows, "simulated"), slice_metrics(rows, "baseline")
+    for metric in ("bleu4", "rouge_l"):
+        assert gap[metric]["difference"] == pytest.approx(ours[metric] - theirs[metric], abs=0.02)
+        low, high = gap[metric]["ci95"]
+        assert low < gap[metric]["difference"] < high
+    # Five calls where only the simulator is right: a resample holds none of them about once in 650 ((7/12)^12).
+    assert gap["rouge_l"]["ci95"][0] > 0 and gap["bleu4"]["ci95"][0] > 0
+    # The same answers on both sides: no difference, in any resample (sacrebleu's paired test gives such a pair
+    # its smallest p-value).
+    same = paired_difference(compare(pairs, simulated, baseline=lambda pair: simulated[pair["step"]]))
+    assert same["bleu4"] == same["rouge_l"] == {"difference": 0.0, "ci95": [0.0, 0.0]}
 
 
 def test_a_call_answered_from_the_cache_is_told_apart_by_the_server_s_own_outcome():
@@ -406,10 +443,18 @@ def test_the_calls_the_cache_answers_are_left_out_of_every_row(
     sessions = report["sessions"]
     assert (sessions["cache_hits"], sessions["scored"]) == (len(cached), len(others))
     assert sessions["with"]["overall"]["n"] == sessions["without"]["overall"]["n"] == len(others)
+    markdown = (out / "fidelity.md").read_text()
     assert (
-        "| replay | step | calls | ROUGE-L | BLEU-4 | error agreement | error precision | error recall |"
-        in (out / "fidelity.md").read_text()
+        "| replay | step | calls | ROUGE-L | BLEU-4 | error agreement | error precision | error recall |" in markdown
     )
+    # The simulator against the example, overall and per source, each with its interval, in the JSON and the text.
+    gap = report["overall"]["simulator_against_example"]["rouge_l"]
+    difference = simulated["rouge_l"] - report["overall"]["baseline"]["rouge_l"]
+    assert gap["difference"] == pytest.approx(difference, abs=0.02)
+    assert gap["ci95"][0] <= gap["difference"] <= gap["ci95"][1]
+    line = next(line for line in markdown.splitlines() if line.startswith("Simulator minus nearest example"))
+    assert f"overall ROUGE-L {gap['difference']:+.1f} [{gap['ci95'][0]:+.1f}, {gap['ci95'][1]:+.1f}]" in line
+    assert all(f"; {source} ROUGE-L" in line for source in report["per_source"])
     rows = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
     assert [r["from_cache"] for r in rows] == [p in cached for p in held_out]
     assert {r["provenance"] for r in rows if r["from_cache"]} == {"imported:training"}

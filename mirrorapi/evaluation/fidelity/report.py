@@ -46,11 +46,22 @@ response; structured responses as compact JSON) with the real one.
 - **embedding cosine**: mean cosine similarity × 100 of mean-pooled embeddings (needs `--embedding-model`).
 - **nearest example**: the real response of the most similar training call of the same API
   (Jaccard of the arguments); a call whose API has no training call counts as wrong on every check.
+- **simulator minus nearest example**: ROUGE-L's and BLEU-4's difference on the same calls, with a 95%
+  percentile bootstrap interval (the calls resampled 1,000 times, a fixed seed): with few calls, a gap whose
+  interval holds 0 may be chance.
 """
 
 
 def _num(value) -> str:
     return "–" if value is None else f"{value:.1f}"
+
+
+_GAPS = (("rouge_l", "ROUGE-L"), ("bleu4", "BLEU-4"))
+
+
+def _gap(found: dict, title: str) -> str:
+    low, high = found["ci95"]
+    return f"{title} {found['difference']:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
 def _metric_cells(metrics: dict) -> list[str]:
@@ -127,6 +138,19 @@ def render_markdown(report: dict) -> str:
             for source, block in report["per_source"].items()
         )
         lines += ["", f"BLEU-4's length (tokens written over the real answers') and brevity penalty: {lengths}."]
+    if report["baseline"] and overall.get("simulator_against_example"):
+        blocks = [("overall", overall), *report["per_source"].items()]
+        gaps = "; ".join(
+            f"{name} " + ", ".join(_gap(block["simulator_against_example"][key], title) for key, title in _GAPS)
+            for name, block in blocks
+            if block.get("simulator_against_example")
+        )
+        lines += [
+            "",
+            "Simulator minus nearest example, with a 95% bootstrap interval "
+            f"({overall['simulator_against_example']['resamples']:,} resamples of the calls; an interval that holds "
+            f"0 is no evidence either way): {gaps}.",
+        ]
     cell_title = "simulator / nearest example" if report["baseline"] else "simulator"
     lines += ["", f"## Per API ({cell_title})", "", "| API | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 2)]
     for api, block in report["per_api"].items():
