@@ -446,12 +446,13 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     call of the same API); a held-out call whose arguments equal a training call's is a cache hit on a server and
     is reported apart. One report per prompt format: alone (mirrorapi-v2) and in its session
     (mirrorapi-session-v2); with an answer stage's history twins, also "history": the session calls that have a
-    twin, with their history and without it. Answers to `test_ood_shown` (unseen APIs' calls shown an example) are
-    reported apart, per prompt format, against the examples such a server holds: the training calls and the calls
-    of test_ood's other half of episodes."""
+    twin, with their history and without it, and the first minus the second (`with_minus_without`, overall and per
+    source, each with its 95% bootstrap interval). Answers to `test_ood_shown` (unseen APIs' calls shown an
+    example) are reported apart, per prompt format, against the examples such a server holds: the training calls
+    and the calls of test_ood's other half of episodes."""
     from datasets import load_from_disk
 
-    from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare
+    from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare, paired_difference
     from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
     from mirrorapi.prompts.simulator_formats import SESSION_FORMATS
     from mirrorapi.prompts.simulator_output import parse_simulator_output
@@ -474,9 +475,10 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     registry = ToolRegistry.load(tools)
     answered_by = f"offline: the greedy answers in {generations_path} (a train or answer stage's)"
 
-    def report_of(chosen: list[dict], pool: list[dict]) -> dict:
+    def report_of(chosen: list[dict], pool: list[dict], simulated_rows: list | None = None) -> dict:
         """`chosen` scored against the nearest example of `pool` (what the server's cache holds); a call whose
-        arguments equal a pool call's is a cache hit."""
+        arguments equal a pool call's is a cache hit. `simulated_rows` gets the compared rows of the calls that
+        are not."""
         cached = {(api_id(p), canonical_json(p["tool_input"])) for p in pool}
         held = [by_id[(r["source"], r["episode"], r["step"])] for r in chosen]
         baseline = NearestExample(pool, held)
@@ -489,6 +491,8 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
         for name, keep in (("simulated", False), ("cache_hits", True)):
             subset = [i for i in range(len(chosen)) if hit[i] == keep]
             part = compare([held[i] for i in subset], [simulated[i] for i in subset], baseline, registry)
+            if name == "simulated" and simulated_rows is not None:
+                simulated_rows.extend(part)
             report[name] = build_report(part, answered_by, True) if part else {"calls": 0}
             report[name].pop("per_api", None)
             report[name]["raw_json"] = sum(simulated[i]["read_as"] == "json" for i in subset)
@@ -507,12 +511,24 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
                 for r in asked
                 if r["prompt_format"] in SESSION_FORMATS and (r["source"], r["episode"], r["step"]) in twins
             ]  # an alone record of the sample may be the same step: its call's first occurrence
+            with_rows: list[dict] = []
+            without_rows: list[dict] = []
             reports["history"] = {
-                "with_history": report_of(in_session, pool),
+                "with_history": report_of(in_session, pool, with_rows),
                 "without_history": report_of(
-                    [twins[(r["source"], r["episode"], r["step"])] for r in in_session], pool
+                    [twins[(r["source"], r["episode"], r["step"])] for r in in_session], pool, without_rows
                 ),
             }
+            if with_rows:  # the same calls in the same order (a twin is its call again): a paired comparison
+                reports["history"]["with_minus_without"] = {
+                    source: paired_difference(
+                        [r for r in with_rows if source in ("overall", r["source"])],
+                        [r for r in without_rows if source in ("overall", r["source"])],
+                        "simulated",
+                        "simulated",
+                    )
+                    for source in ["overall", *sorted({r["source"] for r in with_rows})]
+                }
         return reports
 
     shown = [r for r in rows if r["split"] == "test_ood_shown"]

@@ -190,7 +190,7 @@ def test_the_simulator_against_the_example_comes_with_a_bootstrap_interval():
     simulated = [real[i] if i % 2 else {"error": "", "response": "nothing"} for i in range(12)]
     example = {1: real[1]}
     rows = compare(pairs, simulated, baseline=lambda pair: example.get(pair["step"], {"error": "", "response": "no"}))
-    gap = paired_difference(rows)
+    gap = paired_difference(rows, rows)
     ours, theirs = slice_metrics(rows, "simulated"), slice_metrics(rows, "baseline")
     for metric in ("bleu4", "rouge_l"):
         assert gap[metric]["difference"] == pytest.approx(ours[metric] - theirs[metric], abs=0.02)
@@ -200,7 +200,8 @@ def test_the_simulator_against_the_example_comes_with_a_bootstrap_interval():
     assert gap["rouge_l"]["ci95"][0] > 0 and gap["bleu4"]["ci95"][0] > 0
     # The same answers on both sides: no difference, in any resample (sacrebleu's paired test gives such a pair
     # its smallest p-value).
-    same = paired_difference(compare(pairs, simulated, baseline=lambda pair: simulated[pair["step"]]))
+    rows = compare(pairs, simulated, baseline=lambda pair: simulated[pair["step"]])
+    same = paired_difference(rows, rows)
     assert same["bleu4"] == same["rouge_l"] == {"difference": 0.0, "ci95": [0.0, 0.0]}
 
 

@@ -4,8 +4,9 @@ history, per-step fidelity and the consistency score."""
 import json
 
 from harness.processes import free_port
+from mirrorapi.evaluation.fidelity.metrics import compare
 from mirrorapi.evaluation.fidelity.replay import load_pairs
-from mirrorapi.evaluation.fidelity.session_history import consistency, heldout_episodes, values
+from mirrorapi.evaluation.fidelity.session_history import consistency, heldout_episodes, history_report, values
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.tools import ToolRegistry
@@ -26,6 +27,21 @@ def test_real_answers_are_fully_consistent_and_empty_ones_not(samples):
     assert real["steps"] > 10 and real["values_carried"] > real["steps"] and real["score"] == 100.0
     empty = consistency(pairs, [{"error": "", "response": ""} for _ in pairs])
     assert empty["score"] == 0.0 and empty["values_carried"] == real["values_carried"]
+
+
+def test_history_is_compared_with_the_call_by_call_pass_on_the_same_calls(samples):
+    """With history the simulator answers every call as the API did, without it none: with minus without is
+    positive, and its interval too, on both measures (the difference's sign is the report's whole point)."""
+    pairs = load_pairs([samples / "pairs.jsonl"])[:12]
+    right = [p["response"] for p in pairs]
+    wrong = [{"error": "", "response": "nothing like it"} for _ in pairs]
+    passes = {"without": (wrong, compare(pairs, wrong)), "with": (right, compare(pairs, right))}
+    for rows in (passes["without"][1], passes["with"][1]):
+        for row in rows:
+            row["from_cache"] = False
+    gap = history_report(pairs, passes)["with_minus_without"]
+    assert gap["rouge_l"]["ci95"][0] > 0 and gap["bleu4"]["ci95"][0] > 0
+    assert gap["rouge_l"]["difference"] > 90
 
 
 def test_heldout_episodes_are_whole_and_follow_the_builder_split(samples):
@@ -107,4 +123,10 @@ def test_replay_with_and_without_history(eval_cli, virtual_server, samples, tmp_
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert sum("session" in line for line in lines) == len(held)  # the second pass, one session per episode
     assert len({line["session"] for line in lines if "session" in line}) == 3
-    assert "## With and without session history" in (out / "fidelity.md").read_text()
+    # The same answers in both passes: history changes nothing, in any resample of the calls.
+    assert report["with_minus_without"]["rouge_l"] == {"difference": 0.0, "ci95": [0.0, 0.0]}
+    assert report["with_minus_without"]["bleu4"] == {"difference": 0.0, "ci95": [0.0, 0.0]}
+    markdown = (out / "fidelity.md").read_text()
+    assert "## With and without session history" in markdown
+    assert "With history minus without, on the same calls" in markdown
+    assert "ROUGE-L +0.0 [+0.0, +0.0], BLEU-4 +0.0 [+0.0, +0.0]." in markdown

@@ -184,8 +184,15 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
     run_stage("--stage", "score", "--work", str(shipped_run), "--generations", str(tmp_path / "generations.jsonl.xz"))
     scores = json.loads((tmp_path / "fidelity-offline.json").read_text())
     assert set(scores) == {"mirrorapi-v2", "mirrorapi-session-v2", "history"}
-    calls = {name: sum(part["calls"] for part in report.values()) for name, report in scores["history"].items()}
+    history = scores["history"]
+    gap = history.pop("with_minus_without")  # the first pass minus the second, on the calls each simulated
+    calls = {name: sum(part["calls"] for part in report.values()) for name, report in history.items()}
     assert calls == {"with_history": len(sessions), "without_history": len(sessions)}
+    with_, without = (history[name]["simulated"]["overall"] for name in ("with_history", "without_history"))
+    assert gap["overall"]["rouge_l"]["difference"] == pytest.approx(
+        with_["simulated"]["rouge_l"] - without["simulated"]["rouge_l"], abs=0.02
+    )
+    assert set(gap) == {"overall", *history["with_history"]["simulated"]["per_source"]}
     assert sum(
         part["calls"] for fmt in ("mirrorapi-v2", "mirrorapi-session-v2") for part in scores[fmt].values()
     ) == len(asked)

@@ -193,11 +193,15 @@ BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 12345
 
 
-def paired_difference(rows: list[dict]) -> dict:
-    """The simulator against the nearest example on the same calls: each metric's difference (simulator minus
-    example, in points) and its 95% percentile bootstrap interval over BOOTSTRAP_RESAMPLES resamples of the calls
-    (a fixed seed: a rerun gives the same interval). An interval that holds 0 is no evidence either way. A call
-    without an example counts as the example's miss, as in `slice_metrics`.
+def paired_difference(
+    first: list[dict], second: list[dict], first_side: str = "simulated", second_side: str = "baseline"
+) -> dict:
+    """One side of compared rows against another, `first` and `second` holding the same calls in the same order:
+    the simulator against the nearest example is `paired_difference(rows, rows)`, a session pass against the
+    call-by-call one `paired_difference(with_rows, without_rows, "simulated", "simulated")`. Each metric's
+    difference (first minus second, in points) and its 95% percentile bootstrap interval over BOOTSTRAP_RESAMPLES
+    resamples of the calls (a fixed seed: a rerun gives the same interval). An interval that holds 0 is no
+    evidence either way. A call without an example counts as the example's miss, as in `slice_metrics`.
 
     Written here, not taken from sacrebleu's paired tests: those give a p-value of 1/(resamples + 1) to two equal
     systems, and no interval of the difference. BLEU-4 is recomputed per resample from the calls' n-gram counts
@@ -207,7 +211,7 @@ def paired_difference(rows: list[dict]) -> dict:
 
     counter = BLEU(effective_order=True)  # its per-call counts only; effective_order silences the sentence warning
 
-    def counts(side: str) -> np.ndarray:
+    def counts(rows: list[dict], side: str) -> np.ndarray:
         scores = (counter.sentence_score(r[f"{side}_text"], [r["real_text"]]) for r in rows)
         return np.array([[*s.counts, *s.totals, s.sys_len, s.ref_len] for s in scores], dtype=np.int64)
 
@@ -215,15 +219,17 @@ def paired_difference(rows: list[dict]) -> dict:
         correct, possible = total[0:4].tolist(), total[4:8].tolist()
         return BLEU.compute_bleu(correct, possible, int(total[8]), int(total[9]), smooth_method="exp").score
 
-    draws = np.random.default_rng(BOOTSTRAP_SEED).choice(len(rows), size=(BOOTSTRAP_RESAMPLES, len(rows)))
-    simulated, baseline = counts("simulated"), counts("baseline")
+    if [r["real_text"] for r in first] != [r["real_text"] for r in second]:
+        raise ValueError("paired_difference: the two lists of rows are not the same calls in the same order")
+    draws = np.random.default_rng(BOOTSTRAP_SEED).choice(len(first), size=(BOOTSTRAP_RESAMPLES, len(first)))
+    first_counts, second_counts = counts(first, first_side), counts(second, second_side)
     bleu_gaps = [
-        corpus_bleu(s) - corpus_bleu(b)
-        for s, b in zip(simulated[draws].sum(axis=1), baseline[draws].sum(axis=1), strict=True)
+        corpus_bleu(a) - corpus_bleu(b)
+        for a, b in zip(first_counts[draws].sum(axis=1), second_counts[draws].sum(axis=1), strict=True)
     ]
-    simulated_f1 = np.array([r["simulated_rouge_l"] for r in rows])
-    baseline_f1 = np.array([r["baseline_rouge_l"] for r in rows])
-    rouge_gaps = 100.0 * (simulated_f1[draws].mean(axis=1) - baseline_f1[draws].mean(axis=1))
+    first_f1 = np.array([r[f"{first_side}_rouge_l"] for r in first])
+    second_f1 = np.array([r[f"{second_side}_rouge_l"] for r in second])
+    rouge_gaps = 100.0 * (first_f1[draws].mean(axis=1) - second_f1[draws].mean(axis=1))
 
     def interval(gaps) -> list[float]:
         return [round(float(v), 2) for v in np.percentile(gaps, [2.5, 97.5])]
@@ -231,14 +237,22 @@ def paired_difference(rows: list[dict]) -> dict:
     return {
         "resamples": BOOTSTRAP_RESAMPLES,
         "bleu4": {
-            "difference": round(corpus_bleu(simulated.sum(axis=0)) - corpus_bleu(baseline.sum(axis=0)), 2),
+            "difference": round(corpus_bleu(first_counts.sum(axis=0)) - corpus_bleu(second_counts.sum(axis=0)), 2),
             "ci95": interval(bleu_gaps),
         },
         "rouge_l": {
-            "difference": round(100.0 * (simulated_f1.mean() - baseline_f1.mean()), 2),
+            "difference": round(100.0 * (first_f1.mean() - second_f1.mean()), 2),
             "ci95": interval(rouge_gaps),
         },
     }
+
+
+def difference_text(found: dict) -> str:
+    """A `paired_difference` as the reports write it: `ROUGE-L +1.8 [-0.8, +4.8], BLEU-4 -2.5 [-7.2, +1.2]`."""
+    return ", ".join(
+        f"{title} {found[key]['difference']:+.1f} [{found[key]['ci95'][0]:+.1f}, {found[key]['ci95'][1]:+.1f}]"
+        for key, title in (("rouge_l", "ROUGE-L"), ("bleu4", "BLEU-4"))
+    )
 
 
 SIDES = ("simulated", "baseline")
@@ -347,7 +361,7 @@ def build_report(rows: list[dict], server: str, baseline: bool, include_cache_hi
     def compared(subset: list[dict]) -> dict:  # overall and per source: an API's few calls tell a test nothing
         found = block(subset)
         if baseline and subset:
-            found["simulator_against_example"] = paired_difference(subset)
+            found["simulator_against_example"] = paired_difference(subset, subset)
         return found
 
     by_source, by_api = defaultdict(list), defaultdict(list)

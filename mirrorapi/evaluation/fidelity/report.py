@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from mirrorapi.evaluation.fidelity.metrics import difference_text
 from mirrorapi.versions import package_versions
 
 METRIC_TITLES = {
@@ -54,14 +55,6 @@ response; structured responses as compact JSON) with the real one.
 
 def _num(value) -> str:
     return "–" if value is None else f"{value:.1f}"
-
-
-_GAPS = (("rouge_l", "ROUGE-L"), ("bleu4", "BLEU-4"))
-
-
-def _gap(found: dict, title: str) -> str:
-    low, high = found["ci95"]
-    return f"{title} {found['difference']:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
 def _metric_cells(metrics: dict) -> list[str]:
@@ -141,7 +134,7 @@ def render_markdown(report: dict) -> str:
     if report["baseline"] and overall.get("simulator_against_example"):
         blocks = [("overall", overall), *report["per_source"].items()]
         gaps = "; ".join(
-            f"{name} " + ", ".join(_gap(block["simulator_against_example"][key], title) for key, title in _GAPS)
+            f"{name} {difference_text(block['simulator_against_example'])}"
             for name, block in blocks
             if block.get("simulator_against_example")
         )

@@ -26,7 +26,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from mirrorapi.evaluation.fidelity.metrics import slice_metrics
+from mirrorapi.evaluation.fidelity.metrics import difference_text, paired_difference, slice_metrics
 from mirrorapi.simulator_pairs import select_pairs
 from mirrorapi.tools import ToolRegistry
 
@@ -164,13 +164,18 @@ def history_report(
         "cache_hits": sum(row["from_cache"] for row in first_rows),
         "scored": sum(kept),
     }
+    scored_rows = {}
     for name, (observations, rows) in passes.items():
-        scored = [row for row, keep in zip(rows, kept, strict=True) if keep]
+        scored = scored_rows[name] = [row for row, keep in zip(rows, kept, strict=True) if keep]
         report[name] = {
             "overall": slice_metrics(scored, "simulated"),
             "per_step": per_step(scored),
             "consistency": consistency(pairs, observations, kept),
         }
+    if {"with", "without"} <= set(scored_rows) and scored_rows["with"]:
+        report["with_minus_without"] = paired_difference(
+            scored_rows["with"], scored_rows["without"], "simulated", "simulated"
+        )
     return report
 
 
@@ -201,6 +206,13 @@ def render_history_markdown(report: dict) -> str:
                 + " | ".join(_cell(metrics.get(key)) for key in HISTORY_METRICS)
                 + " |"
             )
+    if gap := report.get("with_minus_without"):
+        lines += [
+            "",
+            "With history minus without, on the same calls, with a 95% bootstrap interval "
+            f"({gap['resamples']:,} resamples of the calls; an interval that holds 0 is no evidence either way): "
+            f"{difference_text(gap)}.",
+        ]
     lines += [
         "",
         "| replay | consistency | steps that carry values | values carried | values repeated |",
