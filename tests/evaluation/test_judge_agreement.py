@@ -42,6 +42,23 @@ def test_a_judge_saying_solved_to_all_stands_beside_every_slice():
     assert agreement_stats(rows[:3])["solved_to_all"] == {"accuracy": 1.0, "kappa": None}
 
 
+def test_accuracy_and_kappa_come_with_bootstrap_intervals():
+    # The textbook table above: accuracy 0.7, kappa 0.4. Resampling its 50 answers moves both by a good deal.
+    table = [("Solved", "Solved")] * 20 + [("Solved", "Unsolved")] * 5
+    table += [("Unsolved", "Solved")] * 10 + [("Unsolved", "Unsolved")] * 15
+    stats = agreement_stats([{"label": label, "prediction": prediction} for label, prediction in table])
+    assert (stats["accuracy"], stats["kappa"]) == (0.7, 0.4)
+    for figure in ("accuracy", "kappa"):
+        low, high = stats[f"{figure}_ci95"]
+        assert low < stats[figure] < high and high - low > 0.15
+    # A judge right on every answer is right on every resample; where every label and verdict is one value, kappa
+    # is undefined on every resample too (no interval, not a made-up one).
+    perfect = agreement_stats([{"label": label, "prediction": label} for label, _ in table])
+    assert (perfect["accuracy_ci95"], perfect["kappa_ci95"]) == ([1.0, 1.0], [1.0, 1.0])
+    one_value = agreement_stats([{"label": "Solved", "prediction": "Solved"}] * 5)
+    assert (one_value["accuracy_ci95"], one_value["kappa_ci95"]) == ([1.0, 1.0], None)
+
+
 @pytest.mark.slow
 def test_agreement_report_on_the_labelled_sample(eval_cli, tiny_engine, samples, tmp_path):
     labelled = samples / "judge.jsonl"
@@ -86,6 +103,9 @@ def test_agreement_report_on_the_labelled_sample(eval_cli, tiny_engine, samples,
     assert all(p["prediction"] == "Unsolved" for p in empty)
     markdown = (tmp_path / "agreement.md").read_text()
     assert "| Slice | n | accuracy | Cohen's kappa | Solved-to-all accuracy | Solved-to-all kappa |" in markdown
+    overall = report["overall"]
+    low, high = overall["accuracy_ci95"]
+    assert f"| overall | {overall['n']} | {overall['accuracy']:.3f} [{low:.3f}, {high:.3f}] |" in markdown
     assert "(rows: label, columns: judge)" in markdown
     # Resumed: a second run sends nothing and reports the same.
     assert eval_cli("judge_agreement")(argv) == 0

@@ -15,6 +15,7 @@ from typing import Any
 
 import jsonschema
 
+from mirrorapi.evaluation.bootstrap import BOOTSTRAP_RESAMPLES, percentile_interval, resamples
 from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.prompts.simulator_formats import response_schema
 from mirrorapi.records import parse_repr_key
@@ -189,19 +190,15 @@ class Embedder:
 
 
 # ---------------------------------------------------------------------------------- comparing
-BOOTSTRAP_RESAMPLES = 1000
-BOOTSTRAP_SEED = 12345
-
-
 def paired_difference(
     first: list[dict], second: list[dict], first_side: str = "simulated", second_side: str = "baseline"
 ) -> dict:
     """One side of compared rows against another, `first` and `second` holding the same calls in the same order:
     the simulator against the nearest example is `paired_difference(rows, rows)`, a session pass against the
     call-by-call one `paired_difference(with_rows, without_rows, "simulated", "simulated")`. Each metric's
-    difference (first minus second, in points) and its 95% percentile bootstrap interval over BOOTSTRAP_RESAMPLES
-    resamples of the calls (a fixed seed: a rerun gives the same interval). An interval that holds 0 is no
-    evidence either way. A call without an example counts as the example's miss, as in `slice_metrics`.
+    difference (first minus second, in points) and its 95% percentile bootstrap interval over the calls'
+    resamples (`mirrorapi.evaluation.bootstrap`). An interval that holds 0 is no evidence either way. A call
+    without an example counts as the example's miss, as in `slice_metrics`.
 
     Written here, not taken from sacrebleu's paired tests: those give a p-value of 1/(resamples + 1) to two equal
     systems, and no interval of the difference. BLEU-4 is recomputed per resample from the calls' n-gram counts
@@ -221,7 +218,7 @@ def paired_difference(
 
     if [r["real_text"] for r in first] != [r["real_text"] for r in second]:
         raise ValueError("paired_difference: the two lists of rows are not the same calls in the same order")
-    draws = np.random.default_rng(BOOTSTRAP_SEED).choice(len(first), size=(BOOTSTRAP_RESAMPLES, len(first)))
+    draws = resamples(len(first))
     first_counts, second_counts = counts(first, first_side), counts(second, second_side)
     bleu_gaps = [
         corpus_bleu(a) - corpus_bleu(b)
@@ -230,19 +227,15 @@ def paired_difference(
     first_f1 = np.array([r[f"{first_side}_rouge_l"] for r in first])
     second_f1 = np.array([r[f"{second_side}_rouge_l"] for r in second])
     rouge_gaps = 100.0 * (first_f1[draws].mean(axis=1) - second_f1[draws].mean(axis=1))
-
-    def interval(gaps) -> list[float]:
-        return [round(float(v), 2) for v in np.percentile(gaps, [2.5, 97.5])]
-
     return {
         "resamples": BOOTSTRAP_RESAMPLES,
         "bleu4": {
             "difference": round(corpus_bleu(first_counts.sum(axis=0)) - corpus_bleu(second_counts.sum(axis=0)), 2),
-            "ci95": interval(bleu_gaps),
+            "ci95": percentile_interval(bleu_gaps),
         },
         "rouge_l": {
             "difference": round(100.0 * (first_f1.mean() - second_f1.mean()), 2),
-            "ci95": interval(rouge_gaps),
+            "ci95": percentile_interval(rouge_gaps),
         },
     }
 

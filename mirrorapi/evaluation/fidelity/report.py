@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from mirrorapi.evaluation.bootstrap import BOOTSTRAP_RESAMPLES
 from mirrorapi.evaluation.fidelity.metrics import difference_text
 from mirrorapi.versions import package_versions
 
@@ -21,7 +22,7 @@ METRIC_TITLES = {
 }
 SIDE_TITLES = {"simulated": "simulator", "baseline": "nearest example"}
 
-DEFINITIONS = """\
+DEFINITIONS = f"""\
 ## How to read this
 
 All figures are percentages. Text metrics compare the payload an agent sees (the error and the
@@ -48,8 +49,8 @@ response; structured responses as compact JSON) with the real one.
 - **nearest example**: the real response of the most similar training call of the same API
   (Jaccard of the arguments); a call whose API has no training call counts as wrong on every check.
 - **simulator minus nearest example**: ROUGE-L's and BLEU-4's difference on the same calls, with a 95%
-  percentile bootstrap interval (the calls resampled 1,000 times, a fixed seed): with few calls, a gap whose
-  interval holds 0 may be chance.
+  percentile bootstrap interval (the calls resampled {BOOTSTRAP_RESAMPLES:,} times, a fixed seed): with few
+  calls, a gap whose interval holds 0 may be chance.
 """
 
 

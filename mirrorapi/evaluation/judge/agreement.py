@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from mirrorapi.evaluation.answers.items import AnswersError
+from mirrorapi.evaluation.bootstrap import BOOTSTRAP_RESAMPLES, interval_of
 from mirrorapi.evaluation.judge.scoring import (
     JsonlStore,
     JudgeCall,
@@ -73,9 +74,10 @@ def cohen_kappa(pairs: list[tuple[str, str]]) -> float | None:
 
 
 def agreement_stats(rows: list[dict]) -> dict:
-    """accuracy, kappa, confusion matrix (label -> prediction counts) of prediction rows, and `solved_to_all`: the
-    accuracy and kappa of a judge that says Solved to every answer, on the same rows (the trivial judge to beat:
-    its accuracy is the share of Solved labels, its kappa 0, or None where every label is Solved)."""
+    """accuracy and kappa with their 95% bootstrap intervals (`accuracy_ci95`, `kappa_ci95`: the answers resampled,
+    `mirrorapi.evaluation.bootstrap`), confusion matrix (label -> prediction counts) of prediction rows, and
+    `solved_to_all`: the accuracy and kappa of a judge that says Solved to every answer, on the same rows (the trivial
+    judge to beat: its accuracy is the share of Solved labels, its kappa 0, or None where every label is Solved)."""
     scored = [(r["label"], r["prediction"] if r["prediction"] in LABELS else "Unsolved") for r in rows]
     confusion = {label: {p: 0 for p in (*LABELS, UNPARSEABLE)} for label in LABELS}
     for r in rows:
@@ -83,6 +85,8 @@ def agreement_stats(rows: list[dict]) -> dict:
     return {
         "n": len(rows),
         **_accuracy_and_kappa(scored),
+        "accuracy_ci95": interval_of(scored, lambda some: sum(a == b for a, b in some) / len(some), digits=4),
+        "kappa_ci95": interval_of(scored, cohen_kappa, digits=4),
         "unparseable": sum(r["prediction"] == UNPARSEABLE for r in rows),
         "labelled_solved": sum(r["label"] == "Solved" for r in rows),
         "predicted_solved": sum(r["prediction"] == "Solved" for r in rows),
@@ -168,6 +172,10 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _with_interval(value: float | None, interval: list[float] | None) -> str:
+    return _fmt(value) + ("" if value is None or interval is None else f" [{interval[0]:.3f}, {interval[1]:.3f}]")
+
+
 def render_markdown(report: dict) -> str:
     lines = [
         "# Judge agreement",
@@ -181,7 +189,9 @@ def render_markdown(report: dict) -> str:
         lines += [f"**Incomplete:** {report['pending']} judge call(s) failed and are left out; rerun to retry.", ""]
     lines += [
         "Beside each slice, a judge that says Solved to every answer (its accuracy is the share of Solved "
-        "labels, its kappa 0): the judge is worth its verdicts where it beats that.",
+        "labels, its kappa 0): the judge is worth its verdicts where it beats that. In brackets, the 95% bootstrap "
+        f"interval (the slice's answers resampled {BOOTSTRAP_RESAMPLES:,} times, a fixed seed): on a few dozen "
+        "answers, a figure can move that far by the draw of answers alone.",
         "",
         "| Slice | n | accuracy | Cohen's kappa | Solved-to-all accuracy | Solved-to-all kappa "
         "| labelled Solved | predicted Solved | unparseable |",
@@ -191,7 +201,8 @@ def render_markdown(report: dict) -> str:
     for name, s in slices:
         constant = s["solved_to_all"]
         lines.append(
-            f"| {name} | {s['n']} | {_fmt(s['accuracy'])} | {_fmt(s['kappa'])} "
+            f"| {name} | {s['n']} | {_with_interval(s['accuracy'], s['accuracy_ci95'])} "
+            f"| {_with_interval(s['kappa'], s['kappa_ci95'])} "
             f"| {_fmt(constant['accuracy'])} | {_fmt(constant['kappa'])} | {s['labelled_solved']} "
             f"| {s['predicted_solved']} | {s['unparseable']} |"
         )
