@@ -238,6 +238,8 @@ def test_scores_stand_beside_trivial_baselines(first_run):
         )
     overall = report["agreement"]["overall"]
     assert f"a judge saying Solved to all: accuracy {100 * overall['labelled_solved'] / overall['n']:.1f}%" in markdown
+    low, high = overall["accuracy_ci95"]  # the judge's own figure comes with its bootstrap interval
+    assert f"accuracy {100 * overall['accuracy']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]" in markdown
     # Per source too, beside the same constant judge.
     for source, stats in report["agreement"]["per_source"].items():
         line = next(line for line in markdown.splitlines() if line.startswith(f"| {source} | {stats['n']} |"))

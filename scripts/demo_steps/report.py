@@ -233,8 +233,16 @@ def history_markdown(sessions: dict, fmt: str, shipped: bool = False) -> list[st
 
 
 def _agreement(stats: dict) -> str:
+    """Accuracy and kappa, each with its 95% bootstrap interval where the report gives one (not the Solved-to-all
+    judge's: a constant has nothing to resample)."""
     accuracy = "n/a" if stats["accuracy"] is None else f"{100 * stats['accuracy']:.1f}%"
+    if stats["accuracy"] is not None and stats.get("accuracy_ci95"):
+        low, high = stats["accuracy_ci95"]
+        accuracy += f" [{100 * low:.1f}, {100 * high:.1f}]"
     kappa = "n/a" if stats["kappa"] is None else f"{stats['kappa']:.2f}"
+    if stats["kappa"] is not None and stats.get("kappa_ci95"):
+        low, high = stats["kappa_ci95"]
+        kappa += f" [{low:.2f}, {high:.2f}]"
     return f"accuracy {accuracy}, kappa {kappa}"
 
 
@@ -250,7 +258,8 @@ def judge_summary(fac: dict, agreement: dict, trained: dict | None = None) -> st
     overall = agreement["overall"]
     lines.append(
         f"judge agreement on {overall['n']} held-out labelled answers: {_agreement(overall)} "
-        f"(Cohen's kappa), {overall['unparseable']} unparseable (a judge saying Solved to all: "
+        f"(Cohen's kappa; in brackets the 95% bootstrap interval), {overall['unparseable']} unparseable (a judge "
+        "saying Solved to all: "
         f"{_agreement(overall['solved_to_all'])})"
         + (f"; the judge fine-tuned here: {_agreement(trained['overall'])}" if trained else "")
     )
