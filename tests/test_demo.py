@@ -239,6 +239,8 @@ def test_scores_stand_beside_trivial_baselines(first_run):
     overall = report["agreement"]["overall"]
     assert f"a judge saying Solved to all: accuracy {100 * overall['labelled_solved'] / overall['n']:.1f}%" in markdown
     low, high = overall["accuracy_ci95"]  # the judge's own figure comes with its bootstrap interval
+    gap = report["fidelity"]["overall"]["simulator_against_example"]["rouge_l"]  # and the simulator's lead
+    assert f"ROUGE-L {gap['difference']:+.1f} [{gap['ci95'][0]:+.1f}, {gap['ci95'][1]:+.1f}]" in markdown
     assert f"accuracy {100 * overall['accuracy']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]" in markdown
     # Per source too, beside the same constant judge.
     for source, stats in report["agreement"]["per_source"].items():
