@@ -136,6 +136,13 @@ def test_error_precision_and_recall_count_the_calls_they_are_over():
     # A side that never answers an error has no precision (n/a, not 0) and no recall.
     never = slice_metrics(compare(pairs, [{"error": "", "response": "ok"}] * 4), "simulated")
     assert (never["error_precision"], never["error_precision_n"], never["error_recall"]) == (None, 0, 0.0)
+    # Each with its bootstrap interval over the four calls: wide here; none where no resample has such a call.
+    for key in ("error_precision", "error_recall"):
+        low, high = metrics[f"{key}_ci95"]
+        assert low < metrics[key] < high
+    assert (never["error_precision_ci95"], never["error_recall_ci95"]) == (None, [0.0, 0.0])
+    exact = slice_metrics(compare(pairs, real), "simulated")  # every failure caught, none made up
+    assert (exact["error_precision_ci95"], exact["error_recall_ci95"]) == ([100.0, 100.0], [100.0, 100.0])
 
 
 def test_bleu4_gives_its_length_and_brevity_penalty_apart():
@@ -453,6 +460,11 @@ def test_the_calls_the_cache_answers_are_left_out_of_every_row(
     difference = simulated["rouge_l"] - report["overall"]["baseline"]["rouge_l"]
     assert gap["difference"] == pytest.approx(difference, abs=0.02)
     assert gap["ci95"][0] <= gap["difference"] <= gap["ci95"][1]
+    low, high = simulated["error_precision_ci95"]
+    answered = (
+        f"simulator {simulated['error_precision_n']} errors answered, precision {simulated['error_precision']:.1f}"
+    )
+    assert f"{answered} [{low:.1f}, {high:.1f}]" in markdown
     line = next(line for line in markdown.splitlines() if line.startswith("Simulator minus nearest example"))
     assert f"overall ROUGE-L {gap['difference']:+.1f} [{gap['ci95'][0]:+.1f}, {gap['ci95'][1]:+.1f}]" in line
     assert all(f"; {source} ROUGE-L" in line for source in report["per_source"])

@@ -99,7 +99,8 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
     too; error_agreement: share of calls where this side is an error exactly when the real call is;
     error_precision: of the calls this side answered with an error, the share whose real call erred
     (`error_precision_n` such calls); error_recall: of the calls whose real call erred, the share this
-    side answered with an error (`error_recall_n` such calls); both None without such calls;
+    side answered with an error (`error_recall_n` such calls); both None without such calls, and each with its
+    95% bootstrap interval (`error_precision_ci95`, `error_recall_ci95`; resamples without such calls left out);
     schema_conformance: share of successful real calls with a documented response schema whose
     response this side fills conformingly (`schema_conformance_real` is the real responses' own
     share, the ceiling); embedding_cosine: mean cosine x 100 when an embedding model was given.
@@ -137,10 +138,26 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
         "error_precision_n": errors["both"] + errors[f"{side}_only"],
         "error_recall": pct(errors["both"], errors["both"] + errors["real_only"]),
         "error_recall_n": errors["both"] + errors["real_only"],
+        **_error_intervals([r["real_error"] for r in rows], [r[f"{side}_error"] for r in rows]),
         "schema_conformance": pct(sum(r[f"schema_{side}"] for r in schema_rows), len(schema_rows)),
         "schema_conformance_real": pct(sum(r["schema_real"] for r in schema_rows), len(schema_rows)),
         "schema_n": len(schema_rows),
         "embedding_cosine": round(100.0 * statistics.fmean(cosines), 2) if cosines else None,
+    }
+
+
+def _error_intervals(real: list[bool], answered: list[bool]) -> dict:
+    """Error precision's and recall's 95% bootstrap intervals over the calls' resamples (vectorised: a slice may
+    hold thousands of calls); None where no resample has a call to count."""
+    import numpy as np
+
+    draws = resamples(len(real))
+    real_errors, answered_errors = np.array(real)[draws], np.array(answered)[draws]
+    both = (real_errors & answered_errors).sum(axis=1)
+    answered_n, real_n = answered_errors.sum(axis=1), real_errors.sum(axis=1)
+    return {
+        "error_precision_ci95": percentile_interval(100.0 * both[answered_n > 0] / answered_n[answered_n > 0]),
+        "error_recall_ci95": percentile_interval(100.0 * both[real_n > 0] / real_n[real_n > 0]),
     }
 
 

@@ -58,6 +58,10 @@ def _num(value) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
+def _interval(bounds: list[float] | None) -> str:
+    return "" if bounds is None else f"[{bounds[0]:.1f}, {bounds[1]:.1f}]"
+
+
 def _metric_cells(metrics: dict) -> list[str]:
     return [_num(metrics.get(key)) for key in METRIC_TITLES]
 
@@ -111,8 +115,17 @@ def render_markdown(report: dict) -> str:
         lines += [
             "",
             "Error precision over the calls each side answered with an error, recall over the "
-            f"{overall['simulated']['error_recall_n']} calls whose real answer was an error: "
-            + "; ".join(f"{SIDE_TITLES[side]} {overall[side]['error_precision_n']} errors answered" for side in sides)
+            f"{overall['simulated']['error_recall_n']} calls whose real answer was an error (in brackets, "
+            "95% bootstrap intervals): "
+            + "; ".join(
+                f"{SIDE_TITLES[side]} {overall[side]['error_precision_n']} errors answered"
+                + "".join(
+                    f", {name} {_num(overall[side][key])} {_interval(overall[side].get(key + '_ci95'))}"
+                    for key, name in (("error_precision", "precision"), ("error_recall", "recall"))
+                    if overall[side][key] is not None
+                )
+                for side in sides
+            )
             + ".",
         ]
     lines += ["", "## Per source", "", "| source | side | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 3)]
