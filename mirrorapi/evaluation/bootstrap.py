@@ -23,6 +23,16 @@ def resamples(n: int) -> np.ndarray:
     return np.random.default_rng(BOOTSTRAP_SEED).choice(n, size=(BOOTSTRAP_RESAMPLES, n))
 
 
+def resample_weights(n: int) -> np.ndarray:
+    """`resamples(n)` as a (BOOTSTRAP_RESAMPLES, n) matrix of how often each row is drawn: a sum over each resample
+    is then one matrix product (`weights @ values`), without the (resamples, n, columns) array indexing makes."""
+    import numpy as np
+
+    weights = np.zeros((BOOTSTRAP_RESAMPLES, n))
+    np.add.at(weights, (np.arange(BOOTSTRAP_RESAMPLES)[:, None], resamples(n)), 1.0)
+    return weights
+
+
 def percentile_interval(values: Sequence[float] | np.ndarray, digits: int = 2) -> list[float] | None:
     """The 95% percentile interval of a figure's resampled values; None when there are none (undefined on every
     resample)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 
-from mirrorapi.evaluation.bootstrap import BOOTSTRAP_RESAMPLES, percentile_interval, resamples
+from mirrorapi.evaluation.bootstrap import BOOTSTRAP_RESAMPLES, percentile_interval, resample_weights
 from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.prompts.simulator_formats import response_schema
 from mirrorapi.records import parse_repr_key
@@ -151,10 +151,10 @@ def _error_intervals(real: list[bool], answered: list[bool]) -> dict:
     hold thousands of calls); None where no resample has a call to count."""
     import numpy as np
 
-    draws = resamples(len(real))
-    real_errors, answered_errors = np.array(real)[draws], np.array(answered)[draws]
-    both = (real_errors & answered_errors).sum(axis=1)
-    answered_n, real_n = answered_errors.sum(axis=1), real_errors.sum(axis=1)
+    weights = resample_weights(len(real))
+    real_errors, answered_errors = np.array(real, dtype=float), np.array(answered, dtype=float)
+    both = weights @ (real_errors * answered_errors)
+    answered_n, real_n = weights @ answered_errors, weights @ real_errors
     return {
         "error_precision_ci95": percentile_interval(100.0 * both[answered_n > 0] / answered_n[answered_n > 0]),
         "error_recall_ci95": percentile_interval(100.0 * both[real_n > 0] / real_n[real_n > 0]),
@@ -230,20 +230,20 @@ def paired_difference(
         return np.array([[*s.counts, *s.totals, s.sys_len, s.ref_len] for s in scores], dtype=np.int64)
 
     def corpus_bleu(total: np.ndarray) -> float:
+        total = np.rint(total).astype(np.int64)  # a resample's summed counts, whole numbers in floats
         correct, possible = total[0:4].tolist(), total[4:8].tolist()
         return BLEU.compute_bleu(correct, possible, int(total[8]), int(total[9]), smooth_method="exp").score
 
     if [r["real_text"] for r in first] != [r["real_text"] for r in second]:
         raise ValueError("paired_difference: the two lists of rows are not the same calls in the same order")
-    draws = resamples(len(first))
+    weights = resample_weights(len(first))
     first_counts, second_counts = counts(first, first_side), counts(second, second_side)
     bleu_gaps = [
-        corpus_bleu(a) - corpus_bleu(b)
-        for a, b in zip(first_counts[draws].sum(axis=1), second_counts[draws].sum(axis=1), strict=True)
+        corpus_bleu(a) - corpus_bleu(b) for a, b in zip(weights @ first_counts, weights @ second_counts, strict=True)
     ]
     first_f1 = np.array([r[f"{first_side}_rouge_l"] for r in first])
     second_f1 = np.array([r[f"{second_side}_rouge_l"] for r in second])
-    rouge_gaps = 100.0 * (first_f1[draws].mean(axis=1) - second_f1[draws].mean(axis=1))
+    rouge_gaps = 100.0 * (weights @ (first_f1 - second_f1)) / len(first)
     return {
         "resamples": BOOTSTRAP_RESAMPLES,
         "bleu4": {
