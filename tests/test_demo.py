@@ -270,6 +270,8 @@ def test_held_out_episodes_are_replayed_with_and_without_session_history(first_r
         line["provenance"].split(",")[0].split("@")[1] for line in in_session if line["outcome"] == "simulated"
     } <= {report["session_format"]}
     assert "### With and without session history" in markdown and "| with history |" in markdown
+    gap = sessions["with_minus_without"]["rouge_l"]  # the two passes compared call by call, with the interval
+    assert f"ROUGE-L {gap['difference']:+.1f} [{gap['ci95'][0]:+.1f}, {gap['ci95'][1]:+.1f}]" in markdown
     assert report["parsing"]["with_history"]["simulated"] + report["parsing"]["with_history"]["engine_errors"] <= len(
         heldout
     )

@@ -203,6 +203,8 @@ def history_summary(sessions: dict, fmt: str) -> str:
             + "  ".join(f"{_num(overall.get(k)):>5}" for k in HISTORY_KEYS)
             + f"  {_num(score):>5}"
         )
+    if gap := sessions.get("with_minus_without"):
+        lines.append(f"  with history minus without (95% bootstrap interval): {difference_text(gap)}")
     return "\n".join(lines)
 
 
@@ -234,6 +236,8 @@ def history_markdown(sessions: dict, fmt: str, shipped: bool = False) -> list[st
             + " | ".join(_cell(overall, k) for k in HISTORY_KEYS)
             + f" | {_num(c['score'])} | {c['values_repeated']} of {c['values_carried']} |"
         )
+    if gap := sessions.get("with_minus_without"):
+        rows += ["", f"With history minus without on the same calls (95% bootstrap interval): {difference_text(gap)}."]
     rows += [
         "",
         "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, the "
