@@ -62,6 +62,23 @@ def _write(path, pairs):
     return path
 
 
+def _one_api(responses: list[dict], source: str = "api-bank", category: str = "APIBank") -> list[dict]:
+    """Pairs of one API, a call per real answer, in step order."""
+    return [
+        {
+            "source": source,
+            "episode": "e",
+            "step": i,
+            "category": category,
+            "tool_name": "t",
+            "api_name": "a",
+            "tool_input": {"i": i},
+            "response": response,
+        }
+        for i, response in enumerate(responses)
+    ]
+
+
 def test_template_skeletons_check_real_responses(registry, sample_pairs):
     doc = registry.resolve("APIBank", "apibank_lv3_location", "NearbyRestaurants")
     schema = response_schema(doc)
@@ -108,19 +125,7 @@ def test_error_precision_and_recall_count_the_calls_they_are_over():
         {"error": "", "response": "ok"},
         {"error": "", "response": "ok"},
     ]
-    pairs = [
-        {
-            "source": "api-bank",
-            "episode": "e",
-            "step": i,
-            "category": "APIBank",
-            "tool_name": "t",
-            "api_name": "a",
-            "tool_input": {"i": i},
-            "response": response,
-        }
-        for i, response in enumerate(real)
-    ]
+    pairs = _one_api(real)
     # The simulator catches the first failure, misses the second, and fails one call that worked.
     simulated = [
         {"error": "bad token", "response": ""},
@@ -150,19 +155,7 @@ def test_bleu4_gives_its_length_and_brevity_penalty_apart():
     length c under the reference length r, else 1. Answers that are the real ones' first words have every
     precision 1, so BLEU-4 is BP alone: 16 of 20 words, BP = exp(1 - 20/16) = 77.88%."""
     words = [f"word{i}" for i in range(20)]
-    pairs = [
-        {
-            "source": "tau-bench",
-            "episode": "e",
-            "step": step,
-            "category": "TauBench",
-            "tool_name": "t",
-            "api_name": "a",
-            "tool_input": {"i": step},
-            "response": {"error": "", "response": " ".join(words[step * 10 : step * 10 + 10])},
-        }
-        for step in range(2)
-    ]
+    pairs = _one_api([{"error": "", "response": " ".join(words[step * 10 : step * 10 + 10])} for step in range(2)])
     simulated = [{"error": "", "response": " ".join(words[step * 10 : step * 10 + 8])} for step in range(2)]
     short = slice_metrics(compare(pairs, simulated), "simulated")
     assert short["bleu4_length"] == 80.0
@@ -181,19 +174,7 @@ def test_the_simulator_against_the_example_comes_with_a_bootstrap_interval():
     it, is wider than a point where the sides differ call by call, and is one point (0) where the two sides are the
     same answers."""
     real = [{"error": "", "response": f"order {i} shipped to city {i} on day {i}"} for i in range(12)]
-    pairs = [
-        {
-            "source": "tau-bench",
-            "episode": "e",
-            "step": i,
-            "category": "TauBench",
-            "tool_name": "t",
-            "api_name": "a",
-            "tool_input": {"i": i},
-            "response": response,
-        }
-        for i, response in enumerate(real)
-    ]
+    pairs = _one_api(real, "tau-bench", "TauBench")
     simulated = [real[i] if i % 2 else {"error": "", "response": "nothing"} for i in range(12)]
     example = {1: real[1]}
     rows = compare(pairs, simulated, baseline=lambda pair: example.get(pair["step"], {"error": "", "response": "no"}))
