@@ -542,6 +542,34 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     return reports
 
 
+def score_lines(scores: dict) -> list[str]:
+    """The score stage's figures, one line per (prompt format, source): what docs/training.md's tables hold, so that
+    a run is read without opening the JSON. Differences are simulator minus nearest example, intervals 95%."""
+    from mirrorapi.evaluation.fidelity.metrics import difference_text
+
+    def cells(part: dict) -> str:
+        sim, example = part["simulated"], part.get("baseline") or {}
+        found = f"n {part['n']}: ROUGE-L {sim['rouge_l']} / {example.get('rouge_l')}, BLEU-4 {sim['bleu4']} / "
+        found += f"{example.get('bleu4')}, errors answered {sim['error_precision_n']} (precision "
+        found += f"{sim['error_precision']} {sim.get('error_precision_ci95')}), real {sim['error_recall_n']} "
+        found += f"(recall {sim['error_recall']} {sim.get('error_recall_ci95')})"
+        gap = part.get("simulator_against_example")
+        return found + (f"; simulator minus example {difference_text(gap)}" if gap else "")
+
+    lines = []
+    sections = [(name, part) for name, part in scores.items() if name not in ("history", "test_ood_shown")]
+    sections += [(f"test_ood_shown {name}", part) for name, part in scores.get("test_ood_shown", {}).items()]
+    for name, section in sections:
+        report = section.get("simulated", {})
+        if not report.get("calls"):
+            continue
+        lines.append(f"{name}, all sources, {cells(report['overall'])}")
+        lines += [f"{name}, {source}, {cells(part)}" for source, part in report["per_source"].items()]
+    for source, gap in scores.get("history", {}).get("with_minus_without", {}).items():
+        lines.append(f"history, {source}: with minus without {difference_text(gap)}")
+    return lines
+
+
 # ----------------------------------------------------------------------------------------------- the run
 def write_adapters(out: Path, work: Path, kinds: list[str]) -> None:
     """Each adapter as one tar file, its weights in float16: PEFT keeps LoRA weights in float32 under a bf16 base
@@ -917,6 +945,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(scores, indent=2) + "\n", encoding="utf-8"
         )
         log(f"scores: {generations.parent / 'fidelity-offline.json'}")
+        for line in score_lines(scores):
+            log(line)
     return 0
 
 

@@ -106,7 +106,8 @@ def test_generations_cover_every_held_out_stratum_and_are_scored(shipped_run):
     assert scored == len(rows)
 
 
-def run_stage(*argv: str) -> None:
+def run_stage(*argv: str) -> str:
+    """The script's stage run as a user runs it; its output."""
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--tiny", *argv],
         capture_output=True,
@@ -115,6 +116,7 @@ def run_stage(*argv: str) -> None:
         cwd=REPO,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
 
 
 def generations(out: Path) -> list[dict]:
@@ -181,7 +183,9 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
         ]  # fmt: skip
         assert len(same_call) == 1 and twin["prompt_format"] == "mirrorapi-v2"
 
-    run_stage("--stage", "score", "--work", str(shipped_run), "--generations", str(tmp_path / "generations.jsonl.xz"))
+    output = run_stage(
+        "--stage", "score", "--work", str(shipped_run), "--generations", str(tmp_path / "generations.jsonl.xz")
+    )
     scores = json.loads((tmp_path / "fidelity-offline.json").read_text())
     assert set(scores) == {"mirrorapi-v2", "mirrorapi-session-v2", "history"}
     history = scores["history"]
@@ -193,6 +197,11 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
         with_["simulated"]["rouge_l"] - without["simulated"]["rouge_l"], abs=0.02
     )
     assert set(gap) == {"overall", *history["with_history"]["simulated"]["per_source"]}
+    # The same figures in the stage's output, one line per prompt format and source, and per source for history.
+    rouge = gap["overall"]["rouge_l"]
+    assert f"history, overall: with minus without ROUGE-L {rouge['difference']:+.1f} [" in output
+    alone = scores["mirrorapi-v2"]["simulated"]["overall"]
+    assert f"mirrorapi-v2, all sources, n {alone['n']}: ROUGE-L {alone['simulated']['rouge_l']} / " in output
     assert sum(
         part["calls"] for fmt in ("mirrorapi-v2", "mirrorapi-session-v2") for part in scores[fmt].values()
     ) == len(asked)
