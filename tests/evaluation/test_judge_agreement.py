@@ -38,6 +38,7 @@ def test_a_judge_saying_solved_to_all_stands_beside_every_slice():
     # 3 Solved and 1 Unsolved labels: saying Solved to all agrees 3 times in 4, and no better than chance.
     rows = [{"label": label, "prediction": "Unsolved"} for label in ("Solved", "Solved", "Solved", "Unsolved")]
     assert agreement_stats(rows)["solved_to_all"] == {"accuracy": 0.75, "kappa": 0.0}
+    assert agreement_stats(rows)["over_solved_to_all"]["difference"] == 0.25 - 0.75  # this judge says Unsolved
     # Every label Solved: chance agreement is 1, so its kappa is undefined (n/a), not 0.
     assert agreement_stats(rows[:3])["solved_to_all"] == {"accuracy": 1.0, "kappa": None}
 
@@ -48,6 +49,11 @@ def test_accuracy_and_kappa_come_with_bootstrap_intervals():
     table += [("Unsolved", "Solved")] * 10 + [("Unsolved", "Unsolved")] * 15
     stats = agreement_stats([{"label": label, "prediction": prediction} for label, prediction in table])
     assert (stats["accuracy"], stats["kappa"]) == (0.7, 0.4)
+    # Against a judge saying Solved to all (25 of 50 right): 0.2 more, the 15 Unsolved answers it calls so less the 5
+    # Solved ones it calls Unsolved, and more than the draw of answers would give.
+    lead = stats["over_solved_to_all"]
+    assert lead["difference"] == pytest.approx(stats["accuracy"] - stats["solved_to_all"]["accuracy"]) == 0.2
+    assert 0 < lead["ci95"][0] < 0.2 < lead["ci95"][1]
     for figure in ("accuracy", "kappa"):
         low, high = stats[f"{figure}_ci95"]
         assert low < stats[figure] < high and high - low > 0.15

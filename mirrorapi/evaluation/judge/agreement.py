@@ -77,7 +77,9 @@ def agreement_stats(rows: list[dict]) -> dict:
     """accuracy and kappa with their 95% bootstrap intervals (`accuracy_ci95`, `kappa_ci95`: the answers resampled,
     `mirrorapi.evaluation.bootstrap`), confusion matrix (label -> prediction counts) of prediction rows, and
     `solved_to_all`: the accuracy and kappa of a judge that says Solved to every answer, on the same rows (the trivial
-    judge to beat: its accuracy is the share of Solved labels, its kappa 0, or None where every label is Solved)."""
+    judge to beat: its accuracy is the share of Solved labels, its kappa 0, or None where every label is Solved), and
+    the judge's accuracy minus that judge's on the same answers with its interval (`over_solved_to_all`: whether the
+    judge is worth its verdicts beyond the draw of answers)."""
     scored = [(r["label"], r["prediction"] if r["prediction"] in LABELS else "Unsolved") for r in rows]
     confusion = {label: {p: 0 for p in (*LABELS, UNPARSEABLE)} for label in LABELS}
     for r in rows:
@@ -92,7 +94,19 @@ def agreement_stats(rows: list[dict]) -> dict:
         "predicted_solved": sum(r["prediction"] == "Solved" for r in rows),
         "confusion": confusion,
         "solved_to_all": _accuracy_and_kappa([(label, "Solved") for label, _ in scored]),
+        "over_solved_to_all": {
+            "difference": round(_lead_over_solved_to_all(scored), 4) if scored else None,
+            "ci95": interval_of(scored, _lead_over_solved_to_all, digits=4),
+        },
     }
+
+
+def _lead_over_solved_to_all(scored: list[tuple[str, str]]) -> float:
+    """Accuracy minus a Solved-to-all judge's: the answers the judge gets right that it does not, less the converse
+    (Unsolved labels it calls Unsolved, less Solved labels it calls Unsolved), over all answers."""
+    return sum(
+        (label == "Unsolved") - (label == "Solved") for label, verdict in scored if verdict == "Unsolved"
+    ) / len(scored)
 
 
 def _accuracy_and_kappa(scored: list[tuple[str, str]]) -> dict:
@@ -194,8 +208,8 @@ def render_markdown(report: dict) -> str:
         "answers, a figure can move that far by the draw of answers alone.",
         "",
         "| Slice | n | accuracy | Cohen's kappa | Solved-to-all accuracy | Solved-to-all kappa "
-        "| labelled Solved | predicted Solved | unparseable |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| accuracy minus Solved-to-all's | labelled Solved | predicted Solved | unparseable |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     slices = [("overall", report["overall"]), *report["per_source"].items(), *report["per_label_kind"].items()]
     for name, s in slices:
@@ -203,7 +217,9 @@ def render_markdown(report: dict) -> str:
         lines.append(
             f"| {name} | {s['n']} | {_with_interval(s['accuracy'], s['accuracy_ci95'])} "
             f"| {_with_interval(s['kappa'], s['kappa_ci95'])} "
-            f"| {_fmt(constant['accuracy'])} | {_fmt(constant['kappa'])} | {s['labelled_solved']} "
+            f"| {_fmt(constant['accuracy'])} | {_fmt(constant['kappa'])} "
+            f"| {_with_interval(s['over_solved_to_all']['difference'], s['over_solved_to_all']['ci95'])} "
+            f"| {s['labelled_solved']} "
             f"| {s['predicted_solved']} | {s['unparseable']} |"
         )
     lines += ["", "## Confusion matrices (rows: label, columns: judge)", ""]
