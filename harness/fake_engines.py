@@ -7,6 +7,8 @@ Each stands in for what a real engine cannot be made to show on demand:
 - `HungEngine`: accepts connections and never answers (a stalled replica), until `heal(url)` makes
   it relay new connections to a real engine (the replica coming back).
 - `StatusEngine`: answers every request with one HTTP status (an engine that rejects or fails).
+- `LoopingEngine`: a greedy answer that loops until `max_tokens` cuts it, and a sampled one that ends (a small
+  model's loop, which a real model shows on some calls only, never on a call chosen beforehand).
 - `unreachable_engine_url()`: a port nobody listens on (an engine that is down).
 
 In a thread: `with StubEngine(delay=0.05) as engine: engine.url`. As a process (benchmarks that keep
@@ -230,6 +232,68 @@ class StatusEngine:
         self.thread.start()
 
     def __enter__(self) -> StatusEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class LoopingEngine:
+    """Chat completions as a greedy small model that loops answers them: at temperature 0 an observation whose list
+    repeats one item until `max_tokens` cuts it (finish_reason "length"); sampled (temperature > 0), `sampled`,
+    whole (finish_reason "stop"), as `when_sampled` says: "answer" so, "loop" again, or "fail" (HTTP 500). `requests`
+    keeps every request body."""
+
+    LOOP_ITEM = '"NZX999", '
+
+    def __init__(self, sampled: dict, when_sampled: str = "answer"):
+        requests: list[dict] = []
+        self.requests = requests
+        loop_item = self.LOOP_ITEM
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                requests.append(body)
+                if body.get("temperature") and when_sampled == "fail":
+                    self.send_response(500)
+                    self.send_header("content-length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"{}")
+                    return
+                if body.get("temperature") and when_sampled == "answer":
+                    content, finish, tokens = json.dumps(sampled), "stop", 12
+                else:  # one token per item: the loop fills max_tokens exactly
+                    tokens = body["max_tokens"]
+                    content, finish = '{"error": "", "response": {"reservations": [' + loop_item * tokens, "length"
+                reply = json.dumps(
+                    {
+                        "id": "c",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [
+                            {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content}}
+                        ],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def __enter__(self) -> LoopingEngine:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -30,7 +30,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -57,6 +57,16 @@ class EngineError(Exception):
         super().__init__(message)
 
 
+class Completion(NamedTuple):
+    """One chat completion: the assistant message as the engine sent it (e.g. with `tool_calls`), the `usage`
+    object or {}, and the choice's `finish_reason` ("stop"; "length" when `max_tokens` cut it; None when the engine
+    gave none)."""
+
+    message: dict
+    usage: dict
+    finish_reason: str | None
+
+
 @dataclass
 class EngineHealth:
     base_url: str
@@ -77,6 +87,7 @@ class _Replica:
 async def _streamed_completion(response: aiohttp.ClientResponse) -> dict:
     """The chat completion that a stream of `data: {chunk}` events adds up to (content deltas joined)."""
     parts: list[str] = []
+    finish_reason = None
     async for line in response.content:
         if not line.startswith(b"data:"):
             continue
@@ -93,7 +104,10 @@ async def _streamed_completion(response: aiohttp.ClientResponse) -> dict:
         delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
         if isinstance(delta, dict) and isinstance(delta.get("content"), str):
             parts.append(delta["content"])
-    return {"choices": [{"message": {"role": "assistant", "content": "".join(parts)}}]}
+        if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+            finish_reason = choices[0]["finish_reason"]
+    message = {"role": "assistant", "content": "".join(parts)}
+    return {"choices": [{"message": message, "finish_reason": finish_reason}]}
 
 
 class EngineClient:
@@ -219,7 +233,7 @@ class EngineClient:
     ) -> str:
         """The assistant text for `messages` ("" when the message has none); raises EngineError once
         retries or the deadline run out."""
-        message, _ = await self.complete(
+        message, _, _ = await self.complete(
             messages,
             temperature=temperature,
             max_tokens=max_tokens,
@@ -239,8 +253,8 @@ class EngineClient:
         response_format: dict | None = None,
         seed: int | None = None,
         extra_body: dict | None = None,
-    ) -> tuple[dict, dict]:
-        """(the assistant message as the engine sent it, e.g. with `tool_calls`; the `usage` object or {})."""
+    ) -> Completion:
+        """The completion: the assistant message as the engine sent it, the `usage` object, the finish reason."""
         deadline = time.monotonic() + self.timeout
         body = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
         if response_format is not None:
@@ -396,9 +410,8 @@ def _json_body(data: bytes) -> Any:
         raise EngineError("not_json", f"engine answered with a body that is not JSON: {data[:200]!r}") from None
 
 
-def _message(completion: object) -> tuple[dict, dict]:
-    """(the assistant message, the `usage` object or {}) of a chat completion; EngineError `no_choice`
-    for JSON of another shape."""
+def _message(completion: object) -> Completion:
+    """The `Completion` of a chat completion's JSON; EngineError `no_choice` for JSON of another shape."""
     choices = completion.get("choices") if isinstance(completion, dict) else None
     message = (
         choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
@@ -409,7 +422,10 @@ def _message(completion: object) -> tuple[dict, dict]:
             f"engine answered JSON that is not a chat completion: {json.dumps(completion, ensure_ascii=False)[:200]}",
         )
     usage = completion.get("usage")  # type: ignore[attr-defined]  # a dict: `message` was found in it
-    return message, usage if isinstance(usage, dict) else {}
+    finish_reason = choices[0].get("finish_reason")  # type: ignore[index]  # a list: `message` was found in it
+    return Completion(
+        message, usage if isinstance(usage, dict) else {}, finish_reason if isinstance(finish_reason, str) else None
+    )
 
 
 def _model_ids(data: bytes) -> list[str] | None:

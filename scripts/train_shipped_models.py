@@ -393,6 +393,9 @@ def served_answers(
     0, and with `structured_output` (the server's default) its `response_format` for the call's API. What a user's
     server gets; `generate` sends the prompts bare to transformers, and a grammar changes some answers.
 
+    An answer cut at the limit is asked once more as the server asks it (`ask_engine`, the server's default
+    `second_try_temperature`); the row's `second_try` says so ("kept", "cut again", "failed").
+
     A call that a server's default argument policy refuses (`missing_required: reject`: a call without a required
     argument) is answered as that server answers it, with the refusal and no engine call (`"answered_by":
     "server"`): a served simulator is never asked it."""
@@ -404,11 +407,12 @@ def served_answers(
     from mirrorapi.serving.config import ServerSettings
     from mirrorapi.serving.handler import check_arguments
     from mirrorapi.serving.protocol import ArgumentError
-    from mirrorapi.serving.simulator import response_format
+    from mirrorapi.serving.simulator import ask_engine, response_format
     from mirrorapi.tools import ToolRegistry
 
     registry = ToolRegistry.load(tools)
     policy = [ServerSettings.model_fields[key].default for key in ("missing_required", "unknown_arguments")]
+    second_try_temperature = ServerSettings.model_fields["second_try_temperature"].default
 
     async def ask_each() -> list[dict]:
         client = EngineClient(engine, model, timeout=600, retries=0)
@@ -424,11 +428,20 @@ def served_answers(
                     continue
                 # the server's prompt_format is the stateless one; its calls in sessions get the same schema
                 schema = response_format(doc, stateless_format(record["prompt_format"])) if structured_output else None
-                message, usage = await client.complete(
-                    record["prompt"], temperature=0.0, max_tokens=max_tokens, response_format=schema
+                completion, second_try = await ask_engine(
+                    client,
+                    record["prompt"],
+                    schema,
+                    temperature=0.0,
+                    max_tokens=max_tokens,
+                    seed=None,
+                    second_try_temperature=second_try_temperature,
                 )
-                text = message.get("content") if isinstance(message.get("content"), str) else ""
-                out.append(answer_row(record, text, int(usage.get("completion_tokens") or 0), max_tokens))
+                content = completion.message.get("content")
+                text = content if isinstance(content, str) else ""
+                out.append(answer_row(record, text, int(completion.usage.get("completion_tokens") or 0), max_tokens))
+                if second_try:
+                    out[-1]["second_try"] = second_try
                 if n % 20 == 0:
                     log(f"served answers: {n} of {len(records)} ({time.perf_counter() - started:.0f} s)")
         finally:
@@ -747,6 +760,9 @@ def answer_stage(args, work: Path) -> dict:
         "history_twins": sum(bool(row.get("history_twin")) for row in generations),
         "refused_by_the_server": sum(row.get("answered_by") == "server" for row in generations),
         "cut": sum(row["cut"] for row in generations),
+        "second_tries": {
+            kept: sum(row.get("second_try") == kept for row in generations) for kept in ("kept", "cut again", "failed")
+        },
         "max_new_tokens": args.max_new_tokens,
         "device": device,
         "structured_output": bool(args.engine and args.structured_output),

@@ -44,6 +44,27 @@ def test_engine_client_chat_and_health(tiny_engine):
 
 
 @pytest.mark.slow
+def test_the_finish_reason_says_whether_max_tokens_cut_the_answer(tiny_engine):
+    # What the simulator's second try reads (mirrorapi.serving.simulator.ask_engine), plain and streamed: OpenAI's
+    # "length" when the limit cut the answer. The tiny model writes more than 2 tokens to "a long story".
+    async def run():
+        answers = []
+        for stream in (False, True):
+            engine = EngineClient([tiny_engine.base_url], tiny_engine.model, timeout=60, stream=stream)
+            try:
+                answers.append(
+                    await engine.complete([{"role": "user", "content": "a long story"}], temperature=0, max_tokens=2)
+                )
+            finally:
+                await engine.aclose()
+        return answers
+
+    plain, streamed = asyncio.run(run())
+    assert plain.finish_reason == streamed.finish_reason == "length"
+    assert plain.usage.get("completion_tokens") == 2
+
+
+@pytest.mark.slow
 def test_a_streamed_call_given_up_on_stops_costing_the_engine(tiny_engine):
     """transformers serve generates one request at a time and finishes non-streamed requests whose client
     left; a streamed one (stream=True, what the judges use) is dropped at its next token. A 2,000-token

@@ -26,7 +26,7 @@ Simulator formats
   `-cache` sends the normalised API name, like its `main_mirrorapi_cache.py`. Tool names are sent
   as upstream builds them (cut at the first `_for_`), and the server's defaults for these formats are
   upstream's request settings (`STABLETOOLBENCH_REQUEST_SETTINGS`: seed 42, 2,048 tokens, no
-  structured output).
+  structured output, no second try).
 - `stabletoolbench-cot`: MirrorAPI's chain-of-thought mode. The `stabletoolbench` user message; the system
   prompt (a user's file, like the other stabletoolbench formats) must start with the tag line
   `[CHAIN_OF_THOUGHT]`, as StableToolBench's `COT_SYSTEM` does. The model answers
@@ -249,9 +249,15 @@ def render_doc_v1(doc: ApiDoc) -> str:
 
 
 # What StableToolBench's MirrorAPI servers send besides the messages (`main_mirrorapi*.py`): seed 42,
-# up to 2,048 new tokens, no `response_format`. The server takes these as its defaults for the
-# `stabletoolbench` formats (each can still be set), so released weights are asked as upstream asks.
-STABLETOOLBENCH_REQUEST_SETTINGS = {"seed": 42, "max_tokens": 2048, "structured_output": False}
+# up to 2,048 new tokens, no `response_format`, and one request per call (no second try of a cut answer). The
+# server takes these as its defaults for the `stabletoolbench` formats (each can still be set), so released
+# weights are asked as upstream asks.
+STABLETOOLBENCH_REQUEST_SETTINGS = {
+    "seed": 42,
+    "max_tokens": 2048,
+    "structured_output": False,
+    "second_try_temperature": 0.0,
+}
 
 
 def history_line(tool: str, api: str, arguments: dict, error: str, response: Any, fmt: str = SESSION_FORMAT) -> str:

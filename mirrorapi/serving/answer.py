@@ -19,5 +19,6 @@ class Answer:
     detail: str = ""  # why it failed (for the log line)
     rationale: str = ""  # CoT mode: the simulator's reasoning (for the log line; the agent gets error/response)
     parsed: str = ""  # simulated: how the model's text was read (json = as written; fenced, ..., repaired)
+    second_try: str = ""  # simulated: an answer cut at max_tokens asked again ("kept", "cut again", "failed")
     extra_fields: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage

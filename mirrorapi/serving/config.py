@@ -228,6 +228,15 @@ class ServerSettings(BaseModel):
             "max_tokens defaults to 2048 and structured_output to false, also as upstream)."
         ),
     )
+    second_try_temperature: float = Field(
+        0.7,
+        ge=0,
+        description=(
+            "An answer cut at max_tokens (a greedy small model's loop) is asked once more, sampled at this "
+            "temperature with `seed` (or 0), and the second answer kept when it ends before the limit; 0: never "
+            "(the stabletoolbench formats: 0, as upstream)."
+        ),
+    )
     session_history: int = Field(
         DEFAULT_HISTORY_CALLS,
         ge=0,

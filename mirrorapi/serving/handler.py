@@ -172,7 +172,7 @@ class VirtualApi:
 
         reply = await self.responder.respond(doc, arguments, key, history, answer.stages)
         answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
-        answer.rationale, answer.parsed = reply.rationale, reply.parsed
+        answer.rationale, answer.parsed, answer.second_try = reply.rationale, reply.parsed, reply.second_try
         answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
         if session is not None and session_id:
             observation = json.loads(reply.observation)

@@ -8,7 +8,9 @@ in one write() each (O_APPEND), so the log is one file of whole lines.
 
 A request log line: `time`, `outcome` (the metrics label), `status`, `api` (category/tool/api),
 `provenance` (where the answer came from), `ms`; `engine_ms` and `coalesced` when the engine was
-asked; `detail` of a failure; `extra_fields` of the body that StableToolBench does not define;
+asked; `parsed` (how the model's text was read) and `second_try` (an answer cut at `max_tokens` asked
+again: kept, cut again, failed) of a simulation; `detail` of a failure; `extra_fields` of the body that StableToolBench
+does not define;
 `session` when the call belongs to a simulation session; `rationale` of a CoT-mode simulation
 (prompt format stabletoolbench-cot: the model's `mechanism_of_the_api`, which the agent does not see).
 """
@@ -84,6 +86,12 @@ class ServerMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.second_tries = Counter(
+            "mirrorapi_second_tries",
+            "Simulated answers cut at max_tokens and asked again, by what came of it (kept, cut again, failed).",
+            ["result"],
+            registry=self.registry,
+        )
         self.coalesced_requests = Counter(
             "mirrorapi_coalesced_requests",
             "Cache misses answered by an identical engine call already in flight.",
@@ -108,6 +116,9 @@ class ServerMetrics:
 
     def engine_call(self, result: str) -> None:
         self.engine_calls.labels(result).inc()
+
+    def second_try(self, result: str) -> None:
+        self.second_tries.labels(result).inc()
 
     def coalesced(self) -> None:
         self.coalesced_requests.inc()
@@ -156,6 +167,8 @@ class RequestLogWriter:
             more["coalesced"] = answer.coalesced
         if answer.parsed:  # how the model's text was read: json (as written), fenced, literal, regex, repaired
             more["parsed"] = answer.parsed
+        if answer.second_try:
+            more["second_try"] = answer.second_try
         if answer.detail:
             more["detail"] = answer.detail[:300]
         if answer.extra_fields:

@@ -51,6 +51,7 @@ class Reply:
     coalesced: bool = False  # answered by an identical simulation already in flight (here or in another process)
     parsed: str = ""  # simulated here: how the model's text was read (json = as written; fenced, ..., repaired)
     rationale: str = ""  # CoT mode: the simulator's reasoning (for the request log; the agent gets the observation)
+    second_try: str = ""  # simulated here: what asking a cut answer again came to ("kept", "cut again", "failed")
 
 
 class Responder:
@@ -122,6 +123,7 @@ class Responder:
             coalesced=reply.coalesced or joined,
             parsed=reply.parsed,
             rationale=reply.rationale,
+            second_try=reply.second_try,
         )
 
     def _landed(self, flight: tuple, task: asyncio.Task) -> None:
@@ -142,7 +144,7 @@ class Responder:
             candidates = None
             if self.settings.few_shot:
                 candidates = await self.cache.recorded_examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
-            observation, how, rationale = await self.simulator.simulate(doc, arguments, history, candidates)
+            simulated = await self.simulator.simulate(doc, arguments, history, candidates)
         except EngineError as exc:
             self.metrics.engine_call(exc.kind)
             await self._release(call, identity)
@@ -151,6 +153,9 @@ class Responder:
             await self._release(call, identity)
             raise
         self.metrics.engine_call("ok")
+        if simulated.second_try:
+            self.metrics.second_try(simulated.second_try)
+        observation, rationale = simulated.observation, simulated.rationale
         text = observation_json(observation["error"], observation["response"])
         if self.settings.is_save:
             entry = Entry(
@@ -176,7 +181,14 @@ class Responder:
                 )
         else:
             await self._release(call, identity)
-        return Reply(text.encode(), provenance, hit=False, parsed=how, rationale=rationale)
+        return Reply(
+            text.encode(),
+            provenance,
+            hit=False,
+            parsed=simulated.parsed,
+            rationale=rationale,
+            second_try=simulated.second_try,
+        )
 
     async def _lease_or_answer(self, call: Call, identity: str, holder: str) -> tuple[bytes, str] | None:
         """None once `holder` (this process) holds the lease on the call (it simulates); else the answer another

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from typing import NamedTuple
 
-from mirrorapi.engine_client import EngineClient, EngineError
+from mirrorapi.engine_client import Completion, EngineClient, EngineError
 from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
@@ -53,9 +54,9 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
     """The name this server's simulated answers are stored and looked up under: the model, the prompt
     format (named with its version), and the settings that change what the model answers for a call:
     temperature, structured output, few-shot examples (k, their budget, the tie rule), the system prompt text
-    (a hash) and, when sampling, the seed. `max_tokens`, timeouts and replicas are left out: they do
-    not change a complete answer. The `simulator_identity` setting names one instead.
-    E.g. `mirrorapi@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0`.
+    (a hash), when sampling, the seed, and the second try of a cut answer. `max_tokens`, timeouts and replicas
+    are left out: they do not change a complete answer. The `simulator_identity` setting names one instead.
+    E.g. `mirrorapi@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0,second_try=0.7`.
 
     Calls inside a session are prompted in the session format (`session_format`: `mirrorapi-session-v2` on a
     `mirrorapi-v2` server, else `-v1`; no system prompt file: that is the stateless format's) with a history of
@@ -79,12 +80,21 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
             parts.append(f"few_shot_ties={settings.few_shot_ties}")
     if settings.temperature and settings.seed is not None:
         parts.append(f"seed={settings.seed}")
+    if settings.second_try_temperature:  # changes the answers cut at max_tokens
+        parts.append(f"second_try={settings.second_try_temperature:g}")
     system_prompt = None if in_session else settings.system_prompt()
     if system_prompt is not None:
         parts.append("system_prompt=" + hashlib.sha256(system_prompt.encode()).hexdigest()[:12])
     if in_session:
         parts += [f"history={settings.session_history}", f"history_chars={settings.session_char_budget}"]
     return ",".join(parts)
+
+
+class Simulated(NamedTuple):
+    observation: dict  # {"error", "response"}
+    parsed: str  # how the model's text was read: json (as written), fenced, literal, regex, repaired
+    rationale: str  # a CoT-mode answer's rationale, else ""
+    second_try: str  # "" (none asked), "kept", "cut again" or "failed": `ask_engine`
 
 
 class Simulator:
@@ -130,19 +140,21 @@ class Simulator:
         arguments: dict,
         history: History | None = None,
         candidates: list[tuple[str, str]] | None = None,
-    ) -> tuple[dict, str, str]:
-        """(the observation {"error", "response"}, how the model's text was read: json, fenced, literal,
-        regex, repaired, the rationale of a CoT-mode answer or "") for `arguments` as received, after
-        `history` inside a session; raises EngineError (kinds of the engine client, plus `empty` and
-        `garbage`)."""
+    ) -> Simulated:
+        """The simulated answer to `arguments` as received, after `history` inside a session; raises EngineError
+        (kinds of the engine client, plus `empty` and `garbage`)."""
         settings = self.settings
-        text = await self.engine.chat(
+        completion, second_try = await ask_engine(
+            self.engine,
             self.messages(doc, arguments, history, candidates),
+            response_format(doc, settings.prompt_format) if settings.structured_output else None,
             temperature=settings.temperature,
             max_tokens=settings.max_tokens,
             seed=settings.seed,
-            response_format=response_format(doc, settings.prompt_format) if settings.structured_output else None,
+            second_try_temperature=settings.second_try_temperature,
         )
+        content = completion.message.get("content")
+        text = content if isinstance(content, str) else ""
         if not text:
             raise EngineError("empty", "the engine's message holds no text")
         observation, how = parse_simulator_output(text)
@@ -152,7 +164,52 @@ class Simulator:
         # CoT mode: the model's `mechanism_of_the_api`, for the request log (the agent gets error/response)
         rationale = cot_rationale(text) if history is None and settings.prompt_format == COT_FORMAT else ""
         observation["response"] = truncate_response(observation["response"])
-        return observation, how, rationale
+        return Simulated(observation, how, rationale, second_try)
+
+
+# The seed of a second try when the server sets none: a fixed one, so that a call's answer is the same every time.
+SECOND_TRY_SEED = 0
+
+
+async def ask_engine(
+    engine: EngineClient,
+    messages: list[dict],
+    response_format: dict | None,
+    *,
+    temperature: float,
+    max_tokens: int,
+    seed: int | None,
+    second_try_temperature: float,
+) -> tuple[Completion, str]:
+    """The engine's answer to a simulator prompt, and what its second try came to: "" (none was asked), "kept",
+    "cut again" or "failed" (the engine failed it: the first answer is served). The one way every caller asks
+    (the server; scripts/train_shipped_models.py's served answers).
+
+    An answer cut at `max_tokens` is asked once more, sampled at `second_try_temperature` (0: never) with the
+    server's seed or SECOND_TRY_SEED, and the second answer is kept when it ends before the limit. Why: a small
+    simulator that answers greedily and runs to the limit has looped (the same list item or phrase again until the
+    limit: the shipped simulator's 16 cut answers of 414 held-out calls), and a loop is neither the API's answer
+    nor, cut, JSON; sampling leaves the loop. Answers that end before the limit are never asked again, so a greedy
+    server's other answers are its greedy ones."""
+    first = await engine.complete(
+        messages, temperature=temperature, max_tokens=max_tokens, seed=seed, response_format=response_format
+    )
+    if first.finish_reason != "length" or not second_try_temperature:
+        return first, ""
+    try:
+        second = await engine.complete(
+            messages,
+            temperature=second_try_temperature,
+            max_tokens=max_tokens,
+            seed=SECOND_TRY_SEED if seed is None else seed,
+            response_format=response_format,
+        )
+    except EngineError as exc:  # the first answer is still an answer
+        logger.warning("the second try of a cut answer failed: %s", exc)
+        return first, "failed"
+    if second.finish_reason == "length":
+        return first, "cut again"
+    return second, "kept"
 
 
 def unusable_output(text: str) -> str:

@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+from mirrorapi.engine_client import Completion
 from mirrorapi.prompts.judge_formats import judge_messages
 from mirrorapi.prompts.simulator_formats import history_line, simulator_messages
 from mirrorapi.serving.config import load_settings
@@ -105,9 +106,9 @@ class RecordingEngine:
     def __init__(self):
         self.requests: list[dict] = []
 
-    async def chat(self, messages, **settings):
+    async def complete(self, messages, **settings):
         self.requests.append({"messages": messages, **settings})
-        return '{"error": "", "response": "ok"}'
+        return Completion({"role": "assistant", "content": '{"error": "", "response": "ok"}'}, {}, "stop")
 
 
 def test_stabletoolbench_request_settings_are_upstreams(registry, samples, tmp_path):

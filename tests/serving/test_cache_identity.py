@@ -39,9 +39,10 @@ def identity(samples, **settings) -> str:
 
 def test_identity_names_what_changes_answers(samples, tmp_path):
     base = identity(samples, model="sim-a")
-    assert base == "sim-a@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0"
+    assert base == "sim-a@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0,second_try=0.7"
     changed = [
         identity(samples, model="sim-b"),
+        identity(samples, model="sim-a", second_try_temperature=0),
         identity(samples, model="sim-a", temperature=0.7),
         identity(samples, model="sim-a", structured_output=False),
         identity(samples, model="sim-a", few_shot=3),

@@ -16,6 +16,7 @@ import pytest
 from fastapi import FastAPI
 
 from harness.processes import free_port, serve_in_thread
+from mirrorapi.engine_client import Completion
 from mirrorapi.prompts.simulator_formats import simulator_messages
 from mirrorapi.prompts.simulator_output import cot_rationale, parse_simulator_output
 from mirrorapi.serving.app import create_app
@@ -220,11 +221,11 @@ def test_the_simulator_keeps_the_rationale_apart(samples, tmp_path):
     )
 
     class Engine:  # stand-in: answers upstream's example
-        async def chat(self, messages, **settings):
-            return UPSTREAM_ANSWER
+        async def complete(self, messages, **settings):
+            return Completion({"role": "assistant", "content": UPSTREAM_ANSWER}, {}, "stop")
 
     doc = ToolRegistry.load([samples / "tools"]).resolve("Logistics", "transitaires", "transitaire")
-    observation, _, rationale = asyncio.run(Simulator(Engine(), cache=None, settings=settings).simulate(doc, {}))
+    observation, _, rationale, _ = asyncio.run(Simulator(Engine(), cache=None, settings=settings).simulate(doc, {}))
     assert rationale.startswith(UPSTREAM_MECHANISM)
     assert set(observation) == {"error", "response"}
 

@@ -66,7 +66,8 @@ def test_miss_is_simulated_stored_with_provenance_then_a_hit(serve, simulator_en
     assert json.loads(stored) == observation
     # The simulator identity: model, prompt format and the default decoding settings.
     assert (
-        provenance == f"simulated:{simulator_engine.model}@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0"
+        provenance == f"simulated:{simulator_engine.model}@mirrorapi-v1,temperature=0,structured_output=on,few_shot=0,"
+        "second_try=0.7"
     )
     assert cache.stats()["hits"] == 1
     # Each answer says how it was given (headers beside StableToolBench's body): simulated, then a hit, both

@@ -182,7 +182,7 @@ class QueryRun:
         if self.text_protocol:
             messages = react_conversation(messages)
         try:
-            message, usage = await self.engine.complete(
+            message, usage, _ = await self.engine.complete(
                 messages,
                 temperature=self.settings.temperature,
                 max_tokens=self.settings.max_tokens,
