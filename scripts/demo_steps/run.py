@@ -615,7 +615,14 @@ class Demo:
         if self.sizes.real and simulated:
             self.stack.close()  # one engine at a time: the machine's cores go to the one being measured
             others = self.report["fidelity_others"] = {}
-            rows = [("base_few_shot", self.base, {**self.main_settings, "max_tokens": self.sizes.base_max_tokens})]
+            # The untrained base rambles to its limit on most calls: a second try of each would double the row's
+            # time for more rambling (the second try is for a trained simulator's occasional loop).
+            base_settings = {
+                **self.main_settings,
+                "max_tokens": self.sizes.base_max_tokens,
+                "second_try_temperature": 0,
+            }
+            rows = [("base_few_shot", self.base, base_settings)]
             if self.tiny_simulator:
                 rows.append(("tiny", self.tiny_simulator, self.trained_settings))
             if "simulator" in self.shipped:
