@@ -9,6 +9,8 @@ Each stands in for what a real engine cannot be made to show on demand:
 - `StatusEngine`: answers every request with one HTTP status (an engine that rejects or fails).
 - `LoopingEngine`: a greedy answer that loops until `max_tokens` cuts it, and a sampled one that ends (a small
   model's loop, which a real model shows on some calls only, never on a call chosen beforehand).
+- `LoopingEngine`: a greedy answer that loops until `max_tokens` cuts it, and a sampled one that ends (a small
+  model's loop, which a real model shows on some calls only, never on a call chosen beforehand).
 - `unreachable_engine_url()`: a port nobody listens on (an engine that is down).
 
 In a thread: `with StubEngine(delay=0.05) as engine: engine.url`. As a process (benchmarks that keep
@@ -27,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import Self
 
 from harness import REPO
 from harness.processes import free_port
@@ -207,79 +210,17 @@ class HungEngine:
         self.close()
 
 
-class StatusEngine:
-    """Answers every POST with HTTP `status` and an empty JSON object; `paths` lists the paths posted to."""
+class _ThreadedEngine:
+    """An HTTP server on a free 127.0.0.1 port, in a thread, whose every POST `answer(path, body)` answers with
+    (status, JSON bytes). Subclasses set what `answer` reads before calling this `__init__`."""
 
-    def __init__(self, status: int):
-        paths: list[str] = []
-        self.paths = paths
+    def __init__(self):
+        answer = self.answer
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
-                self.rfile.read(int(self.headers["content-length"]))
-                paths.append(self.path)
+                status, reply = answer(self.path, self.rfile.read(int(self.headers["content-length"])))
                 self.send_response(status)
-                self.send_header("content-length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def __enter__(self) -> StatusEngine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class LoopingEngine:
-    """Chat completions as a greedy small model that loops answers them: at temperature 0 an observation whose list
-    repeats one item until `max_tokens` cuts it (finish_reason "length"); sampled (temperature > 0), `sampled`,
-    whole (finish_reason "stop"), as `when_sampled` says: "answer" so, "loop" again, or "fail" (HTTP 500). `requests`
-    keeps every request body."""
-
-    LOOP_ITEM = '"NZX999", '
-
-    def __init__(self, sampled: dict, when_sampled: str = "answer"):
-        requests: list[dict] = []
-        self.requests = requests
-        loop_item = self.LOOP_ITEM
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                requests.append(body)
-                if body.get("temperature") and when_sampled == "fail":
-                    self.send_response(500)
-                    self.send_header("content-length", "2")
-                    self.end_headers()
-                    self.wfile.write(b"{}")
-                    return
-                if body.get("temperature") and when_sampled == "answer":
-                    content, finish, tokens = json.dumps(sampled), "stop", 12
-                else:  # one token per item: the loop fills max_tokens exactly
-                    tokens = body["max_tokens"]
-                    content, finish = '{"error": "", "response": {"reservations": [' + loop_item * tokens, "length"
-                reply = json.dumps(
-                    {
-                        "id": "c",
-                        "object": "chat.completion",
-                        "created": 0,
-                        "model": body["model"],
-                        "choices": [
-                            {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content}}
-                        ],
-                        "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
-                    }
-                ).encode()
-                self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(reply)))
                 self.end_headers()
@@ -293,12 +234,56 @@ class LoopingEngine:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
-    def __enter__(self) -> LoopingEngine:
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class StatusEngine(_ThreadedEngine):
+    """Answers every POST with HTTP `status` and an empty JSON object; `paths` lists the paths posted to."""
+
+    def __init__(self, status: int):
+        self.status, self.paths = status, []
+        super().__init__()
+
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
+        self.paths.append(path)
+        return self.status, b"{}"
+
+
+class LoopingEngine(_ThreadedEngine):
+    """Chat completions as a greedy small model that loops answers them: at temperature 0 an observation whose list
+    repeats one item until `max_tokens` cuts it (finish_reason "length"); sampled (temperature > 0), `sampled`,
+    whole (finish_reason "stop"), as `when_sampled` says: "answer" so, "loop" again, or "fail" (HTTP 500). `requests`
+    keeps every request body."""
+
+    LOOP_ITEM = '"NZX999", '
+
+    def __init__(self, sampled: dict, when_sampled: str = "answer"):
+        self.sampled, self.when_sampled, self.requests = sampled, when_sampled, []
+        super().__init__()
+
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
+        request = json.loads(body)
+        self.requests.append(request)
+        sampled = bool(request.get("temperature"))
+        if sampled and self.when_sampled == "fail":
+            return 500, b"{}"
+        if sampled and self.when_sampled == "answer":
+            content, finish, tokens = json.dumps(self.sampled), "stop", 12
+        else:  # one token per item: the loop fills max_tokens exactly
+            tokens = request["max_tokens"]
+            content, finish = '{"error": "", "response": {"reservations": [' + self.LOOP_ITEM * tokens, "length"
+        choice = {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content}}
+        usage = {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
+        completion = {"id": "c", "object": "chat.completion", "created": 0, "model": request["model"]}
+        return 200, json.dumps(completion | {"choices": [choice], "usage": usage}).encode()
 
 
 def main() -> None:

@@ -2,9 +2,10 @@
 when it ends before the limit: a greedy small simulator's loop is neither the API's answer nor JSON.
 
 The engine is `LoopingEngine` (a stand-in: a real model loops on some calls only, never on one chosen beforehand),
-served over real HTTP to a real server; the finish reason the rule reads is checked on the real llama.cpp and
-`transformers serve` engines elsewhere (tests/test_engine_client.py)."""
+served over real HTTP to a real server; the finish reason the rule reads is checked on a real `transformers serve`
+in tests/test_engine_client.py."""
 
+import contextlib
 import json
 
 import pytest
@@ -22,6 +23,14 @@ def simulations(engine: LoopingEngine) -> list[dict]:
     return [body for body in engine.requests if body["max_tokens"] == 64]
 
 
+@contextlib.contextmanager
+def server_on(serve, engine: LoopingEngine, tmp_path, **settings):
+    """A real server asking `engine`, with at most 64 tokens an answer, its cache and request log in `tmp_path`."""
+    store = {"cache_path": str(tmp_path / "c.sqlite"), "log_file": str(tmp_path / "requests.jsonl")}
+    with serve(api_base=[engine.url], model="m", max_tokens=64, **store, **settings) as server:
+        yield server
+
+
 def requests_log(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -29,13 +38,7 @@ def requests_log(path) -> list[dict]:
 def test_a_cut_answer_is_asked_again_sampled_and_the_whole_second_answer_kept(serve, agent, tmp_path):
     with (
         LoopingEngine(SAMPLED) as engine,
-        serve(
-            api_base=[engine.url],
-            model="m",
-            max_tokens=64,
-            cache_path=str(tmp_path / "c.sqlite"),
-            log_file=str(tmp_path / "requests.jsonl"),
-        ) as server,
+        server_on(serve, engine, tmp_path) as server,
     ):
         body = agent(*CALL)
         first = server.virtual(body)
@@ -60,13 +63,7 @@ def test_a_cut_answer_is_asked_again_sampled_and_the_whole_second_answer_kept(se
 def test_a_second_answer_cut_again_leaves_the_first(serve, agent, tmp_path):
     with (
         LoopingEngine(SAMPLED, when_sampled="loop") as engine,
-        serve(
-            api_base=[engine.url],
-            model="m",
-            max_tokens=64,
-            cache_path=str(tmp_path / "c.sqlite"),
-            log_file=str(tmp_path / "requests.jsonl"),
-        ) as server,
+        server_on(serve, engine, tmp_path) as server,
     ):
         answer = server.virtual(agent(*CALL))
         assert answer.status_code == 200
@@ -82,13 +79,7 @@ def test_a_second_answer_cut_again_leaves_the_first(serve, agent, tmp_path):
 def test_a_second_try_the_engine_fails_leaves_the_first(serve, agent, tmp_path):
     with (
         LoopingEngine(SAMPLED, when_sampled="fail") as engine,
-        serve(
-            api_base=[engine.url],
-            model="m",
-            max_tokens=64,
-            engine_retries=0,
-            cache_path=str(tmp_path / "c.sqlite"),
-        ) as server,
+        server_on(serve, engine, tmp_path, engine_retries=0) as server,
     ):
         answer = server.virtual(agent(*CALL))
         assert answer.status_code == 200 and answer.headers["x-mirrorapi-outcome"] == "simulated"
@@ -99,13 +90,7 @@ def test_a_second_try_the_engine_fails_leaves_the_first(serve, agent, tmp_path):
 def test_without_second_tries_a_cut_answer_is_served_as_the_engine_cut_it(serve, agent, tmp_path):
     with (
         LoopingEngine(SAMPLED) as engine,
-        serve(
-            api_base=[engine.url],
-            model="m",
-            max_tokens=64,
-            second_try_temperature=0,
-            cache_path=str(tmp_path / "c.sqlite"),
-        ) as server,
+        server_on(serve, engine, tmp_path, second_try_temperature=0) as server,
     ):
         observation = server.virtual(agent(*CALL)).json()
         assert set(observation["response"]["reservations"]) == {"NZX999"}
