@@ -249,7 +249,8 @@ class StatusEngine(_ThreadedEngine):
     """Answers every POST with HTTP `status` and an empty JSON object; `paths` lists the paths posted to."""
 
     def __init__(self, status: int):
-        self.status, self.paths = status, []
+        self.status = status
+        self.paths: list[str] = []
         super().__init__()
 
     def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
@@ -266,7 +267,8 @@ class LoopingEngine(_ThreadedEngine):
     LOOP_ITEM = '"NZX999", '
 
     def __init__(self, sampled: dict, when_sampled: str = "answer"):
-        self.sampled, self.when_sampled, self.requests = sampled, when_sampled, []
+        self.sampled, self.when_sampled = sampled, when_sampled
+        self.requests: list[dict] = []
         super().__init__()
 
     def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
