@@ -615,8 +615,9 @@ class Demo:
         if self.sizes.real and simulated:
             self.stack.close()  # one engine at a time: the machine's cores go to the one being measured
             others = self.report["fidelity_others"] = {}
-            # The untrained base rambles to its limit on most calls: a second try of each would double the row's
-            # time for more rambling (the second try is for a trained simulator's occasional loop).
+            # The untrained base rambles to its 128-token limit on many calls (11 of its 24 answers needed the server's
+            # repair on 2026-11-28): a second try of each would add their time again for more rambling (the second
+            # try is for a trained simulator's occasional loop).
             base_settings = {
                 **self.main_settings,
                 "max_tokens": self.sizes.base_max_tokens,
