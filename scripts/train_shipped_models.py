@@ -9,6 +9,8 @@ pair and label, in one run of a lent GPU machine; or on a tiny slice on the CPU,
     .venv/bin/python scripts/train_shipped_models.py --stage answer --work runs/shipped --engine URL \
         --engine-model NAME --max-new-tokens 1024
     .venv/bin/python scripts/train_shipped_models.py --stage score --work runs/shipped
+    # a judge adapter trained elsewhere (e.g. on the CPU), scored on the same split as the train stage scores it
+    .venv/bin/python scripts/train_shipped_models.py --stage judge --work runs/shipped --base BASE --adapter DIR
     # the whole path on the CPU, on a slice, with the tiny model (what tests/training/test_train_shipped.py runs)
     .venv/bin/python scripts/train_shipped_models.py --tiny --base runs/tiny-base --work runs/shipped-tiny
 
@@ -692,14 +694,7 @@ def train_stage(args, work: Path) -> dict:
     try:  # the adapters are out already: a failure from here on costs only these scores
         if "judge" in args.kinds:
             started = time.perf_counter()
-            judge_rows = judge_scores(base, work / "judge", work / "data" / "judge", device)
-            (out / "judge_scores.jsonl").write_text(
-                "".join(json.dumps(r) + "\n" for r in judge_rows), encoding="utf-8"
-            )
-            report["judge"]["offline_agreement"] = {
-                "trained": agreement_table(judge_rows, "trained"),
-                "base": agreement_table(judge_rows, "base"),
-            }
+            report["judge"]["offline_agreement"] = score_judge(base, work / "judge", work, out, device)
             report["seconds"]["judge_scores"] = round(time.perf_counter() - started, 1)
         if "simulator" in args.kinds:
             started = time.perf_counter()
@@ -721,6 +716,26 @@ def train_stage(args, work: Path) -> dict:
     report["seconds"]["train_stage"] = round(time.perf_counter() - stage_start, 1)
     write_report(out, work, report)
     return report
+
+
+def score_judge(base: Path, adapter: Path, work: Path, out: Path, device: str) -> dict:
+    """The judge adapter's verdicts on the held-out answers of WORK/data/judge (`judge_scores`), written to
+    OUT/judge_scores.jsonl; returns its agreement and the untrained base's, per source, beside Solved-to-all."""
+    rows = judge_scores(base, adapter, work / "data" / "judge", device)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "judge_scores.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return {"trained": agreement_table(rows, "trained"), "base": agreement_table(rows, "base")}
+
+
+def judge_stage(args, work: Path) -> dict:
+    """A judge adapter's verdicts on the held-out answers, scored as the train stage scores them, without training:
+    to score an adapter trained elsewhere (on the CPU, or by an earlier call) on the data stage's split."""
+    started = time.perf_counter()
+    out = Path(args.out or work / "out")
+    base = base_model(work, args.base, args.base_gguf)
+    agreement = score_judge(base, Path(args.adapter), work, out, machine()["device"])
+    (out / "judge-agreement.json").write_text(json.dumps(agreement, indent=2) + "\n", encoding="utf-8")
+    return {"agreement": agreement["trained"], "seconds": round(time.perf_counter() - started, 1)}
 
 
 def answer_stage(args, work: Path) -> dict:
@@ -795,12 +810,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--stage",
-        choices=("all", "data", "train", "answer", "score"),
+        choices=("all", "data", "train", "answer", "score", "judge"),
         default="all",
         help="answer: an adapter's greedy answers to the held-out sample, without training (--adapter); "
-        "score: the generations of a train or answer stage (--generations), on the CPU, after it.",
+        "score: the generations of a train or answer stage (--generations), on the CPU, after it; "
+        "judge: a judge adapter's verdicts on the held-out answers, scored as the train stage scores them "
+        "(--adapter).",
     )
-    parser.add_argument("--adapter", help="The simulator adapter the answer stage answers with.")
+    parser.add_argument(
+        "--adapter",
+        help="The simulator adapter the answer stage answers with, or the judge adapter the judge stage scores.",
+    )
     parser.add_argument(
         "--engine",
         help="Or the answer stage asks the simulator an OpenAI-compatible engine serves at this URL (.../v1), as the "
@@ -929,10 +949,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "answer" and args.engine:
         if not args.engine_model:
             parser.error("--engine needs --engine-model NAME (the model name that engine answers to)")
-    elif args.stage in ("all", "train", "answer") and not (args.base or args.base_gguf):
+    elif args.stage in ("all", "train", "answer", "judge") and not (args.base or args.base_gguf):
         parser.error(f"the {args.stage} stage needs --base DIR or --base-gguf FILE (or, to answer, --engine URL)")
     if args.stage == "answer" and not (args.adapter or args.engine):
         parser.error("the answer stage needs --adapter DIR, or --engine URL")
+    if args.stage == "judge" and not args.adapter:
+        parser.error("the judge stage needs --adapter DIR (a judge adapter)")
     if args.tiny:
         args.per_stratum, args.max_new_tokens, args.batch_size = 2, 16, 4
     if args.stage in ("all", "data"):
@@ -954,6 +976,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"done: {json.dumps({k: report[k] for k in ('seconds', 'machine')})}")
     if args.stage == "answer":
         log(f"done: {json.dumps(answer_stage(args, work))}")
+    if args.stage == "judge":
+        log(f"done: {json.dumps(judge_stage(args, work))}")
     if args.stage in ("all", "score"):
         generations = Path(args.generations or Path(args.out or work / "out") / "generations.jsonl.xz")
         scores = score_generations(generations, work, args.pairs, args.tools)

@@ -251,6 +251,26 @@ def test_unseen_apis_shown_an_example_are_answered_and_scored_apart(shipped_run,
     assert any(coverage)  # the other half's calls are examples of those APIs; no training call is
 
 
+def test_the_judge_stage_scores_an_adapter_as_the_train_stage_scores_it(shipped_run, tiny_model_dir, tmp_path):
+    # the judge the train stage trained, scored again without training (as an adapter trained on another machine
+    # is): the same verdicts on the same held-out answers, and the same agreement table
+    adapter = shipped_run / "judge"
+    weights = (adapter / "adapter_model.safetensors").read_bytes()
+    run_stage(
+        "--stage", "judge", "--work", str(shipped_run), "--base", str(tiny_model_dir), "--adapter", str(adapter),
+        "--out", str(tmp_path),
+    )  # fmt: skip
+
+    def verdicts(folder: Path) -> list[tuple]:
+        rows = [json.loads(line) for line in (folder / "judge_scores.jsonl").read_text().splitlines()]
+        return [(r["id"], r["label"], r["trained"], r["base"]) for r in rows]
+
+    assert verdicts(tmp_path) == verdicts(shipped_run / "out")
+    report = json.loads((shipped_run / "out" / "report.json").read_text())
+    assert json.loads((tmp_path / "judge-agreement.json").read_text()) == report["judge"]["offline_agreement"]
+    assert (adapter / "adapter_model.safetensors").read_bytes() == weights  # nothing trained
+
+
 def test_the_answer_stage_needs_an_adapter(tiny_model_dir, tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "answer", "--work", str(tmp_path),
@@ -264,6 +284,12 @@ def test_the_answer_stage_needs_an_adapter(tiny_model_dir, tmp_path):
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 2 and "--engine-model" in result.stderr
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "judge", "--work", str(tmp_path),
+         "--base", str(tiny_model_dir)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 2 and "the judge stage needs --adapter" in result.stderr
 
 
 def response_chars(completion: list[dict]) -> int:
