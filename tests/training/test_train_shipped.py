@@ -271,25 +271,24 @@ def test_the_judge_stage_scores_an_adapter_as_the_train_stage_scores_it(shipped_
     assert (adapter / "adapter_model.safetensors").read_bytes() == weights  # nothing trained
 
 
-def test_the_answer_stage_needs_an_adapter(tiny_model_dir, tmp_path):
+def refusal(*argv: str) -> str:
+    """The script's usage error (exit 2) for these arguments, as a user sees it."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "answer", "--work", str(tmp_path),
-         "--base", str(tiny_model_dir)],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-    )  # fmt: skip
-    assert result.returncode == 2 and "--adapter" in result.stderr
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "answer", "--work", str(tmp_path),
-         "--engine", "http://127.0.0.1:9/v1"],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-    )  # fmt: skip
-    assert result.returncode == 2 and "--engine-model" in result.stderr
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--stage", "judge", "--work", str(tmp_path),
-         "--base", str(tiny_model_dir)],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-    )  # fmt: skip
-    assert result.returncode == 2 and "the judge stage needs --adapter" in result.stderr
+        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    return result.stderr
+
+
+def test_the_answer_and_judge_stages_need_an_adapter(tiny_model_dir, tmp_path):
+    work, base = ["--work", str(tmp_path)], ["--base", str(tiny_model_dir)]
+    assert "--adapter" in refusal("--stage", "answer", *work, *base)
+    assert "--engine-model" in refusal("--stage", "answer", *work, "--engine", "http://127.0.0.1:9/v1")
+    assert "the judge stage needs --adapter" in refusal("--stage", "judge", *work, *base)
 
 
 def response_chars(completion: list[dict]) -> int:
