@@ -106,17 +106,22 @@ def test_generations_cover_every_held_out_stratum_and_are_scored(shipped_run):
     assert scored == len(rows)
 
 
-def run_stage(*argv: str) -> str:
-    """The script's stage run as a user runs it; its output."""
+def run_script(*argv: str, exit_code: int = 0) -> subprocess.CompletedProcess:
+    """The script run as a user runs it, which must end with `exit_code` (2: a usage error)."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), "--tiny", *argv],
+        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), *argv],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=REPO,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
+    assert result.returncode == exit_code, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def run_stage(*argv: str) -> str:
+    """A stage on the tiny slice; its output."""
+    return run_script("--tiny", *argv).stdout
 
 
 def generations(out: Path) -> list[dict]:
@@ -271,21 +276,12 @@ def test_the_judge_stage_scores_an_adapter_as_the_train_stage_scores_it(shipped_
     assert (adapter / "adapter_model.safetensors").read_bytes() == weights  # nothing trained
 
 
-def refusal(*argv: str) -> str:
-    """The script's usage error (exit 2) for these arguments, as a user sees it."""
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/train_shipped_models.py"), *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    return result.stderr
-
-
 def test_the_answer_and_judge_stages_need_an_adapter(tiny_model_dir, tmp_path):
     work, base = ["--work", str(tmp_path)], ["--base", str(tiny_model_dir)]
+
+    def refusal(*argv: str) -> str:
+        return run_script(*argv, exit_code=2).stderr
+
     assert "--adapter" in refusal("--stage", "answer", *work, *base)
     assert "--engine-model" in refusal("--stage", "answer", *work, "--engine", "http://127.0.0.1:9/v1")
     assert "the judge stage needs --adapter" in refusal("--stage", "judge", *work, *base)
