@@ -83,6 +83,7 @@ def select_pairs(
     *,
     history: int = 0,
     history_char_budget: int = HISTORY_CHAR_BUDGET,
+    history_rule: str = "recent",
     history_format: str = SESSION_FORMAT,
     need_rationale: bool = False,
     ood_fraction: float = DEFAULT_OOD_FRACTION,
@@ -91,11 +92,12 @@ def select_pairs(
     progress: bool = False,
 ) -> PairSelection:
     """Apply the quality rules and split; the kept pairs in input order and the split's indices into them.
-    With `history`, each pair's earlier calls are rendered as session format `history_format` shows them."""
+    With `history`, each pair's earlier calls are rendered as session format `history_format` shows them, chosen
+    by `history_rule` (`select_history`'s rules, as the server's `session_history_rule`)."""
     selection = PairSelection([], {})
     seen: dict[tuple, tuple] = {}
     for pair, doc, earlier in _with_history(
-        pairs, registry, history, history_char_budget, history_format, selection, progress
+        pairs, registry, history, history_char_budget, history_rule, history_format, selection, progress
     ):
         error, response = pair["response"]["error"], pair["response"]["response"]
         if need_rationale and not pair.get("rationale"):
@@ -127,6 +129,7 @@ def _with_history(
     registry: ToolRegistry,
     history: int,
     char_budget: int,
+    rule: str,
     fmt: str,
     selection: PairSelection,
     progress: bool,
@@ -163,5 +166,6 @@ def _with_history(
     out = []
     for pair, doc in usable:
         earlier = [line for step, line in episodes[(pair["source"], pair["episode"])] if step < int(pair["step"])]
-        out.append((pair, doc, tuple(select_history(earlier, history, char_budget))))
+        related_to = (doc.api, pair["tool_input"]) if rule == "related" else None
+        out.append((pair, doc, tuple(select_history(earlier, history, char_budget, related_to))))
     return out

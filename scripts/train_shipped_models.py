@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 from mirrorapi.few_shot import FEW_SHOT_TIES
+from mirrorapi.prompts.simulator_formats import HISTORY_RULES
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -93,6 +94,7 @@ def build_data(
     repeat_failures: int,
     target_chars: int,
     few_shot_ties: str,
+    history_rule: str,
     without_examples_share: float,
     seed: int,
     judge_test_fraction: float,
@@ -114,6 +116,8 @@ def build_data(
             str(target_chars),
             "--few-shot-ties",
             few_shot_ties,
+            "--history-rule",
+            history_rule,
             "--without-examples-share",
             str(without_examples_share),
             "--test-ood-shown",
@@ -880,6 +884,14 @@ def main(argv: list[str] | None = None) -> int:
         "it, so a server shows the model the examples it learnt from.",
     )
     parser.add_argument(
+        "--history-rule",
+        choices=HISTORY_RULES,
+        default="recent",
+        help="The data stage: which of a session's earlier calls a prompt shows, every one (the shipped simulator's "
+        "data) or those related to the call (docs/training.md). The trained record names it, so a server shows the "
+        "model the history it learnt from.",
+    )
+    parser.add_argument(
         "--without-examples-share",
         type=float,
         default=0.0,
@@ -966,6 +978,7 @@ def main(argv: list[str] | None = None) -> int:
             args.repeat_failures,
             args.target_response_chars,
             args.few_shot_ties,
+            args.history_rule,
             args.without_examples_share,
             args.seed,
             args.judge_test_fraction,

@@ -33,6 +33,7 @@ from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_SIMULATOR_FORMAT,
     HISTORY_CHAR_BUDGET,
+    HISTORY_RULES,
     OUR_SIMULATOR_FORMATS,
     RESPONSE_CHAR_BUDGET,
     SESSION_FORMATS,
@@ -152,6 +153,13 @@ class SimulatorDataOptions:
         default=HISTORY_CHAR_BUDGET,
         description=("Most characters of history per prompt; match the server's `session_char_budget`."),
     )
+    history_rule: Annotated[str, Flag(choices=HISTORY_RULES)] = Field(
+        default="recent",
+        description=(
+            "Which of those earlier calls a prompt shows: every one, or only those related to the call "
+            "(mirrorapi.prompts.simulator_formats.select_history); match the server's `session_history_rule`."
+        ),
+    )
     stateless_too: bool = Field(
         default=False,
         description=(
@@ -189,6 +197,8 @@ class SimulatorDataOptions:
             raise ValueError(f"prompt format {self.prompt_format!r} needs a system prompt file")
         if self.prompt_format == COT_FORMAT:
             check_cot_system_prompt(self.system_prompt or "")
+        if self.history_rule not in HISTORY_RULES:
+            raise ValueError(f"unknown history rule {self.history_rule!r}; known: {', '.join(HISTORY_RULES)}")
         if self.few_shot_ties not in FEW_SHOT_TIES:
             raise ValueError(f"unknown few-shot tie rule {self.few_shot_ties!r}; known: {', '.join(FEW_SHOT_TIES)}")
         for name in ("few_shot", "few_shot_response_chars", "target_response_chars"):
@@ -220,6 +230,7 @@ def build_simulator_records(
         registry,
         history=options.history,
         history_char_budget=options.history_char_budget,
+        history_rule=options.history_rule,
         history_format=options.prompt_format,
         need_rationale=options.prompt_format == COT_FORMAT,
         ood_fraction=options.ood_fraction,

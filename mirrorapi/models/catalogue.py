@@ -194,6 +194,7 @@ _SETTINGS_OF_DATA_OPTIONS = {
     "few_shot_ties": "few_shot_ties",
     "history": "session_history",
     "history_char_budget": "session_char_budget",
+    "history_rule": "session_history_rule",
 }
 
 

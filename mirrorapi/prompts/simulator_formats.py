@@ -276,12 +276,53 @@ def keyed_history_line(tool: str, api: str, key: str, error: str, response: Any,
     )
 
 
+# Which of a session's kept calls a prompt shows (`select_history`): every one ("recent"), or only those related to
+# the call asked ("related": a call of the same API, or one whose request or answer holds a value of the call's
+# arguments). Measured in docs/training.md ("A session's unrelated calls").
+HISTORY_RULES = ("recent", "related")
+# An argument value shorter than this (as text) relates nothing: "en", 1 and 10 are shared by chance.
+MIN_SHARED_VALUE_CHARS = 3
+
+
+def _value_texts(value: Any) -> list[str]:
+    """The scalar values inside `value` as text (strings as they are, numbers as JSON writes them); booleans and
+    null, which say nothing about which call a value came from, are left out."""
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _value_texts(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _value_texts(item)]
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [json.dumps(value)]
+    return []
+
+
+def related_to_call(line: str, api: str, arguments: dict) -> bool:
+    """Whether an earlier call (a `history_line`) bears on a call of `api` with `arguments`: it is a call of the
+    same API (what it answered shows the API's shape and state), or one of the call's argument values of at least
+    MIN_SHARED_VALUE_CHARS characters is among the earlier call's request or answer values, or inside one of them
+    (a token a login returned, a user id inside a reservation, a username inside an email)."""
+    earlier = json.loads(line)
+    if earlier.get("api") == api:
+        return True
+    wanted = {text for text in _value_texts(arguments) if len(text) >= MIN_SHARED_VALUE_CHARS}
+    if not wanted:
+        return False
+    held = _value_texts([earlier.get("request"), earlier.get("answer")])
+    return any(value == text or value in text for value in wanted for text in held)
+
+
 def select_history(
-    lines: list[str], max_calls: int = DEFAULT_HISTORY_CALLS, char_budget: int = HISTORY_CHAR_BUDGET
+    lines: list[str],
+    max_calls: int = DEFAULT_HISTORY_CALLS,
+    char_budget: int = HISTORY_CHAR_BUDGET,
+    related_to: tuple[str, dict] | None = None,
 ) -> list[str]:
     """The history a prompt shows: of `lines` (oldest first), the newest calls first, at most
     `max_calls`, stopping at the first that would pass `char_budget` (calls are never cut, and an
-    older call is never shown without the newer ones)."""
+    older call is never shown without the newer ones). With `related_to` (the call's API and arguments: the
+    "related" rule of HISTORY_RULES), only those of them `related_to_call`, newest first."""
     chosen: list = []
     used = 0
     for line in reversed(lines):
@@ -289,6 +330,8 @@ def select_history(
             break
         chosen.append(line)
         used += len(line) + 1
+    if related_to is not None:
+        chosen = [line for line in chosen if related_to_call(line, *related_to)]
     return chosen
 
 

@@ -37,6 +37,7 @@ from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_HISTORY_CALLS,
     HISTORY_CHAR_BUDGET,
+    HISTORY_RULES,
     SIMULATOR_FORMATS,
     STABLETOOLBENCH_REQUEST_SETTINGS,
     check_cot_system_prompt,
@@ -247,6 +248,15 @@ class ServerSettings(BaseModel):
     )
     session_char_budget: int = Field(
         HISTORY_CHAR_BUDGET, gt=0, description=("Most characters of session history per prompt (whole calls only).")
+    )
+    session_history_rule: Literal[HISTORY_RULES] = Field(  # type: ignore[valid-type]
+        "recent",
+        description=(
+            "Which of those calls a prompt shows: every one (recent), or only those related to the call asked "
+            "(related: a call of the same API, or one whose request or answer holds one of the call's argument "
+            "values); a call with none to show is the stateless call. Match the simulator's training data (its data "
+            "option history_rule)."
+        ),
     )
     session_ttl: float = Field(
         3600.0,

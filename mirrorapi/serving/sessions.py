@@ -55,14 +55,14 @@ class Session:
         self.digest = hashlib.sha256(f"{self.digest}\n{line}".encode()).hexdigest()
         self.steps += 1
 
-    def history(self, max_calls: int, char_budget: int) -> History | None:
+    def history(self, max_calls: int, char_budget: int, related_to: tuple[str, dict] | None = None) -> History | None:
         """What the next call's prompt shows of this session; None when that is no earlier call (a session's first
-        call, or earlier calls none of which fit `char_budget`): the call is then asked, cached and answered as the
-        stateless call it is, so a fresh session's first call answers as the same call alone. Its prompt would
-        differ from the stateless one only in an empty list and the session wording, and that answered worse: on the
-        shipped simulator's 31 held-out first calls of episodes, ROUGE-L 24.6 points lower per call
-        (docs/training.md)."""
-        lines = select_history(list(self.lines), max_calls, char_budget)
+        call, or earlier calls none of which fit `char_budget`, or with `related_to`, none related to the call): the
+        call is then asked, cached and answered as the stateless call it is, so a fresh session's first call answers
+        as the same call alone. Its prompt would differ from the stateless one only in an empty list and the session
+        wording, and that answered worse: on the shipped simulator's 31 held-out first calls of episodes, ROUGE-L
+        24.6 points lower per call (docs/training.md)."""
+        lines = select_history(list(self.lines), max_calls, char_budget, related_to)
         return History(self.digest, self.steps, lines) if lines else None
 
     def state(self) -> State:

@@ -60,9 +60,9 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
 
     Calls inside a session are prompted in the session format (`session_format`: `mirrorapi-session-v2` on a
     `mirrorapi-v2` server, else `-v1`; no system prompt file: that is the stateless format's) with a history of
-    `session_history` calls and `session_char_budget` characters, which change what the model sees:
-    `mirrorapi@mirrorapi-session-v1,temperature=0,...,history=8,history_chars=4096` (a named identity gets
-    `+mirrorapi-session-v1`)."""
+    `session_history` calls and `session_char_budget` characters, chosen by `session_history_rule`, which change
+    what the model sees: `mirrorapi@mirrorapi-session-v1,temperature=0,...,history=8,history_chars=4096` (and
+    `,history_rule=related` with that rule; a named identity gets `+mirrorapi-session-v1`)."""
     if settings.simulator_identity:
         return settings.simulator_identity + (f"+{session_format(settings.prompt_format)}" if in_session else "")
     prompt_format = session_format(settings.prompt_format) if in_session else settings.prompt_format
@@ -87,6 +87,8 @@ def simulator_identity(settings: ServerSettings, in_session: bool = False) -> st
         parts.append("system_prompt=" + hashlib.sha256(system_prompt.encode()).hexdigest()[:12])
     if in_session:
         parts += [f"history={settings.session_history}", f"history_chars={settings.session_char_budget}"]
+        if settings.session_history_rule != "recent":  # the first rule: the identities stored before the setting stay
+            parts.append(f"history_rule={settings.session_history_rule}")
     return ",".join(parts)
 
 

@@ -7,6 +7,7 @@ import sqlite3
 import pytest
 
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
+from mirrorapi.models.catalogue import serving_settings
 from mirrorapi.prompts.simulator_formats import (
     SESSION_FORMAT,
     history_line,
@@ -33,6 +34,7 @@ LOGIN = (
     {"error": "", "response": '{"token": "o8i7u6y5t4r3e2w1q0"}'},
 )
 BALANCE = ("APIBank", "apibank_finance", "QueryBalance", {"token": "o8i7u6y5t4r3e2w1q0"})
+APPOINTMENT = {"patient_name": "John Smith", "date": "2023-08-27", "doctor_name": "Dr. Davis"}
 
 
 def body(category, tool, api, arguments, **extra) -> dict:
@@ -197,6 +199,87 @@ def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_p
     # The login's real answer, a JSON object in a string: a value in -v2's history, escaped in -v1's.
     token = '{"token":"o8i7u6y5t4r3e2w1q0"}' if session_format != SESSION_FORMAT else '\\"token\\"'
     assert token in records[1]["prompt"][1]["content"]
+
+
+def test_the_related_rule_shows_the_calls_that_share_a_value_or_the_api():
+    """gen-00133's real calls: the balance query carries the token the login answered, the appointment shares
+    nothing with either, the cancellation names the id the appointment answered."""
+    episode = [
+        history_line("apibank_account", "getusertoken", LOGIN[3], **LOGIN[4]),
+        history_line("apibank_finance", "querybalance", BALANCE[3], "", "410.87"),
+        history_line("apibank_hospital", "appointmentregistration", APPOINTMENT, "", "56545338"),
+    ]
+    related = {
+        "balance": select_history(episode[:1], related_to=("querybalance", BALANCE[3])),
+        "appointment": select_history(episode[:2], related_to=("appointmentregistration", APPOINTMENT)),
+        "cancel": select_history(episode, related_to=("cancelregistration", {"appointment_id": "56545338"})),
+        "balance again": select_history(episode, related_to=("querybalance", {"token": "another"})),
+    }
+    assert related == {
+        "balance": episode[:1],
+        "appointment": [],
+        "cancel": [episode[2]],
+        "balance again": [episode[1]],
+    }
+    assert select_history(episode) == episode[::-1]  # the recent rule: every one
+    # A short value relates nothing (a "10" or "en" is shared by chance); booleans and null never.
+    short = history_line("apibank_finance", "querystock", {"stock_code": "ORC", "lang": "en"}, "", "10")
+    assert select_history([short], related_to=("querybalance", {"page": 10, "lang": "en", "all": True})) == []
+    assert select_history([short], related_to=("querybalance", {"code": "ORC"})) == [short]
+
+
+def test_the_data_builder_and_the_server_apply_the_related_rule_alike(samples, tmp_path):
+    episode = sorted(
+        (p for p in read_pairs_jsonl(samples / "pairs.jsonl") if p["episode"] == "gen-00133"), key=lambda p: p["step"]
+    )
+    registry = ToolRegistry.load([samples / "tools"])
+    fmt = "mirrorapi-session-v2"
+    options = SimulatorDataOptions(fmt, history=8, history_rule="related", ood_fraction=0, id_fraction=0)
+    records = {r["step"]: r for r in build_simulator_records(episode, registry, options)[0]["train"]}
+    settings = load_settings(
+        overrides={
+            "tools_folder": [str(samples / "tools")],
+            "prompt_format": "mirrorapi-v2",
+            "session_history_rule": "related",
+        },
+        environ={},
+    )
+    simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    session = Session(keep=settings.session_history)
+    for pair in episode:
+        doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
+        history = session.history(8, settings.session_char_budget, (doc.api, pair["tool_input"]))
+        assert simulator.messages(doc, pair["tool_input"], history) == records[pair["step"]]["prompt"], pair["step"]
+        session.record(doc.tool, doc.api, pair["tool_input"], **pair["response"], fmt=fmt)
+    # The appointment relates to none of the earlier calls: the stateless call, as a session's first call is.
+    assert [records[step]["prompt_format"] for step in range(4)] == ["mirrorapi-v2", fmt, "mirrorapi-v2", fmt]
+    cancel = records[3]["prompt"][1]["content"]
+    assert cancel.count('{"tool":') == 1 and "56545338" in cancel
+    # A model trained on these records is served with the rule (its record's data options name it).
+    stats = build_simulator_records(episode, registry, options)[1]
+    assert serving_settings({"kind": "simulator", "dataset_stats": stats})["session_history_rule"] == "related"
+
+
+@pytest.mark.parametrize("rule", ["recent", "related"])
+def test_a_session_call_related_to_nothing_earlier_is_the_stateless_call(serve, engine_stub, samples, tmp_path, rule):
+    """Through the server (a stub engine, which answers every call alike): after a recorded login, a call carrying
+    its token is stored under the session's history; a stock price, which shares nothing with the session, under
+    the stateless key with the related rule."""
+    cache_path = tmp_path / "c.sqlite"
+    cache = open_cache(str(cache_path))
+    import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
+    cache.close()
+    agenda = {"token": LOGIN[4]["response"][11:29], "content": "Team sync", "time": "2023-09-12 14:00:00"}
+    agenda |= {"location": "office"}
+    stock = {"stock_code": "ZZZZ", "date": "2022-01-03"}
+    with serve(cache_path=str(cache_path), api_base=[engine_stub()], session_history_rule=rule) as server:
+        calls = [LOGIN[:4], ("APIBank", "apibank_agenda", "AddAgenda", agenda)]
+        for call in [*calls, ("APIBank", "apibank_finance", "QueryStock", stock)]:
+            assert server.client.post("/virtual", json=body(*call), headers={"X-Session-Id": "s"}).status_code == 200
+        assert server.metric("mirrorapi_requests_total", outcome="simulated") == 2
+    db = sqlite3.connect(cache_path)
+    stored = dict(db.execute("SELECT api, history != '' FROM entries WHERE provenance LIKE 'simulated:%'").fetchall())
+    assert stored == {"addagenda": 1, "querystock": int(rule == "recent")}
 
 
 def test_health_reports_sessions(serve, samples, engine_down, cache_location):
