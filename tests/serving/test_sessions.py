@@ -263,8 +263,8 @@ def test_the_data_builder_and_the_server_apply_the_related_rule_alike(samples, t
 @pytest.mark.parametrize("rule", ["recent", "related"])
 def test_a_session_call_related_to_nothing_earlier_is_the_stateless_call(serve, engine_stub, samples, tmp_path, rule):
     """Through the server (a stub engine, which answers every call alike): after a recorded login, a call carrying
-    its token is stored under the session's history; a stock price, which shares nothing with the session, under
-    the stateless key with the related rule."""
+    its token is stored under the session's history; a stock price, which shares nothing with the session, and a list
+    of airports, which has no argument to share, under the stateless key with the related rule."""
     cache_path = tmp_path / "c.sqlite"
     cache = open_cache(str(cache_path))
     import_pairs(cache, samples / "pairs.jsonl", ToolRegistry.load([samples / "tools"]))
@@ -274,12 +274,14 @@ def test_a_session_call_related_to_nothing_earlier_is_the_stateless_call(serve, 
     stock = {"stock_code": "ZZZZ", "date": "2022-01-03"}
     with serve(cache_path=str(cache_path), api_base=[engine_stub()], session_history_rule=rule) as server:
         calls = [LOGIN[:4], ("APIBank", "apibank_agenda", "AddAgenda", agenda)]
-        for call in [*calls, ("APIBank", "apibank_finance", "QueryStock", stock)]:
+        calls += [("APIBank", "apibank_finance", "QueryStock", stock)]
+        calls += [("TauBench", "taubench_airline", "list_all_airports", {})]
+        for call in calls:
             assert server.client.post("/virtual", json=body(*call), headers={"X-Session-Id": "s"}).status_code == 200
-        assert server.metric("mirrorapi_requests_total", outcome="simulated") == 2
+        assert server.metric("mirrorapi_requests_total", outcome="simulated") == 3
     db = sqlite3.connect(cache_path)
     stored = dict(db.execute("SELECT api, history != '' FROM entries WHERE provenance LIKE 'simulated:%'").fetchall())
-    assert stored == {"addagenda": 1, "querystock": int(rule == "recent")}
+    assert stored == {"addagenda": 1, "querystock": int(rule == "recent"), "list_all_airports": int(rule == "recent")}
 
 
 def test_health_reports_sessions(serve, samples, engine_down, cache_location):
