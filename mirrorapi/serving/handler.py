@@ -168,8 +168,9 @@ class VirtualApi:
         if session_id and settings.session_history:
             answer.session = session_id
             session = Session(settings.session_history, await self.cache.session(session_id, settings.session_ttl))
-            related = settings.session_history_rule == "related" and arguments is not None
-            related_to = (doc.api, arguments) if related else None
+            related_to: tuple[str, dict] | None = None
+            if settings.session_history_rule == "related" and arguments is not None:
+                related_to = (doc.api, arguments)
             history = session.history(settings.session_history, settings.session_char_budget, related_to)
 
         reply = await self.responder.respond(doc, arguments, key, history, answer.stages)
