@@ -112,6 +112,12 @@ LONGEST_FIRST = (
 )
 
 
+# Every test this run collected, with its fixtures and whether it is marked `slow`, recorded before `-m` deselects
+# any: tests/test_slow_marking.py checks `make test-quick`'s selection on it (collecting the suite again in a
+# subprocess took 16-18 s of a worker).
+COLLECTED = pytest.StashKey[dict]()
+
+
 def pytest_ignore_collect(collection_path, config):
     """`make test`'s second run (`-m serial`) imports only the modules of TIMES_ITSELF: importing every other test
     module only to deselect its tests took 12-17 s of that run."""
@@ -133,6 +139,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if item.path.relative_to(REPO).as_posix() in TIMES_ITSELF:
             item.add_marker(pytest.mark.serial)
+    config.stash[COLLECTED] = {
+        item.nodeid: (sorted(getattr(item, "fixturenames", ())), item.get_closest_marker("slow") is not None)
+        for item in items
+    }
+
+
+@pytest.fixture(scope="session")
+def collected_tests(request) -> dict[str, tuple[list[str], bool]]:
+    """{node id: (fixture names, marked slow)} of every test this run collected, before `-m` deselected any."""
+    return request.config.stash[COLLECTED]
 
 
 @pytest.fixture(scope="session")

@@ -2,18 +2,16 @@
 `slow` every test whose fixtures (directly or through other fixtures) do either.
 
 Which fixtures do is read here from their source, independently of conftest.py's list: a fixture that
-calls one of the engine starters or trainers below. The suite is then collected with -m "not slow" in a
-subprocess, and no test left in it may use such a fixture."""
+calls one of the engine starters or trainers below. Of the suite as this run collected it (conftest.py
+records it before `-m` deselects any), no test that `-m "not slow"` keeps may use such a fixture."""
 
 from __future__ import annotations
 
 import ast
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -24,14 +22,6 @@ STARTS_OR_TRAINS = re.compile(
     r"|run_sft_recipe\(|training/sft\.py'\)\.cli\(|\.train\("  # training in process
     r"|'launch'|demo_command\("
 )  # `accelerate launch`, the whole demo
-
-# Writes each collected test's fixture closure (after -m deselected the slow ones).
-DUMP_PLUGIN = """
-import json, os
-def pytest_collection_finish(session):
-    with open(os.environ["COLLECTED_FIXTURES"], "w") as fh:
-        json.dump({item.nodeid: sorted(getattr(item, "fixturenames", [])) for item in session.items}, fh)
-"""
 
 
 def _is_fixture(decorator: ast.expr) -> bool:
@@ -62,37 +52,14 @@ def test_the_scan_finds_engine_and_training_fixtures():
     assert not {"tiny_model_dir", "simulator_sft_dir", "faulty_judge", "engine_stub", "cli"} & set(found)
 
 
-def test_quick_selection_uses_no_engine_or_training_fixture(tmp_path):
+def test_quick_selection_uses_no_engine_or_training_fixture(collected_tests):
+    # This run's own collection, as conftest.py marked it before `-m` deselected anything: what `-m "not slow"`
+    # keeps of it is `make test-quick`'s selection.
+    files = {node_id.split("::")[0] for node_id in collected_tests}
+    if not files >= {path.relative_to(REPO).as_posix() for path in TESTS.rglob("test_*.py")}:
+        pytest.skip("checks the whole suite's marks: run it with the whole suite (make test, make test-quick)")
     engine_or_training = fixtures_that_start_or_train(sorted(TESTS.rglob("*.py")))
-    (tmp_path / "dump_collected_fixtures.py").write_text(DUMP_PLUGIN)
-    out = tmp_path / "collected.json"
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # this run's own options stay here
-    env.update(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])), COLLECTED_FIXTURES=str(out)
-    )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "dump_collected_fixtures",
-            "-m",
-            "not slow",
-            "tests",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    quick = json.loads(out.read_text())
+    quick = {node_id: fixtures for node_id, (fixtures, slow) in collected_tests.items() if not slow}
     assert len(quick) > 100  # the collection ran
     offenders = {
         test: sorted(set(fixtures) & set(engine_or_training))
