@@ -301,6 +301,55 @@ def test_the_shipped_simulator_is_served_with_the_tie_rule_its_record_names(samp
     assert load_settings(overrides=settings, environ={}).few_shot_ties == "median"
 
 
+@pytest.mark.shared
+def test_the_shipped_simulator_is_shown_a_real_reservation_whole(shared_data, tmp_path):
+    """The shipped simulator trained on examples shrunk to 600 characters; shown them whole (up to 2,000) it wrote
+    tau-bench's reservations, 525-1,042 characters, at their length and scored above the nearest example
+    (docs/training.md), so its record's server settings show them whole. A server started with those settings
+    shows a real recorded reservation's every value; with the sizes it trained on, some are cut."""
+    from mirrorapi.models.catalogue import serving_settings
+    from mirrorapi.records import read_pairs_jsonl
+    from mirrorapi.serving.cache import ResponseCache, import_pairs
+    from mirrorapi.serving.config import load_settings
+    from mirrorapi.serving.simulator import Simulator
+    from mirrorapi.tools import ToolRegistry
+
+    def leaves(value) -> list[str]:
+        if isinstance(value, dict):
+            return [leaf for v in value.values() for leaf in leaves(v)]
+        if isinstance(value, list):
+            return [leaf for v in value for leaf in leaves(v)]
+        return [json.dumps(value)]
+
+    reservations = [
+        p
+        for p in read_pairs_jsonl(shared_data / "pairs" / "tau-bench.jsonl")
+        if p["api_name"] == "get_reservation_details"
+    ]
+    example = max(reservations, key=lambda p: len(p["response"]["response"]))  # a round trip with connections
+    assert 1000 < len(example["response"]["response"]) < 2000
+    pairs_file = tmp_path / "pairs.jsonl"
+    pairs_file.write_text(json.dumps(example) + "\n")
+    tools = shared_data / "toolenv" / "realtools"
+    registry = ToolRegistry.load([tools])
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    import_pairs(cache, pairs_file, registry)
+    doc = registry.get(example["category"], example["tool_name"], example["api_name"])
+
+    record = json.loads((shipped.ADAPTERS_DIR / SIMULATOR / TRAINING_FILE).read_text())
+    served = {**serving_settings(record), "tools_folder": [str(tools)]}
+    trained_on = record["dataset_stats"]["options"]
+    as_trained = {key: trained_on[key] for key in ("few_shot_char_budget", "few_shot_response_chars")}
+    values = leaves(json.loads(example["response"]["response"]))
+    shown = {}
+    for name, overrides in (("served", served), ("as trained", {**served, **as_trained})):
+        simulator = Simulator(engine=None, cache=cache, settings=load_settings(overrides=overrides, environ={}))
+        prompt = simulator.messages(doc, {"reservation_id": "ZZZ999"})[1]["content"]
+        shown[name] = sum(value in prompt for value in values)
+    cache.close()
+    assert shown["served"] == len(values) > shown["as trained"]
+
+
 @pytest.mark.slow
 def test_the_shipped_simulator_answers_as_its_record_says(smollm2_dir, tmp_path):
     """The adapter this package ships, merged into SmolLM2 as `models get` does, answers a real tau-bench call with
