@@ -32,7 +32,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from mirrorapi.serving.asgi import UNAUTHORIZED, BodyTooLarge, ClientGone, authorized, error_body, read_body, send_json
-from mirrorapi.serving.config import ServerSettings
+from mirrorapi.serving.config import ServerSettings, model_record_settings
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.openenv import HTTP_PATHS, MCP_WS_PATH, WS_PATH, Episodes
 from mirrorapi.serving.protocol import OUTCOME_HEADER, PROVENANCE_HEADER, SESSION_HEADER
@@ -191,6 +191,13 @@ def serve(settings: ServerSettings) -> None:
         "settings (not default): %s",
         {k: v for k, v in settings.non_default().items() if k not in ("api_key", "server_api_key")},
     )
+    if settings.model_settings == "auto" and (named := model_record_settings(settings.model)):
+        logger.info(
+            "model %s: its record (mirrorapi_training.json) names %s; a value the config, the environment or a "
+            "flag gives wins (model_settings: off ignores the record)",
+            settings.model,
+            named,
+        )
     if (warning := check_uvicorn()) is not None:
         logger.warning("%s", warning)
     gc.set_threshold(*GC_THRESHOLDS)

@@ -1,9 +1,10 @@
 """Settings of the virtual API server (`ServerSettings`): each declared once, here, and read from here only.
 
-Sources, later wins: the defaults below < a YAML file (`--config FILE`, or `MIRRORAPI_CONFIG`) <
-environment variables `MIRRORAPI_<KEY>` (e.g. `MIRRORAPI_PORT=8081`; lists comma-separated) <
-command-line flags `--<key> VALUE` (`--tools-folder A B`). Relative paths in a YAML file are taken
-from the file's folder; those from the environment or the command line from the working directory.
+Sources, later wins: the defaults below < a trained model's record, when `model` is its folder (the prompt and
+decoding settings it names, `MODEL_RECORD_KEYS`; `model_settings: off` ignores it) < a YAML file (`--config
+FILE`, or `MIRRORAPI_CONFIG`) < environment variables `MIRRORAPI_<KEY>` (e.g. `MIRRORAPI_PORT=8081`; lists
+comma-separated) < command-line flags `--<key> VALUE` (`--tools-folder A B`). Relative paths in a YAML file are
+taken from the file's folder; those from the environment or the command line from the working directory.
 
 StableToolBench's keys mean what they mean there (`api_key`, `api_base`, `model`, `temperature`,
 `tools_folder`, `port` of its `config_mirrorapi.yml`; `cache_folder`, `is_save`, `log_file` of its
@@ -33,6 +34,7 @@ from mirrorapi.command_line import (
     settings_values,
 )
 from mirrorapi.few_shot import FEW_SHOT_TIES
+from mirrorapi.models.catalogue import read_training_record, serving_settings
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_HISTORY_CALLS,
@@ -41,6 +43,7 @@ from mirrorapi.prompts.simulator_formats import (
     SIMULATOR_FORMATS,
     STABLETOOLBENCH_REQUEST_SETTINGS,
     check_cot_system_prompt,
+    stateless_format,
 )
 
 logger = logging.getLogger(__name__)
@@ -50,6 +53,23 @@ CONFIG_ENV = "MIRRORAPI_CONFIG"  # a config file to use when `--config` is not g
 
 
 ConfigError = SettingsError  # a setting that cannot work; the message is one line that says what to change
+
+# What a trained model's record may set (`mirrorapi.models.catalogue.serving_settings`): how its prompts are built
+# and how it decodes; never where the server listens, stores or finds its tools.
+MODEL_RECORD_KEYS = frozenset(
+    {
+        "prompt_format",
+        "few_shot",
+        "few_shot_char_budget",
+        "few_shot_response_chars",
+        "few_shot_ties",
+        "session_history",
+        "session_char_budget",
+        "session_history_rule",
+        "max_tokens",
+        "temperature",
+    }
+)
 
 
 class ServerSettings(BaseModel):
@@ -71,6 +91,14 @@ class ServerSettings(BaseModel):
         ),
     )
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of the simulator (0: greedy).")
+    model_settings: Literal["auto", "off"] = Field(
+        "auto",
+        description=(
+            "auto: when `model` is a local folder holding a trained model's record (mirrorapi_training.json: a "
+            "`mirrorapi models get` folder, a training/sft.py output), the prompt and decoding settings it names "
+            "are the defaults, below the config file, the environment and flags; off: the record is not read."
+        ),
+    )
     tools_folder: list[Path] = Field(
         description=("ToolBench tools folder(s) <Category>/<tool>.json, or StableToolBench query files (required).")
     )
@@ -412,17 +440,34 @@ def is_loopback(host: str) -> bool:
 FIELDS = ServerSettings.model_fields
 
 
+def model_record_settings(model: str) -> dict:
+    """The settings (`MODEL_RECORD_KEYS`) a trained model's record says it must be served with, when `model` is the
+    model's folder; else none. Its prompt format is the stateless one: a session's calls get the session format."""
+    folder = Path(model).expanduser()
+    record = read_training_record(folder) if folder.is_dir() else None
+    if not record:
+        return {}
+    settings = {k: v for k, v in serving_settings(record).items() if k in MODEL_RECORD_KEYS}
+    if isinstance(settings.get("prompt_format"), str):
+        settings["prompt_format"] = stateless_format(settings["prompt_format"])
+    return settings
+
+
 def load_settings(
     config: str | os.PathLike | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ServerSettings:
-    """Settings from a YAML file, the environment and explicit overrides; raises `ConfigError`."""
+    """Settings from a YAML file, the environment and explicit overrides, over those the model's record names;
+    raises `ConfigError`."""
     environ = os.environ if environ is None else environ
     config = config or environ.get(CONFIG_ENV)
     data = read_yaml_settings(config, ServerSettings) if config else {}
     data.update(environment_values(ServerSettings, ENV_PREFIX, environ))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if data.get("model_settings", FIELDS["model_settings"].default) == "auto":
+        for key, value in model_record_settings(str(data.get("model", FIELDS["model"].default))).items():
+            data.setdefault(key, value)  # below every source the user gave
     # "null"/"none" from the environment or a flag clear a setting whose default is None.
     data = {
         k: None

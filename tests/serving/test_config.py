@@ -1,5 +1,7 @@
 """Settings: YAML with StableToolBench's keys, environment and flag overrides, one-line errors."""
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from mirrorapi.cli import main as mirrorapi_main
+from mirrorapi.models import shipped
+from mirrorapi.models.catalogue import TRAINING_FILE
 from mirrorapi.serving.config import ConfigError, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +72,76 @@ def test_precedence_defaults_file_environment_flags(tmp_path):
     assert settings.api_base == ["http://a:1/v1", "http://b:2/v1"]
     settings = load_settings(config, overrides={"port": "9003", "seed": "7"}, environ=environ)
     assert settings.port == 9003 and settings.seed == 7
+
+
+def a_model_folder(tmp_path: Path, record: dict) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / TRAINING_FILE).write_text(json.dumps(record), encoding="utf-8")
+    return folder
+
+
+def test_a_shipped_model_s_folder_is_served_as_its_record_says(tmp_path):
+    """The documented command (serving/config_mirrorapi.yml, `--model` the folder `mirrorapi models get` wrote)
+    serves the shipped simulator with the prompt and decoding settings its record names, not the defaults of a
+    model trained on none of them."""
+    folder = tmp_path / "smollm2-135m-mirrorapi-simulator"
+    folder.mkdir()
+    shutil.copy(shipped.ADAPTERS_DIR / folder.name / TRAINING_FILE, folder)
+    named = json.loads((folder / TRAINING_FILE).read_text())["server_settings"]
+    config = REPO / "serving" / "config_mirrorapi.yml"
+    default = load_settings(config, environ={})
+    settings = load_settings(config, overrides={"model": str(folder)}, environ={})
+    for key, value in named.items():
+        assert getattr(settings, key) == value, key
+    differ = [key for key in named if getattr(default, key) != named[key]]
+    assert {"prompt_format", "few_shot", "max_tokens", "few_shot_response_chars"} <= set(differ)
+    # where it listens, stores and finds its tools are the config's
+    assert (settings.port, settings.cache_path, settings.tools_folder) == (
+        default.port,
+        default.cache_path,
+        default.tools_folder,
+    )
+
+
+def test_what_the_user_gives_wins_over_the_record(tmp_path):
+    folder = a_model_folder(
+        tmp_path,
+        {
+            "kind": "simulator",
+            "server_settings": {
+                "prompt_format": "mirrorapi-v2",
+                "few_shot": 1,
+                "max_tokens": 576,
+                "few_shot_ties": "median",
+                "port": 1,  # not a record's to set
+                "cache_path": "/elsewhere.sqlite",
+            },
+        },
+    )
+    config = write(tmp_path / "c.yml", f"tools_folder: {SAMPLE_TOOLS}\nmodel: {folder}\nfew_shot: 3\n")
+    settings = load_settings(config, overrides={"max_tokens": "100"}, environ={"MIRRORAPI_FEW_SHOT_TIES": "shortest"})
+    assert settings.prompt_format == "mirrorapi-v2"  # the record's: nothing else gave one
+    assert (settings.few_shot, settings.max_tokens, settings.few_shot_ties) == (3, 100, "shortest")
+    assert settings.port == 8080 and str(settings.cache_path) != "/elsewhere.sqlite"  # not the record's
+    off = load_settings(config, overrides={"model_settings": "off"}, environ={})
+    assert (off.prompt_format, off.max_tokens, off.few_shot_ties) == ("mirrorapi-v1", 1024, "shortest")
+
+
+def test_a_record_without_server_settings_gives_its_training_data_s_prompts(tmp_path):
+    # training/sft.py's record: the SFT set's options; built with session history, its format is the session one,
+    # and the server's prompt_format is the stateless one (a session's calls get the session format)
+    options = {"prompt_format": "mirrorapi-session-v2", "few_shot": 1, "few_shot_response_chars": 600, "history": 8}
+    folder = a_model_folder(tmp_path, {"kind": "simulator", "dataset_stats": {"options": options}})
+    settings = load_settings(overrides={"tools_folder": [str(SAMPLE_TOOLS)], "model": str(folder)}, environ={})
+    assert (settings.prompt_format, settings.few_shot, settings.few_shot_response_chars) == ("mirrorapi-v2", 1, 600)
+    assert settings.session_history == 8
+
+
+@pytest.mark.parametrize("model", ["mirrorapi", "mirrorapi/models", "/nonexistent/folder"])
+def test_a_model_name_or_a_folder_without_a_record_keeps_the_defaults(model):
+    settings = load_settings(overrides={"tools_folder": [str(SAMPLE_TOOLS)], "model": model}, environ={})
+    assert (settings.prompt_format, settings.few_shot, settings.max_tokens) == ("mirrorapi-v1", 0, 1024)
 
 
 @pytest.mark.parametrize(
