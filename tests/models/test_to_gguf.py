@@ -30,7 +30,7 @@ from harness.processes import (
 )
 from mirrorapi.cli import main
 from mirrorapi.engine_client import EngineClient
-from mirrorapi.llama_cpp_engine import openai_request
+from mirrorapi.llama_cpp_engine import GrammarCheckedGreedy, check_grammar_first, explicit_any, openai_request
 from mirrorapi.models.catalogue import base_gguf
 from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving, permute_for_gguf
 from mirrorapi.prompts.simulator_formats import OBSERVATION_SCHEMA, simulator_messages
@@ -184,6 +184,58 @@ async def _answers(client, prompts, max_tokens, **kwargs):
         ]
     finally:
         await client.aclose()
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+def test_grammar_checked_greedy_answers_are_those_of_the_grammar_over_every_token(smollm2_dir, samples, monkeypatch):
+    """The engine's greedy sampling under a grammar (GrammarCheckedGreedy: the likeliest token offered to the grammar
+    first) writes the tokens of llama-cpp-python's own chain (the grammar over the whole vocabulary, then the
+    likeliest), on SmolLM2's real weights: with the observation schema, and with a schema whose only values the
+    model would not write (so the grammar refuses its likeliest token and the whole-vocabulary path decides)."""
+    from llama_cpp import Llama
+
+    refusing = {
+        "type": "object",
+        "properties": {"error": {"enum": ["quota exceeded"]}, "response": {"enum": ["zebra crossing", 17]}},
+        "required": ["error", "response"],
+    }
+    asks = [(p, explicit_any(OBSERVATION_SCHEMA)) for p in simulator_prompts(samples, 3)]
+    asks.append((asks[0][0], refusing))
+
+    def answers() -> list[str]:
+        # a model loaded afresh for each pass: llama.cpp reuses the KV cache of the previous prompt's common
+        # prefix, and a prompt read in other pieces may tip a close choice
+        llm = Llama(model_path=str(base_gguf(smollm2_dir)), n_ctx=2048, n_threads=2, verbose=False)
+        return [
+            llm.create_chat_completion(
+                messages=messages,
+                response_format={"type": "json_object", "schema": schema},
+                temperature=0,
+                max_tokens=96,
+                repeat_penalty=1.0,
+            )["choices"][0]["message"]["content"]
+            for messages, schema in asks
+        ]
+
+    whole_vocabulary = answers()
+    refused = []
+    apply_grammar = GrammarCheckedGreedy._apply_grammar
+
+    def counting(self, data, size):
+        apply_grammar(self, data, size)
+        refused.append(size > 1)
+
+    monkeypatch.setattr(Llama, "_init_sampler", Llama._init_sampler)  # undone after the test
+    monkeypatch.setattr(GrammarCheckedGreedy, "_apply_grammar", counting)
+    check_grammar_first()
+    checked_first = answers()
+    assert checked_first == whole_vocabulary
+    assert json.loads(checked_first[-1]) == {"error": "quota exceeded", "response": "zebra crossing"} or json.loads(
+        checked_first[-1]
+    ) == {"error": "quota exceeded", "response": 17}
+    assert any(refused) and refused.count(False) > refused.count(True)  # both paths ran; the check alone mostly
+    assert len(set(whole_vocabulary[:3])) == 3 and all(len(a) > 20 for a in whole_vocabulary)
 
 
 @pytest.mark.slow
