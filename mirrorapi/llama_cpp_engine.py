@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -171,11 +172,22 @@ class GrammarCheckedGreedy:
 def check_grammar_first() -> None:
     """Has llama-cpp-python's `Llama` sample greedy answers under a grammar with GrammarCheckedGreedy: a request at
     temperature 0 with a grammar and neither penalties nor logits processors (whose chain is exactly grammar,
-    then greedy). Any other request keeps llama-cpp-python's own chain."""
+    then greedy). Any other request keeps llama-cpp-python's own chain, and so does every request of a
+    llama-cpp-python without the internals this relies on (the lock pins the version it was written for): the
+    engine then says so on stderr and answers as before."""
+    import llama_cpp
     from llama_cpp import Llama
 
-    chain = Llama._init_sampler
+    chain = getattr(Llama, "_init_sampler", None)
     if getattr(chain, "checks_grammar_first", False):
+        return
+    needed = ("llama_sampler_init_grammar", "llama_sampler_apply", "llama_sampler_accept", "llama_get_logits_ith")
+    if chain is None or not all(hasattr(llama_cpp, name) for name in needed):
+        logging.getLogger(__name__).warning(
+            "llama-cpp-python %s lacks what the grammar check needs; greedy answers under a grammar are sampled "
+            "its own (slower) way",
+            llama_cpp.__version__,
+        )
         return
 
     def init_sampler(self: Any, *args: Any, **kwargs: Any) -> Any:
