@@ -236,6 +236,19 @@ def test_grammar_checked_greedy_answers_are_those_of_the_grammar_over_every_toke
     ) == {"error": "quota exceeded", "response": 17}
     assert any(refused) and refused.count(False) > refused.count(True)  # both paths ran; the check alone mostly
     assert len(set(whole_vocabulary[:3])) == 3 and all(len(a) > 20 for a in whole_vocabulary)
+    # Only a greedy request without penalties gets it: a sampled one (the server's second try) or one with a
+    # penalty keeps llama-cpp-python's chain, where checking one token first would change what is drawn.
+    from llama_cpp import LlamaGrammar
+
+    grammar = LlamaGrammar.from_json_schema(json.dumps(refusing), verbose=False)
+    llm = Llama(model_path=str(base_gguf(smollm2_dir)), n_ctx=256, verbose=False)
+    kinds = {
+        "greedy": llm._init_sampler(temp=0.0, grammar=grammar),
+        "sampled": llm._init_sampler(temp=0.7, grammar=grammar),
+        "penalised": llm._init_sampler(temp=0.0, repeat_penalty=1.1, grammar=grammar),
+        "no grammar": llm._init_sampler(temp=0.0),
+    }
+    assert [k for k, sampler in kinds.items() if isinstance(sampler, GrammarCheckedGreedy)] == ["greedy"]
 
 
 @pytest.mark.slow
