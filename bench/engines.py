@@ -74,9 +74,10 @@ CB_ARGS = ["--cb-block-size", "32", "--cb-num-blocks", "512"]
 OPENAI_SCHEMA = {"type": "json_schema", "json_schema": {"name": "observation", "schema": OBSERVATION_SCHEMA}}
 
 
-def simulator_prompts(limit: int) -> list[list[dict]]:
+def sample_calls(limit: int) -> list[tuple]:
+    """(API doc, arguments) of the first `limit` distinct APIs of data/samples/pairs.jsonl."""
     registry = ToolRegistry.load([SAMPLES / "tools"])
-    prompts, seen = [], set()
+    calls, seen = [], set()
     for pair in read_pairs_jsonl(SAMPLES / "pairs.jsonl"):
         key = (pair["category"], pair["tool_name"], pair["api_name"])
         if key in seen:
@@ -86,10 +87,14 @@ def simulator_prompts(limit: int) -> list[list[dict]]:
         except Exception:  # noqa: BLE001 - an unresolved sample is skipped, as the data builder does
             continue
         seen.add(key)
-        prompts.append(simulator_messages(doc, pair["tool_input"]))
-        if len(prompts) == limit:
+        calls.append((doc, pair["tool_input"]))
+        if len(calls) == limit:
             break
-    return prompts
+    return calls
+
+
+def simulator_prompts(limit: int) -> list[list[dict]]:
+    return [simulator_messages(doc, arguments) for doc, arguments in sample_calls(limit)]
 
 
 # ------------------------------------------------------------------------------------------ measuring

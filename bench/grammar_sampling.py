@@ -26,39 +26,31 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from engines import sample_calls  # noqa: E402  (bench/engines.py, beside this script)
+
 from harness.processes import llama_cpp_available, llama_cpp_serve  # noqa: E402
 from mirrorapi.models.shipped import get_shipped_model  # noqa: E402
 from mirrorapi.models.to_gguf import gguf_for_serving  # noqa: E402
 from mirrorapi.prompts.simulator_formats import DEFAULT_SIMULATOR_FORMAT, simulator_messages  # noqa: E402
-from mirrorapi.records import read_pairs_jsonl  # noqa: E402
 from mirrorapi.serving.config import model_record_settings  # noqa: E402
 from mirrorapi.serving.simulator import response_format  # noqa: E402
-from mirrorapi.tools import ToolRegistry  # noqa: E402
 from mirrorapi.versions import package_versions  # noqa: E402
 
-SAMPLES = REPO / "data" / "samples"
 WAYS = {"checked_first": ["--check_grammar_first", "true"], "whole_vocabulary": ["--check_grammar_first", "false"]}
 
 
 def requests(limit: int, prompt_format: str) -> list[tuple[list[dict], dict]]:
     """(messages, response_format) of the first `limit` distinct APIs of the samples, as the server asks them."""
-    registry = ToolRegistry.load([SAMPLES / "tools"])
-    out, seen = [], set()
-    for pair in read_pairs_jsonl(SAMPLES / "pairs.jsonl"):
-        key = (pair["category"], pair["tool_name"], pair["api_name"])
-        if key in seen:
-            continue
-        try:
-            doc = registry.resolve(*key)
-        except Exception:  # noqa: BLE001 - an unresolved sample is skipped, as the data builder does
-            continue
-        seen.add(key)
-        schema = response_format(doc, prompt_format)
-        messages = simulator_messages(doc, pair["tool_input"], fmt=prompt_format)
-        out.append((messages, {"type": "json_schema", "json_schema": {"name": "observation", "schema": schema}}))
-        if len(out) == limit:
-            break
-    return out
+    return [
+        (
+            simulator_messages(doc, arguments, fmt=prompt_format),
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "observation", "schema": response_format(doc, prompt_format)},
+            },
+        )
+        for doc, arguments in sample_calls(limit)
+    ]
 
 
 async def ask(client, model: str, messages, fmt, max_tokens: int) -> tuple[float, int, str]:
