@@ -25,8 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # bench/engines.py, however this script is started
 
-from engines import sample_calls  # noqa: E402  (bench/engines.py, beside this script)
+from engines import sample_calls  # noqa: E402
 
 from harness.processes import llama_cpp_available, llama_cpp_serve  # noqa: E402
 from mirrorapi.models.shipped import get_shipped_model  # noqa: E402
