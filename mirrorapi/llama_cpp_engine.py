@@ -25,7 +25,7 @@ completion request is rewritten before llama-cpp-python reads it:
 Not a new engine and no new endpoint: an ASGI wrapper of about forty lines around llama-cpp-python's app, and one
 change to how it samples (GrammarCheckedGreedy): a greedy answer under a grammar (every `response_format` the
 virtual server sends) checks the likeliest token against the grammar before applying the grammar to the whole
-vocabulary, as llama.cpp's own sampler does; the same tokens, written in about half the time.
+vocabulary, as llama.cpp's own sampler does: the same tokens, each written in about half the time.
 """
 
 from __future__ import annotations
