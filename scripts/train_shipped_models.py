@@ -9,6 +9,8 @@ pair and label, in one run of a lent GPU machine; or on a tiny slice on the CPU,
     .venv/bin/python scripts/train_shipped_models.py --stage answer --work runs/shipped --engine URL \
         --engine-model NAME --max-new-tokens 1024
     .venv/bin/python scripts/train_shipped_models.py --stage score --work runs/shipped
+    # a simulator adapter's failure decision as a probability on the answer stage's records (ROC AUC, thresholds)
+    .venv/bin/python scripts/train_shipped_models.py --stage decisions --work runs/shipped --base BASE --adapter DIR
     # a judge adapter trained elsewhere (e.g. on the CPU), scored on the same split as the train stage scores it
     .venv/bin/python scripts/train_shipped_models.py --stage judge --work runs/shipped --base BASE --adapter DIR
     # the whole path on the CPU, on a slice, with the tiny model (what tests/training/test_train_shipped.py runs)
@@ -23,12 +25,13 @@ to what only a GPU does. The train stage:
    leaves most of it idle), recipes `training/configs/{simulator,judge}_smollm2_gpu_lora.yaml`, each stopped by
    its own `max_train_seconds`;
 3. offline scores of the trained weights on held-out records, with the records' own prompts: the judge's verdict
-   as the likelier of the two verdict lines (and the untrained base's, beside it), and the simulator's greedy
+   as the likelier of the two verdict lines (and the untrained base's, beside it), the simulator's greedy
    answers to a sample of held-out calls of every source (scored on the CPU afterwards against the real answers
-   and the nearest example: `mirrorapi.evaluation.fidelity.offline`);
+   and the nearest example: `--stage score`), and its failure decision on the same calls as a probability (ROC
+   AUC and what a threshold on it would answer: `failure_decisions`);
 4. `--out`: at most 8 files, none over 16 MiB and none deeper than 2 folders (what a lent machine hands back):
    `report.json` (throughput, MFU, eval losses, wall times, the GPU), the two adapters as tar files, the
-   generations, the judge's scores, the logs.
+   generations, the failure decisions, the judge's scores, the logs.
 """
 
 from __future__ import annotations
@@ -716,6 +719,15 @@ def train_stage(args, work: Path) -> dict:
                 "max_new_tokens": args.max_new_tokens,
             }
             report["seconds"]["generate"] = round(time.perf_counter() - started, 1)
+            started = time.perf_counter()
+            tokenizer, model = load_trained(base, work / "simulator", device)
+            asked = records[: len(generations)]  # the records answered within the time limit
+            decisions = failure_decisions(model.merge_and_unload(), tokenizer, asked, work / "data" / "simulator")
+            (out / "decisions.json").write_text(json.dumps(decisions, indent=1) + "\n", encoding="utf-8")
+            report["simulator"]["failure_decisions"] = {
+                group: parts["overall"] for group, parts in decisions["tables"].items()
+            }
+            report["seconds"]["decisions"] = round(time.perf_counter() - started, 1)
     except Exception as exc:  # noqa: BLE001 (reported, and the run's weights kept)
         report["scoring_failed"] = f"{type(exc).__name__}: {exc}"
         log(f"scoring failed: {report['scoring_failed']}")
@@ -744,10 +756,9 @@ def judge_stage(args, work: Path) -> dict:
     return {"agreement": agreement["trained"], "seconds": round(time.perf_counter() - started, 1)}
 
 
-def answer_stage(args, work: Path) -> dict:
-    """An adapter's greedy answers to the held-out sample, as the train stage writes them, without training: to
-    compare adapters on the same records with the same generation settings."""
-    started = time.perf_counter()
+def sampled_records(args, work: Path) -> list[dict]:
+    """The held-out records the answer and decision stages ask: the sample of `--splits`, then `--sources`,
+    `--answers` and `--history-twins`."""
     records = held_out_sample(work / "data" / "simulator", args.per_stratum, splits=tuple(args.splits))
     if args.sources:  # after sampling, so that each kept record is the one a run without the filter asks
         records = [r for r in records if r["source"] in args.sources]
@@ -760,6 +771,14 @@ def answer_stage(args, work: Path) -> dict:
         )
     if args.history_twins:  # after the sample, so that its answers stay those of a run without twins
         records += history_twins(work / "data" / "simulator", records)
+    return records
+
+
+def answer_stage(args, work: Path) -> dict:
+    """An adapter's greedy answers to the held-out sample, as the train stage writes them, without training: to
+    compare adapters on the same records with the same generation settings."""
+    started = time.perf_counter()
+    records = sampled_records(args, work)
     if args.engine:
         device = f"engine {args.engine}"
         generations = served_answers(
@@ -791,6 +810,93 @@ def answer_stage(args, work: Path) -> dict:
     }
 
 
+def failure_decisions(model, tokenizer, records: list[dict], dataset_path: Path) -> dict:
+    """The simulator's failure decision on `records` (`mirrorapi.evaluation.fidelity.decisions`, teacher-forced on
+    each record's prompt), against each call's real outcome (its record's answer): for each prompt format (history
+    twins apart), overall and per source, the ROC AUC of its probability of answering a failure and the failures a
+    threshold on it would answer (a greedy answer's threshold is about 0.5). A call whose arguments equal a call
+    of the server's cache (the training calls; for test_ood_shown also test_ood's other half) is left out, as the
+    score stage leaves it out. Read from the SFT set alone, so that it runs where the shared data is not."""
+    from datasets import load_from_disk
+
+    from mirrorapi.evaluation.fidelity.decisions import decision_table, failure_probabilities
+    from mirrorapi.evaluation.fidelity.metrics import is_error
+
+    dataset = load_from_disk(str(dataset_path))
+    keys = ["category", "tool", "api", "arguments"]
+    train_calls = {tuple(r[key] for key in keys) for r in dataset["train"].select_columns(keys)}
+    pools = {"train": train_calls}
+    if any(r["split"] == "test_ood_shown" for r in records):  # the data stage's halves of test_ood's episodes
+        asked = {(r["source"], r["episode"]) for r in dataset["test_ood_shown"].select_columns(["source", "episode"])}
+        pools["test_ood_shown"] = train_calls | {
+            tuple(r[key] for key in keys)
+            for r in dataset["test_ood"].select_columns(["source", "episode", *keys])
+            if (r["source"], r["episode"]) not in asked
+        }
+    probabilities: list[dict] = []
+    for start in range(0, len(records), 50):  # one forward pass a record: a few seconds each on a CPU
+        probabilities += failure_probabilities(model, tokenizer, [r["prompt"] for r in records[start : start + 50]])
+        log(f"failure decisions: {len(probabilities)} of {len(records)}")
+    rows = []
+    for record, found in zip(records, probabilities, strict=True):
+        pool = pools["test_ood_shown" if record["split"] == "test_ood_shown" else "train"]
+        rows.append(
+            {key: record[key] for key in ("split", "source", "episode", "step", "api", "prompt_format")}
+            | {
+                "history_twin": bool(record.get("history_twin")),
+                "failed": is_error(json.loads(record["completion"][0]["content"])),
+                "cache_hit": tuple(record[key] for key in keys) in pool,
+            }
+            | {key: round(value, 6) for key, value in found.items()}
+        )
+    groups: dict[str, dict[str, list[dict]]] = {}
+    for row in rows:
+        if not row["cache_hit"]:
+            group = row["prompt_format"] + (" (history twins)" if row["history_twin"] else "")
+            for part in ("overall", row["source"]):
+                groups.setdefault(group, {}).setdefault(part, []).append(row)
+    tables = {
+        group: {
+            part: decision_table([r["p_failure"] for r in chosen], [r["failed"] for r in chosen])
+            for part, chosen in sorted(parts.items())
+        }
+        for group, parts in sorted(groups.items())
+    }
+    return {"tables": tables, "records": rows}
+
+
+def decision_lines(tables: dict) -> list[str]:
+    lines = []
+    for group, parts in tables.items():
+        for part, table in parts.items():
+            cells = ", ".join(f"{t['threshold']}: {t['answered']} ({t['right']})" for t in table["thresholds"])
+            lines.append(
+                f"{group}, {part}: {table['calls']} calls, {table['failures']} failures, AUC {table['roc_auc']}; "
+                f"failures answered (right) above {cells}"
+            )
+    return lines
+
+
+def decision_stage(args, work: Path) -> dict:
+    """A simulator adapter's failure decision (`failure_decisions`) on the records the answer stage asks, written
+    to OUT/decisions.json with each record's probabilities."""
+    started = time.perf_counter()
+    records = sampled_records(args, work)
+    device = machine()["device"]
+    tokenizer, model = load_trained(base_model(work, args.base, args.base_gguf), Path(args.adapter), device)
+    found = failure_decisions(model.merge_and_unload(), tokenizer, records, work / "data" / "simulator")
+    out = Path(args.out or work / "out")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decisions.json").write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
+    for line in decision_lines(found["tables"]):
+        log(line)
+    return {
+        "records": len(records),
+        "out": str(out / "decisions.json"),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
 def agreement_table(rows: list[dict], column: str) -> dict:
     table = {"all": {"judge": agreement_of(rows, column), "solved_to_all": agreement_of(rows, None)}}
     for source in sorted({r["source"] for r in rows}):
@@ -816,16 +922,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--stage",
-        choices=("all", "data", "train", "answer", "score", "judge"),
+        choices=("all", "data", "train", "answer", "decisions", "score", "judge"),
         default="all",
         help="answer: an adapter's greedy answers to the held-out sample, without training (--adapter); "
         "score: the generations of a train or answer stage (--generations), on the CPU, after it; "
         "judge: a judge adapter's verdicts on the held-out answers, scored as the train stage scores them "
+        "(--adapter); decisions: a simulator adapter's probability of answering a failure on the records the "
+        "answer stage asks, against the real outcomes: ROC AUC and the failures a threshold would answer "
         "(--adapter).",
     )
     parser.add_argument(
         "--adapter",
-        help="The simulator adapter the answer stage answers with, or the judge adapter the judge stage scores.",
+        help="The simulator adapter the answer and decisions stages ask, or the judge adapter the judge stage scores.",
     )
     parser.add_argument(
         "--engine",
@@ -977,12 +1085,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "answer" and args.engine:
         if not args.engine_model:
             parser.error("--engine needs --engine-model NAME (the model name that engine answers to)")
-    elif args.stage in ("all", "train", "answer", "judge") and not (args.base or args.base_gguf):
+    elif args.stage in ("all", "train", "answer", "decisions", "judge") and not (args.base or args.base_gguf):
         parser.error(f"the {args.stage} stage needs --base DIR or --base-gguf FILE (or, to answer, --engine URL)")
     if args.stage == "answer" and not (args.adapter or args.engine):
         parser.error("the answer stage needs --adapter DIR, or --engine URL")
     if args.stage == "judge" and not args.adapter:
         parser.error("the judge stage needs --adapter DIR (a judge adapter)")
+    if args.stage == "decisions" and not args.adapter:
+        parser.error("the decisions stage needs --adapter DIR (a simulator adapter)")
     if args.tiny:
         args.per_stratum, args.max_new_tokens, args.batch_size = 2, 16, 4
     if args.stage in ("all", "data"):
@@ -1009,6 +1119,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"done: {json.dumps(answer_stage(args, work))}")
     if args.stage == "judge":
         log(f"done: {json.dumps(judge_stage(args, work))}")
+    if args.stage == "decisions":
+        log(f"done: {json.dumps(decision_stage(args, work))}")
     if args.stage in ("all", "score"):
         generations = Path(args.generations or Path(args.out or work / "out") / "generations.jsonl.xz")
         scores = score_generations(generations, work, args.pairs, args.tools)

@@ -51,6 +51,7 @@ def test_the_output_is_what_a_lent_machine_hands_back(shipped_run):
         "judge-adapter.tar",
         "judge_scores.jsonl",
         "generations.jsonl.xz",
+        "decisions.json",
         "logs.tar.xz",
     }
 
@@ -104,6 +105,23 @@ def test_generations_cover_every_held_out_stratum_and_are_scored(shipped_run):
     assert set(scores) == {"mirrorapi-v2", "mirrorapi-session-v2"}
     scored = sum(part.get("calls", 0) for report in scores.values() for part in report.values())
     assert scored == len(rows)
+
+
+def test_the_failure_decisions_are_read_on_the_answered_records(shipped_run):
+    from mirrorapi.evaluation.fidelity.metrics import is_error
+
+    found = json.loads((shipped_run / "out" / "decisions.json").read_text())
+    answered = generations(shipped_run / "out")
+    assert [(r["split"], r["episode"], r["step"], r["prompt_format"]) for r in found["records"]] == [
+        (r["split"], r["episode"], r["step"], r["prompt_format"]) for r in answered
+    ]
+    for decided, row in zip(found["records"], answered, strict=True):
+        assert decided["failed"] == is_error(json.loads(row["target"]))  # the real answer the record was built from
+        assert 0.0 <= decided["p_failure"] <= 1.0
+    report = json.loads((shipped_run / "out" / "report.json").read_text())
+    assert report["simulator"]["failure_decisions"] == {
+        group: parts["overall"] for group, parts in found["tables"].items()
+    }
 
 
 def run_script(*argv: str, exit_code: int = 0) -> subprocess.CompletedProcess:
@@ -330,3 +348,38 @@ def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_pat
         for chars, work in ((1024, shipped_run), (200, tmp_path))
     }
     assert 800 < longest[1024] <= 1100 and longest[200] < longest[1024]
+
+
+def test_the_decisions_stage_asks_the_answer_stage_s_records_against_their_real_outcomes(
+    shipped_run, tiny_model_dir, tmp_path
+):
+    from mirrorapi.evaluation.fidelity.metrics import is_error
+
+    run_stage(
+        "--stage", "decisions", "--work", str(shipped_run), "--base", str(tiny_model_dir),
+        "--adapter", str(shipped_run / "simulator"), "--answers", "6", "--history-twins", "--out", str(tmp_path),
+    )  # fmt: skip
+    found = json.loads((tmp_path / "decisions.json").read_text())
+    records = found["records"]
+    asked = [r for r in records if not r["history_twin"]]
+    trained = generations(shipped_run / "out")[:6]  # the train stage's sample, in its order
+    assert [(r["split"], r["episode"], r["step"], r["prompt_format"]) for r in asked] == [
+        (r["split"], r["episode"], r["step"], r["prompt_format"]) for r in trained
+    ]
+    sessions = [r for r in asked if "session" in r["prompt_format"]]
+    twins = [r for r in records if r["history_twin"]]
+    assert sessions and [(r["episode"], r["step"]) for r in twins] == [(r["episode"], r["step"]) for r in sessions]
+    pairs = {
+        (p["source"], p["episode"], p["step"]): p
+        for p in map(json.loads, (REPO / "data/samples/pairs.jsonl").read_text().splitlines())
+    }
+    for r in records:
+        assert r["failed"] == is_error(pairs[(r["source"], r["episode"], r["step"])]["response"])
+        assert 0.0 <= r["p_failure"] <= 1.0
+    for group, parts in found["tables"].items():
+        chosen = [r for r in records if not r["cache_hit"] and group.startswith(r["prompt_format"])]
+        chosen = [r for r in chosen if r["history_twin"] == group.endswith("(history twins)")]
+        assert parts["overall"]["calls"] == len(chosen)
+        assert parts["overall"]["failures"] == sum(r["failed"] for r in chosen)
+        answered = [t["answered"] for t in parts["overall"]["thresholds"]]
+        assert answered == sorted(answered, reverse=True)  # a higher threshold never answers more failures
