@@ -294,7 +294,7 @@ def test_the_judge_stage_scores_an_adapter_as_the_train_stage_scores_it(shipped_
     assert (adapter / "adapter_model.safetensors").read_bytes() == weights  # nothing trained
 
 
-def test_the_answer_and_judge_stages_need_an_adapter(tiny_model_dir, tmp_path):
+def test_the_answer_judge_and_decisions_stages_need_an_adapter(tiny_model_dir, tmp_path):
     work, base = ["--work", str(tmp_path)], ["--base", str(tiny_model_dir)]
 
     def refusal(*argv: str) -> str:
@@ -303,6 +303,8 @@ def test_the_answer_and_judge_stages_need_an_adapter(tiny_model_dir, tmp_path):
     assert "--adapter" in refusal("--stage", "answer", *work, *base)
     assert "--engine-model" in refusal("--stage", "answer", *work, "--engine", "http://127.0.0.1:9/v1")
     assert "the judge stage needs --adapter" in refusal("--stage", "judge", *work, *base)
+    assert "the decisions stage needs --adapter" in refusal("--stage", "decisions", *work, *base)
+    assert "--base" in refusal("--stage", "decisions", *work, "--adapter", str(tmp_path))
 
 
 def response_chars(completion: list[dict]) -> int:
