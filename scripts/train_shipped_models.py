@@ -757,7 +757,7 @@ def judge_stage(args, work: Path) -> dict:
 
 
 def sampled_records(args, work: Path) -> list[dict]:
-    """The held-out records the answer and decision stages ask: the sample of `--splits`, then `--sources`,
+    """The held-out records the answer and decisions stages ask: the sample of `--splits`, then `--sources`,
     `--answers` and `--history-twins`."""
     records = held_out_sample(work / "data" / "simulator", args.per_stratum, splits=tuple(args.splits))
     if args.sources:  # after sampling, so that each kept record is the one a run without the filter asks
