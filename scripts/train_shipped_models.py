@@ -816,7 +816,9 @@ def failure_decisions(model, tokenizer, records: list[dict], dataset_path: Path)
     twins apart), overall and per source, the ROC AUC of its probability of answering a failure and the failures a
     threshold on it would answer (a greedy answer's threshold is about 0.5). A call whose arguments equal a call
     of the server's cache (the training calls; for test_ood_shown also test_ood's other half) is left out, as the
-    score stage leaves it out. Read from the SFT set alone, so that it runs where the shared data is not."""
+    score stage leaves it out. Each table also splits its calls by the session's state: whether an earlier call of
+    the call's episode really failed (a failed login, then calls with its token), which a session prompt shows
+    and its history twin does not. Read from the SFT set alone, so that it runs where the shared data is not."""
     from datasets import load_from_disk
 
     from mirrorapi.evaluation.fidelity.decisions import decision_table, failure_probabilities
@@ -833,6 +835,15 @@ def failure_decisions(model, tokenizer, records: list[dict], dataset_path: Path)
             for r in dataset["test_ood"].select_columns(["source", "episode", *keys])
             if (r["source"], r["episode"]) not in asked
         }
+    # Every call of an episode is in one held-out split (episodes are never split), with its real answer.
+    episodes = {(r["source"], r["episode"]) for r in records}
+    failed_steps: dict[tuple, set[int]] = {}
+    for name, split in dataset.items():
+        if name == "train":
+            continue
+        for r in split.select_columns(["source", "episode", "step", "completion"]):
+            if (r["source"], r["episode"]) in episodes and is_error(json.loads(r["completion"][0]["content"])):
+                failed_steps.setdefault((r["source"], r["episode"]), set()).add(int(r["step"]))
     probabilities: list[dict] = []
     for start in range(0, len(records), 50):  # one forward pass a record: a few seconds each on a CPU
         probabilities += failure_probabilities(model, tokenizer, [r["prompt"] for r in records[start : start + 50]])
@@ -846,6 +857,9 @@ def failure_decisions(model, tokenizer, records: list[dict], dataset_path: Path)
                 "history_twin": bool(record.get("history_twin")),
                 "failed": is_error(json.loads(record["completion"][0]["content"])),
                 "cache_hit": tuple(record[key] for key in keys) in pool,
+                "after_a_failure": any(
+                    step < int(record["step"]) for step in failed_steps.get((record["source"], record["episode"]), ())
+                ),
             }
             | {key: round(value, 6) for key, value in found.items()}
         )
@@ -853,7 +867,8 @@ def failure_decisions(model, tokenizer, records: list[dict], dataset_path: Path)
     for row in rows:
         if not row["cache_hit"]:
             group = row["prompt_format"] + (" (history twins)" if row["history_twin"] else "")
-            for part in ("overall", row["source"]):
+            state = "after a failure" if row["after_a_failure"] else "no failure before"
+            for part in ("overall", row["source"], state):
                 groups.setdefault(group, {}).setdefault(part, []).append(row)
     tables = {
         group: {

@@ -359,12 +359,12 @@ def test_the_decisions_stage_asks_the_answer_stage_s_records_against_their_real_
 
     run_stage(
         "--stage", "decisions", "--work", str(shipped_run), "--base", str(tiny_model_dir),
-        "--adapter", str(shipped_run / "simulator"), "--answers", "6", "--history-twins", "--out", str(tmp_path),
+        "--adapter", str(shipped_run / "simulator"), "--answers", "8", "--history-twins", "--out", str(tmp_path),
     )  # fmt: skip
     found = json.loads((tmp_path / "decisions.json").read_text())
     records = found["records"]
     asked = [r for r in records if not r["history_twin"]]
-    trained = generations(shipped_run / "out")[:6]  # the train stage's sample, in its order
+    trained = generations(shipped_run / "out")[:8]  # the train stage's sample, in its order
     assert [(r["split"], r["episode"], r["step"], r["prompt_format"]) for r in asked] == [
         (r["split"], r["episode"], r["step"], r["prompt_format"]) for r in trained
     ]
@@ -378,10 +378,17 @@ def test_the_decisions_stage_asks_the_answer_stage_s_records_against_their_real_
     for r in records:
         assert r["failed"] == is_error(pairs[(r["source"], r["episode"], r["step"])]["response"])
         assert 0.0 <= r["p_failure"] <= 1.0
+        earlier = [
+            p for (source, episode, step), p in pairs.items() if (source, episode) == (r["source"], r["episode"])
+        ]
+        assert r["after_a_failure"] == any(is_error(p["response"]) for p in earlier if p["step"] < r["step"])
+    assert any(r["after_a_failure"] for r in records) and not all(r["after_a_failure"] for r in records)
     for group, parts in found["tables"].items():
         chosen = [r for r in records if not r["cache_hit"] and group.startswith(r["prompt_format"])]
         chosen = [r for r in chosen if r["history_twin"] == group.endswith("(history twins)")]
         assert parts["overall"]["calls"] == len(chosen)
         assert parts["overall"]["failures"] == sum(r["failed"] for r in chosen)
+        states = [parts[state]["calls"] for state in ("after a failure", "no failure before") if state in parts]
+        assert sum(states) == len(chosen)  # the session's state splits the group's calls
         answered = [t["answered"] for t in parts["overall"]["thresholds"]]
         assert answered == sorted(answered, reverse=True)  # a higher threshold never answers more failures
