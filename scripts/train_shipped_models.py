@@ -863,17 +863,21 @@ def failure_decisions(model, tokenizer, records: list[dict], dataset_path: Path)
             }
             | {key: round(value, 6) for key, value in found.items()}
         )
+    states = ("after a failure", "no failure before")
     groups: dict[str, dict[str, list[dict]]] = {}
     for row in rows:
         if not row["cache_hit"]:
             group = row["prompt_format"] + (" (history twins)" if row["history_twin"] else "")
-            state = "after a failure" if row["after_a_failure"] else "no failure before"
-            for part in ("overall", row["source"], state):
+            for part in ("overall", row["source"], states[0] if row["after_a_failure"] else states[1]):
                 groups.setdefault(group, {}).setdefault(part, []).append(row)
+
+    def part_order(part: str) -> tuple:  # overall, the sources, then the session's states
+        return (part != "overall", part in states, part)
+
     tables = {
         group: {
-            part: decision_table([r["p_failure"] for r in chosen], [r["failed"] for r in chosen])
-            for part, chosen in sorted(parts.items())
+            part: decision_table([r["p_failure"] for r in parts[part]], [r["failed"] for r in parts[part]])
+            for part in sorted(parts, key=part_order)
         }
         for group, parts in sorted(groups.items())
     }

@@ -388,7 +388,8 @@ def test_the_decisions_stage_asks_the_answer_stage_s_records_against_their_real_
         chosen = [r for r in chosen if r["history_twin"] == group.endswith("(history twins)")]
         assert parts["overall"]["calls"] == len(chosen)
         assert parts["overall"]["failures"] == sum(r["failed"] for r in chosen)
-        states = [parts[state]["calls"] for state in ("after a failure", "no failure before") if state in parts]
-        assert sum(states) == len(chosen)  # the session's state splits the group's calls
+        states = [state for state in ("after a failure", "no failure before") if state in parts]
+        assert sum(parts[state]["calls"] for state in states) == len(chosen)  # the session's state splits the calls
+        assert list(parts)[0] == "overall" and list(parts)[-len(states) :] == states  # then sources, then states
         answered = [t["answered"] for t in parts["overall"]["thresholds"]]
         assert answered == sorted(answered, reverse=True)  # a higher threshold never answers more failures
