@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 from collections.abc import Iterable
@@ -102,19 +103,28 @@ def _value_key(value) -> object:
     return canonical_json(value)
 
 
-def _items(arguments: dict) -> set:
-    return {(k, _value_key(v)) for k, v in arguments.items()}
+def _items(arguments: dict) -> frozenset:
+    return frozenset((k, _value_key(v)) for k, v in arguments.items())
 
 
-def _similarity(a: dict, items_a: set, b: dict, items_b: set) -> float:
-    names = len(a.keys() & b.keys()) / max(1, len(a.keys() | b.keys()))
+def _similarity(names_a: frozenset, items_a: frozenset, names_b: frozenset, items_b: frozenset) -> float:
+    names = len(names_a & names_b) / max(1, len(names_a | names_b))
     return 2 * len(items_a & items_b) / max(1, len(items_a | items_b)) + names
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _candidate(args_json: str) -> tuple[dict, frozenset, frozenset] | None:
+    """A candidate's parsed arguments, their names and their items, or None when they are not an object. Read-only:
+    shared by every choice that reads the same candidate (a full data build makes ~29,000 choices among the same
+    pools; parsing each candidate again for each was half of the build's time)."""
+    args = json.loads(args_json)
+    return (args, frozenset(args), _items(args)) if isinstance(args, dict) else None
 
 
 def argument_similarity(a: dict, b: dict) -> float:
     """How alike two calls' arguments are: shared argument values count twice as much as shared
     argument names (Jaccard of each). Few-shot selection and the fidelity baseline both use it."""
-    return _similarity(a, _items(a), b, _items(b))
+    return _similarity(frozenset(a), _items(a), frozenset(b), _items(b))
 
 
 def select_examples(
@@ -138,14 +148,12 @@ def select_examples(
     if k <= 0:
         return []
     scored = []
-    items = _items(arguments)
+    names, items = frozenset(arguments), _items(arguments)
     for args_json, observation_json in candidate_pool(candidates):
-        args = json.loads(args_json)
-        if isinstance(args, dict) and args != arguments:
-            size = len(args_json) + len(observation_json)
-            scored.append(
-                (-_similarity(arguments, items, args, _items(args)), size, args_json, args, observation_json)
-            )
+        parsed = _candidate(args_json)
+        if parsed is not None and parsed[0] != arguments:
+            similarity = _similarity(names, items, parsed[1], parsed[2])
+            scored.append((-similarity, len(args_json) + len(observation_json), args_json, observation_json))
     if ties == "median":
         sizes: dict[float, list[int]] = {}
         for negative_similarity, size, *_ in scored:
@@ -155,7 +163,7 @@ def select_examples(
     else:
         scored.sort(key=lambda item: item[:3])
     chosen, used = [], 0
-    for _, size, args_json, args, observation_json in scored:
+    for _, size, args_json, observation_json in scored:
         observation = json.loads(observation_json)
         if response_chars and isinstance(observation, dict):
             shrunk = shrink_response(observation.get("response", ""), response_chars)
@@ -163,7 +171,7 @@ def select_examples(
                 observation = {**observation, "response": shrunk}
                 size = len(args_json) + len(_compact(observation))
         if used + size <= char_budget:
-            chosen.append((args, observation))
+            chosen.append((json.loads(args_json), observation))  # the caller's own copy, not the cached one
             used += size
             if len(chosen) == k:
                 break

@@ -11,6 +11,7 @@ The output folder is a `datasets.DatasetDict` (`load_from_disk`) with a `stats.j
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -306,6 +307,7 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
         )
     pools = {api: candidate_pool(candidates) for api, candidates in by_api.items()}
 
+    @functools.cache  # a call with history is rendered again without it (`stateless_too`), with the same examples
     def pick(index: int) -> list[tuple[dict, dict]]:
         if index in without:
             return []

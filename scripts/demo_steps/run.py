@@ -140,6 +140,7 @@ class Sizes:
     real: bool = False  # SmolLM2 for the simulator and the judge; else the tiny model
     tiny_simulator: dict | None = None  # with real weights: the tiny simulator's overrides, for the report
     base_max_tokens: int = 256  # the untrained base's answers (it rambles to the limit): bounds the row's time
+    trained_max_tokens: int = 512  # the answers of the simulators trained here
     # Real examples of the same API in the trained simulators' prompts (data and server alike) and their budget.
     simulator_few_shot: int = 0
     simulator_few_shot_chars: int = 2048
@@ -215,6 +216,9 @@ QUICK = Sizes(
     heldout_calls=6,
     agreement_limit=3,
     agent_queries=1,
+    # 40 steps teach the tiny model the answer's opening, not where it ends: most of its answers run to the limit, each
+    # tried twice (the server's second try), so the limit is what the run's simulated calls take (512: 4 s a call).
+    trained_max_tokens=128,
 )
 
 
@@ -410,7 +414,7 @@ class Demo:
             "few_shot_char_budget": self.sizes.simulator_few_shot_chars,
             "few_shot_response_chars": self.sizes.simulator_few_shot_response_chars,
             "few_shot_ties": self.sizes.simulator_few_shot_ties,
-            "max_tokens": 512,
+            "max_tokens": self.sizes.trained_max_tokens,
         }
         if self.sizes.session_history:
             settings.update(session_history=self.sizes.session_history, session_char_budget=self.sizes.session_chars)

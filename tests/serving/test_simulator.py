@@ -26,6 +26,18 @@ def test_examples_are_the_most_similar_calls_in_a_stable_order():
     assert select_examples(pool, {"city": "Paris"}, k=0, char_budget=10_000) == []
 
 
+def test_a_caller_s_changes_to_an_example_do_not_reach_the_next_choice():
+    # Candidates are parsed once and kept for later choices (a full data build makes ~29,000 of them).
+    pool = candidates({"city": "Paris", "days": 5}, {"city": "Rome", "days": 5})
+    ((first, _),) = select_examples(pool, {"city": "Paris", "days": 3}, k=1, char_budget=10_000)
+    first["city"] = "Oslo"
+    ((again, _),) = select_examples(pool, {"city": "Paris", "days": 3}, k=1, char_budget=10_000)
+    assert again == {"city": "Paris", "days": 5}
+    assert select_examples(pool, {"city": "Paris", "days": 5}, k=2, char_budget=10_000) == [
+        ({"city": "Rome", "days": 5}, {"error": "", "response": "r1"})  # the call itself is never its own example
+    ]
+
+
 def test_examples_fit_the_budget_whole():
     long = {"city": "Paris", "days": 3, "note": "x" * 500}
     pool = candidates(long, {"city": "Paris", "days": 4})
