@@ -2,6 +2,8 @@
 data builders' splits, both trainings under `accelerate launch` (one stopped by its time limit), the offline
 scores, and an output folder a lent machine hands back whole (at most 8 files, 16 MiB each, no folders)."""
 
+import contextlib
+import io
 import json
 import lzma
 import re
@@ -137,9 +139,19 @@ def run_script(*argv: str, exit_code: int = 0) -> subprocess.CompletedProcess:
     return result
 
 
-def run_stage(*argv: str) -> str:
-    """A stage on the tiny slice; its output."""
-    return run_script("--tiny", *argv).stdout
+@pytest.fixture(scope="module")
+def run_stage(entry_script):
+    """A stage on the tiny slice, its output: run in this process (`shipped_run` runs the script as a process; each
+    stage's own process spent ~10 s of its 11-19 s importing torch, transformers and PEFT again)."""
+    script = entry_script("scripts/train_shipped_models.py")
+
+    def run(*argv: str) -> str:
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output):
+            assert script.main(["--tiny", *argv]) == 0
+        return output.getvalue()
+
+    return run
 
 
 def generations(out: Path) -> list[dict]:
@@ -148,7 +160,7 @@ def generations(out: Path) -> list[dict]:
 
 
 def test_the_answer_stage_answers_the_same_records_as_the_train_stage_without_training(
-    shipped_run, tiny_model_dir, tmp_path
+    shipped_run, tiny_model_dir, tmp_path, run_stage
 ):
     # an adapter answered again, alone: the first records of the same sample, greedy, so the same answers
     adapter = shipped_run / "simulator"
@@ -166,7 +178,7 @@ def test_the_answer_stage_answers_the_same_records_as_the_train_stage_without_tr
     assert (adapter / "adapter_model.safetensors").read_bytes() == weights  # nothing trained
 
 
-def test_the_answer_stage_asks_a_served_simulator_as_the_server_asks_it(shipped_run, tiny_engine, tmp_path):
+def test_the_answer_stage_asks_a_served_simulator_as_the_server_asks_it(shipped_run, tiny_engine, tmp_path, run_stage):
     # a real engine on loopback (`transformers serve` of the tiny model), asked the sample's first records: the same
     # records as the train stage answered, each answer the engine's text, the limit it hit marked
     run_stage(
@@ -182,7 +194,7 @@ def test_the_answer_stage_asks_a_served_simulator_as_the_server_asks_it(shipped_
     assert all(isinstance(r["generated"], str) and r["cut"] for r in answered)
 
 
-def test_history_twins_ask_each_session_call_again_without_its_history(shipped_run, tiny_engine, tmp_path):
+def test_history_twins_ask_each_session_call_again_without_its_history(shipped_run, tiny_engine, tmp_path, run_stage):
     # --history-twins: after the sample's records (answered as without it), each of its session calls once more as
     # its split's stateless record of the same call, scored against the session record's real answer. The whole
     # sample: some of its alone records are the same steps as session records (a call's first occurrence).
@@ -231,7 +243,7 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
 
 
 def test_the_answer_stage_asks_only_the_named_sources_of_the_same_sample(
-    shipped_run, tiny_engine, tmp_path, entry_script
+    shipped_run, tiny_engine, tmp_path, entry_script, run_stage
 ):
     # --sources: the sample's records of those sources, in the sample's order, and no other
     run_stage(
@@ -252,7 +264,7 @@ def test_the_answer_stage_asks_only_the_named_sources_of_the_same_sample(
     assert not (tmp_path / "none").exists()
 
 
-def test_unseen_apis_shown_an_example_are_answered_and_scored_apart(shipped_run, tiny_engine, tmp_path):
+def test_unseen_apis_shown_an_example_are_answered_and_scored_apart(shipped_run, tiny_engine, tmp_path, run_stage):
     # --splits test_ood_shown: unseen APIs' calls asked with an example from test_ood's other half of episodes, as
     # a server whose cache holds recorded calls of those APIs asks them; scored apart, against the nearest example
     # of that cache (the training calls have none of an unseen API)
@@ -274,7 +286,9 @@ def test_unseen_apis_shown_an_example_are_answered_and_scored_apart(shipped_run,
     assert any(coverage)  # the other half's calls are examples of those APIs; no training call is
 
 
-def test_the_judge_stage_scores_an_adapter_as_the_train_stage_scores_it(shipped_run, tiny_model_dir, tmp_path):
+def test_the_judge_stage_scores_an_adapter_as_the_train_stage_scores_it(
+    shipped_run, tiny_model_dir, tmp_path, run_stage
+):
     # the judge the train stage trained, scored again without training (as an adapter trained on another machine
     # is): the same verdicts on the same held-out answers, and the same agreement table
     adapter = shipped_run / "judge"
@@ -319,7 +333,7 @@ def data_options(work: Path) -> dict:
     }
 
 
-def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_path):
+def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_path, run_stage):
     # by default the shipped models' data: both splits seeded 42, tau-bench's judge answers four times, a tenth of
     # the judge's queries held out
     options = data_options(shipped_run)
@@ -353,7 +367,7 @@ def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_pat
 
 
 def test_the_decisions_stage_asks_the_answer_stage_s_records_against_their_real_outcomes(
-    shipped_run, tiny_model_dir, tmp_path
+    shipped_run, tiny_model_dir, tmp_path, run_stage
 ):
     from mirrorapi.evaluation.fidelity.metrics import is_error
 
