@@ -7,7 +7,8 @@
 - `cpu_engine_serve`: the documented CPU engine on a model folder (llama.cpp when it can, else transformers),
   as scripts/serve_engine_cpu.sh chooses it;
 - `vllm_serve`: vLLM's server on a model folder (`mirrorapi.vllm_engine`, as scripts/serve_engine_vllm.sh starts it);
-- `stop`: SIGINT, then SIGTERM, then SIGKILL to a child's process group, each after a bounded grace.
+- `stop`: SIGINT, then SIGTERM, then SIGKILL to a child's process group, each after a bounded grace
+  (`transformers serve`: SIGTERM, then SIGKILL).
 Used by the tests, the demo and the benchmarks. Everything binds to 127.0.0.1 on a free port and is
 stopped on exit (also on errors).
 """
@@ -195,16 +196,24 @@ def interrupts_deferred() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
-def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
+GENTLY = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+# `transformers serve` keeps nothing to save. Its uvicorn shuts down the same on either signal, then raises it
+# again: SIGINT as a KeyboardInterrupt, after which the interpreter garbage-collects torch and transformers on the
+# way out (2.5-3 s), SIGTERM as the default action, which ends the process there (~0.6 s; a tiny model, 2026-11-29).
+AT_ONCE = (signal.SIGTERM, signal.SIGKILL)
+
+
+def stop(process: subprocess.Popen, grace: float = 10.0, signals: Sequence[int] = GENTLY) -> None:
     """Stop a child and, when it leads its own process group (`start_new_session=True`), the whole group.
 
-    SIGINT first (uvicorn and trainers shut down cleanly on it), then SIGTERM after `grace` seconds:
+    By default SIGINT first (uvicorn and trainers shut down cleanly on it), then SIGTERM after `grace` seconds:
     uvicorn takes a second signal as "exit now" instead of waiting for requests in flight, which a
     CPU engine still generating abandoned requests would otherwise finish first (issue 15: it
-    "ignored SIGTERM"). SIGKILL after another `grace`. Every wait is bounded.
+    "ignored SIGTERM"). SIGKILL after another `grace`. Every wait is bounded. `signals=AT_ONCE` skips SIGINT, for a
+    child with nothing to save.
     """
     group = _own_group(process)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+    for sig in signals:
         if process.poll() is not None:
             break
         with contextlib.suppress(ProcessLookupError):
@@ -252,7 +261,7 @@ def transformers_serve(
         yield engine
     finally:
         if process is not None:
-            stop(process)
+            stop(process, signals=AT_ONCE)
 
 
 def llama_cpp_available() -> bool:

@@ -108,8 +108,11 @@ def _items(arguments: dict) -> frozenset:
 
 
 def _similarity(names_a: frozenset, items_a: frozenset, names_b: frozenset, items_b: frozenset) -> float:
-    names = len(names_a & names_b) / max(1, len(names_a | names_b))
-    return 2 * len(items_a & items_b) / max(1, len(items_a | items_b)) + names
+    # A union's size from the intersection's (|A ∪ B| = |A| + |B| - |A ∩ B|): the same integers, so the same
+    # float, without building the union (a full data build scores ~5 million candidates).
+    shared_names, shared_items = len(names_a & names_b), len(items_a & items_b)
+    names = shared_names / max(1, len(names_a) + len(names_b) - shared_names)
+    return 2 * shared_items / max(1, len(items_a) + len(items_b) - shared_items) + names
 
 
 @functools.lru_cache(maxsize=1 << 15)

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from harness.processes import ProcessExited, stop, wait_until_ready
+from harness.processes import AT_ONCE, ProcessExited, stop, wait_until_ready
 
 # A child that says it is ready once its signal handlers are set, then sleeps. SIGINT and SIGTERM start at
 # their default action: a child of a shell job started in the background inherits SIGINT ignored.
@@ -45,6 +45,12 @@ def test_stop_escalates_until_the_child_is_gone(ignored, signal_name):
     # a negative return code names the signal that ended it
     assert -process.returncode == getattr(__import__("signal"), signal_name)
     assert time.monotonic() - start < 0.5 * len(ignored) + 2
+
+
+def test_a_child_with_nothing_to_save_is_sent_sigterm_first():
+    process = child()  # SIGINT would end it too, with another return code
+    stop(process, grace=0.5, signals=AT_ONCE)
+    assert -process.returncode == __import__("signal").SIGTERM
 
 
 class Answers(BaseHTTPRequestHandler):
