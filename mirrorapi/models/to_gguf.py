@@ -18,6 +18,7 @@ little) or f32 (bench/engines.py measured all three).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -55,7 +56,7 @@ def export_gguf(
         raise GGUFExportError(f"tensor type {tensor_type!r}: one of {', '.join(TENSOR_TYPES)}")
     model_dir, out_path = Path(model_dir), Path(out_path)
     config = _read_config(model_dir)
-    reader = gguf.GGUFReader(base_gguf)
+    reader = read_base_gguf(base_gguf)
     arch = reader.fields["general.architecture"].contents()
     _check_compatible(config, reader, arch, model_dir)
     n_blocks, n_head, n_kv = config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"]
@@ -116,6 +117,22 @@ def export_gguf(
     writer.close()
     os.replace(tmp_path, out_path)
     return out_path
+
+
+def read_base_gguf(path: str | os.PathLike):
+    """`gguf.GGUFReader(path)`, parsed once per version of the file (its inode, size and modification time: a file
+    replaced or rewritten is read again). Reading a base's metadata takes ~5 s on a 2-core machine (gguf-py reads each
+    of the tokenizer's ~100,000 strings through a numpy memmap view), and one process exports several fine-tunes of
+    one base: `make demo` four."""
+    stat = os.stat(path)
+    return _read_gguf(os.path.realpath(path), (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=2)
+def _read_gguf(path: str, version: tuple[int, int, int]):
+    import gguf  # here, not at the top (export_gguf says why)
+
+    return gguf.GGUFReader(path)  # read-only ("r"): the readers handed out cannot change it
 
 
 def gguf_for_serving(model_dir: str | os.PathLike, tensor_type: str = SERVED_TENSOR_TYPE) -> Path:

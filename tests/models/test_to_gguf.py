@@ -32,7 +32,7 @@ from mirrorapi.cli import main
 from mirrorapi.engine_client import EngineClient
 from mirrorapi.llama_cpp_engine import GrammarCheckedGreedy, check_grammar_first, explicit_any, openai_request
 from mirrorapi.models.catalogue import base_gguf
-from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving, permute_for_gguf
+from mirrorapi.models.to_gguf import GGUFExportError, export_gguf, gguf_for_serving, permute_for_gguf, read_base_gguf
 from mirrorapi.prompts.simulator_formats import OBSERVATION_SCHEMA, simulator_messages
 from mirrorapi.prompts.simulator_output import is_strict_observation
 from mirrorapi.records import read_pairs_jsonl
@@ -78,6 +78,29 @@ def test_the_openai_request_is_put_in_llama_cpp_python_s_dialect():
     assert rewritten["repeat_penalty"] == 1.0
     assert json.loads(openai_request(json.dumps({"repeat_penalty": 1.3}).encode()))["repeat_penalty"] == 1.3
     assert openai_request(b"not json") == b"not json"  # the server refuses it with its own error
+
+
+def test_a_base_gguf_is_parsed_once_and_again_when_replaced_or_rewritten(tmp_path):
+    import gguf
+
+    def write(path: Path, name: str) -> None:  # a GGUF with metadata only, written by the gguf package itself
+        writer = gguf.GGUFWriter(path, "llama")
+        writer.add_name(name)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    base = tmp_path / "base.gguf"
+    write(base, "first")
+    first = read_base_gguf(base)
+    assert first.fields["general.name"].contents() == "first"
+    assert read_base_gguf(tmp_path / "." / "base.gguf") is first  # the same file, however spelt: parsed once
+    write(tmp_path / "next.gguf", "second")
+    os.replace(tmp_path / "next.gguf", base)  # how `models get` puts a new download in place
+    assert read_base_gguf(base).fields["general.name"].contents() == "second"
+    write(base, "third, rewritten in place")
+    assert read_base_gguf(base).fields["general.name"].contents() == "third, rewritten in place"
 
 
 def test_a_lora_adapter_folder_is_refused_with_a_reason(tmp_path):
@@ -139,7 +162,7 @@ def test_the_served_gguf_of_a_base_and_of_its_fine_tune(smollm2_dir, changed_smo
     exported = Path(capsys.readouterr().out.strip())
     assert exported == changed_smollm2 / "model-f16.gguf"
     reader = gguf.GGUFReader(exported)
-    base = gguf.GGUFReader(base_gguf(smollm2_dir))
+    base = read_base_gguf(base_gguf(smollm2_dir))  # as the export read it (parsed once per process)
     assert reader.fields["tokenizer.ggml.tokens"].contents() == base.fields["tokenizer.ggml.tokens"].contents()
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     assert types["blk.0.attn_q.weight"] == "F16" and types["blk.0.attn_norm.weight"] == "F32"
