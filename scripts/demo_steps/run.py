@@ -503,20 +503,22 @@ class Demo:
             self.link(name, target)
 
     def step_train(self) -> None:
-        tiny, reused = build_base_model(self.build, self.data, self.code)
-        say(
-            ("reused" if reused else "built") + f" the tiny base model (Qwen2 architecture, random weights, "
-            f"tokenizer trained on the demo's data): {shown(tiny)}"
-        )
-        self.report["tiny_base_model"] = {"folder": str(tiny), "reused": reused}
-        self.base = tiny
+        # The tiny model where it trains: the tiny runs, and beside real weights only with `--full` (9 s otherwise
+        # spent on a model nothing used).
+        if not self.sizes.real or self.sizes.tiny_simulator:
+            tiny, reused = build_base_model(self.build, self.data, self.code)
+            say(
+                ("reused" if reused else "built") + f" the tiny base model (Qwen2 architecture, random weights, "
+                f"tokenizer trained on the demo's data): {shown(tiny)}"
+            )
+            self.report["tiny_base_model"] = {"folder": str(tiny), "reused": reused}
+            self.base = tiny
         if self.sizes.real:
             self.base = get_base_model(BASE_MODEL, progress=say)
             self.report["base_model"] = {"name": BASE_MODEL, "folder": str(self.base)}
-        if self.sizes.real and self.sizes.tiny_simulator:
-            self.tiny_simulator = self.train(
-                "tiny-simulator", tiny, RECIPES["tiny"]["simulator"], self.data.simulator, self.sizes.tiny_simulator
-            )[0]
+            if self.sizes.tiny_simulator:
+                recipe, overrides = RECIPES["tiny"]["simulator"], self.sizes.tiny_simulator
+                self.tiny_simulator = self.train("tiny-simulator", tiny, recipe, self.data.simulator, overrides)[0]
         recipes = RECIPES["real" if self.sizes.real else "tiny"]
         self.trained = {
             kind: self.train(kind, self.base, recipes[kind], dataset, getattr(self.sizes, kind))[0]
