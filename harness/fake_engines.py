@@ -9,8 +9,8 @@ Each stands in for what a real engine cannot be made to show on demand:
 - `StatusEngine`: answers every request with one HTTP status (an engine that rejects or fails).
 - `LoopingEngine`: a greedy answer that loops until `max_tokens` cuts it, and a sampled one that ends (a small
   model's loop, which a real model shows on some calls only, never on a call chosen beforehand).
-- `LoopingEngine`: a greedy answer that loops until `max_tokens` cuts it, and a sampled one that ends (a small
-  model's loop, which a real model shows on some calls only, never on a call chosen beforehand).
+- `SessionFailingEngine`: a failure to every call asked with earlier calls of its session, a success to every call
+  asked alone (a real model answers a failure by chance, never on a call chosen beforehand).
 - `unreachable_engine_url()`: a port nobody listens on (an engine that is down).
 
 In a thread: `with StubEngine(delay=0.05) as engine: engine.url`. As a process (benchmarks that keep
@@ -210,6 +210,14 @@ class HungEngine:
         self.close()
 
 
+def completion_json(request: dict, content: str, finish_reason: str, tokens: int) -> bytes:
+    """The body of one chat completion answering `request` with `content`, ended by `finish_reason`."""
+    choice = {"index": 0, "finish_reason": finish_reason, "message": {"role": "assistant", "content": content}}
+    usage = {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
+    completion = {"id": "c", "object": "chat.completion", "created": 0, "model": request["model"]}
+    return json.dumps(completion | {"choices": [choice], "usage": usage}).encode()
+
+
 class _ThreadedEngine:
     """An HTTP server on a free 127.0.0.1 port, in a thread, whose every POST `answer(path, body)` answers with
     (status, JSON bytes). Subclasses set what `answer` reads before calling this `__init__`."""
@@ -282,10 +290,25 @@ class LoopingEngine(_ThreadedEngine):
         else:  # one token per item: the loop fills max_tokens exactly
             tokens = request["max_tokens"]
             content, finish = '{"error": "", "response": {"reservations": [' + self.LOOP_ITEM * tokens, "length"
-        choice = {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content}}
-        usage = {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
-        completion = {"id": "c", "object": "chat.completion", "created": 0, "model": request["model"]}
-        return 200, json.dumps(completion | {"choices": [choice], "usage": usage}).encode()
+        return 200, completion_json(request, content, finish, tokens)
+
+
+class SessionFailingEngine(_ThreadedEngine):
+    """Chat completions that answer `failure` when the prompt shows earlier calls of a session (the session prompt's
+    list of them, `SESSION_MARK`), else `alone`. `requests` keeps every request body."""
+
+    SESSION_MARK = "Earlier calls in this session"
+
+    def __init__(self, failure: dict, alone: dict):
+        self.failure, self.alone = failure, alone
+        self.requests: list[dict] = []
+        super().__init__()
+
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
+        request = json.loads(body)
+        self.requests.append(request)
+        shown = any(self.SESSION_MARK in str(message.get("content")) for message in request["messages"])
+        return 200, completion_json(request, json.dumps(self.failure if shown else self.alone), "stop", 8)
 
 
 def main() -> None:

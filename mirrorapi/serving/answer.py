@@ -20,5 +20,6 @@ class Answer:
     rationale: str = ""  # CoT mode: the simulator's reasoning (for the log line; the agent gets error/response)
     parsed: str = ""  # simulated: how the model's text was read (json = as written; fenced, ..., repaired)
     second_try: str = ""  # simulated: an answer cut at max_tokens asked again ("kept", "cut again", "failed")
+    asked_alone: bool = False  # a session's failure without a cause, answered as the call alone instead
     extra_fields: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage

@@ -66,6 +66,7 @@ MODEL_RECORD_KEYS = frozenset(
         "session_history",
         "session_char_budget",
         "session_history_rule",
+        "session_failure_rule",
         "max_tokens",
         "temperature",
     }
@@ -284,6 +285,15 @@ class ServerSettings(BaseModel):
             "(related: a call of the same API, or one whose request or answer holds one of the call's argument "
             "values); a call with none to show is the stateless call. Match the simulator's training data (its data "
             "option history_rule)."
+        ),
+    )
+    session_failure_rule: Literal["any", "related"] = Field(
+        "any",
+        description=(
+            "Which failures a simulated answer in a session may give: any the model answers (any), or only those the "
+            "calls it was shown could cause (related: a failure answered to a call none of whose shown earlier calls "
+            "is related to it, as session_history_rule's related rule tells, is replaced by the call's answer alone: "
+            "the stateless call's, recorded, cached or simulated)."
         ),
     )
     session_ttl: float = Field(

@@ -10,8 +10,9 @@ outcome, failures included, is an `Answer` ready to send (see `to_failure`).
 A call with a session id (and `session_history` > 0) is the same path with the session's history:
 its digest is part of the call's cache key (outside a session that part is empty), and the prompt
 shows its newest calls; a call with no earlier call to show (the session's first) is asked as the stateless
-call it is. Every answered call (hit or simulation) is then added to the session, in
-the store (`mirrorapi.serving.sessions`).
+call it is. With `session_failure_rule: related`, a simulated failure in a session none of whose shown calls is
+related to the call is replaced by the call's answer alone (docs/training.md, "A failure needs a related call").
+Every answered call (hit or simulation) is then added to the session, in the store (`mirrorapi.serving.sessions`).
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from pydantic import ValidationError
 
 from mirrorapi.engine_client import EngineError
 from mirrorapi.names import api_key_name
-from mirrorapi.prompts.simulator_formats import keyed_history_line, session_format
+from mirrorapi.prompts.simulator_formats import keyed_history_line, related_to_call, session_format
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.serving.answer import Answer
-from mirrorapi.serving.cache import Store
+from mirrorapi.serving.cache import SIMULATED, Store
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.observability import ServerMetrics
 from mirrorapi.serving.protocol import (
@@ -50,10 +51,11 @@ from mirrorapi.serving.protocol import (
     ToolInputError,
     VirtualRequest,
 )
-from mirrorapi.serving.responder import Responder
-from mirrorapi.serving.sessions import Session, advance
+from mirrorapi.serving.responder import Reply, Responder
+from mirrorapi.serving.sessions import History, Session, advance
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
+from mirrorapi.transport_failures import in_band_error
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +176,12 @@ class VirtualApi:
             history = session.history(settings.session_history, settings.session_char_budget, related_to)
 
         reply = await self.responder.respond(doc, arguments, key, history, answer.stages)
+        if (
+            history is not None
+            and arguments is not None
+            and self._failure_without_cause(reply, doc, arguments, history)
+        ):
+            reply = await self._answer_alone(reply, doc, arguments, key, answer)
         answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
         answer.rationale, answer.parsed, answer.second_try = reply.rationale, reply.parsed, reply.second_try
         answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
@@ -190,6 +198,35 @@ class VirtualApi:
             await self.cache.update_session(
                 session_id, settings.session_ttl, advance(settings.session_history, settings.session_char_budget, line)
             )
+
+    def _failure_without_cause(self, reply: Reply, doc: ApiDoc, arguments: dict, history: History) -> bool:
+        """With `session_failure_rule: related`: the session's simulation answered a failure, and none of the earlier
+        calls its prompt showed is related to the call (`related_to_call`), so nothing the model saw could have
+        caused it. A recorded answer is what the API said, and never doubted."""
+        if self.settings.session_failure_rule != "related":
+            return False
+        if reply.provenance != SIMULATED + self.responder.identities[True]:
+            return False
+        observation = json.loads(reply.observation)
+        if not (observation.get("error") or in_band_error(observation.get("response", ""))):
+            return False
+        return not any(related_to_call(line, doc.api, arguments) for line in history.lines)
+
+    async def _answer_alone(self, reply: Reply, doc: ApiDoc, arguments: dict, key: str, answer: Answer) -> Reply:
+        """The call's answer alone (the stateless call: recorded, cached or simulated), in place of a session's
+        failure without a cause; the session's own answer stays where the stateless ask cannot answer (a replay
+        server without it, an engine that fails), as the first of two tries does."""
+        stages: dict[str, float] = {}
+        try:
+            alone = await self.responder.respond(doc, arguments, key, None, stages)
+        except (ReplayMiss, EngineError) as exc:
+            logger.warning("a session's failure without a cause was kept: the call alone was not answered: %s", exc)
+            return reply
+        finally:
+            for stage, seconds in stages.items():
+                answer.stages[stage] = answer.stages.get(stage, 0.0) + seconds
+        answer.asked_alone = True
+        return alone
 
     def check_miss(self, doc: ApiDoc, arguments: dict | None, key: str) -> None:
         """Before a miss is simulated: the bound on what reaches the engine, and the validation policy

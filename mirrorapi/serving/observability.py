@@ -9,8 +9,9 @@ in one write() each (O_APPEND), so the log is one file of whole lines.
 A request log line: `time`, `outcome` (the metrics label), `status`, `api` (category/tool/api),
 `provenance` (where the answer came from), `ms`; `engine_ms` and `coalesced` when the engine was
 asked; `parsed` (how the model's text was read) and `second_try` (an answer cut at `max_tokens` asked
-again: kept, cut again, failed) of a simulation; `detail` of a failure; `extra_fields` of the body that StableToolBench
-does not define;
+again: kept, cut again, failed) of a simulation; `asked_alone` (true) of a session call whose simulated failure had no
+related call to cause it and was answered as the call alone (`session_failure_rule`); `detail` of a failure;
+`extra_fields` of the body that StableToolBench does not define;
 `session` when the call belongs to a simulation session; `rationale` of a CoT-mode simulation
 (prompt format stabletoolbench-cot: the model's `mechanism_of_the_api`, which the agent does not see).
 """
@@ -169,6 +170,8 @@ class RequestLogWriter:
             more["parsed"] = answer.parsed
         if answer.second_try:
             more["second_try"] = answer.second_try
+        if answer.asked_alone:
+            more["asked_alone"] = True
         if answer.detail:
             more["detail"] = answer.detail[:300]
         if answer.extra_fields:
