@@ -295,11 +295,12 @@ class LoopingEngine(_ThreadedEngine):
 
 class SessionFailingEngine(_ThreadedEngine):
     """Chat completions that answer `failure` when the prompt shows earlier calls of a session (the session prompt's
-    list of them, `SESSION_MARK`), else `alone`. `requests` keeps every request body."""
+    list of them, `SESSION_MARK`), else `alone` (None: HTTP 500, an engine that fails). `requests` keeps every
+    request body."""
 
     SESSION_MARK = "Earlier calls in this session"
 
-    def __init__(self, failure: dict, alone: dict):
+    def __init__(self, failure: dict, alone: dict | None):
         self.failure, self.alone = failure, alone
         self.requests: list[dict] = []
         super().__init__()
@@ -308,6 +309,8 @@ class SessionFailingEngine(_ThreadedEngine):
         request = json.loads(body)
         self.requests.append(request)
         shown = any(self.SESSION_MARK in str(message.get("content")) for message in request["messages"])
+        if not shown and self.alone is None:
+            return 500, b"{}"
         return 200, completion_json(request, json.dumps(self.failure if shown else self.alone), "stop", 8)
 
 

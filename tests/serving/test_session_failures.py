@@ -37,12 +37,22 @@ def body(category: str, tool: str, api: str, arguments: dict, session: str) -> d
     }
 
 
+def record(tmp_path, call: tuple, observation: dict) -> None:
+    """`observation` stored as the real answer of `call` in the cache at tmp_path/c.sqlite (an imported pair)."""
+    names = dict(zip(("category", "tool_name", "api_name", "tool_input"), call, strict=True))
+    pair = {"source": "api-bank-generated", "episode": "e", "step": 0, **names, "response": observation}
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(pair) + "\n", encoding="utf-8")
+    cache = open_cache(tmp_path / "c.sqlite")
+    import_pairs(cache, tmp_path / "pairs.jsonl", ToolRegistry.load([SAMPLE_TOOLS]))
+    cache.close()
+
+
 @contextlib.contextmanager
-def server_on(serve, tmp_path, **settings):
+def server_on(serve, tmp_path, alone: dict | None = ALONE, **settings):
     """A server asking a SessionFailingEngine, with its cache and request log in `tmp_path`."""
     store = {"cache_path": str(tmp_path / "c.sqlite"), "log_file": str(tmp_path / "requests.jsonl")}
     with (
-        SessionFailingEngine(FAILURE, ALONE) as engine,
+        SessionFailingEngine(FAILURE, alone) as engine,
         serve(api_base=[engine.url], **SETTINGS, **store, **settings) as server,
     ):
         yield server, engine
@@ -102,14 +112,19 @@ def test_the_failure_stands_under_the_default_rule(serve, tmp_path):
 
 def test_a_recorded_failure_is_what_the_api_said_and_stands(serve, tmp_path):
     recorded = {"error": "The username does not exist.", "response": ""}
-    names = {"category": LOGIN[0], "tool_name": LOGIN[1], "api_name": LOGIN[2], "tool_input": LOGIN[3]}
-    pair = {"source": "api-bank-generated", "episode": "e", "step": 0, **names, "response": recorded}
-    (tmp_path / "pairs.jsonl").write_text(json.dumps(pair) + "\n", encoding="utf-8")
-    cache = open_cache(tmp_path / "c.sqlite")
-    import_pairs(cache, tmp_path / "pairs.jsonl", ToolRegistry.load([SAMPLE_TOOLS]))
-    cache.close()
+    record(tmp_path, LOGIN, recorded)
     with server_on(serve, tmp_path, session_failure_rule="related") as (server, engine):
         server.virtual(body(*STOCK, session="s"))
         login = server.virtual(body(*LOGIN, session="s"))
         assert login.json() == recorded and asked(engine) == [False]
     assert log_lines(tmp_path)[-1]["provenance"] == "real" and "asked_alone" not in log_lines(tmp_path)[-1]
+
+
+def test_the_session_s_failure_stays_when_the_call_alone_cannot_be_answered(serve, tmp_path):
+    record(tmp_path, STOCK, {"error": "", "response": "601.2"})  # the first call: a hit, so the session has a call
+    with server_on(serve, tmp_path, alone=None, session_failure_rule="related", engine_retries=0) as (server, engine):
+        server.virtual(body(*STOCK, session="s"))
+        login = server.virtual(body(*LOGIN, session="s"))
+        assert login.status_code == 200 and login.json() == FAILURE  # the engine failed the call alone
+        assert asked(engine) == [True, False]
+    assert "asked_alone" not in log_lines(tmp_path)[-1]
