@@ -396,6 +396,33 @@ def history_twins(dataset_path: Path, records: list[dict]) -> list[dict]:
     return twins
 
 
+def with_failures_needing_a_related_call(rows: list[dict], records: list[dict]) -> list[dict]:
+    """`rows` (answers to `records`, in order, history twins among them) as a server with `session_failure_rule:
+    related` gives them: a session answer that is a failure, where none of the earlier calls its prompt shows is
+    related to the call (`related_to_call`), replaced by its history twin's answer, the same call asked alone
+    (`mirrorapi.serving.handler`). The row says `asked_alone` and keeps its own answer as `session_generated`."""
+    from mirrorapi.evaluation.fidelity.metrics import is_error
+    from mirrorapi.prompts.simulator_formats import SESSION_FORMATS, related_to_call, shown_history
+    from mirrorapi.prompts.simulator_output import parse_simulator_output
+
+    def call(row: dict) -> tuple:
+        return row["split"], row["source"], row["episode"], row["step"]
+
+    alone = {call(row): row for row in rows if row.get("history_twin")}
+    out = []
+    for record, row in zip(records, rows, strict=True):
+        twin = alone.get(call(row))
+        if row["prompt_format"] in SESSION_FORMATS and not row.get("history_twin") and twin is not None:
+            observation, _ = parse_simulator_output(row["generated"])
+            arguments = json.loads(record["arguments"])
+            shown = shown_history(record["prompt"])
+            if is_error(observation) and not any(related_to_call(line, record["api"], arguments) for line in shown):
+                answered = {"generated": twin["generated"], "cut": twin["cut"], "session_generated": row["generated"]}
+                row = row | answered | {"asked_alone": True}
+        out.append(row)
+    return out
+
+
 def served_answers(
     engine: str, model: str, records: list[dict], tools: list[str], max_tokens: int, structured_output: bool
 ) -> list[dict]:
@@ -784,6 +811,8 @@ def answer_stage(args, work: Path) -> dict:
         generations = served_answers(
             args.engine, args.engine_model, records, args.tools, args.max_new_tokens, args.structured_output
         )
+        if args.session_failure_rule == "related":
+            generations = with_failures_needing_a_related_call(generations, records)
     else:
         device = machine()["device"]
         base = base_model(work, args.base, args.base_gguf)
@@ -798,6 +827,7 @@ def answer_stage(args, work: Path) -> dict:
         "answers": len(generations),
         "sampled": len(records),
         "history_twins": sum(bool(row.get("history_twin")) for row in generations),
+        "asked_alone": sum(bool(row.get("asked_alone")) for row in generations),
         "refused_by_the_server": sum(row.get("answered_by") == "server" for row in generations),
         "cut": sum(row["cut"] for row in generations),
         "second_tries": {
@@ -935,6 +965,23 @@ def base_parameters(base: Path) -> int:
     return total
 
 
+def refuse_what_cannot_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error (exit 2, one line) for a stage without what it needs."""
+    if args.stage == "answer" and args.engine:
+        if not args.engine_model:
+            parser.error("--engine needs --engine-model NAME (the model name that engine answers to)")
+    elif args.stage in ("all", "train", "answer", "decisions", "judge") and not (args.base or args.base_gguf):
+        parser.error(f"the {args.stage} stage needs --base DIR or --base-gguf FILE (or, to answer, --engine URL)")
+    if args.stage == "answer" and not (args.adapter or args.engine):
+        parser.error("the answer stage needs --adapter DIR, or --engine URL")
+    if args.session_failure_rule != "any" and not (args.engine and args.history_twins):
+        parser.error("--session-failure-rule related needs --engine URL and --history-twins (a call's answer alone)")
+    if args.stage == "judge" and not args.adapter:
+        parser.error("the judge stage needs --adapter DIR (a judge adapter)")
+    if args.stage == "decisions" and not args.adapter:
+        parser.error("the decisions stage needs --adapter DIR (a simulator adapter)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
@@ -971,6 +1018,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="The answer stage also asks each sampled call in a session without its history (the same call's "
         "stateless record), and the score stage reports both on the same calls against the same real answers.",
+    )
+    parser.add_argument(
+        "--session-failure-rule",
+        choices=["any", "related"],
+        default="any",
+        help="With --engine and --history-twins: the server's session_failure_rule (related: a session answer that "
+        "is a failure, none of whose shown calls is related to the call, is replaced by its twin's answer, as a "
+        "server so set answers it; the row keeps the session's own as `session_generated`).",
     )
     parser.add_argument("--generations", help="generations.jsonl.xz of a train or answer stage (--stage score).")
     parser.add_argument("--work", required=True, help="Work folder: data/, base/, the runs, logs/.")
@@ -1101,17 +1156,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.tools = args.tools or [str(SHARED / "toolenv" / "realtools" if shared else samples / "tools")]
     args.labelled = args.labelled or [str(SHARED / "judge" / "labelled.jsonl" if shared else samples / "judge.jsonl")]
-    if args.stage == "answer" and args.engine:
-        if not args.engine_model:
-            parser.error("--engine needs --engine-model NAME (the model name that engine answers to)")
-    elif args.stage in ("all", "train", "answer", "decisions", "judge") and not (args.base or args.base_gguf):
-        parser.error(f"the {args.stage} stage needs --base DIR or --base-gguf FILE (or, to answer, --engine URL)")
-    if args.stage == "answer" and not (args.adapter or args.engine):
-        parser.error("the answer stage needs --adapter DIR, or --engine URL")
-    if args.stage == "judge" and not args.adapter:
-        parser.error("the judge stage needs --adapter DIR (a judge adapter)")
-    if args.stage == "decisions" and not args.adapter:
-        parser.error("the decisions stage needs --adapter DIR (a simulator adapter)")
+    refuse_what_cannot_run(parser, args)
     if args.tiny:
         args.per_stratum, args.max_new_tokens, args.batch_size = 2, 16, 4
     if args.stage in ("all", "data"):

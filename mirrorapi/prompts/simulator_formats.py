@@ -280,6 +280,7 @@ def keyed_history_line(tool: str, api: str, key: str, error: str, response: Any,
 # the call asked ("related": a call of the same API, or one whose request or answer holds a value of the call's
 # arguments). Measured in docs/training.md ("A session's unrelated calls").
 HISTORY_RULES = ("recent", "related")
+HISTORY_HEADING = "Earlier calls in this session, newest first:\n"  # in our session formats' user message
 # An argument value shorter than this (as text) relates nothing: "en", 1 and 10 are shared by chance.
 MIN_SHARED_VALUE_CHARS = 3
 
@@ -311,6 +312,17 @@ def related_to_call(line: str, api: str, arguments: dict) -> bool:
         return False
     held = _value_texts([earlier.get("request"), earlier.get("answer")])
     return any(value == text or value in text for value in wanted for text in held)
+
+
+def shown_history(messages: list[dict]) -> list[str]:
+    """The earlier calls (`history_line`s, newest first) a prompt of our session formats shows, read back from its
+    user message; [] for a prompt that shows none (a stateless prompt, or a session's empty list)."""
+    user = messages[-1]["content"]
+    start = user.find(HISTORY_HEADING)
+    if start < 0:
+        return []
+    listed = user[start + len(HISTORY_HEADING) : user.index("\n\nRequest:\n", start)]
+    return [] if listed == "(none)" else listed.split("\n")  # a history line is one line of compact JSON
 
 
 def select_history(
@@ -383,9 +395,7 @@ def simulator_messages(
             ]
             parts.append("Examples:\n" + "\n".join(shots))
         if fmt in SESSION_FORMATS:
-            parts.append(
-                "Earlier calls in this session, newest first:\n" + ("\n".join(history) if history else "(none)")
-            )
+            parts.append(HISTORY_HEADING + ("\n".join(history) if history else "(none)"))
         parts.append("Request:\n" + canonical_json(arguments))
         default_system = SIMULATOR_SYSTEM_SESSION_V1 if fmt in SESSION_FORMATS else SIMULATOR_SYSTEM_V1
         return [
