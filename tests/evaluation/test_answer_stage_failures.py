@@ -55,16 +55,11 @@ def test_a_session_failure_without_a_related_call_is_the_twin_s_answer(entry_scr
         record(modify_doc, modify, "mirrorapi-session-v2", 2, related),  # after the login that gave its token
         record(login_doc, LOGIN[2], "mirrorapi-session-v2", 3, unrelated),  # a success stays as it is
     ]
-    twins = [{**r, "prompt_format": "mirrorapi-v2", "history_twin": True} for r in records]
-    twins = [
-        {
-            **t,
-            "prompt": simulator_messages(
-                registry.resolve(t["category"], t["tool"], t["api"]), json.loads(t["arguments"]), [], fmt="mirrorapi-v2"
-            ),
-        }
-        for t in twins
-    ]
+    twins = []
+    for r in records:  # the same calls' stateless records, as the data build writes them
+        doc = registry.resolve(r["category"], r["tool"], r["api"])
+        prompt = simulator_messages(doc, json.loads(r["arguments"]), [], fmt="mirrorapi-v2")
+        twins.append({**r, "prompt_format": "mirrorapi-v2", "prompt": prompt, "history_twin": True})
     assert [shown_history(t["prompt"]) for t in twins] == [[], [], []]
     answers = [FAILURE, FAILURE, TOKEN]
     rows = [row(r, a) for r, a in zip(records, answers, strict=True)] + [row(t, TOKEN, twin=True) for t in twins]
