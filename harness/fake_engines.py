@@ -33,6 +33,7 @@ from typing import Self
 
 from harness import REPO
 from harness.processes import free_port
+from mirrorapi.prompts.simulator_formats import HISTORY_HEADING
 
 # The observation a stub engine answers with unless told otherwise: a StableToolBench-shaped answer.
 STUB_OBSERVATION = {"error": "", "response": {"answered_by": "stub engine"}}
@@ -298,7 +299,7 @@ class SessionFailingEngine(_ThreadedEngine):
     list of them, `SESSION_MARK`), else `alone` (None: HTTP 500, an engine that fails). `requests` keeps every
     request body."""
 
-    SESSION_MARK = "Earlier calls in this session"
+    SESSION_MARK = HISTORY_HEADING  # what our session formats write before the calls they show
 
     def __init__(self, failure: dict, alone: dict | None):
         self.failure, self.alone = failure, alone
