@@ -11,6 +11,8 @@ Each stands in for what a real engine cannot be made to show on demand:
   model's loop, which a real model shows on some calls only, never on a call chosen beforehand).
 - `SessionFailingEngine`: a failure to every call asked with earlier calls of its session, a success to every call
   asked alone (a real model answers a failure by chance, never on a call chosen beforehand).
+- `TokenSessionEngine`: a token of its own making, accepted later in the session only (a trained simulator keeps its
+  session consistent on some calls, never on a call chosen beforehand).
 - `unreachable_engine_url()`: a port nobody listens on (an engine that is down).
 
 In a thread: `with StubEngine(delay=0.05) as engine: engine.url`. As a process (benchmarks that keep
@@ -33,7 +35,7 @@ from typing import Self
 
 from harness import REPO
 from harness.processes import free_port
-from mirrorapi.prompts.simulator_formats import HISTORY_HEADING
+from mirrorapi.prompts.simulator_formats import HISTORY_HEADING, shown_history
 
 # The observation a stub engine answers with unless told otherwise: a StableToolBench-shaped answer.
 STUB_OBSERVATION = {"error": "", "response": {"answered_by": "stub engine"}}
@@ -313,6 +315,32 @@ class SessionFailingEngine(_ThreadedEngine):
         if not shown and self.alone is None:
             return 500, b"{}"
         return 200, completion_json(request, json.dumps(self.failure if shown else self.alone), "stop", 8)
+
+
+class TokenSessionEngine(_ThreadedEngine):
+    """Chat completions as a simulator that keeps its session consistent answers them, for an API that issues a
+    token and APIs that take one (API-Bank's `GetUserToken`, `QueryBalance`): a request without a `token` argument
+    gets {"token": `issued`}, a token of its own making; one whose token an earlier call of the prompt's session
+    shows gets `accepted`; any other token "The token is incorrect." (API-Bank's message). `requests` keeps every
+    request body."""
+
+    def __init__(self, issued: str, accepted: object):
+        self.issued, self.accepted = issued, accepted
+        self.requests: list[dict] = []
+        super().__init__()
+
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
+        request = json.loads(body)
+        self.requests.append(request)
+        arguments = json.loads(request["messages"][-1]["content"].rsplit("Request:\n", 1)[1])
+        observation: dict[str, object]
+        if "token" not in arguments:
+            observation = {"error": "", "response": {"token": self.issued}}
+        elif any(arguments["token"] in line for line in shown_history(request["messages"])):
+            observation = {"error": "", "response": self.accepted}
+        else:
+            observation = {"error": "The token is incorrect.", "response": ""}
+        return 200, completion_json(request, json.dumps(observation), "stop", 8)
 
 
 def main() -> None:

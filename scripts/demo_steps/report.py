@@ -223,8 +223,11 @@ def history_markdown(sessions: dict, fmt: str, shipped: bool = False) -> list[st
         "",
         f"The {'shipped' if shipped else 'trained'} simulator on the same held-out episodes, replayed call by "
         "call (the table above), then once more with one session per episode (`X-Session-Id`): each call's prompt "
-        f"(`{fmt}`) lists the episode's earlier calls and the answers the simulator gave them. {trained_on} The "
-        "calls answered from the cache are left out of both rows, as above.",
+        f"(`{fmt}`) lists the episode's earlier calls and the answers the simulator gave them, and a later request "
+        "sends the values those answers gave (a token, an id) where the recorded one sent the real answers', as an "
+        f"agent reading them would ({sessions['with'].get('requests_carrying_simulated_values', 0)} requests here; "
+        f"the answers scored with the values named back: docs/evaluation.md). {trained_on} The calls answered from "
+        "the cache are left out of both rows, as above.",
         "",
         "| replay | " + " | ".join(HISTORY_KEYS.values()) + " | consistency | values carried |",
         "|---|" + "---|" * (len(HISTORY_KEYS) + 2),

@@ -3,7 +3,9 @@ history, per-step fidelity and the consistency score."""
 
 import json
 
+from harness.fake_engines import TokenSessionEngine
 from harness.processes import free_port
+from mirrorapi.evaluation.fidelity.carried_values import EpisodeValues
 from mirrorapi.evaluation.fidelity.metrics import compare
 from mirrorapi.evaluation.fidelity.replay import load_pairs
 from mirrorapi.evaluation.fidelity.session_history import consistency, heldout_episodes, history_report, values
@@ -130,3 +132,79 @@ def test_replay_with_and_without_history(eval_cli, virtual_server, samples, tmp_
     assert "## With and without session history" in markdown
     assert "With history minus without, on the same calls" in markdown
     assert "ROUGE-L +0.0 [+0.0, +0.0], BLEU-4 +0.0 [+0.0, +0.0]." in markdown
+
+
+def test_later_requests_carry_the_simulators_values_and_are_scored_with_the_real_names(samples):
+    """api-bank gen-00133 (real pairs): the token GetUserToken gave goes to QueryBalance, the appointment id
+    AppointmentRegistration gave to CancelRegistration. Replayed with the simulator's own token and id, the
+    requests send those; an answer that repeats the simulator's id is scored with the real one; what the user gave
+    (a patient's name) is never replaced, and the answer that first gave a value is scored as written."""
+    login, balance, registration, cancel = sorted(
+        (p for p in load_pairs([samples / "pairs.jsonl"]) if p["episode"] == "gen-00133"), key=lambda p: p["step"]
+    )
+    real_token = json.loads(login["response"]["response"])["token"]
+    real_id = registration["response"]["response"]
+    assert balance["tool_input"] == {"token": real_token} and cancel["tool_input"] == {"appointment_id": real_id}
+    episode = EpisodeValues()
+    sent = episode.request(login["tool_input"])
+    assert sent == login["tool_input"]
+    issued = {"error": "", "response": {"token": "simulated0token0001"}}
+    episode.learn(login["response"]["response"], issued)
+    assert episode.scored(issued) == issued  # the simulator's own token, as it wrote it
+    assert episode.request(balance["tool_input"]) == {"token": "simulated0token0001"}
+    episode.learn(balance["response"]["response"], {"error": "", "response": "99.50"})
+    assert episode.request(registration["tool_input"]) == registration["tool_input"]  # the user's names and date
+    episode.learn(registration["response"]["response"], {"error": "", "response": "12340000"})
+    assert episode.request(cancel["tool_input"]) == {"appointment_id": "12340000"}
+    echoed = {"error": "", "response": {"cancelled": "12340000", "note": "appointment 12340000 cancelled"}}
+    assert episode.scored(echoed)["response"] == {"cancelled": real_id, "note": f"appointment {real_id} cancelled"}
+    # What the user gave stays, even where an answer showed it and the simulator's showed another name there.
+    episode.learn('{"patient_name": "John Smith"}', {"error": "", "response": {"patient_name": "Jane Doe"}})
+    assert episode.request(registration["tool_input"]) == registration["tool_input"]
+
+
+def test_a_value_the_simulators_answers_hold_is_sent_as_recorded(samples):
+    """api-bank gen-01066 (real pairs): UserPosts gave post ids, LikeCount asks for one. A simulator that lists
+    the same id at another place has it in its session: the request keeps it."""
+    posts, likes = sorted(
+        (p for p in load_pairs([samples / "pairs.jsonl"]) if p["episode"] == "gen-01066"), key=lambda p: p["step"]
+    )[:2]
+    real_ids = json.loads(posts["response"]["response"])["post_ids"]
+    asked = likes["tool_input"]["post_id"]
+    assert asked in real_ids
+    others = [i + 1000 for i in real_ids]
+    for listed, sent in ((others, others[real_ids.index(asked)]), ([asked, *others], asked)):
+        episode = EpisodeValues()
+        episode.request(posts["tool_input"])
+        episode.learn(posts["response"]["response"], {"error": "", "response": {"post_ids": listed}})
+        assert episode.request(likes["tool_input"]) == {**likes["tool_input"], "post_id": sent}
+
+
+def test_a_session_replay_sends_the_token_the_simulator_gave(eval_cli, virtual_server, samples, tmp_path):
+    """api-bank gen-00133's first two real calls: GetUserToken, then QueryBalance with the token the real API gave.
+    A simulator that keeps its session consistent (a named stand-in: its own token, no other accepted) must refuse
+    the real token when the episode is replayed as recorded, and that refusal is scored against the real success;
+    with the values carried (the default), the request sends its token, as an agent reading its answers would."""
+    login, balance = sorted(
+        (p for p in load_pairs([samples / "pairs.jsonl"]) if p["episode"] == "gen-00133"), key=lambda p: p["step"]
+    )[:2]
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text(json.dumps(login) + "\n" + json.dumps(balance) + "\n")
+    with TokenSessionEngine(issued="simulated0token0001", accepted=balance["response"]["response"]) as engine:
+        url, _ = virtual_server(engine.url, "stand-in")
+        reports = {}
+        for mode in ("recorded", None):
+            out = tmp_path / str(mode)
+            flags = ["--session-values", mode] if mode else []
+            command = ["--pairs", str(heldout), "--server", url, "--out", str(out), "--history", "both", *flags]
+            assert eval_cli("simulator")([*command, "--no-progress"]) == 0
+            reports[mode] = json.loads((out / "fidelity.json").read_text())["sessions"]
+            sent = json.loads(engine.requests[-1]["messages"][-1]["content"].rsplit("Request:\n", 1)[1])
+            assert sent == ({"token": "simulated0token0001"} if mode is None else balance["tool_input"])
+    recorded, carried = reports["recorded"]["with"], reports[None]["with"]
+    assert recorded["per_step"]["1"]["error_agreement"] == 0.0  # refused: the real API answered
+    assert carried["per_step"]["1"]["error_agreement"] == 100.0 and carried["per_step"]["1"]["rouge_l"] == 100.0
+    assert (recorded["requests_carrying_simulated_values"], carried["requests_carrying_simulated_values"]) == (0, 1)
+    # Alone, no pass can know the token: refused in both runs.
+    assert reports[None]["without"]["per_step"]["1"]["error_agreement"] == 0.0
+    assert "1 of the scored requests sent a value" in (tmp_path / "None" / "fidelity.md").read_text()

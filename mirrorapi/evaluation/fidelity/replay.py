@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
+from mirrorapi.evaluation.fidelity.carried_values import EpisodeValues
 from mirrorapi.evaluation.fidelity.metrics import Embedder, FidelityError, api_id, build_report, compare
 from mirrorapi.evaluation.fidelity.report import write_report
 from mirrorapi.evaluation.fidelity.session_history import (
@@ -138,11 +139,15 @@ async def replay(
     timeout: float = 120.0,
     progress: bool = True,
     sessions: str | None = None,
+    carry_values: bool = False,
 ) -> tuple[list[dict], int | None]:
     """The server's observation for every pair (same order), `concurrency` calls at once. Without `sessions`,
     every call is alone: none waits for another (an earlier answer to the same call, cached or in flight, is the
     simulator's own either way: `metrics.answered_from_cache`). With `sessions` (a prefix), each episode is one
-    session, `X-Session-Id: <prefix><source>/<episode>`, its calls in step order.
+    session, `X-Session-Id: <prefix><source>/<episode>`, its calls in step order; with `carry_values` too, a request
+    sends the values the simulator's earlier answers gave where the recorded one sent the real answers' values, and
+    the observation is the answer with those values named back (`carried_values`; the served one is kept as
+    `served`, the values sent as `carried_values`: [real, simulated] pairs).
 
     Also returns the number of cache entries the server reported before the replay (its `/health`),
     or None when it does not say: a cache that is not empty may answer held-out calls from memory.
@@ -172,11 +177,15 @@ async def replay(
             )
 
         async def run_in_order(indices: list[int]) -> None:
+            episode = EpisodeValues() if sessions is not None and carry_values else None
             async with semaphore:
                 for index in sorted(indices, key=lambda i: pairs[i]["step"]):
                     pair = pairs[index]
                     session = f"{sessions}{pair['source']}/{pair['episode']}" if sessions is not None else None
-                    results[index] = await _post(client, url, pair, session)
+                    if episode is None:
+                        results[index] = await _post(client, url, pair, session)
+                    else:
+                        results[index] = await _post_carrying(client, url, pair, session, episode)
                     bar.update()
 
         try:
@@ -184,6 +193,21 @@ async def replay(
         finally:
             bar.close()
     return results, cache_entries  # type: ignore[return-value]
+
+
+async def _post_carrying(
+    client: aiohttp.ClientSession, url: str, pair: dict, session: str | None, episode: EpisodeValues
+) -> dict:
+    before = dict(episode.renamed)
+    tool_input = episode.request(pair["tool_input"])
+    served = await _post(client, url, {**pair, "tool_input": tool_input}, session)
+    episode.learn(pair["response"]["response"], served)
+    observation = episode.scored(served)
+    if now := [[real, own] for real, own in episode.renamed.items() if before.get(real) != own]:
+        observation["carried_values"] = now
+    if observation is not served:
+        observation["served"] = {"error": served["error"], "response": served["response"]}
+    return observation
 
 
 def _cache_entries(health: bytes) -> int | None:
@@ -228,10 +252,11 @@ def run_fidelity(settings: FidelitySettings, progress: bool = True) -> dict:
     passes = {}
     cache_entries = None
     session_prefix = f"fidelity-{os.getpid()}-{time.time():.0f}:"  # new sessions on every run
+    carry_values = settings.session_values == "carried"
     for name in {"off": ("without",), "on": ("with",), "both": ("without", "with")}[history]:
         sessions = session_prefix if name == "with" else None
         simulated, entries = asyncio.run(
-            replay(held_out, server, settings.concurrency, settings.timeout, progress, sessions)
+            replay(held_out, server, settings.concurrency, settings.timeout, progress, sessions, carry_values)
         )
         cache_entries = entries if cache_entries is None else cache_entries
         passes[name] = (simulated, compare(held_out, simulated, baseline, registry, embedder))

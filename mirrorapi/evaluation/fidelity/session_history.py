@@ -171,6 +171,10 @@ def history_report(
             "overall": slice_metrics(scored, "simulated"),
             "per_step": per_step(scored),
             "consistency": consistency(pairs, observations, kept),
+            # requests sent with the simulator's values in place of the recorded ones (`carried_values`)
+            "requests_carrying_simulated_values": sum(
+                bool(o.get("carried_values")) for o, keep in zip(observations, kept, strict=True) if keep
+            ),
         }
     if {"with", "without"} <= set(scored_rows) and scored_rows["with"]:
         report["with_minus_without"] = paired_difference(
@@ -212,6 +216,13 @@ def render_history_markdown(report: dict) -> str:
             "With history minus without, on the same calls, with a 95% bootstrap interval "
             f"({gap['resamples']:,} resamples of the calls; an interval that holds 0 is no evidence either way): "
             f"{difference_text(gap)}.",
+        ]
+    if carrying := report.get("with", {}).get("requests_carrying_simulated_values"):
+        lines += [
+            "",
+            f"With history, {carrying} of the scored requests sent a value (a token, an id) the simulator's earlier "
+            "answer gave where the recorded request sent the real answer's, as an agent reading the simulated "
+            "answers would; those answers are scored with the value named back (`--session-values`).",
         ]
     lines += [
         "",

@@ -35,6 +35,14 @@ class FidelitySettings:
             "fidelity and the consistency score of each."
         ),
     )
+    session_values: Literal["carried", "recorded"] = Field(
+        default="carried",
+        description=(
+            "In sessions, carried: a request sends the values (a token, an id) the simulator's earlier answers gave "
+            "where the recorded request sent the real answers' values, as an agent reading the simulated answers "
+            "would, and the answer is scored with them named back; recorded: every request as recorded."
+        ),
+    )
     heldout_episodes: bool = Field(
         default=False,
         description=(
