@@ -146,8 +146,8 @@ async def replay(
     simulator's own either way: `metrics.answered_from_cache`). With `sessions` (a prefix), each episode is one
     session, `X-Session-Id: <prefix><source>/<episode>`, its calls in step order; with `carry_values` too, a request
     sends the values the simulator's earlier answers gave where the recorded one sent the real answers' values, and
-    the observation is the answer with those values named back (`carried_values`; the served one is kept as
-    `served`, the values sent as `carried_values`: [real, simulated] pairs).
+    the observation is the answer with those values named back (`mirrorapi.evaluation.fidelity.carried_values`; the
+    served answer is kept as `served`, the values sent as `carried_values`: [real, simulated] pairs).
 
     Also returns the number of cache entries the server reported before the replay (its `/health`),
     or None when it does not say: a cache that is not empty may answer held-out calls from memory.

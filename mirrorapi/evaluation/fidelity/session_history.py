@@ -10,7 +10,8 @@ sees the episode's earlier calls and answers). Both passes are scored like any f
 - **consistency**: where a real answer repeats a value the episode produced earlier (an id, a
   token, a name: from an earlier request or an earlier real answer), does the simulated answer
   repeat it too (values of the `response` only: an error message is not a value)? A value from an earlier *request* is
-  the same literal in the replay (requests are replayed as recorded), so it counts when the simulated answer contains
+  the same literal in the replay (requests are replayed as recorded; where one carried the simulator's value instead,
+  its answers are scored with the recorded name: `carried_values`), so it counts when the simulated answer contains
   it. A value from an earlier *answer* only has a simulated counterpart (the simulator made up its own token), so each
   such value counts when the simulated answer repeats some value of the simulator's own earlier answers
   (at most as many as the real answer repeats). Consistency = values repeated / values the real
