@@ -269,7 +269,24 @@ class StatusEngine(_ThreadedEngine):
         return self.status, b"{}"
 
 
-class LoopingEngine(_ThreadedEngine):
+class _ChatEngine(_ThreadedEngine):
+    """A `_ThreadedEngine` answering chat completions: `requests` keeps every request body, and `chat(request)`
+    answers it."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        super().__init__()
+
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
+        request = json.loads(body)
+        self.requests.append(request)
+        return self.chat(request)
+
+    def chat(self, request: dict) -> tuple[int, bytes]:
+        raise NotImplementedError
+
+
+class LoopingEngine(_ChatEngine):
     """Chat completions as a greedy small model that loops answers them: at temperature 0 an observation whose list
     repeats one item until `max_tokens` cuts it (finish_reason "length"); sampled (temperature > 0), `sampled`,
     whole (finish_reason "stop"), as `when_sampled` says: "answer" so, "loop" again, or "fail" (HTTP 500). `requests`
@@ -279,12 +296,9 @@ class LoopingEngine(_ThreadedEngine):
 
     def __init__(self, sampled: dict, when_sampled: str = "answer"):
         self.sampled, self.when_sampled = sampled, when_sampled
-        self.requests: list[dict] = []
         super().__init__()
 
-    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
-        request = json.loads(body)
-        self.requests.append(request)
+    def chat(self, request: dict) -> tuple[int, bytes]:
         sampled = bool(request.get("temperature"))
         if sampled and self.when_sampled == "fail":
             return 500, b"{}"
@@ -296,7 +310,7 @@ class LoopingEngine(_ThreadedEngine):
         return 200, completion_json(request, content, finish, tokens)
 
 
-class SessionFailingEngine(_ThreadedEngine):
+class SessionFailingEngine(_ChatEngine):
     """Chat completions that answer `failure` when the prompt shows earlier calls of a session (the session prompt's
     list of them, `SESSION_MARK`), else `alone` (None: HTTP 500, an engine that fails). `requests` keeps every
     request body."""
@@ -305,19 +319,16 @@ class SessionFailingEngine(_ThreadedEngine):
 
     def __init__(self, failure: dict, alone: dict | None):
         self.failure, self.alone = failure, alone
-        self.requests: list[dict] = []
         super().__init__()
 
-    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
-        request = json.loads(body)
-        self.requests.append(request)
+    def chat(self, request: dict) -> tuple[int, bytes]:
         shown = any(self.SESSION_MARK in str(message.get("content")) for message in request["messages"])
         if not shown and self.alone is None:
             return 500, b"{}"
         return 200, completion_json(request, json.dumps(self.failure if shown else self.alone), "stop", 8)
 
 
-class TokenSessionEngine(_ThreadedEngine):
+class TokenSessionEngine(_ChatEngine):
     """Chat completions as a simulator that keeps its session consistent answers them, for an API that issues a
     token and APIs that take one (API-Bank's `GetUserToken`, `QueryBalance`): a request without a `token` argument
     gets {"token": `issued`}, a token of its own making; one whose token an earlier call of the prompt's session
@@ -326,12 +337,9 @@ class TokenSessionEngine(_ThreadedEngine):
 
     def __init__(self, issued: str, accepted: object):
         self.issued, self.accepted = issued, accepted
-        self.requests: list[dict] = []
         super().__init__()
 
-    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
-        request = json.loads(body)
-        self.requests.append(request)
+    def chat(self, request: dict) -> tuple[int, bytes]:
         arguments = json.loads(request["messages"][-1]["content"].rsplit("Request:\n", 1)[1])
         observation: dict[str, object]
         if "token" not in arguments:
