@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,7 +140,8 @@ def changed_smollm2(smollm2_dir, tmp_path_factory):
     AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
     # the Hugging Face model-card field our training cards write (mirrorapi.training.model_card)
     (out / "README.md").write_text(f"---\nbase_model: {smollm2_dir}\nlibrary_name: transformers\n---\n# fine-tune\n")
-    return out
+    yield out
+    shutil.rmtree(out)  # 775 MB, needed by this module only
 
 
 @pytest.mark.slow
