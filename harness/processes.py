@@ -245,8 +245,11 @@ def transformers_serve(
     port = port or free_port()
     log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="transformers-serve-", suffix=".log")[1])
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    # `GET /v1/models` answers 500 unless the hub cache folder exists; give it a private one.
-    env.setdefault("HF_HUB_CACHE", tempfile.mkdtemp(prefix="mirrorapi-hf-"))
+    # `GET /v1/models` answers 500 unless the hub cache folder exists; give it a private one, removed with the server
+    # (the suite starts a few dozen).
+    hub_cache = None if "HF_HUB_CACHE" in env else tempfile.TemporaryDirectory(prefix="mirrorapi-hf-")
+    if hub_cache is not None:
+        env["HF_HUB_CACHE"] = hub_cache.name
     cli = Path(sys.executable).parent / "transformers"
     command = [str(cli), "serve", model, "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), *extra_args]
     process = None
@@ -262,6 +265,8 @@ def transformers_serve(
     finally:
         if process is not None:
             stop(process, signals=AT_ONCE)
+        if hub_cache is not None:
+            hub_cache.cleanup()
 
 
 def llama_cpp_available() -> bool:
