@@ -5,6 +5,8 @@ a related call, and every success, stay."""
 
 import json
 
+from shipped_steps.answer import with_failures_needing_a_related_call
+
 from mirrorapi.prompts.simulator_formats import history_line, shown_history, simulator_messages
 from mirrorapi.records import canonical_json
 from mirrorapi.tools import ToolRegistry
@@ -40,8 +42,7 @@ def row(rec: dict, generated: str, twin: bool = False) -> dict:
     )
 
 
-def test_a_session_failure_without_a_related_call_is_the_twin_s_answer(entry_script, samples):
-    script = entry_script("scripts/train_shipped_models.py")
+def test_a_session_failure_without_a_related_call_is_the_twin_s_answer(samples):
     registry = ToolRegistry.load([samples / "tools"])
     login_doc = registry.resolve("APIBank", "apibank_account", "GetUserToken")
     modify_doc = registry.resolve("APIBank", "apibank_account", "ModifyPassword")
@@ -63,7 +64,7 @@ def test_a_session_failure_without_a_related_call_is_the_twin_s_answer(entry_scr
     assert [shown_history(t["prompt"]) for t in twins] == [[], [], []]
     answers = [FAILURE, FAILURE, TOKEN]
     rows = [row(r, a) for r, a in zip(records, answers, strict=True)] + [row(t, TOKEN, twin=True) for t in twins]
-    out = script.with_failures_needing_a_related_call(rows, records + twins)
+    out = with_failures_needing_a_related_call(rows, records + twins)
     assert [r["generated"] for r in out[:3]] == [TOKEN, FAILURE, TOKEN]
     assert [r.get("asked_alone", False) for r in out] == [True, False, False, False, False, False]
     assert out[0]["session_generated"] == FAILURE and out[3:] == rows[3:]

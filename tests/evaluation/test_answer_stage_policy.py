@@ -5,6 +5,7 @@ answer is the server's own refusal, compared here with what a real virtual serve
 import json
 
 import httpx
+from shipped_steps.answer import served_answers
 
 from mirrorapi.prompts.simulator_formats import simulator_messages
 from mirrorapi.records import canonical_json, read_pairs_jsonl
@@ -29,10 +30,7 @@ def record_of(doc, arguments: dict, real: str) -> dict:
     }
 
 
-def test_a_call_the_server_refuses_is_answered_with_the_server_s_refusal(
-    entry_script, virtual_server, tiny_engine, samples
-):
-    script = entry_script("scripts/train_shipped_models.py")
+def test_a_call_the_server_refuses_is_answered_with_the_server_s_refusal(virtual_server, tiny_engine, samples):
     registry = ToolRegistry.load([samples / "tools"])
     pair = next(
         p for p in read_pairs_jsonl(samples / "pairs.jsonl") if p["api_name"] == "search_direct_flight"
@@ -42,9 +40,7 @@ def test_a_call_the_server_refuses_is_answered_with_the_server_s_refusal(
     real = json.dumps(pair["response"])
     refused, asked = record_of(doc, without_date, real), record_of(doc, pair["tool_input"], real)
 
-    rows = script.served_answers(
-        tiny_engine.base_url, tiny_engine.model, [refused, asked], [str(samples / "tools")], 8, True
-    )
+    rows = served_answers(tiny_engine.base_url, tiny_engine.model, [refused, asked], [str(samples / "tools")], 8, True)
 
     url, _ = virtual_server(tiny_engine.base_url, tiny_engine.model)  # the server's default settings
     served = httpx.post(

@@ -1,0 +1,139 @@
+"""The score stage of `scripts/train_shipped_models.py` (CPU): the answers against the real ones and the nearest
+example."""
+
+from __future__ import annotations
+
+import json
+import lzma
+from pathlib import Path
+
+
+def score_generations(generations_path: Path, work: Path, pairs: list[str], tools: list[str]) -> dict:
+    """A train or answer stage's answers scored as eval/simulator.py scores served ones
+    (mirrorapi.evaluation.fidelity.metrics: ROUGE-L, BLEU-4, valid JSON, error agreement, error precision and
+    recall) against the real answers (the pairs as read, whole) and the nearest example (the most similar training
+    call of the same API); a held-out call whose arguments equal a training call's is a cache hit on a server and
+    is reported apart. One report per prompt format: alone (mirrorapi-v2) and in its session
+    (mirrorapi-session-v2); with an answer stage's history twins, also "history": the session calls that have a
+    twin, with their history and without it, and the first minus the second (`with_minus_without`, overall and per
+    source, each with its 95% bootstrap interval). Answers to `test_ood_shown` (unseen APIs' calls shown an
+    example) are reported apart, per prompt format, against the examples such a server holds: the training calls
+    and the calls of test_ood's other half of episodes."""
+    from datasets import load_from_disk
+
+    from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare, paired_difference
+    from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
+    from mirrorapi.prompts.simulator_formats import SESSION_FORMATS
+    from mirrorapi.prompts.simulator_output import parse_simulator_output
+    from mirrorapi.records import canonical_json
+    from mirrorapi.tools import ToolRegistry
+
+    by_id = {(p["source"], str(p["episode"]), int(p["step"])): p for p in load_pairs(pairs)}
+    dataset = load_from_disk(str(work / "data" / "simulator"))
+
+    def pairs_of(split: str) -> list[dict]:
+        ids = {
+            (r["source"], r["episode"], r["step"])
+            for r in dataset[split].select_columns(["source", "episode", "step"])
+        }
+        return [by_id[i] for i in sorted(ids)]
+
+    train_pairs = pairs_of("train")
+    with lzma.open(generations_path, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    registry = ToolRegistry.load(tools)
+    answered_by = f"offline: the greedy answers in {generations_path} (a train or answer stage's)"
+
+    def report_of(chosen: list[dict], pool: list[dict], simulated_rows: list | None = None) -> dict:
+        """`chosen` scored against the nearest example of `pool` (what the server's cache holds); a call whose
+        arguments equal a pool call's is a cache hit. `simulated_rows` gets the compared rows of the calls that
+        are not."""
+        cached = {(api_id(p), canonical_json(p["tool_input"])) for p in pool}
+        held = [by_id[(r["source"], r["episode"], r["step"])] for r in chosen]
+        baseline = NearestExample(pool, held)
+        hit = [(api_id(p), canonical_json(p["tool_input"])) in cached for p in held]
+        simulated = []
+        for r in chosen:
+            observation, how = parse_simulator_output(r["generated"])
+            simulated.append({**(observation or {"error": "", "response": r["generated"]}), "read_as": how})
+        report = {}
+        for name, keep in (("simulated", False), ("cache_hits", True)):
+            subset = [i for i in range(len(chosen)) if hit[i] == keep]
+            part = compare([held[i] for i in subset], [simulated[i] for i in subset], baseline, registry)
+            if name == "simulated" and simulated_rows is not None:
+                simulated_rows.extend(part)
+            report[name] = build_report(part, answered_by, True) if part else {"calls": 0}
+            report[name].pop("per_api", None)
+            report[name]["raw_json"] = sum(simulated[i]["read_as"] == "json" for i in subset)
+        return report
+
+    def reports_of(rows: list[dict], pool: list[dict]) -> dict:
+        asked = [r for r in rows if not r.get("history_twin")]
+        reports = {
+            fmt: report_of([r for r in asked if r["prompt_format"] == fmt], pool)
+            for fmt in sorted({r["prompt_format"] for r in asked})
+        }
+        twins = {(r["source"], r["episode"], r["step"]): r for r in rows if r.get("history_twin")}
+        if twins:  # an answer stage's --history-twins: the same session calls with and without their history
+            in_session = [
+                r
+                for r in asked
+                if r["prompt_format"] in SESSION_FORMATS and (r["source"], r["episode"], r["step"]) in twins
+            ]  # an alone record of the sample may be the same step: its call's first occurrence
+            with_rows: list[dict] = []
+            without_rows: list[dict] = []
+            reports["history"] = {
+                "with_history": report_of(in_session, pool, with_rows),
+                "without_history": report_of(
+                    [twins[(r["source"], r["episode"], r["step"])] for r in in_session], pool, without_rows
+                ),
+            }
+            if with_rows:  # the same calls in the same order (a twin is its call again): a paired comparison
+                reports["history"]["with_minus_without"] = {
+                    source: paired_difference(
+                        [r for r in with_rows if source in ("overall", r["source"])],
+                        [r for r in without_rows if source in ("overall", r["source"])],
+                        "simulated",
+                        "simulated",
+                    )
+                    for source in ["overall", *sorted({r["source"] for r in with_rows})]
+                }
+        return reports
+
+    shown = [r for r in rows if r["split"] == "test_ood_shown"]
+    reports = reports_of([r for r in rows if r["split"] != "test_ood_shown"], train_pairs)
+    if shown:  # the pool: the training calls and the calls of test_ood's other half (the data stage's halves)
+        asked_episodes = {(r["source"], r["episode"]) for r in dataset["test_ood_shown"]}
+        pool = train_pairs + [
+            p for p in pairs_of("test_ood") if (p["source"], str(p["episode"])) not in asked_episodes
+        ]
+        reports["test_ood_shown"] = reports_of(shown, pool)
+    return reports
+
+
+def score_lines(scores: dict) -> list[str]:
+    """The score stage's figures, one line per (prompt format, source): what docs/training.md's tables hold, so that
+    a run is read without opening the JSON. Differences are simulator minus nearest example, intervals 95%."""
+    from mirrorapi.evaluation.fidelity.metrics import difference_text
+
+    def cells(part: dict) -> str:
+        sim, example = part["simulated"], part.get("baseline") or {}
+        found = f"n {part['n']}: ROUGE-L {sim['rouge_l']} / {example.get('rouge_l')}, BLEU-4 {sim['bleu4']} / "
+        found += f"{example.get('bleu4')}, errors answered {sim['error_precision_n']} (precision "
+        found += f"{sim['error_precision']} {sim.get('error_precision_ci95')}), real {sim['error_recall_n']} "
+        found += f"(recall {sim['error_recall']} {sim.get('error_recall_ci95')})"
+        gap = part.get("simulator_against_example")
+        return found + (f"; simulator minus example {difference_text(gap)}" if gap else "")
+
+    lines = []
+    sections = [(name, part) for name, part in scores.items() if name not in ("history", "test_ood_shown")]
+    sections += [(f"test_ood_shown {name}", part) for name, part in scores.get("test_ood_shown", {}).items()]
+    for name, section in sections:
+        report = section.get("simulated", {})
+        if not report.get("calls"):
+            continue
+        lines.append(f"{name}, all sources, {cells(report['overall'])}")
+        lines += [f"{name}, {source}, {cells(part)}" for source, part in report["per_source"].items()]
+    for source, gap in scores.get("history", {}).get("with_minus_without", {}).items():
+        lines.append(f"history, {source}: with minus without {difference_text(gap)}")
+    return lines

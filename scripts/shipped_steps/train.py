@@ -1,0 +1,219 @@
+"""The train stage of `scripts/train_shipped_models.py`: `training/sft.py` under `accelerate launch` for the
+simulator and the judge at once, then their offline scores, and what a lent machine hands back (`--out`)."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from shipped_steps.answer import generate, held_out_sample
+from shipped_steps.common import REPO, base_model, load_trained, log, machine
+from shipped_steps.decisions import failure_decisions
+from shipped_steps.judge import score_judge
+
+SIMULATOR_RECIPE = "training/configs/simulator_smollm2_gpu_lora.yaml"
+JUDGE_RECIPE = "training/configs/judge_smollm2_gpu_lora.yaml"
+
+
+def launch(kind: str, recipe: str, base: Path, work: Path, on_gpu: bool, extra: list[str]) -> subprocess.Popen:
+    accelerate = "single_gpu" if on_gpu else "cpu"
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "-q",
+        "--config_file",
+        str(REPO / f"training/accelerate/{accelerate}.yaml"),
+        str(REPO / "training/sft.py"),
+        "--config",
+        str(REPO / recipe),
+        "--model_name_or_path",
+        str(base),
+        "--dataset_path",
+        str(work / "data" / kind),
+        "--output_dir",
+        str(work / kind),
+    ]
+    if not on_gpu:  # the CPU check: float32 and the CPU's own settings
+        command += ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--dataloader_num_workers", "0"]
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    log(f"{kind}: $ {' '.join(command + extra)}")
+    handle = open(work / "logs" / f"{kind}.log", "w", encoding="utf-8")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(
+        command + extra,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1",
+        },
+    )
+
+
+def training_figures(run_dir: Path, parameters: int, peak_tflops: float | None) -> dict:
+    """What the run's own record says: steps, time, losses, tokens/s (the median of its log lines, the first left
+    out as warm-up), MFU = 6 N tokens/s over the GPU's peak (N: the base's parameters; LoRA's frozen base does no
+    weight-gradient work, so this is the usual yardstick, not the work done)."""
+    record = json.loads((run_dir / "mirrorapi_training.json").read_text(encoding="utf-8"))
+    speeds = [e["tokens_per_second"] for e in record["log_history"] if "tokens_per_second" in e]
+    tokens_per_second = statistics.median(speeds[1:] or speeds) if speeds else None
+    peak_memory = max((e.get("peak_memory_gib", 0) for e in record["log_history"]), default=None)
+    return {
+        "metrics": record["metrics"],
+        "tokens_per_second": tokens_per_second,
+        "mfu": (
+            round(6 * parameters * tokens_per_second / (peak_tflops * 1e12), 4)
+            if tokens_per_second and peak_tflops
+            else None
+        ),
+        "peak_memory_gib": peak_memory or None,
+        "log_lines": len(speeds),
+    }
+
+
+def write_adapters(out: Path, work: Path, kinds: list[str]) -> None:
+    """Each adapter as one tar file, its weights in float16: PEFT keeps LoRA weights in float32 under a bf16 base
+    (19.6 MB for r 16, over a lent machine's 16 MiB per file); float16 keeps their precision better than bfloat16
+    for values this small and halves the size. Written as soon as training ends, before anything that may fail."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for kind in kinds:
+        folder = work / kind
+        weights = load_file(str(folder / "adapter_model.safetensors"))
+        save_file(
+            {k: v.to(torch.float16) for k, v in weights.items()},
+            str(folder / "adapter_model.fp16.safetensors"),
+            metadata={"format": "pt"},
+        )
+        with tarfile.open(out / f"{kind}-adapter.tar", "w") as tar:
+            tar.add(folder / "adapter_model.fp16.safetensors", arcname=f"{kind}-adapter/adapter_model.safetensors")
+            for name in ("adapter_config.json", "mirrorapi_training.json", "README.md"):
+                tar.add(folder / name, arcname=f"{kind}-adapter/{name}")
+
+
+def write_report(out: Path, work: Path, report: dict) -> None:
+    """report.json and the logs; checked against what a lent machine hands back (8 files, 16 MiB each)."""
+    with tarfile.open(out / "logs.tar.xz", "w:xz") as tar:
+        tar.add(work / "logs", arcname="logs")
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    files = list(out.iterdir())
+    too_big = [p.name for p in files if p.stat().st_size > 16 * 2**20]
+    if len(files) > 8 or too_big:
+        log(f"WARNING: {len(files)} files in {out}, over 16 MiB: {too_big}: a lent machine hands back 8, under 16 MiB")
+
+
+def recipe_flags(settings: list[str]) -> list[str]:
+    """KEY=VALUE entries as training/sft.py flags."""
+    flags = []
+    for entry in settings:
+        key, sep, value = entry.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"recipe settings are KEY=VALUE, got {entry!r}")
+        flags += [f"--{key}", value]
+    return flags
+
+
+def train_stage(args, work: Path) -> dict:
+    import transformers
+
+    stage_start = time.perf_counter()
+    where = machine()
+    on_gpu = where["device"] == "cuda"
+    report: dict = {"machine": where, "transformers": transformers.__version__, "argv": sys.argv[1:], "seconds": {}}
+    started = time.perf_counter()
+    base = base_model(work, args.base, args.base_gguf)
+    report["seconds"]["base"] = round(time.perf_counter() - started, 1)
+    extra = {"simulator": recipe_flags(args.simulator_set), "judge": recipe_flags(args.judge_set)}
+    if args.tiny:  # a few steps on the slice: the path, not the model
+        for kind in extra:
+            extra[kind] = [
+                "--max_steps",
+                "3",
+                "--max_eval_samples",
+                "4",
+                "--per_device_train_batch_size",
+                "2",
+                "--per_device_eval_batch_size",
+                "2",
+                "--max_length",
+                "1024",
+                "--dataset_num_proc",
+                "1",
+                "--logging_steps",
+                "1",
+                *extra[kind],
+            ]
+    started = time.perf_counter()
+    recipes = {"simulator": SIMULATOR_RECIPE, "judge": JUDGE_RECIPE}
+    processes = {kind: launch(kind, recipes[kind], base, work, on_gpu, extra[kind]) for kind in args.kinds}
+    failed = [kind for kind, process in processes.items() if process.wait() != 0]
+    report["seconds"]["train"] = round(time.perf_counter() - started, 1)
+    if failed:
+        tail = "\n".join((work / "logs" / f"{failed[0]}.log").read_text(encoding="utf-8").splitlines()[-30:])
+        raise SystemExit(f"training failed: {', '.join(failed)}\n{tail}")
+    parameters = base_parameters(base)
+    report["base_parameters"] = parameters
+    for kind in processes:
+        report[kind] = training_figures(work / kind, parameters, where["peak_tflops_bf16"])
+
+    out = Path(args.out or work / "out")
+    write_adapters(out, work, args.kinds)
+    write_report(out, work, report)
+    device = where["device"]
+    try:  # the adapters are out already: a failure from here on costs only these scores
+        if "judge" in args.kinds:
+            started = time.perf_counter()
+            report["judge"]["offline_agreement"] = score_judge(base, work / "judge", work, out, device)
+            report["seconds"]["judge_scores"] = round(time.perf_counter() - started, 1)
+        if "simulator" in args.kinds:
+            started = time.perf_counter()
+            records = held_out_sample(work / "data" / "simulator", args.per_stratum)
+            generations = generate(
+                base, work / "simulator", records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
+            )
+            with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in generations)
+            report["simulator"]["generated"] = {
+                "answers": len(generations),
+                "sampled": len(records),
+                "max_new_tokens": args.max_new_tokens,
+            }
+            report["seconds"]["generate"] = round(time.perf_counter() - started, 1)
+            started = time.perf_counter()
+            tokenizer, model = load_trained(base, work / "simulator", device)
+            asked = records[: len(generations)]  # the records answered within the time limit
+            decisions = failure_decisions(model.merge_and_unload(), tokenizer, asked, work / "data" / "simulator")
+            (out / "decisions.json").write_text(json.dumps(decisions, indent=1) + "\n", encoding="utf-8")
+            report["simulator"]["failure_decisions"] = {
+                group: parts["overall"] for group, parts in decisions["tables"].items()
+            }
+            report["seconds"]["decisions"] = round(time.perf_counter() - started, 1)
+    except Exception as exc:  # noqa: BLE001 (reported, and the run's weights kept)
+        report["scoring_failed"] = f"{type(exc).__name__}: {exc}"
+        log(f"scoring failed: {report['scoring_failed']}")
+    report["seconds"]["train_stage"] = round(time.perf_counter() - stage_start, 1)
+    write_report(out, work, report)
+    return report
+
+
+def base_parameters(base: Path) -> int:
+    """Parameters of the base (tied weights are stored, and counted, once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in base.glob("*.safetensors"):
+        with safe_open(str(path), framework="pt") as weights:
+            total += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118
+    return total
