@@ -17,7 +17,9 @@
 # `transformers serve` (notes/engines.md):
 # - answers only requests whose `model` is the string it was started with (else HTTP 400 "Server is pinned
 #   to ..."); the folder is preloaded (FORCE_MODEL argument) and never reloaded; `--device cpu`.
-# - `GET /v1/models` answers 500 unless the hub cache folder exists: a private one is made here.
+# - `GET /v1/models` answers 500 unless the hub cache folder exists: an empty one of this checkout's, made
+#   once and reused (runs/.engine-hub-cache; a folder per start would outlive the engine, which replaces
+#   this shell), so it lists no model of the user's own hub cache.
 # - no model hub is reached (HF_HUB_OFFLINE=1); `response_format` is accepted but not enforced.
 set -euo pipefail
 if [[ $# -lt 1 || ! -d "$1" ]]; then
@@ -44,6 +46,9 @@ elif [[ "$ENGINE" == llama.cpp ]]; then
     echo "engine: llama.cpp's server is not installed in $PYTHON: make engine" >&2
     exit 1
 fi
-export HF_HUB_CACHE="${HF_HUB_CACHE:-$(mktemp -d -t mirrorapi-hf-XXXXXX)}"
+if [[ -z "${HF_HUB_CACHE:-}" ]]; then
+    export HF_HUB_CACHE="$HERE/runs/.engine-hub-cache"
+    mkdir -p "$HF_HUB_CACHE"
+fi
 echo "engine: http://127.0.0.1:$PORT/v1   model name (clients' --model): $MODEL_DIR" >&2
 exec "$TRANSFORMERS" serve "$MODEL_DIR" --device cpu --host 127.0.0.1 --port "$PORT"

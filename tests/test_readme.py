@@ -465,12 +465,15 @@ def test_every_client_sends_the_name_its_engine_serves():
 @pytest.mark.slow
 def test_the_script_serves_the_name_clients_are_told_to_send(tiny_model_dir, tmp_path):
     """The script started on a relative path through a link (as `runs/demo/latest/simulator` is) answers
-    `$PWD/<that path>`; another spelling of the same folder is refused, which is why the docs have one."""
+    `$PWD/<that path>`; another spelling of the same folder is refused, which is why the docs have one. A user
+    starts it again and again: it leaves nothing in the temporary folder once the engine has stopped."""
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "latest").symlink_to(tiny_model_dir.parent)
     relative = f"runs/latest/{tiny_model_dir.name}"
-    port, log = free_port(), tmp_path / "engine.log"
-    env = {**os.environ, "TRANSFORMERS": str(Path(sys.executable).parent / "transformers")}
+    port, log, temporary = free_port(), tmp_path / "engine.log", tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "TRANSFORMERS": str(Path(sys.executable).parent / "transformers"), "TMPDIR": str(temporary)}
+    env.pop("HF_HUB_CACHE", None)
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [str(SCRIPT), relative, str(port)],
@@ -496,3 +499,4 @@ def test_the_script_serves_the_name_clients_are_told_to_send(tiny_model_dir, tmp
         assert "pinned" in refused.value.response.text
     finally:
         stop(process)
+    assert sorted(p.name for p in temporary.iterdir()) == []

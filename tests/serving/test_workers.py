@@ -132,8 +132,11 @@ def test_workers_die_with_their_master_and_the_server_starts_again(sample_tools,
         "replay",
     ]
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    # kill -9 leaves the run's metrics folder behind (nothing can remove it): in this test's folder, not /tmp
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
     with open(logs[0], "wb") as out:
-        first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         try:
             wait_until_ready(url + "/live", 120, process=first, log_path=logs[0])
             workers = poll_until(
