@@ -42,7 +42,7 @@ from mirrorapi.tools import ToolRegistry
 REPO = Path(__file__).resolve().parents[2]
 needs_llama_cpp = pytest.mark.skipif(
     not llama_cpp_available(),
-    reason=("llama-cpp-python[server] is not installed (the cpu-engine extra: `make engine`, a ~3-4 min build)"),
+    reason=("llama-cpp-python[server] is not installed (the cpu-engine extra: `make engine`, a 3-9 min build)"),
 )
 
 
