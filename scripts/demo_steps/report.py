@@ -226,8 +226,9 @@ def history_markdown(sessions: dict, fmt: str, shipped: bool = False) -> list[st
         f"(`{fmt}`) lists the episode's earlier calls and the answers the simulator gave them, and a later request "
         "sends the values those answers gave (a token, an id) where the recorded one sent the real answers', as an "
         f"agent reading them would ({sessions['with'].get('requests_carrying_simulated_values', 0)} requests here; "
-        f"the answers scored with the values named back: docs/evaluation.md). {trained_on} The calls answered from "
-        "the cache are left out of both rows, as above.",
+        f"the answers scored with the values named back: docs/evaluation.md). {trained_on} The calls either replay "
+        "got from the cache are left out of both rows: those of the table above, and any whose request here sent a "
+        f"value the simulator gave that a training call holds ({sessions.get('cache_hits', 0)} in all).",
         "",
         "| replay | " + " | ".join(HISTORY_KEYS.values()) + " | consistency | values carried |",
         "|---|" + "---|" * (len(HISTORY_KEYS) + 2),

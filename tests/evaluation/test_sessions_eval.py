@@ -208,3 +208,42 @@ def test_a_session_replay_sends_the_token_the_simulator_gave(eval_cli, virtual_s
     # Alone, no pass can know the token: refused in both runs.
     assert reports[None]["without"]["per_step"]["1"]["error_agreement"] == 0.0
     assert "1 of the scored requests sent a value" in (tmp_path / "None" / "fidelity.md").read_text()
+
+
+def test_a_session_request_that_is_a_training_call_leaves_the_call_by_call_figures_alone(
+    eval_cli, virtual_server, samples, tmp_path
+):
+    """`make demo`'s case (2026-11-30): in a session, a later request carries a value the simulator gave (there a
+    reservation id it copied from its example; here its token), and a training call in the server's cache has those
+    arguments, so the session pass gets a recorded answer. The history comparison leaves that call out of both its
+    rows; the call-by-call figures keep it: their request was the recorded one, and the simulator answered it."""
+    login, balance = sorted(
+        (p for p in load_pairs([samples / "pairs.jsonl"]) if p["episode"] == "gen-00133"), key=lambda p: p["step"]
+    )[:2]
+    registry = ToolRegistry.load([samples / "tools"])
+    doc = registry.resolve(balance["category"], balance["tool_name"], balance["api_name"])
+    cache = ResponseCache(tmp_path / "training.sqlite")
+    issued = "simulated0token0001"
+    cache.put_many([(doc.category, doc.tool, doc.api, {"token": issued}, "", "1000.00")], "real")
+    cache.close()
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text(json.dumps(login) + "\n" + json.dumps(balance) + "\n")
+    with TokenSessionEngine(issued=issued, accepted="unused: the cache answers") as engine:
+        url, log = virtual_server(engine.url, "stand-in", cache_path=tmp_path / "training.sqlite")
+        out = tmp_path / "report"
+        command = ["--pairs", str(heldout), "--server", url, "--out", str(out), "--history", "both", "--no-progress"]
+        assert eval_cli("simulator")(command) == 0
+    served = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(line.get("session") is not None, line["outcome"]) for line in served] == [
+        (False, "simulated"),  # the login, alone
+        (False, "simulated"),  # the balance with the real token: not a training call
+        (True, "hit"),  # the login in its session: the stateless call, the simulator's own answer
+        (True, "hit"),  # the balance with the simulator's token: the training call's recorded answer
+    ]
+    report = json.loads((out / "fidelity.json").read_text())
+    assert (report["calls"], report["scored"], report["cache_hits"]["n"]) == (2, 2, 0)
+    sessions = report["sessions"]
+    assert (sessions["cache_hits"], sessions["scored"]) == (1, 1)
+    assert sessions["without"]["overall"]["n"] == sessions["with"]["overall"]["n"] == 1
+    rows = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
+    assert [row["from_cache"] for row in rows] == [False, False]

@@ -223,9 +223,10 @@ def run_fidelity(settings: FidelitySettings, progress: bool = True) -> dict:
     into `settings.out`.
 
     A call the server answered from what its cache held (`metrics.answered_from_cache`: a recorded answer, e.g. a
-    training call with the same arguments) is counted apart and left out of every figure, the baseline's and
-    both passes' included, so that all of them score the calls the simulator answered; `include_cache_hits`
-    scores them too (a replay server's own check).
+    training call with the same arguments) is counted apart and left out of the figures, the baseline's included,
+    so that they score the calls the simulator answered: the main figures leave out their pass's hits, the history
+    comparison the calls either pass got from the cache; `include_cache_hits` scores them too (a replay server's
+    own check).
 
     `history`: `off` replays each call alone, `on` one session per episode, `both` does both and adds
     the comparison (`mirrorapi.evaluation.fidelity.session_history`; the main figures are then the `off` pass).
@@ -260,12 +261,9 @@ def run_fidelity(settings: FidelitySettings, progress: bool = True) -> dict:
         )
         cache_entries = entries if cache_entries is None else cache_entries
         passes[name] = (simulated, compare(held_out, simulated, baseline, registry, embedder))
-    # The same calls are left out of every pass: those either pass got from the cache (a recorded answer is served
-    # in and out of sessions alike, so in practice the same calls).
-    from_cache = [any(rows[i]["from_cache"] for _, rows in passes.values()) for i in range(len(held_out))]
-    for _, rows in passes.values():
-        for row, hit in zip(rows, from_cache, strict=True):
-            row["from_cache"] = hit
+    # The main figures leave out the calls their own pass got from the cache; the history comparison leaves out those
+    # either pass did (`history_report`). Not the same calls: a session request carrying a value the simulator gave
+    # (a reservation id it copied from its example) can be a training call's, where the recorded call was not.
     rows = passes["without" if "without" in passes else "with"][1]
     report = build_report(rows, server, baseline is not None, settings.include_cache_hits)
     report.update(cache_entries_at_start=cache_entries, tools=[str(t) for t in tools], history=history)
