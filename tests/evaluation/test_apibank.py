@@ -44,6 +44,30 @@ def test_the_shipped_dialogues_are_api_banks_levels_1_and_2():
     assert "Apache License" in (DATA / "LICENSE").read_text()
 
 
+def test_response_samples_are_the_ai_turns_right_after_a_call():
+    # API-Bank's evaluator scores the turn after an API turn as a response only when it is the AI's
+    # (evaluator.py: `elif sample.ground_truth['role'] == 'AI'`); four level-1 dialogues have the user's turn
+    # there ("Thank you."), which is no sample. Counted on the dialogues by that rule alone.
+    for level in (1, 2):
+        dialogues = apibank.load_dialogues(DATA, level)
+        expected = sum(
+            1
+            for d in dialogues
+            for before, after in zip(d["turns"], d["turns"][1:], strict=False)
+            if before["role"] == "API" and after["role"] == "AI"
+        )
+        responses = [s for d in dialogues for s in apibank.samples_of(d, level) if s.kind == "response"]
+        assert all(s.truth["role"] == "AI" for s in responses)
+        assert len(responses) == expected
+    user_after_call = sum(
+        1
+        for d in apibank.load_dialogues(DATA, 1)
+        for before, after in zip(d["turns"], d["turns"][1:], strict=False)
+        if before["role"] == "API" and after["role"] == "User"
+    )
+    assert user_after_call == 4  # the case this test is about is in the data
+
+
 def test_parse_call_follows_api_banks_argument_pattern():
     assert apibank.parse_call("Sure. [AddAlarm(token='z9x8', time='2021-10-14 08:00:00')] done") == (
         "AddAlarm",

@@ -79,7 +79,11 @@ def samples_of(dialogue: dict, level: int) -> list[Sample]:
         if turn["role"] != "API":
             continue
         out.append(Sample(level, dialogue["file"], turns[:i], apis, turn, len(out)))
-        if i + 1 < len(turns):  # API-Bank indexes past the end here (a crash); no dialogue of levels 1-2 ends so
+        # The turn after a call is a sample when it is the AI's (a response sample) or another call: API-Bank's
+        # evaluator scores only those two roles (evaluator.py, `ground_truth['role'] == 'API'` / `== 'AI'`), so
+        # a user's turn there is no sample. API-Bank indexes past the end here (a crash); no dialogue of levels
+        # 1-2 ends so.
+        if i + 1 < len(turns) and turns[i + 1]["role"] in ("API", "AI"):
             out.append(Sample(level, dialogue["file"], turns[: i + 1], apis, turns[i + 1], len(out)))
     return out
 
