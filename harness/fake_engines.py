@@ -13,6 +13,8 @@ Each stands in for what a real engine cannot be made to show on demand:
   asked alone (a real model answers a failure by chance, never on a call chosen beforehand).
 - `TokenSessionEngine`: a token of its own making, accepted later in the session only (a trained simulator keeps its
   session consistent on some calls, never on a call chosen beforehand).
+- `FixedReplyEngine`: the same text to every chat completion (a judge whose verdict is known beforehand, which
+  no real judge's is).
 - `unreachable_engine_url()`: a port nobody listens on (an engine that is down).
 
 In a thread: `with StubEngine(delay=0.05) as engine: engine.url`. As a process (benchmarks that keep
@@ -284,6 +286,17 @@ class _ChatEngine(_ThreadedEngine):
 
     def chat(self, request: dict) -> tuple[int, bytes]:
         raise NotImplementedError
+
+
+class FixedReplyEngine(_ChatEngine):
+    """Chat completions that all answer `content`. `requests` keeps every request body."""
+
+    def __init__(self, content: str):
+        self.content = content
+        super().__init__()
+
+    def chat(self, request: dict) -> tuple[int, bytes]:
+        return 200, completion_json(request, self.content, "stop", 4)
 
 
 class LoopingEngine(_ChatEngine):

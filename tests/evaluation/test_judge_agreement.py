@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from harness.fake_engines import FixedReplyEngine
 from mirrorapi.evaluation.judge.agreement import agreement_stats, cohen_kappa
 
 LABELLED_KEYS = ("source", "id", "query", "final_answer", "label", "label_kind")
@@ -141,6 +142,49 @@ def test_limit_per_source_on_the_shared_labelled_set(eval_cli, tiny_engine, shar
     report = json.loads((tmp_path / "agreement.json").read_text())
     sources = {json.loads(line)["source"] for line in labelled.read_text().splitlines()}
     assert {s: v["n"] for s, v in report["per_source"].items()} == {s: 3 for s in sources}
+
+
+def test_a_rerun_scores_the_labels_given_now_and_judges_changed_answers_again(eval_cli, tmp_path):
+    # The judge is a stand-in that says Solved to everything (a real judge's verdicts cannot be chosen beforehand):
+    # what is measured here is which answers a resumed run sends to it, and which labels it scores against.
+    records = [
+        {"source": "s", "id": str(i), "query": f"query {i}", "final_answer": f"answer {i}", "label": "Solved"}
+        | {"label_kind": "k"}
+        for i in range(4)
+    ]
+    labelled = tmp_path / "labelled.jsonl"
+    out = tmp_path / "out"
+
+    def judged(engine) -> list[str]:  # the answers sent for a verdict (the run's reachability check is not one)
+        return [r["messages"][-1]["content"] for r in engine.requests if "Final answer:" in str(r["messages"])]
+
+    def run(engine) -> dict:
+        labelled.write_text("".join(json.dumps(r) + "\n" for r in records))
+        argv = ["--labelled", str(labelled), "--base-url", engine.url, "--model", "judge", "--no-progress"]
+        assert eval_cli("judge_agreement")([*argv, "--out", str(out)]) == 0
+        return json.loads((out / "agreement.json").read_text())["overall"]
+
+    with FixedReplyEngine("Verdict: Solved\nReason: fine") as judge:
+        assert run(judge)["accuracy"] == 1.0 and len(judged(judge)) == 4
+        for record in records[:3]:  # labels corrected in the labelled file: nothing to judge again
+            record["label"] = "Unsolved"
+        again = run(judge)
+        assert len(judged(judge)) == 4
+        assert (again["accuracy"], again["labelled_solved"]) == (0.25, 1)
+        records[3]["final_answer"] = "another answer"  # a changed answer is judged again, and only it
+        run(judge)
+        assert len(judged(judge)) == 5 and "another answer" in judged(judge)[-1]
+
+
+def test_an_answer_labelled_twice_is_an_error(eval_cli, tmp_path, capsys):
+    record = {"source": "s", "id": "7", "query": "q", "final_answer": "a", "label": "Solved", "label_kind": "k"}
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text(json.dumps(record) + "\n")
+    second.write_text(json.dumps(record | {"label": "Unsolved"}) + "\n")
+    argv = ["--labelled", str(first), str(second), "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]
+    assert eval_cli("judge_agreement")([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'7' again" in err[0] and str(first) in err[0]
 
 
 def test_bad_labelled_files_are_one_line_errors(eval_cli, tmp_path, capsys):

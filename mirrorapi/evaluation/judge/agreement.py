@@ -10,6 +10,7 @@ own column in the confusion matrix. Predictions go to `predictions.jsonl` (a rer
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -46,9 +47,14 @@ def load_labelled(paths: list[str | Path], limit: int | None = None) -> list[dic
 
     records: list = []
     per_source: Counter = Counter()
+    seen: dict[tuple[str, str], str | Path] = {}
     for path in paths:
         try:
             for record in read_labelled(path, on_bad=bad, labels=LABELS):
+                key = (record["source"], str(record["id"]))
+                if key in seen:  # one answer, one verdict: a second copy would be counted twice
+                    bad(f"{path}: source {key[0]!r}, id {key[1]!r} again (first in {seen[key]})")
+                seen[key] = path
                 if limit is None or per_source[record["source"]] < limit:
                     per_source[record["source"]] += 1
                     records.append(record)
@@ -121,18 +127,24 @@ def _prediction_key(record: dict) -> tuple:
     return (record["judge"], record["prompt_format"], record["source"], str(record["id"]))
 
 
+def _judged_text(record: dict) -> str:
+    """A digest of what the judge is shown (query and final answer): an earlier verdict is reused only for the same."""
+    return hashlib.sha256(f"{record['query']}\0{record['final_answer']}".encode()).hexdigest()[:16]
+
+
 async def predict(
     records: list[dict], settings: JudgeSettings, out: Path, fmt: str = DEFAULT_JUDGE_FORMAT, progress: bool = True
 ) -> tuple[list[dict], list[str]]:
-    """One prediction per labelled record (judged, or taken from an earlier run in `out`)."""
+    """One prediction per labelled record (judged, or taken from an earlier run in `out` that judged the same query
+    and answer). Each row's label is the record's: a corrected label in the labelled file counts at once."""
     out.mkdir(parents=True, exist_ok=True)
     store = JsonlStore(out / "predictions.jsonl", _prediction_key)
     done = store.load()
     calls = []
     for record in records:
         key = (settings.model, fmt, record["source"], str(record["id"]))
-        if key in done:
-            continue
+        if done.get(key, {}).get("judged_text") == _judged_text(record):
+            continue  # judged before; a changed query or answer is judged again
         status, answer = extract_final_answer(record["final_answer"])
         base = {
             "judge": settings.model,
@@ -141,6 +153,7 @@ async def predict(
             "id": str(record["id"]),
             "label_kind": record.get("label_kind", ""),
             "label": record["label"],
+            "judged_text": _judged_text(record),
         }
         if status != "answer":
             done[key] = {**base, "prediction": "Unsolved", "judged": False, "reason": f"{status} answer", "raw": ""}
@@ -162,8 +175,12 @@ async def predict(
 
     failures = await judge_all(calls, handle, settings, "judge agreement", progress)
     store.rewrite(sorted(done.values(), key=_prediction_key))
-    wanted = [(settings.model, fmt, r["source"], str(r["id"])) for r in records]
-    return [done[k] for k in wanted if k in done], failures
+    rows = []
+    for record in records:
+        key = (settings.model, fmt, record["source"], str(record["id"]))
+        if done.get(key, {}).get("judged_text") == _judged_text(record):  # else its judge call failed: pending
+            rows.append({**done[key], "label": record["label"], "label_kind": record.get("label_kind", "")})
+    return rows, failures
 
 
 def agreement_report(rows: list[dict], judge: str, fmt: str, pending: int) -> dict:
