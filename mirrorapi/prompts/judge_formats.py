@@ -227,7 +227,6 @@ def tooleyes_messages(query: str, steps: str, answer: str) -> list[dict]:
     return [{"role": "system", "content": TOOLEYES_SYSTEM_V1}, {"role": "user", "content": user}]
 
 
-def parse_tooleyes_ratings(text: str) -> dict[str, float] | None:
-    """The five ratings (clipped to 0-10) of a `tooleyes-v1` answer; None unless all five are there."""
-    found = {name.lower(): min(10.0, float(value)) for name, value in _RATING.findall(text or "")}
-    return found if set(found) >= set(TOOLEYES_RATINGS) else None
+def parse_tooleyes_ratings(text: str) -> dict[str, float]:
+    """The ratings (clipped to 0-10) a `tooleyes-v1` answer gives, by name; those it does not give are absent."""
+    return {name.lower(): min(10.0, float(value)) for name, value in _RATING.findall(text or "")}

@@ -15,6 +15,7 @@ import shutil
 import pytest
 from fastapi import FastAPI
 
+from harness.fake_engines import StatusEngine
 from harness.processes import free_port, serve_in_thread
 from mirrorapi.evaluation.benchmarks import tooleyes
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
@@ -111,8 +112,23 @@ def test_judged_parts_follow_the_formulas(answers, tmp_path):
     assert "| faulty | G1_instruction | 3 |" in report
 
 
-def test_a_judge_without_five_ratings_leaves_the_trajectory_unrated(answers):
+def test_a_rating_the_judge_does_not_give_counts_zero_as_in_tooleyes(answers):
+    # ToolEyes' model_eval scores a judge answer it cannot read a score from 0 (utils.py, its `except` branches),
+    # so the trajectory stays in its scenario's mean instead of leaving it.
     with fixed_judge("Focus: 8") as url:
         result = tooleyes.score(answers, JudgeSettings(base_urls=[url], model="judge"))
-    assert result.unrated == len(result.rows) == 9
+    assert (result.unrated, result.ratings_missing, len(result.rows)) == (0, 9, 9)
+    clean = by_query(result, "virtual_chatgpt_dfs")["608"]
+    assert (clean["s_IC"], clean["s_BP"], clean["s_TS"], clean["s_AO"]) == pytest.approx((0.8, 0.0, 0.0, 0.0))
+    assert clean["overall"] == pytest.approx((1.0 + 0.8) / 5)
+    cells = tooleyes.table(result.rows)["virtual_chatgpt_dfs"]["All"]
+    assert (cells["n"], cells["rated"], cells["s_IC"], cells["s_AO"]) == (3, 3, 80.0, 0.0)
+
+
+def test_a_failed_judge_call_leaves_the_trajectory_out_of_the_judged_means(answers):
+    with StatusEngine(500) as engine:
+        result = tooleyes.score(answers, JudgeSettings(base_urls=[engine.url], model="judge"))
+    assert (result.unrated, result.ratings_missing) == (9, 0)
     assert all(r["s_AO"] is None and r["s_FA"] is not None for r in result.rows)
+    cells = tooleyes.table(result.rows)["faulty"]["All"]
+    assert (cells["n"], cells["rated"], cells["s_AO"]) == (3, 0, None)

@@ -17,8 +17,11 @@ answers: the tool calls of the chosen path, `Finish` last), not ReAct text, so a
 names a function and its arguments are a JSON object; the `Finish` turn is the final answer turn (ToolEyes
 checks only its format, as here) and is not a tool call for tool reality. ToolEyes stops checking parameters
 after the first hallucinated tool of a trajectory (it tests the running count); we check each call's own.
-Judged by the project's open judge (prompt `tooleyes-v1`): one call per trajectory giving the four 0-10 ratings
-(ToolEyes asks GPT-4 per turn for the action-thought match; one mean rating per trajectory here).
+Judged by the project's open judge (prompt `tooleyes-v1`): one call per trajectory giving the five 0-10 ratings
+(ToolEyes asks GPT-4 per turn for the action-thought match; one mean rating per trajectory here). A rating the
+judge's answer does not give counts 0, as in ToolEyes (`model_eval` scores an unreadable rating 0), so the
+trajectory stays in its scenario's mean; a trajectory whose judge call failed (the engine, not the judge) is left
+out of the judged means and counted apart, to be judged by a rerun.
 A scenario is the query group (StableToolBench's G1_instruction, ...), in place of ToolEyes' seven scenarios.
 """
 
@@ -35,7 +38,12 @@ from mirrorapi.command_line import add_settings_arguments, settings_from_args
 from mirrorapi.engine_client import EngineClient, EngineError
 from mirrorapi.evaluation.answers.items import group_order, load_answers, render_steps
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
-from mirrorapi.prompts.judge_formats import extract_final_answer, parse_tooleyes_ratings, tooleyes_messages
+from mirrorapi.prompts.judge_formats import (
+    TOOLEYES_RATINGS,
+    extract_final_answer,
+    parse_tooleyes_ratings,
+    tooleyes_messages,
+)
 
 CAPABILITIES = ("s_FA", "s_IC", "s_BP", "s_TS", "s_AO")
 FINISH = "Finish"
@@ -161,6 +169,8 @@ def capability_scores(trajectory: Trajectory, ratings: dict[str, float] | None) 
 
 # ------------------------------------------------------------------------------- judged parts
 async def _rate_all(trajectories: list[Trajectory], judge: JudgeSettings) -> list[dict | None]:
+    """Each trajectory's ratings as its judge answer gives them (possibly not all five), or None where the judge
+    call failed."""
     engine = EngineClient(judge.base_urls, judge.model, api_key=judge.api_key, timeout=judge.timeout)
     gate = asyncio.Semaphore(judge.concurrency or 4)
 
@@ -182,7 +192,8 @@ async def _rate_all(trajectories: list[Trajectory], judge: JudgeSettings) -> lis
 @dataclass
 class ToolEyesResult:
     rows: list[dict] = field(default_factory=list)  # one per trajectory
-    unrated: int = 0  # judge calls that failed or gave no ratings
+    unrated: int = 0  # judge calls that failed: their trajectories have no judged scores
+    ratings_missing: int = 0  # trajectories whose judge answer lacked a rating (each missing one counted 0)
 
 
 def score(answers: str | Path, judge: JudgeSettings | None = None) -> ToolEyesResult:
@@ -190,14 +201,16 @@ def score(answers: str | Path, judge: JudgeSettings | None = None) -> ToolEyesRe
     trajectories = load_trajectories(answers)
     ratings = asyncio.run(_rate_all(trajectories, judge)) if judge else [None] * len(trajectories)
     result = ToolEyesResult()
-    for t, rating in zip(trajectories, ratings, strict=True):
-        result.unrated += judge is not None and rating is None
+    for t, found in zip(trajectories, ratings, strict=True):
+        result.unrated += judge is not None and found is None
+        rating = None if found is None else {name: found.get(name, 0.0) for name in TOOLEYES_RATINGS}
+        result.ratings_missing += found is not None and len(found.keys() & set(TOOLEYES_RATINGS)) < 5
         result.rows.append(
             {
                 "model": t.model,
                 "scenario": t.group,
                 "query_id": t.query_id,
-                "ratings": rating,
+                "ratings": found,  # as the judge gave them (None: its call failed)
                 **capability_scores(t, rating),
             }
         )
@@ -205,7 +218,8 @@ def score(answers: str | Path, judge: JudgeSettings | None = None) -> ToolEyesRe
 
 
 def table(rows: list[dict]) -> dict[str, dict[str, dict[str, float | None]]]:
-    """{model: {scenario and "All": {capability: mean in %}}} (judged means over the rated trajectories)."""
+    """{model: {scenario and "All": {capability: mean in %, "n": trajectories, "rated": those with judged scores}}}
+    (judged means over the rated trajectories: all but those whose judge call failed)."""
     out: dict[str, dict[str, dict[str, float | None]]] = {}
     for model in sorted({r["model"] for r in rows}):
         mine = [r for r in rows if r["model"] == model]
@@ -217,6 +231,7 @@ def table(rows: list[dict]) -> dict[str, dict[str, dict[str, float | None]]]:
                 values = [r[name] for r in chosen if r[name] is not None]
                 cells[name] = round(100 * statistics.fmean(values), 2) if values else None
             cells["n"] = len(chosen)
+            cells["rated"] = sum(r["overall"] is not None for r in chosen)
             out.setdefault(model, {})[scenario] = cells
     return out
 
@@ -247,8 +262,9 @@ def report_markdown(result: ToolEyesResult, judge: JudgeSettings | None) -> str:
     )
     lines += [
         "",
-        f"Scores in %. s_FA and tool reality by rule; {judged}. Unrated trajectories (judge failures): "
-        f"{result.unrated}. Formulas and differences from ToolEyes: "
+        f"Scores in %. s_FA and tool reality by rule; {judged}. Judge answers lacking a rating (each missing "
+        f"rating counts 0, as in ToolEyes): {result.ratings_missing}. Unrated trajectories (judge calls that "
+        f"failed, left out of the judged means: rerun): {result.unrated}. Formulas and differences from ToolEyes: "
         "mirrorapi/evaluation/benchmarks/tooleyes.py.",
     ]
     return "\n".join(lines) + "\n"
