@@ -246,6 +246,17 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, faulty_judge, stb_answe
         ),
         (common + ["--base-url", faulty_judge.base_url, "--model", "m", "--repeats", "0"], "at least 1"),
     ]
+    empty = tmp_path / "ids"  # a group file without ids (as a score of 0 it would pull the Average down)
+    empty.mkdir()
+    (empty / "G1_instruction.json").write_text('{"588": 0}')
+    (empty / "G1_tool.json").write_text("{}")
+    cases.append(
+        (
+            ["--answers", str(stb_answers), "--ids", str(empty), "--out", str(tmp_path / "o"), "--no-progress"]
+            + ["--base-url", faulty_judge.base_url, "--model", "m"],
+            "G1_tool.json: no query ids",
+        )
+    )
     for argv, message in cases:
         assert fac(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -107,6 +107,8 @@ def load_ids(path: str | os.PathLike) -> dict[str, list[str]]:
             group_ids = [str(q["query_id"]) for q in data]
         else:
             raise AnswersError(f'{file}: expected {{"<query_id>": 0, ...}} or a list of queries with `query_id`')
+        if not group_ids:  # a group without queries has no score: as a 0 it would pull every Average down
+            raise AnswersError(f"{file}: no query ids (group {file.stem!r} would have no score)")
         ids[file.stem] = list(dict.fromkeys(group_ids))  # order kept, duplicates dropped
     return ids
 
