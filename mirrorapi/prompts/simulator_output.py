@@ -29,7 +29,28 @@ def parse_simulator_output(text: str) -> tuple[dict | None, str]:
     "response": ...` tail (also inside the `mechanism_of_the_api` variant), then JSON repair.
     `mechanism_of_the_api` and other extra keys are dropped. `{"error": "", "response": ""}` is a
     valid (empty) answer, not a failure. `how` is one of json, fenced, literal, regex, repaired, failed.
+    Its text is always UTF-8: a lone surrogate escape (`"\ud83d"`, half an emoji's pair, which a small model
+    writes) becomes U+FFFD, since no store, log or client body can hold one.
     """
+    observation, how = _parse(text)
+    return (None if observation is None else _utf8_only(observation)), how
+
+
+def _utf8_only(value: Any) -> Any:
+    """`value` with every string's surrogates made UTF-8: a pair (as a Python literal leaves it) joined into its
+    character, a lone one replaced by U+FFFD."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_utf8_only(item) for item in value]
+    if isinstance(value, dict):
+        return {_utf8_only(key): _utf8_only(item) for key, item in value.items()}
+    return value
+
+
+def _parse(text: str) -> tuple[dict | None, str]:
     text = (text or "").strip()
     match = _FENCE.match(text)
     candidates = [(text, "json")] + ([(match.group(1).strip(), "fenced")] if match else [])

@@ -116,6 +116,19 @@ def test_parses_real_stabletoolbench_observations(shared_data):
         ),
         ('{"error": "", "response": {"list": [1, 2', {"error": "", "response": {"list": [1, 2]}}, "repaired"),
         ('{"error": null, "response": [1]}', {"error": "", "response": [1]}, "json"),
+        # Half an emoji's escape pair (a lone surrogate, which UTF-8 cannot hold): U+FFFD in its place; a whole
+        # pair, as JSON and as a Python literal (which leaves the two halves apart), is the emoji.
+        (
+            '{"error": "", "response": {"\\ud83d": "Messi \\ud83d"}}',
+            {"error": "", "response": {"\ufffd": "Messi \ufffd"}},
+            "json",
+        ),
+        ('{"error": "", "response": "\\ud83d\\ude00"}', {"error": "", "response": "\U0001f600"}, "json"),
+        (
+            "{'error': '\\udc00', 'response': ['\\ud83d\\ude00']}",
+            {"error": "\ufffd", "response": ["\U0001f600"]},
+            "literal",
+        ),
     ],
 )
 def test_parse_simulator_output_variants(text, expected, how):

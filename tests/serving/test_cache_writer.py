@@ -15,6 +15,8 @@ import pytest
 from harness.fake_engines import STUB_OBSERVATION
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import Call, ResponseCache, new_entry
+from mirrorapi.serving.cache.entries import CacheError
+from mirrorapi.serving.cache.sqlite_writer import LoopWriter
 
 API = ("Data", "theclique", "transfermarkt_search")
 LOCK_SECONDS = 1.5
@@ -66,6 +68,28 @@ def test_writes_wait_for_the_lock_without_blocking_the_event_loop_and_none_is_dr
     cache = ResponseCache(path)
     assert all(cache.get(*API, canonical_json({"i": i, "z": 0}), "m") for i in range(20))
     assert cache.stats()["hits"] == 1  # the hit counted while the lock was held
+
+
+def test_a_job_that_raises_fails_its_batch_and_the_next_write_commits(tmp_path):
+    # Any exception of a job (here a ValueError, as an encoding error once was), not only SQLite's: the batch is
+    # rolled back and its callers told, and the connection is left out of any transaction.
+    db = sqlite3.connect(tmp_path / "w.sqlite", isolation_level=None)
+    db.execute("CREATE TABLE t (v TEXT)")
+
+    def bad(connection):
+        connection.execute("INSERT INTO t VALUES ('rolled back')")
+        raise ValueError("not storable")
+
+    async def scenario():
+        writer = LoopWriter(db)
+        failed = writer.submit(bad), writer.submit(lambda c: c.execute("INSERT INTO t VALUES ('same batch')"))
+        outcomes = await asyncio.wait_for(asyncio.gather(*failed, return_exceptions=True), 5)
+        stored = await asyncio.wait_for(writer.submit(lambda c: c.execute("INSERT INTO t VALUES ('later')")), 5)
+        return outcomes, stored
+
+    outcomes, _ = asyncio.run(scenario())
+    assert [type(o) for o in outcomes] == [CacheError, CacheError] and "not storable" in str(outcomes[0])
+    assert db.execute("SELECT v FROM t").fetchall() == [("later",)]
 
 
 def test_shutdown_stores_simulations_still_in_flight(serve, engine_stub, tmp_path):

@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from harness.fake_engines import StubEngine
 from harness.processes import free_port
 from mirrorapi.serving.config import ServerSettings
 
@@ -38,6 +39,23 @@ def guarded(serve, tmp_path_factory):
 
 def engine_calls(server) -> float:
     return server.metric("mirrorapi_engine_calls_total", result="unreachable")
+
+
+def test_an_engine_answer_holding_a_lone_surrogate_is_served_and_stored(serve, tmp_path):
+    # A small model writes half an emoji's escape pair ("\\ud83d"): UTF-8 (SQLite, the client's body) cannot hold
+    # the character it decodes to. It once left the cache's transaction open: that call never answered, and no
+    # later one was stored.
+    with (
+        StubEngine({"error": "", "response": "Lionel Messi \ud83d"}) as engine,
+        serve(api_base=[engine.url], cache_path=str(tmp_path / "c.sqlite"), engine_retries=0) as server,
+    ):
+        first = server.client.post("/virtual", json=BODY, timeout=10)
+        assert first.status_code == 200 and first.json() == {"error": "", "response": "Lionel Messi \ufffd"}
+        asked = engine.requests
+        again = server.client.post("/virtual", json=BODY, timeout=10)
+        assert again.headers["x-mirrorapi-outcome"] == "hit" and again.json() == first.json()
+        other = server.client.post("/virtual", json={**BODY, "tool_input": '{"name": "Pele"}'}, timeout=10)
+        assert other.headers["x-mirrorapi-outcome"] == "simulated" and engine.requests == asked + 1
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])

@@ -63,7 +63,8 @@ class LoopWriter:
         try:
             results = [job(self._db) for job, _ in jobs]
             self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except Exception as exc:  # any job's failure (not only SQLite's): never leave the transaction open
+            # or a future unanswered, or every later write of the server fails ("within a transaction")
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
             return self._fail(jobs, exc)
