@@ -35,6 +35,19 @@ def canonical_json(arguments: Any) -> str:
     return _CANONICAL(arguments)
 
 
+def utf8_only(value: Any) -> Any:
+    """`value` (JSON data) with every string's surrogates made UTF-8: a pair (as a Python literal leaves it) joined
+    into its character, a lone one ("\\ud83d" in JSON: half an emoji's pair) replaced by U+FFFD. No store, log or
+    client body can hold a lone surrogate."""
+    if isinstance(value, str):
+        return value if value.isascii() else value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [utf8_only(item) for item in value]
+    if isinstance(value, dict):
+        return {utf8_only(key): utf8_only(item) for key, item in value.items()}
+    return value
+
+
 def parse_repr_key(key: str) -> Any:
     """A StableToolBench cache key (`str(dict)`: single quotes, `True`/`None`) -> the arguments it stands for.
 
@@ -116,6 +129,8 @@ def _pair_problem(pair: Any) -> str | None:
     response = pair["response"]
     if not isinstance(response, dict) or "response" not in response or not isinstance(response.get("error"), str):
         return "response is not {error: str, response: ...}"
+    if utf8_only(pair) != pair:  # no UTF-8 store, prompt or request can hold one
+        return "holds a lone surrogate (half an escape pair such as \\ud83d)"
     return None
 
 
@@ -185,8 +200,11 @@ def _cache_file(path: str, category: str, tool: str, api: str, on_bad: OnBad) ->
         except ValueError:
             on_bad(f"{where}: unreadable key {key[:60]!r}")
             continue
-        if not isinstance(arguments, dict):
-            on_bad(f"{where}: key {key[:60]!r} is not an argument dict")
+        if not isinstance(arguments, dict) or not all(isinstance(name, str) for name in arguments):
+            on_bad(f"{where}: key {key[:60]!r} is not an argument dict (names are strings)")
+            continue
+        if utf8_only(arguments) != arguments:  # no request can send these arguments (the server refuses them)
+            on_bad(f"{where}: key {key[:60]!r} holds a lone surrogate")
             continue
         if not isinstance(observation, dict) or "response" not in observation:
             on_bad(f"{where}: value of {key[:60]!r} is not {{error, response}}")
@@ -200,8 +218,7 @@ def _cache_file(path: str, category: str, tool: str, api: str, on_bad: OnBad) ->
             "tool_name": tool,
             "api_name": api,
             "tool_input": arguments,
-            "response": {
-                "error": error if isinstance(error, str) else str(error),
-                "response": observation["response"],
-            },
+            "response": utf8_only(
+                {"error": error if isinstance(error, str) else str(error), "response": observation["response"]}
+            ),
         }

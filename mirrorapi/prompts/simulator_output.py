@@ -10,6 +10,8 @@ from typing import Any
 
 import json_repair
 
+from mirrorapi.records import utf8_only
+
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 _ERROR_RESPONSE = re.compile(r'"error"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"response"\s*:\s*(.*)$', re.DOTALL)
 
@@ -33,21 +35,7 @@ def parse_simulator_output(text: str) -> tuple[dict | None, str]:
     writes) becomes U+FFFD, since no store, log or client body can hold one.
     """
     observation, how = _parse(text)
-    return (None if observation is None else _utf8_only(observation)), how
-
-
-def _utf8_only(value: Any) -> Any:
-    """`value` with every string's surrogates made UTF-8: a pair (as a Python literal leaves it) joined into its
-    character, a lone one replaced by U+FFFD."""
-    if isinstance(value, str):
-        if value.isascii():
-            return value
-        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if isinstance(value, list):
-        return [_utf8_only(item) for item in value]
-    if isinstance(value, dict):
-        return {_utf8_only(key): _utf8_only(item) for key, item in value.items()}
-    return value
+    return (None if observation is None else utf8_only(observation)), how
 
 
 def _parse(text: str) -> tuple[dict | None, str]:

@@ -41,14 +41,23 @@ def test_pairs_jsonl_skips_bad_lines_and_reports_them(tmp_path):
     good = open(SAMPLES / "pairs.jsonl", encoding="utf-8").readline()
     path = tmp_path / "pairs.jsonl"
     not_an_object = json.loads(good) | {"tool_input": ["a", "list"]}
+    half_a_pair = json.loads(good) | {"response": {"error": "", "response": json.loads('"Messi \\ud83d"')}}
     path.write_text(
-        good + "not json\n" + json.dumps({"source": "x"}) + "\n\n" + json.dumps(not_an_object) + "\n", encoding="utf-8"
+        good
+        + "not json\n"
+        + json.dumps({"source": "x"})
+        + "\n\n"
+        + json.dumps(not_an_object)
+        + "\n"
+        + json.dumps(half_a_pair)  # "\\ud83d": a lone surrogate, which no UTF-8 store or prompt can hold
+        + "\n",
+        encoding="utf-8",
     )
     bad = []
     pairs = list(read_pairs_jsonl(path, bad.append))
     assert len(pairs) == 1 and pairs[0] == json.loads(good)
-    assert [b.split(":")[1] for b in bad] == ["2", "3", "5"]
-    assert "missing" in bad[1] and "tool_input" in bad[2]
+    assert [b.split(":")[1] for b in bad] == ["2", "3", "5", "6"]
+    assert "missing" in bad[1] and "tool_input" in bad[2] and "lone surrogate" in bad[3]
     with pytest.raises(SourceError, match="not found"):
         list(read_pairs_jsonl(tmp_path / "absent.jsonl"))
 

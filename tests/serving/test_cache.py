@@ -193,3 +193,25 @@ def test_unreadable_files_are_reported_and_skipped(cache_location, tmp_path):
     assert report["stored"] == 1 and len(report["unreadable"]) == 1 and "broken" in report["unreadable"][0]
     with pytest.raises(CacheError, match="not found"):
         import_stabletoolbench_cache(cache, tmp_path / "nowhere")
+
+
+def test_lone_surrogates_in_a_stabletoolbench_cache_file_neither_stop_the_import_nor_reach_the_store(
+    cache_location, tmp_path
+):
+    # StableToolBench's server json.loads an agent's tool_input (which accepts "\\ud83d", half an emoji's escape
+    # pair) and saves the cache as {str(arguments): observation} with json.dump: such a key and such an answer.
+    folder = tmp_path / "cache_folder" / "Data" / "theclique_for_Data"
+    folder.mkdir(parents=True)
+    entries = {
+        str(json.loads('{"name": "Messi \\ud83d"}')): {"error": "", "response": "never asked"},
+        str({"name": "Pele"}): {"error": "", "response": json.loads('"Pele \\ud83d"')},
+        str({"name": "ok"}): {"error": "", "response": "fine"},
+        "{1: 'a'}": {"error": "", "response": "not a call"},
+    }
+    (folder / "transfermarkt_search.json").write_text(json.dumps(entries, indent=4))
+    cache = open_cache(cache_location)
+    report = import_stabletoolbench_cache(cache, tmp_path / "cache_folder")
+    assert report["stored"] == 2 and len(report["unreadable"]) == 2
+    assert any("lone surrogate" in line for line in report["unreadable"])
+    stored = {json.loads(args)["name"]: json.loads(obs) for _, _, _, args, obs, _ in cache.entries()}
+    assert stored == {"Pele": {"error": "", "response": "Pele \ufffd"}, "ok": {"error": "", "response": "fine"}}
