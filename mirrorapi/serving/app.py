@@ -85,8 +85,8 @@ class VirtualEndpoint:
             self.connections.of(scope).received()
             await send_json(send, 401, error_body(UNAUTHORIZED), [(b"www-authenticate", b"Bearer")])
             return self.server.refused(401, "unauthorized", path[:80])
-        if path != "/virtual":
-            return await self.others(scope, receive, send)
+        if path != "/virtual" and path != "/virtual/":  # with the slash: StableToolBench's FastAPI server redirects
+            return await self.others(scope, receive, send)  # it there (307), so a client's URL may end so
         deadline = self.connections.of(scope)
         if scope["method"] != "POST":
             deadline.received()
