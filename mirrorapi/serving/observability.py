@@ -194,7 +194,9 @@ class RequestLogWriter:
     def flush(self) -> None:
         lines, self.lines = self.lines, []
         if lines:
-            data = ("\n".join(lines) + "\n").encode()
+            # A lone surrogate (a CoT model's rationale may hold half an escape pair) is inside a JSON string, where
+            # backslashreplace writes it as its JSON escape: the line stays UTF-8 and reads back as it was.
+            data = ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace")
             for fd in self.files:
                 try:
                     view = memoryview(data)

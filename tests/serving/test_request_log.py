@@ -55,6 +55,16 @@ def test_every_line_is_json_with_the_names_as_sent(tmp_path):
     assert simulated_line["ms"] == 51.2
 
 
+def test_a_lone_surrogate_in_a_rationale_is_written_as_its_escape(tmp_path):
+    # A CoT model's rationale holding half an emoji's escape pair: UTF-8 cannot encode it, and the whole batch of
+    # lines was lost with it.
+    simulated = Answer(200, b"", "simulated", names=NAMES, rationale="Messi \ud83d", stages={"total": 0.01})
+    hit = Answer(200, b"", "hit", names=NAMES, stages={"total": 0.001})
+    lines = written_lines(tmp_path, [simulated, hit])
+    assert [line["outcome"] for line in lines] == ["simulated", "hit"]
+    assert lines[0]["rationale"] == "Messi \ud83d"
+
+
 def test_the_outcome_headers_carry_any_provenance_as_ascii():
     # A provenance names the model's folder, which may hold any character; a header value is visible ASCII.
     from urllib.parse import unquote
