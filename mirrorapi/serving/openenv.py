@@ -23,10 +23,12 @@ answered from the cache, and a `reset` naming an id that was used before starts 
 On `/ws` an episode lives as long as its connection (OpenEnv's clients open one per environment): a step
 before any `reset` runs in an episode on the default toolset, as OpenEnv's servers do. `{"type": "mcp", "data":
 <JSON-RPC>}` messages (`tools/list`, `tools/call`) are answered in the same episode, and a WebSocket at `/mcp`
-takes JSON-RPC messages alone. Over HTTP an episode is named by `episode_id` in each request (OpenEnv's own
-HTTP endpoints keep nothing between requests) and kept in this process's memory until idle for
-`episode_idle_timeout`; with `--workers N` a client's connection stays with one worker, so a new connection may
-not find it: use `/ws`. Open episodes (WebSockets and HTTP together) are bounded by `max_episodes`.
+takes JSON-RPC messages alone, on the toolset its URL names (as HTTP /mcp). Over HTTP an episode is named by
+`episode_id` in each request (OpenEnv's own HTTP endpoints keep nothing between requests) and kept in this
+process's memory until idle for `episode_idle_timeout`; with `--workers N` a client's connection stays with one
+worker, so a new connection may not find it: use `/ws`. Open episodes (WebSockets, HTTP, and HTTP resets waiting
+for the store) are bounded by `max_episodes`. A client's mistake is an error reply; a failure of the server's
+own (the store) is OpenEnv's EXECUTION_ERROR on a WebSocket, which stays open, and 503 or 500 over HTTP.
 
 Why not openenv-core's own server (`HTTPEnvServer`): it runs each session's environment on a thread pool of its
 own (a thread per session: 16,384 threads for 16,384 episodes) and its HTTP endpoints keep no episode; this
@@ -48,6 +50,7 @@ from urllib.parse import parse_qsl
 
 from mirrorapi.serving.answer import Answer
 from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_json
+from mirrorapi.serving.cache import CacheError
 from mirrorapi.serving.mcp_server import json_rpc_error
 from mirrorapi.serving.server import VirtualServer
 from mirrorapi.serving.sessions import EMPTY_HISTORY
@@ -61,7 +64,10 @@ MAX_EPISODE_TOOLS = 2048  # an agent is given a toolset, not the whole registry 
 MAX_EPISODE_ID_CHARS = 255  # OpenEnv's own bound (ResetRequest.episode_id)
 REFUSAL_WAIT_SECONDS = 10.0  # for the first message of a WebSocket refused for capacity, to answer it
 STATE_CALLS = 256  # the calls `state` lists (the newest); `step_count` counts them all
-_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+# What echoes a client's text (tool names, arguments, episode ids) is written in ASCII: a lone surrogate that came
+# in as JSON ("\ud83d") goes out as the same escape, where UTF-8 could not encode it. The tool lists are ours.
+_ENCODE = json.JSONEncoder().encode
+_ENCODE_TOOLS = json.JSONEncoder(ensure_ascii=False).encode
 JSON_RPC_INVALID_PARAMS, JSON_RPC_METHOD_NOT_FOUND, JSON_RPC_PARSE_ERROR = -32602, -32601, -32700
 
 
@@ -99,6 +105,8 @@ class Episodes:
         self._tool_lists: dict[str, str] = {}  # by toolset spec: the JSON of what reset and list_tools give
         self.over_http: dict[str, Episode] = {}
         self.connected = 0  # episodes of open WebSockets
+        self.opening = 0  # HTTP resets waiting for the store: each holds the place its episode will take
+        self._swept = time.monotonic()  # when idle HTTP episodes were last let go
 
     # ------------------------------------------------------------------------------------ episodes
     async def reset(self, data: Any) -> Episode:
@@ -139,6 +147,14 @@ class Episodes:
                 raise EpisodeError(
                     f"reset: episode_id must have 1 to {MAX_EPISODE_ID_CHARS} characters, got {len(episode_id):,}"
                 )
+            if not episode_id.isascii():
+                try:
+                    episode_id.encode("utf-8")
+                except UnicodeEncodeError as exc:  # no store can keep its session
+                    raise EpisodeError(
+                        f"reset: episode_id holds a lone surrogate {episode_id[exc.start : exc.end]!r}: "
+                        "not valid Unicode text"
+                    ) from None
             await self._start_over(episode_id)
         return Episode(episode_id, spec, toolset, task, last_used=time.monotonic())
 
@@ -223,7 +239,7 @@ class Episodes:
         """The toolset's tools as OpenEnv's `Tool` list, in JSON (made once per toolset)."""
         tools = self._tool_lists.get(episode.toolset_spec)
         if tools is None:
-            tools = _ENCODE(tool_list(episode.toolset))
+            tools = _ENCODE_TOOLS(tool_list(episode.toolset))
             if len(self._tool_lists) < 1024:
                 self._tool_lists[episode.toolset_spec] = tools
         return tools
@@ -250,19 +266,23 @@ class Episodes:
 
     def room(self) -> str | None:
         """Why no episode can be opened now, or None."""
-        if self.connected + len(self.over_http) < self.max_episodes:
+        if self.open_now() < self.max_episodes:
             return None
         self._forget_idle()
-        if self.connected + len(self.over_http) < self.max_episodes:
+        if self.open_now() < self.max_episodes:
             return None
         return (
-            f"Too many open episodes: {self.connected + len(self.over_http):,} of {self.max_episodes:,} "
+            f"Too many open episodes: {self.open_now():,} of {self.max_episodes:,} "
             f"(max_episodes; {self.connected:,} on WebSockets, {len(self.over_http):,} over HTTP, which end after "
             f"{self.idle_seconds:g} s without a request). Close one, or try again later."
         )
 
+    def open_now(self) -> int:
+        return self.connected + len(self.over_http) + self.opening
+
     def _forget_idle(self) -> None:
-        stale = time.monotonic() - self.idle_seconds
+        self._swept = time.monotonic()
+        stale = self._swept - self.idle_seconds
         for episode_id in [i for i, e in self.over_http.items() if e.last_used < stale]:
             del self.over_http[episode_id]
 
@@ -292,10 +312,15 @@ class Episodes:
                 reply: str | None
                 if jsonrpc_only:
                     try:
-                        episode = episode or await self.reset({})
+                        # The toolset of the URL (`/mcp?tool=...`), as HTTP /mcp reads it, else the default.
+                        spec = scope.get("query_string", b"").decode("latin-1")
+                        episode = episode or await self.reset({"toolset": spec} if spec else {})
                         reply = await self.json_rpc(episode, text)
                     except EpisodeError as exc:
                         reply = json_rpc_error(400, str(exc)).decode()
+                    except Exception as exc:  # the server's fault (the store): said, and the session goes on
+                        logger.exception("an /mcp WebSocket message failed")
+                        reply = json_rpc_error(500, f"Internal error: {type(exc).__name__}: {exc}").decode()
                 else:
                     reply, episode = await self.on_message(episode, text)
                 if reply is None:  # {"type": "close"}
@@ -309,8 +334,8 @@ class Episodes:
         the default toolset, as OpenEnv's servers give a connection)."""
         try:
             message = json.loads(text)
-        except ValueError as exc:
-            return _ws_error(f"Invalid JSON: {exc}", "INVALID_JSON"), episode
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+            return _ws_error(f"Invalid JSON: {_why(exc)}", "INVALID_JSON"), episode
         kind = message.get("type") if isinstance(message, dict) else None
         try:
             if kind == "reset":
@@ -331,14 +356,19 @@ class Episodes:
             return _ENCODE({"type": "mcp", "data": json.loads(await self.json_rpc(current, data))}), current
         except EpisodeError as exc:
             return _ws_error(str(exc), exc.code), episode
+        except (
+            Exception
+        ) as exc:  # the server's fault (the store): said as OpenEnv's server says it; the session goes on
+            logger.exception("a /ws message failed")
+            return _ws_error(f"Internal error: {type(exc).__name__}: {exc}", "EXECUTION_ERROR"), episode
 
     async def json_rpc(self, episode: Episode, request: Any) -> str:
         """MCP's `tools/list` and `tools/call` as JSON-RPC in an episode (`request`: the object, or its text)."""
         if isinstance(request, str):
             try:
                 request = json.loads(request)
-            except ValueError as exc:
-                return _rpc_error(None, JSON_RPC_PARSE_ERROR, f"Parse error: {exc}")
+            except (ValueError, RecursionError) as exc:
+                return _rpc_error(None, JSON_RPC_PARSE_ERROR, f"Parse error: {_why(exc)}")
         if not isinstance(request, dict) or not isinstance(request.get("method"), str):
             return json_rpc_error(400, "Invalid Request: a JSON-RPC 2.0 request object").decode()
         request_id, method, params = request.get("id"), request["method"], request.get("params") or {}
@@ -388,15 +418,24 @@ class Episodes:
             body = await read_body(scope, receive, self.max_body)
             try:
                 data = json.loads(body) if body.strip() else {}
-            except ValueError as exc:
-                raise EpisodeError(f"the body is not JSON: {exc}") from None
+            except (ValueError, RecursionError) as exc:
+                raise EpisodeError(f"the body is not JSON: {_why(exc)}") from None
             if not isinstance(data, dict):
                 raise EpisodeError("the body must be a JSON object")
             if path == "/reset":
-                refusal = self.room()
+                # Idle episodes are let go now and then (a sweep costs one look at each), not only when full.
+                if time.monotonic() - self._swept > self.idle_seconds / 10:
+                    self._forget_idle()
+                named = data.get("episode_id")
+                held = isinstance(named, str) and named in self.over_http  # reset again: it keeps its place
+                refusal = None if held else self.room()
                 if refusal is not None:
                     return await send_json(send, 503, _detail(refusal), [(b"retry-after", b"5")])
-                episode = await self.reset(data)
+                self.opening += not held  # its place, while the store starts its session over
+                try:
+                    episode = await self.reset(data)
+                finally:
+                    self.opening -= not held
                 self.over_http[episode.episode_id] = episode
                 return await send_json(send, 200, self.observation_of_reset(episode).encode())
             episode = self._known(data.get("episode_id"))
@@ -416,11 +455,20 @@ class Episodes:
             return await send_json(send, 404, _detail(str(exc.args[0])))
         except EpisodeError as exc:
             return await send_json(send, 422, _detail(str(exc)))
+        except CacheError as exc:  # the store failed (a reset naming an episode starts its session over there)
+            logger.error("%s %s: %s", method, path, exc)
+            return await send_json(send, 503, _detail(f"The cache store failed: {exc}"), [(b"retry-after", b"5")])
+        except Exception as exc:  # the server's fault, said in FastAPI's shape rather than a bare 500
+            logger.exception("%s %s failed", method, path)
+            return await send_json(send, 500, _detail(f"Internal error: {type(exc).__name__}: {exc}"))
 
     def _known(self, episode_id: Any) -> Episode:
         if not isinstance(episode_id, str) or not episode_id:
             raise EpisodeError("name the episode: `episode_id` as its reset answered it")
         episode = self.over_http.get(episode_id)
+        if episode is not None and episode.last_used < time.monotonic() - self.idle_seconds:
+            del self.over_http[episode_id]  # idle too long: gone, whether or not a sweep came by
+            episode = None
         if episode is None:
             raise LookupError(
                 f"unknown episode {episode_id[:100]!r}: not opened by POST /reset on this server "
@@ -435,6 +483,10 @@ def tool_list(toolset: Toolset) -> list[dict]:
         {"name": name, "description": description(doc), "input_schema": input_schema(doc)}
         for name, doc in toolset.functions.items()
     ]
+
+
+def _why(exc: Exception) -> str:
+    return "nested too deep" if isinstance(exc, RecursionError) else str(exc)
 
 
 def _ws_error(message: str, code: str) -> str:

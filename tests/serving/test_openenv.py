@@ -319,3 +319,100 @@ def test_websocket_messages_json_rpc_and_a_default_toolset_too_large(serve, reco
     assert rpc["type"] == "mcp" and json.loads(rpc["data"]["result"]["content"][0]["text"]) == LOGIN_ANSWER
     assert unknown["type"] == "error" and unknown["data"]["code"] == "UNKNOWN_TYPE"
     assert not_json["type"] == "error" and not_json["data"]["code"] == "INVALID_JSON"
+
+
+def test_client_mistakes_and_store_failures_never_drop_a_websocket(serve, recorded_cache, engine_down, monkeypatch):
+    """A lone surrogate (valid JSON "\\ud800", which a model may write) echoed back, JSON nested past the parser, and
+    a store that fails are each answered, and the connection goes on; /mcp as a WebSocket takes its URL's toolset."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    from mirrorapi.serving import openenv
+    from mirrorapi.serving.cache import CacheError
+
+    monkeypatch.setattr(openenv, "MAX_EPISODE_TOOLS", 100)  # the default toolset (the sample's 262 APIs): too many
+    deep = "[" * 100_000 + "]" * 100_000
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as server:
+        base = server.url.replace("http", "ws")
+
+        async def main() -> dict:
+            seen: dict = {}
+            async with connect(base + "/ws") as ws:
+                for text in (
+                    json.dumps({"type": "reset", "data": {"toolset": TOOLSET}}),
+                    '{"type": "step", "data": {"type": "call_tool", "tool_name": "\\ud800", "arguments": {}}}',
+                    '{"type": "step", "data": {"type": "call_tool", "tool_name": "getusertoken", '
+                    '"arguments": {"username": "\\ud800", "password": "x"}}}',
+                    json.dumps({"type": "state"}),
+                    deep,
+                    json.dumps({"type": "reset", "data": {"toolset": TOOLSET, "episode_id": "e1"}}),
+                ):
+                    await ws.send(text)
+                    seen.setdefault("ws", []).append(json.loads(await ws.recv()))
+            async with connect(base + "/mcp?" + TOOLSET) as ws:
+                await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+                seen["mcp"] = json.loads(await ws.recv())
+            return seen
+
+        cache = server.app.server.cache
+        real = cache.update_session
+
+        async def failing_store(session_id, *args, **kwargs):  # stands in for a store gone away, for episode e1
+            if session_id == "e1":
+                raise CacheError("the database is gone")
+            return await real(session_id, *args, **kwargs)
+
+        monkeypatch.setattr(cache, "update_session", failing_store)
+        seen = asyncio.run(main())
+    reset, unknown_tool, refused_arguments, state, too_deep, store_failed = seen["ws"]
+    assert reset["type"] == "observation"
+    assert unknown_tool["data"]["observation"]["error"]["error_type"] == "tool_not_found"
+    assert unknown_tool["data"]["observation"]["tool_name"] == "\ud800"  # echoed as it came, as its JSON escape
+    assert "lone surrogate" in refused_arguments["data"]["observation"]["result"]["error"]
+    assert state["type"] == "state" and state["data"]["step_count"] == 2
+    assert [c["tool_name"] for c in state["data"]["calls"]] == ["\ud800", "getusertoken"]
+    assert too_deep["type"] == "error" and too_deep["data"]["code"] == "INVALID_JSON"
+    assert store_failed["type"] == "error" and store_failed["data"]["code"] == "EXECUTION_ERROR"
+    assert "the database is gone" in store_failed["data"]["message"]
+    assert [t["name"] for t in seen["mcp"]["result"]["tools"]] == ACCOUNT_TOOLS
+
+
+def test_http_episodes_keep_their_bound_under_concurrent_resets_and_end_when_idle(serve, recorded_cache, engine_down):
+    import asyncio
+    import time
+
+    async def resets(url: str, count: int) -> list[int]:
+        # Resets naming an episode start its session over in the store: they wait there, all at once.
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            replies = await asyncio.gather(
+                *(client.post("/reset", json={"toolset": TOOLSET, "episode_id": f"e{i}"}) for i in range(count))
+            )
+        return [reply.status_code for reply in replies]
+
+    settings = {"api_base": [engine_down], "cache_path": str(recorded_cache), "engine_retries": 0}
+    with serve(**settings, max_episodes=3) as server:
+        statuses = asyncio.run(resets(server.url, 20))
+        assert sorted(statuses) == [200] * 3 + [503] * 17
+        held = next(f"e{i}" for i, status in enumerate(statuses) if status == 200)
+        again = server.client.post("/reset", json={"toolset": TOOLSET, "episode_id": held})  # keeps its place
+        other = server.client.post("/reset", json={"toolset": TOOLSET, "episode_id": "another"})
+        assert (again.status_code, other.status_code) == (200, 503)
+    with serve(**settings, episode_idle_timeout=1) as server:
+        client = server.client
+        episode = client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+        step = {"type": "call_tool", "tool_name": "\ud800", "arguments": {}}
+        body = json.dumps({"episode_id": episode, "action": step}).encode()  # the name as the escape "\ud800"
+        stepped = client.post("/step", content=body, headers={"content-type": "application/json"})
+        state = client.get("/state", params={"episode_id": episode})
+        deep = client.post("/step", content=b"[" * 100_000 + b"]" * 100_000)
+        surrogate_id = client.post(
+            "/reset", content=b'{"episode_id": "\\ud800"}', headers={"content-type": "application/json"}
+        )
+        time.sleep(1.5)
+        idle = client.post("/step", json={"episode_id": episode, "action": {"type": "list_tools"}})
+    assert stepped.status_code == 200 and stepped.json()["observation"]["error"]["error_type"] == "tool_not_found"
+    assert state.status_code == 200 and state.json()["calls"][0]["tool_name"] == "\ud800"
+    assert deep.status_code == 422 and "nested too deep" in deep.json()["detail"]
+    assert surrogate_id.status_code == 422 and "lone surrogate" in surrogate_id.json()["detail"]
+    assert idle.status_code == 404 and "idle for more than 1 s" in idle.json()["detail"]
