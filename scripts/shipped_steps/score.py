@@ -8,6 +8,23 @@ import lzma
 from pathlib import Path
 
 
+def served_observation(text: str) -> tuple[dict, str]:
+    """A model's text as a virtual server serves it, and how it was read: the observation it holds, else the server's
+    failure observation (the simulator refuses empty text and text that is no observation; the server words the
+    refusal). Scored so, an answer the server could not serve counts as the failure the agent would get, not as a
+    success holding the raw text."""
+    from mirrorapi.engine_client import EngineError
+    from mirrorapi.prompts.simulator_output import parse_simulator_output
+    from mirrorapi.serving.handler import to_failure
+    from mirrorapi.serving.simulator import unusable_output
+
+    observation, how = parse_simulator_output(text)
+    if observation is not None:
+        return observation, how
+    refused = EngineError("garbage", unusable_output(text)) if text else EngineError("empty", "no text")
+    return json.loads(to_failure(refused).body), how
+
+
 def score_generations(generations_path: Path, work: Path, pairs: list[str], tools: list[str]) -> dict:
     """A train or answer stage's answers scored as eval/simulator.py scores served ones
     (mirrorapi.evaluation.fidelity.metrics: ROUGE-L, BLEU-4, valid JSON, error agreement, error precision and
@@ -24,7 +41,6 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
     from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare, paired_difference
     from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
     from mirrorapi.prompts.simulator_formats import SESSION_FORMATS
-    from mirrorapi.prompts.simulator_output import parse_simulator_output
     from mirrorapi.records import canonical_json
     from mirrorapi.tools import ToolRegistry
 
@@ -54,8 +70,8 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
         hit = [(api_id(p), canonical_json(p["tool_input"])) in cached for p in held]
         simulated = []
         for r in chosen:
-            observation, how = parse_simulator_output(r["generated"])
-            simulated.append({**(observation or {"error": "", "response": r["generated"]}), "read_as": how})
+            observation, how = served_observation(r["generated"])
+            simulated.append({**observation, "read_as": how})
         report = {}
         for name, keep in (("simulated", False), ("cache_hits", True)):
             subset = [i for i in range(len(chosen)) if hit[i] == keep]
@@ -65,6 +81,7 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
             report[name] = build_report(part, answered_by, True) if part else {"calls": 0}
             report[name].pop("per_api", None)
             report[name]["raw_json"] = sum(simulated[i]["read_as"] == "json" for i in subset)
+            report[name]["unservable"] = sum(simulated[i]["read_as"] == "failed" for i in subset)  # scored as failures
         return report
 
     def reports_of(rows: list[dict], pool: list[dict]) -> dict:

@@ -55,3 +55,27 @@ def test_a_call_the_server_refuses_is_answered_with_the_server_s_refusal(virtual
     # the complete call is the engine's to answer: its 8 tokens, counted by the engine
     assert "answered_by" not in rows[1] and rows[1]["cut"]
     assert [r["target"] for r in rows] == [real, real]
+
+
+def test_the_score_stage_reads_a_model_s_text_as_a_virtual_server_serves_it(virtual_server):
+    # An empty text and text that is no observation are failures on a server (what the agent gets): the score stage
+    # scores them so, not as successes holding the text. Compared with what a real server process answers for
+    # each text, given by a stand-in engine (a real model writes such text on some calls only, never on demand).
+    from shipped_steps.score import served_observation
+
+    from harness.fake_engines import StubEngine, chat_completion_reply
+
+    texts = ["", "I am sorry, I cannot simulate this API.", '{"error": "", "response": {"players": []}}']
+    with StubEngine(model="simulator") as engine:
+        url, _ = virtual_server(engine.url, "simulator")
+        for number, text in enumerate(texts):
+            engine.reply = chat_completion_reply(text)
+            body = {
+                "category": "Data",
+                "tool_name": "theclique",
+                "api_name": "transfermarkt_search",
+                "tool_input": json.dumps({"name": f"player {number}"}),  # a new call each time: never a cache hit
+            }
+            served = httpx.post(url + "/virtual", json=body, timeout=30).json()
+            assert served_observation(text)[0] == served, text
+            assert bool(served["error"]) == (number < 2)
