@@ -245,15 +245,31 @@ def build_simulator_records(
         name: [_render(kept[i], options, examples(i), _format_of(kept[i], options)) for i in members]
         for name, members in chosen.splits.items()
     }
+    # A call the training split has is a cache hit on a server, not a held-out call: held-out splits' stateless
+    # records leave it out (rendered without history, it would be that training record, prompt and answer).
+    trained = {_call(kept[i]) for i in chosen.splits["train"]}
+    left_out = 0
     if options.stateless_too:
         for name, members in chosen.splits.items():
-            splits[name] += _stateless_records(kept, members, options, examples)
+            records, skipped = _stateless_records(
+                kept, members, options, examples, set() if name == "train" else trained
+            )
+            splits[name] += records
+            left_out += skipped
     if options.test_ood_shown:
         asked, pool = _halve_episodes(kept, chosen.splits["test_ood"], options.seed)
         shown = _example_picker(kept, pool, replace(options, without_examples_share=0.0))
         splits["test_ood_shown"] = [_render(kept[i], options, shown(i), _format_of(kept[i], options)) for i in asked]
         if options.stateless_too:
-            splits["test_ood_shown"] += _stateless_records(kept, asked, options, shown)
+            splits["test_ood_shown"] += _stateless_records(kept, asked, options, shown, trained)[0]
+    for records in splits.values():  # what a held-out split's evaluation leaves out (its eval loss, a server's hits)
+        for record in records:
+            record["call_in_train"] = (
+                record["category"],
+                record["tool"],
+                record["api"],
+                record["arguments"],
+            ) in trained
     repeats = options.source_repeats()
     splits["train"] = [
         record
@@ -283,6 +299,7 @@ def build_simulator_records(
             "truncated": chosen.truncated,
         },
         "splits": {name: _split_stats(records) for name, records in splits.items()},
+        **({"stateless_held_out_calls_in_train": left_out} if options.stateless_too else {}),
     }
     return splits, stats
 
@@ -298,9 +315,14 @@ def _example_picker(kept: list[ChosenPair], train: list[int], options: Simulator
     without = {i for i in train if draw() < options.without_examples_share}
 
     by_api: dict[tuple, list[tuple[str, str]]] = {}
+    cached: set[tuple] = set()
     for i in train:
         chosen = kept[i]
-        # As `import_pairs` stores the call in the server's cache: the observation whole, uncut.
+        # As `import_pairs` stores the call in the server's cache: once, its first pair (with history a call is
+        # kept once per history it was made with, maybe answered differently), the observation whole, uncut.
+        if _call(chosen) in cached:
+            continue
+        cached.add(_call(chosen))
         observation = observation_json(chosen.error, chosen.pair["response"]["response"])
         by_api.setdefault((chosen.doc.category, chosen.doc.tool, chosen.doc.api), []).append(
             (chosen.arguments_key, observation)
@@ -340,25 +362,30 @@ def _format_of(chosen: ChosenPair, options: SimulatorDataOptions) -> str:
     return options.prompt_format if chosen.history or not options.history else stateless_format(options.prompt_format)
 
 
+def _call(chosen: ChosenPair) -> tuple:
+    """A call as a server's cache keys it: the API and its arguments."""
+    return chosen.doc.category, chosen.doc.tool, chosen.doc.api, chosen.arguments_key
+
+
 def _stateless_records(
-    kept: list[ChosenPair], members: list[int], options: SimulatorDataOptions, examples
-) -> list[dict]:
+    kept: list[ChosenPair], members: list[int], options: SimulatorDataOptions, examples, leave_out: set[tuple]
+) -> tuple[list[dict], int]:
     """Each distinct call (API and arguments) of a split once, without history, in the stateless format; the first
     one in input order, as a build without history keeps it. A call the split already has in that format (a
-    session's first call) is not added again."""
+    session's first call) is not added again, nor one of `leave_out` (counted: the second value)."""
     fmt = stateless_format(options.prompt_format)
-
-    def call(chosen: ChosenPair) -> tuple:
-        return chosen.doc.category, chosen.doc.tool, chosen.doc.api, chosen.arguments_key
-
-    seen = {call(kept[i]) for i in members if _format_of(kept[i], options) == fmt}
-    records = []
+    seen = {_call(kept[i]) for i in members if _format_of(kept[i], options) == fmt}
+    records, skipped = [], 0
     for i in members:
-        chosen = kept[i]
-        if call(chosen) not in seen:
-            seen.add(call(chosen))
-            records.append(_render(chosen, options, examples(i), fmt))
-    return records
+        call = _call(kept[i])
+        if call in seen:
+            continue
+        seen.add(call)
+        if call in leave_out:
+            skipped += 1
+            continue
+        records.append(_render(kept[i], options, examples(i), fmt))
+    return records, skipped
 
 
 def _render(chosen: ChosenPair, options: SimulatorDataOptions, examples: list[tuple[dict, dict]], fmt: str) -> dict:

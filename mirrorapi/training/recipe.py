@@ -385,7 +385,14 @@ def training_splits(dataset, recipe: RecipeArguments, tokenizer, max_length: int
     """(train, {name: eval}) with only the prompt/completion columns, subsampled and length-filtered."""
 
     def prepare(split: str, limit: int | None):
-        data = dataset[split].select_columns(list(REQUIRED_COLUMNS))
+        data = dataset[split]
+        if split != recipe.train_split and "call_in_train" in data.column_names:
+            # A held-out record whose call (API and arguments) the training split has is a cache hit on a server,
+            # and rendered alike it may be a training record itself: the eval loss is about the calls it is not.
+            before = len(data)
+            data = data.filter(lambda r: not r["call_in_train"], desc=f"leaving out {split}'s training calls")
+            logger.info("%s: %d of %d records are training calls, left out", split, before - len(data), before)
+        data = data.select_columns(list(REQUIRED_COLUMNS))
         if recipe.drop_overlong and max_length:
             before = len(data)
             data = data.filter(

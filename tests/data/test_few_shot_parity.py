@@ -77,3 +77,32 @@ def test_builder_and_server_show_the_same_examples(shared_data, tmp_path, prompt
     assert with_examples == len(records)
     assert shrunk > 0 if response_chars else shrunk == 0
     cache.close()
+
+
+@pytest.mark.shared
+def test_with_history_the_builder_shows_what_the_server_s_cache_holds(shared_data, tmp_path):
+    # With history a call is kept once per history it was made with (API-Bank's logins, tokens), maybe answered
+    # differently; the server's cache holds it once, its first pair (`import_pairs`). The builder's examples were
+    # drawn from every kept copy: 14 of API-Bank's recorded stateless records showed examples no server shows.
+    tools = shared_data / "toolenv" / "realtools"
+    registry = ToolRegistry.load([tools])
+    pairs = list(read_pairs_jsonl(shared_data / "pairs" / "api-bank.jsonl"))
+    options = SimulatorDataOptions(prompt_format="mirrorapi-session-v2", history=8, stateless_too=True, few_shot=2)
+    splits, _ = build_simulator_records(pairs, registry, options)
+    trained = {(r["source"], r["episode"], r["step"]) for r in splits["train"]}
+    pairs_file = tmp_path / "train.jsonl"  # the training calls as recorded, in input order
+    pairs_file.write_text(
+        "".join(json.dumps(p) + "\n" for p in pairs if (p["source"], str(p["episode"]), int(p["step"])) in trained)
+    )
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    import_pairs(cache, pairs_file, registry)
+    settings = load_settings(
+        overrides={"tools_folder": [str(tools)], "few_shot": 2, "prompt_format": "mirrorapi-v2"}, environ={}
+    )
+    simulator = Simulator(engine=None, cache=cache, settings=settings)
+    stateless = [r for split in ("train", "test_id") for r in splits[split] if r["prompt_format"] == "mirrorapi-v2"]
+    assert len(stateless) > 300
+    for record in stateless:
+        doc = registry.get(record["category"], record["tool"], record["api"])
+        assert simulator.messages(doc, json.loads(record["arguments"])) == record["prompt"], record["arguments"]
+    cache.close()

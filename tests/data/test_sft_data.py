@@ -249,6 +249,11 @@ def test_stateless_too_renders_each_distinct_call_once_without_history_in_the_sa
         SimulatorDataOptions(prompt_format="mirrorapi-session-v2", history=8, few_shot=1, stateless_too=True),
     )
     firsts = 0
+
+    def call(record: dict) -> tuple:
+        return record["category"], record["tool"], record["api"], record["arguments"]
+
+    trained = {call(r) for r in both["train"]}
     for split, records in both.items():
         session = [r for r in records if r["prompt_format"] == "mirrorapi-session-v2"]
         alone = [r for r in records if r["prompt_format"] == "mirrorapi-v2"]
@@ -259,10 +264,12 @@ def test_stateless_too_renders_each_distinct_call_once_without_history_in_the_sa
         assert not any("(none)" in r["prompt"][1]["content"] for r in session)
         assert all(r in first_calls for r in session_only[split] if r["step"] == 0)  # nothing before step 0
         firsts += len(first_calls)
-        keys = [(r["category"], r["tool"], r["api"], r["arguments"]) for r in alone]
-        assert (
-            len(keys) == len(set(keys)) == len({(r["category"], r["tool"], r["api"], r["arguments"]) for r in records})
-        )
+        keys = [call(r) for r in alone]
+        # Every call of the split once, but a held-out split's training calls (a server's cache hits, and rendered
+        # without history the training record itself) only where an episode's first call is one.
+        expected = {call(r) for r in records if split == "train" or call(r) not in trained or r in first_calls}
+        assert len(keys) == len(set(keys)) and set(keys) == expected
+        assert all(r["call_in_train"] == (call(r) in trained) for r in records)
         for r in alone:
             system, user = r["prompt"]
             assert "Earlier calls in this session" not in user and "session" not in system["content"]
@@ -414,3 +421,26 @@ def test_test_ood_shown_asks_unseen_apis_calls_with_examples_from_other_held_out
 def test_bad_mixing_options_are_refused(registry, options, message):
     with pytest.raises(ValueError, match=message):
         build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(**options))
+
+
+def test_no_held_out_record_left_in_an_evaluation_is_a_training_record(registry):
+    """With history and --stateless-too, a call made in a training episode and again in a held-out one (API-Bank's
+    logins, tokens) was rendered without history in both splits: the same prompt and answer, 552 times in test_id
+    of the shared data. Held-out stateless records now leave training calls out, and every record says whether its
+    call is a training call (`call_in_train`: the eval loss leaves those out, as a server answers them from its
+    cache)."""
+    splits, stats = build_simulator_records(
+        copy.deepcopy(SAMPLE_PAIRS),
+        registry,
+        SimulatorDataOptions(prompt_format="mirrorapi-session-v2", history=8, few_shot=1, stateless_too=True),
+    )
+
+    def text(record: dict) -> str:
+        return json.dumps([record["prompt"], record["completion"]], sort_keys=True)
+
+    trained = {text(r) for r in splits["train"]}
+    evaluated = [r for name in ("test_id", "test_ood") for r in splits[name] if not r["call_in_train"]]
+    assert evaluated and not any(text(r) in trained for r in evaluated)
+    assert stats["stateless_held_out_calls_in_train"] > 0  # the samples have such calls: the case is exercised
+    stateless = [r for r in splits["test_id"] if r["prompt_format"] == "mirrorapi-v2" and r["step"] > 0]
+    assert not any(r["call_in_train"] for r in stateless)

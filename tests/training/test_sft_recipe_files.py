@@ -116,3 +116,26 @@ def test_model_config_is_forwarded_as_trl_does():
     assert model_init_kwargs(training_args, model_args)["quantization_config"].load_in_8bit
     _, training_args, model_args = parser.parse_args_and_config(["--config", TINY])
     assert "quantization_config" not in model_init_kwargs(training_args, model_args)
+
+
+def test_an_eval_split_leaves_out_the_held_out_records_whose_call_is_a_training_call():
+    # The data builder marks them (`call_in_train`): a server answers such a call from its cache, and rendered
+    # alike the record may be a training record itself, so the eval loss would reward remembering it.
+    from datasets import Dataset, DatasetDict
+
+    from mirrorapi.training.recipe import RecipeArguments, training_splits
+
+    def record(text: str, in_train: bool) -> dict:
+        return {
+            "prompt": [{"role": "user", "content": text}],
+            "completion": [{"role": "assistant", "content": "{}"}],
+            "call_in_train": in_train,
+        }
+
+    data = DatasetDict(
+        train=Dataset.from_list([record("a", True), record("b", True)]),
+        test_id=Dataset.from_list([record("a", True), record("c", False)]),
+    )
+    recipe = RecipeArguments(dataset_path="unused", eval_splits=["test_id"])
+    train, evals = training_splits(data, recipe, None, None, None)
+    assert len(train) == 2 and [r["prompt"][0]["content"] for r in evals["test_id"]] == ["c"]
