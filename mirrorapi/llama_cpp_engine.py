@@ -51,21 +51,33 @@ SERVER_DEFAULTS = {
 }
 
 
+# Keys that describe a value without constraining it: a sub-schema of these alone (or none) allows any JSON value.
+ANNOTATIONS = frozenset(
+    ("description", "title", "format", "default", "examples", "example", "nullable", "$comment", "deprecated")
+    + ("readOnly", "writeOnly")
+)
+
+
 def explicit_any(schema):
-    """`schema` with every empty sub-schema under `properties`, `items` or `additionalProperties` made ANY_JSON."""
+    """`schema` with every sub-schema under `properties`, `items`, `additionalProperties`, `anyOf` or `oneOf` that
+    allows any value (empty, or annotations alone: `{"description": "The teams", "format": "jsonb"}`) made ANY_JSON.
+    Why: llama-cpp-python's schema converter refuses such a sub-schema ("Unrecognized schema") and then, without a
+    word, enforces its grammar for any JSON value instead of the whole schema (841 of ToolEnv2404's APIs, 2026-11-30)."""
+
+    def rewritten(sub):
+        return ANY_JSON if isinstance(sub, dict) and sub.keys() <= ANNOTATIONS else explicit_any(sub)
+
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
     if isinstance(out.get("properties"), dict):
-        out["properties"] = {k: ANY_JSON if v == {} else explicit_any(v) for k, v in out["properties"].items()}
+        out["properties"] = {k: rewritten(v) for k, v in out["properties"].items()}
     for key in ("items", "additionalProperties"):
-        if out.get(key) == {}:
-            out[key] = ANY_JSON
-        elif isinstance(out.get(key), dict):
-            out[key] = explicit_any(out[key])
+        if isinstance(out.get(key), dict):
+            out[key] = rewritten(out[key])
     for key in ("anyOf", "oneOf"):
         if isinstance(out.get(key), list):
-            out[key] = [ANY_JSON if v == {} else explicit_any(v) for v in out[key]]
+            out[key] = [rewritten(v) for v in out[key]]
     return out
 
 

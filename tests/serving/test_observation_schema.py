@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from mirrorapi.llama_cpp_engine import explicit_any
+from mirrorapi.llama_cpp_engine import ANY_JSON, explicit_any
 from mirrorapi.prompts.simulator_formats import OBSERVATION_SCHEMA, observation_schema
 from mirrorapi.tools import ApiDoc
 
@@ -71,3 +71,38 @@ def test_the_schema_compiles_into_a_llama_cpp_grammar():
         schema = explicit_any(observation_schema(doc(template), "mirrorapi-v2"))
         assert "{}" not in json.dumps(schema)  # every "any value" spelt out, as the engine needs it
         LlamaGrammar.from_string(json_schema_to_gbnf(json.dumps(schema)), verbose=False)
+
+
+def test_a_sub_schema_of_annotations_alone_is_spelt_out_as_any_value():
+    # A doc's schema often describes a property without typing it (`{"description": "The teams", "format":
+    # "jsonb"}`, ToolEnv2404's american_football_devs): any value, like `{}`. llama-cpp-python's converter refuses
+    # it and then enforces no schema at all (its grammar for any JSON), so it is spelt out before it is sent.
+    schema = {
+        "type": "object",
+        "properties": {"teams": {"description": "The teams", "format": "jsonb"}, "n": {"type": "integer"}},
+        "items": {"title": "t"},
+        "anyOf": [{}, {"type": "string", "description": "d"}],
+    }
+    rewritten = explicit_any(schema)
+    assert rewritten["properties"] == {"teams": ANY_JSON, "n": {"type": "integer"}}
+    assert rewritten["items"] == ANY_JSON and rewritten["anyOf"] == [ANY_JSON, {"type": "string", "description": "d"}]
+
+
+def test_every_sample_api_s_response_format_is_enforced_by_llama_cpp(samples):
+    pytest.importorskip("llama_cpp")  # the CPU engine's own converter (make engine)
+    from llama_cpp import llama_chat_format, llama_grammar
+
+    from mirrorapi.llama_cpp_engine import openai_request
+    from mirrorapi.serving.simulator import response_format
+    from mirrorapi.tools import ToolRegistry
+
+    any_json = llama_grammar.LlamaGrammar.from_string(llama_grammar.JSON_GBNF, verbose=False)._grammar
+    registry = ToolRegistry.load([samples / "tools"])
+    docs = [d for tools in registry.categories.values() for tool in tools.values() for d in tool.apis.values()]
+    fallen_back = []
+    for api in docs:
+        body = json.dumps({"response_format": response_format(api, "mirrorapi-v2")}).encode()
+        sent = json.loads(openai_request(body))["response_format"]
+        if llama_chat_format._grammar_for_response_format(sent)._grammar == any_json:  # its silent fallback
+            fallen_back.append(api.api)
+    assert len(docs) > 200 and fallen_back == []
