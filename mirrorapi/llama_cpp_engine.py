@@ -62,7 +62,8 @@ def explicit_any(schema):
     """`schema` with every sub-schema under `properties`, `items`, `additionalProperties`, `anyOf` or `oneOf` that
     allows any value (empty, or annotations alone: `{"description": "The teams", "format": "jsonb"}`) made ANY_JSON.
     Why: llama-cpp-python's schema converter refuses such a sub-schema ("Unrecognized schema") and then, without a
-    word, enforces its grammar for any JSON value instead of the whole schema (841 of ToolEnv2404's APIs, 2026-11-30)."""
+    word, enforces its grammar for any JSON value instead of the whole schema (841 of ToolEnv2404's APIs,
+    2026-11-30)."""
 
     def rewritten(sub):
         return ANY_JSON if isinstance(sub, dict) and sub.keys() <= ANNOTATIONS else explicit_any(sub)
