@@ -82,6 +82,7 @@ class _Replica:
     down_until: float = 0.0  # monotonic time; skipped by calls until then
     probing: bool = False  # a background probe is deciding whether it is back
     in_flight: int = 0  # attempts sent and not answered yet
+    answered_at: float = 0.0  # monotonic time of its last completion
 
 
 async def _streamed_completion(response: aiohttp.ClientResponse) -> dict:
@@ -291,6 +292,7 @@ class EngineClient:
             try:  # aiohttp's total timeout bounds the attempt (asyncio.wait_for would cost a task per attempt)
                 answer = _message(await self._post(base, payload, limit))
                 replica.down_until = 0.0  # it answered (a call with nothing better to try may use a cooling one)
+                replica.answered_at = time.monotonic()
                 return answer
             except asyncio.TimeoutError:
                 last = EngineError("timeout", f"engine at {base} did not answer within {limit:g} s")
@@ -336,12 +338,22 @@ class EngineClient:
                 return
 
     # ------------------------------------------------------------------------------ health
-    async def _reachable(self, base: str, timeout: float) -> EngineHealth:
-        """GET /models: whether the replica answers HTTP, and the model ids it lists (in `detail`)."""
+    async def _reachable(self, base: str, timeout: float, busy: bool = False) -> EngineHealth:
+        """GET /models: whether the replica answers HTTP, and the model ids it lists (in `detail`). `busy`: it is
+        answering calls of ours or answered one lately, so a GET /models that only times out means busy, not down
+        (llama.cpp's server answers it only between completions: a long one keeps it waiting)."""
         try:
             async with self._http().get(base + "/models", timeout=_deadline(timeout)) as r:
                 data = await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            if busy and isinstance(exc, asyncio.TimeoutError):  # aiohttp's timeouts are asyncio's
+                return EngineHealth(
+                    base,
+                    True,
+                    True,
+                    f"busy: GET /models not answered within {timeout:g} s while it answers calls (an engine that "
+                    "lists its models only between completions, as llama.cpp's)",
+                )
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             return EngineHealth(base, False, False, detail)
         ids = _model_ids(data) if r.status == 200 else None
@@ -368,7 +380,8 @@ class EngineClient:
         it (it failed one lately and has not answered a probe's completion since)."""
 
         async def check(replica: _Replica) -> EngineHealth:
-            health = await self._reachable(replica.base, timeout)
+            busy = bool(replica.in_flight) or time.monotonic() - replica.answered_at < self.timeout
+            health = await self._reachable(replica.base, timeout, busy and not replica.down_until)
             if health.reachable and not health.ok:
                 answered, how = await self._answers_one_token(replica.base, timeout)
                 health.ok = answered

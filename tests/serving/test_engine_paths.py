@@ -200,3 +200,47 @@ def test_a_miss_beyond_the_simulators_queue_is_told_it_is_busy(serve, tmp_path):
     simulated = [a for a in answers if a["error"] == ""]
     assert len(simulated) >= 1 and busy in answers
     assert all(a == busy for a in answers if a["error"]), answers
+
+
+def test_health_says_busy_not_down_while_a_llama_cpp_like_engine_answers_a_long_call(serve, tmp_path):
+    # llama.cpp's server (llama-cpp-python) answers GET /v1/models only between completions, under the lock its
+    # generation holds: a stand-in that does the same (a real CPU engine's long call cannot be had on demand).
+    import asyncio
+
+    from fastapi import FastAPI
+
+    from harness.processes import free_port, serve_in_thread
+
+    engine = FastAPI()
+    lock = asyncio.Lock()
+
+    @engine.get("/v1/models")
+    async def models() -> dict:
+        async with lock:
+            return {"object": "list", "data": [{"id": "simulator", "object": "model", "owned_by": "llama-cpp"}]}
+
+    @engine.post("/v1/chat/completions")
+    async def chat() -> dict:
+        async with lock:
+            await asyncio.sleep(4)  # past /health's 2 s look at the engine
+            message = {"role": "assistant", "content": '{"error": "", "response": "ok"}'}
+            return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": {}}
+
+    body = {
+        "category": "Data",
+        "tool_name": "theclique",
+        "api_name": "transfermarkt_search",
+        "tool_input": '{"name": "Messi"}',
+    }
+    with (
+        serve_in_thread(engine, free_port(), access_log=False) as engine_url,
+        serve(api_base=[engine_url + "/v1"], model="simulator", cache_path=str(tmp_path / "c.sqlite")) as server,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        assert server.client.get("/health").status_code == 200  # idle: it lists the model
+        call = pool.submit(server.client.post, "/virtual", json=body, timeout=30)
+        time.sleep(0.5)
+        busy = server.client.get("/health")
+        assert call.result().json() == {"error": "", "response": "ok"}
+    assert busy.status_code == 200 and busy.json()["status"] == "ok", busy.text
+    assert "busy" in busy.json()["engine"][0]["detail"]
