@@ -67,7 +67,8 @@ class StubEngine:
     """Answers every POST to .../chat/completions with a chat completion carrying `observation`
     (JSON-encoded) after `delay` seconds; GETs (health probes) at once with the same body, or with a model
     list naming `model` when given; any other POST at once with 404 (StableToolBench's server posts its
-    real-API call to such a path first). `requests` counts the chat completions received."""
+    real-API call to such a path first). `requests` counts the chat completions received, `most_at_once` the most
+    it answered at the same time."""
 
     def __init__(
         self, observation: dict = STUB_OBSERVATION, delay: float = 0.0, port: int = 0, model: str | None = None
@@ -82,6 +83,7 @@ class StubEngine:
             )
         self.not_found = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
         self.delay, self.port, self.requests = delay, port, 0
+        self.answering = self.most_at_once = 0  # chat completions being answered now, and the most at once
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -105,7 +107,12 @@ class StubEngine:
                     writer.write(self.not_found)
                     continue
                 self.requests += 1
-                await asyncio.sleep(self.delay)
+                self.answering += 1
+                self.most_at_once = max(self.most_at_once, self.answering)
+                try:
+                    await asyncio.sleep(self.delay)
+                finally:
+                    self.answering -= 1
                 writer.write(self.reply)
         writer.close()
 

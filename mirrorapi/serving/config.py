@@ -208,7 +208,7 @@ class ServerSettings(BaseModel):
         gt=0,
         description=(
             "Simulator calls in flight per replica; more wait for a free one (a CPU engine given many calls at "
-            "once answers none of them in time)."
+            "once answers none of them in time). With workers, each worker process takes its share (rounded up)."
         ),
     )
     engine_max_waiting: int = Field(

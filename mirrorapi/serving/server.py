@@ -54,8 +54,10 @@ class VirtualServer:
             attempt_timeout=settings.attempt_timeout(),
             retries=settings.engine_retries,
             cooldown=settings.engine_cooldown,
-            max_in_flight=settings.engine_max_in_flight,
-            max_waiting=settings.engine_max_waiting,
+            # The limits are the server's, per replica: each worker process takes its share (they hold no count
+            # in common), rounded up, so a replica gets at most about the limit from all of them together.
+            max_in_flight=-(-settings.engine_max_in_flight // settings.workers),
+            max_waiting=-(-settings.engine_max_waiting // settings.workers),
         )
         # Servers that share the store simulate a call once between them (a lease per call in the store).
         shared = settings.workers > 1 or is_url(settings.cache_url or "")

@@ -68,6 +68,8 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
                 str(port),
                 "--log-file",
                 str(log_file),
+                "--engine-max-in-flight",  # the replica's limit, which each of the 2 workers takes half of
+                "4",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -98,6 +100,7 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
             process.send_signal(signal.SIGTERM)
             status = process.wait(60)
     assert len(workers) == 2  # uvicorn's worker processes, children of the one that was started
+    assert 0 < engine.most_at_once <= 4  # 16 misses at once: within the replica's limit, not 4 per worker
     assert len(replaced) == 2 and after == misses[0]  # uvicorn started another; the cache still answers
     assert hits == misses and all(answer["error"] == "" for answer in misses)
     # Any worker's /metrics counts the requests of all of them.
