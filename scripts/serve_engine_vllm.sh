@@ -18,12 +18,16 @@ if [[ $# -lt 1 || ! -d "$1" ]]; then
     exit 2
 fi
 MODEL_DIR="$(cd "$1" && pwd -L)"  # logical: runs/demo/latest stays a link, as clients type it
-PORT="${2:-12345}"
+shift
+PORT=12345
+if [[ $# -gt 0 && "$1" =~ ^[0-9]+$ ]]; then  # PORT is optional: a flag right after MODEL_DIR is a flag
+    PORT="$1"
+    shift
+fi
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-$HERE/.venv/bin/python}"
 ARGS=("$MODEL_DIR" --port "$PORT")
 if [[ -n "${LORA:-}" ]]; then
     ARGS+=(--lora "$(cd "$LORA" && pwd -L)")
 fi
-shift $(( $# < 2 ? $# : 2 ))
 exec "$PYTHON" -m mirrorapi.vllm_engine "${ARGS[@]}" "$@"

@@ -39,3 +39,36 @@ def test_dtype_is_passed_once_and_an_unknown_one_refused():
     assert default[default.index("--dtype") + 1] == "bfloat16"
     with pytest.raises(ValueError, match="float16"):
         vllm_command(Path("python"), "/m", 1234, cpu=True, dtype="float16")
+
+
+@pytest.mark.parametrize(
+    "given, passed",
+    [
+        ([], ["--port", "12345"]),
+        (["8000"], ["--port", "8000"]),
+        (["--all-cores"], ["--port", "12345", "--all-cores"]),  # PORT is optional before the script's own flags
+        (["9000", "--dtype", "float32", "--", "--max-num-seqs", "4"], ["--port", "9000", "--dtype", "float32", "--"]),
+        (["--", "--max-num-seqs", "4"], ["--port", "12345", "--"]),
+    ],
+)
+def test_the_vllm_script_takes_its_usage_line_s_arguments(tmp_path, given, passed):
+    # `MODEL_DIR [PORT] [--all-cores] [--dtype float32] [-- VLLM_FLAGS]`: PYTHON stands in for the engine's
+    # interpreter (vLLM itself is not what is tested), printing what the script hands it.
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    echo = tmp_path / "python"
+    echo.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    echo.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    done = subprocess.run(
+        [str(repo / "scripts" / "serve_engine_vllm.sh"), str(model), *given],
+        env={"PATH": "/usr/bin:/bin", "PYTHON": str(echo)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    vllm_flags = given[given.index("--") + 1 :] if "--" in given else []
+    assert done.stdout.splitlines() == ["-m", "mirrorapi.vllm_engine", str(model), *passed, *vllm_flags]
