@@ -166,6 +166,14 @@ def test_bad_config_is_one_clear_error(tmp_path, text, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_config_file_that_is_not_utf8_is_one_clear_error(tmp_path):
+    config = tmp_path / "latin1.yml"
+    config.write_bytes(f"tools_folder: {SAMPLE_TOOLS}\nmodel: caf\xe9\n".encode("latin-1"))  # saved as Latin-1
+    with pytest.raises(ConfigError, match="is not UTF-8 text") as err:
+        load_settings(config, environ={})
+    assert "\n" not in str(err.value)
+
+
 def test_serve_command_exits_2_with_one_line(tmp_path, capsys):
     config = write(tmp_path / "bad.yml", f"tools_folder: {SAMPLE_TOOLS}\nport: eighty\n")
     assert mirrorapi_main(["serve", "--config", str(config)]) == 2
