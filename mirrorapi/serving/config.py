@@ -473,11 +473,16 @@ def load_settings(
     environ = os.environ if environ is None else environ
     config = config or environ.get(CONFIG_ENV)
     data = read_yaml_settings(config, ServerSettings) if config else {}
-    data.update(environment_values(ServerSettings, ENV_PREFIX, environ))
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    given_by = dict.fromkeys(data, "config")  # where each value came from, to name it as it was given
+    from_environment = environment_values(ServerSettings, ENV_PREFIX, environ)
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for source, values in (("environment", from_environment), ("flag", flags)):
+        data.update(values)
+        given_by.update(dict.fromkeys(values, source))
     if data.get("model_settings", FIELDS["model_settings"].default) == "auto":
         for key, value in model_record_settings(str(data.get("model", FIELDS["model"].default))).items():
-            data.setdefault(key, value)  # below every source the user gave
+            if key not in data:  # below every source the user gave
+                data[key], given_by[key] = value, "record"
     # "null"/"none" from the environment or a flag clear a setting whose default is None.
     data = {
         k: None
@@ -488,8 +493,18 @@ def load_settings(
     try:
         settings = ServerSettings.model_validate(data)
     except ValidationError as exc:
-        where = f"config {config}" if config else "settings"
-        raise ConfigError(f"{where}: {one_line(exc, ServerSettings)}") from None
+
+        def spelt(key: str) -> str:  # the key as its source names it
+            source = given_by.get(key)
+            if source == "flag":
+                return "--" + key.replace("_", "-")
+            if source == "environment":
+                return ENV_PREFIX + key.upper()
+            return f"{key} (the model's record)" if source == "record" else key
+
+        failing = {given_by.get(str(e["loc"][0]) if e["loc"] else "") for e in exc.errors()}
+        where = f"config {config}" if config and failing <= {"config", None} else "settings"
+        raise ConfigError(f"{where}: {one_line(exc, ServerSettings, spelt)}") from None
     if settings.toolbench_url:
         logger.warning("toolbench_url is ignored: mirrorapi never calls real APIs")
     return settings

@@ -166,6 +166,16 @@ def test_bad_config_is_one_clear_error(tmp_path, text, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_bad_value_is_named_as_its_source_gave_it(tmp_path):
+    config = write(tmp_path / "good.yml", f"tools_folder: {SAMPLE_TOOLS}\n")
+    with pytest.raises(ConfigError) as flag:
+        load_settings(config, overrides={"engine_timeout": 0}, environ={})
+    with pytest.raises(ConfigError) as variable:
+        load_settings(config, environ={"MIRRORAPI_ENGINE_TIMEOUT": "0"})
+    assert str(flag.value).startswith("settings: --engine-timeout: Input should be greater than 0")
+    assert str(variable.value).startswith("settings: MIRRORAPI_ENGINE_TIMEOUT: Input should be greater than 0")
+
+
 def test_a_config_file_that_is_not_utf8_is_one_clear_error(tmp_path):
     config = tmp_path / "latin1.yml"
     config.write_bytes(f"tools_folder: {SAMPLE_TOOLS}\nmodel: caf\xe9\n".encode("latin-1"))  # saved as Latin-1
