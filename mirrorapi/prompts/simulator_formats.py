@@ -164,12 +164,17 @@ def observation_schema(doc: ApiDoc, fmt: str) -> dict:
             "additionalProperties": False,
         }
 
+    # A doc schema's own definitions move to the top, where its references (`#/definitions/...`, `#/$defs/...`,
+    # from the root of the document they are in) find them once it is nested in the observation.
+    definitions = {key: schema[key] for key in ("definitions", "$defs") if key in schema}
+    nested = {key: value for key, value in schema.items() if key not in definitions}
     return {
+        **definitions,
         "anyOf": [
-            branch({"const": ""}, schema),
+            branch({"const": ""}, nested),
             branch({"type": "string", "minLength": 1}, {}),
             branch({"const": ""}, {"type": "string", "pattern": IN_BAND_ERROR_PATTERN}),
-        ]
+        ],
     }
 
 

@@ -106,3 +106,21 @@ def test_every_sample_api_s_response_format_is_enforced_by_llama_cpp(samples):
         if llama_chat_format._grammar_for_response_format(sent)._grammar == any_json:  # its silent fallback
             fallen_back.append(api.api)
     assert len(docs) > 200 and fallen_back == []
+
+
+def test_a_doc_schema_s_references_still_resolve_once_nested_in_the_observation():
+    # ToolEnv2404's corunacommunity `listar_eventos` documents its response so: items by `#/definitions/...`, a
+    # reference from the root of the document it is in, which nesting it under `response` would leave dangling.
+    event = {"type": "object", "properties": {"id": {"type": "string"}, "name": {"type": "string"}}}
+    documented = {
+        "$schema": "http://json-schema.org/draft-06/schema#",
+        "type": "array",
+        "items": {"$ref": "#/definitions/EventElement"},
+        "definitions": {"EventElement": {**event, "required": ["id", "name"]}},
+    }
+    api = doc(None)
+    api.response_schema = documented
+    schema = observation_schema(api, "mirrorapi-v2")
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    assert validator.is_valid({"error": "", "response": [{"id": "1", "name": "Meetup"}]})
+    assert not validator.is_valid({"error": "", "response": [{"id": "1"}]})  # EventElement's `name` is required
