@@ -222,7 +222,7 @@ def test_health_says_busy_not_down_while_a_llama_cpp_like_engine_answers_a_long_
     @engine.post("/v1/chat/completions")
     async def chat() -> dict:
         async with lock:
-            await asyncio.sleep(4)  # past /health's 2 s look at the engine
+            await asyncio.sleep(3)  # past /health's 2 s look at the engine, asked 0.5 s into it
             message = {"role": "assistant", "content": '{"error": "", "response": "ok"}'}
             return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": {}}
 
