@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from mirrorapi.command_line import Command, add_command, add_group, print_json
 from mirrorapi.serving.cache import CacheError
@@ -57,6 +58,11 @@ def cache_import(args: argparse.Namespace) -> int:
     from mirrorapi.serving.cache import import_pairs, import_stabletoolbench_cache, open_cache
 
     registry = ToolRegistry.load(args.tools) if args.tools else None
+    if not Path(args.source).exists():  # before the cache is opened: a mistyped source leaves no new database
+        raise CacheError(
+            f"{'pairs file' if args.source.endswith('.jsonl') else 'StableToolBench cache folder'} not found: "
+            f"{args.source}"
+        )
     cache = open_cache(args.cache)
     try:
         if args.source.endswith(".jsonl"):

@@ -208,6 +208,9 @@ def export_stabletoolbench_cache(
             refused.append(f"{category}/{tool}/{api} ({len(content)} entries): {problem}")
             logger.warning("export refused %s/%s/%s: %s", category, tool, api, problem)
             continue
-        _write_json_atomically(path, content)
+        try:
+            _write_json_atomically(path, content)
+        except OSError as exc:  # the folder is a file, or cannot be made: the user's to fix, in one line
+            raise CacheError(f"cannot write export folder {root}: {exc.strerror or exc} ({exc.filename})") from None
         files, entries = files + 1, entries + len(content)
     return {"folder": str(root), "identity": identity, "files": files, "entries": entries, "refused": refused}

@@ -187,7 +187,7 @@ def connection_string(url: str) -> str:
     try:
         given = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise CacheError(f"cache_url is not a PostgreSQL URL: {exc}") from None
+        raise CacheError(f"cache_url is not a PostgreSQL URL: {_one_line(exc)}") from None
     extra: dict[str, Any] = {}
     options = str(given.get("options") or "")
     if "synchronous_commit" not in options:
@@ -234,8 +234,8 @@ class PostgresCache(Store):
 
         self._errors = psycopg.Error  # every error of psycopg and of its pool (PoolTimeout)
         self.url = url
+        self._conninfo = connection_string(url)  # first: a URL it cannot parse is one line (CacheError)
         self.location = public_location(url)
-        self._conninfo = connection_string(url)
         self._wait_seconds = wait_seconds(self._conninfo)
         self._pool_connections = pool_connections
         self._pool: AsyncConnectionPool | None = None
