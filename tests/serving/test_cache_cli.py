@@ -40,6 +40,9 @@ def test_export_writes_every_real_call(sample_tools, samples, cache_location, tm
     out = tmp_path / "export"
     assert main(["cache", "export", str(out), "--cache", db, "--provenance", "real"]) == 0
     assert capsys.readouterr().out.startswith(f"{len(calls):,} entries written to {len(apis)} files")
+    for not_a_prefix in ("REAL", "r_al", "%"):  # a prefix is text as written, the same on SQLite and PostgreSQL
+        assert main(["cache", "export", str(tmp_path / "none"), "--cache", db, "--provenance", not_a_prefix]) == 0
+        assert capsys.readouterr().out.startswith("0 entries written"), not_a_prefix
 
     files = sorted(out.glob("*/*/*.json"))
     assert len(files) == len(apis)

@@ -121,7 +121,7 @@ STATEMENTS = Statements(
     "ORDER BY category, tool, api, arguments, identity",
     served_entries="SELECT category, tool, api, arguments_as_sent, observation FROM entries WHERE history = '' AND "
     "identity IN ('', %s){where} ORDER BY category, tool, api, arguments",
-    provenance_like="provenance LIKE %s",
+    provenance_prefix="left(provenance, length(%s)) = %s",
     rows=f"SELECT {_COLUMNS} FROM entries",
     sessions="SELECT id, digest, steps, lines, used FROM sessions",
     imports="SELECT origin, fingerprint, entries, imported_at FROM imports ORDER BY imported_at",

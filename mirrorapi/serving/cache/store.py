@@ -45,7 +45,7 @@ Advance = Callable[[SessionState | None], SessionState]  # a session's next stat
 
 @dataclass(frozen=True)
 class Statements:
-    """The SQL of the administrative side, in one backend's dialect. `provenance_like` is the condition on one
+    """The SQL of the administrative side, in one backend's dialect. `provenance_prefix` is the condition on one
     provenance prefix that `entries` and `served_entries` join with OR for the prefixes asked for."""
 
     count_hits: str  # (hits to add, entry id)
@@ -55,7 +55,7 @@ class Statements:
     examples: str  # (category, tool, api, limit)
     entries: str  # {where}: the provenance filter
     served_entries: str  # (identity, ...) {where}: the provenance filter
-    provenance_like: str  # (prefix%)
+    provenance_prefix: str  # (prefix, prefix)
     rows: str  # every column of every entry, in ENTRY_COLUMNS' order
     sessions: str
     imports: str
@@ -317,4 +317,7 @@ class Store(abc.ABC):
         prefixes = list(provenance)
         if not prefixes:
             return "", []
-        return " AND (" + " OR ".join([self.sql.provenance_like] * len(prefixes)) + ")", [p + "%" for p in prefixes]
+        # A prefix compared as text, the same on both stores (LIKE ignored ASCII case on SQLite only, and read `_`
+        # and `%` in a prefix as wildcards).
+        clause = " AND (" + " OR ".join([self.sql.provenance_prefix] * len(prefixes)) + ")"
+        return clause, [value for p in prefixes for value in (p, p)]
