@@ -16,6 +16,7 @@ from mirrorapi.serving.cache import (
     CacheError,
     ResponseCache,
     export_stabletoolbench_cache,
+    import_pairs,
     import_stabletoolbench_cache,
     is_url,
     open_cache,
@@ -215,3 +216,29 @@ def test_lone_surrogates_in_a_stabletoolbench_cache_file_neither_stop_the_import
     assert any("lone surrogate" in line for line in report["unreadable"])
     stored = {json.loads(args)["name"]: json.loads(obs) for _, _, _, args, obs, _ in cache.entries()}
     assert stored == {"Pele": {"error": "", "response": "Pele \ufffd"}, "ok": {"error": "", "response": "fine"}}
+
+
+def test_a_nul_in_an_error_is_stored_by_either_store_and_served_as_recorded(cache_location, tmp_path):
+    # An API's error text holding a NUL: SQLite's text holds it, PostgreSQL's cannot. The import failed there on
+    # that row, every time (with a traceback), and took the rows of its batch with it.
+    pairs = tmp_path / "pairs.jsonl"
+    recorded = [("bad\u0000byte", ""), ("", "fine")]
+    pairs.write_text(
+        "".join(
+            json.dumps(
+                {"source": "s", "episode": "e", "step": step, "category": "Data", "tool_name": "theclique"}
+                | {"api_name": "transfermarkt_search", "tool_input": {"name": f"player {step}"}}
+                | {"response": {"error": error, "response": response}}
+            )
+            + "\n"
+            for step, (error, response) in enumerate(recorded)
+        )
+    )
+    cache = open_cache(cache_location)
+    assert import_pairs(cache, pairs)["stored"] == 2
+    for step, (error, response) in enumerate(recorded):
+        observation, _ = cache.get(
+            "Data", "theclique", "transfermarkt_search", canonical_json({"name": f"player {step}"})
+        )
+        assert json.loads(observation) == {"error": error, "response": response}
+    cache.close()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -148,6 +149,11 @@ def _keys(call: Call) -> tuple[bytes, ...]:
 
 
 def _row(entry: Entry) -> tuple:
+    if "\0" in entry.error or "\0" in entry.rationale:  # PostgreSQL text holds no NUL (SQLite does); the served
+        # observation is JSON, where it is escaped and kept
+        entry = dataclasses.replace(
+            entry, error=entry.error.replace("\0", "\ufffd"), rationale=entry.rationale.replace("\0", "\ufffd")
+        )
     return (entry.call.digest(), *entry.values())
 
 
@@ -275,8 +281,13 @@ class PostgresCache(Store):
         except self._errors as exc:  # one line for the CLI and /health, not a psycopg traceback
             raise CacheError(f"cache database {self.location}: {_one_line(exc)}") from None
 
-    def _transaction(self) -> contextlib.AbstractContextManager:
-        return self._live().transaction()
+    @contextlib.contextmanager
+    def _transaction(self):
+        try:
+            with self._live().transaction():
+                yield
+        except self._errors as exc:  # one line for the CLI, as `_execute` says it
+            raise CacheError(f"cache database {self.location}: {_one_line(exc)}") from None
 
     def _write_entries(self, entries: list[Entry]) -> int:
         return _write_entries(self._db, entries)
