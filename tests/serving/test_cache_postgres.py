@@ -214,3 +214,22 @@ def test_a_request_waits_for_a_connection_as_long_as_the_url_lets_one_open(query
     value) is the server's own 10 s, since a server must not hold a request for ever."""
     url = "postgresql://postgres@127.0.0.1:5432/postgres" + query
     assert wait_seconds(connection_string(url)) == seconds
+
+
+def test_a_recording_imported_while_a_server_simulates_the_call_is_what_the_export_writes(postgres_database, tmp_path):
+    # Two PostgreSQL transactions at once: an import's slice writes the call's recording while a server stores its
+    # simulation of it; neither sees the other's row, so both stay. A server answers the recording (served()); the
+    # export wrote the simulation.
+    from mirrorapi.serving.cache import export_stabletoolbench_cache
+
+    importer, server = open_cache(postgres_database), open_cache(postgres_database)
+    recorded = new_entry(*API, {"name": "Messi"}, "", "RECORDED", "real", 1.0)
+    simulated = new_entry(*API, {"name": "Messi"}, "", "SIMULATED", "simulated:m@f", 2.0)
+    with importer._transaction():  # one slice of `cache import`, still open
+        importer._write_entries([recorded])
+        assert asyncio.run(server.store(simulated, "holder"))
+    report = export_stabletoolbench_cache(importer, tmp_path / "export", identity="m@f")
+    written = json.loads((tmp_path / "export" / API[0] / f"{API[1]}_for_{API[0]}" / f"{API[2]}.json").read_text())
+    assert report["entries"] == 1 and written == {"{'name': 'Messi'}": {"error": "", "response": "RECORDED"}}
+    importer.close()
+    server.close()

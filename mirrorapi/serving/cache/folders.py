@@ -197,6 +197,9 @@ def export_stabletoolbench_cache(
     files = entries = 0
     refused = []
     for (category, tool, api), group in itertools.groupby(rows, key=lambda row: row[:3]):
+        # A call's rows come with its recorded answer last (`served_entries`), so it is the one written, as a
+        # server answers: a simulated answer stored while an import of the call's recording was under way (two
+        # PostgreSQL transactions cannot see each other's row) stays beside it in the store.
         content = {str(json.loads(row[3])): json.loads(row[4]) for row in group}
         problem = next(
             filter(None, (unsafe_name(n) for n in (category, f"{tool}_for_{category}", f"{api}.json"))), None

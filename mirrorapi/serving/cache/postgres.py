@@ -121,7 +121,7 @@ STATEMENTS = Statements(
     entries="SELECT category, tool, api, arguments, observation, provenance FROM entries WHERE history = ''{where} "
     "ORDER BY category, tool, api, arguments, identity",
     served_entries="SELECT category, tool, api, arguments_as_sent, observation FROM entries WHERE history = '' AND "
-    "identity IN ('', %s){where} ORDER BY category, tool, api, arguments",
+    "identity IN ('', %s){where} ORDER BY category, tool, api, arguments, identity DESC",
     provenance_prefix="left(provenance, length(%s)) = %s",
     rows=f"SELECT {_COLUMNS} FROM entries",
     sessions="SELECT id, digest, steps, lines, used FROM sessions",

@@ -104,7 +104,7 @@ STATEMENTS = Statements(
     entries="SELECT category, tool, api, arguments, observation, provenance FROM entries WHERE history = ''{where} "
     "ORDER BY category, tool, api, arguments, identity",
     served_entries="SELECT category, tool, api, arguments_as_sent, observation FROM entries WHERE history = '' AND "
-    "identity IN ('', ?){where} ORDER BY category, tool, api, arguments",
+    "identity IN ('', ?){where} ORDER BY category, tool, api, arguments, identity DESC",
     provenance_prefix="substr(provenance, 1, length(?)) = ?",
     rows=f"SELECT {_COLUMNS} FROM entries",
     sessions="SELECT id, digest, steps, lines, used FROM sessions",
