@@ -100,6 +100,13 @@ def test_merge_script(adapter_dir, tmp_path, capsys, entry_script):
         capsys.readouterr().err.strip() == f"merge_lora.py: error: {tmp_path} is not a LoRA adapter folder "
         "(no adapter_config.json)"
     )
+    # A shipped adapter trained on SmolLM2 as `mirrorapi models get` makes it (from its GGUF): its adapter_config
+    # names the hub's original, other weights, so without --base-model it is refused, in one line, at once.
+    shipped = REPO / "mirrorapi" / "models" / "adapters" / "smollm2-135m-mirrorapi-judge"
+    assert merge(["--adapter", str(shipped), "--out", str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "trained on 'smollm2-135m-instruct'" in err and "--base-model" in err and "\n" not in err
+    assert not (tmp_path / "y").exists()
 
 
 @pytest.mark.slow
