@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mirrorapi.evaluation.agent.environment import GAVE_UP
 from mirrorapi.evaluation.agent.files import ANSWER_DIR, load_queries
 from mirrorapi.evaluation.agent.run import AgentRun, run_agent
 from mirrorapi.evaluation.agent.settings import AgentRunError, AgentSettings
@@ -91,23 +92,30 @@ def run_counts(answers: Path, groups: list[str]) -> dict[str, dict]:
         c = {"answered": 0, "give_answer": 0, "give_up": 0, "no_finish": 0, "model_calls": 0, "tokens": 0}
         for file in files:
             try:
-                generation = json.loads(file.read_bytes())["answer_generation"]
-            except (OSError, ValueError, KeyError):
+                answer = json.loads(file.read_bytes())
+                generation = answer["answer_generation"]
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
             c["answered"] += 1
-            final = generation.get("final_answer") or ""
-            key = (
-                "no_finish"
-                if not generation.get("valid_data")
-                else "give_up"
-                if "give_up_and_restart" in final
-                else "give_answer"
-            )
-            c[key] += 1
+            c[_outcome(answer, generation)] += 1
             c["model_calls"] += int(generation.get("query_count") or 0)
             c["tokens"] += int(generation.get("total_tokens") or 0)
         counts[group] = c
     return counts
+
+
+def _outcome(answer: dict, generation: dict) -> str:
+    """give_answer, give_up or no_finish. A DFS give-up carries its `Finish` arguments in `final_answer`; a CoT
+    give-up, as StableToolBench's single_chain writes it, is `valid_data` false with an empty `final_answer`, its
+    chain ending in the `Finish` call whose observation code is 4 (give up and restart)."""
+    if "give_up_and_restart" in (generation.get("final_answer") or ""):
+        return "give_up"
+    if generation.get("valid_data"):
+        return "give_answer"
+    tries = answer.get("trys")
+    chain = tries[-1].get("chain") if isinstance(tries, list) and tries and isinstance(tries[-1], dict) else None
+    last = chain[-1] if isinstance(chain, list) and chain and isinstance(chain[-1], dict) else {}
+    return "give_up" if last.get("observation_code") == GAVE_UP else "no_finish"
 
 
 def tooleyes_table(result: tooleyes.ToolEyesResult) -> MetricTable:

@@ -5,6 +5,7 @@ verdicts); one report with StableToolBench's tables."""
 from __future__ import annotations
 
 import json
+import shutil
 
 from harness.processes import free_port
 from harness.recorded_agent import serve_recorded_agent
@@ -111,3 +112,24 @@ def test_recorded_benchmark_with_a_text_protocol_agent_beside_the_replays(sample
     # The same recorded run, in text or in tool calls, ends the same way: 608 answered, 588 without Finish.
     counts = summary["agent_counts"]
     assert counts["text_replay_cot"] == counts["chatgpt_replay_cot"]
+
+
+def test_a_cot_give_up_is_counted_as_one(samples, tmp_path):
+    # StableToolBench's single_chain writes a give-up as `valid_data` false and `final_answer` "", its chain ending
+    # in the Finish call whose observation code is 4; DFS puts the Finish arguments in `final_answer`. A real CoT
+    # answer of the sample, made into such a give-up, beside two real answers (588's DFS tree holds a give-up on
+    # a branch it left, then answers: an answer).
+    from mirrorapi.evaluation.benchmark import run_counts
+
+    example = samples / "stabletoolbench" / "data_example" / "answer"
+    group = tmp_path / "answer" / "G1_instruction"
+    group.mkdir(parents=True)
+    answer = json.loads((example / "virtual_chatgpt_cot" / "G1_instruction" / "1073_CoT@1.json").read_text())
+    answer["answer_generation"].update(valid_data=False, final_answer="")
+    last = answer["trys"][-1]["chain"][-1]
+    last.update(description='{"return_type": "give_up_and_restart"}', observation_code=4)
+    (group / "1073_CoT@1.json").write_text(json.dumps(answer))
+    shutil.copy(example / "virtual_chatgpt_dfs" / "G1_instruction" / "588_DFS_woFilter_w2.json", group)
+    shutil.copy(example / "virtual_chatgpt_cot" / "G1_instruction" / "608_CoT@1.json", group)
+    counts = run_counts(tmp_path, ["G1_instruction"])["G1_instruction"]
+    assert (counts["answered"], counts["give_up"], counts["give_answer"], counts["no_finish"]) == (3, 1, 2, 0)
