@@ -133,7 +133,12 @@ def react_as_tool_calls(message: dict) -> dict:
         if step.action is not None
         else []
     )
-    return {"role": "assistant", "content": step.thought, "tool_calls": calls}
+    # No thought written: no content, as a tool-calling model's null content beside its call (no Thought node).
+    return {
+        "role": "assistant",
+        "content": step.thought if step.thought.strip() or not calls else None,
+        "tool_calls": calls,
+    }
 
 
 class ModelRefused(Exception):
@@ -195,8 +200,10 @@ class QueryRun:
         self.total_tokens += int(usage.get("total_tokens") or 0)
         return react_as_tool_calls(message) if self.text_protocol else message
 
-    async def step(self, node: Node, extra_message: dict | None = None) -> Node:
-        """One model call from `node`; returns the last node it added."""
+    async def step(self, node: Node, extra_message: dict | None = None, budgeted: bool = False) -> Node | None:
+        """One model call from `node`; returns the last node it added. `budgeted` (DFS): None, adding nothing, when
+        this call spent the last of `max_query_count`: upstream's DFS counts the call and stops before it reads
+        the reply (DFS.py: `if self.query_count >= max_query_count: return 100000`)."""
         prompt = node.messages + [extra_message] if extra_message else node.messages
         try:
             message = await self._ask(prompt)
@@ -204,11 +211,17 @@ class QueryRun:
             leaf = node.child("Thought", f"The agent engine refused the request: {exc}", node.messages)
             leaf.observation_code, leaf.pruned = 1, True
             return leaf
-        content = text if isinstance(text := message.get("content"), str) else ""
+        if budgeted and self.query_count >= self.settings.max_query_count:
+            return None
+        text = message.get("content")
+        written = isinstance(text, str)
+        content = text if isinstance(text, str) else ""
         calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
         history = list(node.messages)  # the extra (diversity) message is not kept for the children
         current = node
-        if content.strip() or not calls:
+        # A Thought node for any content the engine sent, "" and whitespace too, as upstream makes one whenever
+        # `content` is not None (single_chain.py, DFS.py): it counts against the depth budget there.
+        if written or not calls:
             current = current.child("Thought", content, history)
         if not calls:
             history.append({"role": "assistant", "content": content})
@@ -255,7 +268,9 @@ class QueryRun:
     async def chain(self) -> Node:
         node = self.root
         while True:
-            node = await self.step(node)
+            stepped = await self.step(node)
+            assert stepped is not None  # only a budgeted step adds nothing
+            node = stepped
             if node.depth >= self.settings.single_chain_max_step and not node.terminal:
                 node.pruned = True
             if node.pruned or node.terminal:
@@ -294,7 +309,9 @@ class QueryRun:
         for _ in range(width):
             if self.query_count >= self.settings.max_query_count:
                 return _STOP
-            leaf = await self.step(node, self._diversity(node) if node.children else None)
+            leaf = await self.step(node, self._diversity(node) if node.children else None, budgeted=True)
+            if leaf is None:
+                return _STOP
             back = await self.search(leaf, width)
             if self.terminals or back >= _STOP:
                 return _STOP

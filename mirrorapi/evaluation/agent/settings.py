@@ -1,13 +1,14 @@
 """What an agent run is asked to do (`AgentSettings`, recorded in every answer) and its methods.
 
 Methods (StableToolBench's, notes §6):
-- `CoT@1`: one chain. Each model call adds a Thought node (its text) and, per tool call, an Action
+- `CoT@1`: one chain. Each model call adds a Thought node (its text, whenever the reply has content, "" too;
+  none for a null content beside tool calls, as upstream) and, per tool call, an Action
   node (the function name) and an Action Input node (the arguments, the observation). The chain ends
   on a final answer, on `give_up_and_restart`, or when a node reaches depth `single_chain_max_step`.
 - `DFS_woFilter_w<N>`: depth-first tree search. Each node gets up to N children; the second and later
   children are asked for with a message listing the earlier actions from that node. A final answer
   ends the search; a give-up backtracks two levels, a dead end (depth limit) one; the search also ends
-  after `max_query_count` model calls.
+  on the `max_query_count`-th model call, whose reply is not used (as upstream's DFS).
 Budgets default to what StableToolBench's pipeline runs with: depth 12, 200 model calls.
 """
 
