@@ -70,3 +70,18 @@ def test_dfs_does_not_use_the_reply_of_the_call_that_reaches_the_budget():
     answered = run(ScriptedModel(reply), "DFS_woFilter_w2", max_query_count=6)
     assert (stopped["win"], stopped["answer_generation"]["query_count"]) == (False, 5)
     assert answered["win"] is True and "done" in answered["answer_generation"]["final_answer"]
+
+
+def test_queries_without_a_query_id_are_named_by_their_place_in_the_file(tmp_path):
+    # StableToolBench's runner names such a query by its index (rapidapi_multithread.py), so each has its own
+    # answer file; they all wrote `None_<method>.json` before.
+    from mirrorapi.evaluation.agent.files import load_queries
+
+    queries = [
+        {"query": "a?", "api_list": []},
+        {"query": "b?", "api_list": [], "query_id": 77},
+        {"query": "c?", "api_list": []},
+    ]
+    (tmp_path / "G1_instruction.json").write_text(json.dumps(queries))
+    loaded = load_queries(tmp_path)["G1_instruction"]
+    assert [q["query_id"] for q in loaded] == [0, 77, 2] and [q["query"] for q in loaded] == ["a?", "b?", "c?"]

@@ -38,7 +38,9 @@ def load_queries(path: str | os.PathLike) -> dict[str, list[dict]]:
             raise AgentRunError(
                 f"{file}: expected a StableToolBench query file (a list of {{query, api_list, query_id}}}})"
             )
-        groups[file.stem] = data
+        # A query without a query_id is named by its place in the file, as StableToolBench's runner names it
+        # (rapidapi_multithread.py); each query writes its own answer file under that name.
+        groups[file.stem] = [q if "query_id" in q else {**q, "query_id": index} for index, q in enumerate(data)]
     if not groups:
         raise AgentRunError(f"no <group>.json query files in {path}")
     return groups
