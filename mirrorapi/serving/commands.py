@@ -81,7 +81,14 @@ def cache_import(args: argparse.Namespace) -> int:
         print(
             f"{report['origin']}: {report['entries']:,} entries read, {report['stored']:,} stored, "
             f"{len(report['unreadable']):,} unreadable, {report['skipped_placeholders']:,} failure placeholders "
-            f"skipped" + (f", {report['unresolved_apis']:,} APIs not in the tools" if registry else "")
+            f"skipped"
+            + (f", {report['unresolved_apis']:,} APIs not in the tools" if registry else "")
+            + (
+                f", {report['argument_orders_merged']:,} keys of a call already read, in another argument order, "
+                "merged into it"
+                if report.get("argument_orders_merged")
+                else ""
+            )
         )
         for reason in report["unreadable"][:20]:
             print(f"  {reason}")

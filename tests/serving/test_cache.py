@@ -242,3 +242,19 @@ def test_a_nul_in_an_error_is_stored_by_either_store_and_served_as_recorded(cach
         )
         assert json.loads(observation) == {"error": error, "response": response}
     cache.close()
+
+
+def test_keys_of_one_call_in_two_argument_orders_are_one_entry_and_the_import_says_so(tmp_path):
+    # StableToolBench's server keys its cache by `str(arguments)` as sent, so one folder may hold the same call
+    # twice, in two orders; the cache key is canonical, so they are one entry here (the first read, written back).
+    folder = tmp_path / "cache_folder" / "Data" / "theclique_for_Data"
+    folder.mkdir(parents=True)
+    entries = {
+        str({"b": 2, "a": 1}): {"error": "", "response": "first"},
+        str({"a": 1, "b": 2}): {"error": "", "response": "second"},
+    }
+    (folder / "transfermarkt_search.json").write_text(json.dumps(entries, indent=4))
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    report = import_stabletoolbench_cache(cache, tmp_path / "cache_folder")
+    assert (report["entries"], report["stored"], report["argument_orders_merged"]) == (2, 1, 1)
+    cache.close()

@@ -13,12 +13,12 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from mirrorapi.names import api_key_name, standardize, standardize_category
-from mirrorapi.records import SourceError, read_pairs_jsonl, read_stabletoolbench_cache
+from mirrorapi.records import SourceError, canonical_json, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.serving.cache.entries import IMPORTED, REAL, RECORDED, CacheError
 from mirrorapi.serving.cache.store import Store
 from mirrorapi.tools import ToolRegistry, UnknownName
@@ -102,9 +102,21 @@ def import_stabletoolbench_cache(
         report["skipped"] = True
         logger.info("cache folder %s was imported before and has not changed: not imported again", folder)
         return report
+    first_order: dict[tuple, str] = {}  # a call -> its arguments as its first key wrote them
+    report["argument_orders_merged"] = 0
+
+    def counted(pairs: Iterable[dict]) -> Iterator[dict]:
+        # Keys of one call in another argument order are one entry here (the cache key is canonical; the first
+        # order is the one written back): StableToolBench's server looks them up apart, so the report says so.
+        for pair in pairs:
+            call = (pair["category"], pair["tool_name"], pair["api_name"], canonical_json(pair["tool_input"]))
+            written = json.dumps(pair["tool_input"], ensure_ascii=False)
+            report["argument_orders_merged"] += first_order.setdefault(call, written) != written
+            yield pair
+
     try:
         pairs = read_stabletoolbench_cache(folder, on_bad=report["unreadable"].append)
-        _store(cache, pairs, registry, IMPORTED + (origin or folder.name), report)
+        _store(cache, counted(pairs), registry, IMPORTED + (origin or folder.name), report)
     except SourceError as exc:
         raise CacheError(str(exc)) from None
     cache.record_import(str(folder), fingerprint, report["entries"])
