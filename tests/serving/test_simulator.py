@@ -75,7 +75,7 @@ def test_the_tie_rule_names_the_simulator_identity_and_is_checked(samples):
     assert simulator_identity(load_settings(overrides={**base, "few_shot_ties": "shortest"}, environ={})) == shortest
     median = simulator_identity(load_settings(overrides={**base, "few_shot_ties": "median"}, environ={}))
     assert set(median.split(",")) == set(shortest.split(",")) | {"few_shot_ties=median"}
-    with pytest.raises(ConfigError, match="few_shot_ties: Input should be 'shortest' or 'median'"):
+    with pytest.raises(ConfigError, match="few[_-]shot[_-]ties: Input should be 'shortest' or 'median'"):
         load_settings(overrides={**base, "few_shot_ties": "longest"}, environ={})
 
 
