@@ -356,9 +356,8 @@ class Episodes:
             return _ENCODE({"type": "mcp", "data": json.loads(await self.json_rpc(current, data))}), current
         except EpisodeError as exc:
             return _ws_error(str(exc), exc.code), episode
-        except (
-            Exception
-        ) as exc:  # the server's fault (the store): said as OpenEnv's server says it; the session goes on
+        except Exception as exc:
+            # The server's fault (the store): said as OpenEnv's server says it, and the session goes on.
             logger.exception("a /ws message failed")
             return _ws_error(f"Internal error: {type(exc).__name__}: {exc}", "EXECUTION_ERROR"), episode
 
