@@ -44,6 +44,10 @@ _LABELLED = re.compile(
     r"^[\s*#>_-]*(?:verdict|answer status)[\s*_]*[:：]?[\s*_]*\n?[\s*_]*(unsolved|solved|unsure)\b",
     re.IGNORECASE | re.MULTILINE,
 )
+# "Verdict: Solved or Unsolved" is the prompt's format line echoed back (small judges do), not a verdict.
+_ECHOED_VERDICTS = re.compile(
+    r"[\s*_]*(?:,|/|\bor\b)[\s*_]*(?:or\b)?[\s*_]*(?:unsolved|solved|unsure)\b", re.IGNORECASE
+)
 _REASON = re.compile(r"^[\s*#>_-]*reason[\s*_]*[:：]?[\s*_]*(.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
 
 
@@ -146,6 +150,8 @@ def parse_verdict(text: str, allowed: tuple[str, ...] = ("Solved", "Unsolved")) 
     """
     text = text or ""
     found = _LABELLED.search(text)
+    if found and _ECHOED_VERDICTS.match(text, found.end()):
+        return None, ""
     verdict = found.group(1).capitalize() if found else None
     if verdict is None:
         first = next((line.strip(" *#.:`") for line in text.splitlines() if line.strip()), "")
@@ -170,6 +176,7 @@ _PREFERRED = re.compile(
     r"^[\s*#>_-]*(?:preferred|better answer|winner)[\s*_]*[:：]?[\s*_]*(?:answer\s*)?([AB])\b",
     re.IGNORECASE | re.MULTILINE,
 )
+_ECHOED_CHOICES = re.compile(r"[\s*_]*(?:,|/|\bor\b)[\s*_]*(?:answer\s*)?[AB]\b", re.IGNORECASE)
 
 
 def preference_messages(
@@ -191,6 +198,8 @@ def parse_preference(text: str) -> tuple[str | None, str]:
     """("A" | "B" | None, reason) from a `Preferred: A` line (a bare first line `A` / `B` also counts)."""
     text = text or ""
     found = _PREFERRED.search(text)
+    if found and _ECHOED_CHOICES.match(text, found.end()):
+        return None, ""  # "Preferred: A or B", the format line echoed back
     choice = found.group(1).upper() if found else None
     if choice is None:
         first = next((line.strip(" *#.:`") for line in text.splitlines() if line.strip()), "")

@@ -6,7 +6,7 @@ import pytest
 
 from mirrorapi.evaluation.answers.items import AnswerItem
 from mirrorapi.evaluation.judge.sowr import decide
-from mirrorapi.prompts.judge_formats import parse_preference, preference_messages
+from mirrorapi.prompts.judge_formats import SOWR_SYSTEM_V1, parse_preference, preference_messages
 
 
 def item(status: str = "answer") -> AnswerItem:
@@ -38,3 +38,8 @@ def test_preference_prompt_and_parser():
     assert parse_preference("Preferred: B\nReason: it solves the query") == ("B", "it solves the query")
     assert parse_preference("**Preferred**: answer A") == ("A", "")
     assert parse_preference("Verdict: Solved") == (None, "")
+    # The prompt's format line echoed back names both answers: no preference.
+    format_line = next(line for line in SOWR_SYSTEM_V1.splitlines() if line.startswith("Preferred:"))
+    assert parse_preference(format_line) == (None, "")
+    assert parse_preference("Preferred: Answer A or Answer B")[0] is None
+    assert parse_preference("Preferred: B, because A fails")[0] == "B"

@@ -4,7 +4,13 @@ import json
 
 import pytest
 
-from mirrorapi.prompts.judge_formats import judge_completion, judge_messages, parse_verdict
+from mirrorapi.prompts.judge_formats import (
+    FAC_SYSTEM_V1,
+    SOPR_SYSTEM_V1,
+    judge_completion,
+    judge_messages,
+    parse_verdict,
+)
 from mirrorapi.prompts.simulator_formats import RESPONSE_CHAR_BUDGET, simulator_messages, truncate_response
 from mirrorapi.prompts.simulator_output import is_strict_observation, parse_simulator_output
 from mirrorapi.records import canonical_json, observation_json, parse_repr_key
@@ -175,6 +181,20 @@ def test_parse_verdict(text, verdict, reason):
 
 def test_parse_verdict_allows_unsure_for_sopr():
     assert parse_verdict("Verdict: Unsure", allowed=("Solved", "Unsolved", "Unsure"))[0] == "Unsure"
+
+
+@pytest.mark.parametrize("system", [FAC_SYSTEM_V1, SOPR_SYSTEM_V1])
+def test_the_prompts_format_line_echoed_back_is_no_verdict(system):
+    # A small judge often writes the format line it was shown ("Verdict: Solved or Unsolved"): that names
+    # every verdict, so it is unparseable, not the first one named.
+    format_line = next(line for line in system.splitlines() if line.startswith("Verdict:"))
+    assert " or " in format_line
+    everything = ("Solved", "Unsolved", "Unsure")
+    assert parse_verdict(format_line, allowed=everything) == (None, "")
+    assert parse_verdict(f"**{format_line}**\nReason: one short sentence", allowed=everything)[0] is None
+    assert parse_verdict("Verdict: Solved/Unsolved")[0] is None
+    # A verdict whose reason names the other one stays a verdict.
+    assert parse_verdict("Verdict: Solved\nReason: nothing is left unsolved")[0] == "Solved"
 
 
 def test_judge_messages_round_trip():
