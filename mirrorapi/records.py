@@ -87,14 +87,18 @@ def ignore_bad(reason: str) -> None:
 def read_jsonl(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator[tuple[int, Any]]:
     """The one JSONL reader: `(line number, value)` of every non-blank line. A line that is not JSON (a
     torn last line of an interrupted append, too) goes to `on_bad` as `<file>:<line>: not JSON`; callers
-    check the values' shape and report problems the same way, `<file>:<line>: <reason>`."""
+    check the values' shape and report problems the same way, `<file>:<line>: <reason>`. Lines are decoded
+    one by one: a kill can cut a line inside a character, and that line alone is lost, not the file."""
     path = Path(path)
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            if not raw.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                on_bad(f"{path.name}:{number}: not UTF-8")
+                continue
             except ValueError:
                 on_bad(f"{path.name}:{number}: not JSON")
                 continue

@@ -104,8 +104,12 @@ class JsonlStore:
         logger.warning("%s (in %s): it will be redone", reason, self.path.parent)
 
     def append(self, record: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        with open(self.path, "a+b") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            if end and (fh.seek(end - 1), fh.read(1))[1] != b"\n":
+                line = b"\n" + line  # after a line a kill cut: this record starts a line of its own
+            fh.write(line)
 
     def rewrite(self, records: list[dict]) -> None:
         """Replace the file atomically (sorted, one record per key)."""

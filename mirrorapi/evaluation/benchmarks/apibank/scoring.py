@@ -33,6 +33,7 @@ from mirrorapi.evaluation.benchmarks.apibank.samples import (
     parameter_types,
     samples_of,
 )
+from mirrorapi.records import read_jsonl
 
 
 def rouge_l(reference: str, prediction: str) -> float:
@@ -184,15 +185,9 @@ def _row_id(row: dict) -> str:
 
 def _file_rows(path: Path) -> list[dict]:
     """The whole rows of a samples file, without failed model calls ([] when there is no file)."""
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
-        try:
-            row = json.loads(line)
-        except ValueError:  # a line cut by an interrupted run
-            continue
-        if isinstance(row, dict) and "sample" in row and "engine_error" not in row:
-            rows.append(row)
-    return rows
+    # A line cut by an interrupted run (inside a character, too) is skipped: its sample is asked again.
+    rows = (row for _, row in read_jsonl(path)) if path.is_file() else iter(())
+    return [row for row in rows if isinstance(row, dict) and "sample" in row and "engine_error" not in row]
 
 
 def _done_rows(settings: Settings) -> dict[tuple[int, str, int], dict]:
