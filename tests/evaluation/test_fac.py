@@ -31,6 +31,7 @@ RECORD_KEYS = {
     "raw",
     "prompt_format",
     "judge",
+    "shown",
 }
 # In StableToolBench's data_example (G1_instruction 588, 608, 1073), CoT never finished query 588:
 # five answers have text to judge.

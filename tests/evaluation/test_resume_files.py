@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from harness.fake_engines import FixedReplyEngine
 from mirrorapi.evaluation.benchmarks.apibank.scoring import _file_rows
 from mirrorapi.evaluation.judge.scoring import JsonlStore
 from mirrorapi.records import read_jsonl
@@ -40,3 +41,36 @@ def test_apibank_rows_of_a_file_cut_inside_a_character(tmp_path):
     row = {"level": 1, "dialogue": "d", "sample": 0, "kind": "response", "truth": "Très bien"}
     path.write_bytes(json.dumps(row, ensure_ascii=False).encode() + b"\n" + _cut_inside_a_character(row))
     assert _file_rows(path) == [row]
+
+
+def _poison_tool_results(converted: dict) -> None:
+    """Every tool call of every trajectory now returned an error; the final answers stay as they were."""
+    for record in converted.values():
+        node = record["answer"]["answer_details"][0]
+        while node:
+            if node["role"] == "tool" and node["message"]["name"] != "Finish":
+                node["message"]["response"] = '{"error": "Unauthorized error...", "response": ""}'
+            node = node["next"][0] if node["next"] else None
+
+
+def test_a_rerun_judges_again_what_shows_the_judge_something_new(eval_cli, stb_answers, stb_ids, tmp_path):
+    # FixedReplyEngine stands in for a judge: only which calls are sent matters here, not the verdicts.
+    answers = tmp_path / "answers" / "model_a"
+    answers.mkdir(parents=True)
+    converted = json.loads((stb_answers / "virtual_chatgpt_dfs" / "G1_instruction.json").read_text())
+    (answers / "G1_instruction.json").write_text(json.dumps(converted))
+
+    def judge_calls(engine, metric: str) -> int:
+        before = len(engine.requests)
+        argv = ["--answers", str(answers), "--ids", str(stb_ids), "--model", "judge", "--base-url", engine.url]
+        assert eval_cli("fac")([*argv, "--out", str(tmp_path / metric), "--metric", metric, "--no-progress"]) == 0
+        return sum("Final answer:" in str(r["messages"]) for r in engine.requests[before:])
+
+    with FixedReplyEngine("Verdict: Solved\nReason: fine") as judge:
+        first = {metric: judge_calls(judge, metric) for metric in ("sopr", "fac")}
+        assert first["sopr"] > 0 and first["fac"] == first["sopr"]
+        assert judge_calls(judge, "sopr") == 0 and judge_calls(judge, "fac") == 0  # nothing changed
+        _poison_tool_results(converted)
+        (answers / "G1_instruction.json").write_text(json.dumps(converted))
+        assert judge_calls(judge, "sopr") == first["sopr"]  # SoPR shows the tool calls: judged again
+        assert judge_calls(judge, "fac") == 0  # FAC shows the final answer alone

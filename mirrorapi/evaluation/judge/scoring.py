@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -211,6 +212,12 @@ def _sort_key(record: dict) -> tuple:
     return metric, model, group, (0, int(qid), "") if qid.isdigit() else (1, 0, qid), repeat
 
 
+def shown_digest(messages: list[dict]) -> str:
+    """A digest of everything a judge call shows (query, answer, tool calls): an earlier verdict is reused only
+    for the same; a rerun after a trajectory's steps changed asks again."""
+    return hashlib.sha256(json.dumps(messages, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _record(
     item: AnswerItem,
     metric: str,
@@ -222,6 +229,7 @@ def _record(
     parsed: bool,
     reason: str,
     raw: str,
+    shown: str = "",
 ) -> dict:
     fmt, scores = JUDGE_METRICS[metric]
     return {
@@ -240,6 +248,7 @@ def _record(
         "raw": raw,
         "prompt_format": fmt,
         "judge": settings.model,
+        "shown": shown,
     }
 
 
@@ -296,9 +305,9 @@ async def score_items(
     for item, repeat in wanted:
         key = (metric, item.model, item.group, item.query_id, repeat)
         earlier = done.get(key)
-        if earlier is not None and (earlier.get("status"), earlier.get("answer")) == (item.status, item.answer):
-            continue  # judged before; a changed answer file is judged again
         if item.status != "answer":
+            if earlier is not None and earlier.get("status") == item.status and not earlier.get("judged"):
+                continue
             done[key] = _record(
                 item,
                 metric,
@@ -314,7 +323,10 @@ async def score_items(
             unjudged += 1
             continue
         messages = judge_messages(item.query, item.answer, fmt, steps=item.steps)
-        calls.append(JudgeCall(key, messages, {"item": item, "repeat": repeat}))
+        shown = shown_digest(messages)
+        if earlier is not None and earlier.get("shown") == shown:
+            continue  # judged before; a changed answer or trajectory is judged again
+        calls.append(JudgeCall(key, messages, {"item": item, "repeat": repeat, "shown": shown}))
     logger.info(
         "%s: %d judgments: %d from an earlier run, %d Unsolved without a judge call, %d judge calls",
         metric,
@@ -336,6 +348,7 @@ async def score_items(
             parsed=verdict is not None,
             reason=reason,
             raw=raw,
+            shown=call.payload["shown"],
         )
         done[call.key] = record
         store.append(record)

@@ -33,7 +33,14 @@ from mirrorapi.evaluation.answers.items import (
     load_answers,
     load_ids,
 )
-from mirrorapi.evaluation.judge.scoring import JsonlStore, JudgeCall, JudgeSettings, judge_all, score_items
+from mirrorapi.evaluation.judge.scoring import (
+    JsonlStore,
+    JudgeCall,
+    JudgeSettings,
+    judge_all,
+    score_items,
+    shown_digest,
+)
 from mirrorapi.evaluation.score_tables import MetricTable
 from mirrorapi.prompts.judge_formats import cut_judge_text, parse_preference, preference_messages
 
@@ -125,25 +132,32 @@ async def _sowr(
                     if how != "compare":
                         decisions[key] = {**base, "winner": winner, "how": how}
                         continue
-                    earlier = done.get(key)
-                    if (
-                        earlier is not None
-                        and earlier.get("answers") == [ref_item.answer, cand_item.answer]
-                        and earlier.get("judge") == settings.model
-                    ):
-                        decisions[key] = earlier
-                        continue
                     ref_first = _reference_first(qid, round_, reference, candidate)
                     pair = [
                         (ref_item.steps, cut_judge_text(ref_item.answer)),
                         (cand_item.steps, cut_judge_text(cand_item.answer)),
                     ]
-                    shown = pair if ref_first else pair[::-1]
+                    in_order = pair if ref_first else pair[::-1]
+                    messages = preference_messages(ref_item.query or cand_item.query, (in_order[0], in_order[1]))
+                    shown = shown_digest(messages)
+                    earlier = done.get(key)
+                    if (
+                        earlier is not None
+                        and earlier.get("shown") == shown
+                        and earlier.get("judge") == settings.model
+                    ):
+                        decisions[key] = earlier  # judged before; changed answers or steps are judged again
+                        continue
                     calls.append(
                         JudgeCall(
                             key,
-                            preference_messages(ref_item.query or cand_item.query, (shown[0], shown[1])),
-                            {"base": base, "ref_first": ref_first, "answers": [ref_item.answer, cand_item.answer]},
+                            messages,
+                            {
+                                "base": base,
+                                "ref_first": ref_first,
+                                "answers": [ref_item.answer, cand_item.answer],
+                                "shown": shown,
+                            },
                         )
                     )
 
@@ -159,6 +173,7 @@ async def _sowr(
             "reason": reason,
             "raw": raw,
             "answers": call.payload["answers"],
+            "shown": call.payload["shown"],
         }
         decisions[call.key] = record
         store.append(record)
