@@ -323,3 +323,45 @@ def test_a_run_resumes_from_its_samples_file(tmp_path):
     apibank.write_report(apibank.evaluate(settings), settings, out)
     assert len((out / "samples.jsonl").read_text().splitlines()) == len(samples)
     assert "- level 1: 1 of 214 dialogues" in (out / "report.md").read_text()
+
+
+def test_a_row_written_for_another_sample_under_the_same_number_is_asked_again(tmp_path):
+    """A samples file of an earlier run whose rules numbered the samples otherwise (a33dde6 renumbered three
+    dialogues): a row is reused only for the sample it was asked for, never scored against another's truth."""
+    descriptions = apibank.load_descriptions(DATA)
+    samples = [s for d in apibank.load_dialogues(DATA, 1)[:1] for s in apibank.samples_of(d, 1)]
+    replies = {
+        json.dumps(apibank.build_messages(s, descriptions), sort_keys=True): as_written(
+            s.truth["api_name"], s.truth["param_dict"]
+        )
+        if s.kind == "call"
+        else s.truth["text"]
+        for s in samples
+    }
+    out = tmp_path / "run"
+    with replay_server(tmp_path) as server:
+        settings = apibank.Settings(
+            data=DATA,
+            tools_folder=TOOLS,
+            server=server,
+            base_urls=["http://127.0.0.1:9/v1"],
+            model="replay",
+            levels=(1,),
+            limit=1,
+            timeout=60.0,
+            out=out,
+            progress=False,
+        )
+        with replayed_model(replies) as engine:
+            settings.base_urls = [engine]
+            apibank.evaluate(settings)
+        rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+        call = next(r for r in rows if r["kind"] == "call")
+        response = next(r for r in rows if r["kind"] == "response")
+        call["sample"], response["sample"] = response["sample"], call["sample"]
+        (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with replayed_model({}) as engine:  # knows no reply: a sample asked again fails
+            settings.base_urls = [engine]
+            again = apibank.evaluate(settings)
+    assert {r["sample"] for r in again if "engine_error" in r} == {call["sample"], response["sample"]}
+    assert all(r["kind"] == s.kind for r, s in zip(again, samples, strict=True))

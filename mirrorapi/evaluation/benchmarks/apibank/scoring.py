@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import statistics
 from pathlib import Path
@@ -94,6 +95,13 @@ class Settings:
         }
 
 
+def _asked(sample: Sample, descriptions: dict[str, str]) -> str:
+    """A digest of a sample's prompt and truth: a rerun reuses a row only for the same (samples renumbered by a
+    change of their rules are asked again, not scored against another sample's truth)."""
+    asked = [build_messages(sample, descriptions), sample.kind, sample.truth]
+    return hashlib.sha256(json.dumps(asked, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 async def _score(
     sample: Sample, engine: EngineClient, api: VirtualApiBank, descriptions: dict[str, str], settings: Settings
 ) -> dict:
@@ -102,6 +110,7 @@ async def _score(
         "dialogue": sample.dialogue,
         "sample": sample.number,
         "kind": sample.kind,
+        "asked": _asked(sample, descriptions),
         **settings.signature(),
     }
     try:
@@ -140,7 +149,11 @@ async def _evaluate(settings: Settings) -> list[dict]:
     # prompt up to its last turns (same instruction, descriptions, history), which llama.cpp's server does not
     # compute again (its prefix match); alternating the two instructions would start every prompt afresh.
     todo = sorted(
-        (s for s in samples if _key(s.level, s.dialogue, s.number) not in done),
+        (
+            s
+            for s in samples
+            if done.get(_key(s.level, s.dialogue, s.number), {}).get("asked") != _asked(s, descriptions)
+        ),
         key=lambda s: (s.level, s.dialogue, s.kind, s.number),
     )
     bar = tqdm(total=len(todo), desc="API-Bank samples", unit="sample", disable=None if settings.progress else True)
