@@ -263,6 +263,16 @@ def test_rerun_skips_finished_queries(recorded_runs, world, eval_cli, capsys):
     assert "608" in json.loads((out / f"{GROUP}.json").read_text())
 
 
+def test_a_run_of_another_method_into_the_same_folder_is_refused(recorded_runs, world, eval_cli, capsys):
+    # The converted <group>.json, which FAC scores under the folder's name, is rebuilt from one method's answers.
+    out, _ = recorded_runs["CoT@1"]
+    converted = (out / f"{GROUP}.json").read_text()
+    assert _run(eval_cli, world, "http://127.0.0.1:9/v1", "DFS_woFilter_w2", out) == 2
+    assert "holds an answer of model 'recorded-agent' (CoT@1)" in capsys.readouterr().err
+    assert (out / f"{GROUP}.json").read_text() == converted
+    assert not list((out / "answer" / GROUP).glob("*_DFS_woFilter_w2.json"))
+
+
 def test_failing_engine_is_reported_per_query_and_retried(world, eval_cli, faulty_judge, tmp_path, capsys):
     # The FAKE engine answers text without tool calls and fails (HTTP 503) on query 608 while `failing`.
     faulty_judge.fail_on, faulty_judge.failing = "gmhikaru", True

@@ -97,6 +97,11 @@ async def run_agent_async(
         Path(settings.system_prompt_file).read_text(encoding="utf-8") if settings.system_prompt_file else None
     )
     todo, skipped = [], 0
+    for group in groups:  # the converted <group>.json is rebuilt from one method's raw answers: never mix two
+        for path in sorted((out / ANSWER_DIR / group).glob("*.json")):
+            other = finished_answer(path) if not path.name.endswith(f"_{settings.method}.json") else None
+            if other is not None:
+                check_same_agent(other, settings, path)
     for group, items in groups.items():
         for item in items[:limit] if limit else items:
             qid = str(item.get("query_id"))
