@@ -51,9 +51,10 @@ def score_table(run, metric: str, repeats: int, judge: str, prompt_format: str) 
             ids_status = [statuses[(model, group, qid)] for qid in run.ids[group]]
             missing_ids = [qid for qid in run.ids[group] if statuses[(model, group, qid)] == "missing"]
             cells[group] = {
-                "score": round(mean, 2),
-                "std": round(std, 2),
-                "per_repeat": [round(s, 2) for s in scores],
+                # Unrounded: the tables round once, as StableToolBench prints its rates (6.748 is 6.7, not 6.75's 6.8).
+                "score": mean,
+                "std": std,
+                "per_repeat": scores,
                 "ids": n,
                 "missing": len(missing_ids),
                 "empty": ids_status.count("empty"),
@@ -70,7 +71,7 @@ def score_table(run, metric: str, repeats: int, judge: str, prompt_format: str) 
             }
         averages = [statistics.fmean(per_repeat_scores[rep]) if groups else 0.0 for rep in range(repeats)]
         mean, std = _mean_std(averages)
-        rows.append({"model": model, "groups": cells, "average": {"score": round(mean, 2), "std": round(std, 2)}})
+        rows.append({"model": model, "groups": cells, "average": {"score": mean, "std": std}})
     pending = sum(cell["pending"] for row in rows for cell in row["groups"].values())
     return {
         "metric": metric,

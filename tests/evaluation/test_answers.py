@@ -193,10 +193,25 @@ def test_score_table_denominators_repeats_and_average():
     assert g1["per_repeat"] == [37.5, 25.0] and g1["score"] == 31.25 and g1["std"] == 6.25
     assert g3["per_repeat"] == [100.0, 50.0]
     # Average: the mean of the group columns per repeat (68.75, 37.5), then over repeats.
-    assert table["rows"][0]["average"] == {"score": 53.12, "std": 15.62}
+    assert table["rows"][0]["average"] == {"score": 53.125, "std": 15.625}
     assert (g1["missing"], g1["unparseable"], g1["solved"], g1["unsure"], g1["pending"]) == (1, 1, 2, 1, 2)
     assert g1["missing_ids"] == ["4"] and not table["complete"] and table["pending"] == 2
     markdown = render_markdown(table)
     assert "| Method | I1 Inst | I3 Inst | Average |" in markdown
     assert "| m | 31.2±6.2 | 75.0±25.0 | 53.1±15.6 |" in markdown
     assert "**Incomplete:** 2 judgment(s)" in markdown
+
+
+def test_a_rate_is_rounded_once_as_stabletoolbench_prints_it():
+    """StableToolBench prints `f"{solve_rate:.1f}"` of the unrounded rate: 11 of 163 (6.748...) is 6.7; rounded to
+    two digits first it would be 6.75, printed 6.8."""
+    from mirrorapi.evaluation.answers.items import AnswerItem
+
+    ids = {"G1_instruction": [str(q) for q in range(163)]}
+    items = [AnswerItem("m", "G1_instruction", q, "q", "a", "answer") for q in ids["G1_instruction"]]
+    records = [
+        _record("m", "G1_instruction", q, 0, *(("Solved", 1.0) if int(q) < 11 else ("Unsolved", 0.0)))
+        for q in ids["G1_instruction"]
+    ]
+    table = score_table(ScoringRun(records, items, ids, failures=[], judge_calls=0), "fac", 1, "judge", "fac-v1")
+    assert "| m | 6.7 | 6.7 |" in render_markdown(table)

@@ -218,8 +218,8 @@ def sowr_table(
             rates.append(rate)
             pending_total += pending
             cells[group] = {
-                "win_rate": round(rate, 2),
-                "tie_rate": round(100.0 * ties / n if n else 0.0, 2),
+                "win_rate": rate,  # unrounded: the table rounds once
+                "tie_rate": 100.0 * ties / n if n else 0.0,
                 "ids": n,
                 "wins": wins,
                 "ties": ties,
@@ -232,7 +232,7 @@ def sowr_table(
             {
                 "model": candidate,
                 "groups": cells,
-                "average": {"win_rate": round(statistics.fmean(rates), 2) if rates else 0.0},
+                "average": {"win_rate": statistics.fmean(rates) if rates else 0.0},
             }
         )
     return {
