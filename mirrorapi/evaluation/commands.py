@@ -29,6 +29,13 @@ from mirrorapi.evaluation.judge.scoring import JUDGE_METRICS, JudgeRunError, Jud
 USER_ERRORS = (ValueError, AnswersError, JudgeRunError)
 
 
+def _out_problem(out: str | Path | None) -> str | None:
+    """An --out that cannot be a folder, found before any judge or engine call rather than after them all."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        return f"--out {out} is a file, not a folder"
+    return None
+
+
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -70,6 +77,8 @@ def fac(args: argparse.Namespace) -> int:
     _log_to_stderr()
     if args.repeats < 1:
         return _fail("--repeats must be at least 1")
+    if problem := _out_problem(args.out):
+        return _fail(problem)
     try:
         run = run_scoring(
             args.answers,
@@ -104,6 +113,8 @@ def sowr_arguments(parser: argparse.ArgumentParser) -> None:
 def sowr(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.sowr import run_sowr
 
+    if problem := _out_problem(args.out):
+        return _fail(problem)
     try:
         run = run_sowr(
             args.reference,
@@ -138,6 +149,8 @@ def judge_agreement(args: argparse.Namespace) -> int:
     _log_to_stderr()
     if args.limit is not None and args.limit < 1:
         return _fail("--limit must be at least 1")
+    if problem := _out_problem(args.out):
+        return _fail(problem)
     try:
         report, failures = run_agreement(
             args.labelled,
@@ -163,6 +176,8 @@ def fidelity(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.fidelity.replay import run_fidelity
 
     _log_to_stderr()
+    if problem := _out_problem(args.out):
+        return _fail(problem)
     try:
         run_fidelity(settings_from_args(args, FidelitySettings), progress=not args.no_progress)
     except (FidelityError, SettingsError) as exc:
@@ -312,6 +327,8 @@ def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
     from mirrorapi.evaluation.benchmarks import apibank
 
     args = apibank.parser(usage).parse_args(argv)
+    if problem := _out_problem(args.out):
+        return _fail(problem)
     try:
         if args.write_pairs:
             count = apibank.write_pairs_from(args)
@@ -330,6 +347,8 @@ def tooleyes_command(argv: list[str] | None, usage: str | None = None) -> int:
     from mirrorapi.evaluation.benchmarks import tooleyes
 
     args = tooleyes.parser(usage).parse_args(argv)
+    if problem := _out_problem(args.out):
+        return _fail(problem)
     try:
         judge = tooleyes.judge_from(args)
         result = tooleyes.score(args.answers, judge)

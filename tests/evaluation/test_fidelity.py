@@ -477,10 +477,37 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, samples, tmp_path, caps
             "embedding model folder not found",
         ),
     ]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases += [
+        # The same calls twice would weigh twice in every row.
+        (["--pairs", pairs, pairs, "--server", "http://127.0.0.1:9", "--out", str(tmp_path)], "is already in"),
+        # Found before the replay, not after it.
+        (["--pairs", pairs, "--server", "http://127.0.0.1:9", "--out", str(a_file)], "is a file, not a folder"),
+    ]
     for argv, message in cases:
         assert simulator(argv + ["--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("error:") and message in err[-1] and "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.parametrize(
+    "script, argv",
+    [
+        ("fac", ["--answers", "a", "--ids", "i", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"]),
+        ("sowr", ["--reference", "r", "--candidate", "c", "--ids", "i", "--model", "m", "--base-url", "http://x/v1"]),
+        ("judge_agreement", ["--labelled", "l.jsonl", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"]),
+        ("tooleyes", ["--answers", "a", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"]),
+        ("apibank", ["--server", "http://127.0.0.1:9/virtual", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"]),
+    ],
+)
+def test_an_out_that_is_a_file_is_one_line_before_any_call(eval_cli, tmp_path, capsys, script, argv):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("kept")
+    assert eval_cli(script)([*argv, "--out", str(a_file)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file, not a folder" in err[0]
+    assert a_file.read_text() == "kept"
 
 
 def test_calls_alone_do_not_wait_for_their_episode_and_a_session_s_calls_do(sample_pairs):

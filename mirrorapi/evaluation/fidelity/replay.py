@@ -44,9 +44,16 @@ logger = logging.getLogger(__name__)
 def load_pairs(paths: Sequence[str]) -> list[dict]:
     """Pairs of the given JSONL files in replay order (source, episode, step); bad lines are logged and skipped."""
     pairs: list[dict] = []
+    seen: dict[tuple, str] = {}
     for path in paths:
         try:
-            pairs += read_pairs_jsonl(path, on_bad=lambda reason: logger.warning("skipping pair %s", reason))
+            for pair in read_pairs_jsonl(path, on_bad=lambda reason: logger.warning("skipping pair %s", reason)):
+                if _pair_id(pair) in seen:  # scored twice it would weigh twice in every row
+                    raise FidelityError(
+                        f"{path}: call {_pair_id(pair)} (source, episode, step) is already in {seen[_pair_id(pair)]}"
+                    )
+                seen[_pair_id(pair)] = str(path)
+                pairs.append(pair)
         except SourceError as exc:
             raise FidelityError(str(exc)) from exc
     if not pairs:
