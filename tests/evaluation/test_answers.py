@@ -84,6 +84,18 @@ def test_render_steps_lists_the_tool_calls_of_a_real_trajectory(stb_answers):
     assert all(len(line) < 450 for line in lines)  # responses cut to a budget
 
 
+def test_render_steps_shows_the_tool_calls_of_stabletoolbench_s_older_files():
+    # StableToolBench's toolbench/tooleval/results/default_evalset/gpt-3.5-turbo_CoT/G1_instruction.json stores a
+    # tool node's message as the Python repr of its dict, cut at 100 characters (this one is copied from there).
+    message = (
+        "{'name': 'generate_qr_code_for_qr_code_generator_v14', 'arguments': '{\\n  \"url\": \"https://www.exampl"
+    )
+    assert len(message) == 100
+    finish = {"role": "tool", "message": {"name": "Finish", "arguments": "{}", "response": ""}, "next": []}
+    details = [{"role": "system", "message": "", "next": [{"role": "tool", "message": message, "next": [finish]}]}]
+    assert render_steps(details).startswith("- {'name': 'generate_qr_code_for_qr_code_generator_v14'")
+
+
 def test_load_ids_of_the_six_groups(stb_ids):
     ids = load_ids(stb_ids)
     if len(ids) == 1:  # the bundled sample holds G1_instruction's three example ids only

@@ -11,9 +11,11 @@ The ids decide the denominator: every id becomes an item, with or without an ans
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,19 +60,38 @@ def group_order(groups) -> list[str]:
     return known + sorted(g for g in groups if g not in GROUPS)
 
 
+# StableToolBench's older converted files (its tooleval results, default_evalset) store a tool node's message as
+# the Python repr of its dict, cut at 100 characters: the call's name is all that can be read back.
+_REPR_NAME = re.compile(r"""^\{'name': '([^']*)'""")
+
+
+def tool_message(node: dict) -> dict | None:
+    """A tool node's message as a dict ({"name", "arguments", "response"}); from an older file's cut repr, its
+    name with the text itself as `raw`."""
+    message = node.get("message")
+    if isinstance(message, str):
+        try:
+            message = ast.literal_eval(message)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            name = _REPR_NAME.match(message)
+            return {"name": name.group(1), "raw": message} if name else None
+    return message if isinstance(message, dict) else None
+
+
 def render_steps(answer_details: Any, response_chars: int = 300, budget: int = 4000) -> str:
     """The tool calls of a converted trajectory (first-child path), one block per call, cut to a budget."""
     lines: list[str] = []
     nodes = answer_details if isinstance(answer_details, list) else [answer_details]
     node = nodes[0] if nodes and isinstance(nodes[0], dict) else None
     while node is not None:
-        message = node.get("message")
-        if node.get("role") == "tool" and isinstance(message, dict) and message.get("name") != "Finish":
+        message = tool_message(node) if node.get("role") == "tool" else None
+        if message is not None and message.get("name") != "Finish":
             response = str(message.get("response", ""))
             if len(response) > response_chars:
                 response = response[:response_chars] + "..."
             arguments = " ".join(str(message.get("arguments", "")).split())  # one line per call
-            lines.append(f"- {message.get('name', '')}({arguments}) -> {response}")
+            raw = " ".join(str(message.get("raw", "")).split())  # an older file's text, shown as upstream shows it
+            lines.append(f"- {raw}..." if raw else f"- {message.get('name', '')}({arguments}) -> {response}")
         children = node.get("next")
         node = children[0] if isinstance(children, list) and children and isinstance(children[0], dict) else None
     text = "\n".join(lines)
