@@ -137,8 +137,10 @@ test-quick:
 	$(BIN)/python -m pytest -n 2 --dist loadfile -m "serial and not slow"
 
 # DEMO_ARGS: e.g. --full, --tiny, --quick, --samples, --work-dir DIR (scripts/demo.py --help). The default run
-# serves SmolLM2 with llama.cpp's server (`engine`); --tiny and --quick need neither it nor the package index.
-demo: venv engine
+# serves SmolLM2 with llama.cpp's server (`engine`); --tiny and --quick (the tiny model, on `transformers serve`
+# where llama.cpp is not built) need neither it nor the package index, and --engine vllm serves with vLLM.
+DEMO_ENGINE = $(if $(filter --tiny --quick vllm --engine=vllm,$(DEMO_ARGS)),,engine)
+demo: venv $(DEMO_ENGINE)
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
 bench: venv

@@ -383,3 +383,20 @@ def test_the_docs_commands_that_start_no_engine_run_against_this_demo(first_run,
     commands = cheap_commands()
     assert len(commands) >= 10
     assert not (failures := run_as_in_a_clone(commands, first_run.work / "latest", tmp_path)), "\n".join(failures)
+
+
+@pytest.mark.parametrize(
+    "demo_args, builds_llama_cpp",
+    [("", True), ("--full", True), ("--tiny", False), ("--quick", False), ("--engine vllm", False)],
+)
+def test_make_demo_builds_llama_cpp_only_for_the_runs_it_serves(tmp_path, demo_args, builds_llama_cpp):
+    # `make -n` with a venv that does not exist: what a fresh clone's `make demo` would run, run for nothing.
+    dry_run = subprocess.run(
+        ["make", "-n", "demo", f"DEMO_ARGS={demo_args}", f"VENV={tmp_path / 'venv'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "scripts/demo.py" in dry_run
+    assert ("CMAKE_ARGS=" in dry_run) == builds_llama_cpp  # the engine's build, the only recipe that sets it
