@@ -61,6 +61,22 @@ def test_a_script_and_its_subcommand_refuse_a_bad_setting_alike(
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.parametrize("name", ["apibank", "tooleyes"])
+def test_a_command_with_its_own_parser_names_itself_as_called(capsys, name):
+    with pytest.raises(SystemExit) as exited:
+        mirrorapi_main(["eval", name, "--no-such-flag"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"usage: mirrorapi eval {name} ")
+    assert err[-1].startswith(f"mirrorapi eval {name}: error: ")
+    with pytest.raises(SystemExit):
+        mirrorapi_main(["eval", name, "--help"])
+    assert (
+        "usage: mirrorapi eval" in (shown := capsys.readouterr().out)
+        and {"apibank": "API-Bank", "tooleyes": "ToolEyes"}[name] in shown
+    )
+
+
 def test_the_benchmarks_judge_flags_are_the_judge_settings_with_a_prefix(capsys, tmp_path):
     code = mirrorapi_main(
         [

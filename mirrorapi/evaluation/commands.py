@@ -319,14 +319,14 @@ def benchmark(args: argparse.Namespace) -> int:
 # Their flags are built by their own modules' `parser` (mirrorapi/evaluation/benchmarks/apibank/scoring.py,
 # benchmarks/tooleyes.py), from their settings' fields like every other command's: these commands hand them the
 # arguments as given.
-def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
+def apibank_command(argv: list[str] | None, usage: str | None = None, prog: str | None = None) -> int:
     import asyncio
 
     import aiohttp
 
     from mirrorapi.evaluation.benchmarks import apibank
 
-    args = apibank.parser(usage).parse_args(argv)
+    args = apibank.parser(usage, prog).parse_args(argv)
     if problem := _out_problem(args.out):
         return _fail(problem)
     try:
@@ -343,10 +343,10 @@ def apibank_command(argv: list[str] | None, usage: str | None = None) -> int:
     return 0
 
 
-def tooleyes_command(argv: list[str] | None, usage: str | None = None) -> int:
+def tooleyes_command(argv: list[str] | None, usage: str | None = None, prog: str | None = None) -> int:
     from mirrorapi.evaluation.benchmarks import tooleyes
 
-    args = tooleyes.parser(usage).parse_args(argv)
+    args = tooleyes.parser(usage, prog).parse_args(argv)
     if problem := _out_problem(args.out):
         return _fail(problem)
     try:
@@ -381,18 +381,21 @@ RUN_AGENT = Command(
     run_agent_arguments,
     run_agent,
 )
+# Called as `mirrorapi eval apibank`: their own parsers name themselves so and show the command's help.
+_APIBANK_HELP = "API-Bank level-1 and level-2 API-call accuracy on the virtual server."
 APIBANK = Command(
     "apibank",
-    "API-Bank level-1 and level-2 API-call accuracy on the virtual server.",
+    _APIBANK_HELP,
     lambda parser: None,
-    lambda args: apibank_command(args.passthrough),
+    lambda args: apibank_command(args.passthrough, _APIBANK_HELP, f"{args.prog} eval apibank"),
     passthrough=True,
 )
+_TOOLEYES_HELP = "ToolEyes' capability scores of agent trajectories."
 TOOLEYES = Command(
     "tooleyes",
-    "ToolEyes' capability scores of agent trajectories.",
+    _TOOLEYES_HELP,
     lambda parser: None,
-    lambda args: tooleyes_command(args.passthrough),
+    lambda args: tooleyes_command(args.passthrough, _TOOLEYES_HELP, f"{args.prog} eval tooleyes"),
     passthrough=True,
 )
 BENCHMARK = Command(

@@ -280,11 +280,11 @@ def write_report(result: ToolEyesResult, judge: JudgeSettings | None, out: str |
 
 
 # ------------------------------------------------------------------------------- command line
-def parser(doc: str | None = None):
+def parser(doc: str | None = None, prog: str | None = None):
     import argparse
 
     p = argparse.ArgumentParser(
-        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     p.add_argument(
         "--answers", required=True, help="Converted answers: <model>/<group>.json (eval/run_agent.py --out)."

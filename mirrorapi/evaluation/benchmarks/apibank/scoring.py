@@ -338,11 +338,11 @@ def report_section(run: str | Path) -> list[str]:
 
 
 # The command line (eval/apibank.py).
-def parser(doc: str | None = None):
+def parser(doc: str | None = None, prog: str | None = None):
     import argparse
 
     p = argparse.ArgumentParser(
-        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     p.add_argument(
         "--write-pairs",
