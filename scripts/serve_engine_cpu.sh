@@ -14,7 +14,7 @@
 #   tokenizer has no GGUF) are served by transformers.
 # - `python -m mirrorapi.llama_cpp_engine`: llama-cpp-python's server, enforcing OpenAI's `response_format`
 #   json_schema with a grammar, one request at a time (concurrent ones queue), all cores.
-# `transformers serve` (notes/engines.md):
+# `transformers serve` (../shared/notes/engines.md):
 # - answers only requests whose `model` is the string it was started with (else HTTP 400 "Server is pinned
 #   to ..."); the folder is preloaded (FORCE_MODEL argument) and never reloaded; `--device cpu`.
 # - `GET /v1/models` answers 500 unless the hub cache folder exists: an empty one of this checkout's, made

@@ -272,7 +272,8 @@ class ServerSettings(BaseModel):
         ge=0,
         description=(
             "Earlier calls of a session (X-Session-Id, the MCP session) shown to the simulator, newest first, in "
-            "prompt format mirrorapi-session-v1; 0 ignores session ids (every call is simulated alone)."
+            "prompt format mirrorapi-session-v1 (mirrorapi-session-v2 with prompt_format mirrorapi-v2); 0 ignores "
+            "session ids (every call is simulated alone)."
         ),
     )
     session_char_budget: int = Field(
