@@ -76,6 +76,9 @@ def build_trainer(recipe, training_args, model_args):
 
         base = create_model_from_path(model, **training_args.model_init_kwargs)
         model, peft_config = PeftModel.from_pretrained(base, recipe.init_adapter, is_trainable=True), None
+        # The saved adapter names the base it trained on now (merge_lora merges into that), not the one the
+        # initial adapter names.
+        model.peft_config["default"].base_model_name_or_path = model_args.model_name_or_path
     trainer = SFTTrainer(
         model=model,
         args=training_args,
@@ -127,7 +130,7 @@ def run_sft(recipe, training_args, model_args, argv: Sequence[str] = ()) -> dict
             "recipe": {
                 "config_file": config_file(list(argv)),
                 "argv": list(argv),
-                "resolved": resolved_keys(recipe, training_args, model_args),
+                "resolved": resolved_keys(recipe, training_args, model_args, trainer.model),
             },
             "metrics": metrics,
             "log_history": trainer.state.log_history,
@@ -159,10 +162,20 @@ def final_eval_losses(trainer) -> dict[str, float]:
     return logged or {k: v for k, v in trainer.evaluate().items() if k.endswith("_loss")}
 
 
-def resolved_keys(recipe, training_args, model_args) -> dict:
-    """The settings a run actually used (after the recipe file, the command line and the checks' choices)."""
+def resolved_keys(recipe, training_args, model_args, model=None) -> dict:
+    """The settings a run actually used (after the recipe file, the command line and the checks' choices); with
+    `init_adapter`, the LoRA settings are the loaded adapter's, not the recipe's."""
     resolved = {k: getattr(training_args, k) for k in RECORDED_KEYS}
     lora = RECORDED_LORA_KEYS if model_args.use_peft else ()
     resolved.update({k: getattr(model_args, k) for k in (*RECORDED_MODEL_KEYS, *lora)})
+    if model_args.use_peft and recipe.init_adapter and model is not None:
+        trained = model.peft_config["default"]
+        targets = trained.target_modules
+        resolved.update(
+            lora_r=trained.r,
+            lora_alpha=trained.lora_alpha,
+            lora_dropout=trained.lora_dropout,
+            lora_target_modules=sorted(targets) if isinstance(targets, set) else targets,
+        )
     resolved.update(vars(recipe))
     return resolved

@@ -2,6 +2,7 @@
 script), and the merged model loads as a plain model that computes what base + adapter computes."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -119,12 +120,21 @@ def test_init_adapter_starts_from_the_adapters_weights(
 
     start = load_file(adapter_dir / "adapter_model.safetensors")
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in start.items())
+    # Trained on further from a copy of the base in another folder, with other LoRA settings on the command line
+    # (the adapter's own apply): the saved adapter names the base it trained on, as PEFT's get_peft_model records it.
+    moved_base = tmp_path / "moved-base"
+    shutil.copytree(tiny_model_dir, moved_base)
     for learning_rate, same in (("0", True), ("1e-2", False)):
         out = tmp_path / f"lr{learning_rate}"
         extra = ("--init_adapter", str(adapter_dir), "--learning_rate", learning_rate, "--max_steps", "2")
+        extra += ("--model_name_or_path", str(moved_base), "--lora_r", "2", "--lora_alpha", "4")
         assert train_lora(entry_script, tiny_model_dir, simulator_sft_dir, out, *extra) == 0
         trained = load_file(out / "adapter_model.safetensors")
         assert trained.keys() == start.keys()
         assert all(torch.equal(trained[k], start[k]) for k in start) is same
     info = json.loads((out / "mirrorapi_training.json").read_text())
     assert info["recipe"]["resolved"]["init_adapter"] == str(adapter_dir)
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(moved_base)
+    started_from = json.loads((adapter_dir / "adapter_config.json").read_text())
+    resolved = info["recipe"]["resolved"]
+    assert (resolved["lora_r"], resolved["lora_alpha"]) == (started_from["r"], started_from["lora_alpha"]) == (8, 16)
