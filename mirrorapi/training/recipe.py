@@ -52,7 +52,10 @@ class RecipeArguments:
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
     eval_splits: list[str] = field(
         default_factory=lambda: ["test_id", "test_ood"],
-        metadata={"help": "Splits to report eval loss on (simulator: test_id test_ood; judge: test)."},
+        metadata={
+            "help": "Splits to report eval loss on (simulator: test_id test_ood; judge: test; none: no split, with "
+            "--eval_strategy no)."
+        },
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Train on the first N records (of those that fit in max_length)."}
@@ -104,6 +107,11 @@ class RecipeArguments:
         default=False,
         metadata={"help": "LoRA only: also write the base model with the adapter merged in, to output_dir/merged."},
     )
+
+    def __post_init__(self):
+        # A recipe file says `eval_splits: []`; a command line cannot give an empty list, so it says `none`.
+        if self.eval_splits == ["none"]:
+            self.eval_splits = []
 
 
 def freeze_below_top_layers(model, top: int) -> tuple[int, int]:
@@ -304,6 +312,10 @@ def load_tokenizer(model_name_or_path: str, chat_template_path: str | None, **lo
     except (OSError, ValueError) as exc:
         raise RecipeError(f"cannot load the tokenizer of {model_name_or_path}: {str(exc).splitlines()[0]}") from None
     if chat_template_path:
+        # TRL reads a .jinja or .j2 file as the template and any other path as a tokenizer to copy one from (with
+        # tokens added to the model); the records' lengths are counted with the template read here, so only a file.
+        if Path(chat_template_path).suffix not in (".jinja", ".j2"):
+            raise RecipeError(f"--chat_template_path {chat_template_path}: a template file named *.jinja or *.j2")
         if not Path(chat_template_path).is_file():
             raise RecipeError(f"chat template file not found: {chat_template_path}")
         tokenizer.chat_template = Path(chat_template_path).read_text(encoding="utf-8")

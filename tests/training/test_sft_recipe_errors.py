@@ -115,6 +115,8 @@ def test_tokenizer_without_a_chat_template(cli, capsys, no_template_model, simul
         (["--merge", "true"], "--merge applies to LoRA training only"),
         (["--init_adapter", "runs"], "init_adapter continues a LoRA adapter: it needs use_peft true"),
         (["--use_peft", "true", "--init_adapter", "tests"], "init_adapter: tests is not a LoRA adapter folder"),
+        # TRL would take this file for a tokenizer's folder, and fail after loading the model.
+        (["--chat_template_path", "README.md"], "--chat_template_path README.md: a template file named *.jinja"),
     ],
 )
 def test_other_mistakes(cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path, extra, message):
@@ -178,3 +180,19 @@ def test_help_exits_0(entry_script, capsys, script, function, flag):
     with pytest.raises(SystemExit) as exit_:
         getattr(entry_script(script), function)(["--help"])
     assert exit_.value.code == 0 and flag in capsys.readouterr().out
+
+
+def test_a_dataset_of_a_train_split_alone_trains_from_the_command_line(
+    cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path
+):
+    from datasets import DatasetDict, load_from_disk
+
+    train_only = tmp_path / "train-only"
+    DatasetDict({"train": load_from_disk(str(simulator_sft_dir))["train"].select(range(4))}).save_to_disk(train_only)
+    argv = ["--model_name_or_path", tiny_model_dir, "--dataset_path", train_only, "--output_dir", tmp_path / "out"]
+    status, err, _ = run(cli, capsys, *argv)
+    assert status == 2 and "has no split 'test_id'" in err and "--eval_splits" in err
+    argv += ["--eval_splits", "none", "--eval_strategy", "no", "--eval_on_start", "false", "--max_steps", "1"]
+    status, err, _ = run(cli, capsys, *argv)
+    assert status == 0, err
+    assert (tmp_path / "out" / "mirrorapi_training.json").is_file()
