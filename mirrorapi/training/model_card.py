@@ -119,12 +119,18 @@ def _purpose(kind: str) -> str:
     return "A model fine-tuned with mirrorapi's `training/sft.py`."
 
 
+# vLLM serves adapters up to --max-lora-rank (16 unless told), one of these values.
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
 def _serve_command(adapter: bool, info: dict) -> str:
     if adapter:
+        rank = (info.get("recipe", {}).get("resolved") or {}).get("lora_r") or 16
+        max_rank = next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
         return (
             "vllm serve " + str(info["base_model"]) + " --enable-lora --lora-modules mirrorapi=THIS_FOLDER "
-            "--generation-config vllm\n# or merge first: python training/merge_lora.py --adapter THIS_FOLDER "
-            "--out MERGED"
+            f"--max-lora-rank {max_rank} --generation-config vllm\n# or merge first: python training/merge_lora.py "
+            "--adapter THIS_FOLDER --out MERGED"
         )
     return (
         "transformers serve THIS_FOLDER --device cpu    # CPU\n"

@@ -72,6 +72,8 @@ def test_adapter_saved_reloaded_and_merged(adapter_dir, tiny_model_dir):
     assert json.loads((adapter_dir / "adapter_config.json").read_text())["r"] == 8
     info = json.loads((adapter_dir / "mirrorapi_training.json").read_text())
     assert info["adapter"] is True and "library_name: peft" in (adapter_dir / "README.md").read_text()
+    # vLLM refuses an adapter above its --max-lora-rank (16 unless told): the card's command names one that fits.
+    assert "--max-lora-rank 8 " in (adapter_dir / "README.md").read_text()
 
     input_ids = torch.tensor([[5, 17, 99, 240, 3, 8]])
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
