@@ -56,12 +56,13 @@ MASTER_ENV = "_MIRRORAPI_MASTER_PID"  # the process that starts the workers (it 
 
 
 class VirtualEndpoint:
-    """`/virtual` as the outermost ASGI app, in front of the FastAPI app that serves the routes (the API key, the
-    405 and the 413 of every path are answered here too, in the `{"error", "response"}` shape). Why not a FastAPI
-    route: measured side by side (bench/server.py runs bench/virtual_route.py, the same server with /virtual as a
-    route with typed dependencies, beside this one), a cache hit through the route costs 4.9 times the server CPU
-    (0.378 ms against 0.076 ms, 64 clients, 2 cores, 2026-11-26), where issue 19 allowed 10% more. The server's
-    `answer` turns every failure into a response, so nothing is lost by bypassing Starlette's error middleware.
+    """`/virtual` as the outermost ASGI app, in front of the FastAPI app that serves the routes (the API key of
+    every path and `/virtual`'s 405 and 413 are answered here too, in the `{"error", "response"}` shape). Why not
+    a FastAPI route: measured side by side (bench/server.py runs bench/virtual_route.py, the same server with
+    /virtual as a route with typed dependencies, beside this one), a cache hit through the route costs 4.9 times the
+    server CPU (0.378 ms against 0.076 ms, 64 clients, 2 cores, 2026-11-26), where issue 19 allowed 10% more. The
+    server's `answer` turns every failure into a response, so nothing is lost by bypassing Starlette's error
+    middleware.
     `connections`: the receive deadlines of this app's connections (`mirrorapi.serving.transport`)."""
 
     def __init__(self, app: FastAPI, server: VirtualServer, mcp: McpFrontDoor, episodes: Episodes):
@@ -73,13 +74,21 @@ class VirtualEndpoint:
         self.others = RequestDeadlineMiddleware(self.dispatch, self.connections)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            if scope["type"] == "websocket" and scope["path"] in (WS_PATH, MCP_WS_PATH):
-                if self.api_key is not None and not authorized(scope, self.api_key):
-                    self.server.refused(401, "unauthorized", scope["path"])
-                    return await send({"type": "websocket.close", "code": 1008})  # HTTP 403 to the handshake
-                return await self.episodes.websocket(scope, receive, send)
-            return await self.app(scope, receive, send)
+        if scope["type"] == "http":
+            deadline = self.connections.of(scope)
+            deadline.started()
+            try:
+                return await self.http(scope, receive, send)
+            finally:
+                deadline.answered()
+        if scope["type"] == "websocket" and scope["path"] in (WS_PATH, MCP_WS_PATH):
+            if self.api_key is not None and not authorized(scope, self.api_key):
+                self.server.refused(401, "unauthorized", scope["path"])
+                return await send({"type": "websocket.close", "code": 1008})  # HTTP 403 to the handshake
+            return await self.episodes.websocket(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    async def http(self, scope, receive, send) -> None:
         path = scope["path"]
         if self.api_key is not None and path not in OPEN_PATHS and not authorized(scope, self.api_key):
             self.connections.of(scope).received()

@@ -66,6 +66,8 @@ LARGE_BODY_BYTES = 64 * 1024
 INLINE_WHILE_STARTING = 1024 * 1024  # see `LargeBodies`
 MAX_SESSION_ID_CHARS = 256  # a session id (body or X-Session-Id): a name, kept in the store (OpenEnv's bound: 255)
 LOGGED_NAME_CHARS = 200  # of a name as sent, in the request log line (a name may be a megabyte of junk)
+# Names of a body's fields that StableToolBench does not define, in the log line (a body may hold 60,000 of them).
+LOGGED_EXTRA_FIELDS = 20
 # One decoder for every tool_input: `json.loads(text, strict=False)` builds a new one per call.
 # strict=False: raw model output often holds literal newlines inside strings.
 _DECODE_LENIENT = json.JSONDecoder(strict=False).decode
@@ -115,7 +117,10 @@ class VirtualApi:
                     return answer
                 request, parsed = read[0], read[1:]
             if request.model_extra:
-                answer.extra_fields = list(request.model_extra)
+                names = list(request.model_extra)
+                answer.extra_fields = [name[:LOGGED_NAME_CHARS] for name in names[:LOGGED_EXTRA_FIELDS]]
+                if len(names) > LOGGED_EXTRA_FIELDS:
+                    answer.extra_fields.append(f"... {len(names) - LOGGED_EXTRA_FIELDS:,} more")
             if "chat" in request.api_name.lower() and _is_chat_with_user(request.api_name):
                 answer.body, answer.outcome = observation_bytes("", CHAT_WITH_USER_REPLY), "chat_with_user"
                 return answer
@@ -367,7 +372,7 @@ def parse_tool_input(value: Any) -> dict:
     if isinstance(value, dict):
         return value
     if isinstance(value, str):
-        if not value.strip():
+        if value == "":  # StableToolBench's servers map "" alone to {}; whitespace is a parse error there
             return {}
         try:
             parsed = _DECODE_LENIENT(value)

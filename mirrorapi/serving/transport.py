@@ -66,6 +66,15 @@ REQUEST_TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
 )
+HEADERS_TOO_LARGE_RESPONSE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+# Most bytes read of a request before its handler starts. uvicorn's HTTP protocols keep a request's header section
+# in memory whole, with no bound of their own, until it ends; a body's first bytes are in by then too (up to the
+# protocol's 64 KiB flow-control mark, plus one read of the socket). A header section of nginx's or h11's size
+# (8-16 KiB) is far below.
+MAX_BYTES_BEFORE_HANDLER = 1 << 20
 LINGER_SECONDS = 2.0
 # The uvicorn releases this module was tested with (tests/serving/test_transport.py): from the first, up to the
 # second (excluded); pyproject.toml's range.
@@ -160,6 +169,8 @@ class ReceiveDeadline(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._receiving = False
         self._since = 0.0  # loop time of the first byte of the request coming in
+        self._unhandled = 0  # bytes of the request coming in read before its handler started (-1: it has started)
+        self._answering = False  # a request is whole and its answer not sent yet: later bytes wait their turn
         self._lingering: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -172,12 +183,16 @@ class ReceiveDeadline(asyncio.Protocol):
         self._inner.connection_made(cast(asyncio.Transport, self._writes))  # the real one's, bar the writes
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering is not None:  # answered 408 already: drop what a trickler still sends
+        if self._lingering is not None:  # answered 408 or 431 already: drop what the client still sends
             return
         if not self._receiving and self._peer is not None:  # the first byte of a request
-            self._receiving, self._since = True, self._loop.time()
-            if self._timer is None:
+            self._receiving, self._since, self._unhandled = True, self._loop.time(), 0
+            if self._timer is None and not self._answering:  # else its clock starts once the answer is sent
                 self._timer = self._loop.call_at(self._since + self._timeout(), self._check)
+        if self._unhandled >= 0 and self._receiving and not self._answering:
+            self._unhandled += len(data)
+            if self._unhandled > MAX_BYTES_BEFORE_HANDLER:
+                return self._refuse(431, "headers_too_large", f"more than {MAX_BYTES_BEFORE_HANDLER:,} bytes")
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -210,28 +225,54 @@ class ReceiveDeadline(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._inner.resume_writing()
 
+    def started(self) -> None:
+        """The request's handler has started (its header section is in)."""
+        self._unhandled = -1
+
     def received(self) -> None:
         """The whole request is in (or an answer has begun); the next byte starts the next one."""
-        self._receiving = False
+        self._receiving, self._answering, self._unhandled = False, True, -1
+
+    def answered(self) -> None:
+        """The request's handler is done: bytes of a next request that came while it answered (pipelined, or a
+        stray CRLF) start their deadline now, as the protocol reads them only now."""
+        self._answering = False
+        if self._receiving and self._transport is not None and not self._transport.is_closing():
+            self._since, self._unhandled = self._loop.time(), 0
+            if self._timer is None:
+                self._timer = self._loop.call_at(self._since + self._timeout(), self._check)
 
     def _check(self) -> None:
         self._timer = None
-        if not self._receiving or self._transport is None or self._transport.is_closing():
-            return  # idle: the next request's first byte arms the timer again
+        if not self._receiving or self._answering or self._transport is None or self._transport.is_closing():
+            return  # idle, or answering: the next request's first byte, or the answer's end, arms the timer
         timeout = self._timeout()
         due = self._since + timeout
         if self._loop.time() < due:  # a later request than the one that armed the timer: its own deadline
             self._timer = self._loop.call_at(due, self._check)
             return
         logger.info("client %s took more than %g s to send a request: disconnected", self._peer, timeout)
-        body = json.dumps(
-            {"error": f"Request Timeout: the request was not received within {timeout:g} s", "response": ""}
-        ).encode()
+        self._refuse(408, "request_timeout", f"client {self._peer[0] if self._peer else '?'}", timeout)
+
+    def _refuse(self, status: int, outcome: str, detail: str, timeout: float = 0.0) -> None:
+        """Answer 408 or 431 before any handler has, half-close, and drop what the client still sends."""
+        if self._transport is None or self._transport.is_closing():
+            return
+        if status == 408:
+            message = f"Request Timeout: the request was not received within {timeout:g} s"
+            response = REQUEST_TIMEOUT_RESPONSE
+        else:
+            message = f"Request Header Fields Too Large: {detail} before the request's end of headers"
+            response = HEADERS_TOO_LARGE_RESPONSE
+        body = json.dumps({"error": message, "response": ""}).encode()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._writes is not None:  # an answer of the same turn goes first
             self._writes.flush()
-        self._transport.write(REQUEST_TIMEOUT_RESPONSE % (len(body), body))
+        self._transport.write(response % (len(body), body))
         if self._connections is not None and self._connections.refused is not None:  # counted and logged
-            self._connections.refused(408, "request_timeout", f"client {self._peer[0] if self._peer else '?'}")
+            self._connections.refused(status, outcome, detail)
         if not self._transport.can_write_eof():
             self._transport.close()  # a handler waiting for the body gets `http.disconnect`
             return
@@ -239,7 +280,7 @@ class ReceiveDeadline(asyncio.Protocol):
         self._lingering = self._loop.call_later(LINGER_SECONDS, self._transport.close)
         # The inner protocol hears of the end now (a handler waiting for the body gets `http.disconnect`);
         # given an exception, it leaves the transport open for the linger.
-        self._inner.connection_lost(ConnectionAbortedError("request timeout"))
+        self._inner.connection_lost(ConnectionAbortedError(outcome))
 
 
 def _connections_of(app: Any) -> Connections | None:
@@ -254,7 +295,15 @@ def _connections_of(app: Any) -> Connections | None:
 
 class _NoDeadline:
     @staticmethod
+    def started() -> None:
+        pass
+
+    @staticmethod
     def received() -> None:
+        pass
+
+    @staticmethod
+    def answered() -> None:
         pass
 
 

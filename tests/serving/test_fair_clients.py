@@ -7,6 +7,7 @@ a session keeps, a huge argument beside small calls, and the refusals the server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -244,11 +245,42 @@ def test_refusals_are_counted_and_logged(serve, engine_down, tmp_path):
             trickler.sendall(b"POST /virtual HTTP/1.1\r\nhost: x\r\n")
             trickler.settimeout(5)
             assert trickler.recv(100).startswith(b"HTTP/1.1 408")
+        with socket.create_connection(("127.0.0.1", port)) as flooder:  # a header section that never ends
+            flooder.sendall(b"POST /virtual HTTP/1.1\r\nhost: x\r\n")
+            with contextlib.suppress(OSError):
+                for _ in range(64):
+                    flooder.sendall(b"x-pad: " + b"a" * 65_536 + b"\r\n")
+            flooder.settimeout(5)
+            assert flooder.recv(100).startswith(b"HTTP/1.1 431")
         metrics = httpx.get(server.url + "/metrics", headers=key).text
-        for outcome in ("unauthorized", "method_not_allowed", "body_too_large", "request_timeout"):
+        for outcome in (
+            "unauthorized",
+            "method_not_allowed",
+            "body_too_large",
+            "request_timeout",
+            "headers_too_large",
+        ):
             assert f'mirrorapi_requests_total{{outcome="{outcome}"}} 1.0' in metrics, outcome
     statuses = {line["outcome"]: line["status"] for line in _log_lines(log)}
-    assert statuses == {"unauthorized": 401, "method_not_allowed": 405, "body_too_large": 413, "request_timeout": 408}
+    assert statuses == {
+        "unauthorized": 401,
+        "method_not_allowed": 405,
+        "body_too_large": 413,
+        "request_timeout": 408,
+        "headers_too_large": 431,
+    }
+
+
+def test_a_bodys_extra_fields_are_logged_within_bounds(serve, engine_down, tmp_path):
+    # The names of fields StableToolBench does not define are logged, as the other names are, cut: a 1 MB name or
+    # 60,000 fields made a log line of their own size.
+    log = tmp_path / "requests.jsonl"
+    extra = {f"field_{i}_" + "x" * 5000: i for i in range(50)}
+    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], log_file=str(log)) as server:
+        assert server.client.post("/virtual", json={**BODY, "api_name": "nowhere", **extra}).status_code == 200
+    [line] = _log_lines(log)
+    assert len(line["extra_fields"]) == 21 and line["extra_fields"][-1] == "... 30 more"
+    assert all(len(name) <= 200 for name in line["extra_fields"]) and line["extra_fields"][0].startswith("field_0_")
 
 
 def test_health_without_the_key_tells_no_paths_or_engine_urls(serve, engine_down, tmp_path):

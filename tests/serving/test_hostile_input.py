@@ -206,6 +206,59 @@ def test_each_request_on_a_connection_has_its_own_deadline(guarded):
     assert 0.9 < elapsed < 2.5
 
 
+def test_a_header_section_that_never_ends_is_refused_with_431(guarded):
+    # uvicorn keeps a request's header section in memory until it ends, with no bound: 1 GB of headers was 750 MB
+    # more of the server's memory. Now at most 1 MiB is read before a request's handler starts.
+    host, port = guarded.url.removeprefix("http://").split(":")
+    line = b"x-pad: " + b"a" * 1000 + b"\r\n"
+    received = b""
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(b"POST /virtual HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+        conn.settimeout(5)
+        with contextlib.suppress(OSError):  # the server closes; a send after that may be reset
+            for _ in range(4096):  # 4 MB, never the blank line that ends a header section
+                conn.sendall(line * 64)
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(65536):
+                received += chunk
+    assert received.startswith(b"HTTP/1.1 431 ")
+    body = json.loads(received.partition(b"\r\n\r\n")[2])
+    assert set(body) == {"error", "response"} and body["error"].startswith("Request Header Fields Too Large")
+    assert guarded.virtual(BODY).status_code == 200
+
+
+def test_a_request_sent_while_the_one_before_is_answered_waits_its_turn(serve, tmp_path):
+    """A whole request, answered in 2 s (a miss), then on the same connection a second whole request, or the
+    stray CRLF that RFC 9112 §2.2 tells a server to ignore: both get their answers in order (request_timeout
+    1 s counts a request's receiving, not the wait for the answer before it; RFC 9112 §9.3.2)."""
+
+    def request(name: str) -> bytes:
+        body = json.dumps({**BODY, "tool_input": json.dumps({"name": name})}).encode()
+        head = b"POST /virtual HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        return head + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+
+    with (
+        StubEngine(delay=2.0) as engine,
+        serve(
+            cache_path=str(tmp_path / "c.sqlite"), api_base=[engine.url], engine_timeout=10, request_timeout=1.0
+        ) as server,
+    ):
+        host, port = server.url.removeprefix("http://").split(":")
+        for first, later, answers in ((request("A"), request("B"), 2), (request("C"), b"\r\n", 1)):  # misses
+            with socket.create_connection((host, int(port))) as conn:
+                conn.settimeout(10)
+                conn.sendall(first)
+                time.sleep(0.3)
+                conn.sendall(later)
+                received = b""
+                while received.count(b"HTTP/1.1 ") < answers or not received.endswith(b"}"):
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    received += chunk
+            assert [part.split(b" ", 1)[0] for part in received.split(b"HTTP/1.1 ")[1:]] == [b"200"] * answers
+
+
 def test_api_key(serve, tmp_path):
     with serve(cache_path=str(tmp_path / "c.sqlite"), server_api_key="s3cret", mode="replay") as server:
         missing = server.virtual(BODY)

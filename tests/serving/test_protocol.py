@@ -11,13 +11,12 @@ from mirrorapi.tools import ToolRegistry
     "value, expected",
     [
         ("", {}),
-        ("   ", {}),
         ("{}", {}),
         ({"a": 1}, {"a": 1}),
         ('{\n  "name": "Lionel Messi"\n}', {"name": "Lionel Messi"}),
         ('{"text": "two\nlines"}', {"text": "two\nlines"}),  # a literal newline inside a string, as models write it
     ],
-    ids=["empty", "blank", "empty-object", "object", "agent-string", "raw-newline"],
+    ids=["empty", "empty-object", "object", "agent-string", "raw-newline"],
 )
 def test_tool_input_objects(value, expected):
     assert parse_tool_input(value) == expected
@@ -33,8 +32,10 @@ def test_tool_input_objects(value, expected):
         ('{"a": 1', "not valid JSON"),
         (None, "got NoneType"),
         (7, "got int"),
+        # StableToolBench's servers map "" alone to {} (server/main.py); blanks are a parse error there.
+        ("   ", "not valid JSON"),
     ],
-    ids=["list", "number", "string", "python-repr", "truncated", "null", "int"],
+    ids=["list", "number", "string", "python-repr", "truncated", "null", "int", "blank"],
 )
 def test_tool_input_that_is_not_an_object(value, message):
     with pytest.raises(ToolInputError, match=message):
