@@ -94,8 +94,7 @@ def train_tokenizer(corpus: Iterable[Path], vocab_size: int = 1024):
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
     tokenizer = Qwen2Tokenizer(
         vocab=model["vocab"],
-        merges=merges,  # it takes pairs too
-        extra_special_tokens=SPECIAL_TOKENS[1:],
+        merges=merges,  # it takes pairs too extra_special_tokens=SPECIAL_TOKENS[1:],
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
     )

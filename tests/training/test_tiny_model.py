@@ -23,12 +23,6 @@ def test_round_trips_through_from_pretrained(tiny_model_dir):
     assert reloaded(text)["input_ids"] == original(text)["input_ids"]
     assert reloaded.decode(reloaded(text)["input_ids"]) == text
     assert reloaded.eos_token == "<|im_end|>"
-    # ChatML's markers are one special token each, as in Qwen2.5's tokenizer (its added_tokens, special: true).
-    for marker in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
-        assert (
-            len(reloaded(marker, add_special_tokens=False)["input_ids"]) == 1 and marker in reloaded.all_special_tokens
-        )
-    assert reloaded.decode(reloaded(text)["input_ids"], skip_special_tokens=True).startswith("user\n")
 
 
 def test_chat_template_marks_the_assistant_turn(tiny_model_dir):
