@@ -94,7 +94,10 @@ def train_tokenizer(corpus: Iterable[Path], vocab_size: int = 1024):
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
     tokenizer = Qwen2Tokenizer(
         vocab=model["vocab"],
-        merges=merges,  # it takes pairs too extra_special_tokens=SPECIAL_TOKENS[1:],
+        # ChatML's <|im_start|> stays a vocabulary token, not a special one (Qwen2.5's is special): made special
+        # (extra_special_tokens), the tests' 120-step memorisation answered 39 of 48 training prompts as JSON
+        # instead of 46 or more, so the test model keeps the tokenizer its figures were measured with.
+        merges=merges,  # it takes pairs too
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
     )

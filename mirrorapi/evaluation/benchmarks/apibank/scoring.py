@@ -199,7 +199,9 @@ def _row_id(row: dict) -> str:
 def _file_rows(path: Path) -> list[dict]:
     """The whole rows of a samples file, without failed model calls ([] when there is no file)."""
     # A line cut by an interrupted run (inside a character, too) is skipped: its sample is asked again.
-    rows = (row for _, row in read_jsonl(path)) if path.is_file() else iter(())
+    if not path.is_file():
+        return []
+    rows = (row for _, row in read_jsonl(path))
     return [row for row in rows if isinstance(row, dict) and "sample" in row and "engine_error" not in row]
 
 
