@@ -208,7 +208,12 @@ def serving_settings(record: dict) -> dict:
         return {}
     options = (record.get("dataset_stats") or {}).get("options") or {}
     settings = {"prompt_format": options.get("prompt_format") or record.get("prompt_format")}
+    # An option of 0 counts (`history: 0`: trained on calls alone, so a server ignores session ids).
     settings.update(
-        {setting: options[option] for option, setting in _SETTINGS_OF_DATA_OPTIONS.items() if options.get(option)}
+        {
+            setting: options[option]
+            for option, setting in _SETTINGS_OF_DATA_OPTIONS.items()
+            if options.get(option) is not None
+        }
     )
     return {key: value for key, value in settings.items() if value is not None}

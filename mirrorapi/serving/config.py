@@ -370,6 +370,14 @@ class ServerSettings(BaseModel):
             for key, value in STABLETOOLBENCH_REQUEST_SETTINGS.items():  # upstream's request, unless set
                 if key not in self.model_fields_set:
                     setattr(self, key, value)
+            # The released weights answer calls alone: their formats have no session prompt (ours would be a
+            # prompt they never saw), so session ids are ignored.
+            if "session_history" in self.model_fields_set and self.session_history:
+                raise ValueError(
+                    f"session_history: prompt_format {self.prompt_format} answers calls alone (it has no session "
+                    "prompt); set 0"
+                )
+            self.session_history = 0
         if self.system_prompt_file is not None and not self.system_prompt_file.is_file():
             raise ValueError(f"system_prompt_file: {self.system_prompt_file} does not exist")
         if self.cache_url is not None and not self.cache_url.startswith(("postgresql://", "postgres://")):

@@ -294,7 +294,11 @@ def test_the_settings_a_record_says_a_model_must_be_served_with():
     stats = {"options": {"prompt_format": "mirrorapi-v2", "few_shot": 0, "history": 8, "history_char_budget": 4096}}
     assert serving_settings(
         {"kind": "simulator", "prompt_format": "mirrorapi-session-v2", "dataset_stats": stats}
-    ) == {"prompt_format": "mirrorapi-v2", "session_history": 8, "session_char_budget": 4096}
+    ) == {"prompt_format": "mirrorapi-v2", "few_shot": 0, "session_history": 8, "session_char_budget": 4096}
+    # Trained on calls alone (`history: 0`, the data builder's default): served so, though the server's default
+    # shows 8 earlier calls of a session, in a prompt format the model never saw.
+    alone = {"options": {"prompt_format": "mirrorapi-v2", "few_shot": 1, "history": 0}}
+    assert serving_settings({"kind": "simulator", "dataset_stats": alone})["session_history"] == 0
     # The examples' tie rule its data was built with (a record written before the rule existed names none: the
     # server's default, the shortest, is the rule it was built with).
     stats["options"] |= {"few_shot": 1, "few_shot_ties": "median"}

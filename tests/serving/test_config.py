@@ -33,6 +33,18 @@ def test_shipped_config_loads_with_stabletoolbench_keys():
     assert (settings.mode, settings.missing_required, settings.few_shot) == ("simulate", "reject", 0)
 
 
+def test_the_released_formats_answer_calls_alone(tmp_path):
+    """StableToolBench's MirrorAPI weights were trained on calls alone, in its own prompt: a session's call would
+    get our session prompt, which they never saw; so session ids are ignored, and asking for a history is refused."""
+    prompt = write(tmp_path / "system.txt", "You are an API simulator.")
+    base = {"tools_folder": [str(SAMPLE_TOOLS)], "system_prompt_file": str(prompt)}
+    for fmt in ("stabletoolbench", "stabletoolbench-cache"):
+        assert load_settings(overrides={**base, "prompt_format": fmt}, environ={}).session_history == 0
+        with pytest.raises(ConfigError, match=f"session_history: prompt_format {fmt} answers calls alone"):
+            load_settings(overrides={**base, "prompt_format": fmt, "session_history": 8}, environ={})
+    assert load_settings(overrides=base, environ={}).session_history == 8  # ours: sessions as before
+
+
 def test_released_model_config_asks_for_its_system_prompt_file():
     with pytest.raises(ConfigError, match="system_prompt_file: .*mirrorapi_system_prompt.txt does not exist"):
         load_settings(
