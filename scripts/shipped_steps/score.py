@@ -14,13 +14,14 @@ def served_observation(text: str) -> tuple[dict, str]:
     refusal). Scored so, an answer the server could not serve counts as the failure the agent would get, not as a
     success holding the raw text."""
     from mirrorapi.engine_client import EngineError
+    from mirrorapi.prompts.simulator_formats import truncate_response
     from mirrorapi.prompts.simulator_output import parse_simulator_output
     from mirrorapi.serving.handler import to_failure
     from mirrorapi.serving.simulator import unusable_output
 
     observation, how = parse_simulator_output(text)
     if observation is not None:
-        return observation, how
+        return {**observation, "response": truncate_response(observation["response"])}, how  # cut as served
     refused = EngineError("garbage", unusable_output(text)) if text else EngineError("empty", "no text")
     return json.loads(to_failure(refused).body), how
 

@@ -65,7 +65,12 @@ def test_the_score_stage_reads_a_model_s_text_as_a_virtual_server_serves_it(virt
 
     from harness.fake_engines import StubEngine, chat_completion_reply
 
-    texts = ["", "I am sorry, I cannot simulate this API.", '{"error": "", "response": {"players": []}}']
+    texts = [
+        "",
+        "I am sorry, I cannot simulate this API.",
+        '{"error": "", "response": {"players": []}}',
+        '{"error": "", "response": "' + "Messi " * 500 + '"}',  # a string response past what a server serves whole
+    ]
     with StubEngine(model="simulator") as engine:
         url, _ = virtual_server(engine.url, "simulator")
         for number, text in enumerate(texts):
