@@ -180,7 +180,14 @@ class VirtualApi:
                 related_to = (doc.api, arguments)
             history = session.history(settings.session_history, settings.session_char_budget, related_to)
 
-        reply = await self.responder.respond(doc, arguments, key, history, answer.stages)
+        try:
+            reply = await self.responder.respond(doc, arguments, key, history, answer.stages)
+        except ArgumentError as exc:
+            # The argument policy's refusal is what the agent got: later calls of the session show it, as the
+            # training data's histories show every earlier call of an episode.
+            if session is not None and session_id and arguments is not None:
+                await self._advance_session(session_id, doc, key, to_failure(exc).body)
+            raise
         if (
             history is not None
             and arguments is not None
@@ -191,18 +198,23 @@ class VirtualApi:
         answer.rationale, answer.parsed, answer.second_try = reply.rationale, reply.parsed, reply.second_try
         answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
         if session is not None and session_id:
-            observation = json.loads(reply.observation)
-            line = keyed_history_line(
-                doc.tool,
-                doc.api,
-                key,
-                observation.get("error", ""),
-                observation.get("response", ""),
-                session_format(settings.prompt_format),
-            )
-            await self.cache.update_session(
-                session_id, settings.session_ttl, advance(settings.session_history, settings.session_char_budget, line)
-            )
+            await self._advance_session(session_id, doc, key, reply.observation)
+
+    async def _advance_session(self, session_id: str, doc: ApiDoc, key: str, observation_body: bytes) -> None:
+        """The session's history with this call and the observation its client got."""
+        settings = self.settings
+        observation = json.loads(observation_body)
+        line = keyed_history_line(
+            doc.tool,
+            doc.api,
+            key,
+            observation.get("error", ""),
+            observation.get("response", ""),
+            session_format(settings.prompt_format),
+        )
+        await self.cache.update_session(
+            session_id, settings.session_ttl, advance(settings.session_history, settings.session_char_budget, line)
+        )
 
     def _failure_without_cause(self, reply: Reply, doc: ApiDoc, arguments: dict, history: History) -> bool:
         """With `session_failure_rule: related`: the session's simulation answered a failure, and none of the earlier

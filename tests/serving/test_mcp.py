@@ -115,6 +115,7 @@ def test_uncached_call_is_simulated_in_the_mcp_session(serve, simulator_engine, 
         cache_path=str(cache_path),
         engine_timeout=120,
         mcp_toolset="tool=APIBank/apibank_account&tool=APIBank/apibank_finance",
+        session_history=8,  # the tiny model trained on calls alone: its record alone would turn sessions off
     ) as server:
 
         async def episode(client):

@@ -117,6 +117,7 @@ def test_session_answers_are_stored_under_the_history_and_replay_identically(
         model=simulator_engine.model,
         cache_path=str(cache_path),
         engine_timeout=120,
+        session_history=8,  # the tiny model trained on calls alone: its record alone would turn sessions off
     ) as server:
         header = {"X-Session-Id": "episode-1"}
         first = [server.client.post("/virtual", json=b, headers=header).json() for b in (login, balance)]
@@ -295,3 +296,24 @@ def test_health_reports_sessions(serve, samples, engine_down, cache_location):
         server.client.post("/virtual", json=body(*BALANCE[:3], {"token": "nope"}), headers={"X-Session-Id": "c"})
         # Sessions hold answered calls: "c" got an engine failure only.
         assert server.client.get("/health").json()["sessions"] == {"open": 2, "history": 8, "cache_entries": 0}
+
+
+def test_a_call_the_argument_policy_refuses_is_in_its_sessions_history(serve, samples, tmp_path):
+    """The training data's histories hold every earlier call of an episode, a failed login included (API-Bank's
+    generated episodes: 1,067 of the shipped split's session records show one); the agent got the server's refusal,
+    so the next call of the session is shown it. FixedReplyEngine stands in for the simulator: only the prompt it is
+    sent matters here."""
+    from harness.fake_engines import FixedReplyEngine
+
+    login_without_password = ("APIBank", "apibank_account", "GetUserToken", {"username": "JaneSmith"})
+    with (
+        FixedReplyEngine('{"error": "", "response": {"balance": 10}}') as engine,
+        serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine.url], missing_required="reject") as server,
+    ):
+        refused = server.client.post("/virtual", json=body(*login_without_password), headers={"X-Session-Id": "s"})
+        assert refused.json()["error"].startswith("Missing required parameter 'password'")
+        assert server.client.post("/virtual", json=body(*BALANCE), headers={"X-Session-Id": "s"}).status_code == 200
+    [asked] = [r for r in engine.requests if r["messages"][0]["role"] == "system"]  # not the start's reachability ping
+    prompt = "\n".join(m["content"] for m in asked["messages"])
+    assert "Earlier calls in this session" in prompt and "Missing required parameter 'password'" in prompt
+    assert '"username":"JaneSmith"' in prompt
