@@ -32,12 +32,16 @@ REPO = Path(__file__).resolve().parents[1]
 TARGET_STALL_MS = 100.0
 ENGINE_LATENCY = 0.05  # the stub engine's answer time
 SAMPLE_TOOLS = REPO / "data" / "samples" / "tools"
+# The modules that read the slice size are patched where they read it (each imported the name).
 ONE_TRANSACTION = """
 import sys
 import mirrorapi.serving.cache as cache_module
-cache_module.IMPORT_TRANSACTION_ROWS = 10 ** 9  # every row in one transaction, as before slices
+import mirrorapi.serving.cache.sqlite as sqlite_module
+import mirrorapi.serving.cache.store as store_module
+from mirrorapi.tools import ToolRegistry
+store_module.IMPORT_TRANSACTION_ROWS = sqlite_module.IMPORT_TRANSACTION_ROWS = 10 ** 9  # one transaction, as before
 cache = cache_module.ResponseCache(sys.argv[2])
-print(cache_module.import_pairs(cache, sys.argv[1], registry=cache_module.ToolRegistry.load([sys.argv[3]])))
+print(cache_module.import_pairs(cache, sys.argv[1], registry=ToolRegistry.load([sys.argv[3]])))
 cache.close()
 """
 

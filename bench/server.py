@@ -270,8 +270,8 @@ def run(args) -> dict:
         "runs": args.runs,
         "servers": servers,
     }
-    result["ratios"] = ratios(servers)
     result["per_run_ratios"] = [ratios(r) for r in runs]
+    result["ratios"] = median_of(result["per_run_ratios"])  # each run's ratio, then their median
     if "mirrorapi_postgres" in servers:
         result["postgres_over_sqlite"] = postgres_over_sqlite(servers)
     result["targets"] = TARGETS

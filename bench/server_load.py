@@ -157,14 +157,18 @@ def load_average() -> list[float]:
 
 
 def median_of(runs: list[dict]) -> dict:
-    """The median of every number over runs, keeping the nesting; other values from the first run."""
-    first = runs[0]
+    """The median of every number over runs, keeping the nesting; other values from the first run that has them.
+    A key some runs lack (a status only some runs got) counts 0 in those runs, a nested one is empty there.
+    A ratio of two figures is the median of the runs' own ratios (`median_of(per-run ratios)`), not a ratio of
+    two medians, which may come from different runs."""
+    keys = list(dict.fromkeys(key for run in runs for key in run))
     out = {}
-    for key, value in first.items():
+    for key in keys:
+        value = next(run[key] for run in runs if key in run)
         if isinstance(value, dict):
-            out[key] = median_of([r[key] for r in runs])
+            out[key] = median_of([r.get(key) or {} for r in runs])
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = round(statistics.median(r[key] for r in runs), 4)
+            out[key] = round(statistics.median(r.get(key, 0) for r in runs), 4)
         else:
             out[key] = value
     return out

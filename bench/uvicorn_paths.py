@@ -161,6 +161,16 @@ def main() -> None:
         v: {w: round(medians[v][w]["server_cpu_ms_per_request"], 4) for w in ("hits_64", "misses_64")}
         for v in variants
     }
+    per_run_cpu_over_ours = [
+        {
+            v: {
+                w: round(r[v][w]["server_cpu_ms_per_request"] / r["ours"][w]["server_cpu_ms_per_request"], 3)
+                for w in r[v]
+            }
+            for v in variants
+        }
+        for r in runs
+    ]
     print(
         json.dumps(
             {
@@ -171,19 +181,8 @@ def main() -> None:
                 "runs": args.runs,
                 "server_cpu_ms_per_request": cpu,
                 "rps": {v: {w: round(medians[v][w]["rps"], 1) for w in ("hits_64", "misses_64")} for v in variants},
-                "cpu_over_ours": {v: {w: round(cpu[v][w] / cpu["ours"][w], 3) for w in cpu[v]} for v in variants},
-                "per_run_cpu_over_ours": [
-                    {
-                        v: {
-                            w: round(
-                                r[v][w]["server_cpu_ms_per_request"] / r["ours"][w]["server_cpu_ms_per_request"], 3
-                            )
-                            for w in r[v]
-                        }
-                        for v in variants
-                    }
-                    for r in runs
-                ],
+                "cpu_over_ours": server_load.median_of(per_run_cpu_over_ours),  # the median of each run's ratio
+                "per_run_cpu_over_ours": per_run_cpu_over_ours,
                 "versions": package_versions(),
             }
         )

@@ -104,14 +104,21 @@ def main() -> None:
         engine.wait(10)
         shutil.rmtree(work, ignore_errors=True)
     servers = {f"workers_{n}": server_load.median_of(runs[n]) for n in args.workers}
-    first = servers[f"workers_{args.workers[0]}"]
-    scaling = {}
-    for name, figures in servers.items():
-        scaling[name] = {
-            f"{load}_{key}": round(figures[load][key] / first[load][key], 3)
-            for load in ("hits_64", "misses_64")
-            for key in ("rps", "server_cpu_ms_per_request")
-        }
+    # Each run's ratio to the first worker count's same run, then their median (not a ratio of two medians).
+    base = args.workers[0]
+    scaling = {
+        f"workers_{n}": server_load.median_of(
+            [
+                {
+                    f"{load}_{key}": round(run[load][key] / base_run[load][key], 3)
+                    for load in ("hits_64", "misses_64")
+                    for key in ("rps", "server_cpu_ms_per_request")
+                }
+                for run, base_run in zip(runs[n], runs[base], strict=True)
+            ]
+        )
+        for n in args.workers
+    }
     print(
         json.dumps(
             {
