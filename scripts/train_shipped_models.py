@@ -224,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate-seconds", type=float, default=90.0)
     parser.add_argument("--answers", type=int, help="At most this many of the sample (its first ones).")
     parser.add_argument(
-        "--max-new-tokens", type=int, default=320, help="The server's max_tokens is 1024 (serving/config.py)."
+        "--max-new-tokens",
+        type=int,
+        default=320,
+        help="Tokens per answer. A server's max_tokens: 1024 by default, or what a model's record names (the shipped "
+        "simulator's: 576).",
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(

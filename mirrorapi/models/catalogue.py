@@ -187,7 +187,7 @@ def read_training_record(model_dir: str | os.PathLike) -> dict | None:
 
 
 # A training record's data options -> the virtual server's settings that show the model what it was trained on.
-_SETTINGS_OF_DATA_OPTIONS = {
+SETTINGS_OF_DATA_OPTIONS = {
     "few_shot": "few_shot",
     "few_shot_char_budget": "few_shot_char_budget",
     "few_shot_response_chars": "few_shot_response_chars",
@@ -212,7 +212,7 @@ def serving_settings(record: dict) -> dict:
     settings.update(
         {
             setting: options[option]
-            for option, setting in _SETTINGS_OF_DATA_OPTIONS.items()
+            for option, setting in SETTINGS_OF_DATA_OPTIONS.items()
             if options.get(option) is not None
         }
     )

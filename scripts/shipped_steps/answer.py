@@ -231,10 +231,36 @@ def sampled_records(args, work: Path) -> list[dict]:
     return records
 
 
+def check_asked_as_served(engine_model: str, data: Path) -> None:
+    """A served model's record names the prompts a server shows it (`serving_settings`: its examples' tie rule and
+    sizes, its session history); the held-out records of `data` must have been built so, or their answers are
+    not the server's. A name that is no model folder with a record is not checked."""
+    from mirrorapi.models.catalogue import SETTINGS_OF_DATA_OPTIONS, read_training_record, serving_settings
+
+    record = read_training_record(engine_model) if Path(engine_model).is_dir() else None
+    if record is None:
+        return
+    served = serving_settings(record)
+    options = json.loads((data / "stats.json").read_text(encoding="utf-8")).get("options") or {}
+    differ = [
+        f"{setting} {served[setting]!r} (the data: {options.get(option)!r})"
+        for option, setting in SETTINGS_OF_DATA_OPTIONS.items()
+        if setting in served and options.get(option) != served[setting]
+    ]
+    if differ:
+        raise SystemExit(
+            f"{engine_model} is served with {', '.join(differ)}: build the data stage with the matching flags "
+            f"(--few-shot-ties, --few-shot-char-budget, --few-shot-response-chars, --history...), so that the "
+            "held-out prompts are the server's"
+        )
+
+
 def answer_stage(args, work: Path) -> dict:
     """An adapter's greedy answers to the held-out sample, as the train stage writes them, without training: to
     compare adapters on the same records with the same generation settings."""
     started = time.perf_counter()
+    if args.engine:  # before anything is asked
+        check_asked_as_served(args.engine_model, work / "data" / "simulator")
     records = sampled_records(args, work)
     if args.engine:
         device = f"engine {args.engine}"

@@ -194,6 +194,23 @@ def test_the_answer_stage_asks_a_served_simulator_as_the_server_asks_it(shipped_
     assert all(isinstance(r["generated"], str) and r["cut"] for r in answered)
 
 
+def test_the_answer_stage_refuses_data_built_otherwise_than_its_model_is_served(shipped_run, tmp_path, run_stage):
+    # A model whose record says its server shows examples by the median rule, asked with prompts of data built by
+    # the shortest (the data stage's default): its answers would not be the server's. Refused before any call.
+    options = json.loads((shipped_run / "data" / "simulator" / "stats.json").read_text())["options"]
+    served = tmp_path / "served-model"
+    served.mkdir()
+    record = {"kind": "simulator", "server_settings": {"few_shot_ties": "median", "few_shot": options["few_shot"]}}
+    (served / "mirrorapi_training.json").write_text(json.dumps(record))
+    assert options["few_shot_ties"] == "shortest"
+    with pytest.raises(SystemExit, match=r"few_shot_ties 'median' \(the data: 'shortest'\)"):
+        run_stage(
+            "--stage", "answer", "--work", str(shipped_run), "--engine", "http://127.0.0.1:9/v1",
+            "--engine-model", str(served), "--answers", "1", "--out", str(tmp_path / "out"),
+        )  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
 def test_history_twins_ask_each_session_call_again_without_its_history(shipped_run, tiny_engine, tmp_path, run_stage):
     # --history-twins: after the sample's records (answered as without it), each of its session calls once more as
     # its split's stateless record of the same call, scored against the session record's real answer. The whole
