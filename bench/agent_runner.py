@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def main() -> None:
         agent.terminate()
         simulator.terminate()
         simulator.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
     steps = stats["requests"]
     result = {
         "queries": args.queries,

@@ -15,6 +15,7 @@ Target (issue 11): 100% of misses succeed, each within attempt timeout + engine 
 import argparse
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,6 +113,7 @@ def main() -> None:
             process.wait(30)
         log.close()
         hung.close()
+        shutil.rmtree(work, ignore_errors=True)
     latencies = sorted(r[0] for r in results)
     succeeded = [r for r in results if r[1] == 200 and not r[2]]
     bound = args.attempt_timeout + ENGINE_LATENCY
