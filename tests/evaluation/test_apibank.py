@@ -268,11 +268,10 @@ def test_a_replayed_model_scores_what_api_bank_defines(tmp_path):
     assert "- level 1: 12 of 214 dialogues" in bench  # built from the run's report.json, as its report.md
 
 
-def test_a_run_resumes_from_its_samples_file(tmp_path):
-    """Rows are appended to <out>/samples.jsonl as they come; a rerun asks the model only for the missing ones,
-    and a failed model call is reported and asked again."""
+def _level_one(dialogues: int) -> tuple[list, dict[str, str]]:
+    """The samples of the first level-1 dialogues, and the recorded model's replies: each sample's truth."""
     descriptions = apibank.load_descriptions(DATA)
-    samples = [s for d in apibank.load_dialogues(DATA, 1)[:2] for s in apibank.samples_of(d, 1)]
+    samples = [s for d in apibank.load_dialogues(DATA, 1)[:dialogues] for s in apibank.samples_of(d, 1)]
     replies = {
         json.dumps(apibank.build_messages(s, descriptions), sort_keys=True): as_written(
             s.truth["api_name"], s.truth["param_dict"]
@@ -281,20 +280,31 @@ def test_a_run_resumes_from_its_samples_file(tmp_path):
         else s.truth["text"]
         for s in samples
     }
+    return samples, replies
+
+
+def _resumable_settings(server: str, out, limit: int):
+    return apibank.Settings(
+        data=DATA,
+        tools_folder=TOOLS,
+        server=server,
+        base_urls=["http://127.0.0.1:9/v1"],
+        model="replay",
+        levels=(1,),
+        limit=limit,
+        timeout=60.0,
+        out=out,
+        progress=False,
+    )
+
+
+def test_a_run_resumes_from_its_samples_file(tmp_path):
+    """Rows are appended to <out>/samples.jsonl as they come; a rerun asks the model only for the missing ones,
+    and a failed model call is reported and asked again."""
+    samples, replies = _level_one(2)
     out = tmp_path / "run"
     with replay_server(tmp_path) as server:
-        settings = apibank.Settings(
-            data=DATA,
-            tools_folder=TOOLS,
-            server=server,
-            base_urls=["http://127.0.0.1:9/v1"],
-            model="replay",
-            levels=(1,),
-            limit=2,
-            timeout=60.0,
-            out=out,
-            progress=False,
-        )
+        settings = _resumable_settings(server, out, limit=2)
         failed = apibank.evaluate(settings)  # no engine there: every model call fails
         assert len(failed) == len(samples) and all("engine_error" in r for r in failed)
         assert apibank.summarize(failed)[1]["engine_errors"] == len(samples)
@@ -328,30 +338,10 @@ def test_a_run_resumes_from_its_samples_file(tmp_path):
 def test_a_row_written_for_another_sample_under_the_same_number_is_asked_again(tmp_path):
     """A samples file of an earlier run whose rules numbered the samples otherwise (a33dde6 renumbered three
     dialogues): a row is reused only for the sample it was asked for, never scored against another's truth."""
-    descriptions = apibank.load_descriptions(DATA)
-    samples = [s for d in apibank.load_dialogues(DATA, 1)[:1] for s in apibank.samples_of(d, 1)]
-    replies = {
-        json.dumps(apibank.build_messages(s, descriptions), sort_keys=True): as_written(
-            s.truth["api_name"], s.truth["param_dict"]
-        )
-        if s.kind == "call"
-        else s.truth["text"]
-        for s in samples
-    }
+    samples, replies = _level_one(1)
     out = tmp_path / "run"
     with replay_server(tmp_path) as server:
-        settings = apibank.Settings(
-            data=DATA,
-            tools_folder=TOOLS,
-            server=server,
-            base_urls=["http://127.0.0.1:9/v1"],
-            model="replay",
-            levels=(1,),
-            limit=1,
-            timeout=60.0,
-            out=out,
-            progress=False,
-        )
+        settings = _resumable_settings(server, out, limit=1)
         with replayed_model(replies) as engine:
             settings.base_urls = [engine]
             apibank.evaluate(settings)
