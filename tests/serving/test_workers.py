@@ -49,7 +49,9 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
     log_file, server_log = tmp_path / "requests.jsonl", tmp_path / "server.log"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with StubEngine(delay=0.2) as engine, open(server_log, "wb") as out:
+    # The engine lists the model: otherwise each worker's start-up check asks it for a one-token completion, which
+    # the in-flight limit does not hold back, and a worker still starting while the misses come counts one more.
+    with StubEngine(delay=0.2, model="stub") as engine, open(server_log, "wb") as out:
         process = subprocess.Popen(
             [
                 sys.executable,
