@@ -84,6 +84,13 @@ def cache_import(args: argparse.Namespace) -> int:
             f"skipped"
             + (f", {report['unresolved_apis']:,} APIs not in the tools" if registry else "")
             + (
+                f", {sum(transport.values()):,} transport failures skipped ("
+                + ", ".join(f"{kind} {count:,}" for kind, count in sorted(transport.items()))
+                + ")"
+                if (transport := report.get("skipped_transport_failures"))
+                else ""
+            )
+            + (
                 f", {report['argument_orders_merged']:,} keys of a call already read, in another argument order, "
                 "merged into it"
                 if report.get("argument_orders_merged")

@@ -2,7 +2,9 @@
 
 import json
 
+from harness.fake_engines import STUB_OBSERVATION, StubEngine
 from mirrorapi.cli import main
+from mirrorapi.transport_failures import transport_failure
 
 
 def test_import_stats(stb_cache, sample_tools, samples, cache_location, capsys):
@@ -15,7 +17,8 @@ def test_import_stats(stb_cache, sample_tools, samples, cache_location, capsys):
     assert "imported before and unchanged, nothing done" in capsys.readouterr().out
 
     assert main(["cache", "import", str(samples / "pairs.jsonl"), "--cache", db, "--tools", str(sample_tools)]) == 0
-    assert "451 entries read" in capsys.readouterr().out
+    printed = capsys.readouterr().out  # the sample's 451 pairs: 19 of ToolBench's record an outage (the test below)
+    assert "432 entries read" in printed and "19 transport failures skipped" in printed
     assert main(["cache", "stats", "--cache", db, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["by_provenance"]["imported:tool_response_cache"] == report["stored"]
@@ -26,8 +29,12 @@ def test_import_stats(stb_cache, sample_tools, samples, cache_location, capsys):
 def test_export_writes_every_real_call(sample_tools, samples, cache_location, tmp_path, capsys):
     """Real pairs imported into an empty cache come back out as a StableToolBench cache folder: one file per
     API, one key per distinct call (`str(arguments)`, as its server writes them), each with the real answer.
-    The expected counts are computed here from the pairs file itself."""
-    pairs = [json.loads(line) for line in (samples / "pairs.jsonl").read_text(encoding="utf-8").splitlines()]
+    The expected counts are computed here from the pairs file itself, less the outages an import leaves out (the
+    test below)."""
+    lines = (samples / "pairs.jsonl").read_text(encoding="utf-8").splitlines()
+    pairs = [
+        p for p in map(json.loads, lines) if not transport_failure(p["response"]["error"], p["response"]["response"])
+    ]
     calls = {
         (p["category"], p["tool_name"], p["api_name"], json.dumps(p["tool_input"], sort_keys=True)): p for p in pairs
     }
@@ -82,3 +89,49 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["cache", "export", str(tmp_path / "a-file"), "--cache", str(tmp_path / "c.sqlite")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write export folder" in err
+
+
+def test_recorded_outages_are_not_imported_and_the_call_is_simulated(
+    serve, agent, samples, sample_tools, tmp_path, capsys
+):
+    """Real pairs as recorded: a call the API refused for want of a key (RapidAPI's 401 body), one whose executor
+    never reached the API (requests' "Exceeded 30 redirects"), an error the API itself answered, and a success.
+    The two outages are not stored, so the server simulates those calls (StableToolBench's server caches no such
+    real answer either); the API's own error and the success are answered as recorded, without the engine."""
+    pairs = [json.loads(line) for line in (samples / "pairs.jsonl").read_text(encoding="utf-8").splitlines()]
+
+    def recorded(api: str, **arguments) -> dict:
+        return next(
+            p for p in pairs if p["api_name"] == api and all(p["tool_input"].get(k) == v for k, v in arguments.items())
+        )
+
+    outages = [recorded("latest_news"), recorded("get_track_info", track_number="RB413450335SG")]
+    assert outages[0]["response"]["response"] == '{"status":"401","msg":"Authentication required"}'
+    assert outages[1]["response"]["error"].endswith("Exceeded 30 redirects.")
+    api_error = recorded("ModifyScene", name="Zorblax")
+    assert api_error["response"] == {"error": "The scene does not exist.", "response": ""}
+    success = next(
+        p
+        for p in pairs
+        if p["source"] == "toolbench-example"
+        and p["api_name"] == "search"
+        and p is not outages[0]
+        and '"status":"401"' not in p["response"]["response"]
+        and not p["response"]["error"]
+    )
+    chosen = tmp_path / "pairs.jsonl"
+    chosen.write_text("".join(json.dumps(p) + "\n" for p in [*outages, api_error, success]), encoding="utf-8")
+
+    db = str(tmp_path / "cache.sqlite")
+    assert main(["cache", "import", str(chosen), "--cache", db, "--tools", str(sample_tools)]) == 0
+    assert "2 entries read, 2 stored, 0 unreadable" in (printed := capsys.readouterr().out)
+    assert "2 transport failures skipped (auth 1, unavailable 1)" in printed
+
+    def body(pair: dict) -> dict:
+        return agent(pair["category"], pair["tool_name"], pair["api_name"], pair["tool_input"])
+
+    with StubEngine(model="stub") as engine, serve(api_base=[engine.url], model="stub", cache_path=db) as server:
+        answers = [server.virtual(body(pair)).json() for pair in [*outages, api_error, success]]
+    assert answers[:2] == [STUB_OBSERVATION, STUB_OBSERVATION] and engine.requests == 2
+    assert answers[2] == api_error["response"]
+    assert answers[3]["error"] == "" and answers[3]["response"] == success["response"]["response"]

@@ -22,6 +22,7 @@ from mirrorapi.records import SourceError, canonical_json, read_pairs_jsonl, rea
 from mirrorapi.serving.cache.entries import IMPORTED, REAL, RECORDED, CacheError
 from mirrorapi.serving.cache.store import Store
 from mirrorapi.tools import ToolRegistry, UnknownName
+from mirrorapi.transport_failures import transport_failure
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,14 @@ def _fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def _store(cache: Store, pairs: Iterable[dict], registry, provenance: str, report: dict) -> None:
+def _store(
+    cache: Store, pairs: Iterable[dict], registry, provenance: str, report: dict, recorded: bool = False
+) -> None:
+    """`recorded`: the pairs were recorded from real APIs, so a transport failure among them (a rate limit, a
+    timeout, a key the API refused on the day) is not stored: served from the cache it would answer that call with
+    the outage forever, and shown as an example it would teach one. The data builder drops them too
+    (`mirrorapi.simulator_pairs`), as StableToolBench's server never caches such a real answer (its
+    `check_result`): the call is simulated instead."""
     rows, resolved = [], {}
     for pair in pairs:
         names = (pair["category"], pair["tool_name"], pair["api_name"])
@@ -66,6 +74,11 @@ def _store(cache: Store, pairs: Iterable[dict], registry, provenance: str, repor
         response = pair["response"]
         if response["error"] in _PLACEHOLDERS:
             report["skipped_placeholders"] += 1
+            continue
+        failure = transport_failure(response["error"], response["response"]) if recorded else None
+        if failure:
+            skipped = report["skipped_transport_failures"]
+            skipped[failure] = skipped.get(failure, 0) + 1
             continue
         rows.append((*resolved[names][0], pair["tool_input"], response["error"], response["response"]))
     report["entries"] += len(rows)
@@ -134,7 +147,8 @@ def import_stabletoolbench_cache(
 
 
 def import_pairs(cache: Store, path: str | os.PathLike, registry: ToolRegistry | None = None) -> dict:
-    """Load real pairs (our JSONL schema) with provenance `real`; the first pair of a key wins."""
+    """Load real pairs (our JSONL schema) with provenance `real`; the first pair of a key wins. Transport failures
+    are left out (`_store`), counted by kind in the report's `skipped_transport_failures`."""
     report: dict[str, Any] = {
         "origin": str(path),
         "skipped": False,
@@ -142,10 +156,12 @@ def import_pairs(cache: Store, path: str | os.PathLike, registry: ToolRegistry |
         "stored": 0,
         "unresolved_apis": 0,
         "skipped_placeholders": 0,
+        "skipped_transport_failures": {},
         "unreadable": [],
     }
     try:
-        _store(cache, read_pairs_jsonl(path, on_bad=report["unreadable"].append), registry, REAL, report)
+        pairs = read_pairs_jsonl(path, on_bad=report["unreadable"].append)
+        _store(cache, pairs, registry, REAL, report, recorded=True)
     except SourceError as exc:
         raise CacheError(str(exc)) from None
     return report
