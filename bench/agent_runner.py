@@ -30,6 +30,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from server_load import load_average  # noqa: E402
+
 from harness.fake_engines import stub_engine_process  # noqa: E402
 from harness.processes import free_port, stop, wait_until_ready  # noqa: E402
 from mirrorapi.evaluation.agent.run import run_agent_async  # noqa: E402
@@ -88,6 +90,7 @@ def main() -> None:
             model="recorded-agent",
             concurrency=args.concurrency,
         )
+        load_before = load_average()
         cpu, wall = time.process_time(), time.monotonic()
         run = asyncio.run(run_agent_async(work / "G1_instruction.json", settings, work / "out", progress=False))
         cpu, wall = time.process_time() - cpu, time.monotonic() - wall
@@ -102,6 +105,8 @@ def main() -> None:
     result = {
         "queries": args.queries,
         "concurrency": args.concurrency,
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
         "answered": run.done,
         "failed": len(run.failures),
         "agent_steps": steps,

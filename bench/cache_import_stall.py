@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from server_load import load_average
+
 REPO = Path(__file__).resolve().parents[1]
 TARGET_STALL_MS = 100.0
 ENGINE_LATENCY = 0.05  # the stub engine's answer time
@@ -230,6 +232,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-stall-"))
     engine_port = free_port()
     engine = stub_engine_process(engine_port, ENGINE_LATENCY)
+    load_before = load_average()
     try:
         sliced = one_import(
             args,
@@ -265,6 +268,8 @@ def main() -> None:
             {
                 "rate_rps": args.rate,
                 "import_pairs": args.pairs,
+                "load_average_before": load_before,
+                "load_average_after": load_average(),
                 "target_max_stall_ms": TARGET_STALL_MS,
                 "mirrorapi_cache_import": sliced,
                 "one_transaction_import_for_comparison": one_transaction,

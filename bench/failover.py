@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from server_load import load_average
+
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_LATENCY = 0.05  # the healthy replica's (a StubEngine's) answer time
 
@@ -106,6 +108,7 @@ def main() -> None:
     processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
     try:
         wait_until_ready(f"http://127.0.0.1:{port}/live", 60, process=processes[-1], log_path=work / "server.log")
+        load_before = load_average()
         results = asyncio.run(load(f"http://127.0.0.1:{port}", args.clients, args.seconds))
     finally:
         for process in reversed(processes):
@@ -127,6 +130,8 @@ def main() -> None:
         json.dumps(
             {
                 "versions": package_versions(),
+                "load_average_before": load_before,
+                "load_average_after": load_average(),
                 "misses": len(results),
                 "succeeded": len(succeeded),
                 "success_rate": round(len(succeeded) / len(results), 4),

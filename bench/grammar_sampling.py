@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # bench/engines.py, however this script is started
 
 from engines import sample_calls  # noqa: E402
+from server_load import load_average  # noqa: E402
 
 from harness.processes import llama_cpp_available, llama_cpp_serve  # noqa: E402
 from mirrorapi.models.shipped import get_shipped_model  # noqa: E402
@@ -108,6 +109,7 @@ def main() -> int:
         llama_cpp_serve(gguf, "checked", extra_args=WAYS["checked_first"]) as checked,
         llama_cpp_serve(gguf, "whole", extra_args=WAYS["whole_vocabulary"]) as whole,
     ):
+        load_before = load_average()
         result = asyncio.run(
             side_by_side({"checked_first": checked, "whole_vocabulary": whole}, work, args.max_tokens)
         )
@@ -117,6 +119,8 @@ def main() -> int:
         prompt_format=prompt_format,
         prompts=len(work),
         max_tokens=args.max_tokens,
+        load_average_before=load_before,
+        load_average_after=load_average(),
         versions=package_versions(),
     )
     text = json.dumps(result, indent=1)

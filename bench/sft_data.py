@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from server_load import load_average
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 TARGET_SECONDS = 60
@@ -81,6 +83,7 @@ def main() -> None:
         sys.exit(f"bench/sft_data.py: needs {args.tools} and {SHARED / 'pairs'} (the shared data package)")
     with tempfile.TemporaryDirectory(prefix="bench-sft-") as tmp:
         workload = make_workload(args.tools, SHARED / "pairs", args.pairs, Path(tmp) / "pairs.jsonl")
+        load_before = load_average()
         seconds, summary = [], {}
         for run in range(args.runs):
             start = time.perf_counter()
@@ -110,6 +113,8 @@ def main() -> None:
             {
                 "benchmark": "sft_data",
                 "workload": workload,
+                "load_average_before": load_before,
+                "load_average_after": load_average(),
                 "runs_seconds": [round(s, 1) for s in seconds],
                 "median_seconds": round(median, 1),
                 "pairs_per_second": round(workload["pairs"] / median),

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 import yaml
+from server_load import load_average
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -218,6 +219,7 @@ def main() -> None:
     ]
     sampler = GpuSampler() if gpu else None
     log_times, tail = [], []
+    load_before = load_average()
     started = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # log lines arrive as they are printed: their times bound gpu_busy
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
@@ -287,6 +289,8 @@ def main() -> None:
                 "build_seconds": round(build_seconds, 1),
                 "train_seconds": info["metrics"]["train_seconds"],
                 "wall_seconds": round(wall, 1),
+                "load_average_before": load_before,
+                "load_average_after": load_average(),
                 "kept": args.keep,
                 "versions": info["versions"],  # what the recipe recorded in the model card: the software that trained
             }

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from server_load import load_average
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -59,6 +61,7 @@ def main() -> None:
                 str(REPO / "training/accelerate/cpu.yaml"),
             ]
         )
+        load_before = load_average()
         runs = []
         for run in range(args.runs):
             out = tmp / f"out{run}"
@@ -108,6 +111,8 @@ def main() -> None:
                 "recipe": "training/configs/tiny_cpu.yaml",
                 "launcher": args.launcher,
                 "steps": args.steps,
+                "load_average_before": load_before,
+                "load_average_after": load_average(),
                 "runs": runs,
                 "median_tokens_per_second": round(statistics.median(r["tokens_per_second"] for r in runs)),
                 "median_seconds_per_step": round(statistics.median(r["train_seconds"] for r in runs) / args.steps, 3),
