@@ -5,7 +5,7 @@ points from one draw of its rows to the next; the interval says by how much."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
@@ -23,11 +23,19 @@ def resamples(n: int) -> np.ndarray:
     return np.random.default_rng(BOOTSTRAP_SEED).choice(n, size=(BOOTSTRAP_RESAMPLES, n))
 
 
-def resample_weights(n: int) -> np.ndarray:
+def resample_weights(n: int, groups: Sequence[Hashable] | None = None) -> np.ndarray:
     """`resamples(n)` as a (BOOTSTRAP_RESAMPLES, n) matrix of how often each row is drawn: a sum over each resample
-    is then one matrix product (`weights @ values`), without the (resamples, n, columns) array indexing makes."""
+    is then one matrix product (`weights @ values`), without the (resamples, n, columns) array indexing makes.
+
+    `groups` (each row's group, e.g. a call's episode): whole groups are drawn instead, as many as there are, and
+    each row weighs as often as its group was drawn (a cluster bootstrap). The calls of one episode share its state
+    and the agent's choices, so they are no independent draws: resampled one by one they give intervals too narrow
+    wherever an episode holds several calls. One row per group draws exactly what `resamples(n)` draws."""
     import numpy as np
 
+    if groups is not None:
+        number = {group: i for i, group in enumerate(dict.fromkeys(groups))}
+        return resample_weights(len(number))[:, [number[group] for group in groups]]
     weights = np.zeros((BOOTSTRAP_RESAMPLES, n))
     np.add.at(weights, (np.arange(BOOTSTRAP_RESAMPLES)[:, None], resamples(n)), 1.0)
     return weights

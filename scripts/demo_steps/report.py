@@ -432,7 +432,8 @@ def _fidelity_lines(report: dict) -> list[str]:
     if gap := _against_example(report):
         lines += [
             "",
-            "Simulator minus nearest example, with a 95% bootstrap interval (the calls resampled, a fixed seed; an "
+            "Simulator minus nearest example, with a 95% bootstrap interval (the episodes resampled, each with its "
+            "calls, a fixed seed; an "
             f"interval that holds 0 is no evidence either way): {gap}.",
         ]
     parsing = report.get("parsing") or {}

@@ -16,6 +16,7 @@ from mirrorapi.evaluation.fidelity.metrics import (
     api_id,
     compare,
     conforms,
+    difference_text,
     is_error,
     paired_difference,
     payload_text,
@@ -63,11 +64,12 @@ def _write(path, pairs):
 
 
 def _one_api(responses: list[dict], source: str = "api-bank", category: str = "APIBank") -> list[dict]:
-    """Pairs of one API, a call per real answer, in step order."""
+    """Pairs of one API, a call per real answer, in step order, each call an episode of its own (the intervals
+    resample episodes)."""
     return [
         {
             "source": source,
-            "episode": "e",
+            "episode": f"e{i}",
             "step": i,
             "category": category,
             "tool_name": "t",
@@ -191,6 +193,44 @@ def test_the_simulator_against_the_example_comes_with_a_bootstrap_interval():
     rows = compare(pairs, simulated, baseline=lambda pair: simulated[pair["step"]])
     same = paired_difference(rows, rows)
     assert same["bleu4"] == same["rouge_l"] == {"difference": 0.0, "ci95": [0.0, 0.0]}
+
+
+def test_the_intervals_resample_episodes_whole():
+    """A cluster bootstrap (Davison & Hinkley 1997, §3.8): where an episode's calls are alike, its calls are one
+    draw, not several. Six episodes of four identical calls each (the simulator right on three of them) must give
+    exactly the intervals of the six episodes as one call each, which calls resampled one by one would narrow
+    (24 draws for 6); calls all of one episode give no interval."""
+    real = [
+        {"error": "The token is invalid." if i % 3 == 0 else "", "response": f"answer {i} of the API"}
+        for i in range(6)
+    ]
+    wrong = [{"error": "", "response": "something else entirely"} for _ in range(6)]
+    simulated = [real[i] if i % 2 else wrong[i] for i in range(6)]
+    simulated[4] = {"error": "made up", "response": ""}  # errors: 0 and 3 real, 3 and 4 answered
+    alone = compare(_one_api(real), simulated, baseline=lambda pair: wrong[pair["step"]])
+    copies = _one_api([r for r in real for _ in range(4)])
+    for pair in copies:
+        pair["episode"] = f"e{pair['step'] // 4}"
+    episodes = compare(
+        copies, [s for s in simulated for _ in range(4)], baseline=lambda pair: wrong[pair["step"] // 4]
+    )
+    gap_alone, gap_episodes = paired_difference(alone, alone), paired_difference(episodes, episodes)
+    for metric in ("rouge_l", "bleu4"):
+        assert gap_episodes[metric] == gap_alone[metric]
+        low, high = gap_alone[metric]["ci95"]
+        assert low < gap_alone[metric]["difference"] < high
+    found_alone, found_episodes = slice_metrics(alone, "simulated"), slice_metrics(episodes, "simulated")
+    for key in ("error_precision_ci95", "error_recall_ci95"):
+        assert found_episodes[key] == found_alone[key] and found_alone[key][0] < found_alone[key][1]
+    assert (gap_episodes["resampled"], gap_alone["resampled"]) == ("6 episodes", "6 episodes")
+
+    for pair in copies:
+        pair["episode"] = "one"
+    one = compare(copies, [s for s in simulated for _ in range(4)], baseline=lambda pair: wrong[pair["step"] // 4])
+    gap, found = paired_difference(one, one), slice_metrics(one, "simulated")
+    assert gap["rouge_l"]["ci95"] is gap["bleu4"]["ci95"] is None
+    assert found["error_precision_ci95"] is found["error_recall_ci95"] is None
+    assert difference_text(gap).startswith(f"ROUGE-L {gap['rouge_l']['difference']:+.1f} [no interval: one episode]")
 
 
 def test_a_call_answered_from_the_cache_is_told_apart_by_the_server_s_own_outcome():

@@ -138,7 +138,7 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
         "error_precision_n": errors["both"] + errors[f"{side}_only"],
         "error_recall": pct(errors["both"], errors["both"] + errors["real_only"]),
         "error_recall_n": errors["both"] + errors["real_only"],
-        **_error_intervals([r["real_error"] for r in rows], [r[f"{side}_error"] for r in rows]),
+        **_error_intervals([r["real_error"] for r in rows], [r[f"{side}_error"] for r in rows], episodes(rows)),
         "schema_conformance": pct(sum(r[f"schema_{side}"] for r in schema_rows), len(schema_rows)),
         "schema_conformance_real": pct(sum(r["schema_real"] for r in schema_rows), len(schema_rows)),
         "schema_n": len(schema_rows),
@@ -146,12 +146,27 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
     }
 
 
-def _error_intervals(real: list[bool], answered: list[bool]) -> dict:
-    """Error precision's and recall's 95% bootstrap intervals over the calls' resamples (vectorised: a slice may
-    hold thousands of calls); None where no resample has a call to count."""
+def episodes(rows: list[dict]) -> list[tuple] | None:
+    """Each row's episode, (source, episode): what the intervals resample (`bootstrap.resample_weights`); None
+    (the calls resampled one by one) for rows that do not say."""
+    if not all("episode" in r for r in rows):
+        return None
+    return [(r.get("source"), r["episode"]) for r in rows]
+
+
+def _one_episode(groups: list[tuple] | None) -> bool:
+    """Calls of a single episode: every resample of its episodes is the episode itself, so there is no interval."""
+    return groups is not None and len(set(groups)) < 2
+
+
+def _error_intervals(real: list[bool], answered: list[bool], groups: list[tuple] | None) -> dict:
+    """Error precision's and recall's 95% bootstrap intervals over resamples of the calls' episodes (vectorised: a
+    slice may hold thousands of calls); None where no resample has a call to count."""
     import numpy as np
 
-    weights = resample_weights(len(real))
+    if _one_episode(groups):
+        return {"error_precision_ci95": None, "error_recall_ci95": None}
+    weights = resample_weights(len(real), groups)
     real_errors, answered_errors = np.array(real, dtype=float), np.array(answered, dtype=float)
     both = weights @ (real_errors * answered_errors)
     answered_n, real_n = weights @ answered_errors, weights @ real_errors
@@ -213,9 +228,9 @@ def paired_difference(
     """One side of compared rows against another, `first` and `second` holding the same calls in the same order:
     the simulator against the nearest example is `paired_difference(rows, rows)`, a session pass against the
     call-by-call one `paired_difference(with_rows, without_rows, "simulated", "simulated")`. Each metric's
-    difference (first minus second, in points) and its 95% percentile bootstrap interval over the calls'
-    resamples (`mirrorapi.evaluation.bootstrap`). An interval that holds 0 is no evidence either way. A call
-    without an example counts as the example's miss, as in `slice_metrics`.
+    difference (first minus second, in points) and its 95% percentile bootstrap interval over resamples of the
+    calls' episodes (`mirrorapi.evaluation.bootstrap`, `episodes`). An interval that holds 0 is no evidence either
+    way. A call without an example counts as the example's miss, as in `slice_metrics`.
 
     Written here, not taken from sacrebleu's paired tests: those give a p-value of 1/(resamples + 1) to two equal
     systems, and no interval of the difference. BLEU-4 is recomputed per resample from the calls' n-gram counts
@@ -236,31 +251,45 @@ def paired_difference(
 
     if [r["real_text"] for r in first] != [r["real_text"] for r in second]:
         raise ValueError("paired_difference: the two lists of rows are not the same calls in the same order")
-    weights = resample_weights(len(first))
+    groups = episodes(first)
+    weights = resample_weights(len(first), groups)
     first_counts, second_counts = counts(first, first_side), counts(second, second_side)
     bleu_gaps = [
         corpus_bleu(a) - corpus_bleu(b) for a, b in zip(weights @ first_counts, weights @ second_counts, strict=True)
     ]
     first_f1 = np.array([r[f"{first_side}_rouge_l"] for r in first])
     second_f1 = np.array([r[f"{second_side}_rouge_l"] for r in second])
-    rouge_gaps = 100.0 * (weights @ (first_f1 - second_f1)) / len(first)
+    rouge_gaps = 100.0 * (weights @ (first_f1 - second_f1)) / weights.sum(axis=1)  # a resample's calls vary in number
+    no_interval = _one_episode(groups)
     return {
         "resamples": BOOTSTRAP_RESAMPLES,
+        # what was resampled: "calls", or "N episodes" (with few, an interval is rough however it is drawn)
+        "resampled": "calls" if groups is None else f"{len(set(groups))} episodes",
         "bleu4": {
             "difference": round(corpus_bleu(first_counts.sum(axis=0)) - corpus_bleu(second_counts.sum(axis=0)), 2),
-            "ci95": percentile_interval(bleu_gaps),
+            "ci95": None if no_interval else percentile_interval(bleu_gaps),
         },
         "rouge_l": {
             "difference": round(100.0 * (first_f1.mean() - second_f1.mean()), 2),
-            "ci95": percentile_interval(rouge_gaps),
+            "ci95": None if no_interval else percentile_interval(rouge_gaps),
         },
     }
 
 
+def resampled_text(found: dict) -> str:
+    """How a `paired_difference` drew its interval, as the reports say it: `1,000 resamples of the 5 episodes`."""
+    return f"{found['resamples']:,} resamples of the {found.get('resampled', 'calls')}"
+
+
 def difference_text(found: dict) -> str:
-    """A `paired_difference` as the reports write it: `ROUGE-L +1.8 [-0.8, +4.8], BLEU-4 -2.5 [-7.2, +1.2]`."""
+    """A `paired_difference` as the reports write it: `ROUGE-L +1.8 [-0.8, +4.8], BLEU-4 -2.5 [-7.2, +1.2]`
+    (`[no interval: one episode]` where the calls are one episode's)."""
+
+    def interval(bounds: list[float] | None) -> str:
+        return "[no interval: one episode]" if bounds is None else f"[{bounds[0]:+.1f}, {bounds[1]:+.1f}]"
+
     return ", ".join(
-        f"{title} {found[key]['difference']:+.1f} [{found[key]['ci95'][0]:+.1f}, {found[key]['ci95'][1]:+.1f}]"
+        f"{title} {found[key]['difference']:+.1f} {interval(found[key]['ci95'])}"
         for key, title in (("rouge_l", "ROUGE-L"), ("bleu4", "BLEU-4"))
     )
 

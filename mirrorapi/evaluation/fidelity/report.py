@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from mirrorapi.evaluation.bootstrap import BOOTSTRAP_RESAMPLES
-from mirrorapi.evaluation.fidelity.metrics import difference_text
+from mirrorapi.evaluation.fidelity.metrics import difference_text, resampled_text
 from mirrorapi.versions import package_versions
 
 METRIC_TITLES = {
@@ -49,8 +49,9 @@ response; structured responses as compact JSON) with the real one.
 - **nearest example**: the real response of the most similar training call of the same API
   (Jaccard of the arguments); a call whose API has no training call counts as wrong on every check.
 - **simulator minus nearest example**: ROUGE-L's and BLEU-4's difference on the same calls, with a 95%
-  percentile bootstrap interval (the calls resampled {BOOTSTRAP_RESAMPLES:,} times, a fixed seed): with few
-  calls, a gap whose interval holds 0 may be chance.
+  percentile bootstrap interval (the episodes resampled {BOOTSTRAP_RESAMPLES:,} times, each with all its calls, a
+  fixed seed: calls of one episode are no independent draws): with few episodes, a gap whose interval holds 0 may
+  be chance.
 """
 
 
@@ -155,8 +156,8 @@ def render_markdown(report: dict) -> str:
         lines += [
             "",
             "Simulator minus nearest example, with a 95% bootstrap interval "
-            f"({overall['simulator_against_example']['resamples']:,} resamples of the calls; an interval that holds "
-            f"0 is no evidence either way): {gaps}.",
+            f"({resampled_text(overall['simulator_against_example'])}; an interval that holds 0 is no evidence "
+            f"either way): {gaps}.",
         ]
     cell_title = "simulator / nearest example" if report["baseline"] else "simulator"
     lines += ["", f"## Per API ({cell_title})", "", "| API | calls " + header, "|" + "---|" * (len(METRIC_TITLES) + 2)]

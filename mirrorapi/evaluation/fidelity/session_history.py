@@ -27,7 +27,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from mirrorapi.evaluation.fidelity.metrics import difference_text, paired_difference, slice_metrics
+from mirrorapi.evaluation.fidelity.metrics import difference_text, paired_difference, resampled_text, slice_metrics
 from mirrorapi.simulator_pairs import select_pairs
 from mirrorapi.tools import ToolRegistry
 
@@ -217,7 +217,7 @@ def render_history_markdown(report: dict) -> str:
         lines += [
             "",
             "With history minus without, on the same calls, with a 95% bootstrap interval "
-            f"({gap['resamples']:,} resamples of the calls; an interval that holds 0 is no evidence either way): "
+            f"({resampled_text(gap)}; an interval that holds 0 is no evidence either way): "
             f"{difference_text(gap)}.",
         ]
     if carrying := report.get("with", {}).get("requests_carrying_simulated_values"):
