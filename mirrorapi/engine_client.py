@@ -376,13 +376,18 @@ class EngineClient:
 
     async def health(self, timeout: float = 3.0) -> list[EngineHealth]:
         """Per replica: `ok` only if it lists the configured model, or (an engine whose /models does not
-        list it, such as `transformers serve`) answers a one-token completion for it, and calls are not skipping
-        it (it failed one lately and has not answered a probe's completion since)."""
+        list it, such as `transformers serve`) answers a one-token completion for it (or answered a call of ours
+        lately: then it is not asked again, as a health poller would otherwise add a completion to the calls the
+        in-flight limit holds it to), and calls are not skipping it (it failed one lately and has not answered a
+        probe's completion since)."""
 
         async def check(replica: _Replica) -> EngineHealth:
             busy = bool(replica.in_flight) or time.monotonic() - replica.answered_at < self.timeout
             health = await self._reachable(replica.base, timeout, busy and not replica.down_until)
-            if health.reachable and not health.ok:
+            since = time.monotonic() - replica.answered_at
+            if health.reachable and not health.ok and since < self.timeout:
+                health.ok, health.detail = True, f"answered a completion for it {since:.0f} s ago"
+            elif health.reachable and not health.ok:
                 answered, how = await self._answers_one_token(replica.base, timeout)
                 health.ok = answered
                 health.detail = how if answered else f"does not serve model {self.model!r} ({health.detail}; {how})"

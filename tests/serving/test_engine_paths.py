@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from harness.fake_engines import STUB_OBSERVATION, StubEngine
+from harness.processes import poll_until
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
 
@@ -244,3 +246,19 @@ def test_health_says_busy_not_down_while_a_llama_cpp_like_engine_answers_a_long_
         assert call.result().json() == {"error": "", "response": "ok"}
     assert busy.status_code == 200 and busy.json()["status"] == "ok", busy.text
     assert "busy" in busy.json()["engine"][0]["detail"]
+
+
+def test_health_does_not_ask_an_engine_that_just_answered_a_call(serve, tmp_path):
+    """An engine whose model list does not name the model (`transformers serve`'s) is asked for a one-token
+    completion at start-up; once it has answered one of the server's calls, a health poller's GET /health takes that
+    answer as the proof, instead of adding a completion of its own beside the calls the in-flight limit allows."""
+    with (
+        StubEngine() as engine,
+        serve(api_base=[engine.url], model="stub", cache_path=str(tmp_path / "c.sqlite")) as server,
+    ):
+        poll_until(lambda: engine.requests == 1 or None, 10, "no start-up check reached the engine")
+        assert server.virtual(README_REQUEST).json()["response"] == STUB_OBSERVATION["response"]
+        for _ in range(3):
+            health = server.client.get("/health")
+            assert health.status_code == 200 and health.json()["engine"][0]["serves_model"] is True
+        assert engine.requests == 2  # the start-up check and the call, no more
