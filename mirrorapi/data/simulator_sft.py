@@ -70,6 +70,7 @@ SIMULATOR_COLUMNS = (
     "api",
     "arguments",
     "kind",
+    "call_in_train",  # read by the recipes' eval loss (`training.recipe.training_splits`) and the answer stage
 )
 
 
@@ -473,5 +474,5 @@ def _features(columns: list[str]):
     from datasets import Features, List, Value
 
     message = List({"role": Value("string"), "content": Value("string")})
-    types = {"prompt": message, "completion": message, "step": Value("int64")}
+    types = {"prompt": message, "completion": message, "step": Value("int64"), "call_in_train": Value("bool")}
     return Features({c: types.get(c, Value("string")) for c in columns})

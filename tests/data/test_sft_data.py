@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from datasets import load_from_disk
 
-from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
+from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.prompts.simulator_formats import (
     RESPONSE_CHAR_BUDGET,
     TRUNCATION_MARK,
@@ -423,7 +423,7 @@ def test_bad_mixing_options_are_refused(registry, options, message):
         build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, SimulatorDataOptions(**options))
 
 
-def test_no_held_out_record_left_in_an_evaluation_is_a_training_record(registry):
+def test_no_held_out_record_left_in_an_evaluation_is_a_training_record(registry, tmp_path):
     """With history and --stateless-too, a call made in a training episode and again in a held-out one (API-Bank's
     logins, tokens) was rendered without history in both splits: the same prompt and answer, 552 times in test_id
     of the shared data. Held-out stateless records now leave training calls out, and every record says whether its
@@ -444,3 +444,9 @@ def test_no_held_out_record_left_in_an_evaluation_is_a_training_record(registry)
     assert stats["stateless_held_out_calls_in_train"] > 0  # the samples have such calls: the case is exercised
     stateless = [r for r in splits["test_id"] if r["prompt_format"] == "mirrorapi-v2" and r["step"] > 0]
     assert not any(r["call_in_train"] for r in stateless)
+    # And so on disk, where the recipes read it (`training_splits` leaves out the records that say so): the column
+    # was once dropped when the dataset was written, and every held-out record was evaluated.
+    on_disk = load_from_disk(str(write_sft_dataset(tmp_path / "d", splits, stats)))
+    for name in ("test_id", "test_ood"):
+        assert on_disk[name]["call_in_train"] == [r["call_in_train"] for r in splits[name]]
+    assert any(on_disk["test_id"]["call_in_train"]) and all(on_disk["train"]["call_in_train"])
