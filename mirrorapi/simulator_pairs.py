@@ -37,7 +37,7 @@ from mirrorapi.prompts.simulator_formats import (
 from mirrorapi.records import canonical_json
 from mirrorapi.splits import split_episodes
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
-from mirrorapi.transport_failures import in_band_error, transport_failure
+from mirrorapi.transport_failures import api_failed, transport_failure
 
 DEFAULT_OOD_FRACTION = 0.05  # share of distinct APIs held out entirely (test_ood)
 DEFAULT_ID_FRACTION = 0.05  # share of the remaining episodes held out (test_id)
@@ -111,7 +111,8 @@ def select_pairs(
         seen[key] = observation
         cut = truncate_response(response)
         selection.truncated += cut is not response
-        kind = "error" if error else "in_band_error" if in_band_error(response) else "success"
+        failed = api_failed(error, response)
+        kind = "success" if not failed else "error" if error else "in_band_error"
         selection.kinds[kind] += 1
         selection.kept.append(ChosenPair(doc, pair["tool_input"], error, cut, pair, kind, key[3], earlier))
     selection.splits = split_episodes(

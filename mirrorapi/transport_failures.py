@@ -210,7 +210,9 @@ def transport_failure(error: str, response: Any) -> str | None:
 
 def in_band_error(response: Any) -> bool:
     """True when a response recorded with an empty `error` is itself an error reply
-    (tau-bench's `"Error: ..."`, `{"error": "..."}`, `{"status": "error"}`, `{"success": false}`)."""
+    (tau-bench's `"Error: ..."`, `{"error": "..."}`, `{"status": "error"}`, `{"success": false}`, or an error
+    envelope giving a client error's HTTP status: `{"status": 400, "title": "Bad Request"}`, RFC 9457's problem
+    details among them; the statuses of a transport failure were told apart before)."""
     if isinstance(response, str) and _IN_BAND_ERROR.match(response):
         return True
     value = _parse_literal(response) if isinstance(response, str) else response
@@ -220,4 +222,16 @@ def in_band_error(response: Any) -> bool:
         return True
     if isinstance(value.get("status"), str) and value["status"].strip().lower() in ("error", "fail", "failed"):
         return True
+    if any(400 <= status < 500 for status in _message_parts(value)[1]):
+        return True
     return value.get("success") is False
+
+
+def api_failed(error: str, response: Any) -> bool:
+    """Whether an observation (recorded or simulated) is the API's failure: an `error` written for it, or an error
+    reply in the response (`in_band_error`). ToolBench's executor writes the error "Message error..." whenever the
+    text "error" is anywhere in the response (its `process_error`): a page of film titles holding the word, an HTML
+    element id such as `af-error-container`. Such an observation is the failure its response alone says it is."""
+    if (error or "").strip().lower().startswith("message error"):
+        return in_band_error(response)
+    return bool(error) or in_band_error(response)

@@ -55,7 +55,7 @@ from mirrorapi.serving.responder import Reply, Responder
 from mirrorapi.serving.sessions import History, Session, advance
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
-from mirrorapi.transport_failures import in_band_error
+from mirrorapi.transport_failures import api_failed
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class VirtualApi:
         if reply.provenance != SIMULATED + self.responder.identities[True]:
             return False
         observation = json.loads(reply.observation)
-        if not (observation.get("error") or in_band_error(observation.get("response", ""))):
+        if not api_failed(observation.get("error", ""), observation.get("response", "")):
             return False
         return not any(related_to_call(line, doc.api, arguments) for line in history.lines)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrorapi.transport_failures import in_band_error, transport_failure
+from mirrorapi.transport_failures import api_failed, in_band_error, transport_failure
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
 
@@ -115,7 +115,37 @@ def test_on_the_shared_pairs_only_live_rapidapi_calls_have_transport_failures(sh
         ('{"error": "", "data": [1, 2]}', False),
         ('{"status": "success"}', False),
         ("Errors are rare in this text", False),
+        # RFC 9457 problem details (its §3: `status` is the HTTP status code), as a real ToolBench call recorded one
+        (
+            "{'type': 'https://tools.ietf.org/html/rfc7231#section-6.5.1', 'title': 'Bad Request', 'status': 400, "
+            "'traceId': '|b1da6c94-47a57f57d8b1a7d2.'}",
+            True,
+        ),
+        ('{"statusCode": 404, "message": "Not Found"}', True),
+        ('{"status": 200, "message": "OK", "data": [1]}', False),
+        ('{"code": 404, "city": "Lyon", "population": 516092}', False),  # a payload's field called code
     ],
 )
 def test_in_band_errors(response, expected):
     assert in_band_error(response) is expected
+
+
+def test_toolbench_message_error_is_what_its_response_says(samples):
+    """ToolBench's executor sets the error "Message error..." whenever the text "error" is anywhere in the response
+    (StableToolBench's `process_error`: `elif "error" in str(response)`), its observations then cut for the agent.
+    Real recorded calls of the sample: a news page whose HTML holds an element id `af-error-container`, and film
+    searches whose results hold the word past the recorded cut, are answers; a CEP lookup's 400 envelope and a
+    `statusCode` 400 are failures."""
+    pairs = [json.loads(line) for line in (samples / "pairs.jsonl").read_text(encoding="utf-8").splitlines()]
+    flagged = {}
+    for pair in pairs:
+        if pair["response"]["error"] == "Message error...":
+            flagged.setdefault(pair["api_name"], set()).add(api_failed(**pair["response"]))
+    assert flagged == {
+        "news": {False},
+        "search_basic_free": {False},
+        "retorna_dados_do_endere_o_atrav_s_do_cep": {True},
+        "raiderio_call": {True},
+    }
+    assert api_failed("The scene does not exist.", "") and api_failed("", "Error: no such user")
+    assert not api_failed("", "{'result': [{'title': 'Error'}]}")

@@ -20,7 +20,7 @@ from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.prompts.simulator_formats import response_schema
 from mirrorapi.records import parse_repr_key
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
-from mirrorapi.transport_failures import in_band_error, transport_failure
+from mirrorapi.transport_failures import api_failed, transport_failure
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +45,9 @@ def payload_text(observation: dict | None) -> str:
 
 
 def is_error(observation: dict | None) -> bool:
-    """An error observation: `error` set, or an in-band error reply (tau-bench's "Error: ...")."""
-    return (
-        observation is not None
-        and bool(observation)
-        and (bool(observation.get("error")) or in_band_error(observation.get("response", "")))
-    )
+    """An error observation: the API's failure (`transport_failures.api_failed`: `error` set, or an in-band error
+    reply such as tau-bench's "Error: ...")."""
+    return bool(observation) and api_failed(observation.get("error", ""), observation.get("response", ""))
 
 
 def json_structure(response: Any) -> Any:
