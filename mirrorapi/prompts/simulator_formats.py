@@ -273,7 +273,14 @@ def history_line(tool: str, api: str, arguments: dict, error: str, response: Any
 
 
 def keyed_history_line(tool: str, api: str, key: str, error: str, response: Any, fmt: str = SESSION_FORMAT) -> str:
-    """`history_line` of a call given by its canonical JSON `key` (the server has it, not always the object)."""
+    """`history_line` of a call given by its canonical JSON `key` (the server has it, not always the object).
+
+    A structured response longer than the response budget (a simulated answer the server parsed) is cut as its JSON
+    text: the data builder's recorded responses are text, cut so, and one kept whole (a few KB) would leave no room
+    in the session's character budget for the calls before it."""
+    if isinstance(response, (dict, list)):
+        text = json.dumps(response, ensure_ascii=False, separators=(",", ":"))
+        response = text if len(text) > RESPONSE_CHAR_BUDGET else response
     answer = render_observation(error, truncate_response(response), fmt)
     return (
         f'{{"tool":{json.dumps(tool, ensure_ascii=False)},"api":{json.dumps(api, ensure_ascii=False)},'

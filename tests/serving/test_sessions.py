@@ -317,3 +317,32 @@ def test_a_call_the_argument_policy_refuses_is_in_its_sessions_history(serve, sa
     prompt = "\n".join(m["content"] for m in asked["messages"])
     assert "Earlier calls in this session" in prompt and "Missing required parameter 'password'" in prompt
     assert '"username":"JaneSmith"' in prompt
+
+
+def test_a_long_structured_answer_is_cut_in_the_history_as_its_recorded_text_would_be(serve, tmp_path):
+    """`mirrorapi-v2`'s simulator answers JSON objects; one of a few KB was kept whole in the session, longer than
+    the session's character budget, so the calls before it were dropped and the next call was asked as a session's
+    first. The data builder renders the same answer, recorded as text, cut at the response budget: the next call
+    must see it so, after the login before it. FixedReplyEngine stands in for the simulator."""
+    from harness.fake_engines import FixedReplyEngine
+
+    prices = {"prices": [{"day": day, "open": 100 + day, "close": 101 + day} for day in range(150)]}
+    stock = ("APIBank", "apibank_finance", "QueryStock", {"stock_code": "NFLX", "date": "2023-03-02"})
+    with (
+        FixedReplyEngine(json.dumps({"error": "", "response": prices})) as engine,
+        serve(
+            cache_path=str(tmp_path / "c.sqlite"),
+            api_base=[engine.url],
+            prompt_format="mirrorapi-v2",
+            session_history=4,
+            session_char_budget=8192,  # two answers cut (2.6 KB each as lines) fit, two whole (5.3 KB) do not
+        ) as server,
+    ):
+        for call in (LOGIN[:4], stock, BALANCE):
+            assert server.client.post("/virtual", json=body(*call), headers={"X-Session-Id": "s"}).status_code == 200
+    asked = [r for r in engine.requests if r["messages"][0]["role"] == "system"]
+    prompt = asked[-1]["messages"][-1]["content"]
+    recorded_text = json.dumps(prices, separators=(",", ":"))  # as a pair would hold the answer
+    assert len(recorded_text) > 2048
+    assert history_line("apibank_finance", "querystock", stock[3], "", recorded_text, "mirrorapi-session-v2") in prompt
+    assert '"username":"JaneSmith"' in prompt  # the login before it (answered as long: the engine's one reply)
