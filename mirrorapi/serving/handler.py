@@ -184,8 +184,10 @@ class VirtualApi:
             reply = await self.responder.respond(doc, arguments, key, history, answer.stages)
         except ArgumentError as exc:
             # The argument policy's refusal is what the agent got: later calls of the session show it, as the
-            # training data's histories show every earlier call of an episode.
-            if session is not None and session_id and arguments is not None:
+            # training data's histories show every earlier call of an episode. Not the refusal of arguments over the
+            # server's own size bound: no answer of the API, and its line (the whole request) would push every
+            # earlier call out of the session's character budget.
+            if session is not None and session_id and arguments is not None and not self._too_large(key):
                 await self._advance_session(session_id, doc, key, to_failure(exc).body)
             raise
         if (
@@ -245,10 +247,13 @@ class VirtualApi:
         answer.asked_alone = True
         return alone
 
+    def _too_large(self, key: str) -> bool:
+        return len(key) > self.settings.max_arguments_chars
+
     def check_miss(self, doc: ApiDoc, arguments: dict | None, key: str) -> None:
         """Before a miss is simulated: the bound on what reaches the engine, and the validation policy
         (`arguments` is None only for arguments over the bound)."""
-        if len(key) > self.settings.max_arguments_chars or arguments is None:  # never sent to the engine, never stored
+        if self._too_large(key) or arguments is None:  # never sent to the engine, never stored
             raise ArgumentError(
                 f"tool_input is too large to simulate: {len(key):,} characters of JSON "
                 f"(this server simulates calls of up to {self.settings.max_arguments_chars:,})."

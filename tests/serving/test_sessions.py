@@ -346,3 +346,23 @@ def test_a_long_structured_answer_is_cut_in_the_history_as_its_recorded_text_wou
     assert len(recorded_text) > 2048
     assert history_line("apibank_finance", "querystock", stock[3], "", recorded_text, "mirrorapi-session-v2") in prompt
     assert '"username":"JaneSmith"' in prompt  # the login before it (answered as long: the engine's one reply)
+
+
+def test_arguments_over_the_size_bound_leave_the_session_as_it_was(serve, tmp_path):
+    """A call refused for the server's own bound on what it simulates (`max_arguments_chars`) got no answer of the
+    API; entered in the session, its line (the whole request) was longer than the session's character budget and
+    pushed every earlier call out. The next call is shown the login before it, and not the refused call."""
+    from harness.fake_engines import FixedReplyEngine
+
+    huge = ("APIBank", "apibank_finance", "QueryStock", {"stock_code": "X" * 5000, "date": "2023-03-02"})
+    with (
+        FixedReplyEngine('{"error": "", "response": {"balance": 10}}') as engine,
+        serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine.url], max_arguments_chars=2000) as server,
+    ):
+        for call in (LOGIN[:4], huge, BALANCE):
+            answer = server.client.post("/virtual", json=body(*call), headers={"X-Session-Id": "s"}).json()
+        refused = server.client.post("/virtual", json=body(*huge), headers={"X-Session-Id": "t"}).json()
+    assert refused["error"].startswith("tool_input is too large to simulate") and answer["error"] == ""
+    asked = [r for r in engine.requests if r["messages"][0]["role"] == "system"]
+    prompt = asked[-1]["messages"][-1]["content"]
+    assert '"username":"JaneSmith"' in prompt and "XXXX" not in prompt
