@@ -52,7 +52,7 @@ from mirrorapi.serving.protocol import (
     VirtualRequest,
 )
 from mirrorapi.serving.responder import Reply, Responder
-from mirrorapi.serving.sessions import History, Session, advance
+from mirrorapi.serving.sessions import History, Session, advance, control_character
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 from mirrorapi.transport_failures import api_failed
@@ -171,6 +171,10 @@ class VirtualApi:
             raise SessionIdError(
                 f"the session id is {len(session_id):,} characters long; a session id "
                 f"(session_id or X-Session-Id) has at most {MAX_SESSION_ID_CHARS}"
+            )
+        if session_id and (control := control_character(session_id)) is not None:
+            raise SessionIdError(
+                f"the session id holds the control character {control!r}; a session id is printable text"
             )
         if session_id and settings.session_history:
             answer.session = session_id
@@ -342,7 +346,8 @@ def _failed(answer: Answer, exc: Exception) -> Answer:
 
 # ------------------------------------------------------------------------------- parsing and failures
 class SessionIdError(ValueError):
-    """A session id too long to be one (an id names a session; it is kept in the store)."""
+    """A session id too long to be one, or holding a control character (an id names a session; it is kept in the
+    store)."""
 
 
 def parse_arguments(value: Any) -> tuple[dict, str]:

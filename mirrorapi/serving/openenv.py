@@ -53,7 +53,7 @@ from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_jso
 from mirrorapi.serving.cache import CacheError
 from mirrorapi.serving.mcp_server import json_rpc_error
 from mirrorapi.serving.server import VirtualServer
-from mirrorapi.serving.sessions import EMPTY_HISTORY
+from mirrorapi.serving.sessions import EMPTY_HISTORY, control_character
 from mirrorapi.toolsets import Toolset, ToolsetError, description, input_schema
 
 logger = logging.getLogger(__name__)
@@ -146,6 +146,10 @@ class Episodes:
             if not episode_id or len(episode_id) > MAX_EPISODE_ID_CHARS:
                 raise EpisodeError(
                     f"reset: episode_id must have 1 to {MAX_EPISODE_ID_CHARS} characters, got {len(episode_id):,}"
+                )
+            if (control := control_character(episode_id)) is not None:
+                raise EpisodeError(
+                    f"reset: episode_id holds the control character {control!r}: an id is printable text"
                 )
             if not episode_id.isascii():
                 try:

@@ -24,6 +24,14 @@ from typing import Any
 from mirrorapi.prompts.simulator_formats import SESSION_FORMAT, history_line, select_history
 
 EMPTY_HISTORY = hashlib.sha256(b"").hexdigest()
+
+
+def control_character(session_id: str) -> str | None:
+    """The first control character of a session id, or None: an id is a name, and PostgreSQL cannot keep a NUL in
+    text (a session named with one worked on SQLite and failed every call on PostgreSQL)."""
+    return next((c for c in session_id if c < " " or c == "\x7f"), None)
+
+
 State = tuple[str, int, list[str]]  # (digest, steps, kept lines oldest first): what the store keeps
 
 

@@ -366,3 +366,25 @@ def test_arguments_over_the_size_bound_leave_the_session_as_it_was(serve, tmp_pa
     asked = [r for r in engine.requests if r["messages"][0]["role"] == "system"]
     prompt = asked[-1]["messages"][-1]["content"]
     assert '"username":"JaneSmith"' in prompt and "XXXX" not in prompt
+
+
+def test_a_session_id_with_a_control_character_is_the_client_s_mistake_on_every_store(serve, cache_location):
+    """PostgreSQL keeps no NUL in text (its docs, "Character Types"): a session named with one failed every call as
+    an internal error there, and worked on SQLite. On both stores it is now a 422 that says why, as is an OpenEnv
+    episode id with one; a printable id still names its session."""
+    from harness.fake_engines import StubEngine
+
+    with (
+        StubEngine(model="stub") as engine,
+        serve(api_base=[engine.url], model="stub", **store_settings(cache_location)) as server,
+    ):
+        refused = [
+            server.client.post("/virtual", json={**body(*BALANCE), "session_id": f"episode{c}1"})
+            for c in ("\x00", "\t")
+        ]
+        episode = server.client.post("/reset", json={"episode_id": "episode\x001"})
+        kept = server.client.post("/virtual", json={**body(*BALANCE), "session_id": "episode 1 (é)"})
+    for response in refused:
+        assert response.status_code == 422 and "control character" in response.json()["error"]
+    assert episode.status_code == 422 and "control character" in episode.json()["detail"]
+    assert kept.status_code == 200 and kept.headers["x-mirrorapi-outcome"] == "simulated"
