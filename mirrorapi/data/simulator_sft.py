@@ -400,7 +400,8 @@ def _render(chosen: ChosenPair, options: SimulatorDataOptions, examples: list[tu
             arguments,
             examples,
             fmt=fmt,
-            system_prompt=options.system_prompt,
+            # as a server asks: a system prompt file is for the stateless format, a session call gets its own
+            system_prompt=None if fmt in SESSION_FORMATS else options.system_prompt,
             history=list(history) if fmt in SESSION_FORMATS else None,
         ),
         "completion": [{"role": "assistant", "content": _target(chosen.error, response, pair, fmt)}],

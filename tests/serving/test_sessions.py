@@ -388,3 +388,40 @@ def test_a_session_id_with_a_control_character_is_the_client_s_mistake_on_every_
         assert response.status_code == 422 and "control character" in response.json()["error"]
     assert episode.status_code == 422 and "control character" in episode.json()["detail"]
     assert kept.status_code == 200 and kept.headers["x-mirrorapi-outcome"] == "simulated"
+
+
+def test_a_system_prompt_file_is_the_stateless_calls_in_the_data_as_on_the_server(samples, tmp_path):
+    """The server sends `system_prompt_file` with the stateless format only, a session call with the session
+    format's own; the data builder put the file's prompt into the session records too, so a model trained so was
+    asked otherwise than it learnt on every session call."""
+    episode = sorted(
+        (p for p in read_pairs_jsonl(samples / "pairs.jsonl") if p["episode"] == "gen-00133"), key=lambda p: p["step"]
+    )
+    registry = ToolRegistry.load([samples / "tools"])
+    custom = "You simulate APIs for the tests of this project. Answer with one JSON observation."
+    (prompt_file := tmp_path / "system.txt").write_text(custom, encoding="utf-8")
+    options = SimulatorDataOptions(
+        SESSION_FORMAT, history=2, ood_fraction=0, id_fraction=0, system_prompt=custom, stateless_too=True
+    )
+    splits, _ = build_simulator_records(episode, registry, options)
+    settings = load_settings(
+        overrides={
+            "tools_folder": [str(samples / "tools")],
+            "session_history": 2,
+            "system_prompt_file": str(prompt_file),
+        },
+        environ={},
+    )
+    simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    session = Session(keep=settings.session_history)
+    served = {}
+    for pair in episode:
+        doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
+        served[(pair["step"], True)] = simulator.messages(doc, pair["tool_input"], session.history(2, 4096))
+        served[(pair["step"], False)] = simulator.messages(doc, pair["tool_input"], None)
+        session.record(doc.tool, doc.api, pair["tool_input"], **pair["response"], fmt=SESSION_FORMAT)
+    records = splits["train"]
+    assert {r["prompt"][0]["content"] == custom for r in records} == {True, False}  # both kinds are there
+    for record in records:
+        in_session = record["prompt_format"] == SESSION_FORMAT
+        assert record["prompt"] == served[(record["step"], in_session)], (record["step"], record["prompt_format"])
