@@ -239,7 +239,10 @@ def test_sessions_idle_longer_than_the_ttl_are_forgotten_and_removed(cache_locat
         state = await cache.update_session("old", 3600, advance(8, 4096, "a new first line"))
         assert state[1] == 1 and state[2] == ["a new first line"]  # not step 4 of the expired history
         await cache.update_session("gone", 3600, advance(8, 4096, "x"))
+        # 2,500 more expired ones, as an RL trainer's episodes leave them: one pass removes them all, though one
+        # statement removes at most FORGET_SESSIONS_BATCH (one a pass fell behind 200 new sessions a second).
         cache.put_sessions([("older", "d", 2, "[]", now - 9000)])
+        cache.put_sessions([(f"episode-{i}", "d", 1, "[]", now - 9000) for i in range(2500)])
         await cache.maintain(idle_seconds=3600)
         await cache.aclose()
 

@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 from mirrorapi.serving.cache.entries import ENTRY_COLUMNS, NO_SESSION, RECORDED, CacheError, Call, Entry
 from mirrorapi.serving.cache.postgres_schema import TABLE_NAMES, open_schema
 from mirrorapi.serving.cache.store import (
+    FORGET_SESSIONS_BATCH,
+    FORGET_SESSIONS_BATCHES,
     HIT_FLUSH_ROWS,
     IMPORT_TRANSACTION_ROWS,
     Advance,
@@ -105,7 +107,7 @@ _HEALTH_COUNTS = (
     "SELECT (SELECT count(*) FROM entries), (SELECT count(*) FROM sessions WHERE used >= %s), "
     "(SELECT count(*) FROM entries WHERE history != '')"
 )
-_FORGET_SESSIONS = "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions WHERE used < %s LIMIT 1000)"
+_FORGET_SESSIONS = "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions WHERE used < %s LIMIT %s)"
 _FORGET_LEASES = "DELETE FROM leases WHERE expires < %s"
 _EXAMPLES = (
     "SELECT arguments, observation FROM entries WHERE category = %s AND tool = %s AND api = %s "
@@ -416,7 +418,10 @@ class PostgresCache(Store):
                     async with db.transaction(), db.cursor() as cursor:
                         await cursor.executemany(_COUNT_HITS, rows)
                 now = time.time()
-                await db.execute(_FORGET_SESSIONS, (now - idle_seconds,))
+                for _ in range(FORGET_SESSIONS_BATCHES):
+                    forgotten = await db.execute(_FORGET_SESSIONS, (now - idle_seconds, FORGET_SESSIONS_BATCH))
+                    if forgotten.rowcount < FORGET_SESSIONS_BATCH:
+                        break
                 await db.execute(_FORGET_LEASES, (now,))
         except CacheError:
             for id_, n in hits.items():  # counted again next time

@@ -40,6 +40,8 @@ from mirrorapi.serving.cache.entries import ENTRY_COLUMNS, NO_SESSION, RECORDED,
 from mirrorapi.serving.cache.sqlite_schema import open_schema
 from mirrorapi.serving.cache.sqlite_writer import LoopWriter
 from mirrorapi.serving.cache.store import (
+    FORGET_SESSIONS_BATCH,
+    FORGET_SESSIONS_BATCHES,
     HIT_FLUSH_ROWS,
     IMPORT_TRANSACTION_ROWS,
     Advance,
@@ -91,7 +93,7 @@ _RELEASE_LEASE = (
 _SESSION = "SELECT digest, steps, lines FROM sessions WHERE id = ? AND used >= ?"
 _PUT_SESSION = "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?)"
 _NEW_SESSION = "INSERT INTO sessions VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
-_FORGET_SESSIONS = "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions WHERE used < ? LIMIT 1000)"
+_FORGET_SESSIONS = "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions WHERE used < ? LIMIT ?)"
 _FORGET_LEASES = "DELETE FROM leases WHERE expires < ?"
 # The administrative side's statements (`store.Store`).
 STATEMENTS = Statements(
@@ -304,9 +306,13 @@ class ResponseCache(Store):
             rows = [(hits[id_], id_) for id_ in ids[start : start + HIT_FLUSH_ROWS]]
             await writer.submit(functools.partial(_count_hits, rows=rows))
         now = time.time()
-        await writer.submit(
-            lambda db: (db.execute(_FORGET_SESSIONS, (now - idle_seconds,)), db.execute(_FORGET_LEASES, (now,)))
-        )
+        for _ in range(FORGET_SESSIONS_BATCHES):  # a job each: requests' writes go between them
+            forgotten = await writer.submit(
+                lambda db: db.execute(_FORGET_SESSIONS, (now - idle_seconds, FORGET_SESSIONS_BATCH)).rowcount
+            )
+            if forgotten < FORGET_SESSIONS_BATCH:
+                break
+        await writer.submit(lambda db: db.execute(_FORGET_LEASES, (now,)))
         with contextlib.suppress(sqlite3.Error):  # reported by `_checkpointed`; next time
             await asyncio.shield(self._start_checkpoint())
 

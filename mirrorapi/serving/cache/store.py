@@ -37,6 +37,10 @@ from mirrorapi.serving.cache.entries import (
 IMPORT_TRANSACTION_ROWS = 200  # rows per import transaction (a few ms): a server's writes wait for one slice
 IMPORT_PAUSE_SECONDS = 0.002  # between slices, so that a waiting writer gets the lock (SQLite's is not fair)
 HIT_FLUSH_ROWS = 500  # hit counts written per transaction by a server (about a millisecond)
+# Expired sessions deleted per statement, and at most so many statements per maintenance pass (every few seconds):
+# one batch a pass fell behind clients opening more than 200 sessions a second (an RL trainer's episodes).
+FORGET_SESSIONS_BATCH = 1000
+FORGET_SESSIONS_BATCHES = 20
 
 SessionState = tuple[str, int, list[str]]  # a session's history digest, its calls so far, its kept history lines
 Session = tuple[str, str, int, str, float]  # a session row: id, digest, steps, lines (JSON), last used
