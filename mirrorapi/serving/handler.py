@@ -38,7 +38,7 @@ from mirrorapi.names import api_key_name
 from mirrorapi.prompts.simulator_formats import keyed_history_line, related_to_call, session_format
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.serving.answer import Answer
-from mirrorapi.serving.cache import SIMULATED, Store
+from mirrorapi.serving.cache import SIMULATED, CacheError, Store
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.observability import ServerMetrics
 from mirrorapi.serving.protocol import (
@@ -204,7 +204,10 @@ class VirtualApi:
         answer.rationale, answer.parsed, answer.second_try = reply.rationale, reply.parsed, reply.second_try
         answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
         if session is not None and session_id:
-            await self._advance_session(session_id, doc, key, reply.observation)
+            try:
+                await self._advance_session(session_id, doc, key, reply.observation)
+            except CacheError as exc:  # the answer is still good: give it, as an unstored simulation is given
+                logger.warning("session %r was not advanced (the cache store failed): %s", session_id[:100], exc)
 
     async def _advance_session(self, session_id: str, doc: ApiDoc, key: str, observation_body: bytes) -> None:
         """The session's history with this call and the observation its client got."""
@@ -472,6 +475,10 @@ def to_failure(exc: BaseException) -> Failure:
     if isinstance(exc, ReplayMiss):
         message = "No recorded response for this call (the server replays its cache only)."
         return Failure(200, "replay_miss", observation_bytes(message, ""), str(exc))
+    if isinstance(exc, CacheError):  # the store is away (a PostgreSQL restarting): /health says so too
+        logger.warning("a /virtual call failed on the cache store: %s", exc)
+        message = f"{ENGINE_FAILURE} (the cache store is unavailable; try again later)"
+        return Failure(200, "store_error", observation_bytes(message, ""), str(exc))
     if isinstance(exc, EngineError):
         # The agent gets a short reason; the engine's address and details go to the log only.
         # `garbage`: the message says what the model's text was instead (see the simulator).

@@ -250,3 +250,23 @@ def test_sessions_idle_longer_than_the_ttl_are_forgotten_and_removed(cache_locat
     cache = open_cache(cache_location)
     assert sorted(row[0] for row in cache.sessions()) == ["gone", "old", "recent"]
     assert cache.open_sessions(3600) == 3
+
+
+def test_a_session_call_whose_store_stops_under_it_still_gets_its_answer(serve, tmp_path):
+    """PostgreSQL stops while a session's call is with the engine: the engine's answer is given (unstored, the
+    session not advanced), as a call outside a session gets it, not an internal error; the next call, with the store
+    away, is told that the cache store is unavailable (`store_error`), not that the server has a bug."""
+    with temporary_postgres(durable=False) as database, StubEngine(delay=1.5, model="stub") as engine:
+        url = database.url + "?connect_timeout=3"
+        with serve(api_base=[engine.url], model="stub", cache_url=url, engine_timeout=30) as server:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(
+                    server.client.post, "/virtual", json=call("Zidane"), headers={"X-Session-Id": "s"}
+                )
+                poll_until(lambda: engine.answering == 1 or None, 10, "the call did not reach the engine")
+                stop(database.process, grace=10.0)
+                answered = pending.result(timeout=60)
+            after = server.client.post("/virtual", json=call("Pele"), headers={"X-Session-Id": "s"})
+    assert answered.json() == STUB_OBSERVATION and answered.headers["x-mirrorapi-outcome"] == "simulated"
+    assert "the cache store is unavailable" in after.json()["error"]
+    assert after.headers["x-mirrorapi-outcome"] == "store_error"
