@@ -134,6 +134,10 @@ class McpFrontDoor:
             ),
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
+            # No tool declares an `x-mcp-header` parameter, so a 2026-07-28 call's `Mcp-Param-*` headers have nothing
+            # to be checked against: without this the SDK walks `tools/list` page by page for the called tool's
+            # schema on every call (94 pages of 500 for ToolEnv2404's every API: seconds, the event loop held).
+            get_tool_input_schema=lambda name: None,
         )
         settings = server.settings
         host = settings.host

@@ -145,3 +145,33 @@ def test_uncached_call_is_simulated_in_the_mcp_session(serve, simulator_engine, 
     db = sqlite3.connect(cache_path)
     assert [s for (s,) in db.execute("SELECT steps FROM entries WHERE history != ''")] == [1]
     assert [a for (a,) in db.execute("SELECT api FROM entries WHERE history = ''")] == ["getusertoken"]
+
+
+def test_a_call_does_not_list_the_toolset(serve, recorded_cache, engine_down, samples, monkeypatch):
+    """With a 2026-07-28 client (the SDK's `auto` mode negotiates it), the SDK checks a call's `Mcp-Param-*` headers
+    against the called tool's schema, found by running the server's `tools/list` page by page unless the server says
+    how to get it (`Server(get_tool_input_schema=...)`, mcp/server/lowlevel/server.py): our tools declare no such
+    header, so a call must cost no listing (on every API of ToolEnv2404, 94 pages: seconds per call, the server's
+    event loop held all along)."""
+    from mirrorapi.serving.mcp_server import McpFrontDoor
+
+    listed = []
+    original = McpFrontDoor.list_tools
+
+    async def counted(self, ctx, params):
+        listed.append(params)
+        return await original(self, ctx, params)
+
+    monkeypatch.setattr(McpFrontDoor, "list_tools", counted)
+    with serve(
+        tools_folder=[str(samples / "tools")], api_base=[engine_down], cache_path=str(recorded_cache)
+    ) as server:
+
+        async def steps(client):
+            await client.list_tools()  # the client's own listing (else the SDK client lists to check the result)
+            answer = await client.call_tool("getusertoken", LOGIN_ARGS)
+            return answer, client.session._negotiated_version
+
+        answer, version = call(server.url + "/mcp?tool=APIBank/apibank_account", steps, mode="auto")
+    assert version == "2026-07-28" and json.loads(answer.content[0].text) == LOGIN_ANSWER
+    assert len(listed) == 1  # the client's listing, none for the call
