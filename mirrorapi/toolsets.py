@@ -13,8 +13,9 @@ toolset is every API of the registry.
 Function names are the APIs' wire names (`transfermarkt_search`); an API name that two tools of the
 toolset share gets ToolBench's `<api>_for_<tool>` instead. Names are cut to 64 characters
 (OpenAI's limit; MCP allows 128) with a numbered suffix should a cut collide. The input schema is a
-JSON schema built from the doc: wire parameter names, JSON types, descriptions, defaults converted
-to the type, and `required`. A parameter imported from an OpenAI function file keeps its own
+JSON schema built from the doc: wire parameter names, JSON types (an array's items of any type),
+descriptions, defaults converted to the type (dropped where they do not convert), and `required` (each
+name once). A parameter imported from an OpenAI function file keeps its own
 schema. Exporting to OpenAI's format and loading the file back (`ToolRegistry`) gives the same
 functions again.
 """
@@ -22,7 +23,9 @@ functions again.
 from __future__ import annotations
 
 import difflib
+import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -31,6 +34,7 @@ from mirrorapi.names import api_key_name, standardize_category
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 
 TOOLSET_KEYS = ("category", "tool", "api", "query")
+MAX_TOOLSET_ITEMS = 256  # distinct items of a spec (a URL's query string): each costs a lookup, some a category's APIs
 NAME_LIMIT = 64
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
 # RapidAPI / ToolBench parameter types -> JSON schema types (anything else is a string: ENUM, DATE, ...)
@@ -60,29 +64,33 @@ class Toolset:
 
 
 class ToolsetCache:
-    """The toolsets of specs already seen (a spec is a URL's query string or a reset's field: bounded, as a
-    client could send endless distinct ones)."""
+    """The toolsets of the specs used last (a spec is a URL's query string or a reset's field: bounded, as a
+    client could send endless distinct ones; the least recently used is forgotten first)."""
 
     def __init__(self, registry: ToolRegistry, limit: int = 1024):
         self.registry, self.limit = registry, limit
-        self._toolsets: dict[str, Toolset] = {}
+        self._toolsets: OrderedDict[str, Toolset] = OrderedDict()
 
     def get(self, spec: str) -> Toolset:
         """The toolset `spec` names; ToolsetError when it names nothing known."""
         toolset = self._toolsets.get(spec)
-        if toolset is None:
-            toolset = select_toolset(self.registry, parse_toolset(spec))
-            if len(self._toolsets) < self.limit:
-                self._toolsets[spec] = toolset
+        if toolset is not None:
+            self._toolsets.move_to_end(spec)
+            return toolset
+        toolset = self._toolsets[spec] = select_toolset(self.registry, parse_toolset(spec))
+        if len(self._toolsets) > self.limit:
+            self._toolsets.popitem(last=False)
         return toolset
 
 
 def parse_toolset(spec: str) -> list[tuple[str, str]]:
     """`category=Data&tool=APIBank/apibank_account` -> [("category", "Data"), ("tool", "APIBank/apibank_account")]."""
-    items = parse_qsl(spec or "", keep_blank_values=False)
+    items = list(dict.fromkeys(parse_qsl(spec or "", keep_blank_values=False)))  # an item named twice is one
     for key, _ in items:
         if key not in TOOLSET_KEYS:
             raise ToolsetError(f"unknown toolset key {key!r} (known: {', '.join(TOOLSET_KEYS)})")
+    if len(items) > MAX_TOOLSET_ITEMS:
+        raise ToolsetError(f"{len(items):,} toolset items: a toolset names at most {MAX_TOOLSET_ITEMS}")
     return items
 
 
@@ -96,7 +104,9 @@ def select_toolset(registry: ToolRegistry, spec: str | list[tuple[str, str]]) ->
         for key, value in items:
             parts = value.split("/")
             if key == "category":
-                found = [d for d in registry if d.category == _category(registry, value)]
+                found = [
+                    d for tool in registry.categories[_category(registry, value)].values() for d in tool.apis.values()
+                ]
             elif key == "tool" and len(parts) == 2:
                 found = list(registry.find_tool(*parts).apis.values())
             elif key == "api" and len(parts) == 3:
@@ -144,9 +154,17 @@ def function_names(docs: list[ApiDoc]) -> dict[str, ApiDoc]:
 
 # ------------------------------------------------------------------------------------ schemas
 def _typed_default(value: Any, json_type: str) -> Any:
-    """A doc's default as a value of the parameter's type; None when it is empty or does not convert."""
+    """A doc's default as a value of the parameter's type; None when it is empty or does not convert (a schema's
+    default should validate against it: an array's "2" is no array)."""
     if value in ("", None):
         return None
+    if json_type in ("array", "object"):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return None
+        return value if isinstance(value, list if json_type == "array" else dict) else None
     if json_type in ("number", "integer") and isinstance(value, str):
         try:
             number = float(value)
@@ -165,6 +183,8 @@ def parameter_schema(param: dict) -> dict:
         return param["schema"]
     json_type = _JSON_TYPES.get(str(param.get("type", "")).strip().upper(), "string")
     schema: dict[str, Any] = {"type": json_type}
+    if json_type == "array":  # items of any type: the docs say none, and OpenAI refuses an array without `items`
+        schema["items"] = {}
     if param.get("description"):
         schema["description"] = str(param["description"])
     default = _typed_default(param.get("default"), json_type)
@@ -179,7 +199,8 @@ def input_schema(doc: ApiDoc) -> dict:
         api_key_name(p["name"]): parameter_schema(p) for p in doc.required_parameters + doc.optional_parameters
     }
     schema: dict[str, Any] = {"type": "object", "properties": properties}
-    required = [api_key_name(p["name"]) for p in doc.required_parameters]
+    # Unique, as JSON Schema wants `required` (some docs list a parameter twice: ToolEnv2404's getCVEBySeverity)
+    required = list(dict.fromkeys(api_key_name(p["name"]) for p in doc.required_parameters))
     if required:
         schema["required"] = required
     return schema

@@ -66,3 +66,53 @@ def test_toolsets_by_category_tool_api_and_query(samples):
 def test_export_of_an_unknown_name_is_one_line(samples, capsys):
     assert main(["tools", "export", "--tools", str(samples / "tools"), "--category", "Nope"]) == 2
     assert capsys.readouterr().err.strip() == "mirrorapi: error: Unknown category 'Nope'."
+
+
+@pytest.mark.shared
+def test_schemas_of_real_docs_are_valid_json_schemas_that_function_callers_take(shared_data, tmp_path):
+    """Two ToolEnv2404 docs as they are: getCVEBySeverity lists its `severity` parameter twice (JSON Schema 2020-12
+    §6.5.3: `required`'s elements MUST be unique, and the MCP spec wants a valid schema as `inputSchema`), and
+    reqres' user_by_id has an ARRAY parameter with the default "2" (an array's default should be an array; and
+    OpenAI's function calling refuses an array schema without `items`)."""
+    import jsonschema
+
+    for category, file in (
+        ("Business_Software", "common_vulnerabilities_and_exposures_cve.json"),
+        ("Advertising", "reqres_dont_change.json"),
+    ):
+        (tmp_path / category).mkdir()
+        (tmp_path / category / file).write_bytes((shared_data / "toolenv/toolenv2404" / category / file).read_bytes())
+    registry = ToolRegistry.load([tmp_path])
+    for doc in registry:
+        schema = input_schema(doc)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        for name, item in schema["properties"].items():
+            assert item["type"] != "array" or "items" in item, (doc.api, name)
+            if "default" in item:
+                assert jsonschema.Draft202012Validator(item).is_valid(item["default"]), (doc.api, name)
+    cve = input_schema(
+        registry.resolve("Business_Software", "common_vulnerabilities_and_exposures_cve", "getCVEBySeverity")
+    )
+    assert cve["required"] == ["severity"]
+    users = input_schema(registry.resolve("Advertising", "reqres_dont_change", "user_by_id"))
+    assert users["properties"]["array"] == {"type": "array", "items": {}}
+
+
+def test_a_toolset_spec_names_each_item_once_and_a_bounded_number_of_them(samples):
+    """A URL's query string repeating `category=` a thousand times took the server 28 s (the category looked up once
+    per API, per item): an item named twice is one, and a spec names at most MAX_TOOLSET_ITEMS."""
+    from mirrorapi.toolsets import MAX_TOOLSET_ITEMS, ToolsetCache
+
+    registry = ToolRegistry.load([samples / "tools"])
+    once = select_toolset(registry, "category=Sports")
+    assert select_toolset(registry, "&".join(["category=Sports"] * 1000)).functions == once.functions
+    many = "&".join(f"api=APIBank/apibank_account/GetUserToken{i}" for i in range(MAX_TOOLSET_ITEMS + 1))
+    with pytest.raises(ToolsetError, match=f"toolset names at most {MAX_TOOLSET_ITEMS}"):
+        select_toolset(registry, many)
+    # The toolsets used last are kept (it kept the first ones it saw, and built every later spec on each use).
+    cache = ToolsetCache(registry, limit=2)
+    first = cache.get("category=Sports")
+    cache.get("tool=APIBank/apibank_account")
+    cache.get("tool=APIBank/apibank_finance")
+    assert cache.get("tool=APIBank/apibank_finance") is cache.get("tool=APIBank/apibank_finance")
+    assert cache.get("category=Sports") is not first  # the least recently used was let go

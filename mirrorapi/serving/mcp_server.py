@@ -271,8 +271,7 @@ class McpFrontDoor:
                 "tool_name": doc.tool,
                 "api_name": doc.api,
                 "tool_input": params.arguments or {},
-            },
-            ensure_ascii=False,
+            }  # ASCII: a lone surrogate in the arguments (valid JSON text) reaches /virtual's check as its escape
         ).encode()
         answer = await self.virtual_server.answer(body, self._session_id(ctx))
         text = answer.body.decode()

@@ -175,3 +175,31 @@ def test_a_call_does_not_list_the_toolset(serve, recorded_cache, engine_down, sa
         answer, version = call(server.url + "/mcp?tool=APIBank/apibank_account", steps, mode="auto")
     assert version == "2026-07-28" and json.loads(answer.content[0].text) == LOGIN_ANSWER
     assert len(listed) == 1  # the client's listing, none for the call
+
+
+def test_a_lone_surrogate_in_a_tool_s_arguments_is_a_tool_error_not_an_internal_one(
+    serve, recorded_cache, engine_down
+):
+    """`"\\ud800"` is valid JSON text (a JavaScript client can send it; the Python SDK client cannot, so the request
+    is written here as a 2026-07-28 client writes it): /virtual answers such tool_input with an error observation,
+    and a tools/call must be that tool's error (isError), not JSON-RPC's -32603 internal error."""
+    import httpx
+
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "checktoken",
+    }
+    call_body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    call_body["params"] = {"_meta": meta, "name": "checktoken", "arguments": {"token": "\ud800"}}
+    with serve(
+        api_base=[engine_down], cache_path=str(recorded_cache), mcp_toolset="tool=APIBank/apibank_account"
+    ) as s:
+        answer = httpx.post(s.url + "/mcp", headers=headers, content=json.dumps(call_body).encode(), timeout=30)
+    assert answer.status_code == 200 and "error" not in answer.json(), answer.text
+    result = answer.json()["result"]
+    # the observation /virtual gives a body with such an escape (pydantic's parser refuses it)
+    assert result["isError"] is True and "Invalid JSON" in json.loads(result["content"][0]["text"])["error"]
