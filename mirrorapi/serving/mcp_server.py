@@ -14,8 +14,8 @@ The simulation session of a call is its `X-Session-Id` header, else its MCP sess
 has no MCP session, names one with the header or goes without.
 
 What one client may hold (`McpSessionBounds`): MCP sessions are bounded in total (`mcp_max_sessions`, the SDK's
-`max_sessions`) and per client address (`mcp_sessions_per_client`), and one idle for `mcp_session_idle_timeout`
-seconds is closed (the SDK's 30 minutes let 10,050 `initialize` requests in 20 s lock every other client out for
+`max_sessions`) and per client address (`mcp_sessions_per_client`), and one with no request in flight for
+`mcp_session_idle_timeout` seconds is closed (the SDK's 30 minutes let 10,050 `initialize` requests in 20 s lock every other client out for
 half an hour). A refusal says which bound and how to get room. Bodies are bounded by `max_body_bytes` like
 /virtual's, and every refusal, the SDK's own included, is a JSON-RPC error object with a JSON content type.
 """
@@ -34,6 +34,8 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body
 from mirrorapi.serving.server import VirtualServer
@@ -47,6 +49,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_CURSOR_DIGITS = 9  # a tools/list cursor is an offset into at most a few hundred thousand tools
 JSON_RPC_INVALID_REQUEST, JSON_RPC_INTERNAL_ERROR = -32600, -32603
 _SESSION_HEADER = MCP_SESSION_ID_HEADER.lower().encode()
+_VERSION_HEADER = MCP_PROTOCOL_VERSION_HEADER.encode()
 
 
 def json_rpc_error(status: int, message: str) -> bytes:
@@ -69,18 +72,26 @@ async def send_refusal(send, status: int, message: str, headers: list | None = N
 
 
 class McpSessionBounds:
-    """The MCP sessions each client address holds (the SDK counts only the total): a session is counted from
-    the answer that opened it until it is deleted, found gone (404), or idle for `idle_seconds` (the SDK closes
-    it then)."""
+    """The MCP sessions each client address holds (the SDK counts only the total). A session is counted from the
+    request that opens it (its slot is taken as the request passes the bounds, so that `initialize` requests sent
+    at once cannot all pass) until it is deleted, found gone (404), or has had no request in flight for
+    `idle_seconds` (the SDK closes it then; a GET stream held open is a request in flight, as the SDK's client keeps
+    one: such a session is in use, however long since its last POST)."""
 
     def __init__(self, total: int, per_client: int, idle_seconds: float):
         self.total, self.per_client, self.idle_seconds = total, per_client, idle_seconds
-        self._sessions: dict[str, tuple[str, float]] = {}  # session id -> (client address, last request)
-        self._by_client: Counter[str] = Counter()
+        # session id -> [client address, requests in flight, when the last one ended]
+        self._sessions: dict[str, list] = {}
+        self._opening: Counter[str] = Counter()  # slots of requests that may open a session, not answered yet
+        self._by_client: Counter[str] = Counter()  # sessions and slots being opened, per client
+
+    def _held(self) -> int:
+        return len(self._sessions) + self._opening.total()
 
     def refusal(self, client: str) -> str | None:
-        """Why `client` may not open one more session now, or None."""
-        if len(self._sessions) >= self.total or self._by_client[client] >= self.per_client:
+        """Why `client` may not open one more session now, or None; None takes a slot for it (`opened` or
+        `not_opened` gives it back once the request is answered)."""
+        if self._held() >= self.total or self._by_client[client] >= self.per_client:
             self._forget_idle()
         idle = f"a session with no request for {self.idle_seconds:g} s is closed"
         if self._by_client[client] >= self.per_client:
@@ -89,34 +100,94 @@ class McpSessionBounds:
                 f"{self.per_client:,} one client may hold (mcp_sessions_per_client). End one (HTTP DELETE with "
                 f"its Mcp-Session-Id) or reuse one; {idle}."
             )
-        if len(self._sessions) >= self.total:
+        if self._held() >= self.total:
             return (
-                f"Too many open MCP sessions: {len(self._sessions):,} of {self.total:,} (mcp_max_sessions). Try "
+                f"Too many open MCP sessions: {self._held():,} of {self.total:,} (mcp_max_sessions). Try "
                 f"again shortly; {idle}."
             )
+        self._opening[client] += 1
+        self._by_client[client] += 1
         return None
 
     def opened(self, session_id: str, client: str) -> None:
-        if session_id not in self._sessions:
-            self._by_client[client] += 1
-        self._sessions[session_id] = (client, time.monotonic())
+        """The request that took a slot for `client` opened `session_id` (it is in flight until it ends)."""
+        self._opening[client] -= 1
+        if session_id in self._sessions:  # not a new one after all: the slot goes back
+            self._by_client[client] -= 1
+        else:
+            self._sessions[session_id] = [client, 1, time.monotonic()]
+        self._opening += Counter()  # drops the client's zero count
 
-    def used(self, session_id: str) -> None:
-        known = self._sessions.get(session_id)
-        if known is not None:
-            self._sessions[session_id] = (known[0], time.monotonic())
+    def not_opened(self, client: str) -> None:
+        self._opening[client] -= 1
+        self._by_client[client] -= 1
+        self._opening += Counter()
+        self._by_client += Counter()
+
+    def started(self, session_id: str) -> None:
+        held = self._sessions.get(session_id)
+        if held is not None:
+            held[1] += 1
+
+    def finished(self, session_id: str) -> None:
+        held = self._sessions.get(session_id)
+        if held is not None:
+            held[1] -= 1
+            held[2] = time.monotonic()
 
     def ended(self, session_id: str) -> None:
-        known = self._sessions.pop(session_id, None)
-        if known is not None:
-            self._by_client[known[0]] -= 1
-            if not self._by_client[known[0]]:
-                del self._by_client[known[0]]
+        held = self._sessions.pop(session_id, None)
+        if held is not None:
+            self._by_client[held[0]] -= 1
+            if not self._by_client[held[0]]:
+                del self._by_client[held[0]]
 
     def _forget_idle(self) -> None:
         stale = time.monotonic() - self.idle_seconds
-        for session_id in [s for s, (_, last) in self._sessions.items() if last < stale]:
+        for session_id in [s for s, (_, in_flight, last) in self._sessions.items() if not in_flight and last < stale]:
             self.ended(session_id)
+
+
+class BoundedRequest:
+    """One request at /mcp as the session bounds see it: the slot it takes when it may open a session (a POST
+    without `Mcp-Session-Id` of a protocol version with the initialize handshake: a 2026-07-28 request opens none,
+    and the SDK answers it apart), and the session it is in flight for."""
+
+    def __init__(self, bounds: McpSessionBounds, scope: dict):
+        headers = scope["headers"]
+        self.bounds, self.method = bounds, scope["method"]
+        self.client = scope["client"][0] if scope.get("client") else "unknown"
+        self.session_id = next((v.decode("latin-1") for k, v in headers if k == _SESSION_HEADER), None)
+        version = next((v.decode("latin-1") for k, v in headers if k == _VERSION_HEADER), None)
+        handshake = version is None or version in HANDSHAKE_PROTOCOL_VERSIONS
+        self.opening = self.session_id is None and self.method == "POST" and handshake
+        self.opened: str | None = None
+
+    def refusal(self) -> str | None:
+        """Why the request may not go on (a session it may open would pass a bound), or None."""
+        if self.opening:
+            return self.bounds.refusal(self.client)
+        if self.session_id is not None:
+            self.bounds.started(self.session_id)
+        return None
+
+    def answered(self, status: int, new_session: str | None) -> None:
+        if self.opening:
+            self.opening = False
+            if new_session is not None and status < 400:
+                self.bounds.opened(new_session, self.client)
+                self.opened = new_session
+            else:
+                self.bounds.not_opened(self.client)
+        elif self.session_id is not None and (status == 404 or self.method == "DELETE" and status < 400):
+            self.bounds.ended(self.session_id)
+
+    def done(self) -> None:
+        if self.opening:  # no answer was sent (the client went away)
+            self.bounds.not_opened(self.client)
+        for session_id in (self.session_id, self.opened):
+            if session_id is not None:
+                self.bounds.finished(session_id)
 
 
 class McpFrontDoor:
@@ -183,15 +254,11 @@ class McpFrontDoor:
             )
         except ClientGone:
             return
-        session_id = next((v.decode("latin-1") for k, v in scope["headers"] if k == _SESSION_HEADER), None)
-        client = scope["client"][0] if scope.get("client") else "unknown"
-        if session_id is None and scope["method"] == "POST":
-            refusal = self.bounds.refusal(client)
-            if refusal is not None:
-                logger.warning("MCP session refused: %s", refusal)
-                return await send_refusal(send, 503, refusal, [(b"retry-after", b"5")])
-        elif session_id is not None:
-            self.bounds.used(session_id)
+        tracked = BoundedRequest(self.bounds, scope)
+        refusal = tracked.refusal()
+        if refusal is not None:
+            logger.warning("MCP session refused: %s", refusal)
+            return await send_refusal(send, 503, refusal, [(b"retry-after", b"5")])
 
         delivered = False
 
@@ -209,11 +276,9 @@ class McpFrontDoor:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = message.get("headers", [])
-                opened = next((v.decode("latin-1") for k, v in headers if k.lower() == _SESSION_HEADER), None)
-                if session_id is None and opened is not None and status < 400:
-                    self.bounds.opened(opened, client)
-                elif session_id is not None and (status == 404 or scope["method"] == "DELETE" and status < 400):
-                    self.bounds.ended(session_id)
+                tracked.answered(
+                    status, next((v.decode("latin-1") for k, v in headers if k.lower() == _SESSION_HEADER), None)
+                )
                 if status >= 400 and not any(
                     k.lower() == b"content-type" and v.startswith(b"application/json") for k, v in headers
                 ):
@@ -225,7 +290,10 @@ class McpFrontDoor:
                 return await send_refusal(send, status, text)
             await send(message)
 
-        await self._sdk(scope, replay, answer)
+        try:
+            await self._sdk(scope, replay, answer)
+        finally:
+            tracked.done()
 
     # ------------------------------------------------------------------------------- toolsets
     def toolset(self, ctx) -> Toolset:

@@ -408,3 +408,46 @@ def test_the_large_body_worker_ends_with_its_server(sample_tools, tmp_path):
     finally:
         if not gone():
             os.kill(pid, signal.SIGKILL)
+
+
+def test_initialize_requests_sent_at_once_cannot_pass_the_per_client_bound(serve, engine_down, tmp_path):
+    """Each request's slot is taken as it passes the bound, not when the SDK's answer opens the session: twelve
+    `initialize` requests sent at once by one client got twelve sessions with a bound of 2."""
+    import concurrent.futures
+
+    with (
+        serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine_down], mcp_sessions_per_client=2) as server,
+        client_from(server.url, "127.0.0.1") as client,
+        concurrent.futures.ThreadPoolExecutor(12) as pool,
+    ):
+        statuses = sorted(r.status_code for r in pool.map(lambda _: initialize(client), range(12)))
+    assert statuses == [200, 200] + [503] * 10
+
+
+def test_a_session_in_use_by_the_sdk_client_stays_counted_past_the_idle_timeout(serve, engine_down, tmp_path):
+    """The SDK's client keeps a GET stream open for its session, and the SDK keeps a session with a request in
+    flight open however long since its last POST: the bound counted such a session only until `idle_seconds` after
+    its last POST, so one client could open every session. A 2026-07-28 client opens no session: it is not refused
+    for the sessions others hold."""
+
+    async def main(url: str):
+        async with Client(streamable_http_client(url + "/mcp"), mode="legacy") as client:
+            await client.list_tools()
+            await asyncio.sleep(2.5)  # past the idle timeout: the GET stream is still open
+            with client_from(url, "127.0.0.1") as raw:
+                second = initialize(raw)
+            async with Client(streamable_http_client(url + "/mcp"), mode="2026-07-28") as stateless:
+                tools = await stateless.list_tools()  # from the same address, while its one session is held
+            listed = await client.list_tools()  # the session is still the client's
+        return second, listed, tools
+
+    with serve(
+        cache_path=str(tmp_path / "c.sqlite"),
+        api_base=[engine_down],
+        mcp_sessions_per_client=1,
+        mcp_session_idle_timeout=1.0,
+        mcp_toolset="tool=APIBank/apibank_account",
+    ) as server:
+        second, listed, tools = asyncio.run(main(server.url))
+    assert second.status_code == 503 and "mcp_sessions_per_client" in is_json_rpc_error(second)
+    assert listed.tools and tools.tools
