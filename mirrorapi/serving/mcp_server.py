@@ -15,9 +15,10 @@ has no MCP session, names one with the header or goes without.
 
 What one client may hold (`McpSessionBounds`): MCP sessions are bounded in total (`mcp_max_sessions`, the SDK's
 `max_sessions`) and per client address (`mcp_sessions_per_client`), and one with no request in flight for
-`mcp_session_idle_timeout` seconds is closed (the SDK's 30 minutes let 10,050 `initialize` requests in 20 s lock every other client out for
-half an hour). A refusal says which bound and how to get room. Bodies are bounded by `max_body_bytes` like
-/virtual's, and every refusal, the SDK's own included, is a JSON-RPC error object with a JSON content type.
+`mcp_session_idle_timeout` seconds is closed (the SDK's 30 minutes let 10,050 `initialize` requests in 20 s
+lock every other client out for half an hour). A refusal says which bound and how to get room. Bodies are
+bounded by `max_body_bytes` like /virtual's, and every refusal, the SDK's own included, is a JSON-RPC error
+object with a JSON content type.
 """
 
 from __future__ import annotations
