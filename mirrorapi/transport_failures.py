@@ -53,7 +53,7 @@ _MESSAGE_RULES = (
         "rate_limit",
         re.compile(
             r"rate.?limit|too many requests|quota (is |has been )?exceeded|exceeded (the |your )?"
-            r"(monthly |daily |request )?(quota|limit)",
+            r"(monthly |daily |request )?(quota|limit)|check credits balance",
             re.IGNORECASE,
         ),
     ),
@@ -78,7 +78,10 @@ _MESSAGE_RULES = (
             re.IGNORECASE,
         ),
     ),
-    ("gateway", re.compile(r"bad gateway|gateway time-?out|upstream (connect )?error", re.IGNORECASE)),
+    (
+        "gateway",
+        re.compile(r"bad gateway|gateway time-?out|upstream (connect )?error|error in the gateway", re.IGNORECASE),
+    ),
     (
         "server_error",
         re.compile(
@@ -91,7 +94,7 @@ _MESSAGE_RULES = (
         "unavailable",
         re.compile(
             r"service not found|\bapi (doesn'?t|does not) exists?|endpoint[^.]{0,40}"
-            r"(does not exist|not found)|no route matched|api is unreachable",
+            r"(does not exist|not found)|no route matched|api is unreachable|api \(not working\)",
             re.IGNORECASE,
         ),
     ),
@@ -111,6 +114,7 @@ _STATUS_MARKER = re.compile(r"status_code=(429|5\d\d)\b")
 _MESSAGE_KEYS = frozenset(
     {
         "message",
+        "messages",  # RapidAPI's "The API is unreachable..." envelope
         "msg",
         "error",
         "errors",
@@ -127,6 +131,7 @@ _MESSAGE_KEYS = frozenset(
     }
 )
 _STATUS_KEYS = frozenset({"status", "statuscode", "status_code", "code", "http_status", "httpstatus"})
+_PROBLEM_KEYS = _STATUS_KEYS | {"detail"}
 _HTML_TEXT = re.compile(r"<(title|h1)[^>]*>(.*?)</\1>", re.IGNORECASE | re.DOTALL)
 _SMALL_OBJECT_KEYS = 8  # a message envelope, not a payload that happens to have a `message` field
 _SHORT_TEXT = 300  # a plain-text reply this short is a message, longer text is content
@@ -160,9 +165,13 @@ def _message_parts(response: Any) -> tuple[list[str], list[int]]:
         return [], []
     texts: list[str] = []
     statuses: list[int] = []
+    # `title` is a message only beside a status or problem details' `detail` (RFC 9457): {"title":
+    # "Forbidden", "year": 1997} is a film.
+    keys = {str(k).lower() for k in value}
+    message_keys = _MESSAGE_KEYS if keys & _PROBLEM_KEYS else _MESSAGE_KEYS - {"title"}
     # A numeric `code`/`status` is an HTTP status only in an error envelope ({"status": 500, "message":
     # ...}); {"code": 404, "city": ...} is a payload whose field happens to be called `code`.
-    envelope = len(value) <= 2 or any(str(k).lower() in _MESSAGE_KEYS for k in value)
+    envelope = len(value) <= 2 or bool(keys & message_keys)
     for key, item in value.items():
         lowered = str(key).lower()
         if lowered in _STATUS_KEYS:
@@ -172,7 +181,7 @@ def _message_parts(response: Any) -> tuple[list[str], list[int]]:
                 statuses += [int(item.strip())] if envelope else []
             elif isinstance(item, str):
                 texts.append(item)
-        elif lowered in _MESSAGE_KEYS:
+        elif lowered in message_keys:
             if isinstance(item, str):
                 texts.append(item)
             elif isinstance(item, dict):  # {"error": {"message": "...", "code": 429}}

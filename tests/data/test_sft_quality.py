@@ -45,6 +45,16 @@ def test_transport_error_strings(error, kind):
         ("Internal Server Error", "server_error"),
         ("{'message': \"Endpoint '/search/shows' does not exist\"}", "unavailable"),
         ("The request timed out", "timeout"),
+        # RapidAPI's own texts, as StableToolBench's executor (`process_error`) tells them apart: "API not working
+        # error...", "Gateway error...", "Rate limit error..."
+        (
+            "{'messages': 'The API is unreachable, please contact the API provider', "
+            "'info': 'Your Client (working) ---> Gateway (working) ---> API (not working)'}",
+            "unavailable",
+        ),
+        ("Oops, an error in the gateway has occurred.", "gateway"),
+        ("Access restricted. Check credits balance or enter the correct API key.", "rate_limit"),
+        ("{'type': 'about:blank', 'title': 'Forbidden', 'status': 403}", "auth"),  # RFC 9457 problem details
     ],
 )
 def test_transport_failures_in_the_message(response, kind):
@@ -70,6 +80,7 @@ def test_transport_failures_in_the_message(response, kind):
             "",
         ),
         ("Message error...", "{'statusCode': 400, 'error': 'Bad Request', 'message': 'Invalid request query input'}"),
+        ("", "{'title': 'Forbidden', 'year': 1997, 'type': 'movie'}"),  # a film, not a refusal
     ],
 )
 def test_genuine_answers_are_kept(error, response):
