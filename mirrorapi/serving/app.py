@@ -118,7 +118,7 @@ class VirtualEndpoint:
             if name == SESSION_HEADER:
                 session_id = value.decode("latin-1")
                 break
-        answer = await self.server.answer(body, session_id)
+        answer = await self.server.answer(body, session_id, lambda: deadline.lost)
         await send_json(send, answer.status, answer.body, answer_headers(answer.outcome, answer.provenance))
 
     async def dispatch(self, scope, receive, send) -> None:

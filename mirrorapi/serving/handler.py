@@ -26,6 +26,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -96,8 +97,11 @@ class VirtualApi:
         self.responder = Responder(settings, cache, simulator, metrics, self.check_miss, lease_holder)
         self.large_bodies = LargeBodies()
 
-    async def answer(self, body: bytes, session_id: str | None = None) -> Answer:
-        """The answer to a /virtual body; `session_id` is the transport's (header, MCP session)."""
+    async def answer(
+        self, body: bytes, session_id: str | None = None, client_gone: Callable[[], bool] | None = None
+    ) -> Answer:
+        """The answer to a /virtual body; `session_id` is the transport's (header, MCP session); `client_gone`
+        whether its client is still there to be given the answer (see `_respond`)."""
         answer = Answer(200, b"", "")
         stages, clock = answer.stages, time.perf_counter
         start = clock()
@@ -140,7 +144,7 @@ class VirtualApi:
             doc = self.resolve(request.category, request.tool_name, request.api_name)
             answer.names = (doc.category, doc.tool, doc.api)
             stages["resolve"] = clock() - now
-            await self._respond(answer, doc, arguments, key, request.session_id or session_id)
+            await self._respond(answer, doc, arguments, key, request.session_id or session_id, client_gone)
             return answer
         except Exception as exc:  # every failure becomes an observation (or a 422), never a 500
             return _failed(answer, exc)
@@ -163,9 +167,17 @@ class VirtualApi:
             answer.stages["total"] = time.perf_counter() - start
 
     async def _respond(
-        self, answer: Answer, doc: ApiDoc, arguments: dict | None, key: str, session_id: str | None
+        self,
+        answer: Answer,
+        doc: ApiDoc,
+        arguments: dict | None,
+        key: str,
+        session_id: str | None,
+        client_gone: Callable[[], bool] | None = None,
     ) -> None:
-        """The answer of a resolved call, in its session (when it has one); the session advanced by it."""
+        """The answer of a resolved call, in its session (when it has one); the session advanced by it, unless its
+        client has gone (gave up waiting: the agent never saw this answer, and will likely ask again; the answer
+        is in the cache under the same history, so the retry is answered the same and enters the session once)."""
         session, history, settings = None, None, self.settings
         if session_id and len(session_id) > MAX_SESSION_ID_CHARS:
             raise SessionIdError(
@@ -203,7 +215,7 @@ class VirtualApi:
         answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
         answer.rationale, answer.parsed, answer.second_try = reply.rationale, reply.parsed, reply.second_try
         answer.cache, answer.outcome = ("hit", "hit") if reply.hit else ("miss", "simulated")
-        if session is not None and session_id:
+        if session is not None and session_id and not (client_gone is not None and client_gone()):
             try:
                 await self._advance_session(session_id, doc, key, reply.observation)
             except CacheError as exc:  # the answer is still good: give it, as an unstored simulation is given

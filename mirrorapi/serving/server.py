@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from mirrorapi.engine_client import EngineClient
 from mirrorapi.serving.answer import Answer
@@ -106,9 +106,12 @@ class VirtualServer:
         gc.freeze()
         return cls(settings, registry, cache)
 
-    async def answer(self, body: bytes, session_id: str | None = None) -> Answer:
-        """The answer to a /virtual body (whichever door it came by), counted in the metrics and logged."""
-        return self._recorded(await self.virtual.answer(body, session_id))
+    async def answer(
+        self, body: bytes, session_id: str | None = None, client_gone: Callable[[], bool] | None = None
+    ) -> Answer:
+        """The answer to a /virtual body (whichever door it came by), counted in the metrics and logged;
+        `client_gone` (the HTTP door's) says whether the client has closed its connection."""
+        return self._recorded(await self.virtual.answer(body, session_id, client_gone))
 
     async def answer_call(self, doc: ApiDoc, arguments: dict, session_id: str | None) -> Answer:
         """The answer to a call of a known API (an OpenEnv step), as /virtual gives it; counted and logged."""

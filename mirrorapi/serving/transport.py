@@ -172,6 +172,7 @@ class ReceiveDeadline(asyncio.Protocol):
         self._unhandled = 0  # bytes of the request coming in read before its handler started (-1: it has started)
         self._answering = False  # a request is whole and its answer not sent yet: later bytes wait their turn
         self._lingering: asyncio.TimerHandle | None = None
+        self.lost = False  # the connection is closed: a client that gave up on its answer (a timeout) is gone
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # a stream (uvloop's is no asyncio subclass)
@@ -201,6 +202,7 @@ class ReceiveDeadline(asyncio.Protocol):
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         self._upgraded()  # no deadline any more, as for a connection that became a WebSocket
         if self._lingering is not None:  # the inner protocol was told at the 408
             self._lingering.cancel()
@@ -294,6 +296,8 @@ def _connections_of(app: Any) -> Connections | None:
 
 
 class _NoDeadline:
+    lost = False  # not known without the protocol: taken as there
+
     @staticmethod
     def started() -> None:
         pass

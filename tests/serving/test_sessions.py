@@ -425,3 +425,36 @@ def test_a_system_prompt_file_is_the_stateless_calls_in_the_data_as_on_the_serve
     for record in records:
         in_session = record["prompt_format"] == SESSION_FORMAT
         assert record["prompt"] == served[(record["step"], in_session)], (record["step"], record["prompt_format"])
+
+
+def test_a_call_whose_client_gave_up_enters_its_session_once_when_asked_again(serve, tmp_path):
+    """A client that stops waiting (its timeout, on a slow CPU engine) never saw the answer; the server finished the
+    simulation and put the call in the session all the same, and the client's retry put it there again. Now the
+    call waits for the retry, which the cache answers the same (the same call after the same history)."""
+    import time
+
+    import httpx
+
+    from harness.fake_engines import FixedReplyEngine
+
+    class SlowBalance(FixedReplyEngine):  # the balance call takes 1.5 s: the client below waits 0.3 s
+        def chat(self, request):
+            if "querybalance" in request["messages"][-1]["content"].rsplit("API documentation", 1)[-1].lower():
+                time.sleep(1.5)
+            return super().chat(request)
+
+    stock = ("APIBank", "apibank_finance", "QueryStock", {"stock_code": "NFLX", "date": "2023-03-02"})
+    with (
+        SlowBalance('{"error": "", "response": {"balance": 10}}') as engine,
+        serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine.url]) as server,
+    ):
+        session = {"X-Session-Id": "s"}
+        assert server.client.post("/virtual", json=body(*LOGIN[:4]), headers=session).status_code == 200
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(server.url + "/virtual", json=body(*BALANCE), headers=session, timeout=0.3)
+        time.sleep(2.0)  # the server has finished that call
+        retried = server.client.post("/virtual", json=body(*BALANCE), headers=session)
+        assert retried.status_code == 200 and retried.headers["x-mirrorapi-outcome"] == "hit"
+        assert server.client.post("/virtual", json=body(*stock), headers=session).status_code == 200
+    prompt = [r for r in engine.requests if r["messages"][0]["role"] == "system"][-1]["messages"][-1]["content"]
+    assert prompt.count('"api":"querybalance"') == 1 and '"username":"JaneSmith"' in prompt
