@@ -27,6 +27,7 @@ import json
 import logging
 import time
 from collections import Counter
+from http import HTTPStatus
 from typing import Any
 
 from mcp import types
@@ -286,9 +287,10 @@ class McpFrontDoor:
                     held = message
                     return
             elif held is not None and message["type"] == "http.response.body":
-                text = message.get("body", b"").decode("utf-8", "replace").strip() or "refused"
-                status, held = held["status"], None
-                return await send_refusal(send, status, text)
+                status, kept = held["status"], [(k, v) for k, v in held.get("headers", []) if k.lower() == b"allow"]
+                text = message.get("body", b"").decode("utf-8", "replace").strip() or HTTPStatus(status).phrase
+                held = None
+                return await send_refusal(send, status, text, kept)  # a 405's Allow stays (RFC 9110 §15.5.6)
             await send(message)
 
         try:

@@ -117,6 +117,11 @@ def test_mcp_honours_max_body_bytes_and_answers_json(serve, engine_down, tmp_pat
         )
         assert wrong.status_code == 400
         assert "Content-Type" in is_json_rpc_error(wrong)
+        # A 2026-07-28 GET (the SDK answers 405 with no body): the method's refusal keeps its Allow header, which
+        # RFC 9110 §15.5.6 says a 405 MUST carry, and says what it is.
+        modern_get = server.client.get("/mcp", headers={**MCP_HEADERS, "mcp-protocol-version": "2026-07-28"})
+        assert modern_get.status_code == 405 and modern_get.headers["allow"] == "POST"
+        assert is_json_rpc_error(modern_get) == "Method Not Allowed"
         assert initialize(server.client).status_code == 200
 
 
