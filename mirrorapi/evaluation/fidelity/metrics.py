@@ -47,7 +47,11 @@ def payload_text(observation: dict | None) -> str:
 def is_error(observation: dict | None) -> bool:
     """An error observation: the API's failure (`transport_failures.api_failed`: `error` set, or an in-band error
     reply such as tau-bench's "Error: ...")."""
-    return bool(observation) and api_failed(observation.get("error", ""), observation.get("response", ""))
+    return (
+        observation is not None
+        and bool(observation)
+        and api_failed(observation.get("error", ""), observation.get("response", ""))
+    )
 
 
 def json_structure(response: Any) -> Any:
