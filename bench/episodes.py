@@ -9,7 +9,7 @@ Each variant is a real server process (`serving/main_mirrorapi.py`, log level wa
 tools with the sample's real pairs imported into its cache. Each episode is a WebSocket on `/ws` (OpenEnv's
 session endpoint, the messages of OpenEnv's client; this process drives them with the `websockets` client,
 cheaper per step than openenv-core's, on uvloop), reset on the toolset `tool=APIBank/apibank_account`:
-- `hits`: every step calls one of the toolset's 44 recorded calls (a cache hit whatever the session history:
+- `hits`: every step calls one of the toolset's 34 recorded calls (a cache hit whatever the session history:
   recorded answers serve every session), so the server's whole per-step path runs and no engine;
 - `stub`: every step is a new call, simulated by a stub engine process answering each after 50 ms.
 The episodes are opened first (256 handshakes at a time), each steps once, and the server's VmRSS then, less

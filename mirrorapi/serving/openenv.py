@@ -64,6 +64,11 @@ MAX_EPISODE_TOOLS = 2048  # an agent is given a toolset, not the whole registry 
 MAX_EPISODE_ID_CHARS = 255  # OpenEnv's own bound (ResetRequest.episode_id)
 REFUSAL_WAIT_SECONDS = 10.0  # for the first message of a WebSocket refused for capacity, to answer it
 STATE_CALLS = 256  # the calls `state` lists (the newest); `step_count` counts them all
+# What `state` keeps of a call (an episode holds STATE_CALLS of them): its arguments up to this many characters of
+# JSON, and the answer's bytes up to this many (only its error is shown; a longer answer keeps just that). Whole, a
+# call of a megabyte each gave `state` a 120 MB reply, past OpenEnv's client limit (100 MB): the socket closed.
+STATE_ARGUMENT_CHARS = 4096
+STATE_ANSWER_BYTES = 4096
 # What echoes a client's text (tool names, arguments, episode ids) is written in ASCII: a lone surrogate that came
 # in as JSON ("\ud83d") goes out as the same escape, where UTF-8 could not encode it. The tool lists are ours.
 _ENCODE = json.JSONEncoder().encode
@@ -79,6 +84,10 @@ class EpisodeError(ValueError):
         self.code = code
 
 
+class EpisodeIdTaken(EpisodeError):
+    """A reset naming the id of another live episode (HTTP 409)."""
+
+
 @dataclass(slots=True)
 class Episode:
     episode_id: str
@@ -89,6 +98,9 @@ class Episode:
     # (tool, arguments, the /virtual answer's bytes and its provenance) or (tool, arguments, None, why not called)
     calls: deque = field(default_factory=lambda: deque(maxlen=STATE_CALLS))
     last_used: float = 0.0
+    # One action at a time, as OpenEnv steps an environment: two HTTP steps of one episode sent at once would each
+    # be simulated without the other in its history, and the session would then hold both (a rerun differs).
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Episodes:
@@ -104,13 +116,18 @@ class Episodes:
         self.toolsets = server.toolsets
         self._tool_lists: dict[str, str] = {}  # by toolset spec: the JSON of what reset and list_tools give
         self.over_http: dict[str, Episode] = {}
+        # The named episode ids of open WebSockets, and which connection holds each: an id names one live episode
+        # (its session: two rollouts under one id would each be answered with the other's calls in its history)
+        self.on_websockets: dict[str, object] = {}
         self.connected = 0  # episodes of open WebSockets
         self.opening = 0  # HTTP resets waiting for the store: each holds the place its episode will take
         self._swept = time.monotonic()  # when idle HTTP episodes were last let go
 
     # ------------------------------------------------------------------------------------ episodes
-    async def reset(self, data: Any) -> Episode:
-        """A new episode from a reset's fields (see the module doc); EpisodeError for fields it cannot take."""
+    async def reset(self, data: Any, owner: object = None) -> Episode:
+        """A new episode from a reset's fields (see the module doc); EpisodeError for fields it cannot take, or
+        for an `episode_id` another live episode holds. `owner`: the WebSocket connection asking (None: HTTP),
+        which holds a named id from now on (`release` lets it go)."""
         if not isinstance(data, dict):
             raise EpisodeError('reset takes an object: {"toolset", "task", "episode_id"}, each optional')
         task_id, spec, episode_id = data.get("task"), data.get("toolset"), data.get("episode_id")
@@ -142,25 +159,27 @@ class Episodes:
         if episode_id is None:
             episode_id = uuid.uuid4().hex
         else:
-            episode_id = str(episode_id)
-            if not episode_id or len(episode_id) > MAX_EPISODE_ID_CHARS:
-                raise EpisodeError(
-                    f"reset: episode_id must have 1 to {MAX_EPISODE_ID_CHARS} characters, got {len(episode_id):,}"
+            episode_id = _named_episode_id(str(episode_id))
+            holder = self.on_websockets.get(episode_id, owner)
+            if holder is not owner or owner is not None and episode_id in self.over_http:
+                raise EpisodeIdTaken(
+                    f"reset: episode_id {episode_id[:100]!r} is another live episode's (an open WebSocket's, or "
+                    "one opened over HTTP): an id names one episode, whose calls its simulator sees. Name another "
+                    "(or none: the server names it), or end that one first"
                 )
-            if (control := control_character(episode_id)) is not None:
-                raise EpisodeError(
-                    f"reset: episode_id holds the control character {control!r}: an id is printable text"
-                )
-            if not episode_id.isascii():
-                try:
-                    episode_id.encode("utf-8")
-                except UnicodeEncodeError as exc:  # no store can keep its session
-                    raise EpisodeError(
-                        f"reset: episode_id holds a lone surrogate {episode_id[exc.start : exc.end]!r}: "
-                        "not valid Unicode text"
-                    ) from None
-            await self._start_over(episode_id)
+            if owner is not None:
+                self.on_websockets[episode_id] = owner  # taken now: a reset at the same time on another is refused
+            try:
+                await self._start_over(episode_id)
+            except BaseException:
+                self.release(episode_id, owner)
+                raise
         return Episode(episode_id, spec, toolset, task, last_used=time.monotonic())
+
+    def release(self, episode_id: str, owner: object) -> None:
+        """The WebSocket `owner` no longer holds `episode_id` (it reset to another, or closed)."""
+        if owner is not None and self.on_websockets.get(episode_id) is owner:
+            del self.on_websockets[episode_id]
 
     async def _start_over(self, episode_id: str) -> None:
         """A session used before under this id starts again from no calls (a new episode, not a continued one)."""
@@ -175,7 +194,8 @@ class Episodes:
                 "episode_id": episode.episode_id,
                 "toolset": episode.toolset_spec,
                 "task": episode.task,
-                "metadata": {"episode_id": episode.episode_id},
+                # also here: OpenEnv's MCPToolClient keeps only `tools` and `metadata` of a reset's observation
+                "metadata": {"episode_id": episode.episode_id, "toolset": episode.toolset_spec, "task": episode.task},
             }
         )
         return '{"observation":' + head[:-1] + ',"tools":' + self.tools_json(episode) + '},"reward":null,"done":false}'
@@ -206,7 +226,10 @@ class Episodes:
         doc = episode.toolset.functions.get(name) if isinstance(name, str) else None
         if doc is not None and isinstance(arguments, dict):
             answer = await self.call(episode, doc, arguments)
-            episode.calls.append((name, arguments, answer.body, answer.provenance))
+            body = answer.body
+            if len(body) > STATE_ANSWER_BYTES:  # only its error is shown: kept as the JSON of an answer without one
+                body = _ENCODE({"error": json.loads(body).get("error", "")}).encode()
+            episode.calls.append((name, _kept_arguments(arguments), body, answer.provenance))
             metadata.update(provenance=answer.provenance, cache=answer.cache, outcome=answer.outcome)
             return (
                 f'{{"observation":{{"tool_name":{_ENCODE(name)},"result":{answer.body.decode()},"error":null,'
@@ -225,7 +248,7 @@ class Episodes:
                 "error_type": "invalid_args",
                 "message": (f"arguments must be an object of the tool's parameters, got {type(arguments).__name__}"),
             }
-        episode.calls.append((name, arguments, None, error["message"]))
+        episode.calls.append((name, _kept_arguments(arguments), None, error["message"]))
         return _ENCODE(
             {
                 "observation": {"tool_name": name, "result": None, "error": error, "metadata": metadata},
@@ -305,6 +328,7 @@ class Episodes:
         self.connected += 1
         jsonrpc_only = scope["path"] == MCP_WS_PATH
         episode: Episode | None = None  # until a reset, or a message that needs one (then on the default toolset)
+        owner = object()  # this connection, as the holder of the episode id it named
         try:
             while True:
                 message = await receive()
@@ -318,7 +342,7 @@ class Episodes:
                     try:
                         # The toolset of the URL (`/mcp?tool=...`), as HTTP /mcp reads it, else the default.
                         spec = scope.get("query_string", b"").decode("latin-1")
-                        episode = episode or await self.reset({"toolset": spec} if spec else {})
+                        episode = episode or await self.reset({"toolset": spec} if spec else {}, owner)
                         reply = await self.json_rpc(episode, text)
                     except EpisodeError as exc:
                         reply = json_rpc_error(400, str(exc)).decode()
@@ -326,14 +350,21 @@ class Episodes:
                         logger.exception("an /mcp WebSocket message failed")
                         reply = json_rpc_error(500, f"Internal error: {type(exc).__name__}: {exc}").decode()
                 else:
-                    reply, episode = await self.on_message(episode, text)
+                    before = episode
+                    reply, episode = await self.on_message(episode, text, owner)
+                    if before is not None and episode is not None and before.episode_id != episode.episode_id:
+                        self.release(before.episode_id, owner)
                 if reply is None:  # {"type": "close"}
                     return await send({"type": "websocket.close", "code": 1000})
                 await send({"type": "websocket.send", "text": reply})
         finally:
             self.connected -= 1
+            if episode is not None:  # only once its last step is done: a new socket may take the id then
+                self.release(episode.episode_id, owner)
 
-    async def on_message(self, episode: Episode | None, text: str) -> tuple[str | None, Episode | None]:
+    async def on_message(
+        self, episode: Episode | None, text: str, owner: object = None
+    ) -> tuple[str | None, Episode | None]:
         """The reply to one message of `/ws` (None: close), and the episode from then on (before any reset, one on
         the default toolset, as OpenEnv's servers give a connection)."""
         try:
@@ -343,7 +374,7 @@ class Episodes:
         kind = message.get("type") if isinstance(message, dict) else None
         try:
             if kind == "reset":
-                episode = await self.reset(message.get("data") or {})
+                episode = await self.reset(message.get("data") or {}, owner)
                 return '{"type":"observation","data":' + self.observation_of_reset(episode) + "}", episode
             if kind == "close":
                 return None, episode
@@ -351,7 +382,7 @@ class Episodes:
                 return _ws_error(
                     f"Unknown message type: {str(kind)[:60]} (reset, step, state, close, mcp)", "UNKNOWN_TYPE"
                 ), episode
-            current = episode or await self.reset({})
+            current = episode or await self.reset({}, owner)
             if kind == "step":
                 return '{"type":"observation","data":' + await self.step(current, message.get("data")) + "}", current
             if kind == "state":
@@ -374,7 +405,8 @@ class Episodes:
                 return _rpc_error(None, JSON_RPC_PARSE_ERROR, f"Parse error: {_why(exc)}")
         if not isinstance(request, dict) or not isinstance(request.get("method"), str):
             return json_rpc_error(400, "Invalid Request: a JSON-RPC 2.0 request object").decode()
-        request_id, method, params = request.get("id"), request["method"], request.get("params") or {}
+        request_id, method, params = request.get("id"), request["method"], request.get("params")
+        params = {} if params is None else params
         if not isinstance(params, dict):
             return _rpc_error(request_id, JSON_RPC_INVALID_PARAMS, "params must be an object")
         if method == "tools/list":
@@ -388,7 +420,11 @@ class Episodes:
         observation = json.loads(
             await self.step(
                 episode,
-                {"type": "call_tool", "tool_name": params.get("name"), "arguments": params.get("arguments") or {}},
+                {
+                    "type": "call_tool",
+                    "tool_name": params.get("name"),
+                    "arguments": {} if params.get("arguments") is None else params["arguments"],  # [] is a mistake
+                },
             )
         )["observation"]
         if observation["error"] is not None:
@@ -426,24 +462,13 @@ class Episodes:
             if not isinstance(data, dict):
                 raise EpisodeError("the body must be a JSON object")
             if path == "/reset":
-                # Idle episodes are let go now and then (a sweep costs one look at each), not only when full.
-                if time.monotonic() - self._swept > self.idle_seconds / 10:
-                    self._forget_idle()
-                named = data.get("episode_id")
-                held = isinstance(named, str) and named in self.over_http  # reset again: it keeps its place
-                refusal = None if held else self.room()
-                if refusal is not None:
-                    return await send_json(send, 503, _detail(refusal), [(b"retry-after", b"5")])
-                self.opening += not held  # its place, while the store starts its session over
-                try:
-                    episode = await self.reset(data)
-                finally:
-                    self.opening -= not held
-                self.over_http[episode.episode_id] = episode
-                return await send_json(send, 200, self.observation_of_reset(episode).encode())
+                return await self._reset_over_http(data, send)
             episode = self._known(data.get("episode_id"))
-            return await send_json(send, 200, (await self.step(episode, data.get("action"))).encode())
-        except BodyTooLarge as exc:
+            async with episode.lock:
+                observation = await self.step(episode, data.get("action"))
+            return await send_json(send, 200, observation.encode())
+        except BodyTooLarge as exc:  # as /virtual answers it: the connection closes (the rest of the body is not read)
+            self.server.refused(413, "body_too_large", f"{path}: {exc.args[0]:,} bytes or more")
             return await send_json(
                 send,
                 413,
@@ -451,11 +476,14 @@ class Episodes:
                     f"Request body too large: {exc.args[0]:,} bytes or more (this "
                     f"server takes up to {self.max_body:,})"
                 ),
+                [(b"connection", b"close")],
             )
         except ClientGone:
             return
         except LookupError as exc:
             return await send_json(send, 404, _detail(str(exc.args[0])))
+        except EpisodeIdTaken as exc:
+            return await send_json(send, 409, _detail(str(exc)))
         except EpisodeError as exc:
             return await send_json(send, 422, _detail(str(exc)))
         except CacheError as exc:  # the store failed (a reset naming an episode starts its session over there)
@@ -464,6 +492,27 @@ class Episodes:
         except Exception as exc:  # the server's fault, said in FastAPI's shape rather than a bare 500
             logger.exception("%s %s failed", method, path)
             return await send_json(send, 500, _detail(f"Internal error: {type(exc).__name__}: {exc}"))
+
+    async def _reset_over_http(self, data: dict, send) -> None:
+        # Idle episodes are let go now and then (a sweep costs one look at each), not only when full.
+        if time.monotonic() - self._swept > self.idle_seconds / 10:
+            self._forget_idle()
+        named = data.get("episode_id")
+        held = self.over_http.get(named) if isinstance(named, str) else None  # reset again: it keeps its place
+        refusal = None if held else self.room()
+        if refusal is not None:
+            return await send_json(send, 503, _detail(refusal), [(b"retry-after", b"5")])
+        self.opening += held is None  # its place, while the store starts its session over
+        try:
+            if held is not None:  # after a step of it that is being answered, not in its middle
+                async with held.lock:
+                    episode = await self.reset(data)
+            else:
+                episode = await self.reset(data)
+        finally:
+            self.opening -= held is None
+        self.over_http[episode.episode_id] = episode
+        return await send_json(send, 200, self.observation_of_reset(episode).encode())
 
     def _known(self, episode_id: Any) -> Episode:
         if not isinstance(episode_id, str) or not episode_id:
@@ -477,7 +526,32 @@ class Episodes:
                 f"unknown episode {episode_id[:100]!r}: not opened by POST /reset on this server "
                 f"process, or idle for more than {self.idle_seconds:g} s"
             )
+        episode.last_used = time.monotonic()  # any request of it (a state too) keeps it
         return episode
+
+
+def _kept_arguments(arguments: Any) -> Any:
+    """A call's arguments as `state` keeps them: whole up to STATE_ARGUMENT_CHARS characters of JSON, else said."""
+    size = len(_ENCODE(arguments))
+    return arguments if size <= STATE_ARGUMENT_CHARS else f"(arguments of {size:,} characters of JSON, not kept)"
+
+
+def _named_episode_id(episode_id: str) -> str:
+    """A reset's `episode_id`, as a session id can be; EpisodeError saying why not."""
+    if not episode_id or len(episode_id) > MAX_EPISODE_ID_CHARS:
+        raise EpisodeError(
+            f"reset: episode_id must have 1 to {MAX_EPISODE_ID_CHARS} characters, got {len(episode_id):,}"
+        )
+    if (control := control_character(episode_id)) is not None:
+        raise EpisodeError(f"reset: episode_id holds the control character {control!r}: an id is printable text")
+    if not episode_id.isascii():
+        try:
+            episode_id.encode("utf-8")
+        except UnicodeEncodeError as exc:  # no store can keep its session
+            raise EpisodeError(
+                f"reset: episode_id holds a lone surrogate {episode_id[exc.start : exc.end]!r}: not valid Unicode text"
+            ) from None
+    return episode_id
 
 
 def tool_list(toolset: Toolset) -> list[dict]:

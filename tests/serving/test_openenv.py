@@ -94,6 +94,8 @@ def test_openenvs_tool_client_drives_an_episode_answered_like_virtual(
     assert "Unknown tool 'no_such_tool'" in seen["unknown"] and "tool_not_found" in seen["unknown"]
     assert seen["state"] == {"episode_id": seen["reset_metadata"]["episode_id"], "step_count": 3}
     assert hits == 2  # the episode's call and /virtual's, both counted
+    # MCPToolClient keeps only `tools` and `metadata` of a reset's observation: the toolset (and a task) are there
+    assert seen["reset_metadata"]["toolset"] == TOOLSET and seen["reset_metadata"]["task"] is None
 
 
 def test_an_episode_is_a_virtual_session_replayed_from_the_cache(serve, engine_stub, tmp_path, openenv_client):
@@ -416,3 +418,97 @@ def test_http_episodes_keep_their_bound_under_concurrent_resets_and_end_when_idl
     assert deep.status_code == 422 and "nested too deep" in deep.json()["detail"]
     assert surrogate_id.status_code == 422 and "lone surrogate" in surrogate_id.json()["detail"]
     assert idle.status_code == 404 and "idle for more than 1 s" in idle.json()["detail"]
+
+
+def test_an_episode_id_names_one_live_episode(serve, engine_stub, tmp_path):
+    """Two rollouts reset under one id (a GRPO group named after its prompt, a timed-out rollout restarted) shared
+    one simulator session: each was answered with the other's calls in its history, and neither's `state` showed
+    it. The second reset is refused while the first episode lives (a WebSocket's, or an HTTP one: 409), and the
+    id is free again once that episode's socket has closed."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    with serve(api_base=[engine_stub()], cache_path=str(tmp_path / "c.sqlite")) as server:
+        base = server.url.replace("http", "ws")
+        reset = json.dumps({"type": "reset", "data": {"toolset": TOOLSET, "episode_id": "q-42"}})
+
+        async def main() -> tuple:
+            async with connect(base + "/ws") as first:
+                await first.send(reset)
+                opened = json.loads(await first.recv())
+                async with connect(base + "/ws") as second:
+                    await second.send(reset)
+                    refused = json.loads(await second.recv())
+                over_http = await asyncio.to_thread(
+                    server.client.post, "/reset", json={"toolset": TOOLSET, "episode_id": "q-42"}
+                )
+                await first.send(reset)  # its own id, again: it starts over
+                again = json.loads(await first.recv())
+            async with connect(base + "/ws") as third:  # the first has closed: the id is free
+                await third.send(reset)
+                later = json.loads(await third.recv())
+            return opened, refused, over_http, again, later
+
+        opened, refused, over_http, again, later = asyncio.run(main())
+    assert opened["type"] == again["type"] == later["type"] == "observation"
+    assert refused["type"] == "error" and "another live episode" in refused["data"]["message"]
+    assert over_http.status_code == 409 and "another live episode" in over_http.json()["detail"]
+
+
+def test_http_steps_of_one_episode_are_answered_one_at_a_time(serve, tmp_path):
+    """Two steps of one HTTP episode sent at once were each simulated without the other in its history, while the
+    session then held both: the same actions replayed in order missed the cache. One at a time, as OpenEnv steps an
+    environment, the second is asked after the first. A stand-in engine records what each call was shown."""
+    import concurrent.futures
+    import time as clock
+
+    from harness.fake_engines import FixedReplyEngine
+
+    class Slow(FixedReplyEngine):
+        def chat(self, request):
+            clock.sleep(0.5)
+            return super().chat(request)
+
+    calls = [{"username": f"user{i}", "password": "pw"} for i in range(2)]
+    with (
+        Slow('{"error": "", "response": {"token": "t"}}') as engine,
+        serve(api_base=[engine.url], cache_path=str(tmp_path / "c.sqlite")) as server,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
+        episode = server.client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+
+        def step(arguments: dict) -> int:
+            action = {"type": "call_tool", "tool_name": "getusertoken", "arguments": arguments}
+            return server.client.post("/step", json={"action": action, "episode_id": episode}).status_code
+
+        assert list(pool.map(step, calls)) == [200, 200]
+    asked = [r["messages"][-1]["content"] for r in engine.requests if r["messages"][0]["role"] == "system"]
+    assert len(asked) == 2 and sum("Earlier calls in this session" in prompt for prompt in asked) == 1
+
+
+def test_http_episodes_keep_state_bounded_metadata_and_their_413s_close(serve, recorded_cache, engine_down):
+    """What `state` keeps of a call is bounded (a megabyte of arguments each gave a state reply past OpenEnv's
+    client limit); a GET /state is a request that keeps its episode; a body too large is answered as /virtual
+    answers it (the connection closes: the rest of the body is not read as a next request) and counted."""
+    import time as clock
+
+    with serve(
+        api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0, episode_idle_timeout=1.0
+    ) as server:
+        client = server.client
+        episode = client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+        big = {"username": "x" * 10_000, "password": "pw"}
+        action = {"type": "call_tool", "tool_name": "getusertoken", "arguments": big}
+        assert client.post("/step", json={"action": action, "episode_id": episode}).status_code == 200
+        for _ in range(3):  # 1.8 s of state requests alone, each within the idle timeout of the one before
+            clock.sleep(0.6)
+            state = client.get("/state", params={"episode_id": episode})
+            assert state.status_code == 200
+        with httpx.Client(base_url=server.url, timeout=30) as other:
+            too_large = other.post("/step", content=b"{" + b" " * 2_000_000 + b"}")
+        refused = server.metric("mirrorapi_requests_total", outcome="body_too_large")
+    [call] = state.json()["calls"]
+    assert call["arguments"] == f"(arguments of {len(json.dumps(big)):,} characters of JSON, not kept)"
+    assert call["error"]
+    assert too_large.status_code == 413 and too_large.headers["connection"] == "close" and refused == 1
