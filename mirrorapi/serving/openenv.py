@@ -99,8 +99,9 @@ class Episode:
     calls: deque = field(default_factory=lambda: deque(maxlen=STATE_CALLS))
     last_used: float = 0.0
     # One action at a time, as OpenEnv steps an environment: two HTTP steps of one episode sent at once would each
-    # be simulated without the other in its history, and the session would then hold both (a rerun differs).
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # be simulated without the other in its history, and the session would then hold both (a rerun differs). Only
+    # an HTTP episode has one (a WebSocket's messages come one at a time): `lock_of`.
+    lock: asyncio.Lock | None = None
 
 
 class Episodes:
@@ -464,7 +465,7 @@ class Episodes:
             if path == "/reset":
                 return await self._reset_over_http(data, send)
             episode = self._known(data.get("episode_id"))
-            async with episode.lock:
+            async with lock_of(episode):
                 observation = await self.step(episode, data.get("action"))
             return await send_json(send, 200, observation.encode())
         except BodyTooLarge as exc:  # as /virtual answers it: the connection closes (the rest of the body is not read)
@@ -505,7 +506,7 @@ class Episodes:
         self.opening += held is None  # its place, while the store starts its session over
         try:
             if held is not None:  # after a step of it that is being answered, not in its middle
-                async with held.lock:
+                async with lock_of(held):
                     episode = await self.reset(data)
             else:
                 episode = await self.reset(data)
@@ -528,6 +529,12 @@ class Episodes:
             )
         episode.last_used = time.monotonic()  # any request of it (a state too) keeps it
         return episode
+
+
+def lock_of(episode: Episode) -> asyncio.Lock:
+    if episode.lock is None:
+        episode.lock = asyncio.Lock()
+    return episode.lock
 
 
 def _kept_arguments(arguments: Any) -> Any:
