@@ -126,12 +126,13 @@ def add_settings_arguments(
 ) -> None:
     """One flag per field of `model`: `--<prefix><name>`, its help the field's description and default.
 
-    Lists take several values; a boolean that defaults to False is a switch; a Literal gives the choices.
-    A flag not given is None in the namespace, so that the model's default (or the layer below it, a YAML
-    file or the environment) applies: defaults are written once, in the model. `defaults`: where one command
-    needs another default for a field (ToolEyes' judge writes five short lines), the value it takes there; the
-    field is still declared once. `required=False` when the required fields may come from such a layer;
-    `underscore_spelling` also accepts `--tools_folder` (StableToolBench's keys)."""
+    Lists take several values, and their flag may be given again for more; a boolean that defaults to False is a
+    switch; a Literal gives the choices. A flag not given is None in the namespace, so that the model's default (or
+    the layer below it, a YAML file or the environment) applies: defaults are written once, in the model.
+    `defaults`: where one command needs another default for a field (ToolEyes' judge writes five short lines), the
+    value it takes there; the field is still declared once. `required=False` when the required fields may come from
+    such a layer; `underscore_spelling` also accepts `--tools_folder` (StableToolBench's keys).
+    """
     defaults = defaults or {}
     dest_prefix = prefix.replace("-", "_")
     for name, field in settings_fields(model).items():
@@ -144,10 +145,13 @@ def add_settings_arguments(
         if field.annotation is bool and field.default is False:
             parser.add_argument(*flags, dest=dest_prefix + name, action="store_true", default=None, help=help_text)
             continue
+        listed = _is_list(field)
         parser.add_argument(
             *flags,
             dest=dest_prefix + name,
-            nargs="+" if _is_list(field) else None,
+            # A list's flag given twice adds to it (`--api-base A --api-base B`; the second once replaced the first)
+            action="extend" if listed and name not in defaults else None,
+            nargs="+" if listed else None,
             type=_scalar_type(field),
             choices=_choices(field),
             required=required and field.is_required() and name not in defaults,
@@ -194,12 +198,14 @@ def settings_from_args(args: argparse.Namespace, model: type, /, prefix: str = "
 
 
 def environment_values(model: type, env_prefix: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """`<env_prefix><FIELD>` for every field of `model` (strings, lists comma-separated; pydantic converts)."""
+    """`<env_prefix><FIELD>` for every field of `model` (strings, lists comma-separated; pydantic converts). A
+    variable set to nothing (`MIRRORAPI_LOG_FILE=`) is unset, as a shell's `VAR= command` means: as a path it
+    would be the working folder."""
     environ = os.environ if environ is None else environ
     out: dict[str, Any] = {}
     for name, field in settings_fields(model).items():
         value = environ.get(env_prefix + name.upper())
-        if value is not None:
+        if value is not None and value.strip():
             out[name] = [v.strip() for v in value.split(",") if v.strip()] if _is_list(field) else value
     return out
 

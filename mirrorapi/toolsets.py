@@ -85,10 +85,13 @@ class ToolsetCache:
 
 def parse_toolset(spec: str) -> list[tuple[str, str]]:
     """`category=Data&tool=APIBank/apibank_account` -> [("category", "Data"), ("tool", "APIBank/apibank_account")]."""
-    items = list(dict.fromkeys(parse_qsl(spec or "", keep_blank_values=False)))  # an item named twice is one
-    for key, _ in items:
+    # Blank values kept, to be refused: `foo` or `category=` once meant the empty toolset, every API
+    items = list(dict.fromkeys(parse_qsl(spec or "", keep_blank_values=True)))  # an item named twice is one
+    for key, value in items:
         if key not in TOOLSET_KEYS:
             raise ToolsetError(f"unknown toolset key {key!r} (known: {', '.join(TOOLSET_KEYS)})")
+        if not value.strip():
+            raise ToolsetError(f"toolset {key}= names nothing: give a value, e.g. {key}={_EXAMPLES[key]}")
     if len(items) > MAX_TOOLSET_ITEMS:
         raise ToolsetError(f"{len(items):,} toolset items: a toolset names at most {MAX_TOOLSET_ITEMS}")
     return items
@@ -126,6 +129,12 @@ def select_toolset(registry: ToolRegistry, spec: str | list[tuple[str, str]]) ->
 
 
 _FORMS = {"tool": "<Category>/<tool>", "api": "<Category>/<tool>/<api>"}
+_EXAMPLES = {
+    "category": "Data",
+    "tool": "APIBank/apibank_account",
+    "api": "APIBank/apibank_account/GetUserToken",
+    "query": "588",
+}
 
 
 def _category(registry: ToolRegistry, name: str) -> str:

@@ -405,3 +405,12 @@ def test_make_demo_builds_llama_cpp_only_for_the_runs_it_serves(tmp_path, demo_a
     ).stdout
     assert "scripts/demo.py" in dry_run
     assert ("CMAKE_ARGS=" in dry_run) == builds_llama_cpp  # the engine's build, the only recipe that sets it
+
+
+def test_the_demo_s_servers_take_their_settings_from_its_config_not_the_user_s_environment():
+    """An exported MIRRORAPI_PORT (serving.md's own example) moved the demo's virtual server off the port its config
+    names, where the demo waited for it 60 s and failed; the variables that are no server setting stay."""
+    from demo_steps.child_processes import without_server_settings
+
+    environ = {"MIRRORAPI_PORT": "8081", "MIRRORAPI_CONFIG": "mine.yml", "MIRRORAPI_MODELS_DIR": "/m", "PATH": "/bin"}
+    assert without_server_settings(environ) == {"MIRRORAPI_MODELS_DIR": "/m", "PATH": "/bin"}

@@ -116,3 +116,10 @@ def test_a_toolset_spec_names_each_item_once_and_a_bounded_number_of_them(sample
     cache.get("tool=APIBank/apibank_finance")
     assert cache.get("tool=APIBank/apibank_finance") is cache.get("tool=APIBank/apibank_finance")
     assert cache.get("category=Sports") is not first  # the least recently used was let go
+
+
+@pytest.mark.parametrize("spec", ["foo", "category=", "tool=APIBank/apibank_account&api="])
+def test_a_toolset_item_without_a_value_is_refused_not_every_api(samples, spec):
+    """`--toolset foo` (no `=`) and `category=` were dropped as blank, leaving the empty toolset: every API."""
+    with pytest.raises(ToolsetError):
+        select_toolset(ToolRegistry.load([samples / "tools"]), spec)

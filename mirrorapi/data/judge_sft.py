@@ -19,7 +19,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from mirrorapi.data.sources import parse_source_repeats
+from mirrorapi.data.sources import check_repeated_sources, parse_source_repeats
 from mirrorapi.prompts.judge_formats import (
     DEFAULT_JUDGE_FORMAT,
     JUDGE_VERDICTS,
@@ -74,6 +74,7 @@ def build_judge_records(
             seen[key] = record["label"]
             kept.append({**record, "answer": answer})
 
+    check_repeated_sources(repeats, set(read))
     indices = split_groups([_group(r["query"]) for r in kept], test_fraction, seed)
     rng = random.Random(seed)
     train = [kept[i] for i in indices["train"]]

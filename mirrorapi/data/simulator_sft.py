@@ -28,7 +28,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mirrorapi.command_line import Flag
-from mirrorapi.data.sources import parse_source_repeats
+from mirrorapi.data.sources import check_repeated_sources, parse_source_repeats
 from mirrorapi.few_shot import FEW_SHOT_TIES, candidate_pool, select_examples, shrink_response
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
@@ -272,6 +272,7 @@ def build_simulator_records(
                 record["arguments"],
             ) in trained
     repeats = options.source_repeats()
+    check_repeated_sources(repeats, {r["source"] for records in splits.values() for r in records})
     splits["train"] = [
         record
         for record in splits["train"]

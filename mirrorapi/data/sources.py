@@ -118,3 +118,12 @@ def parse_source_repeats(entries: list[str]) -> dict[str, int]:
             raise ValueError(f"repeat_sources entries are SOURCE=N with N >= 1, got {entry!r}")
         repeats[source] = int(count)
     return repeats
+
+
+def check_repeated_sources(repeats: dict[str, int], sources: set[str]) -> None:
+    """ValueError for a `--repeat-sources` source no record has (a misspelt one once repeated nothing, silently)."""
+    if unknown := sorted(set(repeats) - sources):
+        raise ValueError(
+            f"repeat_sources: no record has the source {', '.join(map(repr, unknown))} "
+            f"(the sources read: {', '.join(sorted(sources)) or 'none'})"
+        )

@@ -36,6 +36,17 @@ def _out_problem(out: str | Path | None) -> str | None:
     return None
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: a count of 1 or more (a --limit of 0 once meant every query, and -1 all but the last)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -66,7 +77,9 @@ def fac_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
     parser.add_argument("--metric", choices=sorted(JUDGE_METRICS), default="fac", help="fac (default) or sopr.")
-    parser.add_argument("--repeats", type=int, default=1, help="Judge each answer N times; mean ± std (default 1).")
+    parser.add_argument(
+        "--repeats", type=at_least_one, default=1, help="Judge each answer N times; mean ± std (default 1)."
+    )
     parser.add_argument("--overwrite", action="store_true", help="Drop this metric's earlier verdicts in --out.")
     _no_progress(parser)
 
@@ -75,8 +88,6 @@ def fac(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.scoring import run_scoring
 
     _log_to_stderr()
-    if args.repeats < 1:
-        return _fail("--repeats must be at least 1")
     if problem := _out_problem(args.out):
         return _fail(problem)
     try:
@@ -103,7 +114,9 @@ def sowr_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ids", required=True, help="A test_query_ids (or test_instruction) file, or a folder.")
     add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
-    parser.add_argument("--rounds", type=int, default=3, help="Evaluations per query; majority wins (default 3).")
+    parser.add_argument(
+        "--rounds", type=at_least_one, default=3, help="Evaluations per query; majority wins (default 3)."
+    )
     parser.add_argument(
         "--overwrite", action="store_true", help="Drop earlier SoPR verdicts and preferences in --out."
     )
@@ -122,7 +135,7 @@ def sowr(args: argparse.Namespace) -> int:
             args.ids,
             settings_from_args(args, JudgeSettings),
             args.out,
-            rounds=max(1, args.rounds),
+            rounds=args.rounds,
             overwrite=args.overwrite,
             progress=not args.no_progress,
         )
@@ -139,7 +152,9 @@ def judge_agreement_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", default="runs/judge-agreement", help="Output folder (default runs/judge-agreement).")
-    parser.add_argument("--limit", type=int, default=None, help="Judge only the first N records of each source.")
+    parser.add_argument(
+        "--limit", type=at_least_one, default=None, help="Judge only the first N records of each source."
+    )
     _no_progress(parser)
 
 
@@ -147,8 +162,6 @@ def judge_agreement(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.agreement import render_markdown, run_agreement
 
     _log_to_stderr()
-    if args.limit is not None and args.limit < 1:
-        return _fail("--limit must be at least 1")
     if problem := _out_problem(args.out):
         return _fail(problem)
     try:
@@ -201,7 +214,7 @@ def _query_arguments(parser: argparse.ArgumentParser) -> None:
         help="Tools folder(s) with the tool docs (the server's tools_folder); the queries' own "
         "api_list fills what they lack. Without it, only the api_list docs are used.",
     )
-    parser.add_argument("--limit", type=int, default=None, help="Only the first N queries of each group.")
+    parser.add_argument("--limit", type=at_least_one, default=None, help="Only the first N queries of each group.")
     _no_progress(parser)
 
 
@@ -268,7 +281,9 @@ def benchmark_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="SoWR reference row, <label>_<cot|dfs> (default: the first agent's first method).",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="SoPR / SoWR rounds (default 3, as StableToolBench).")
+    parser.add_argument(
+        "--repeats", type=at_least_one, default=3, help="SoPR / SoWR rounds (default 3, as StableToolBench)."
+    )
     _query_arguments(parser)
     add_settings_arguments(parser, AgentSettings, exclude=AGENT_FIELDS)
     add_settings_arguments(parser, JudgeSettings, prefix="judge-")
@@ -296,7 +311,7 @@ def benchmark(args: argparse.Namespace) -> int:
             ids=args.ids,
             tools=args.tools,
             reference=args.reference,
-            repeats=max(1, args.repeats),
+            repeats=args.repeats,
             progress=not args.no_progress,
             limit=args.limit,
         )

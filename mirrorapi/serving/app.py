@@ -142,6 +142,17 @@ def answer_headers(outcome: str, provenance: str | None) -> list[tuple[bytes, by
     return headers
 
 
+def without_password(url: str) -> str:
+    """A database URL as logs show it: its password (in the user part or a `password` parameter) as `***`."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if parts.password is None and all(k != "password" for k, _ in query):
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1) if parts.password is not None else parts.netloc
+    query_text = urllib.parse.urlencode([(k, "***" if k == "password" else v) for k, v in query], safe="*")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query_text))
+
+
 def create_app(settings: ServerSettings) -> VirtualEndpoint:
     """The ASGI app of one server (`.server`: its `VirtualServer`; `.app`: the FastAPI app of the routes). Raises
     RegistryError / CacheError / ConfigError (one line each) when the tools, the store or a setting cannot be
@@ -196,10 +207,10 @@ def serve(settings: ServerSettings) -> None:
     """Build the app and run uvicorn until interrupted (raises RegistryError / CacheError at start-up); with
     `workers` > 1, uvicorn's worker processes (`serve_workers`)."""
     configure_logging(settings)
-    logger.info(
-        "settings (not default): %s",
-        {k: v for k, v in settings.non_default().items() if k not in ("api_key", "server_api_key")},
-    )
+    shown = {k: v for k, v in settings.non_default().items() if k not in ("api_key", "server_api_key")}
+    if shown.get("cache_url"):
+        shown["cache_url"] = without_password(shown["cache_url"])
+    logger.info("settings (not default): %s", shown)
     if settings.model_settings == "auto" and (named := model_record_settings(settings.model)):
         logger.info(
             "model %s: its record (mirrorapi_training.json) names %s; a value the config, the environment or a "

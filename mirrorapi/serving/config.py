@@ -352,15 +352,18 @@ class ServerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
-        if not self.tools_folder:
-            raise ValueError("tools_folder: give at least one tools folder")
-        for folder in self.tools_folder:
-            if not folder.exists():
-                raise ValueError(f"tools_folder: {folder} does not exist")
+        # A session format names the pair (a model trained on `--prompt-format mirrorapi-session-v2` data): calls
+        # outside a session are asked in its stateless format, as the data builder renders them and as a model
+        # record's value is read.
+        self.prompt_format = stateless_format(self.prompt_format)
         if not self.api_base or any(not b.startswith(("http://", "https://")) for b in self.api_base):
             raise ValueError(f"api_base: expected http(s) URL(s) ending in /v1, got {self.api_base}")
-        if self.cache_folder is not None and not self.cache_folder.is_dir():
-            raise ValueError(f"cache_folder: {self.cache_folder} is not a folder")
+        if any("," in base for base in self.api_base):  # one URL holding a comma list: the replicas are a list
+            raise ValueError(
+                f"api_base: {next(b for b in self.api_base if ',' in b)!r} holds a comma: give each replica as an "
+                "item of the list (YAML), a flag each (--api-base A --api-base B, or --api-base A B), or "
+                "MIRRORAPI_API_BASE=A,B"
+            )
         if self.prompt_format.startswith("stabletoolbench"):
             if self.system_prompt_file is None:
                 raise ValueError(
@@ -378,8 +381,7 @@ class ServerSettings(BaseModel):
                     "prompt); set 0"
                 )
             self.session_history = 0
-        if self.system_prompt_file is not None and not self.system_prompt_file.is_file():
-            raise ValueError(f"system_prompt_file: {self.system_prompt_file} does not exist")
+        self._check_files()
         if self.cache_url is not None and not self.cache_url.startswith(("postgresql://", "postgres://")):
             raise ValueError(
                 f"cache_url: expected postgresql://..., got {self.cache_url.split(':', 1)[0]}:... "
@@ -387,9 +389,39 @@ class ServerSettings(BaseModel):
             )
         if self.prompt_format == COT_FORMAT:
             check_cot_system_prompt(self.system_prompt() or "")  # refused at start, not on every request
+        return self
+
+    def _check_files(self) -> None:
+        """The paths given: what must be there is, and what is read is readable (refused at start, not at every
+        request)."""
+        if not self.tools_folder:
+            raise ValueError("tools_folder: give at least one tools folder")
+        for folder in self.tools_folder:
+            if not folder.exists():
+                raise ValueError(f"tools_folder: {folder} does not exist")
+        if self.cache_folder is not None and not self.cache_folder.is_dir():
+            raise ValueError(f"cache_folder: {self.cache_folder} is not a folder")
+        if self.system_prompt_file is not None:
+            if not self.system_prompt_file.is_file():
+                raise ValueError(f"system_prompt_file: {self.system_prompt_file} does not exist")
+            try:
+                prompt = self.system_prompt()
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"system_prompt_file: {self.system_prompt_file} is not UTF-8 text ({exc.reason})"
+                ) from None
+            if not (prompt or "").strip():
+                raise ValueError(f"system_prompt_file: {self.system_prompt_file} is empty")
+        if self.log_file is not None and self.log_file.is_dir():
+            raise ValueError(f"log_file: {self.log_file} is a folder, expected a file to append to")
         if self.cache_path.exists() and self.cache_path.is_dir():
             raise ValueError(f"cache_path: {self.cache_path} is a folder, expected a database file")
-        return self
+        in_memory = self.cache_url is None and str(self.cache_path).startswith((":memory:", "file::memory:"))
+        if self.workers > 1 and in_memory:
+            raise ValueError(
+                "cache_path: an in-memory cache is each process's own: with workers, each would start empty and "
+                "share nothing (leases, sessions, imports); give a file or cache_url"
+            )
 
     def startup_warnings(self) -> list[str]:
         """Settings that start but are probably not what the user meant; one line each."""

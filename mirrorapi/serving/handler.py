@@ -24,6 +24,7 @@ import logging
 import multiprocessing
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -319,7 +320,9 @@ class LargeBodies:
 
 def exit_with_parent(parent: int) -> None:
     """In `LargeBodies`' worker: exit when the server process is gone (it went on after a server stopped, waiting
-    on its queue for ever; a server killed cannot stop it). A thread looks twice a second."""
+    on its queue for ever; a server killed cannot stop it). A thread looks twice a second. A terminal's Ctrl-C,
+    which reaches the whole process group, is the server's to act on: here it only printed a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:

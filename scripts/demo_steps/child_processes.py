@@ -10,16 +10,28 @@ reported with the end of its log.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from harness.processes import ProcessExited, interrupts_deferred, stop, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def without_server_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment less the server's settings (`MIRRORAPI_<KEY>`, `MIRRORAPI_CONFIG`): the demo's servers take
+    theirs from the config it writes, where a user's exported MIRRORAPI_PORT would move one off the port the demo
+    waits on."""
+    from mirrorapi.command_line import settings_fields
+    from mirrorapi.serving.config import CONFIG_ENV, ENV_PREFIX, ServerSettings
+
+    settings = {ENV_PREFIX + name.upper() for name in settings_fields(ServerSettings)} | {CONFIG_ENV}
+    return {k: v for k, v in environ.items() if k not in settings}
 
 
 def child_environment(work_dir: Path) -> dict[str, str]:
@@ -129,7 +141,14 @@ def virtual_server(config: Path, log_path: Path, timeout: float = 60.0) -> Itera
     process = None
     try:
         with interrupts_deferred(), open(log_path, "wb") as log:  # raised inside the `try`, `process` known
-            process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=without_server_settings(os.environ),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             wait_until_ready(url + "/live", timeout, process=process, log_path=log_path)
         except ProcessExited:

@@ -107,3 +107,9 @@ def test_reader_reports_bad_lines(tmp_path):
     bad = []
     assert len(list(read_labelled(path, bad.append))) == 1
     assert len(bad) == 2 and "label" in bad[1]
+
+
+def test_a_repeated_source_no_record_has_is_refused():
+    """A misspelt source (`--repeat-sources tau-bench/airlines=4`) repeated nothing, silently."""
+    with pytest.raises(ValueError, match="no record has the source 'nosuch'"):
+        build_judge_records(LABELLED, repeat_sources=["nosuch=3"])

@@ -222,3 +222,57 @@ def test_server_script_help_lists_every_setting():
     assert done.returncode == 0
     for flag in ("--config", "--tools-folder", "--cache-path", "--api-base", "--model", "--port", "--host", "--mode"):
         assert flag in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"system_prompt_file": "empty.txt", "prompt_format": "stabletoolbench"}, "empty.txt is empty"),
+        ({"system_prompt_file": "latin1.txt", "prompt_format": "stabletoolbench"}, "latin1.txt is not UTF-8 text"),
+        ({"log_file": "."}, "is a folder, expected a file to append to"),
+        ({"cache_path": ":memory:", "workers": 2}, "an in-memory cache is each process's own"),
+        ({"api_base": "http://127.0.0.1:8001/v1,http://127.0.0.1:8002/v1"}, "holds a comma"),
+    ],
+)
+def test_settings_that_would_fail_later_or_quietly_are_refused_at_start(tmp_path, monkeypatch, given, message):
+    """Each once started: an empty or Latin-1 system prompt failed every cache miss as an internal error, a folder
+    as the request log was a traceback, workers on an in-memory cache each started empty (every import lost), and a
+    comma list as one replica's URL was one unreachable engine."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "empty.txt", " \n")
+    (tmp_path / "latin1.txt").write_bytes("Vous simulez une API, café compris.".encode("latin-1"))
+    with pytest.raises(ConfigError, match=message) as refused:
+        load_settings(overrides={"tools_folder": [str(SAMPLE_TOOLS)], **given}, environ={})
+    assert "\n" not in str(refused.value)
+
+
+def test_lists_flags_and_empty_variables_mean_what_they_say(tmp_path):
+    """A list's flag given twice adds to it (the second replaced the first: a replica silently dropped); a variable
+    set to nothing is unset (`MIRRORAPI_LOG_FILE=` was the working folder); a session format names its pair (calls
+    outside a session are asked in the stateless format, as the data builder renders them)."""
+    import argparse
+
+    from mirrorapi.serving.config import add_server_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    args = parser.parse_args(
+        ["--tools-folder", str(SAMPLE_TOOLS), "--api-base", "http://a:1/v1", "--api-base", "http://b:2/v1"]
+    )
+    assert settings_from_args(args, environ={"MIRRORAPI_LOG_FILE": ""}).api_base == ["http://a:1/v1", "http://b:2/v1"]
+    assert settings_from_args(args, environ={"MIRRORAPI_LOG_FILE": ""}).log_file is None
+    session = load_settings(overrides={"tools_folder": [str(SAMPLE_TOOLS)], "prompt_format": "mirrorapi-session-v2"})
+    assert session.prompt_format == "mirrorapi-v2"
+
+
+def test_the_start_up_line_shows_a_database_url_without_its_password():
+    from mirrorapi.serving.app import without_password
+
+    assert (
+        without_password("postgresql://bench:s3cret@db.example:5432/cache")
+        == "postgresql://bench:***@db.example:5432/cache"
+    )
+    assert without_password("postgresql://bench@db/cache?password=s3cret&sslmode=require") == (
+        "postgresql://bench@db/cache?password=***&sslmode=require"
+    )
+    assert without_password("postgresql:///cache") == "postgresql:///cache"
