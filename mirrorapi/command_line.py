@@ -150,7 +150,7 @@ def add_settings_arguments(
             *flags,
             dest=dest_prefix + name,
             # A list's flag given twice adds to it (`--api-base A --api-base B`; the second once replaced the first)
-            action="extend" if listed and name not in defaults else None,
+            action="extend" if listed and name not in defaults else "store",
             nargs="+" if listed else None,
             type=_scalar_type(field),
             choices=_choices(field),

@@ -36,15 +36,14 @@ def _out_problem(out: str | Path | None) -> str | None:
     return None
 
 
-def at_least_one(text: str) -> int:
-    """An argparse type: a count of 1 or more (a --limit of 0 once meant every query, and -1 all but the last)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _count_problem(args: argparse.Namespace) -> str | None:
+    """A count flag below 1, said in one line (a --limit of 0 once meant every query and -1 all but each group's
+    last; --rounds and --repeats of 0 meant 1)."""
+    for name in ("limit", "rounds", "repeats"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            return f"--{name} must be at least 1, got {value}"
+    return None
 
 
 def _fail(message: str) -> int:
@@ -77,15 +76,16 @@ def fac_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
     parser.add_argument("--metric", choices=sorted(JUDGE_METRICS), default="fac", help="fac (default) or sopr.")
-    parser.add_argument(
-        "--repeats", type=at_least_one, default=1, help="Judge each answer N times; mean ± std (default 1)."
-    )
+    parser.add_argument("--repeats", type=int, default=1, help="Judge each answer N times; mean ± std (default 1).")
     parser.add_argument("--overwrite", action="store_true", help="Drop this metric's earlier verdicts in --out.")
     _no_progress(parser)
 
 
 def fac(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.scoring import run_scoring
+
+    if problem := _count_problem(args):
+        return _fail(problem)
 
     _log_to_stderr()
     if problem := _out_problem(args.out):
@@ -114,9 +114,7 @@ def sowr_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ids", required=True, help="A test_query_ids (or test_instruction) file, or a folder.")
     add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", required=True, help="Output folder (created; reruns resume in it).")
-    parser.add_argument(
-        "--rounds", type=at_least_one, default=3, help="Evaluations per query; majority wins (default 3)."
-    )
+    parser.add_argument("--rounds", type=int, default=3, help="Evaluations per query; majority wins (default 3).")
     parser.add_argument(
         "--overwrite", action="store_true", help="Drop earlier SoPR verdicts and preferences in --out."
     )
@@ -125,6 +123,9 @@ def sowr_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sowr(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.sowr import run_sowr
+
+    if problem := _count_problem(args):
+        return _fail(problem)
 
     if problem := _out_problem(args.out):
         return _fail(problem)
@@ -152,14 +153,15 @@ def judge_agreement_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_settings_arguments(parser, JudgeSettings)
     parser.add_argument("--out", default="runs/judge-agreement", help="Output folder (default runs/judge-agreement).")
-    parser.add_argument(
-        "--limit", type=at_least_one, default=None, help="Judge only the first N records of each source."
-    )
+    parser.add_argument("--limit", type=int, default=None, help="Judge only the first N records of each source.")
     _no_progress(parser)
 
 
 def judge_agreement(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.agreement import render_markdown, run_agreement
+
+    if problem := _count_problem(args):
+        return _fail(problem)
 
     _log_to_stderr()
     if problem := _out_problem(args.out):
@@ -214,7 +216,7 @@ def _query_arguments(parser: argparse.ArgumentParser) -> None:
         help="Tools folder(s) with the tool docs (the server's tools_folder); the queries' own "
         "api_list fills what they lack. Without it, only the api_list docs are used.",
     )
-    parser.add_argument("--limit", type=at_least_one, default=None, help="Only the first N queries of each group.")
+    parser.add_argument("--limit", type=int, default=None, help="Only the first N queries of each group.")
     _no_progress(parser)
 
 
@@ -226,6 +228,9 @@ def run_agent_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_agent(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.agent.run import run_agent as run
+
+    if problem := _count_problem(args):
+        return _fail(problem)
 
     try:
         result = run(
@@ -281,9 +286,7 @@ def benchmark_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="SoWR reference row, <label>_<cot|dfs> (default: the first agent's first method).",
     )
-    parser.add_argument(
-        "--repeats", type=at_least_one, default=3, help="SoPR / SoWR rounds (default 3, as StableToolBench)."
-    )
+    parser.add_argument("--repeats", type=int, default=3, help="SoPR / SoWR rounds (default 3, as StableToolBench).")
     _query_arguments(parser)
     add_settings_arguments(parser, AgentSettings, exclude=AGENT_FIELDS)
     add_settings_arguments(parser, JudgeSettings, prefix="judge-")
@@ -291,6 +294,9 @@ def benchmark_arguments(parser: argparse.ArgumentParser) -> None:
 
 def benchmark(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.benchmark import parse_agents, run_benchmark
+
+    if problem := _count_problem(args):
+        return _fail(problem)
 
     try:
         agents = parse_agents(args.agent, args.agent_format)

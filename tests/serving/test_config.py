@@ -254,7 +254,7 @@ def test_lists_flags_and_empty_variables_mean_what_they_say(tmp_path):
 
     from mirrorapi.serving.config import add_server_arguments, settings_from_args
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     add_server_arguments(parser)
     args = parser.parse_args(
         ["--tools-folder", str(SAMPLE_TOOLS), "--api-base", "http://a:1/v1", "--api-base", "http://b:2/v1"]
