@@ -39,10 +39,33 @@ from mirrorapi.vllm_engine import VllmNotInstalled, installed_build, vllm_comman
 T = TypeVar("T")
 
 
+# Under pytest-xdist each worker takes its ports from a range of its own, below the kernel's ephemeral ports (32768
+# and up, where clients' own ends are): a port from bind(0) is free again once that socket closes, and the kernel
+# handed one to two workers at once (a test then talked to the other worker's server, `make test` of 2026-11-30).
+WORKER_PORTS = 4000  # ports per worker: gw0 10000-13999, gw1 14000-17999, ...
+_next_ports: dict[str, int] = {}
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port nothing is bound to on `host`; under pytest-xdist, from its worker's range (above)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+    if not (worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < 5):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return sock.getsockname()[1]
+    base = 10000 + WORKER_PORTS * int(worker[2:])
+    # A process starts where its pid says (a test's own server processes may ask too), then goes on in turn.
+    offset = _next_ports.get(worker, os.getpid() * 97 % WORKER_PORTS)
+    for step in range(WORKER_PORTS):
+        port = base + (offset + step) % WORKER_PORTS
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:  # in use (or lingering): the next one
+                continue
+        _next_ports[worker] = (offset + step + 1) % WORKER_PORTS
+        return port
+    raise OSError(f"no free port in {base}-{base + WORKER_PORTS - 1} for pytest-xdist worker {worker}")
 
 
 @dataclass
