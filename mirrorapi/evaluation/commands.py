@@ -84,11 +84,8 @@ def fac_arguments(parser: argparse.ArgumentParser) -> None:
 def fac(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.scoring import run_scoring
 
-    if problem := _count_problem(args):
-        return _fail(problem)
-
     _log_to_stderr()
-    if problem := _out_problem(args.out):
+    if problem := _count_problem(args) or _out_problem(args.out):
         return _fail(problem)
     try:
         run = run_scoring(
@@ -124,10 +121,7 @@ def sowr_arguments(parser: argparse.ArgumentParser) -> None:
 def sowr(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.sowr import run_sowr
 
-    if problem := _count_problem(args):
-        return _fail(problem)
-
-    if problem := _out_problem(args.out):
+    if problem := _count_problem(args) or _out_problem(args.out):
         return _fail(problem)
     try:
         run = run_sowr(
@@ -160,11 +154,8 @@ def judge_agreement_arguments(parser: argparse.ArgumentParser) -> None:
 def judge_agreement(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.agreement import render_markdown, run_agreement
 
-    if problem := _count_problem(args):
-        return _fail(problem)
-
     _log_to_stderr()
-    if problem := _out_problem(args.out):
+    if problem := _count_problem(args) or _out_problem(args.out):
         return _fail(problem)
     try:
         report, failures = run_agreement(
@@ -231,7 +222,6 @@ def run_agent(args: argparse.Namespace) -> int:
 
     if problem := _count_problem(args):
         return _fail(problem)
-
     try:
         result = run(
             args.queries,
@@ -297,7 +287,6 @@ def benchmark(args: argparse.Namespace) -> int:
 
     if problem := _count_problem(args):
         return _fail(problem)
-
     try:
         agents = parse_agents(args.agent, args.agent_format)
         template, *_ = [
