@@ -273,7 +273,8 @@ def add_command(sub, command: Command) -> argparse.ArgumentParser:
         add_help=not command.passthrough,
     )
     command.add_arguments(parser)
-    parser.set_defaults(mirrorapi_command=command)
+    # errors name the command as called (`mirrorapi eval fac: error: ...`), as argparse's own do
+    parser.set_defaults(mirrorapi_command=command, mirrorapi_prog=parser.prog)
     return parser
 
 
@@ -296,7 +297,7 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prog
 
 
 def _run(command: Command, args: argparse.Namespace, prog: str) -> int:
-    args.prog = prog
+    prog = args.prog = getattr(args, "mirrorapi_prog", prog)
     try:
         return command.run(args)
     except command.errors as exc:

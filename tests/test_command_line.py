@@ -57,7 +57,9 @@ def test_a_script_and_its_subcommand_refuse_a_bad_setting_alike(
     assert mirrorapi_main([*subcommand, *argv]) == 2
     from_mirrorapi = capsys.readouterr().err.strip().splitlines()
     assert len(from_script) == 1 and message in from_script[0]
-    assert from_script == from_mirrorapi
+    # argparse's form, `<prog>: error: <message>`, each naming itself as called
+    assert from_script == [f"{Path(script).name}: error: {from_script[0].split(': error: ', 1)[1]}"]
+    assert from_mirrorapi == [f"mirrorapi {' '.join(subcommand)}: error: {from_script[0].split(': error: ', 1)[1]}"]
     assert not list(tmp_path.iterdir())  # nothing written
 
 

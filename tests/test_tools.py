@@ -199,7 +199,7 @@ def test_cli_show_and_errors_without_traceback(samples, tmp_path):
         result = subprocess.run(run + args, capture_output=True, text=True)
         assert result.returncode == 2
         assert "Traceback" not in result.stderr
-        assert result.stderr.startswith("mirrorapi: error:")
+        assert result.stderr.startswith(f"mirrorapi tools {args[1]}: error:")
     unknown = subprocess.run(
         run + ["tools", "show", "APIBank", "apibank_acount", "--tools", str(samples / "tools")],
         capture_output=True,

@@ -65,7 +65,7 @@ def test_toolsets_by_category_tool_api_and_query(samples):
 
 def test_export_of_an_unknown_name_is_one_line(samples, capsys):
     assert main(["tools", "export", "--tools", str(samples / "tools"), "--category", "Nope"]) == 2
-    assert capsys.readouterr().err.strip() == "mirrorapi: error: Unknown category 'Nope'."
+    assert capsys.readouterr().err.strip() == "mirrorapi tools export: error: Unknown category 'Nope'."
 
 
 @pytest.mark.shared

@@ -46,8 +46,8 @@ def _count_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+def _fail(args: argparse.Namespace, message: str) -> int:
+    print(f"{args.prog}: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -86,7 +86,7 @@ def fac(args: argparse.Namespace) -> int:
 
     _log_to_stderr()
     if problem := _count_problem(args) or _out_problem(args.out):
-        return _fail(problem)
+        return _fail(args, problem)
     try:
         run = run_scoring(
             args.answers,
@@ -99,7 +99,7 @@ def fac(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     except USER_ERRORS as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     print((Path(args.out) / f"{args.metric}.md").read_text(encoding="utf-8"))
     return _judge_failures(run.failures)
 
@@ -122,7 +122,7 @@ def sowr(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.judge.sowr import run_sowr
 
     if problem := _count_problem(args) or _out_problem(args.out):
-        return _fail(problem)
+        return _fail(args, problem)
     try:
         run = run_sowr(
             args.reference,
@@ -135,7 +135,7 @@ def sowr(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     except USER_ERRORS as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     print((Path(args.out) / "sowr.md").read_text(encoding="utf-8"))
     return _judge_failures(run.failures)
 
@@ -156,7 +156,7 @@ def judge_agreement(args: argparse.Namespace) -> int:
 
     _log_to_stderr()
     if problem := _count_problem(args) or _out_problem(args.out):
-        return _fail(problem)
+        return _fail(args, problem)
     try:
         report, failures = run_agreement(
             args.labelled,
@@ -166,7 +166,7 @@ def judge_agreement(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     except USER_ERRORS as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     print(render_markdown(report))
     return _judge_failures(failures)
 
@@ -183,11 +183,11 @@ def fidelity(args: argparse.Namespace) -> int:
 
     _log_to_stderr()
     if problem := _out_problem(args.out):
-        return _fail(problem)
+        return _fail(args, problem)
     try:
         run_fidelity(settings_from_args(args, FidelitySettings), progress=not args.no_progress)
     except (FidelityError, SettingsError) as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     print((Path(args.out) / "fidelity.md").read_text(encoding="utf-8"))
     return 0
 
@@ -221,7 +221,7 @@ def run_agent(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.agent.run import run_agent as run
 
     if problem := _count_problem(args):
-        return _fail(problem)
+        return _fail(args, problem)
     try:
         result = run(
             args.queries,
@@ -232,7 +232,7 @@ def run_agent(args: argparse.Namespace) -> int:
             limit=args.limit,
         )
     except (AgentRunError, ValueError, OSError) as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     print(
         f"{result.done} queries answered, {result.skipped} done before, {len(result.failures)} failed "
         f"({result.seconds:.1f} s); converted: {', '.join(str(p) for p in result.converted.values()) or 'none'}"
@@ -286,7 +286,7 @@ def benchmark(args: argparse.Namespace) -> int:
     from mirrorapi.evaluation.benchmark import parse_agents, run_benchmark
 
     if problem := _count_problem(args):
-        return _fail(problem)
+        return _fail(args, problem)
     try:
         agents = parse_agents(args.agent, args.agent_format)
         template, *_ = [
@@ -311,8 +311,7 @@ def benchmark(args: argparse.Namespace) -> int:
             limit=args.limit,
         )
     except (*USER_ERRORS, AgentRunError) as exc:
-        print(f"mirrorapi benchmark: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, str(exc))
     print(result.report.read_text(encoding="utf-8"))
     if not result.complete:
         failed = sum(len(run.failures) for run in result.agent_runs.values())
@@ -336,9 +335,11 @@ def apibank_command(argv: list[str] | None, usage: str | None = None, prog: str 
 
     from mirrorapi.evaluation.benchmarks import apibank
 
-    args = apibank.parser(usage, prog).parse_args(argv)
+    cli = apibank.parser(usage, prog)
+    args = cli.parse_args(argv)
+    args.prog = cli.prog
     if problem := _out_problem(args.out):
-        return _fail(problem)
+        return _fail(args, problem)
     try:
         if args.write_pairs:
             count = apibank.write_pairs_from(args)
@@ -347,7 +348,7 @@ def apibank_command(argv: list[str] | None, usage: str | None = None, prog: str 
         settings = apibank.settings_from(args)
         rows = apibank.evaluate(settings)
     except (ValueError, OSError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     apibank.write_report(rows, settings, args.out)
     print((args.out / "report.md").read_text(encoding="utf-8"))
     return 0
@@ -356,14 +357,16 @@ def apibank_command(argv: list[str] | None, usage: str | None = None, prog: str 
 def tooleyes_command(argv: list[str] | None, usage: str | None = None, prog: str | None = None) -> int:
     from mirrorapi.evaluation.benchmarks import tooleyes
 
-    args = tooleyes.parser(usage, prog).parse_args(argv)
+    cli = tooleyes.parser(usage, prog)
+    args = cli.parse_args(argv)
+    args.prog = cli.prog
     if problem := _out_problem(args.out):
-        return _fail(problem)
+        return _fail(args, problem)
     try:
         judge = tooleyes.judge_from(args)
         result = tooleyes.score(args.answers, judge)
     except (ValueError, AnswersError) as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     print(tooleyes.write_report(result, judge, args.out).read_text(encoding="utf-8"))
     return 1 if result.unrated else 0
 
@@ -397,7 +400,7 @@ APIBANK = Command(
     "apibank",
     _APIBANK_HELP,
     lambda parser: None,
-    lambda args: apibank_command(args.passthrough, _APIBANK_HELP, f"{args.prog} eval apibank"),
+    lambda args: apibank_command(args.passthrough, _APIBANK_HELP, args.prog),
     passthrough=True,
 )
 _TOOLEYES_HELP = "ToolEyes' capability scores of agent trajectories."
@@ -405,7 +408,7 @@ TOOLEYES = Command(
     "tooleyes",
     _TOOLEYES_HELP,
     lambda parser: None,
-    lambda args: tooleyes_command(args.passthrough, _TOOLEYES_HELP, f"{args.prog} eval tooleyes"),
+    lambda args: tooleyes_command(args.passthrough, _TOOLEYES_HELP, args.prog),
     passthrough=True,
 )
 BENCHMARK = Command(

@@ -19,7 +19,7 @@ def sft(args: argparse.Namespace) -> int:
     from mirrorapi.training.sft import run_sft
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    recipe, training_args, model_args = parse_recipe(args.passthrough)
+    recipe, training_args, model_args = parse_recipe(args.passthrough, args.prog)
     run_sft(recipe, training_args, model_args, args.passthrough)
     return 0
 

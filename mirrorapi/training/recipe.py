@@ -132,20 +132,22 @@ def freeze_below_top_layers(model, top: int) -> tuple[int, int]:
     return sum(p.numel() for p in parameters if p.requires_grad), sum(p.numel() for p in parameters)
 
 
-def make_parser():
+def make_parser(prog: str | None = None):
+    """TRL's parser of the recipe's keys; `prog` names the command in its usage line (argparse's default is the
+    program's file name: `mirrorapi`, not `mirrorapi train sft`)."""
     from trl import ModelConfig, SFTConfig, TrlParser
 
-    return TrlParser((RecipeArguments, SFTConfig, ModelConfig), allow_abbrev=False)
+    return TrlParser((RecipeArguments, SFTConfig, ModelConfig), prog=prog, allow_abbrev=False)
 
 
 def config_file(argv: list[str]) -> str | None:
     return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
 
 
-def parse_recipe(argv: list[str]):
+def parse_recipe(argv: list[str], prog: str | None = None):
     """`training/sft.py ARGV` -> (RecipeArguments, SFTConfig, ModelConfig), every key known and every value valid
     for this host; `--help` prints the keys and exits."""
-    parser = make_parser()
+    parser = make_parser(prog)
     check_recipe_file(config_file(argv), parser.dataclass_types)
     try:
         with warnings.catch_warnings():

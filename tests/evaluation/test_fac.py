@@ -143,11 +143,15 @@ def test_fac_scores_every_id_and_resumes(eval_cli, tiny_engine, stb_answers, stb
 
 
 @pytest.mark.slow
-def test_repeats_and_sopr_share_an_output_folder(tiny_engine, stb_answers, samples, tmp_path):
+def test_repeats_and_sopr_share_an_output_folder(tiny_engine, stb_answers, samples, tmp_path, caplog):
     settings = JudgeSettings([tiny_engine.base_url], tiny_engine.model, max_tokens=8, concurrency=4)
     ids = _example_ids(samples)
     sopr = run_scoring(stb_answers, ids, settings, tmp_path, metric="sopr", repeats=2, progress=False)
+    # repeats of a greedy judge measure nothing (StableToolBench samples its judges at 0.2): said once
+    assert sum("2 repeats at temperature 0" in r.getMessage() for r in caplog.records) == 1
+    caplog.clear()
     fac = run_scoring(stb_answers, ids, settings, tmp_path, metric="fac", progress=False)
+    assert not any("temperature 0" in r.getMessage() for r in caplog.records)
     assert sopr.judge_calls == 2 * JUDGED_EXAMPLE_ANSWERS and fac.judge_calls == JUDGED_EXAMPLE_ANSWERS
     records = _lines(tmp_path / "answers.jsonl")
     assert len(records) == 2 * 3 * 2 + 2 * 3  # models x ids x repeats (SoPR), then FAC once
@@ -261,7 +265,7 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, faulty_judge, stb_answe
     for argv, message in cases:
         assert fac(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].startswith("error:") and message in err[-1] and "Traceback" not in "\n".join(err)
+        assert err[-1].startswith("fac.py: error:") and message in err[-1] and "Traceback" not in "\n".join(err)
     # Verdicts of another judge in the same folder are never mixed in.
     assert fac(common + ["--base-url", faulty_judge.base_url, "--model", faulty_judge.model]) == 0
     assert fac(common + ["--base-url", faulty_judge.base_url, "--model", "another-judge"]) == 2

@@ -528,7 +528,7 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, samples, tmp_path, caps
     for argv, message in cases:
         assert simulator(argv + ["--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].startswith("error:") and message in err[-1] and "Traceback" not in "\n".join(err)
+        assert err[-1].startswith("simulator.py: error:") and message in err[-1] and "Traceback" not in "\n".join(err)
 
 
 @pytest.mark.parametrize(

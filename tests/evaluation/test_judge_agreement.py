@@ -208,4 +208,4 @@ def test_bad_labelled_files_are_one_line_errors(eval_cli, tmp_path, capsys):
         ]
         assert eval_cli("judge_agreement")(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error:") and f"{name}:1" in err[0]
+        assert len(err) == 1 and err[0].startswith("judge_agreement.py: error:") and f"{name}:1" in err[0]

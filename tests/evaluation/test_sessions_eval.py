@@ -19,6 +19,9 @@ def test_values_are_ids_tokens_and_names():
     assert values('{"token": "o8i7u6y5t4r3e2w1q0"}') == {"o8i7u6y5t4r3e2w1q0"}
     assert values("56545338") == {"56545338"}
     assert values({"status": "success", "ok": True, "n": 3, "id": 17, "price": 4.5}) == {"17", "4.5"}
+    # A simulator writing NaN (Python's json reads it) carries no value there, and the answer's others are kept.
+    assert values({"price": float("nan"), "total": float("inf"), "id": "abc123"}) == {"abc123"}
+    assert values('{"price": NaN, "id": "abc123"}') == {"abc123"}
     long = "Reservation ABC123 confirmed for flight HAT004 on 2024-05-16; the passenger was told"
     assert values(long) == {"ABC123", "HAT004", "2024-05-16"}
 

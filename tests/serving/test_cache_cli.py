@@ -67,14 +67,19 @@ def test_export_writes_every_real_call(sample_tools, samples, cache_location, tm
 
 def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["cache", "stats", "--cache", str(tmp_path / "none.sqlite")]) == 2
-    assert capsys.readouterr().err == f"mirrorapi: error: cache database not found: {tmp_path / 'none.sqlite'}\n"
+    assert (
+        capsys.readouterr().err
+        == f"mirrorapi cache stats: error: cache database not found: {tmp_path / 'none.sqlite'}\n"
+    )
     assert main(["cache", "import", str(tmp_path / "nowhere"), "--cache", str(tmp_path / "c.sqlite")]) == 2
     assert "StableToolBench cache folder not found" in capsys.readouterr().err
     assert not (tmp_path / "c.sqlite").exists()  # a mistyped source leaves no new database behind
     for url in ("postgresql://postgres@127.0.0.1:5/postgres?foo=bar", "postgres://%zz@127.0.0.1/x"):
         assert main(["cache", "stats", "--cache", url]) == 2  # psycopg cannot parse it: never connected
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith("mirrorapi: error: cache_url is not a PostgreSQL URL")
+        assert err.count("\n") == 1 and err.startswith(
+            "mirrorapi cache stats: error: cache_url is not a PostgreSQL URL"
+        )
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(
         json.dumps(

@@ -87,7 +87,10 @@ def test_migrate_copies_sqlite_into_postgresql_and_back(postgres_database, tmp_p
 
 def test_migrate_checks_the_source_exists(postgres_database, tmp_path, capsys):
     assert main(["cache", "migrate", "--from", str(tmp_path / "none.sqlite"), "--to", postgres_database]) == 2
-    assert capsys.readouterr().err == f"mirrorapi: error: cache database not found: {tmp_path / 'none.sqlite'}\n"
+    assert (
+        capsys.readouterr().err
+        == f"mirrorapi cache migrate: error: cache database not found: {tmp_path / 'none.sqlite'}\n"
+    )
 
 
 def test_an_unreachable_server_is_one_line_without_the_password(capsys):
@@ -95,7 +98,9 @@ def test_an_unreachable_server_is_one_line_without_the_password(capsys):
     assert main(["cache", "stats", "--cache", url]) == 2
     error = capsys.readouterr().err
     address = url.split("@")[1]
-    assert error.startswith(f"mirrorapi: error: cannot open cache database postgresql://postgres@{address}: ")
+    assert error.startswith(
+        f"mirrorapi cache stats: error: cannot open cache database postgresql://postgres@{address}: "
+    )
     assert error.count("\n") == 1 and "s3cret" not in error
 
 

@@ -200,7 +200,7 @@ def test_serve_command_exits_2_with_one_line(tmp_path, capsys):
     config = write(tmp_path / "bad.yml", f"tools_folder: {SAMPLE_TOOLS}\nport: eighty\n")
     assert mirrorapi_main(["serve", "--config", str(config)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("mirrorapi: error: config ") and "port" in err
+    assert err.count("\n") == 1 and err.startswith("mirrorapi serve: error: config ") and "port" in err
 
 
 def test_server_script_bad_config_exits_2_before_serving(tmp_path):

@@ -23,6 +23,7 @@ sees the episode's earlier calls and answers). Both passes are scored like any f
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from typing import Any
@@ -89,6 +90,8 @@ def values(obj: Any) -> set[str]:
         elif isinstance(item, bool) or item is None:
             return
         elif isinstance(item, (int, float)):
+            if not math.isfinite(item):  # NaN, Infinity: Python's json reads them; no value carried (int(nan) raises)
+                return
             if abs(item) >= 10 or item != int(item):
                 found.add(f"{item:g}" if isinstance(item, float) else str(item))
         elif isinstance(item, str):

@@ -292,6 +292,14 @@ async def score_items(
         raise ValueError(f"unknown metric {metric!r}; known: {', '.join(JUDGE_METRICS)}")
     fmt = JUDGE_METRICS[metric][0]
     allowed = JUDGE_VERDICTS[fmt]
+    if repeats > 1 and settings.temperature == 0:
+        # Said, not refused: the documented commands ask for repeats at the default temperature, and an engine
+        # batching requests is not exactly greedy either.
+        logger.warning(
+            "%d repeats at temperature 0: a greedy judge gives each answer the same verdict every time, so the "
+            "± is near 0 whatever the judge's doubt; StableToolBench's judges sample at 0.2 (--temperature 0.2)",
+            repeats,
+        )
     out.mkdir(parents=True, exist_ok=True)
     store = JsonlStore(out / ANSWERS_FILE, record_key)
     done = store.load()

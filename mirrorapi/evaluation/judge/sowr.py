@@ -1,14 +1,15 @@
 """SoWR: how often a candidate model's answers win against a reference model's, with an open judge.
 
 Follows the semantics of StableToolBench's `eval_preference.py` (notes §5.4), in rounds (default 3):
-1. An id the reference did not answer is a candidate win; one the candidate did not answer, a
-   reference win (both missing: no vote).
+1. An id the reference did not answer is a candidate win (whether or not the candidate answered it, as
+   upstream); one the candidate did not answer, a reference win.
 2. Pass-rate results first: each answer's SoPR verdict of that round (the `sopr-v1` judgments, in
    the same `answers.jsonl` a `eval/fac.py --metric sopr` run writes: a SoPR run in the same folder
    is reused). Exactly one Solved wins; neither Solved and exactly one Unsure wins.
 3. Otherwise (both Solved, or neither decided) the judge compares the two (`sowr-v1`), the answers
-   shown in a random order fixed per (query, round); two answers with nothing to judge (empty or
-   give-up) give no vote instead of a call.
+   shown in a random order fixed per (query, round); two answers alike (the same final answer, or none,
+   after the same tool calls) go to a side by a coin fixed per (query, round) instead of a call, as
+   upstream's `select_better_answer` picks at random between identical answers.
 Each round gives one vote; the query goes to whoever has more votes (equal: a tie). Win rate of a
 group = 100 × candidate wins / ids of the group (ties are reported apart, not split, as upstream).
 Unparseable judge outputs give no vote and are counted. Judge calls that fail are pending: the table
@@ -58,13 +59,16 @@ def _reference_first(qid: str, round_: int, reference: str, candidate: str) -> b
 
 
 def decide(reference: AnswerItem, candidate: AnswerItem, ref_verdict: str | None, cand_verdict: str | None):
-    """(winner or None, how) without the preference judge; how == "compare" when it is needed.
+    """(winner or None, how) without the preference judge; how == "compare" when it is needed, "identical" when a
+    coin decides (two answers alike: no call).
 
     winner is "reference" or "candidate"; verdicts are the round's SoPR verdicts (None: pending)."""
-    if reference.status == "missing" or candidate.status == "missing":
-        if reference.status == candidate.status:
-            return None, "both missing"
-        return ("candidate" if reference.status == "missing" else "reference"), "missing answer"
+    # Upstream's order (eval_preference.py): an id the reference did not answer is the candidate's, whether or not
+    # the candidate answered it; then one the candidate did not answer is the reference's.
+    if reference.status == "missing":
+        return "candidate", "missing answer"
+    if candidate.status == "missing":
+        return "reference", "missing answer"
     if ref_verdict is None or cand_verdict is None:
         return None, "pending"
     solved = (ref_verdict == "Solved", cand_verdict == "Solved")
@@ -74,8 +78,10 @@ def decide(reference: AnswerItem, candidate: AnswerItem, ref_verdict: str | None
         unsure = (ref_verdict == "Unsure", cand_verdict == "Unsure")
         if unsure[0] != unsure[1]:
             return ("reference" if unsure[0] else "candidate"), "pass rate"
-    if reference.status != "answer" and candidate.status != "answer":
-        return None, "no answers"
+    # rtl.py's select_better_answer: answers alike (final answer and trajectory) are a random pick, not a judge
+    # call; two answers without a final answer but with other trajectories are compared like any others.
+    if (reference.status, reference.answer, reference.steps) == (candidate.status, candidate.answer, candidate.steps):
+        return None, "identical"
     return None, "compare"
 
 
@@ -129,10 +135,12 @@ async def _sowr(
                         "judge": settings.model,
                         "prompt_format": PREFERENCE_FORMAT,
                     }
+                    ref_first = _reference_first(qid, round_, reference, candidate)
+                    if how == "identical":  # upstream's random.choice, as a coin fixed per (query, round)
+                        winner = "reference" if ref_first else "candidate"
                     if how != "compare":
                         decisions[key] = {**base, "winner": winner, "how": how}
                         continue
-                    ref_first = _reference_first(qid, round_, reference, candidate)
                     pair = [
                         (ref_item.steps, cut_judge_text(ref_item.answer)),
                         (cand_item.steps, cut_judge_text(cand_item.answer)),
@@ -180,7 +188,10 @@ async def _sowr(
 
     failures = list(scoring.failures) + await judge_all(calls, handle, settings, "sowr judge", progress)
     compared = [r for r in decisions.values() if r["how"] in ("preference", "unparseable")]
-    store.rewrite(sorted(compared, key=lambda r: _preference_key(r)))
+    # Verdicts of other candidates judged into the same --out stay (a later run against another candidate once
+    # dropped them, and rerunning the first judged its pairs again).
+    kept = [r for key, r in done.items() if key not in decisions]
+    store.rewrite(sorted(compared + kept, key=lambda r: _preference_key(r)))
     table = sowr_metric_table(sowr_table(reference, candidates, ids, decisions, rounds, settings.model))
     return SowrRun(table, failures, len(calls))
 
