@@ -37,8 +37,11 @@ import aiohttp
 logger = logging.getLogger(__name__)
 _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps with arguments builds an encoder per call
 
-# Statuses worth another attempt (elsewhere); any other 4xx means the request itself is wrong.
+# Statuses worth another attempt (elsewhere); any other 4xx means the request itself is wrong, but those of
+# REPLICA_STATUS, which say the replica refuses the key or serves another model (vLLM: 401, 404 for a model it does
+# not serve): another replica may take the call, and this one is skipped as a failing one is.
 RETRYABLE_STATUS = (408, 429)
+REPLICA_STATUS = (401, 403, 404)
 
 
 def _deadline(seconds: float) -> aiohttp.ClientTimeout:
@@ -150,6 +153,7 @@ class EngineClient:
         self._probes: set[asyncio.Task] = set()
         self.max_in_flight, self.max_waiting = max_in_flight, max_waiting
         self._waiters: collections.deque[asyncio.Future] = collections.deque()  # calls waiting for a free replica
+        self._handed = 0  # slots handed to woken waiters that have not taken them yet
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:  # one pool for all replicas: connections are reused across requests
@@ -254,9 +258,12 @@ class EngineClient:
         response_format: dict | None = None,
         seed: int | None = None,
         extra_body: dict | None = None,
+        started: float | None = None,
     ) -> Completion:
-        """The completion: the assistant message as the engine sent it, the `usage` object, the finish reason."""
-        deadline = time.monotonic() + self.timeout
+        """The completion: the assistant message as the engine sent it, the `usage` object, the finish reason.
+        `started` (`time.monotonic()`): when the caller's work that this call is part of began; the deadline,
+        `timeout` after it, is then shared with that work's earlier calls (default: now)."""
+        deadline = (time.monotonic() if started is None else started) + self.timeout
         body = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
         if response_format is not None:
             body["response_format"] = response_format
@@ -270,8 +277,14 @@ class EngineClient:
         tried: set[int] = set()
         for attempt in range(self.retries + 1):
             index, fresh = self._pick(tried)
-            while self.max_in_flight is not None and self.replicas[index].in_flight >= self.max_in_flight:
+            woken = False
+            # In arrival order: a call that finds others waiting (or a slot handed to one) queues behind them,
+            # though a replica looks free, so that the slot freed for the first waiter is not taken by a later call.
+            while self.max_in_flight is not None and (
+                self.replicas[index].in_flight >= self.max_in_flight or (not woken and (self._waiters or self._handed))
+            ):
                 await self._free_replica(deadline)
+                woken = True
                 index, fresh = self._pick(tried)
             if not fresh and attempt:  # nothing healthy left to try: wait (full jitter) before going again
                 pause = random.uniform(0, self.backoff * (2 ** (attempt - 1)))
@@ -300,13 +313,15 @@ class EngineClient:
                 last = EngineError("unreachable", f"engine at {base} is unreachable ({type(exc).__name__}: {exc})")
             except EngineError as exc:
                 last = exc
-                if exc.status and exc.status < 500 and exc.status not in RETRYABLE_STATUS:
+                if exc.status and exc.status < 500 and exc.status not in RETRYABLE_STATUS + REPLICA_STATUS:
                     break  # the request itself is wrong: retrying will not help
             finally:
                 replica.in_flight -= 1
                 self._wake_one()
             self._failed(index, last)
             logger.warning("engine attempt %d/%d failed: %s", attempt + 1, self.retries + 1, last)
+            if last.status in REPLICA_STATUS and not elsewhere:
+                break  # no other replica to ask, and this one will answer the same again
         raise last or EngineError("timeout", f"engine did not answer within {self.timeout:g} s")
 
     async def _free_replica(self, deadline: float) -> None:
@@ -320,12 +335,18 @@ class EngineClient:
             )
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        taken = False
         try:
             await asyncio.wait_for(waiter, max(0.0, deadline - time.monotonic()))
+            taken = True
         except asyncio.TimeoutError:
             raise EngineError("timeout", f"no engine replica was free within {self.timeout:g} s") from None
         finally:
-            if not waiter.done():
+            if waiter.done() and not waiter.cancelled():  # a slot was handed to this call
+                self._handed -= 1
+                if not taken:  # the call is gone (cancelled as it was woken): the slot goes to the next waiter
+                    self._wake_one()
+            else:
                 waiter.cancel()
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
@@ -335,6 +356,7 @@ class EngineClient:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+                self._handed += 1
                 return
 
     # ------------------------------------------------------------------------------ health

@@ -6,7 +6,7 @@ import time
 import openai
 import pytest
 
-from harness.fake_engines import HungEngine, StatusEngine, unreachable_engine_url
+from harness.fake_engines import FixedReplyEngine, HungEngine, StatusEngine, unreachable_engine_url
 from mirrorapi.engine_client import EngineClient, EngineError
 
 
@@ -122,7 +122,7 @@ def test_engine_that_never_answers_times_out(hung_engine):
     assert 1.4 < elapsed < 2.5  # one deadline for all attempts
 
 
-@pytest.mark.parametrize("status, attempts", [(400, 1), (503, 3)])
+@pytest.mark.parametrize("status, attempts", [(400, 1), (503, 3), (404, 1), (401, 1)])
 def test_rejected_requests_are_not_retried_server_errors_are(status, attempts):
     # A StatusEngine: `transformers serve` cannot be made to answer a chosen status (it answers 500
     # even to a malformed request).
@@ -141,7 +141,68 @@ def test_rejected_requests_are_not_retried_server_errors_are(status, attempts):
     assert engine.paths == ["/v1/chat/completions"] * attempts
 
 
+def test_a_call_that_waited_gets_the_slot_before_later_calls():
+    """With `max_in_flight` 1 and `max_waiting` 1, B waits for A; C and D arrive as A's answer comes back. B is
+    next (arrival order, as the client's docstring says), C waits, D is told busy; B once lost the freed slot to C
+    and was then refused as busy, though it was the one waiting."""
+    import time
+
+    class SlowEngine(FixedReplyEngine):  # a stand-in: each answer takes 0.3 s
+        def chat(self, request: dict):
+            time.sleep(0.3)
+            return super().chat(request)
+
+    async def run(url):
+        engine = EngineClient([url], "m", timeout=10, max_in_flight=1, max_waiting=1)
+        outcomes: dict[str, str] = {}
+        later: list[asyncio.Future] = []
+
+        async def call(name: str, then: tuple[str, ...] = ()):
+            try:
+                await engine.chat([{"role": "user", "content": name}])
+                outcomes[name] = "answered"
+            except EngineError as exc:
+                outcomes[name] = exc.kind
+            # in the loop turn A's answer came back in, before B (woken) runs again
+            later.extend(asyncio.ensure_future(call(n)) for n in then)
+
+        try:
+            a = asyncio.ensure_future(call("A", then=("C", "D")))
+            await asyncio.sleep(0.1)
+            await call("B")
+            await a
+            await asyncio.gather(*later)
+            return outcomes
+        finally:
+            await engine.aclose()
+
+    with SlowEngine("fine") as engine:
+        outcomes = asyncio.run(run(engine.url))
+        order = [request["messages"][0]["content"] for request in engine.requests]
+    assert outcomes == {"A": "answered", "B": "answered", "C": "answered", "D": "busy"}
+    assert order == ["A", "B", "C"]
+
+
 # ------------------------------------------------------------------------------ replicas (issue 11)
+@pytest.mark.parametrize("status", [404, 401])
+def test_a_replica_that_does_not_serve_the_model_is_skipped_for_one_that_does(status):
+    """vLLM answers 404 for a model it does not serve and 401 for a key it refuses: facts of the replica, not of
+    the request. The call goes to the other replica, and later calls skip the refusing one (half the calls once
+    failed with its 404 while /health already said it did not serve the model)."""
+
+    async def run(urls):
+        engine = EngineClient(urls, "m", timeout=10, retries=2, backoff=0.05)
+        try:
+            return [await engine.chat([{"role": "user", "content": "hi"}]) for _ in range(4)]
+        finally:
+            await engine.aclose()
+
+    with StatusEngine(status) as refusing, FixedReplyEngine("fine") as serving:
+        answers = asyncio.run(run([refusing.url, serving.url]))
+    assert answers == ["fine"] * 4
+    assert len(refusing.paths) == 1  # tried once, then skipped
+
+
 def test_an_attempt_that_can_move_on_has_its_own_timeout(hung_engine):
     # [hung, down]: the hung replica is given up after the attempt timeout and the call moves on (it
     # ends as `unreachable`: nothing listens on the second). Old behaviour: the first attempt took the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from typing import Any
 
@@ -33,9 +34,28 @@ def parse_simulator_output(text: str) -> tuple[dict | None, str]:
     valid (empty) answer, not a failure. `how` is one of json, fenced, literal, regex, repaired, failed.
     Its text is always UTF-8: a lone surrogate escape (`"\ud83d"`, half an emoji's pair, which a small model
     writes) becomes U+FFFD, since no store, log or client body can hold one.
+    Its values are JSON's: NaN and Infinity (Python's json reads them; RFC 8259 has neither, and a strict client
+    cannot parse a body holding one) become null, and a Python literal holding what JSON cannot (a set, bytes) is
+    not an answer.
     """
-    observation, how = _parse(text)
-    return (None if observation is None else utf8_only(observation)), how
+    try:
+        observation, how = _parse(text)
+        return (None, how) if observation is None else (utf8_only(_json_data(observation)), how)
+    except (ValueError, RecursionError):  # a literal that is not JSON; text nested past Python's recursion limit
+        return None, "failed"
+
+
+def _json_data(value: Any) -> Any:
+    """`value` as JSON holds it (a tuple a list, a non-finite float null); ValueError for what JSON cannot hold."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        return [_json_data(item) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _json_data(item) for key, item in value.items()}
+    raise ValueError(f"not JSON data: {type(value).__name__}")
 
 
 def _parse(text: str) -> tuple[dict | None, str]:
@@ -57,8 +77,13 @@ def _parse(text: str) -> tuple[dict | None, str]:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         pass
     found = _ERROR_RESPONSE.search(body)
+    error = None
     if found:
-        error = json.loads('"' + found.group(1) + '"')
+        try:
+            error = json.loads('"' + found.group(1) + '"')
+        except ValueError:  # a raw control character or a bad \u escape in it: not this reading
+            found = None
+    if found:
         tail = found.group(2).strip()
         if tail.endswith("}"):
             tail = tail[:-1].rstrip()
@@ -98,8 +123,9 @@ def cot_rationale(text: str) -> str:
     try:
         value = json.loads(observation_text)
         if isinstance(value, dict) and isinstance(value.get(COT_RATIONALE_KEY), str):
-            return value[COT_RATIONALE_KEY]
-    except ValueError:
+            return utf8_only(value[COT_RATIONALE_KEY])
+    except (ValueError, RecursionError):
         pass
     found = _COT_RATIONALE.search(observation_text)
-    return found.group(1) if found else ""
+    # UTF-8 as the observation is (a lone surrogate once failed the store's write, and every write of its turn)
+    return utf8_only(found.group(1)) if found else ""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from typing import NamedTuple
 
 from mirrorapi.engine_client import Completion, EngineClient, EngineError
@@ -192,7 +193,11 @@ async def ask_engine(
     simulator that answers greedily and runs to the limit has looped (the same list item or phrase again until the
     limit: the shipped simulator's 16 cut answers of 414 held-out calls), and a loop is neither the API's answer
     nor, cut, JSON; sampling leaves the loop. Answers that end before the limit are never asked again, so a greedy
-    server's other answers are its greedy ones."""
+    server's other answers are its greedy ones.
+
+    Both tries share one deadline, the engine's `timeout`: the second gets what the first left (given each its own,
+    a call outlived its lease, `engine_timeout` + a margin, and another worker simulated it again)."""
+    started = time.monotonic()
     first = await engine.complete(
         messages, temperature=temperature, max_tokens=max_tokens, seed=seed, response_format=response_format
     )
@@ -205,6 +210,7 @@ async def ask_engine(
             max_tokens=max_tokens,
             seed=SECOND_TRY_SEED if seed is None else seed,
             response_format=response_format,
+            started=started,
         )
     except EngineError as exc:  # the first answer is still an answer
         logger.warning("the second try of a cut answer failed: %s", exc)

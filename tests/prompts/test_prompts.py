@@ -135,13 +135,36 @@ def test_parses_real_stabletoolbench_observations(shared_data):
             {"error": "\ufffd", "response": ["\U0001f600"]},
             "literal",
         ),
+        # NaN and Infinity, which Python's json reads and RFC 8259 has not (a strict client cannot parse a body
+        # holding one): null. A literal's tuple is a list.
+        (
+            '{"error": "", "response": {"price": NaN, "max": -Infinity, "big": 1e400}}',
+            {"error": "", "response": {"price": None, "max": None, "big": None}},
+            "json",
+        ),
+        ("{'error': '', 'response': (1, 2)}", {"error": "", "response": [1, 2]}, "literal"),
     ],
 )
 def test_parse_simulator_output_variants(text, expected, how):
     assert parse_simulator_output(text) == (expected, how)
 
 
-@pytest.mark.parametrize("text", ["", "ATATATAT", "[1, 2]", '{"answer": 1}', "<|im_end|>"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "ATATATAT",
+        "[1, 2]",
+        '{"answer": 1}',
+        "<|im_end|>",
+        # What a looping or confused model writes, once a traceback and an internal error on /virtual: a literal
+        # JSON cannot hold (a set, bytes), a raw control character in the error, nesting past the recursion limit.
+        "{'error': '', 'response': {1, 2}}",
+        "{'error': '', 'response': b'x'}",
+        '"error": "a\x01b", "response": "r"',
+        '{"error": "", "response": ' + "[" * 100_000,
+    ],
+)
 def test_parse_simulator_output_rejects_garbage(text):
     assert parse_simulator_output(text) == (None, "failed")
 

@@ -42,6 +42,30 @@ def test_entry_keys_provenance_created_and_hits(cache_location):
     assert entry.provenance == "real" and before <= entry.created <= time.time() and entry.hits == 2
 
 
+def test_a_write_that_cannot_be_encoded_fails_alone_as_a_cache_error(cache_location):
+    """A FAULT no path of ours makes any more (a CoT rationale kept a lone surrogate): the store says CacheError,
+    which the server answers past, and another request's write of the same loop turn is stored. It was a
+    UnicodeEncodeError (an internal error) on PostgreSQL, and on SQLite the failure of every write of its turn."""
+    import asyncio
+    import dataclasses
+
+    from mirrorapi.serving.cache import Call, new_entry
+
+    cache = open_cache(cache_location)
+    good = new_entry(*API, {"n": 1}, "", "fine", "simulated:m", time.time())
+    bad = dataclasses.replace(new_entry(*API, {"n": 2}, "", "fine", "simulated:m", time.time()), rationale="\ud83d")
+
+    async def turn():
+        outcomes = await asyncio.gather(cache.store(bad), cache.store(good), return_exceptions=True)
+        found = await cache.lookup(Call(*API, canonical_json({"n": 1})), "m")
+        await cache.aclose()
+        return outcomes, found
+
+    outcomes, found = asyncio.run(turn())
+    assert isinstance(outcomes[0], CacheError) and outcomes[1] is True
+    assert found is not None and json.loads(found[0])["response"] == "fine"
+
+
 def test_recorded_answers_win_over_simulated_ones(cache_location):
     cache = open_cache(cache_location)
     assert cache.put(*API, "{}", "", "made up", "simulated:m@mirrorapi-v1")

@@ -138,6 +138,12 @@ def test_upstreams_example_answer_gives_the_observation_and_the_rationale():
     assert cot_rationale(UPSTREAM_ANSWER).startswith(UPSTREAM_MECHANISM)
     assert cot_rationale(json.dumps({"mechanism_of_the_api": "m", "error": "", "response": "r"})) == "m"
     assert cot_rationale('{"error": "", "response": "r"}') == ""
+    # UTF-8 as the observation is: a lone surrogate once failed the store's write (and every write of its turn)
+    assert cot_rationale('{"mechanism_of_the_api": "m \\ud83d", "error": "", "response": "r"}') == "m \ufffd"
+    # the engine's text itself holding one (its JSON escape decoded), read by the regex (unescaped quotes)
+    assert cot_rationale('{"mechanism_of_the_api": "it "reads" \ud83d", "error": "", "response": "r"}') == (
+        'it "reads" \ufffd'
+    )
 
 
 @contextlib.contextmanager

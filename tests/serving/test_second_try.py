@@ -119,3 +119,40 @@ def test_the_setting_and_the_identity_it_names(settings, second_try, tmp_path):
     assert [part for part in identity.split(",") if part.startswith("second_try=")] == (
         [f"second_try={second_try:g}"] if second_try else []
     )
+
+
+def test_both_tries_share_the_engine_timeout():
+    """The second try gets what the first left of `engine_timeout`: given each its own, a slow engine's call ran
+    past its lease (`engine_timeout` + a margin) and another worker simulated the same call again."""
+    import asyncio
+    import time
+
+    from mirrorapi.engine_client import EngineClient
+    from mirrorapi.serving.simulator import ask_engine
+
+    class SlowLoopingEngine(LoopingEngine):  # a stand-in: each answer takes 0.6 s
+        def chat(self, request: dict):
+            time.sleep(0.6)
+            return super().chat(request)
+
+    async def ask(url: str):
+        engine = EngineClient([url], "m", timeout=1.0, retries=0)
+        try:
+            start = time.monotonic()
+            (_, _, finish), second_try = await ask_engine(
+                engine,
+                [{"role": "user", "content": "x"}],
+                None,
+                temperature=0.0,
+                max_tokens=8,
+                seed=None,
+                second_try_temperature=0.7,
+            )
+            return finish, second_try, time.monotonic() - start
+        finally:
+            await engine.aclose()
+
+    with SlowLoopingEngine(SAMPLED) as engine:
+        finish, second_try, took = asyncio.run(ask(engine.url))
+    assert (finish, second_try) == ("length", "failed")  # the first answer, served when the time ran out
+    assert took < 1.15

@@ -240,7 +240,9 @@ class PostgresCache(Store):
         # pay for it (9.5 MB of memory per process, a tenth of a second at start-up).
         import psycopg
 
-        self._errors = psycopg.Error  # every error of psycopg and of its pool (PoolTimeout)
+        # every error of psycopg and of its pool (PoolTimeout), and a value psycopg cannot encode (a lone
+        # surrogate), which is not a psycopg.Error but fails the write as one does
+        self._errors = (psycopg.Error, UnicodeEncodeError)
         self.url = url
         self._conninfo = connection_string(url)  # first: a URL it cannot parse is one line (CacheError)
         self.location = public_location(url)

@@ -16,6 +16,13 @@ from mirrorapi.serving.cache.entries import CacheError
 logger = logging.getLogger(__name__)
 
 
+class Failed:
+    """What a job that raised leaves for its caller (a result of its own, as a job may return anything)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
 class LoopWriter:
     """The writes of a server, committed on the event loop: the jobs handed over in one loop turn run in
     one transaction right after it. The connection does not wait for SQLite's lock: when another process
@@ -61,19 +68,36 @@ class LoopWriter:
             return self._fail(self._take(), exc)
         jobs = self._take()
         try:
-            results = [job(self._db) for job, _ in jobs]
+            outcomes = [self._run(job) for job, _ in jobs]
             self._db.execute("COMMIT")
-        except Exception as exc:  # any job's failure (not only SQLite's): never leave the transaction open
-            # or a future unanswered, or every later write of the server fails ("within a transaction")
+        except Exception as exc:  # the transaction's own failure (a full disk): never leave it open or a future
+            # unanswered, or every later write of the server fails ("within a transaction")
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
             return self._fail(jobs, exc)
         self._waiting_since = None
-        for (_, future), result in zip(jobs, results, strict=True):
+        failed = [(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True) if isinstance(outcome, Failed)]
+        for job, outcome in failed:
+            self._fail([job], outcome.error)
+        for (_, future), outcome in zip(jobs, outcomes, strict=True):
             if not future.done():
-                future.set_result(result)
+                future.set_result(outcome)
         if self._committed is not None:
             self._committed()
+
+    def _run(self, job: Callable[[sqlite3.Connection], Any]) -> Any:
+        """One job in a savepoint of the turn's transaction: a job that raises (an answer that cannot be encoded)
+        has its own writes undone and fails alone; the other requests' writes of the same turn commit (they once
+        all failed with it)."""
+        self._db.execute("SAVEPOINT job")
+        try:
+            result = job(self._db)
+        except Exception as exc:
+            self._db.execute("ROLLBACK TO job")
+            self._db.execute("RELEASE job")
+            return Failed(exc)
+        self._db.execute("RELEASE job")
+        return result
 
     def _take(self) -> list:
         jobs, self._jobs = self._jobs, []
