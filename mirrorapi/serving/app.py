@@ -16,6 +16,7 @@ minutes to load a model).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import gc
@@ -118,7 +119,18 @@ class VirtualEndpoint:
             if name == SESSION_HEADER:
                 session_id = value.decode("latin-1")
                 break
-        answer = await self.server.answer(body, session_id, lambda: deadline.lost)
+        try:
+            answer = await self.server.answer(body, session_id, lambda: deadline.lost)
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when its graceful stop is over (uvicorn_options): an answer
+            # in the API's shape, counted and logged, instead of uvicorn's plain-text 500; a simulation under way
+            # goes on and is stored before the cache closes (Responder.drain), for the client's retry to find.
+            with contextlib.suppress(Exception):
+                await send_json(
+                    send, 503, error_body(SHUTTING_DOWN), [(b"connection", b"close"), (b"retry-after", b"5")]
+                )
+            self.server.refused(503, "shutting_down")
+            raise
         await send_json(send, answer.status, answer.body, answer_headers(answer.outcome, answer.provenance))
 
     async def dispatch(self, scope, receive, send) -> None:
@@ -129,6 +141,8 @@ class VirtualEndpoint:
             return await self.episodes.http(scope, receive, send)
         return await self.app(scope, receive, send)
 
+
+SHUTTING_DOWN = "Failed to generate fake response (the server is shutting down; retry in a moment)"
 
 PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")  # what a header value may hold as is
 

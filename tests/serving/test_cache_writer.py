@@ -113,3 +113,33 @@ def test_shutdown_stores_simulations_still_in_flight(serve, engine_stub, tmp_pat
     cache = ResponseCache(tmp_path / "c.sqlite")
     ((_, _, _, _, observation, provenance),) = cache.entries()
     assert json.loads(observation) == STUB_OBSERVATION and provenance.startswith("simulated:")
+
+
+def test_a_request_still_running_when_the_stop_is_over_gets_an_answer_in_the_apis_shape(serve, engine_stub, tmp_path):
+    """uvicorn cancels what still runs when its graceful stop is over; the client got uvicorn's plain-text 500,
+    uncounted and unlogged. It gets a 503 in the `{"error", "response"}` shape, and its answer is stored for the
+    retry (the engine answers after the stop)."""
+    import concurrent.futures
+
+    body = {
+        "category": "Data",
+        "tool_name": "theclique",
+        "api_name": "transfermarkt_search",
+        "tool_input": '{"name": "Kaka"}',
+    }
+    log = tmp_path / "requests.jsonl"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with serve(
+            api_base=[engine_stub(delay=1.5)],
+            cache_path=str(tmp_path / "c.sqlite"),
+            log_file=str(log),
+            graceful_shutdown=0.3,
+        ) as server:
+            pending = pool.submit(httpx.post, server.url + "/virtual", json=body, timeout=10)
+            time.sleep(0.5)  # the miss is with the engine when the stop begins
+        answered = pending.result()
+    assert answered.status_code == 503 and answered.headers["content-type"] == "application/json"
+    assert answered.json()["response"] == "" and "shutting down" in answered.json()["error"]
+    assert [json.loads(line)["outcome"] for line in log.read_text().splitlines()] == ["shutting_down"]
+    ((_, _, _, _, observation, _),) = ResponseCache(tmp_path / "c.sqlite").entries()
+    assert json.loads(observation) == STUB_OBSERVATION
