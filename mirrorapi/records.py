@@ -54,12 +54,19 @@ def parse_repr_key(key: str) -> Any:
     Raises ValueError when the key is neither a Python literal nor JSON.
     """
     try:
-        return ast.literal_eval(key)
+        # `inf` and `nan` as names: what `str()` writes for arguments JSON gave as 1e400 or NaN (StableToolBench
+        # keys its cache so), which a literal cannot hold
+        return ast.literal_eval(_NonFinite().visit(ast.parse(key.strip(), mode="eval")))
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         try:
             return json.loads(key)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ValueError(f"not a StableToolBench cache key: {key[:80]!r}") from exc
+
+
+class _NonFinite(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.Constant(float(node.id)) if node.id in ("inf", "nan") else node
 
 
 def observation_json(error: str, response: Any) -> str:
@@ -128,6 +135,9 @@ def _pair_problem(pair: Any) -> str | None:
     missing = [k for k in PAIR_KEYS if k not in pair]
     if missing:
         return "missing " + ", ".join(missing)
+    names = [k for k in ("category", "tool_name", "api_name") if not isinstance(pair[k], str)]
+    if names:
+        return "non-string " + ", ".join(names)
     if not isinstance(pair["tool_input"], dict):
         return "tool_input is not an object"
     response = pair["response"]
@@ -206,6 +216,11 @@ def _cache_file(path: str, category: str, tool: str, api: str, on_bad: OnBad) ->
             continue
         if not isinstance(arguments, dict) or not all(isinstance(name, str) for name in arguments):
             on_bad(f"{where}: key {key[:60]!r} is not an argument dict (names are strings)")
+            continue
+        try:
+            canonical_json(arguments)  # what the store keys it by
+        except (TypeError, ValueError, RecursionError):  # a set, bytes, a dict with mixed keys deeper in it
+            on_bad(f"{where}: key {key[:60]!r} holds values JSON cannot (a set, bytes, mixed keys)")
             continue
         if utf8_only(arguments) != arguments:  # no request can send these arguments (the server refuses them)
             on_bad(f"{where}: key {key[:60]!r} holds a lone surrogate")

@@ -19,6 +19,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -358,6 +359,15 @@ class ServerSettings(BaseModel):
         self.prompt_format = stateless_format(self.prompt_format)
         if not self.api_base or any(not b.startswith(("http://", "https://")) for b in self.api_base):
             raise ValueError(f"api_base: expected http(s) URL(s) ending in /v1, got {self.api_base}")
+        if any(
+            urllib.parse.urlsplit(base).password is not None or "@" in urllib.parse.urlsplit(base).netloc
+            for base in self.api_base
+        ):
+            # The engine's key goes as `Authorization: Bearer` (api_key); aiohttp refuses a URL's user:password
+            # beside it, so every miss failed and /health answered 500. Said without the URL: it holds a password.
+            raise ValueError(
+                "api_base: a URL with user:password@ in it; give the engine's key as api_key (sent as a bearer token)"
+            )
         if any("," in base for base in self.api_base):  # one URL holding a comma list: the replicas are a list
             raise ValueError(
                 f"api_base: {next(b for b in self.api_base if ',' in b)!r} holds a comma: give each replica as an "

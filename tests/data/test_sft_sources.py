@@ -42,6 +42,7 @@ def test_pairs_jsonl_skips_bad_lines_and_reports_them(tmp_path):
     path = tmp_path / "pairs.jsonl"
     not_an_object = json.loads(good) | {"tool_input": ["a", "list"]}
     half_a_pair = json.loads(good) | {"response": {"error": "", "response": json.loads('"Messi \\ud83d"')}}
+    no_category = json.loads(good) | {"category": None}  # once a traceback of `cache import`
     path.write_text(
         good
         + "not json\n"
@@ -50,14 +51,17 @@ def test_pairs_jsonl_skips_bad_lines_and_reports_them(tmp_path):
         + json.dumps(not_an_object)
         + "\n"
         + json.dumps(half_a_pair)  # "\\ud83d": a lone surrogate, which no UTF-8 store or prompt can hold
+        + "\n"
+        + json.dumps(no_category)
         + "\n",
         encoding="utf-8",
     )
     bad = []
     pairs = list(read_pairs_jsonl(path, bad.append))
     assert len(pairs) == 1 and pairs[0] == json.loads(good)
-    assert [b.split(":")[1] for b in bad] == ["2", "3", "5", "6"]
+    assert [b.split(":")[1] for b in bad] == ["2", "3", "5", "6", "7"]
     assert "missing" in bad[1] and "tool_input" in bad[2] and "lone surrogate" in bad[3]
+    assert "non-string category" in bad[4]
     with pytest.raises(SourceError, match="not found"):
         list(read_pairs_jsonl(tmp_path / "absent.jsonl"))
 

@@ -204,6 +204,17 @@ def test_import_happens_once_per_unchanged_folder(stb_cache, cache_location, tmp
     again = import_stabletoolbench_cache(cache, copy)
     assert not again["skipped"] and again["stored"] == 1 and again["skipped_placeholders"] == 1
     assert cache.count() == first["stored"] + 1
+    # A category that is a link to a folder elsewhere is read through the link, and its changes seen too.
+    elsewhere = tmp_path / "elsewhere" / "Linked"
+    (elsewhere / "stocks_for_Linked").mkdir(parents=True)
+    (copy / "Linked").symlink_to(elsewhere, target_is_directory=True)
+    linked = elsewhere / "stocks_for_Linked" / "quote.json"
+    linked.write_text(json.dumps({"{'s': 'A'}": {"error": "", "response": 1}}))
+    assert import_stabletoolbench_cache(cache, copy)["stored"] == 1
+    linked.write_text(
+        json.dumps({"{'s': 'A'}": {"error": "", "response": 1}, "{'s': 'B'}": {"error": "", "response": 2}})
+    )
+    assert import_stabletoolbench_cache(cache, copy)["stored"] == 1  # was skipped as unchanged
 
 
 def test_unreadable_files_are_reported_and_skipped(cache_location, tmp_path):
@@ -240,6 +251,29 @@ def test_lone_surrogates_in_a_stabletoolbench_cache_file_neither_stop_the_import
     assert any("lone surrogate" in line for line in report["unreadable"])
     stored = {json.loads(args)["name"]: json.loads(obs) for _, _, _, args, obs, _ in cache.entries()}
     assert stored == {"Pele": {"error": "", "response": "Pele \ufffd"}, "ok": {"error": "", "response": "fine"}}
+
+
+def test_odd_keys_of_a_stabletoolbench_cache_file_are_reported_and_the_rest_imported(tmp_path):
+    """A key whose literal JSON cannot hold (a set, bytes, mixed keys deeper in it) or nested past the recursion
+    limit once stopped the import (and the server's start) with a traceback. Keys of arguments JSON gave as 1e400
+    or NaN are what upstream writes (`str(json.loads(...))`: `inf`, `nan`) and are imported as those numbers."""
+    folder = tmp_path / "cache_folder" / "Data" / "theclique_for_Data"
+    folder.mkdir(parents=True)
+    overflow = json.loads('{"name": "x", "limit": 1e400, "score": NaN}')
+    entries = {
+        "{'q': {1, 2}}": {"error": "", "response": "a set"},
+        "{'q': b'x'}": {"error": "", "response": "bytes"},
+        "{'q': {1: 'a', 'b': 2}}": {"error": "", "response": "mixed keys"},
+        '{"q": ' + "[" * 50_000: {"error": "", "response": "deep"},
+        str(overflow): {"error": "", "response": "non-finite"},
+        str({"name": "ok"}): {"error": "", "response": "fine"},
+    }
+    (folder / "transfermarkt_search.json").write_text(json.dumps(entries))
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    report = import_stabletoolbench_cache(cache, tmp_path / "cache_folder")
+    assert report["stored"] == 2 and len(report["unreadable"]) == 4
+    # the call a server gets with those arguments (json.loads of its tool_input) is the imported one
+    assert cache.get("Data", "theclique", "transfermarkt_search", canonical_json(overflow)) is not None
 
 
 def test_a_nul_in_an_error_is_stored_by_either_store_and_served_as_recorded(cache_location, tmp_path):

@@ -65,7 +65,7 @@ def test_export_writes_every_real_call(sample_tools, samples, cache_location, tm
         assert value in answers[(path.parent.parent.name, key)]
 
 
-def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys):
+def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     assert main(["cache", "stats", "--cache", str(tmp_path / "none.sqlite")]) == 2
     assert (
         capsys.readouterr().err
@@ -94,6 +94,12 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["cache", "export", str(tmp_path / "a-file"), "--cache", str(tmp_path / "c.sqlite")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write export folder" in err
+    # SQLAlchemy's spelling of a PostgreSQL URL once made a SQLite file named after it
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["cache", "import", str(pairs), "--cache", "postgresql+psycopg://postgres@127.0.0.1:5/x"]) == 2
+    assert "is neither a postgresql:// URL nor a SQLite path" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_recorded_outages_are_not_imported_and_the_call_is_simulated(

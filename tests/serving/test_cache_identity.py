@@ -13,7 +13,7 @@ import pytest
 from harness.fake_engines import STUB_OBSERVATION
 from mirrorapi.cli import main
 from mirrorapi.records import canonical_json
-from mirrorapi.serving.cache import CacheError, Entry, ResponseCache, open_cache
+from mirrorapi.serving.cache import CacheError, Entry, ResponseCache, new_entry, open_cache
 from mirrorapi.serving.config import load_settings
 from mirrorapi.serving.simulator import simulator_identity
 
@@ -230,3 +230,34 @@ def test_stats_export_and_prune_per_identity(cache_location, tmp_path, capsys):
     assert main(["cache", "prune", "--cache", db, "--identity", "B"]) == 2
     assert "no simulated answers of identity 'B'" in capsys.readouterr().err
     assert open_cache(db).identities() == {"A": 1}
+
+
+def test_a_database_whose_schema_version_is_not_a_number_is_a_clear_error(cache_location):
+    cache = open_cache(cache_location)
+    with cache._transaction():
+        cache._execute("UPDATE meta SET value = 'four' WHERE key = 'schema_version'")
+    cache.close()
+    with pytest.raises(CacheError, match="unreadable cache schema version 'four'"):  # was int()'s ValueError
+        open_cache(cache_location)
+
+
+def test_answers_inside_sessions_and_a_recorded_only_export_name_no_identity(cache_location, tmp_path, capsys):
+    """A server used with and without sessions stores two identities (the session one's answers are never exported):
+    a plain export and the documented `--provenance real imported` once failed as holding two simulators."""
+    db = cache_location
+    cache = open_cache(db)
+    cache.put(*API, {"name": "Messi"}, "", "recorded", "real")
+    cache.put(*API, {"name": "Pele"}, "", "A on Pele", "simulated:A")
+
+    async def in_a_session() -> None:
+        await cache.store(new_entry(*API, {"name": "Kaka"}, "", "in a session", "simulated:A+s", 5.0, "digest", 1))
+        await cache.aclose()
+
+    asyncio.run(in_a_session())
+    assert main(["cache", "export", str(tmp_path / "plain"), "--cache", db]) == 0
+    assert capsys.readouterr().out.startswith("2 entries written to 1 files")
+    cache = open_cache(db)
+    cache.put(*API, {"name": "Zico"}, "", "B on Zico", "simulated:B")  # now two simulators outside sessions
+    cache.close()
+    assert main(["cache", "export", str(tmp_path / "real"), "--cache", db, "--provenance", "real", "imported"]) == 0
+    assert capsys.readouterr().out.startswith("1 entries written to 1 files")

@@ -232,6 +232,8 @@ def test_server_script_help_lists_every_setting():
         ({"log_file": "."}, "is a folder, expected a file to append to"),
         ({"cache_path": ":memory:", "workers": 2}, "an in-memory cache is each process's own"),
         ({"api_base": "http://127.0.0.1:8001/v1,http://127.0.0.1:8002/v1"}, "holds a comma"),
+        # aiohttp refuses a URL's credentials beside the bearer token: every miss failed, /health answered 500
+        ({"api_base": ["http://127.0.0.1:8001/v1", "http://user:s3cret@127.0.0.1:8002/v1"]}, "user:password@"),
     ],
 )
 def test_settings_that_would_fail_later_or_quietly_are_refused_at_start(tmp_path, monkeypatch, given, message):
@@ -243,7 +245,7 @@ def test_settings_that_would_fail_later_or_quietly_are_refused_at_start(tmp_path
     (tmp_path / "latin1.txt").write_bytes("Vous simulez une API, café compris.".encode("latin-1"))
     with pytest.raises(ConfigError, match=message) as refused:
         load_settings(overrides={"tools_folder": [str(SAMPLE_TOOLS)], **given}, environ={})
-    assert "\n" not in str(refused.value)
+    assert "\n" not in str(refused.value) and "s3cret" not in str(refused.value)
 
 
 def test_lists_flags_and_empty_variables_mean_what_they_say(tmp_path):

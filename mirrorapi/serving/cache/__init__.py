@@ -16,6 +16,7 @@ with it, so a call seen in training and a call seen by the server are the same c
 from __future__ import annotations
 
 import os
+import re
 
 from mirrorapi.serving.cache.entries import (
     IMPORTED,
@@ -79,6 +80,11 @@ def open_cache(location: str | os.PathLike, **options) -> Store:
     `sqlite:///PATH` names one too, see `sqlite_path`). `options`: the SQLite store's (ignored for PostgreSQL)."""
     if is_url(location):
         return PostgresCache(str(location))
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", str(location)) and not str(location).startswith("sqlite:///"):
+        # a URL of another kind (postgresql+psycopg://, a typo of postgresql://) once made a SQLite file of that name
+        raise CacheError(
+            f"cache location {str(location).split('://')[0]}://... is neither a postgresql:// URL nor a SQLite path"
+        )
     return ResponseCache(sqlite_path(location), **options)
 
 

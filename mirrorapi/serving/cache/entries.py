@@ -115,6 +115,14 @@ def identity_of(provenance: str) -> str:
     return provenance[len(SIMULATED) :] if provenance.startswith(SIMULATED) else RECORDED
 
 
+def version_number(value: Any, location: str) -> int:
+    """The schema version a cache database records; CacheError when it is not a number (the file was edited)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise CacheError(f"{location}: unreadable cache schema version {str(value)[:40]!r}") from None
+
+
 def new_entry(
     category: str,
     tool: str,

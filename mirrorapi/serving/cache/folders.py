@@ -43,16 +43,14 @@ def _canonical_names(registry: ToolRegistry | None, category: str, tool: str, ap
 
 
 def _fingerprint(folder: Path) -> str:
-    """Changes when a file of the folder is added, removed or rewritten (cheap: stat only)."""
+    """Changes when a file of the folder is added, removed or rewritten (cheap: stat only). The files are those the
+    reader reads, `<category>/<tool>/<api>.json`, through symlinked folders as it goes (os.walk did not follow them:
+    a changed folder behind a link was skipped as unchanged)."""
     digest = hashlib.sha256()
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        for name in sorted(files):
-            if name.endswith(".json"):
-                st = os.stat(os.path.join(root, name))
-                digest.update(
-                    f"{os.path.relpath(os.path.join(root, name), folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode()
-                )
+    for path in sorted(folder.glob("*/*/*.json")):
+        if path.is_file():
+            st = path.stat()
+            digest.update(f"{path.relative_to(folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 
@@ -219,6 +217,9 @@ def export_stabletoolbench_cache(
     written are replaced; other files are left alone. Names that would leave `folder` (`..`, a `/`,
     an absolute path) are refused: those APIs are listed in the report's `refused`, nothing is written
     for them."""
+    provenance = list(provenance)
+    if provenance and not any(p.startswith("simulated:") or "simulated:".startswith(p) for p in provenance):
+        identity = RECORDED  # only recorded answers asked for: no simulator's answers to choose between
     identity = export_identity(cache, identity)
     rows = cache.served_entries(identity, provenance)
     root = Path(folder).resolve()

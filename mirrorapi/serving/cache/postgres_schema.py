@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mirrorapi.serving.cache.entries import SCHEMA_VERSION, CacheError
+from mirrorapi.serving.cache.entries import SCHEMA_VERSION, CacheError, version_number
 
 if TYPE_CHECKING:
     import psycopg
@@ -54,7 +54,7 @@ def open_schema(db: psycopg.Connection, location: str) -> None:
         db.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
         db.execute(_TABLES[0])
         row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        version = int(row[0]) if row else None
+        version = version_number(row[0], location) if row else None
         if version is not None and version > SCHEMA_VERSION:
             raise CacheError(
                 f"{location}: cache schema version {version} was written by a newer "

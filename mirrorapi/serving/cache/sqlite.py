@@ -111,7 +111,10 @@ STATEMENTS = Statements(
     rows=f"SELECT {_COLUMNS} FROM entries",
     sessions="SELECT id, digest, steps, lines, used FROM sessions",
     imports="SELECT origin, fingerprint, entries, imported_at FROM imports ORDER BY imported_at",
-    identities="SELECT identity, count(*) FROM entries WHERE identity != '' GROUP BY identity ORDER BY identity",
+    identities=(
+        "SELECT identity, count(*) FROM entries WHERE identity != '' AND history = '' "
+        "GROUP BY identity ORDER BY identity"
+    ),
     import_fingerprint="SELECT fingerprint FROM imports WHERE origin = ?",
     count="SELECT count(*) FROM entries",
     open_sessions="SELECT count(*) FROM sessions WHERE used >= ?",

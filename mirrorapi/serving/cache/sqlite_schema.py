@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from mirrorapi.serving.cache.entries import SCHEMA_VERSION, SIMULATED, CacheError
+from mirrorapi.serving.cache.entries import SCHEMA_VERSION, SIMULATED, CacheError, version_number
 
 logger = logging.getLogger(__name__)
 
@@ -117,12 +117,12 @@ def open_schema(
 ) -> None:
     """Create the tables of a new database, or migrate an older one, inside one `transaction`; CacheError for a
     database that is not a cache, or one written by a newer mirrorapi."""
-    version = schema_version(db)
+    version = schema_version(db, path)
     if version == SCHEMA_VERSION:
         return
     with transaction():  # create or migrate, once, even with several processes opening at once
         db.execute(_META)
-        version = schema_version(db)
+        version = schema_version(db, path)
         if version is None:
             if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries'").fetchone():
                 raise CacheError(f"{path}: has an entries table but no schema version")
@@ -144,9 +144,9 @@ def open_schema(
         db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
 
-def schema_version(db: sqlite3.Connection) -> int | None:
+def schema_version(db: sqlite3.Connection, path: Path) -> int | None:
     try:
         row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     except sqlite3.OperationalError:  # no meta table: a new database
         return None
-    return int(row[0]) if row else None
+    return version_number(row[0], str(path)) if row else None

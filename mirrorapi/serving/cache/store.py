@@ -272,7 +272,7 @@ class Store(abc.ABC):
         return [tuple(row) for row in self._execute(self.sql.imports).fetchall()]
 
     def identities(self) -> dict[str, int]:
-        """Simulated entries per simulator identity."""
+        """Simulated entries outside sessions (what an export writes) per simulator identity."""
         return dict(self._execute(self.sql.identities).fetchall())
 
     def import_fingerprint(self, origin: str) -> str | None:
