@@ -234,13 +234,17 @@ class _ThreadedEngine:
     """An HTTP server on a free 127.0.0.1 port, in a thread, whose every POST `answer(path, body)` answers with
     (status, JSON bytes). Subclasses set what `answer` reads before calling this `__init__`."""
 
+    headers: dict[str, str] = {}  # more headers of every answer (e.g. Retry-After)
+
     def __init__(self):
-        answer = self.answer
+        answer, headers = self.answer, self.headers
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 status, reply = answer(self.path, self.rfile.read(int(self.headers["content-length"])))
                 self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(reply)))
                 self.end_headers()
@@ -268,8 +272,8 @@ class _ThreadedEngine:
 class StatusEngine(_ThreadedEngine):
     """Answers every POST with HTTP `status` and an empty JSON object; `paths` lists the paths posted to."""
 
-    def __init__(self, status: int):
-        self.status = status
+    def __init__(self, status: int, headers: dict[str, str] | None = None):
+        self.status, self.headers = status, headers or {}
         self.paths: list[str] = []
         super().__init__()
 

@@ -55,9 +55,19 @@ class EngineError(Exception):
     no_choice (JSON that is not a chat completion), busy (every replica has `max_in_flight` calls and
     `max_waiting` more wait); the simulator adds empty (no text) and garbage (text that is no observation)."""
 
-    def __init__(self, kind: str, message: str, status: int | None = None):
+    def __init__(self, kind: str, message: str, status: int | None = None, retry_after: float | None = None):
         self.kind, self.status = kind, status  # status: the HTTP status of an `http` error
+        self.retry_after = retry_after  # seconds the engine's Retry-After asked for (429, 503), if any
         super().__init__(message)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header's seconds (RFC 9110 §10.2.3: delay-seconds; an HTTP date, which engines do not send,
+    is not read)."""
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 class Completion(NamedTuple):
@@ -89,14 +99,18 @@ class _Replica:
 
 
 async def _streamed_completion(response: aiohttp.ClientResponse) -> dict:
-    """The chat completion that a stream of `data: {chunk}` events adds up to (content deltas joined)."""
+    """The chat completion that a stream of `data: {chunk}` events adds up to (content deltas joined). A stream
+    that ends with neither `[DONE]` nor a finish reason was cut (an engine that died, a proxy's limit): no
+    completion, an `unreachable` attempt (OpenAI's protocol ends every stream with `data: [DONE]`)."""
     parts: list[str] = []
     finish_reason = None
+    done = False
     async for line in response.content:
         if not line.startswith(b"data:"):
             continue
         data = line[5:].strip()
         if data == b"[DONE]":
+            done = True
             break
         try:
             chunk = json.loads(data)
@@ -105,11 +119,14 @@ async def _streamed_completion(response: aiohttp.ClientResponse) -> dict:
         if isinstance(chunk, dict) and chunk.get("error"):
             raise EngineError("http", f"engine failed while streaming: {str(chunk['error'])[:200]}")
         choices = chunk.get("choices") if isinstance(chunk, dict) else None
-        delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        delta = choice.get("delta")
         if isinstance(delta, dict) and isinstance(delta.get("content"), str):
             parts.append(delta["content"])
-        if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
-            finish_reason = choices[0]["finish_reason"]
+        if choice.get("finish_reason"):
+            finish_reason = choice["finish_reason"]
+    if not done and finish_reason is None:
+        raise EngineError("unreachable", "engine's stream ended before its answer did (no [DONE], no finish reason)")
     message = {"role": "assistant", "content": "".join(parts)}
     return {"choices": [{"message": message, "finish_reason": finish_reason}]}
 
@@ -223,6 +240,7 @@ class EngineClient:
                     "http",
                     f"engine answered HTTP {response.status}: {data[:200].decode('utf-8', 'replace')}",
                     status=response.status,
+                    retry_after=_retry_after(response.headers.get("Retry-After")),
                 )
         return _json_body(data)
 
@@ -288,6 +306,8 @@ class EngineClient:
                 index, fresh = self._pick(tried)
             if not fresh and attempt:  # nothing healthy left to try: wait (full jitter) before going again
                 pause = random.uniform(0, self.backoff * (2 ** (attempt - 1)))
+                if last is not None and last.retry_after is not None:  # as long as the engine asked (RFC 9110)
+                    pause = last.retry_after
                 await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             remaining = deadline - time.monotonic()
             if remaining <= 0:

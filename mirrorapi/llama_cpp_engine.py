@@ -93,7 +93,10 @@ def openai_request(body: bytes) -> bytes:
         return body
     response_format = request.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
+        json_schema = response_format.get("json_schema")
+        if not isinstance(json_schema, dict):  # not OpenAI's shape: the engine's own 4xx, not our 500
+            return body
+        schema = json_schema.get("schema")
         request["response_format"] = {"type": "json_object", **({"schema": explicit_any(schema)} if schema else {})}
     request.setdefault("repeat_penalty", 1.0)
     return json.dumps(request).encode()

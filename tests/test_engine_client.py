@@ -1,6 +1,7 @@
 """EngineClient against a real `transformers serve`, and against engines that are down or hang."""
 
 import asyncio
+import json
 import time
 
 import openai
@@ -181,6 +182,78 @@ def test_a_call_that_waited_gets_the_slot_before_later_calls():
         order = [request["messages"][0]["content"] for request in engine.requests]
     assert outcomes == {"A": "answered", "B": "answered", "C": "answered", "D": "busy"}
     assert order == ["A", "B", "C"]
+
+
+def test_a_busy_engines_retry_after_is_waited_for():
+    """An engine's 429 or 503 with `Retry-After` (RFC 9110 §10.2.3: the client ought to wait that long; the OpenAI
+    SDK does) is tried again after that many seconds, not after a backoff of a few hundredths."""
+
+    async def run(url):
+        engine = EngineClient([url], "m", timeout=10, retries=1, backoff=0.01)
+        start = time.monotonic()
+        try:
+            with pytest.raises(EngineError):
+                await engine.chat([{"role": "user", "content": "hi"}])
+            return time.monotonic() - start
+        finally:
+            await engine.aclose()
+
+    with StatusEngine(429, {"Retry-After": "1"}) as engine:
+        waited = asyncio.run(run(engine.url))
+    assert len(engine.paths) == 2 and waited >= 0.95
+
+
+def test_a_stream_cut_before_its_end_is_no_answer():
+    """A stand-in engine streams two deltas and closes the stream without a finish reason or `[DONE]` (an engine
+    that died, a proxy's limit): that is no answer (it was taken as a whole one), and is tried again; an event
+    whose `choices` is not a list is read as no delta (it was a KeyError)."""
+    import http.server
+    import threading
+
+    events = {
+        "cut": [{"choices": [{"delta": {"content": "Sol"}}]}, {"choices": [{"delta": {"content": "ved"}}]}],
+        "odd": [
+            {"choices": {"0": {"delta": {"content": "x"}}}},
+            {"choices": [{"delta": {}, "finish_reason": "stop"}]},
+        ],
+    }
+    requests: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            kind = body["messages"][0]["content"]
+            requests.append(kind)
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            for event in events[kind]:
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def run(kind: str):
+        engine = EngineClient(
+            [f"http://127.0.0.1:{server.server_port}/v1"], "m", timeout=10, retries=1, backoff=0.01, stream=True
+        )
+        try:
+            return await engine.complete([{"role": "user", "content": kind}])
+        finally:
+            await engine.aclose()
+
+    try:
+        with pytest.raises(EngineError) as cut:
+            asyncio.run(run("cut"))
+        assert cut.value.kind == "unreachable" and requests == ["cut", "cut"]
+        assert asyncio.run(run("odd")).finish_reason == "stop"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # ------------------------------------------------------------------------------ replicas (issue 11)

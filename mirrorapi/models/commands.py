@@ -73,6 +73,9 @@ def models_get(args: argparse.Namespace) -> int:
     except ModelGetError as exc:
         print(f"mirrorapi models get: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a models folder that cannot be made or written (a file in its way, no permission)
+        print(f"mirrorapi models get: error: {exc}", file=sys.stderr)
+        return 1
     print(folder)  # the one line on standard output: `MODEL=$(mirrorapi models get NAME)`
     return 0
 

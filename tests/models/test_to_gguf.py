@@ -78,6 +78,9 @@ def test_the_openai_request_is_put_in_llama_cpp_python_s_dialect():
     }
     assert rewritten["repeat_penalty"] == 1.0
     assert json.loads(openai_request(json.dumps({"repeat_penalty": 1.3}).encode()))["repeat_penalty"] == 1.3
+    # Not OpenAI's shape: passed on as sent, for the engine to refuse (an AttributeError was a body-less 500)
+    odd = json.dumps({"response_format": {"type": "json_schema", "json_schema": "observation"}}).encode()
+    assert openai_request(odd) == odd
     assert openai_request(b"not json") == b"not json"  # the server refuses it with its own error
 
 

@@ -245,7 +245,7 @@ class PostgresCache(Store):
 
         # every error of psycopg and of its pool (PoolTimeout), and a value psycopg cannot encode (a lone
         # surrogate), which is not a psycopg.Error but fails the write as one does
-        self._errors = (psycopg.Error, UnicodeEncodeError)
+        self._errors: tuple[type[Exception], ...] = (psycopg.Error, UnicodeEncodeError)
         self.url = url
         self._conninfo = connection_string(url)  # first: a URL it cannot parse is one line (CacheError)
         self.location = public_location(url)
@@ -340,7 +340,9 @@ class PostgresCache(Store):
     def close(self) -> None:
         try:
             self.flush_hits()
-        except (self._errors, CacheError) as exc:  # the database is away: only hit counts are lost
+        except CacheError as exc:  # the database is away: only hit counts are lost
+            logger.warning("hit counts not written to %s: %s", self.location, _one_line(exc))
+        except self._errors as exc:
             logger.warning("hit counts not written to %s: %s", self.location, _one_line(exc))
         finally:
             self._db.close()
