@@ -54,7 +54,7 @@ from mirrorapi.serving.protocol import (
     VirtualRequest,
 )
 from mirrorapi.serving.responder import Reply, Responder
-from mirrorapi.serving.sessions import History, Session, advance, control_character
+from mirrorapi.serving.sessions import History, Session, advance, session_id_problem
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 from mirrorapi.transport_failures import api_failed
@@ -180,15 +180,8 @@ class VirtualApi:
         client has gone (gave up waiting: the agent never saw this answer, and will likely ask again; the answer
         is in the cache under the same history, so the retry is answered the same and enters the session once)."""
         session, history, settings = None, None, self.settings
-        if session_id and len(session_id) > MAX_SESSION_ID_CHARS:
-            raise SessionIdError(
-                f"the session id is {len(session_id):,} characters long; a session id "
-                f"(session_id or X-Session-Id) has at most {MAX_SESSION_ID_CHARS}"
-            )
-        if session_id and (control := control_character(session_id)) is not None:
-            raise SessionIdError(
-                f"the session id holds the control character {control!r}; a session id is printable text"
-            )
+        if session_id and (problem := session_id_problem(session_id, MAX_SESSION_ID_CHARS)) is not None:
+            raise SessionIdError(f"the session id (session_id or X-Session-Id) {problem}")
         if session_id and settings.session_history:
             answer.session = session_id
             session = Session(settings.session_history, await self.cache.session(session_id, settings.session_ttl))

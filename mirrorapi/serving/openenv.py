@@ -53,7 +53,7 @@ from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_jso
 from mirrorapi.serving.cache import CacheError
 from mirrorapi.serving.mcp_server import json_rpc_error
 from mirrorapi.serving.server import VirtualServer
-from mirrorapi.serving.sessions import EMPTY_HISTORY, control_character
+from mirrorapi.serving.sessions import EMPTY_HISTORY, session_id_problem
 from mirrorapi.toolsets import Toolset, ToolsetError, description, input_schema
 
 logger = logging.getLogger(__name__)
@@ -545,19 +545,8 @@ def _kept_arguments(arguments: Any) -> Any:
 
 def _named_episode_id(episode_id: str) -> str:
     """A reset's `episode_id`, as a session id can be; EpisodeError saying why not."""
-    if not episode_id or len(episode_id) > MAX_EPISODE_ID_CHARS:
-        raise EpisodeError(
-            f"reset: episode_id must have 1 to {MAX_EPISODE_ID_CHARS} characters, got {len(episode_id):,}"
-        )
-    if (control := control_character(episode_id)) is not None:
-        raise EpisodeError(f"reset: episode_id holds the control character {control!r}: an id is printable text")
-    if not episode_id.isascii():
-        try:
-            episode_id.encode("utf-8")
-        except UnicodeEncodeError as exc:  # no store can keep its session
-            raise EpisodeError(
-                f"reset: episode_id holds a lone surrogate {episode_id[exc.start : exc.end]!r}: not valid Unicode text"
-            ) from None
+    if (problem := session_id_problem(episode_id, MAX_EPISODE_ID_CHARS)) is not None:
+        raise EpisodeError(f"reset: episode_id {problem}")
     return episode_id
 
 

@@ -26,10 +26,21 @@ from mirrorapi.prompts.simulator_formats import SESSION_FORMAT, history_line, se
 EMPTY_HISTORY = hashlib.sha256(b"").hexdigest()
 
 
-def control_character(session_id: str) -> str | None:
-    """The first control character of a session id, or None: an id is a name, and PostgreSQL cannot keep a NUL in
-    text (a session named with one worked on SQLite and failed every call on PostgreSQL)."""
-    return next((c for c in session_id if c < " " or c == "\x7f"), None)
+def session_id_problem(session_id: str, max_chars: int) -> str | None:
+    """Why `session_id` cannot name a session, or None; the one check of a /virtual session id and of an OpenEnv
+    episode id (the name of its session). An id is a name kept in the store: 1 to `max_chars` characters, no control
+    character (PostgreSQL cannot keep a NUL in text: a session named with one worked on SQLite and failed every call
+    on PostgreSQL), no lone surrogate (no store can keep one)."""
+    if not session_id or len(session_id) > max_chars:
+        return f"must have 1 to {max_chars} characters, got {len(session_id):,}"
+    if (control := next((c for c in session_id if c < " " or c == "\x7f"), None)) is not None:
+        return f"holds the control character {control!r}: an id is printable text"
+    if not session_id.isascii():
+        try:
+            session_id.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"holds a lone surrogate {session_id[exc.start : exc.end]!r}: not valid Unicode text"
+    return None
 
 
 State = tuple[str, int, list[str]]  # (digest, steps, kept lines oldest first): what the store keeps
