@@ -70,8 +70,10 @@ REACT_NO_ACTION = (
     REACT_OBSERVATION + 'no action found in your reply. Reply with a "Thought:" line, an '
     '"Action:" line naming one function and an "Action Input:" line with its JSON arguments.'
 )
+# After the colon, markdown's closing `**` or `__` and spaces, but not the `_` that begins a function name (a name
+# cut to its last 64 characters may: `_name_for_company_...`).
 _REACT_LABEL = re.compile(
-    r"^[\s*#>_`-]*(thought|action input|action|observation)[\s*_`]*:[\s*_]*", re.IGNORECASE | re.MULTILINE
+    r"^[\s*#>_`-]*(thought|action input|action|observation)[\s*_`]*:(?:[\s*]|_+(?=\s))*", re.IGNORECASE | re.MULTILINE
 )
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 

@@ -66,10 +66,11 @@ def stb_ids(stb_root) -> Path:
 
 class FaultyJudge:
     """FAKE engine (see module docstring). `reply` is what every chat completion says; a request whose
-    messages contain `fail_on` gets HTTP 503 while `failing` is true."""
+    messages contain `fail_on` gets HTTP `fail_status` (503) saying `fail_message` while `failing` is true."""
 
     def __init__(self, reply: str):
         self.reply, self.fail_on, self.failing, self.requests = reply, None, False, 0
+        self.fail_status, self.fail_message = 503, "overloaded"  # what a failing request is answered
         self.received: list[list[dict]] = []  # the messages of every chat completion request
         self.model = "fake-judge"
         self.owned_by: str | None = None  # the engine named in /v1/models (vLLM: "vllm")
@@ -90,7 +91,7 @@ class FaultyJudge:
             self.requests += 1
             self.received.append(body["messages"])
             if self.failing and self.fail_on and self.fail_on in str(body["messages"]):
-                return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+                return JSONResponse({"error": {"message": self.fail_message}}, status_code=self.fail_status)
             return {
                 "id": "x",
                 "object": "chat.completion",

@@ -11,6 +11,7 @@ its `data_example`) and from what its `convert_to_answer_format.py` reads (its c
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,10 @@ def test_runs_write_raw_files_stabletoolbench_converts_and_fac_scores(
             # Replaying the real run reproduces its final answer and the tool calls of its answer path.
             assert data["answer_generation"]["final_answer"] == real["answer_generation"]["final_answer"]
             assert _tool_path(converted[qid]) == _tool_path(recorded[qid])
+            # Tool call ids a Mistral chat template takes in the next request's history: 9 letters or digits
+            for messages in data["answer_generation"]["train_messages"]:
+                ids = [call["id"] for message in messages for call in message.get("tool_calls") or []]
+                assert all(re.fullmatch(r"[A-Za-z0-9]{9}", i) for i in ids) and len(set(ids)) == len(ids)
     # 588's CoT run never finished in StableToolBench's data; the replay does not either.
     assert _raw(recorded_runs["CoT@1"][0], "588", "CoT@1")["answer_generation"]["valid_data"] is False
     answers = tmp_path / "answers"
@@ -286,6 +291,31 @@ def test_failing_engine_is_reported_per_query_and_retried(world, eval_cli, fault
     faulty_judge.failing = False
     assert _run(eval_cli, world, faulty_judge.base_url, "CoT@1", out, *args) == 0
     assert sorted(json.loads((out / f"{GROUP}.json").read_text())) == sorted(IDS)
+
+
+def test_only_a_request_past_the_context_ends_a_chain_other_400s_fail_the_query(
+    world, eval_cli, faulty_judge, tmp_path, capsys
+):
+    """An engine's 400 that says the prompt is past the model's context ends that chain without a final answer, as
+    in StableToolBench; any other 400 (vLLM started without --enable-auto-tool-choice: every request with `tools`)
+    is a setup error: the query fails, is not written, and a rerun retries it (it was written as a finished
+    unanswered query, a silent 0% that a rerun then skipped)."""
+    faulty_judge.fail_on, faulty_judge.failing, faulty_judge.fail_status = "gmhikaru", True, 400
+    args = ("--single-chain-max-step", "2", "--timeout", "5")
+    faulty_judge.fail_message = (
+        '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'  # vLLM's words
+    )
+    misconfigured = tmp_path / "misconfigured"
+    assert _run(eval_cli, world, faulty_judge.base_url, "CoT@1", misconfigured, *args) == 1
+    said = capsys.readouterr()
+    assert "query G1_instruction/608 failed: agent engine" in said.out + said.err
+    assert sorted(json.loads((misconfigured / f"{GROUP}.json").read_text())) == ["1073", "588"]
+    faulty_judge.fail_message = (
+        "This model's maximum context length is 2048 tokens. However, you requested 2311 tokens"  # vLLM's words
+    )
+    too_long = tmp_path / "too-long"
+    assert _run(eval_cli, world, faulty_judge.base_url, "CoT@1", too_long, *args) == 0
+    assert sorted(json.loads((too_long / f"{GROUP}.json").read_text())) == sorted(IDS)
 
 
 def test_tiny_model_agent_ends_every_query(world, eval_cli, tiny_engine, tmp_path):

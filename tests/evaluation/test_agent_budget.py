@@ -85,3 +85,20 @@ def test_queries_without_a_query_id_are_named_by_their_place_in_the_file(tmp_pat
     (tmp_path / "G1_instruction.json").write_text(json.dumps(queries))
     loaded = load_queries(tmp_path)["G1_instruction"]
     assert [q["query_id"] for q in loaded] == [0, 77, 2] and [q["query"] for q in loaded] == ["a?", "b?", "c?"]
+
+
+def test_two_apis_cut_to_one_name_are_called_where_upstream_calls_them():
+    """Names are cut to their last 64 characters, so two APIs of a tool with a long name may share one (4 of the
+    765 test queries: G2_instruction 27543's `product_by_name` and `company_by_name` of one tool). StableToolBench's
+    client sends the call to the API its `api_name_reflect` keeps, the last of that name in `api_list` order
+    (rapidapi.py), with the first function's tool; the first was called here, and the other API never."""
+    shared = "x" * 64
+
+    def function(api: str) -> ToolFunction:
+        return ToolFunction(shared, "Data", "tool", api, {"type": "function", "function": {"name": shared}})
+
+    tools = QueryTools([function("product_by_name"), function("company_by_name")], [("tool", "A tool")])
+    called = tools.find(shared)
+    assert (called.category, called.tool, called.api) == ("Data", "tool", "company_by_name")
+    assert tools.find(shared[-20:]).api == "company_by_name"  # the suffix match too
+    assert tools.find("other") is None

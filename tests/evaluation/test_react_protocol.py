@@ -34,6 +34,14 @@ def test_well_formed_reply():
     assert json.loads(step.arguments) == {"channel_name": "gmhikaru"}
 
 
+def test_a_function_name_beginning_with_an_underscore_keeps_it():
+    """Names are cut to their last 64 characters, so some begin with `_` (4 functions of the test set): the label's
+    markdown is stripped, not the name's first character; `__Action:__` is still read as a label."""
+    cut = "_name_for_company_consultation_reportero_industrial_mexicano_api"
+    assert parse_react_step(f"Thought: find it\nAction: {cut}\nAction Input: {{}}").action == cut
+    assert parse_react_step(f"__Action:__ {cut}\n__Action Input:__ {{}}").action == cut
+
+
 def test_finish_with_a_multiline_answer_and_markdown_labels():
     reply = (
         "**Thought:** I have both results.\n**Action:** `Finish`\n**Action Input:**\n```json\n"

@@ -26,6 +26,7 @@ RapidAPI); a server that cannot be reached fails the query (`VirtualServerError`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
@@ -107,13 +108,18 @@ class QueryTools:
 
     def find(self, name: str) -> ToolFunction | None:
         """The function a model's call names: exact name first, then StableToolBench's suffix match
-        (its client takes the first function whose name ends with the called name)."""
-        for function in self.functions:
-            if function.name == name:
-                return function
-        if not name:
+        (its client takes the first function whose name ends with the called name).
+
+        Two APIs whose names are one after the 64-character cut: the call goes where upstream's goes, with the
+        first function's tool and the API of the last one of that name (rapidapi.py's `api_name_reflect`, filled
+        in `api_list` order, keeps the last)."""
+        found = next((f for f in self.functions if f.name == name), None)
+        if found is None and name:
+            found = next((f for f in self.functions if f.name.endswith(name)), None)
+        if found is None:
             return None
-        return next((f for f in self.functions if f.name.endswith(name)), None)
+        last = [f for f in self.functions if f.name == found.name][-1]
+        return found if last is found else dataclasses.replace(found, api=last.api)
 
 
 def _parameter(param: dict) -> tuple[str, dict]:

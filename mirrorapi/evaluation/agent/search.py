@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +42,12 @@ logger = logging.getLogger(__name__)
 
 # Upstream's back-off lengths (DFS): a final answer ends the search, a give-up goes back two levels.
 _GIVE_UP_BACK, _STOP = 2, 10**6
-# Engine answers that say "this request cannot be answered" (e.g. longer than the model's context):
-# they end the chain. Other errors (404 wrong URL, 401, 5xx) fail the query, which a rerun retries.
-_REFUSALS = (400, 413)
+# Engine answers that say "this request cannot be answered" (longer than the model's context: a 413, or a 400 saying
+# so in vLLM's, llama.cpp's or OpenAI's words) end the chain. Other errors (404 wrong URL, 401, 5xx, and any other 400:
+# vLLM without --enable-auto-tool-choice refuses every request with tools so) fail the query, which a rerun retries.
+_PAST_CONTEXT = re.compile(
+    r"context length|context size|context window|context_length|too many tokens|prompt is too long", re.IGNORECASE
+)
 
 
 class QueryFailed(Exception):
@@ -194,7 +198,7 @@ class QueryRun:
                 extra_body=self._extra,
             )
         except EngineError as exc:
-            if exc.kind == "http" and exc.status in _REFUSALS:
+            if exc.kind == "http" and (exc.status == 413 or (exc.status == 400 and _PAST_CONTEXT.search(str(exc)))):
                 raise ModelRefused(str(exc)) from None
             raise QueryFailed(f"agent engine: {exc}") from None
         self.total_tokens += int(usage.get("total_tokens") or 0)
@@ -234,7 +238,9 @@ class QueryRun:
             arguments = function.get("arguments")
             if not isinstance(arguments, str):  # some servers send an object
                 arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
-            call_id = f"call_{node.depth}_{index}"  # unique along a path, whatever ids the engine gives
+            # Unique along a path, whatever ids the engine gives, and 9 letters or digits: Mistral's chat templates
+            # (and mistral_common) refuse any other id in the next request's history.
+            call_id = f"c{node.depth:04d}{index:04d}"
             action = current.child("Action", name, history)
             observation, status = await self._run(name, arguments)
             observation = cut_observation(observation, self.settings.max_observation_length)
