@@ -106,7 +106,7 @@ def read_jsonl(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator[
             except UnicodeDecodeError:
                 on_bad(f"{path.name}:{number}: not UTF-8")
                 continue
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's limit (about 1,000 deep)
                 on_bad(f"{path.name}:{number}: not JSON")
                 continue
             yield number, value
@@ -135,9 +135,14 @@ def _pair_problem(pair: Any) -> str | None:
     missing = [k for k in PAIR_KEYS if k not in pair]
     if missing:
         return "missing " + ", ".join(missing)
-    names = [k for k in ("category", "tool_name", "api_name") if not isinstance(pair[k], str)]
+    names = [k for k in ("source", "category", "tool_name", "api_name") if not isinstance(pair[k], str)]
     if names:
         return "non-string " + ", ".join(names)
+    # the builder sorts and splits by (source, episode) and orders an episode by its integer step
+    if not isinstance(pair["episode"], (str, int)) or isinstance(pair["episode"], bool):
+        return "episode is not a string or an integer"
+    if not isinstance(pair["step"], int) or isinstance(pair["step"], bool):
+        return "step is not an integer"
     if not isinstance(pair["tool_input"], dict):
         return "tool_input is not an object"
     response = pair["response"]

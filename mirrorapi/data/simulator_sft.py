@@ -469,6 +469,8 @@ def write_sft_dataset(
         if staging.exists():
             shutil.rmtree(staging)
     logger.info("wrote %s: %s", out_dir, {name: len(records) for name, records in splits.items()})
+    if "train" in splits and not splits["train"] and any(splits.values()):  # e.g. one API: held out whole
+        logger.warning("%s: the train split is empty, every record is held out (too few APIs or episodes)", out_dir)
     return out_dir
 
 

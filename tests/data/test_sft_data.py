@@ -455,3 +455,16 @@ def test_no_held_out_record_left_in_an_evaluation_is_a_training_record(registry,
     for name in ("test_id", "test_ood"):
         assert on_disk[name]["call_in_train"] == [r["call_in_train"] for r in splits[name]]
     assert any(on_disk["test_id"]["call_in_train"]) and all(on_disk["train"]["call_in_train"])
+
+
+def test_a_build_whose_train_split_is_empty_says_so(registry, tmp_path, caplog):
+    """Data too small to split (a few episodes, their APIs held out whole) is written, and said to have nothing to
+    train on (it was only visible in stats.json)."""
+    pairs = [json.loads(line) for line in (SAMPLES / "pairs.jsonl").read_text().splitlines()]
+    splits, stats = build_simulator_records(pairs, registry, SimulatorDataOptions())
+    held_out = {"train": [], "test_id": splits["test_id"] + splits["train"], "test_ood": splits["test_ood"]}
+    write_sft_dataset(tmp_path / "d", held_out, stats)
+    assert any("the train split is empty" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    write_sft_dataset(tmp_path / "e", splits, stats)
+    assert not any("the train split is empty" in r.getMessage() for r in caplog.records)

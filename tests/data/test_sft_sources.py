@@ -43,6 +43,8 @@ def test_pairs_jsonl_skips_bad_lines_and_reports_them(tmp_path):
     not_an_object = json.loads(good) | {"tool_input": ["a", "list"]}
     half_a_pair = json.loads(good) | {"response": {"error": "", "response": json.loads('"Messi \\ud83d"')}}
     no_category = json.loads(good) | {"category": None}  # once a traceback of `cache import`
+    odd_step, odd_episode = json.loads(good) | {"step": "x"}, json.loads(good) | {"episode": [1]}  # of a build
+    deep = '{"source": ' + "[" * 5000  # nested past Python's recursion limit
     path.write_text(
         good
         + "not json\n"
@@ -53,15 +55,22 @@ def test_pairs_jsonl_skips_bad_lines_and_reports_them(tmp_path):
         + json.dumps(half_a_pair)  # "\\ud83d": a lone surrogate, which no UTF-8 store or prompt can hold
         + "\n"
         + json.dumps(no_category)
+        + "\n"
+        + json.dumps(odd_step)
+        + "\n"
+        + json.dumps(odd_episode)
+        + "\n"
+        + deep
         + "\n",
         encoding="utf-8",
     )
     bad = []
     pairs = list(read_pairs_jsonl(path, bad.append))
     assert len(pairs) == 1 and pairs[0] == json.loads(good)
-    assert [b.split(":")[1] for b in bad] == ["2", "3", "5", "6", "7"]
+    assert [b.split(":")[1] for b in bad] == ["2", "3", "5", "6", "7", "8", "9", "10"]
     assert "missing" in bad[1] and "tool_input" in bad[2] and "lone surrogate" in bad[3]
-    assert "non-string category" in bad[4]
+    assert "non-string category" in bad[4] and "step is not" in bad[5] and "episode is not" in bad[6]
+    assert "not JSON" in bad[7]
     with pytest.raises(SourceError, match="not found"):
         list(read_pairs_jsonl(tmp_path / "absent.jsonl"))
 
