@@ -171,6 +171,7 @@ class EngineClient:
         self.max_in_flight, self.max_waiting = max_in_flight, max_waiting
         self._waiters: collections.deque[asyncio.Future] = collections.deque()  # calls waiting for a free replica
         self._handed = 0  # slots handed to woken waiters that have not taken them yet
+        self._health_check: asyncio.Future | None = None  # the health check under way, shared by its callers
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:  # one pool for all replicas: connections are reused across requests
@@ -421,8 +422,16 @@ class EngineClient:
         list it, such as `transformers serve`) answers a one-token completion for it (or answered a call of ours
         lately: then it is not asked again, as a health poller would otherwise add a completion to the calls the
         in-flight limit holds it to), and calls are not skipping it (it failed one lately and has not answered a
-        probe's completion since)."""
+        probe's completion since).
 
+        Calls made while a check is under way get its answer: the server's /health is open to every caller, and
+        each check may ask the engine for a completion, outside the in-flight limit (twenty callers at once once
+        sent twenty)."""
+        if self._health_check is None or self._health_check.done():
+            self._health_check = asyncio.ensure_future(self._health(timeout))
+        return list(await asyncio.shield(self._health_check))
+
+    async def _health(self, timeout: float) -> list[EngineHealth]:
         async def check(replica: _Replica) -> EngineHealth:
             busy = bool(replica.in_flight) or time.monotonic() - replica.answered_at < self.timeout
             health = await self._reachable(replica.base, timeout, busy and not replica.down_until)

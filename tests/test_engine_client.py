@@ -184,6 +184,24 @@ def test_a_call_that_waited_gets_the_slot_before_later_calls():
     assert order == ["A", "B", "C"]
 
 
+def test_health_checks_asked_at_once_share_one_check():
+    """An engine whose model list does not name the model (`transformers serve`) is asked for a one-token
+    completion to tell whether it serves it, outside the in-flight limit; /health is open to every caller, and
+    twenty at once once sent twenty completions. Those asked while a check is under way get its answer."""
+    from harness.fake_engines import StubEngine
+
+    async def run(url):
+        engine = EngineClient([url], "m", timeout=10)
+        try:
+            return await asyncio.gather(*(engine.health(timeout=5) for _ in range(20)))
+        finally:
+            await engine.aclose()
+
+    with StubEngine(delay=0.5) as stub:
+        answers = asyncio.run(run(stub.url))
+        assert all(a[0].ok for a in answers) and stub.requests == 1
+
+
 def test_a_busy_engines_retry_after_is_waited_for():
     """An engine's 429 or 503 with `Retry-After` (RFC 9110 §10.2.3: the client ought to wait that long; the OpenAI
     SDK does) is tried again after that many seconds, not after a backoff of a few hundredths."""

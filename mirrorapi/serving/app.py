@@ -32,8 +32,17 @@ from collections.abc import AsyncIterator
 import uvicorn
 from fastapi import FastAPI
 
-from mirrorapi.serving.asgi import UNAUTHORIZED, BodyTooLarge, ClientGone, authorized, error_body, read_body, send_json
-from mirrorapi.serving.config import ServerSettings, model_record_settings
+from mirrorapi.serving.asgi import (
+    UNAUTHORIZED,
+    BodyTooLarge,
+    ClientGone,
+    authorized,
+    error_body,
+    foreign_request,
+    read_body,
+    send_json,
+)
+from mirrorapi.serving.config import ServerSettings, is_loopback, model_record_settings
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.openenv import HTTP_PATHS, MCP_WS_PATH, WS_PATH, Episodes
 from mirrorapi.serving.protocol import OUTCOME_HEADER, PROVENANCE_HEADER, SESSION_HEADER
@@ -70,6 +79,7 @@ class VirtualEndpoint:
         self.app, self.server, self.mcp, self.episodes = app, server, mcp, episodes
         settings = server.settings
         self.api_key = settings.server_api_key.encode() if settings.server_api_key else None
+        self.loopback_only = is_loopback(settings.host)
         self.max_body = settings.max_body_bytes
         self.connections = Connections(settings.request_timeout, server.refused)
         self.others = RequestDeadlineMiddleware(self.dispatch, self.connections)
@@ -82,6 +92,9 @@ class VirtualEndpoint:
                 return await self.http(scope, receive, send)
             finally:
                 deadline.answered()
+        if scope["type"] == "websocket" and (foreign := foreign_request(scope, is_loopback, self.loopback_only)):
+            self.server.refused(foreign[0], "foreign_origin", scope["path"][:80])
+            return await send({"type": "websocket.close", "code": 1008})  # HTTP 403 to the handshake
         if scope["type"] == "websocket" and scope["path"] in (WS_PATH, MCP_WS_PATH):
             if self.api_key is not None and not authorized(scope, self.api_key):
                 self.server.refused(401, "unauthorized", scope["path"])
@@ -91,6 +104,10 @@ class VirtualEndpoint:
 
     async def http(self, scope, receive, send) -> None:
         path = scope["path"]
+        if foreign := foreign_request(scope, is_loopback, self.loopback_only):
+            self.connections.of(scope).received()
+            await send_json(send, foreign[0], error_body(foreign[1]))
+            return self.server.refused(foreign[0], "foreign_origin", path[:80])
         if self.api_key is not None and path not in OPEN_PATHS and not authorized(scope, self.api_key):
             self.connections.of(scope).received()
             await send_json(send, 401, error_body(UNAUTHORIZED), [(b"www-authenticate", b"Bearer")])

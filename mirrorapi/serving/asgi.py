@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hmac
 import json
+import urllib.parse
+from collections.abc import Callable
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 UNAUTHORIZED = (
@@ -14,6 +16,33 @@ UNAUTHORIZED = (
 # A body over the bound is read to its end (and dropped) before the 413, up to this much: a client still
 # sending when the server closes gets a connection reset instead of the answer.
 DRAIN_BYTES = 16 * 1024 * 1024
+
+
+def foreign_request(scope, is_loopback: Callable[[str], bool], loopback_only: bool) -> tuple[int, str] | None:
+    """(status, message) for a request a web page made, not a client of the API, else None. A browser sends any
+    page's request to a server on this machine, and a page cannot be told from a client but by its headers:
+    - an `Origin` (browsers send it with every WebSocket handshake and cross-site POST; API clients send none) that
+      is neither this machine nor the host the request is addressed to: 403 (cross-site requests and WebSocket
+      hijacking; the MCP spec: servers MUST validate Origin);
+    - on a server bound to this machine only, a `Host` that is not this machine (a name a DNS-rebinding page
+      resolved to 127.0.0.1): 421."""
+    headers = dict(scope["headers"])
+    host = headers.get(b"host", b"").decode("latin-1")
+    host_name = urllib.parse.urlsplit("//" + host).hostname if host else None
+    if loopback_only and host_name is not None and not is_loopback(host_name):
+        return (
+            421,
+            f"Misdirected Request: this server answers requests addressed to this machine, not to {host[:80]!r}",
+        )
+    origin = headers.get(b"origin")
+    if origin is not None:
+        origin_host = urllib.parse.urlsplit(origin.decode("latin-1")).hostname
+        if origin_host is None or not (is_loopback(origin_host) or origin_host == host_name):
+            return (
+                403,
+                f"Forbidden: requests from a web page of another origin ({origin[:80].decode('latin-1')}) are refused",
+            )
+    return None
 
 
 def authorized(scope, key: bytes) -> bool:

@@ -128,6 +128,16 @@ class ServerSettings(BaseModel):
             "other requests get HTTP 401. /health and /live stay open. Set it before binding a non-loopback host."
         ),
     )
+
+    @field_validator("server_api_key")
+    @classmethod
+    def _a_key_is_not_blank(cls, value: str | None) -> str | None:
+        # A blank key turned the key check off, silently (a key of spaces could never match: bearer values are
+        # stripped). Unset it to run without one.
+        if value is not None and not value.strip():
+            raise ValueError("server_api_key: a blank key; unset it to run without one")
+        return value
+
     max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body; a larger one gets HTTP 413.")
     max_arguments_chars: int = Field(
         16_384,

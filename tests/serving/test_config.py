@@ -234,6 +234,7 @@ def test_server_script_help_lists_every_setting():
         ({"api_base": "http://127.0.0.1:8001/v1,http://127.0.0.1:8002/v1"}, "holds a comma"),
         # aiohttp refuses a URL's credentials beside the bearer token: every miss failed, /health answered 500
         ({"api_base": ["http://127.0.0.1:8001/v1", "http://user:s3cret@127.0.0.1:8002/v1"]}, "user:password@"),
+        ({"server_api_key": "  "}, "a blank key"),  # turned the key check off, silently
     ],
 )
 def test_settings_that_would_fail_later_or_quietly_are_refused_at_start(tmp_path, monkeypatch, given, message):

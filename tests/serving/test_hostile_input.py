@@ -275,6 +275,34 @@ def test_api_key(serve, tmp_path):
         assert httpx.get(server.url + "/metrics", headers={"authorization": "Bearer s3cret"}).status_code == 200
 
 
+def test_requests_of_web_pages_are_refused(serve, tmp_path):
+    """A browser sends any page's request to a server on this machine: a cross-site `text/plain` POST needs no
+    preflight, a WebSocket no permission at all (the MCP spec: servers MUST validate Origin; OWASP: cross-site
+    WebSocket hijacking), and a DNS-rebinding page addresses it by a name of its own. A page's reset once wiped an
+    agent's session and its /ws drove episodes; API clients send no Origin and address 127.0.0.1."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    with serve(cache_path=str(tmp_path / "c.sqlite"), mode="replay") as server:
+        evil = {"origin": "http://evil.example", "content-type": "text/plain"}
+        for path, body in (("/virtual", json.dumps(BODY)), ("/reset", '{"episode_id": "ep-1"}')):
+            refused = server.client.post(path, content=body, headers=evil)
+            assert refused.status_code == 403 and "another origin" in refused.json()["error"], refused.text
+        rebound = server.client.get("/health", headers={"host": "evil.example"})
+        assert rebound.status_code == 421 and "evil.example" in rebound.json()["error"]
+        # A page of this machine (a local UI) and the clients of the API are served as before.
+        local = {"origin": "http://localhost:3000"}
+        assert server.client.post("/virtual", json=BODY, headers=local).status_code == 200
+        assert server.virtual(BODY).status_code == 200
+        ws = server.url.replace("http", "ws") + "/ws"
+        with pytest.raises(InvalidStatus) as hijack:
+            connect(ws, origin="http://evil.example", open_timeout=10)
+        assert hijack.value.response.status_code == 403
+        with connect(ws, open_timeout=10):
+            pass
+        assert server.metric("mirrorapi_requests_total", outcome="foreign_origin") == 4
+
+
 @pytest.mark.parametrize(
     "host, key, warned",
     [
