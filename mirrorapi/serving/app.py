@@ -134,7 +134,7 @@ class VirtualEndpoint:
         session_id = None
         for name, value in scope["headers"]:
             if name == SESSION_HEADER:
-                session_id = value.decode("latin-1")
+                session_id = header_text(value)
                 break
         try:
             answer = await self.server.answer(body, session_id, lambda: deadline.lost)
@@ -157,6 +157,15 @@ class VirtualEndpoint:
         if path in HTTP_PATHS:
             return await self.episodes.http(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+def header_text(value: bytes) -> str:
+    """A header's text: UTF-8 when it is (what a client sends for the non-ASCII id it also writes in a JSON body,
+    so that both name one session: read as Latin-1, "é" was "Ã©"), else Latin-1 (RFC 9110's obsolete text)."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
 
 
 SHUTTING_DOWN = "Failed to generate fake response (the server is shutting down; retry in a moment)"

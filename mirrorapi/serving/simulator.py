@@ -1,6 +1,6 @@
 """The simulator: an API's doc and a request (and a few real examples) -> the engine -> an observation.
 
-The prompt is built by `mirrorapi.prompts.simulator_messages` (the same code the data builder
+The prompt is built by `mirrorapi.prompts.simulator_formats.simulator_messages` (the same code the data builder
 uses, so a model is served with the format it was trained on); the answer is read defensively by
 `parse_simulator_output` (a legitimately empty response stays a success). An engine failure (down,
 slow, busy, garbage) raises `EngineError`. The simulator neither looks answers up nor stores them:

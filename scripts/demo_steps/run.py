@@ -12,7 +12,7 @@
    `transformers serve`; with `--engine vllm`, vLLM for the SmolLM2 models: `serve_engine`) on the simulator,
    and the virtual server with a cache seeded from a StableToolBench cache folder of the training calls' real
    responses;
-4. requests: `/virtual` hits, simulated misses written back, and agents' mistakes (`demo_calls`);
+4. requests: `/virtual` hits, simulated misses written back, and agents' mistakes (`calls`);
 5. score: `eval/simulator.py` on held-out calls (with a shipped simulator that names its held-out episodes: calls
    of those episodes that are not in this run's training split either) against the nearest-example baseline (through a
    second virtual server whose cache starts empty: the step-3 server has cached the calls step 4
@@ -25,7 +25,7 @@
 
 Whatever happens, everything the demo started is stopped: `run_demo` raises `DemoError`, naming the
 step, when a step fails or the user interrupts it. What steps 1-2 build is reused by later runs
-(`demo_build`); every run writes a new report folder `<work>/<time>/`, which links what the README's
+(`build`); every run writes a new report folder `<work>/<time>/`, which links what the README's
 later sections use (`simulator`, `judge`, `tools`, `tool_response_cache`, `train.jsonl`,
 `judge_test.jsonl`, beside its own `heldout.jsonl` and `cache.sqlite`); `<work>/latest` points at the
 last run that completed.

@@ -403,3 +403,20 @@ def test_a_session_id_is_checked_as_an_episode_id_is(serve):
             sent = json.dumps({"episode_id": episode_id})  # ASCII: the surrogate as its escape
             reset = server.client.post("/reset", content=sent, headers={"content-type": "application/json"})
             assert reset.status_code == 422 and why in reset.json()["detail"], reset.text
+
+
+def test_a_non_ascii_session_id_names_one_session_in_the_header_and_in_the_body(serve, tmp_path):
+    """A client writes the id as UTF-8 in the header as in its JSON body: one session (the header was read as
+    Latin-1, "é" as "Ã©": two sessions, each call first in its own); a Latin-1 header still reads."""
+    from harness.fake_engines import StubEngine
+
+    cache_path = tmp_path / "c.sqlite"
+    with (
+        StubEngine(model="stub") as engine,
+        serve(api_base=[engine.url], model="stub", cache_path=str(cache_path), session_history=8) as server,
+    ):
+        server.client.post("/virtual", json=body(*LOGIN[:4]), headers={"X-Session-Id": "épisode".encode()})
+        server.virtual({**body(*BALANCE), "session_id": "épisode"})
+        server.client.post("/virtual", json=body(*BALANCE), headers={"X-Session-Id": "café".encode("latin-1")})
+    sessions = {row[0]: row[2] for row in ResponseCache(cache_path).sessions()}
+    assert sessions == {"épisode": 2, "café": 1}
