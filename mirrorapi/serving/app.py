@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -42,7 +43,7 @@ from mirrorapi.serving.asgi import (
     read_body,
     send_json,
 )
-from mirrorapi.serving.config import ServerSettings, is_loopback, model_record_settings
+from mirrorapi.serving.config import ConfigError, ServerSettings, is_loopback, model_record_settings
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.openenv import HTTP_PATHS, MCP_WS_PATH, WS_PATH, Episodes
 from mirrorapi.serving.protocol import OUTCOME_HEADER, PROVENANCE_HEADER, SESSION_HEADER
@@ -62,6 +63,7 @@ WORKER_STOP_SECONDS = 15.0  # what a worker whose master is gone is given to sto
 OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (probes of orchestrators)
 # The settings of the worker processes (`serve_workers`), as JSON: uvicorn starts them by importing a factory.
 WORKER_SETTINGS_ENV = "_MIRRORAPI_WORKER_SETTINGS"
+WORKER_FAILED_FILE = "worker-failed"  # in the run's metrics folder: why a worker could not start (`worker_app`)
 MASTER_ENV = "_MIRRORAPI_MASTER_PID"  # the process that starts the workers (it may die before one has started)
 
 
@@ -304,6 +306,9 @@ def serve_workers(settings: ServerSettings) -> None:
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
             os.environ.pop(WORKER_SETTINGS_ENV, None)
             os.environ.pop(MASTER_ENV, None)
+        failed = Path(metrics) / WORKER_FAILED_FILE
+        if failed.exists():
+            raise ConfigError(f"a worker process could not start, so the server stopped: {failed.read_text()}")
 
 
 def worker_app() -> VirtualEndpoint:
@@ -313,8 +318,19 @@ def worker_app() -> VirtualEndpoint:
     settings = ServerSettings.model_validate_json(os.environ[WORKER_SETTINGS_ENV])
     configure_logging(settings)
     gc.set_threshold(*GC_THRESHOLDS)
-    die_with_master(int(os.environ.get(MASTER_ENV) or os.getppid()))
-    return create_app(settings)
+    master = int(os.environ.get(MASTER_ENV) or os.getppid())
+    die_with_master(master)
+    try:
+        return create_app(settings)
+    except Exception as exc:
+        # What the master's check did not meet (the shared store gone since): uvicorn would start this worker again
+        # and again, without end, the port bound and nothing answering. The server stops instead, saying why.
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        logger.error("worker %d could not start (%s): stopping the server", os.getpid(), reason)
+        if folder := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            (Path(folder) / WORKER_FAILED_FILE).write_text(reason, encoding="utf-8")
+        os.kill(master, signal.SIGTERM)
+        raise
 
 
 def die_with_master(master: int) -> None:

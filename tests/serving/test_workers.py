@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from harness.fake_engines import StubEngine
 from harness.processes import free_port, poll_until, wait_until_ready
@@ -190,3 +191,33 @@ def _workers(pid: int) -> list[int]:
             if alive and spawned:
                 found.append(int(child))
     return found
+
+
+def test_a_worker_that_cannot_start_stops_the_server_instead_of_being_restarted_for_ever(
+    sample_tools, tmp_path, monkeypatch
+):
+    """What the master's check did not meet (the shared store gone since) fails a worker at start; uvicorn restarts
+    a worker that dies, without end, the port bound and nothing answering. The worker says why in the run's folder
+    (the master then stops with that one line) and stops its master. In this process: the master is a stand-in
+    process (a real one would be uvicorn's), and the worker's process-wide effects (its logging, the thread that
+    ends it with its master) are left out."""
+    from mirrorapi.serving import app as app_module
+    from mirrorapi.serving.cache import CacheError
+    from mirrorapi.serving.config import load_settings
+
+    unreachable = f"postgresql://postgres@127.0.0.1:{free_port()}/cache"
+    settings = load_settings(overrides={"tools_folder": [str(sample_tools)], "cache_url": unreachable}, environ={})
+    master = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        monkeypatch.setenv(app_module.WORKER_SETTINGS_ENV, settings.model_dump_json())
+        monkeypatch.setenv(app_module.MASTER_ENV, str(master.pid))
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+        monkeypatch.setattr(app_module, "die_with_master", lambda pid: None)
+        monkeypatch.setattr(app_module, "configure_logging", lambda settings: None)
+        with pytest.raises(CacheError):
+            app_module.worker_app()
+        assert master.wait(timeout=10) == -signal.SIGTERM
+        assert "CacheError" in (tmp_path / app_module.WORKER_FAILED_FILE).read_text()
+    finally:
+        master.kill()
+        master.wait()
