@@ -74,6 +74,16 @@ def _interrupt(signum, frame):
 
 def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
+    # Flags that cannot go together are refused before anything is made (the work folder's caches once were)
+    if args.full and (args.quick or args.tiny):
+        make_parser().error("--full and --quick/--tiny: choose one (--quick is the tiny model's short run)")
+    if args.engine == "vllm":
+        from harness.processes import vllm_available
+
+        if args.quick or args.tiny:
+            make_parser().error("--engine vllm serves SmolLM2: not with --quick/--tiny (the tiny model)")
+        if (missing := vllm_available()) is not None:
+            make_parser().error(f"--engine vllm: {missing}")
     from demo_steps.child_processes import child_environment
 
     try:
@@ -94,15 +104,6 @@ def main(argv=None) -> int:
     progress.propagate = False
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    if args.full and (args.quick or args.tiny):
-        make_parser().error("--full and --quick/--tiny: choose one (--quick is the tiny model's short run)")
-    if args.engine == "vllm":
-        from harness.processes import vllm_available
-
-        if args.quick or args.tiny:
-            make_parser().error("--engine vllm serves SmolLM2: not with --quick/--tiny (the tiny model)")
-        if (missing := vllm_available()) is not None:
-            make_parser().error(f"--engine vllm: {missing}")
     real = not (args.quick or args.tiny)
     shared = None if args.samples or not args.shared.is_dir() else args.shared
     model = "SmolLM2-135M-Instruct" if real else "a tiny model"
@@ -123,4 +124,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C while the demo's modules load, before it started anything: nothing to stop
+        print("demo interrupted before it started anything", file=sys.stderr)
+        sys.exit(130)

@@ -414,3 +414,17 @@ def test_the_demo_s_servers_take_their_settings_from_its_config_not_the_user_s_e
 
     environ = {"MIRRORAPI_PORT": "8081", "MIRRORAPI_CONFIG": "mine.yml", "MIRRORAPI_MODELS_DIR": "/m", "PATH": "/bin"}
     assert without_server_settings(environ) == {"MIRRORAPI_MODELS_DIR": "/m", "PATH": "/bin"}
+
+
+@pytest.mark.parametrize("flags", [["--full", "--quick"], ["--tiny", "--engine", "vllm"]])
+def test_flags_that_cannot_go_together_are_one_line_and_make_nothing(tmp_path, flags):
+    """Refused before the work folder's caches are made (they once were, in the clone with the default folder)."""
+    work = tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, "scripts/demo.py", *flags, "--work-dir", str(work)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "error:" in done.stderr.strip().splitlines()[-1] and not work.exists()

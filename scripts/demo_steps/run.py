@@ -311,11 +311,13 @@ class Demo:
                 failed_step={"number": number, "name": name, "error": message},
                 total_seconds=round(time.perf_counter() - start, 1),
             )
-            write_report(self.run_dir, self.report)
+            with sigint_ignored():  # the partial report is written whole, a second Ctrl-C or not
+                write_report(self.run_dir, self.report)
             raise DemoError(number, name, message, interrupted, self.run_dir) from None
         self.report.update(status="ok", total_seconds=round(time.perf_counter() - start, 1))
-        write_report(self.run_dir, self.report)
-        latest = point_latest(self.run_dir)
+        with sigint_ignored():  # a second's work once cut by a Ctrl-C: a traceback, and a run without its report
+            write_report(self.run_dir, self.report)
+            latest = point_latest(self.run_dir)
         say(
             f"report: {shown(self.run_dir / 'report.md')} (with report.json and fidelity.png); "
             f"total {self.report['total_seconds']:.0f} s"
