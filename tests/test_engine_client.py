@@ -202,6 +202,45 @@ def test_health_checks_asked_at_once_share_one_check():
         assert all(a[0].ok for a in answers) and stub.requests == 1
 
 
+def test_a_call_that_leaves_without_its_slot_passes_it_on():
+    """B is told to come back after longer than it has left (a 429 with Retry-After 5, a 3 s timeout): it gives up
+    at once instead of holding its client to the deadline, and the calls queued meanwhile are served. B once waited
+    behind A, was handed A's slot, slept to its deadline and left with it: nothing in flight, and every later call
+    queued behind a slot no one would take, to its own timeout. The engine is a stand-in (`_post`): the order of
+    answers and refusals must be exact."""
+
+    async def run():
+        engine = EngineClient(["http://127.0.0.1:9/v1"], "m", timeout=3, retries=2, backoff=0.01, max_in_flight=1)
+        refused = []
+
+        async def post(base, body, timeout):
+            who = json.loads(body)["messages"][0]["content"]
+            if who == "B" and not refused:
+                refused.append(who)
+                await asyncio.sleep(0.1)
+                raise EngineError("http", "engine answered HTTP 429", status=429, retry_after=5.0)
+            await asyncio.sleep(1.0 if who == "A" else 0.05)
+            return {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+
+        engine._post = post
+        start, outcomes = time.monotonic(), {}
+
+        async def call(name: str, delay: float):
+            await asyncio.sleep(delay)
+            try:
+                await engine.chat([{"role": "user", "content": name}])
+                outcomes[name] = ("answered", round(time.monotonic() - start))
+            except EngineError as exc:
+                outcomes[name] = (exc.kind, round(time.monotonic() - start))
+
+        await asyncio.gather(call("B", 0.0), call("A", 0.05), call("C", 0.2), call("D", 1.5), call("E", 3.1))
+        return outcomes
+
+    outcomes = asyncio.run(run())
+    assert outcomes["B"] == ("http", 0)
+    assert all(outcomes[name][0] == "answered" for name in "ACDE"), outcomes
+
+
 def test_a_busy_engines_retry_after_is_waited_for():
     """An engine's 429 or 503 with `Retry-After` (RFC 9110 §10.2.3: the client ought to wait that long; the OpenAI
     SDK does) is tried again after that many seconds, not after a backoff of a few hundredths."""

@@ -28,7 +28,9 @@ def foreign_request(scope, is_loopback: Callable[[str], bool], loopback_only: bo
       resolved to 127.0.0.1): 421."""
     headers = dict(scope["headers"])
     host = headers.get(b"host", b"").decode("latin-1")
-    host_name = urllib.parse.urlsplit("//" + host).hostname if host else None
+    host_name = _host_name("//" + host) if host else None
+    if host and host_name is None:
+        return 400, f"Bad Request: the Host header {host[:80]!r} names no host"
     if loopback_only and host_name is not None and not is_loopback(host_name):
         return (
             421,
@@ -36,13 +38,21 @@ def foreign_request(scope, is_loopback: Callable[[str], bool], loopback_only: bo
         )
     origin = headers.get(b"origin")
     if origin is not None:
-        origin_host = urllib.parse.urlsplit(origin.decode("latin-1")).hostname
+        origin_host = _host_name(origin.decode("latin-1"))
         if origin_host is None or not (is_loopback(origin_host) or origin_host == host_name):
             return (
                 403,
                 f"Forbidden: requests from a web page of another origin ({origin[:80].decode('latin-1')}) are refused",
             )
     return None
+
+
+def _host_name(url: str) -> str | None:
+    """The host of a URL (`//host:port` for a Host header); None when it has none or cannot be read ("[::1")."""
+    try:
+        return urllib.parse.urlsplit(url).hostname
+    except ValueError:
+        return None
 
 
 def authorized(scope, key: bytes) -> bool:

@@ -290,6 +290,9 @@ def test_requests_of_web_pages_are_refused(serve, tmp_path):
             assert refused.status_code == 403 and "another origin" in refused.json()["error"], refused.text
         rebound = server.client.get("/health", headers={"host": "evil.example"})
         assert rebound.status_code == 421 and "evil.example" in rebound.json()["error"]
+        # Headers that name no host: a clear refusal, not a 500 with a traceback
+        assert server.client.get("/health", headers={"host": "[::1"}).status_code == 400
+        assert server.client.post("/virtual", json=BODY, headers={"origin": "http://[x"}).status_code == 403
         # A page of this machine (a local UI) and the clients of the API are served as before.
         local = {"origin": "http://localhost:3000"}
         assert server.client.post("/virtual", json=BODY, headers=local).status_code == 200
@@ -300,7 +303,7 @@ def test_requests_of_web_pages_are_refused(serve, tmp_path):
         assert hijack.value.response.status_code == 403
         with connect(ws, open_timeout=10):
             pass
-        assert server.metric("mirrorapi_requests_total", outcome="foreign_origin") == 4
+        assert server.metric("mirrorapi_requests_total", outcome="foreign_origin") == 6
 
 
 @pytest.mark.parametrize(

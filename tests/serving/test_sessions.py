@@ -420,3 +420,73 @@ def test_a_non_ascii_session_id_names_one_session_in_the_header_and_in_the_body(
         server.client.post("/virtual", json=body(*BALANCE), headers={"X-Session-Id": "café".encode("latin-1")})
     sessions = {row[0]: row[2] for row in ResponseCache(cache_path).sessions()}
     assert sessions == {"épisode": 2, "café": 1}
+
+
+def test_a_system_prompt_file_is_the_stateless_calls_in_the_data_as_on_the_server(samples, tmp_path):
+    """The server sends `system_prompt_file` with the stateless format only, a session call with the session
+    format's own; the data builder put the file's prompt into the session records too, so a model trained so was
+    asked otherwise than it learnt on every session call."""
+    episode = sorted(
+        (p for p in read_pairs_jsonl(samples / "pairs.jsonl") if p["episode"] == "gen-00133"), key=lambda p: p["step"]
+    )
+    registry = ToolRegistry.load([samples / "tools"])
+    custom = "You simulate APIs for the tests of this project. Answer with one JSON observation."
+    (prompt_file := tmp_path / "system.txt").write_text(custom, encoding="utf-8")
+    options = SimulatorDataOptions(
+        SESSION_FORMAT, history=2, ood_fraction=0, id_fraction=0, system_prompt=custom, stateless_too=True
+    )
+    splits, _ = build_simulator_records(episode, registry, options)
+    settings = load_settings(
+        overrides={
+            "tools_folder": [str(samples / "tools")],
+            "session_history": 2,
+            "system_prompt_file": str(prompt_file),
+        },
+        environ={},
+    )
+    simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    session = Session(keep=settings.session_history)
+    served = {}
+    for pair in episode:
+        doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
+        served[(pair["step"], True)] = simulator.messages(doc, pair["tool_input"], session.history(2, 4096))
+        served[(pair["step"], False)] = simulator.messages(doc, pair["tool_input"], None)
+        session.record(doc.tool, doc.api, pair["tool_input"], **pair["response"], fmt=SESSION_FORMAT)
+    records = splits["train"]
+    assert {r["prompt"][0]["content"] == custom for r in records} == {True, False}  # both kinds are there
+    for record in records:
+        in_session = record["prompt_format"] == SESSION_FORMAT
+        assert record["prompt"] == served[(record["step"], in_session)], (record["step"], record["prompt_format"])
+
+
+def test_a_call_whose_client_gave_up_enters_its_session_once_when_asked_again(serve, tmp_path):
+    """A client that stops waiting (its timeout, on a slow CPU engine) never saw the answer; the server finished the
+    simulation and put the call in the session all the same, and the client's retry put it there again. Now the
+    call waits for the retry, which the cache answers the same (the same call after the same history)."""
+    import time
+
+    import httpx
+
+    from harness.fake_engines import FixedReplyEngine
+
+    class SlowBalance(FixedReplyEngine):  # the balance call takes 1.5 s: the client below waits 0.3 s
+        def chat(self, request):
+            if "querybalance" in request["messages"][-1]["content"].rsplit("API documentation", 1)[-1].lower():
+                time.sleep(1.5)
+            return super().chat(request)
+
+    stock = ("APIBank", "apibank_finance", "QueryStock", {"stock_code": "NFLX", "date": "2023-03-02"})
+    with (
+        SlowBalance('{"error": "", "response": {"balance": 10}}') as engine,
+        serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine.url]) as server,
+    ):
+        session = {"X-Session-Id": "s"}
+        assert server.client.post("/virtual", json=body(*LOGIN[:4]), headers=session).status_code == 200
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(server.url + "/virtual", json=body(*BALANCE), headers=session, timeout=0.3)
+        time.sleep(2.0)  # the server has finished that call
+        retried = server.client.post("/virtual", json=body(*BALANCE), headers=session)
+        assert retried.status_code == 200 and retried.headers["x-mirrorapi-outcome"] == "hit"
+        assert server.client.post("/virtual", json=body(*stock), headers=session).status_code == 200
+    prompt = [r for r in engine.requests if r["messages"][0]["role"] == "system"][-1]["messages"][-1]["content"]
+    assert prompt.count('"api":"querybalance"') == 1 and '"username":"JaneSmith"' in prompt
