@@ -107,7 +107,7 @@ def _maybe_json(value: Any) -> Any:
             return None
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
             return value
     return value if value not in ({}, []) else None
 
@@ -204,12 +204,15 @@ class ToolRegistry:
         folder = Path(folder)
         if not folder.is_dir():
             raise RegistryError(f"tools folder not found: {folder}")
-        files = tools_index.scan(folder)
+        files, unlisted = tools_index.scan(folder)
+        for path, reason in unlisted:
+            logger.warning("skipping tools folder %s (%s)", path, reason)
+        self.unreadable.extend(unlisted)
         stamp, settled = tools_index.fingerprint(folder, files)
-        index = tools_index.read(folder, stamp)
+        index = tools_index.read(folder, stamp) if not unlisted else None
         if index is None:
             records, unreadable = [], []
-            for category, stem, path, _, _ in files:
+            for category, stem, path, *_ in files:
                 data = self._read_json(path)
                 if data is None:
                     unreadable.append(self.unreadable.pop())
@@ -219,7 +222,8 @@ class ToolRegistry:
                     unreadable.append((path, "not a JSON object"))
                 else:
                     records.append((category, stem, path, tools_index.trimmed(data)))
-            written = tools_index.write(folder, stamp, records, unreadable) if settled else None
+            # no index of a folder read in part (a folder that cannot be listed): its tools come back when it can be
+            written = tools_index.write(folder, stamp, records, unreadable) if settled and not unlisted else None
             if written is not None:
                 logger.info("tools index of %s written to %s", folder, written)
             self.indexes.append(
@@ -245,7 +249,8 @@ class ToolRegistry:
         try:
             with open(path, "rb") as fh:
                 return json.loads(fh.read())
-        except (OSError, ValueError) as exc:  # ValueError covers JSONDecodeError and bad UTF-8
+        except (OSError, ValueError, RecursionError) as exc:  # ValueError covers JSONDecodeError and bad UTF-8;
+            # RecursionError: JSON nested past Python's limit (about 1,000 deep), which stopped the whole load
             reason = f"{type(exc).__name__}: {exc}"
             logger.warning("skipping unreadable tool file %s (%s)", path, reason)
             self.unreadable.append((str(path), reason))
@@ -267,9 +272,17 @@ class ToolRegistry:
         title = _text(data.get("tool_name") or data.get("name") or stem)
         tool = self._tool(category, stem, title, _text(data.get("tool_description")))
         api_list = data.get("api_list")
+        listed: set[str] = set()
         for api in api_list if isinstance(api_list, list) else []:
             if not isinstance(api, dict) or not api.get("name"):
                 continue
+            # A file listing one name twice (197 in ToolEnv2404): its first entry is the API, as upstream's client
+            # takes the first match and stops (rapidapi.py's fetch_api_json). Filling the first's gaps from the
+            # second gave 5 real APIs another API's required parameter, and correct calls were refused.
+            key = api_key_name(_text(api.get("name")))
+            if key in listed:
+                continue
+            listed.add(key)
             self._add_api(tool, api, source)
 
     def _add_api(self, tool: Tool, api: dict, source: str) -> None:

@@ -48,24 +48,33 @@ API_KEYS = (
 _CODE = b"".join(Path(__file__).with_name(name).read_bytes() for name in ("tools.py", "tools_index.py"))
 
 
-def scan(folder: Path) -> list[tuple[str, str, str, int, int]]:
-    """(category folder name, file stem, path, size, mtime_ns) of every `<Category>/<tool>.json`, in load order.
-    os.scandir, not glob: glob skips the dotfile `.json` that ToolEnv2404 really contains."""
-    files = []
+def scan(folder: Path) -> tuple[list[tuple[str, str, str, int, int, int]], list[tuple[str, str]]]:
+    """(category folder name, file stem, path, size, mtime_ns, ctime_ns) of every `<Category>/<tool>.json`, in load
+    order, and (path, reason) of each category folder that cannot be listed (its tools are left out, the others
+    load). os.scandir, not glob: glob skips the dotfile `.json` that ToolEnv2404 really contains."""
+    files, unlisted = [], []
     for category in sorted(os.scandir(folder), key=lambda e: e.name):
         if not category.is_dir():
             continue
-        for entry in sorted(os.scandir(category.path), key=lambda e: e.name):
+        try:
+            entries = sorted(os.scandir(category.path), key=lambda e: e.name)
+        except OSError as exc:  # no permission to list it
+            unlisted.append((category.path, f"{type(exc).__name__}: {exc.strerror or exc}"))
+            continue
+        for entry in entries:
             if entry.name.endswith(".json") and entry.is_file():
                 stat = entry.stat()
-                files.append((category.name, entry.name[: -len(".json")], entry.path, stat.st_size, stat.st_mtime_ns))
-    return files
+                stem = entry.name[: -len(".json")]
+                files.append((category.name, stem, entry.path, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns))
+    return files, unlisted
 
 
-def fingerprint(folder: Path, files: list[tuple[str, str, str, int, int]]) -> tuple[bytes, bool]:
+def fingerprint(folder: Path, files: list[tuple[str, str, str, int, int, int]]) -> tuple[bytes, bool]:
     """(the folder's fingerprint, whether it is settled: nothing in it changed in the last SETTLE_SECONDS).
     An index is written only for a settled folder: a file's mtime ticks with the kernel's clock (a few
-    milliseconds), so a file rewritten at the same size within the tick of the index would look unchanged."""
+    milliseconds), so a file rewritten at the same size within the tick of the index would look unchanged.
+    A file's ctime is in the fingerprint too: a `chmod` that made it readable, or an edit whose mtime was put back
+    (`cp -p`, `touch -r`), changes only its ctime, and the index must go stale then as well."""
     digest = hashlib.sha256(_CODE)
     digest.update(str(folder.resolve()).encode())
     newest = 0
@@ -73,11 +82,17 @@ def fingerprint(folder: Path, files: list[tuple[str, str, str, int, int]]) -> tu
         mtime = os.stat(folder / category).st_mtime_ns
         newest = max(newest, mtime)
         digest.update(b"%s\0%d\n" % (category.encode("utf-8", "surrogateescape"), mtime))
-    for category, stem, _, size, mtime in files:
+    for category, stem, _, size, mtime, ctime in files:
         newest = max(newest, mtime)
         digest.update(
-            b"%s/%s\0%d\0%d\n"
-            % (category.encode("utf-8", "surrogateescape"), stem.encode("utf-8", "surrogateescape"), size, mtime)
+            b"%s/%s\0%d\0%d\0%d\n"
+            % (
+                category.encode("utf-8", "surrogateescape"),
+                stem.encode("utf-8", "surrogateescape"),
+                size,
+                mtime,
+                ctime,
+            )
         )
     return digest.digest(), time.time_ns() - newest > SETTLE_SECONDS * 1e9
 
@@ -101,8 +116,12 @@ def locations(folder: Path) -> list[Path]:
     name = f"{folder.name}-{key}.mirrorapi-index"
     if os.environ.get(INDEX_DIR_ENV):
         return [Path(os.environ[INDEX_DIR_ENV]).expanduser() / name]
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return [folder.parent / f".{folder.name}.mirrorapi-index", cache_home / "mirrorapi" / "tools-index" / name]
+    beside = [folder.parent / f".{folder.name}.mirrorapi-index"]
+    try:
+        cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no HOME and no passwd entry (a container's --user): no cache folder, only beside it
+        return beside
+    return [*beside, cache_home / "mirrorapi" / "tools-index" / name]
 
 
 def _writable(folder: Path) -> bool:

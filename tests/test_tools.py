@@ -1,6 +1,7 @@
 """ToolRegistry: loading real tools folders, resolving names as StableToolBench's clients send them."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -140,6 +141,35 @@ def test_tolerates_corrupt_and_odd_files(tmp_path):
     assert registry.resolve("Misc", "odd", "get_7").template_response == {"a": "str"}
 
 
+def test_a_file_nested_past_the_recursion_limit_is_skipped_not_fatal(tmp_path):
+    cat = tmp_path / "tools" / "Misc"
+    cat.mkdir(parents=True)
+    (cat / "deep.json").write_text('{"tool_name": "Deep", "api_list": ' + "[" * 5000 + "]" * 5000 + "}")
+    deep_template = {"name": "Get", "template_response": '{"a": ' + "[" * 5000 + "]" * 5000 + "}"}
+    (cat / "fine.json").write_text(json.dumps({"tool_name": "Fine", "api_list": [deep_template]}))
+    registry = ToolRegistry.load([tmp_path / "tools"])  # was a RecursionError: no tool loaded at all
+    assert [path.split("/")[-1] for path, _ in registry.unreadable] == ["deep.json"]
+    assert isinstance(registry.resolve("Misc", "fine", "get").template_response, str)  # kept as the text it is
+
+
+def test_an_api_listed_twice_in_one_file_is_its_first_entry(tmp_path):
+    """197 names of ToolEnv2404 are listed twice in their tool's file. Upstream's client takes the first entry and
+    stops (rapidapi.py's fetch_api_json); filling its gaps from the second gave microbooks' `getTaxes` (no
+    parameters) another API's required `id`, and a correct call `{}` was refused."""
+    cat = tmp_path / "tools" / "Finance"
+    cat.mkdir(parents=True)
+    first = {"name": "getTaxes", "description": "", "required_parameters": [], "optional_parameters": []}
+    second = {
+        "name": "getTaxes",
+        "description": "Get a line item",
+        "required_parameters": [{"name": "id", "type": "STRING", "description": "The Id of the Line Item"}],
+        "optional_parameters": [],
+    }
+    (cat / "microbooks.json").write_text(json.dumps({"tool_name": "microbooks", "api_list": [first, second]}))
+    doc = ToolRegistry.load([tmp_path / "tools"]).resolve("Finance", "microbooks", "gettaxes")
+    assert doc.required_parameters == [] and doc.description == ""
+
+
 def test_missing_folder_is_a_clear_error(tmp_path):
     with pytest.raises(RegistryError, match="not found"):
         ToolRegistry.load([tmp_path / "nope"])
@@ -265,6 +295,36 @@ def test_index_is_rebuilt_when_a_file_changes_or_is_added(tmp_path):
     (folder / "Data" / "sun.json").write_text(json.dumps({"tool_name": "Sun", "api_list": [{"name": "rise"}]}))
     _age(folder, seconds=20)
     assert ToolRegistry.load([folder]).resolve("Data", "sun", "rise").api == "rise"
+
+
+def test_an_edit_whose_time_was_put_back_is_not_served_from_the_index(tmp_path):
+    """`cp -p`, `touch -r` (and a `chmod` that made a file readable) leave a file's mtime as it was; its ctime
+    changes, and so does the index's fingerprint: the old docs were served."""
+    folder = _settled_tools_folder(tmp_path)
+    ToolRegistry.load([folder])
+    path = folder / "Data" / "weather.json"
+    stat = path.stat()
+    path.write_text(path.read_text().replace("the first API", "the FIRST API"))  # same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # its time put back
+    edited = ToolRegistry.load([folder])
+    assert edited.resolve("Data", "weather", "first").description == "the FIRST API"
+
+
+def test_without_a_home_folder_the_index_goes_beside_the_tools(tmp_path, monkeypatch):
+    """No HOME and no passwd entry (a container's `--user`): Path.home() raises; the load did too."""
+    from pathlib import Path
+
+    from mirrorapi.tools_index import INDEX_DIR_ENV
+
+    monkeypatch.delenv(INDEX_DIR_ENV)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    folder = _settled_tools_folder(tmp_path)
+    assert ToolRegistry.load([folder]).indexes == [(str(folder), "written")]
 
 
 def test_a_folder_changed_just_now_gets_no_index_yet(tmp_path):
