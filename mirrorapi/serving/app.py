@@ -82,6 +82,8 @@ class VirtualEndpoint:
         settings = server.settings
         self.api_key = settings.server_api_key.encode() if settings.server_api_key else None
         self.loopback_only = is_loopback(settings.host)
+        allowed = {name.lower().rstrip(".") for name in settings.allowed_hosts}
+        self.known_host = lambda name: is_loopback(name) or name.lower().rstrip(".") in allowed
         self.max_body = settings.max_body_bytes
         self.connections = Connections(settings.request_timeout, server.refused)
         self.others = RequestDeadlineMiddleware(self.dispatch, self.connections)
@@ -94,7 +96,7 @@ class VirtualEndpoint:
                 return await self.http(scope, receive, send)
             finally:
                 deadline.answered()
-        if scope["type"] == "websocket" and (foreign := foreign_request(scope, is_loopback, self.loopback_only)):
+        if scope["type"] == "websocket" and (foreign := foreign_request(scope, self.known_host, self.loopback_only)):
             self.server.refused(foreign[0], "foreign_origin", scope["path"][:80])
             return await send({"type": "websocket.close", "code": 1008})  # HTTP 403 to the handshake
         if scope["type"] == "websocket" and scope["path"] in (WS_PATH, MCP_WS_PATH):
@@ -106,7 +108,7 @@ class VirtualEndpoint:
 
     async def http(self, scope, receive, send) -> None:
         path = scope["path"]
-        if foreign := foreign_request(scope, is_loopback, self.loopback_only):
+        if foreign := foreign_request(scope, self.known_host, self.loopback_only):
             self.connections.of(scope).received()
             await send_json(send, foreign[0], error_body(foreign[1]))
             return self.server.refused(foreign[0], "foreign_origin", path[:80])

@@ -18,20 +18,20 @@ UNAUTHORIZED = (
 DRAIN_BYTES = 16 * 1024 * 1024
 
 
-def foreign_request(scope, is_loopback: Callable[[str], bool], loopback_only: bool) -> tuple[int, str] | None:
+def foreign_request(scope, known_host: Callable[[str], bool], loopback_only: bool) -> tuple[int, str] | None:
     """(status, message) for a request a web page made, not a client of the API, else None. A browser sends any
     page's request to a server on this machine, and a page cannot be told from a client but by its headers:
     - an `Origin` (browsers send it with every WebSocket handshake and cross-site POST; API clients send none) that
-      is neither this machine nor the host the request is addressed to: 403 (cross-site requests and WebSocket
-      hijacking; the MCP spec: servers MUST validate Origin);
-    - on a server bound to this machine only, a `Host` that is not this machine (a name a DNS-rebinding page
+      is neither a known host (this machine, `allowed_hosts`) nor the host the request is addressed to: 403
+      (cross-site requests and WebSocket hijacking; the MCP spec: servers MUST validate Origin);
+    - on a server bound to this machine only, a `Host` that is not a known host (a name a DNS-rebinding page
       resolved to 127.0.0.1): 421."""
     headers = dict(scope["headers"])
     host = headers.get(b"host", b"").decode("latin-1")
     host_name = _host_name("//" + host) if host else None
     if host and host_name is None:
         return 400, f"Bad Request: the Host header {host[:80]!r} names no host"
-    if loopback_only and host_name is not None and not is_loopback(host_name):
+    if loopback_only and host_name is not None and not known_host(host_name):
         return (
             421,
             f"Misdirected Request: this server answers requests addressed to this machine, not to {host[:80]!r}",
@@ -39,7 +39,7 @@ def foreign_request(scope, is_loopback: Callable[[str], bool], loopback_only: bo
     origin = headers.get(b"origin")
     if origin is not None:
         origin_host = _host_name(origin.decode("latin-1"))
-        if origin_host is None or not (is_loopback(origin_host) or origin_host == host_name):
+        if origin_host is None or not (known_host(origin_host) or origin_host == host_name):
             return (
                 403,
                 f"Forbidden: requests from a web page of another origin ({origin[:80].decode('latin-1')}) are refused",

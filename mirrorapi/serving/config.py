@@ -121,6 +121,14 @@ class ServerSettings(BaseModel):
     toolbench_url: str | None = Field(None, description="Accepted for StableToolBench configs; ignored.")
     # ours
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 exposes the server).")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Host names, besides this machine's, that a request may be addressed to (its Host) and a web page's "
+            "Origin may name, e.g. a reverse proxy's public name; others get HTTP 421 (Host, on a server listening "
+            "on this machine only) or 403 (Origin)."
+        ),
+    )
     server_api_key: str | None = Field(
         None,
         description=(

@@ -34,7 +34,6 @@ from mcp import types
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
@@ -47,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
 PAGE_SIZE = 500  # tools per tools/list page (ToolEnv2404 has 46,803 APIs)
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_CURSOR_DIGITS = 9  # a tools/list cursor is an offset into at most a few hundred thousand tools
 JSON_RPC_INVALID_REQUEST, JSON_RPC_INTERNAL_ERROR = -32600, -32603
 _SESSION_HEADER = MCP_SESSION_ID_HEADER.lower().encode()
@@ -213,21 +211,13 @@ class McpFrontDoor:
             get_tool_input_schema=lambda name: None,
         )
         settings = server.settings
-        host = settings.host
-        security = (
-            TransportSecuritySettings(  # DNS rebinding protection when serving on loopback only
-                enable_dns_rebinding_protection=True,
-                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
-            )
-            if host in LOOPBACK
-            else None
-        )
         self.max_body = settings.max_body_bytes
         self.sessions = StreamableHTTPSessionManager(
             app=self.server,
             json_response=True,
-            security_settings=security,
+            # No SDK check of Host and Origin: the server's front door (app.VirtualEndpoint) checks them on every
+            # path and transport, /mcp included, by one rule (`allowed_hosts`).
+            security_settings=None,
             max_request_body_size=self.max_body,
             session_idle_timeout=settings.mcp_session_idle_timeout,
             max_sessions=settings.mcp_max_sessions,

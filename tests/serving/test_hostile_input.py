@@ -303,7 +303,17 @@ def test_requests_of_web_pages_are_refused(serve, tmp_path):
         assert hijack.value.response.status_code == 403
         with connect(ws, open_timeout=10):
             pass
-        assert server.metric("mirrorapi_requests_total", outcome="foreign_origin") == 6
+        # /mcp by the same rule (the SDK's own check knew three spellings of this machine only)
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        mcp_headers = {"accept": "application/json, text/event-stream", "origin": "http://evil.example"}
+        assert server.client.post("/mcp", json=initialize, headers=mcp_headers).status_code == 403
+        assert server.client.post("/mcp", json=initialize, headers={"host": "evil.example"}).status_code == 421
+        assert server.metric("mirrorapi_requests_total", outcome="foreign_origin") == 8
+    # A reverse proxy's public name, named in `allowed_hosts`, is served; others still are not.
+    with serve(cache_path=str(tmp_path / "d.sqlite"), mode="replay", allowed_hosts=["Proxy.Example"]) as server:
+        proxied = {"host": "proxy.example", "origin": "https://proxy.example"}
+        assert server.client.post("/virtual", json=BODY, headers=proxied).status_code == 200
+        assert server.client.get("/health", headers={"host": "evil.example"}).status_code == 421
 
 
 @pytest.mark.parametrize(
