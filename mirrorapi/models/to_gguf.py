@@ -250,9 +250,16 @@ def _chat_template(model_dir: Path) -> str | None:
     """The folder's chat template without TRL's `{% generation %}` markers: they only mark the assistant's
     tokens for training, render nothing, and are not Jinja that llama.cpp's template engine knows."""
     path = model_dir / "chat_template.jinja"
-    if not path.is_file():
-        return None
-    return re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", path.read_text(encoding="utf-8"))
+    if path.is_file():
+        template = path.read_text(encoding="utf-8")
+    else:
+        # transformers 4.x and many hub folders keep it in tokenizer_config.json, which transformers reads too:
+        # without it the export took the base's template, and llama.cpp built other prompts than transformers
+        config = model_dir / "tokenizer_config.json"
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template") if config.is_file() else None
+        if not isinstance(template, str):
+            return None
+    return re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", template)
 
 
 def _tensors(model_dir: Path):
@@ -263,7 +270,13 @@ def _tensors(model_dir: Path):
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise GGUFExportError(f"{model_dir}: no .safetensors files")
+    from safetensors import SafetensorError
+
     for file in files:
-        with safe_open(file, framework="pt") as handle:
+        try:
+            handle = safe_open(file, framework="pt")
+        except SafetensorError as exc:  # a file cut short (a copy or a save interrupted): one line, not a traceback
+            raise GGUFExportError(f"{file}: not a whole safetensors file ({exc})") from None
+        with handle:
             for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
                 yield name, handle.get_tensor(name).to(torch.float32).numpy()

@@ -113,6 +113,17 @@ def test_a_lora_adapter_folder_is_refused_with_a_reason(tmp_path):
         export_gguf(tmp_path, tmp_path / "out.gguf", tmp_path / "base.gguf")
 
 
+def test_weights_cut_short_are_one_line(tmp_path):
+    """A safetensors file a copy or a save left cut short: the export says which file (it was safetensors' own
+    traceback)."""
+    from mirrorapi.models.to_gguf import _tensors
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header[:10])
+    with pytest.raises(GGUFExportError, match="model.safetensors: not a whole safetensors file"):
+        list(_tensors(tmp_path))
+
+
 # ------------------------------------------------------------------------------------ slow: real weights
 def simulator_prompts(samples, n: int) -> list[list[dict]]:
     registry = ToolRegistry.load([samples / "tools"])
@@ -331,3 +342,17 @@ def test_the_cpu_engine_script_serves_a_base_model_with_llama_cpp(smollm2_dir, s
     assert complete and all(is_strict_observation(a) for a in complete)
     assert plain[0] == plain[1]
     assert len([c for c in chunks if c]) > 1 and "".join(chunks) == plain[0][: len("".join(chunks))]
+
+
+def test_the_chat_template_is_read_where_transformers_reads_it(tmp_path):
+    """transformers reads a folder's template from `chat_template.jinja`, else from tokenizer_config.json (where
+    transformers 4.x and many hub folders keep it); the export read only the first and fell back to the base's
+    template, so llama.cpp built other prompts than transformers. TRL's generation markers are dropped either way."""
+    from mirrorapi.models.to_gguf import _chat_template
+
+    template = "{% for m in messages %}<{{ m.role }}>{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    read = _chat_template(tmp_path)
+    assert read == template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}")  # this file first, as transformers
+    assert _chat_template(tmp_path) == "{{ messages[0].content }}"

@@ -2,6 +2,7 @@
 script), and the merged model loads as a plain model that computes what base + adapter computes."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -97,6 +98,27 @@ def test_merge_script(adapter_dir, tmp_path, capsys, entry_script):
         logits(AutoModelForCausalLM.from_pretrained(adapter_dir / "merged"), input_ids),
     )
     assert (tmp_path / "m/README.md").is_file()
+    # The folder it was merged into, for `models gguf` to find from anywhere; files readable as the umask says
+    # (the safetensors writer makes 0600); a merge again into the same folder replaces it whole, nothing left aside.
+    record = json.loads((tmp_path / "m/mirrorapi_training.json").read_text())
+    assert Path(record["base_model"]).is_absolute() and Path(record["base_model"]).is_dir()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "m/model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert merge(["--adapter", str(adapter_dir), "--out", str(tmp_path / "m")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    capsys.readouterr()
+    assert merge(["--adapter", str(adapter_dir), "--out", str(tmp_path / "notes")]) == 2  # not a model: kept
+    assert "holds files but no model" in capsys.readouterr().err and (tmp_path / "notes" / "todo.txt").is_file()
+    # An adapter merged into a model of other shapes: one line, not a 64-line traceback, and no folder.
+    shipped = REPO / "mirrorapi" / "models" / "adapters" / "smollm2-135m-mirrorapi-judge"
+    tiny = Path(record["base_model"])
+    assert merge(["--adapter", str(shipped), "--base-model", str(tiny), "--out", str(tmp_path / "z")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' own loading bar
+    assert last.startswith("merge_lora.py: error: ") and "do not fit" in last and not (tmp_path / "z").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # its build folder removed
     capsys.readouterr()
     assert merge(["--adapter", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert (
