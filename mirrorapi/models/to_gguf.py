@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mirrorapi.models.catalogue import base_gguf, shipped_gguf
+from mirrorapi.models.catalogue import BASE_MODELS, base_gguf, default_models_dir, shipped_gguf
 
 if TYPE_CHECKING:
     import numpy as np
@@ -173,9 +173,12 @@ def _base_model_of(model_dir: Path) -> Path | None:
     found = re.search(r"^base_model:\s*(.+?)\s*$", front, re.M)
     if not found:
         return None
-    path = Path(found.group(1).strip("'\"")).expanduser()
+    name = found.group(1).strip("'\"")
+    path = Path(name).expanduser()
     if not path.is_absolute():
         path = (model_dir / path) if (model_dir / path).is_dir() else path
+    if not path.is_dir() and name in BASE_MODELS:  # a catalogue name: the folder `models get` made of it
+        path = default_models_dir() / name
     return path if path.is_dir() else None
 
 

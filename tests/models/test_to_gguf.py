@@ -356,3 +356,19 @@ def test_the_chat_template_is_read_where_transformers_reads_it(tmp_path):
     assert read == template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}")  # this file first, as transformers
     assert _chat_template(tmp_path) == "{{ messages[0].content }}"
+
+
+def test_a_base_named_by_its_catalogue_name_is_the_folder_models_get_made(tmp_path, monkeypatch):
+    """A merged folder's card names its base `smollm2-135m-instruct` (a shipped adapter's record): that is the
+    folder `mirrorapi models get` makes in the models folder, wherever the command runs (it was looked up in the
+    working folder, and the export said the base was "not named")."""
+    from mirrorapi.models.catalogue import MODELS_DIR_ENV
+    from mirrorapi.models.to_gguf import _base_model_of
+
+    models = tmp_path / "models"
+    (models / "smollm2-135m-instruct").mkdir(parents=True)
+    monkeypatch.setenv(MODELS_DIR_ENV, str(models))
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    (merged / "README.md").write_text("---\nbase_model: smollm2-135m-instruct\n---\n# a merge\n")
+    assert _base_model_of(merged) == models / "smollm2-135m-instruct"
