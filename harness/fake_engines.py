@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Self
 
 from harness import REPO
@@ -41,6 +42,20 @@ from mirrorapi.prompts.simulator_formats import HISTORY_HEADING, shown_history
 
 # The observation a stub engine answers with unless told otherwise: a StableToolBench-shaped answer.
 STUB_OBSERVATION = {"error": "", "response": {"answered_by": "stub engine"}}
+
+
+async def seconds_until_it_fails(engine) -> float:
+    """Seconds an `EngineClient` takes to give up on one chat call that must fail (EngineError); it is closed."""
+    from mirrorapi.engine_client import EngineError
+
+    start = time.monotonic()
+    try:
+        await engine.chat([{"role": "user", "content": "hi"}])
+    except EngineError:
+        return time.monotonic() - start
+    finally:
+        await engine.aclose()
+    raise AssertionError("the engine call did not fail")
 
 
 def chat_completion_reply(content: str) -> bytes:

@@ -7,7 +7,13 @@ import time
 import openai
 import pytest
 
-from harness.fake_engines import FixedReplyEngine, HungEngine, StatusEngine, unreachable_engine_url
+from harness.fake_engines import (
+    FixedReplyEngine,
+    HungEngine,
+    StatusEngine,
+    seconds_until_it_fails,
+    unreachable_engine_url,
+)
 from mirrorapi.engine_client import EngineClient, EngineError
 
 
@@ -245,18 +251,10 @@ def test_a_busy_engines_retry_after_is_waited_for():
     """An engine's 429 or 503 with `Retry-After` (RFC 9110 §10.2.3: the client ought to wait that long; the OpenAI
     SDK does) is tried again after that many seconds, not after a backoff of a few hundredths."""
 
-    async def run(url):
-        engine = EngineClient([url], "m", timeout=10, retries=1, backoff=0.01)
-        start = time.monotonic()
-        try:
-            with pytest.raises(EngineError):
-                await engine.chat([{"role": "user", "content": "hi"}])
-            return time.monotonic() - start
-        finally:
-            await engine.aclose()
-
     with StatusEngine(429, {"Retry-After": "1"}) as engine:
-        waited = asyncio.run(run(engine.url))
+        waited = asyncio.run(
+            seconds_until_it_fails(EngineClient([engine.url], "m", timeout=10, retries=1, backoff=0.01))
+        )
     assert len(engine.paths) == 2 and waited >= 0.95
 
 
