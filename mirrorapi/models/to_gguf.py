@@ -253,6 +253,7 @@ def _chat_template(model_dir: Path) -> str | None:
     """The folder's chat template without TRL's `{% generation %}` markers: they only mark the assistant's
     tokens for training, render nothing, and are not Jinja that llama.cpp's template engine knows."""
     path = model_dir / "chat_template.jinja"
+    template: object
     if path.is_file():
         template = path.read_text(encoding="utf-8")
     else:
