@@ -14,16 +14,20 @@ Rules, each counted (the builder's `stats.json`):
 With `history` K > 0, each pair also carries the earlier calls of its episode (every earlier step that resolved
 and was not a transport failure, duplicates included, as the server's session would hold them), newest first,
 chosen by `select_history` with the server's budget; a call is then a duplicate only when its earlier calls are
-the same too. Then `mirrorapi.splits.split_episodes` holds out APIs (`test_ood`) and calls of seen APIs
-(`test_id`).
+the same too. Then the split holds out APIs (`test_ood`) and calls of seen APIs (`test_id`), by one of
+`mirrorapi.splits.SPLIT_RULES`: `shuffled` (`split_episodes`, on the pairs kept) or `grouped`
+(`heldout_episodes_grouped`, decided on every usable pair before deduplication, so that neither the file order
+nor which copy of a call is kept moves an episode to the other side; API-Bank's `lv3_` tools held out with their
+namesakes, a task's trials together, and a recorded call kept before its generated copy).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from tqdm.auto import tqdm
 
@@ -35,7 +39,7 @@ from mirrorapi.prompts.simulator_formats import (
     truncate_response,
 )
 from mirrorapi.records import canonical_json
-from mirrorapi.splits import split_episodes
+from mirrorapi.splits import SPLIT_RULES, assign_episodes, heldout_episodes_grouped, split_episodes
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 from mirrorapi.transport_failures import api_failed, transport_failure
 
@@ -43,6 +47,25 @@ DEFAULT_OOD_FRACTION = 0.05  # share of distinct APIs held out entirely (test_oo
 DEFAULT_ID_FRACTION = 0.05  # share of the remaining episodes held out (test_id)
 DEFAULT_SPLIT_SEED = 42
 TEST_SPLITS = ("test_id", "test_ood")
+# API-Bank's level-3 tools repeat level-1/2 tools' APIs (`apibank_lv3_meeting` beside `apibank_meeting`: the same
+# AddMeeting plus a token): held out apart, the unseen API would be one the model trained on under another name.
+_LEVEL3_TWIN = re.compile(r"^(apibank_)lv3_")
+# tau-bench runs each task several times (`airline/task37-trial0`, `-trial1`): the trials share a user and their calls.
+_TRIAL = re.compile(r"-trial\d+$")
+# Pairs we made by running a reference implementation (../shared/data/README.md), kept after recorded copies.
+_GENERATED_SOURCE_SUFFIX = "-generated"
+
+
+def api_group(api: Hashable) -> Hashable:
+    """The group of a (category, tool, api) that the `grouped` split holds out as one: an API and its twins."""
+    category, tool, name = cast(tuple[str, str, str], api)
+    return category, _LEVEL3_TWIN.sub(r"\1", tool), name
+
+
+def episode_group(episode: Hashable) -> Hashable:
+    """The group of a (source, episode) that the `grouped` split keeps on one side: the trials of one task."""
+    source, name = cast(tuple[str, str], episode)
+    return source, _TRIAL.sub("", name)
 
 
 @dataclass(frozen=True)
@@ -89,16 +112,23 @@ def select_pairs(
     ood_fraction: float = DEFAULT_OOD_FRACTION,
     id_fraction: float = DEFAULT_ID_FRACTION,
     seed: int = DEFAULT_SPLIT_SEED,
+    split_rule: str = "shuffled",
     progress: bool = False,
 ) -> PairSelection:
-    """Apply the quality rules and split; the kept pairs in input order and the split's indices into them.
-    With `history`, each pair's earlier calls are rendered as session format `history_format` shows them, chosen
-    by `history_rule` (`select_history`'s rules, as the server's `session_history_rule`)."""
+    """Apply the quality rules and split; the kept pairs in input order (`grouped`: recorded sources' first) and
+    the split's indices into them. With `history`, each pair's earlier calls are rendered as session format
+    `history_format` shows them, chosen by `history_rule` (`select_history`'s rules, as the server's
+    `session_history_rule`)."""
+    if split_rule not in SPLIT_RULES:
+        raise ValueError(f"unknown split rule {split_rule!r}; known: {', '.join(SPLIT_RULES)}")
     selection = PairSelection([], {})
     seen: dict[tuple, tuple] = {}
-    for pair, doc, earlier in _with_history(
+    usable = _with_history(
         pairs, registry, history, history_char_budget, history_rule, history_format, selection, progress
-    ):
+    )
+    if split_rule == "grouped":
+        usable.sort(key=lambda item: str(item[0]["source"]).endswith(_GENERATED_SOURCE_SUFFIX))  # stable
+    for pair, doc, earlier in usable:
         error, response = pair["response"]["error"], pair["response"]["response"]
         if need_rationale and not pair.get("rationale"):
             selection.dropped["no_rationale"] += 1  # a CoT target needs the mechanism (MirrorAPI's train_cot.json)
@@ -115,13 +145,22 @@ def select_pairs(
         kind = "success" if not failed else "error" if error else "in_band_error"
         selection.kinds[kind] += 1
         selection.kept.append(ChosenPair(doc, pair["tool_input"], error, cut, pair, kind, key[3], earlier))
-    selection.splits = split_episodes(
-        [(c.doc.category, c.doc.tool, c.doc.api) for c in selection.kept],
-        [(c.pair["source"], c.pair["episode"]) for c in selection.kept],
-        ood_fraction,
-        id_fraction,
-        seed,
-    )
+    apis = [(c.doc.category, c.doc.tool, c.doc.api) for c in selection.kept]
+    if split_rule == "shuffled":
+        episodes = [(c.pair["source"], c.pair["episode"]) for c in selection.kept]
+        selection.splits = split_episodes(apis, episodes, ood_fraction, id_fraction, seed)
+    else:
+        episodes = [(c.pair["source"], str(c.pair["episode"])) for c in selection.kept]
+        in_test = heldout_episodes_grouped(
+            [(doc.category, doc.tool, doc.api) for _, doc, _ in usable],
+            [(pair["source"], str(pair["episode"])) for pair, _, _ in usable],
+            ood_fraction,
+            id_fraction,
+            seed,
+            api_group,
+            episode_group,
+        )
+        selection.splits = assign_episodes(apis, episodes, in_test)
     return selection
 
 

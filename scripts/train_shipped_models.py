@@ -53,6 +53,7 @@ from shipped_steps.train import train_stage
 
 from mirrorapi.few_shot import FEW_SHOT_TIES
 from mirrorapi.prompts.simulator_formats import HISTORY_RULES
+from mirrorapi.splits import SPLIT_RULES
 
 
 def refuse_what_cannot_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -194,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
         "failures, seed 42 none; docs/training.md).",
     )
     parser.add_argument(
+        "--split-rule",
+        choices=SPLIT_RULES,
+        default="shuffled",
+        help="The data stage: how both splits draw their held-out side (mirrorapi.splits): shuffled, the shipped "
+        "models' split, or grouped, the next run's (each episode's and query's side its own seeded draw, twin APIs "
+        "and a task's trials together, no held-out answer text in the judge's training; docs/training.md).",
+    )
+    parser.add_argument(
         "--judge-test-fraction",
         type=float,
         default=0.1,
@@ -267,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             args.history_rule,
             args.without_examples_share,
             args.seed,
+            args.split_rule,
             args.judge_test_fraction,
         )
         log(f"data: {json.dumps(built)}")

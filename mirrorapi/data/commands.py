@@ -19,6 +19,7 @@ from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_r
 from mirrorapi.data.sources import read_alpaca
 from mirrorapi.prompts.simulator_formats import DEFAULT_SIMULATOR_FORMAT, STRUCTURED_FORMAT, session_format
 from mirrorapi.records import SourceError, read_labelled, read_pairs_jsonl, read_stabletoolbench_cache
+from mirrorapi.splits import SPLIT_RULES
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 USER_ERRORS = (SourceError, RegistryError, ValueError, OSError)
@@ -120,6 +121,13 @@ def judge_sft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-balance", action="store_true", help="Keep the training split's natural balance.")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument(
+        "--split-rule",
+        default="shuffled",
+        choices=SPLIT_RULES,
+        help="How the held-out queries are drawn (mirrorapi.splits): shuffled, the shipped judge's split, or "
+        "grouped, queries that share an answer's text held out together, each group its own seeded draw.",
+    )
+    parser.add_argument(
         "--repeat-sources",
         nargs="+",
         default=[],
@@ -135,7 +143,13 @@ def build_judge_sft(args: argparse.Namespace) -> int:
     bad: list[str] = []
     records = itertools.chain(*[read_labelled(path, bad.append) for path in args.labelled])
     splits, stats = build_judge_records(
-        records, args.prompt_format, args.test_fraction, not args.no_balance, args.seed, args.repeat_sources
+        records,
+        args.prompt_format,
+        args.test_fraction,
+        not args.no_balance,
+        args.seed,
+        args.repeat_sources,
+        args.split_rule,
     )
     _note_unreadable(stats, bad, {"labelled": args.labelled})
     write_sft_dataset(args.out, splits, stats, JUDGE_COLUMNS)

@@ -7,7 +7,10 @@ cut as `judge_messages` cuts it; targets come from `judge_completion`. Rules, ea
 - an empty final answer (or a give-up) is dropped: FAC scores it Unsolved without asking the judge;
 - the same (query, answer) twice is dropped; twice with different labels is counted apart;
 - all answers to one query stay on one side of the split (a query's reference answer and its
-  synthetic mismatch, or the four trials of a tau-bench task, would otherwise leak);
+  synthetic mismatch, or the four trials of a tau-bench task, would otherwise leak); with the `grouped` split
+  rule (`mirrorapi.splits`) each query's side is its own seeded draw, and a training record whose answer text a
+  held-out record shows is dropped (`answer_in_test`: a mismatch record carries another query's answer, so
+  joining queries by answers instead would chain most of AnyToolBench's into one group);
 - the training split is balanced by dropping records of the more frequent verdict (seeded); the
   test split keeps its natural balance, reported in the stats.
 """
@@ -27,7 +30,7 @@ from mirrorapi.prompts.judge_formats import (
     judge_completion,
     judge_messages,
 )
-from mirrorapi.splits import split_groups
+from mirrorapi.splits import SPLIT_RULES, split_groups
 
 JUDGE_COLUMNS = ("prompt", "completion", "prompt_format", "source", "id", "label", "label_kind")
 # Formats whose prompt needs only the query and the final answer (the judge schema has no tool calls).
@@ -45,6 +48,7 @@ def build_judge_records(
     balance: bool = True,
     seed: int = 42,
     repeat_sources: Iterable[str] = (),
+    split_rule: str = "shuffled",
 ) -> tuple[dict[str, list[dict]], dict]:
     if prompt_format not in TRAINABLE_JUDGE_FORMATS:
         raise ValueError(
@@ -53,6 +57,8 @@ def build_judge_records(
         )
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if split_rule not in SPLIT_RULES:
+        raise ValueError(f"unknown split rule {split_rule!r}; known: {', '.join(SPLIT_RULES)}")
     repeat_sources = list(repeat_sources)
     repeats = parse_source_repeats(repeat_sources)
     verdicts = JUDGE_VERDICTS[prompt_format]
@@ -75,9 +81,13 @@ def build_judge_records(
             kept.append({**record, "answer": answer})
 
     check_repeated_sources(repeats, set(read))
-    indices = split_groups([_group(r["query"]) for r in kept], test_fraction, seed)
+    indices = split_groups([_group(r["query"]) for r in kept], test_fraction, seed, split_rule)
     rng = random.Random(seed)
     train = [kept[i] for i in indices["train"]]
+    if split_rule == "grouped":
+        held_out_answers = {_group(kept[i]["answer"]) for i in indices["test"]}
+        dropped["answer_in_test"] = sum(_group(r["answer"]) in held_out_answers for r in train)
+        train = [r for r in train if _group(r["answer"]) not in held_out_answers]
     balanced_out = 0
     if balance:
         by_label = {v: [r for r in train if r["label"] == v] for v in verdicts}
@@ -96,10 +106,12 @@ def build_judge_records(
             "test_fraction": test_fraction,
             "balance": balance,
             "seed": seed,
+            "split_rule": split_rule,
             "repeat_sources": repeat_sources,
         },
         "read": {"total": sum(read.values()), **dict(sorted(read.items()))},
         "dropped": {k: dropped[k] for k in ("unknown_label", "empty_answer", "duplicate", "duplicate_conflicting")}
+        | ({"answer_in_test": dropped["answer_in_test"]} if split_rule == "grouped" else {})
         | {"balancing": balanced_out},
         "kept": {"total": len(kept), **Counter(r["label"] for r in kept)},
         "splits": {

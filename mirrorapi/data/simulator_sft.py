@@ -54,6 +54,7 @@ from mirrorapi.simulator_pairs import (
     ChosenPair,
     select_pairs,
 )
+from mirrorapi.splits import SPLIT_RULES
 from mirrorapi.tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,14 @@ class SimulatorDataOptions:
         default=DEFAULT_ID_FRACTION, description="Share of the other episodes held out (test_id)."
     )
     seed: int = Field(default=DEFAULT_SPLIT_SEED, description="Seed of the split.")
+    split_rule: Annotated[str, Flag(choices=SPLIT_RULES)] = Field(
+        default="shuffled",
+        description=(
+            "How the held-out side is drawn (mirrorapi.splits): `shuffled`, the shipped models' split, or `grouped`, "
+            "each episode's side its own seeded draw before deduplication, twin APIs and a task's trials held out "
+            "together, a recorded call kept before its generated copy (the next training run's)."
+        ),
+    )
     history: Annotated[int, Flag(metavar="K")] = Field(
         default=0,
         description=(
@@ -199,10 +208,13 @@ class SimulatorDataOptions:
             raise ValueError(f"prompt format {self.prompt_format!r} needs a system prompt file")
         if self.prompt_format == COT_FORMAT:
             check_cot_system_prompt(self.system_prompt or "")
-        if self.history_rule not in HISTORY_RULES:
-            raise ValueError(f"unknown history rule {self.history_rule!r}; known: {', '.join(HISTORY_RULES)}")
-        if self.few_shot_ties not in FEW_SHOT_TIES:
-            raise ValueError(f"unknown few-shot tie rule {self.few_shot_ties!r}; known: {', '.join(FEW_SHOT_TIES)}")
+        for what, value, known in (
+            ("history rule", self.history_rule, HISTORY_RULES),
+            ("split rule", self.split_rule, SPLIT_RULES),
+            ("few-shot tie rule", self.few_shot_ties, FEW_SHOT_TIES),
+        ):
+            if value not in known:
+                raise ValueError(f"unknown {what} {value!r}; known: {', '.join(known)}")
         for name in ("few_shot", "few_shot_response_chars", "target_response_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -238,6 +250,7 @@ def build_simulator_records(
         ood_fraction=options.ood_fraction,
         id_fraction=options.id_fraction,
         seed=options.seed,
+        split_rule=options.split_rule,
         progress=progress,
     )
     kept, dropped = chosen.kept, chosen.dropped

@@ -41,6 +41,7 @@ def build_data(
     history_rule: str,
     without_examples_share: float,
     seed: int,
+    split_rule: str,
     judge_test_fraction: float,
 ) -> dict:
     started = time.perf_counter()
@@ -71,6 +72,8 @@ def build_data(
             "--test-ood-shown",
             "--seed",
             str(seed),
+            "--split-rule",
+            split_rule,
             "--out",
             str(data / "simulator"),
         ],
@@ -85,6 +88,8 @@ def build_data(
             *JUDGE_DATA_FLAGS,
             "--seed",
             str(seed),
+            "--split-rule",
+            split_rule,
             "--test-fraction",
             str(judge_test_fraction),
             "--out",

@@ -356,6 +356,7 @@ def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_pat
     options = data_options(shipped_run)
     assert options["simulator"]["seed"] == 42 and options["simulator"]["test_ood_shown"] is True
     assert (options["judge"]["seed"], options["judge"]["test_fraction"]) == (42, 0.1)
+    assert options["simulator"]["split_rule"] == options["judge"]["split_rule"] == "shuffled"
     assert options["judge"]["repeat_sources"] == ["tau-bench/airline=4"]
     # the examples the shipped simulator trained on: shrunk to 600 characters within 1,024
     assert (options["simulator"]["few_shot_char_budget"], options["simulator"]["few_shot_response_chars"]) == (
@@ -365,9 +366,11 @@ def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_pat
     run_stage(
         "--stage", "data", "--work", str(tmp_path), "--target-response-chars", "200", "--seed", "7",
         "--judge-test-fraction", "0.3", "--few-shot-char-budget", "3000", "--few-shot-response-chars", "2000",
+        "--split-rule", "grouped",
     )  # fmt: skip
     options = data_options(tmp_path)
     assert options["simulator"]["seed"] == 7 and options["simulator"]["target_response_chars"] == 200
+    assert options["simulator"]["split_rule"] == options["judge"]["split_rule"] == "grouped"
     assert (options["simulator"]["few_shot_char_budget"], options["simulator"]["few_shot_response_chars"]) == (
         3000,
         2000,
