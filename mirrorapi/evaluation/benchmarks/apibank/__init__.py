@@ -8,7 +8,7 @@ gives two samples (its `evaluator.py`, `Sample.from_chat_history`):
   the annotated one (`rules.RULES` restates those per-API rules);
 - a *response* sample: the history up to and including the API turn; the model writes the AI's next utterance,
   scored by ROUGE-L F against the annotated one. When the next turn is itself an API call, API-Bank counts it as
-  one more call sample (the same call with one more turn of history); we do the same.
+  one more call sample (the same history and the same annotated call, asked twice); we do the same.
 Level 1 shows the model the descriptions of the dialogue's APIs; level 2 only the ToolSearcher's.
 
 What differs from API-Bank, and why:
@@ -20,8 +20,10 @@ What differs from API-Bank, and why:
   answer); a query the recordings do not hold gets no output and an exception, i.e. counts as wrong.
 - The server speaks JSON text: a recorded output and a served one are both read back with `json.loads` where they
   are JSON text, so `"success"` and `success` compare equal, as do a dict and its JSON.
-- ROUGE-L is rouge-score's `rougeL` F-measure (the project's ROUGE library); API-Bank used the `rouge` package,
-  whose tokenizer keeps case and punctuation, so values differ slightly.
+- ROUGE-L is rouge-score's `rougeL` F-measure (the project's ROUGE library), which lower-cases and keeps only
+  letters and digits of a-z and 0-9; API-Bank used the `rouge` package, whose tokenizer keeps case and punctuation, so
+  values differ, most where case does: on the 478 response samples, the reference lower-cased scores 100.0 here and
+  78.95 there, the AI turn before the call 13.40 here and 11.95 there.
 
 Modules, by job: `samples` (the dialogues, their call and response samples, the prompts), `rules` (parsing a
 predicted call, typing its arguments, the per-API correctness rules), `execution` (running a call on the virtual

@@ -182,7 +182,17 @@ async def _evaluate(settings: Settings) -> list[dict]:
             log.close()
         await engine.aclose()
         await api.http.close()
-    return [new.get(key) or done[key] for key in (_key(s.level, s.dialogue, s.number) for s in samples)]
+    return [
+        new.get(_key(s.level, s.dialogue, s.number)) or _rescored(done[_key(s.level, s.dialogue, s.number)], s)
+        for s in samples
+    ]
+
+
+def _rescored(row: dict, sample: Sample) -> dict:
+    """An earlier run's row with its executed call judged by today's rules (a fixed rule changes no model answer)."""
+    if sample.kind != "call" or "result" not in row:
+        return row
+    return {**row, "correct": call_is_correct(row["result"], truth_result(sample.truth))}
 
 
 def _key(level: int, dialogue: str, number: int) -> tuple[int, str, int]:
