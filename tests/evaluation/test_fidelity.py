@@ -152,6 +152,25 @@ def test_error_precision_and_recall_count_the_calls_they_are_over():
     assert (exact["error_precision_ci95"], exact["error_recall_ci95"]) == ([100.0, 100.0], [100.0, 100.0])
 
 
+def test_no_answer_is_no_failure_of_the_api():
+    """A request that failed, or the server's simulator failure (StableToolBench's `Failed to generate fake
+    response`: its placeholder when the model wrote no observation, transport_failures.py), says nothing of whether
+    the API fails: a server that answers nothing must not score error recall, nor agreement on the real failures."""
+    real = [
+        {"error": "The token is invalid.", "response": ""},
+        {"error": "", "response": "Error: no such user"},
+        {"error": "", "response": "ok"},
+        {"error": "", "response": "ok"},
+    ]
+    pairs = _one_api(real)
+    down = [{"error": "HTTP 503: unavailable", "response": "", "failed": True}] * 4
+    placeholder = [{"error": "Failed to generate fake response", "response": ""}] * 4
+    for unanswered in (down, placeholder):
+        metrics = slice_metrics(compare(pairs, unanswered), "simulated")
+        assert metrics["error_agreement"] == 0.0 and metrics["error_recall"] == 0.0
+        assert metrics["errors"] == {"both": 0, "real_only": 2, "simulated_only": 2, "neither": 0}
+
+
 def test_bleu4_gives_its_length_and_brevity_penalty_apart():
     """BLEU (Papineni et al., 2002): the n-gram precisions' geometric mean times BP = exp(1 - r/c) for a candidate
     length c under the reference length r, else 1. Answers that are the real ones' first words have every

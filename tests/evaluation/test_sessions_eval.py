@@ -155,8 +155,14 @@ def test_later_requests_carry_the_simulators_values_and_are_scored_with_the_real
     episode.learn(login["response"]["response"], issued)
     assert episode.scored(issued) == issued  # the simulator's own token, as it wrote it
     assert episode.request(balance["tool_input"]) == {"token": "simulated0token0001"}
+    assert episode.carried == [[real_token, "simulated0token0001"]]
     episode.learn(balance["response"]["response"], {"error": "", "response": "99.50"})
+    # The token is the login's answer each time it is sent (api-bank gen-00074 sends one to three calls), never a
+    # value the user gave: a second request with it carries it too.
+    assert episode.request(balance["tool_input"]) == {"token": "simulated0token0001"}
+    assert episode.carried == [[real_token, "simulated0token0001"]]
     assert episode.request(registration["tool_input"]) == registration["tool_input"]  # the user's names and date
+    assert episode.carried == []
     episode.learn(registration["response"]["response"], {"error": "", "response": "12340000"})
     assert episode.request(cancel["tool_input"]) == {"appointment_id": "12340000"}
     echoed = {"error": "", "response": {"cancelled": "12340000", "note": "appointment 12340000 cancelled"}}
@@ -191,8 +197,9 @@ def test_a_session_replay_sends_the_token_the_simulator_gave(eval_cli, virtual_s
     login, balance = sorted(
         (p for p in load_pairs([samples / "pairs.jsonl"]) if p["episode"] == "gen-00133"), key=lambda p: p["step"]
     )[:2]
+    again = {**balance, "step": balance["step"] + 1}  # the token sent a second time (as gen-00074 sends its three)
     heldout = tmp_path / "heldout.jsonl"
-    heldout.write_text(json.dumps(login) + "\n" + json.dumps(balance) + "\n")
+    heldout.write_text("".join(json.dumps(p) + "\n" for p in (login, balance, again)))
     with TokenSessionEngine(issued="simulated0token0001", accepted=balance["response"]["response"]) as engine:
         url, _ = virtual_server(engine.url, "stand-in")
         reports = {}
@@ -206,11 +213,12 @@ def test_a_session_replay_sends_the_token_the_simulator_gave(eval_cli, virtual_s
             assert sent == ({"token": "simulated0token0001"} if mode is None else balance["tool_input"])
     recorded, carried = reports["recorded"]["with"], reports[None]["with"]
     assert recorded["per_step"]["1"]["error_agreement"] == 0.0  # refused: the real API answered
-    assert carried["per_step"]["1"]["error_agreement"] == 100.0 and carried["per_step"]["1"]["rouge_l"] == 100.0
-    assert (recorded["requests_carrying_simulated_values"], carried["requests_carrying_simulated_values"]) == (0, 1)
+    for step in ("1", "2"):
+        assert carried["per_step"][step]["error_agreement"] == 100.0 and carried["per_step"][step]["rouge_l"] == 100.0
+    assert (recorded["requests_carrying_simulated_values"], carried["requests_carrying_simulated_values"]) == (0, 2)
     # Alone, no pass can know the token: refused in both runs.
     assert reports[None]["without"]["per_step"]["1"]["error_agreement"] == 0.0
-    assert "1 of the scored requests sent a value" in (tmp_path / "None" / "fidelity.md").read_text()
+    assert "2 of the scored requests sent a value" in (tmp_path / "None" / "fidelity.md").read_text()
 
 
 def test_a_session_request_that_is_a_training_call_leaves_the_call_by_call_figures_alone(

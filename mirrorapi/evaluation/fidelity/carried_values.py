@@ -67,11 +67,13 @@ class EpisodeValues:
     def __init__(self) -> None:
         self.mapped: dict[Any, Any] = {}  # a real answer's value -> the simulator's at the same place
         self.renamed: dict[Any, Any] = {}  # those a request was sent with, so far
-        self.recorded_requests: set[str] = set()  # values of the episode's earlier recorded requests
+        self.recorded_requests: set[str] = set()  # values the user gave in the episode's earlier requests
         self.simulated_values: set[str] = set()  # values of the simulator's answers so far
+        self.carried: list[list] = []  # [real, simulated] of each value the last request was sent with instead
 
     def request(self, tool_input: dict) -> dict:
         """The call's arguments as an agent reading the simulated answers would send them."""
+        self.carried = []
 
         def carry(item: Any) -> Any:
             if isinstance(item, dict):
@@ -81,11 +83,14 @@ class EpisodeValues:
             if isinstance(item, (str, int, float)) and not isinstance(item, bool) and item in self.mapped:
                 if not values(item) & self.recorded_requests:
                     self.renamed[item] = self.mapped[item]
+                    if [item, self.mapped[item]] not in self.carried:
+                        self.carried.append([item, self.mapped[item]])
                     return self.mapped[item]
             return item
 
         sent = carry(tool_input)
-        self.recorded_requests |= values(tool_input)
+        # A value an answer gave (a token) is the answer's each time it is sent again, not one the user gave.
+        self.recorded_requests |= values(tool_input) - {v for real, _ in self.carried for v in values(real)}
         return sent
 
     def learn(self, real_response: Any, simulated: dict) -> None:

@@ -347,6 +347,9 @@ def compare(
             "simulated": {"error": sim["error"], "response": sim["response"]},
             "baseline": baseline(pair) if baseline else None,
         }
+        # No answer (the request failed, or the server's simulator failed to write one) is no failure of the API:
+        # on the error measures it is wrong whatever the real call did, as a missing baseline is.
+        unanswered = {"simulated": row["request_failed"] or transport_failure(sim["error"], "") == "simulator_failure"}
         for side, obs in observations.items():
             if side == "baseline" and baseline is None:
                 continue
@@ -361,7 +364,7 @@ def compare(
                 if row[f"{side}_text"] == row["real_text"]
                 else scorer.score(row["real_text"], row[f"{side}_text"])["rougeL"].fmeasure
             )
-            row[f"{side}_error"] = is_error(obs) if obs is not None else not real_error
+            row[f"{side}_error"] = is_error(obs) if obs is not None and not unanswered.get(side) else not real_error
             row[f"{side}_json"] = obs is not None and json_structure(obs["response"]) is not None
             row[f"schema_{side}"] = (
                 None if not schema else obs is not None and not is_error(obs) and conforms(schema, obs["response"])

@@ -205,13 +205,13 @@ async def replay(
 async def _post_carrying(
     client: aiohttp.ClientSession, url: str, pair: dict, session: str | None, episode: EpisodeValues
 ) -> dict:
-    before = dict(episode.renamed)
     tool_input = episode.request(pair["tool_input"])
+    carried = episode.carried
     served = await _post(client, url, {**pair, "tool_input": tool_input}, session)
     episode.learn(pair["response"]["response"], served)
     observation = episode.scored(served)
-    if now := [[real, own] for real, own in episode.renamed.items() if before.get(real) != own]:
-        observation["carried_values"] = now
+    if carried:
+        observation["carried_values"] = carried
     if observation is not served:
         observation["served"] = {"error": served["error"], "response": served["response"]}
     return observation

@@ -76,7 +76,8 @@ def render_markdown(report: dict) -> str:
         f"Server `{report['server']}`: {report['calls']} held-out real calls replayed in episode order. "
         f"{overall['simulator_failures']} answer(s) were the server's simulator failure (`Failed to generate "
         f"fake response`: the model's output was not an observation) and {overall['request_failures']} "
-        "request(s) failed; both are scored as the error observations they are.",
+        "request(s) failed: neither is an answer, so each is wrong on the error measures whatever the real call did "
+        "(an error where it succeeded, none where it failed), and its text is scored as it is.",
     ]
     if report.get("cache_entries_at_start"):
         lines.append(
