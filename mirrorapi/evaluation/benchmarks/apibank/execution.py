@@ -119,8 +119,9 @@ class VirtualApiBank:
 
 
 def truth_result(truth: dict) -> Result:
-    """A call sample's recorded result, its API named as the sample names it: API-Bank's evaluator picks the rule by
-    the sample's `api_name`, and some recorded results (every DeleteAccount, ForgotPassword, RegisterUser) have none."""
+    """A call sample's recorded result, its API named as the sample names it: API-Bank's evaluator picks the rule
+    by the sample's `api_name`, and some recorded results (DeleteAccount's, ForgotPassword's, RegisterUser's) have
+    none."""
     result = {**truth["result"], "api_name": truth["api_name"]}
     result["output"] = json_value(result["output"])
     return result
