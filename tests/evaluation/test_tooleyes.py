@@ -59,20 +59,23 @@ def by_query(result, model):
 def test_rule_based_parts_by_hand(answers):
     result = tooleyes.score(answers)
     for model in ("virtual_chatgpt_cot", "virtual_chatgpt_dfs"):
-        # Every recorded call names a listed tool with exactly its required parameters (checked by hand).
+        # Every recorded call names a listed tool with exactly its required parameters (checked by hand). The CoT
+        # agent's 588 made 6 calls and never finished: ToolEyes' runner adds its forced "I cannot handle the task."
+        # turn, which its Format_alignment_score counts as a format error (6 of 7; upstream's function on the same
+        # trajectory gives 0.8571).
         assert {q: (r["s_FA"], r["tool_reality"]) for q, r in by_query(result, model).items()} == {
-            "588": (1.0, 1.0),
+            "588": (6 / 7 if model == "virtual_chatgpt_cot" else 1.0, 1.0),
             "608": (1.0, 1.0),
             "1073": (1.0, 1.0),
         }
     faulty = by_query(result, "faulty")
     assert faulty["1073"]["s_FA"] == pytest.approx(2 / 3)  # 1 malformed of 3 turns
     assert faulty["1073"]["tool_reality"] == 0.0  # the one well-formatted call is a hallucinated tool
-    assert faulty["588"]["s_FA"] == 1.0
+    assert faulty["588"]["s_FA"] == 6 / 7  # its calls are well formatted; it never finished (above)
     assert faulty["588"]["tool_reality"] == pytest.approx(1 - 2 / 6)
     assert faulty["588"]["s_IC"] is None  # judged parts need a judge
     cells = tooleyes.table(result.rows)["faulty"]["All"]
-    assert cells["s_FA"] == pytest.approx(100 * (2 / 3 + 1 + 1) / 3, abs=0.01)
+    assert cells["s_FA"] == pytest.approx(100 * (2 / 3 + 6 / 7 + 1) / 3, abs=0.01)
     assert cells["tool_reality"] == pytest.approx(100 * (0 + 4 / 6 + 1) / 3, abs=0.01)
 
 
@@ -132,3 +135,24 @@ def test_a_failed_judge_call_leaves_the_trajectory_out_of_the_judged_means(answe
     assert all(r["s_AO"] is None and r["s_FA"] is not None for r in result.rows)
     cells = tooleyes.table(result.rows)["faulty"]["All"]
     assert (cells["n"], cells["rated"], cells["s_AO"]) == (3, 0, None)
+
+
+def test_an_empty_action_input_is_ill_formatted_as_in_tooleyes():
+    # ToolEyes' json_format_check evaluates the Action Input: eval("") fails, eval("{}") does not.
+    assert not tooleyes.well_formatted({"name": "search", "arguments": ""})
+    assert not tooleyes.well_formatted({"name": "search", "arguments": "  "})
+    assert tooleyes.well_formatted({"name": "search", "arguments": "{}"})
+
+
+@pytest.mark.parametrize("parameters", ["a string", {"properties": ["name"]}, {"properties": {}, "required": "name"}])
+def test_a_tool_without_a_parameters_object_is_one_line_and_exit_2(answers, eval_cli, tmp_path, capsys, parameters):
+    data = json.loads((answers / "virtual_chatgpt_cot" / "G1_instruction.json").read_text())
+    record = data["1073"]
+    tool = record["available_tools"][0]
+    (tool.get("function") or tool)["parameters"] = parameters
+    bad = tmp_path / "bad" / "model"
+    bad.mkdir(parents=True)
+    (bad / "G1_instruction.json").write_text(json.dumps({"1073": record}))
+    assert eval_cli("tooleyes")(["--answers", str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "query 1073: tool" in err and "has no parameters object" in err and "Traceback" not in err

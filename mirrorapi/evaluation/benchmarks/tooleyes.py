@@ -36,7 +36,7 @@ from typing import Any
 
 from mirrorapi.command_line import add_settings_arguments, settings_from_args
 from mirrorapi.engine_client import EngineClient, EngineError
-from mirrorapi.evaluation.answers.items import group_order, load_answers, render_steps
+from mirrorapi.evaluation.answers.items import AnswersError, group_order, load_answers, render_steps
 from mirrorapi.evaluation.judge.scoring import JudgeSettings
 from mirrorapi.prompts.judge_formats import (
     TOOLEYES_RATINGS,
@@ -84,7 +84,7 @@ def load_trajectories(answers: str | Path) -> list[Trajectory]:
                 answer = record.get("answer") if isinstance(record.get("answer"), dict) else {}
                 # StableToolBench's converted files list plain functions; ours, OpenAI's {"type", "function"}.
                 functions = [t.get("function", t) for t in record.get("available_tools") or [] if isinstance(t, dict)]
-                tools = {str(f.get("name")): f.get("parameters") or {} for f in functions if isinstance(f, dict)}
+                tools = {str(f.get("name")): _parameters(f, group, qid) for f in functions if isinstance(f, dict)}
                 _, final = extract_final_answer(answer.get("final_answer"))
                 out.append(
                     Trajectory(
@@ -101,15 +101,30 @@ def load_trajectories(answers: str | Path) -> list[Trajectory]:
     return out
 
 
+def _parameters(function: dict, group: str, qid: str) -> dict:
+    """A listed function's JSON-schema parameters (an object whose `properties` and `required`, if given, are an
+    object and a list); AnswersError for another shape, a file this command cannot score."""
+    schema = function.get("parameters") or {}
+    if (
+        not isinstance(schema, dict)
+        or not isinstance(schema.get("properties") or {}, dict)
+        or not isinstance(schema.get("required") or [], list)
+    ):
+        raise AnswersError(
+            f"{group}: query {qid}: tool {function.get('name')!r} has no parameters object (a JSON schema with "
+            "`properties` an object and `required` a list)"
+        )
+    return schema
+
+
 # ------------------------------------------------------------------------------- rule-based parts
 def arguments_object(arguments: Any) -> dict | None:
-    """The call's arguments as a dict (ToolEyes: an Action Input that evaluates); None when malformed."""
+    """The call's arguments as a dict (ToolEyes: an Action Input that evaluates); None when malformed (an empty
+    Action Input too: ToolEyes' `json_format_check` evaluates it, and `eval('')` fails)."""
     if isinstance(arguments, dict):
         return arguments
     if not isinstance(arguments, str):
         return None
-    if not arguments.strip():
-        return {}
     try:
         value = json.loads(arguments)
     except ValueError:
@@ -126,9 +141,13 @@ def well_formatted(step: dict) -> bool:
 
 
 def format_alignment(trajectory: Trajectory) -> float:
-    """s_FA: well-formatted turns / turns (0 without any turn)."""
+    """s_FA: well-formatted turns / turns. A trajectory that never reached `Finish` (stopped at its depth limit)
+    has one turn more, ill-formatted: ToolEyes' runner ends such a conversation with a forced "I cannot handle the
+    task." turn (`Code/Inference/inference.py`), which its `Format_alignment_score` counts as a format error."""
     steps = trajectory.steps
-    return sum(well_formatted(s) for s in steps) / len(steps) if steps else 0.0
+    forced = not any(s.get("name") == FINISH for s in steps)
+    turns = len(steps) + forced
+    return sum(well_formatted(s) for s in steps) / turns
 
 
 def parameter_problem(schema: dict, arguments: dict) -> bool:
