@@ -408,3 +408,27 @@ def test_a_resumed_run_judges_its_earlier_calls_by_today_s_rules(tmp_path):
         settings.base_urls = ["http://127.0.0.1:9/v1"]  # no engine: nothing is asked again
         again = apibank.evaluate(settings)
     assert apibank.summarize(again) == apibank.summarize(first) and apibank.summarize(first)[1]["correct"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.pop("turns"), "no list of turns"),
+        (lambda d: d["turns"][6].update(result="ok"), "turn 6 is neither a User or AI turn"),
+        (lambda d: d["turns"][6].update(api_name="AddAgendaX"), "AddAgendaX not in api_descriptions.json"),
+    ],
+)
+def test_a_data_folder_api_bank_cannot_be_read_from_is_one_line_and_exit_2(
+    eval_cli, tmp_path, capsys, change, message
+):
+    data = tmp_path / "apibank"
+    data.mkdir()
+    (data / "api_descriptions.json").write_text((DATA / "api_descriptions.json").read_text())
+    dialogue = apibank.load_dialogues(DATA, 1)[0]
+    assert dialogue["turns"][6]["role"] == "API"
+    change(dialogue)
+    (data / "level-1.jsonl").write_text(json.dumps(dialogue) + "\n")
+    argv = ["--data", str(data), "--server", "http://127.0.0.1:9/virtual", "--base-url", "http://127.0.0.1:9/v1"]
+    assert eval_cli("apibank")([*argv, "--model", "m", "--levels", "1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 LEVELS = {1: "level-1.jsonl", 2: "level-2.jsonl"}
 LEVEL_NAMES = {1: "Call", 2: "Retrieve+Call"}
@@ -68,7 +69,42 @@ def load_dialogues(data: str | Path, level: int) -> list[dict]:
     path = Path(data) / LEVELS[level]
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no API-Bank level-{level} dialogues (expected data/apibank/{LEVELS[level]})")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    dialogues = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                dialogue = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+            if problem := _dialogue_problem(dialogue):
+                raise ValueError(f"{path}:{number}: {problem}")
+            dialogues.append(dialogue)
+    return dialogues
+
+
+def _dialogue_problem(dialogue: Any) -> str | None:
+    """What keeps a line from being an API-Bank dialogue as `samples_of` and `build_messages` read it, or None."""
+    if not isinstance(dialogue, dict) or not isinstance(dialogue.get("file"), str):
+        return 'not a dialogue {"file": ..., "turns": [...]}'
+    if not isinstance(dialogue.get("turns"), list):
+        return f"{dialogue['file']}: no list of turns"
+    for i, turn in enumerate(dialogue["turns"]):
+        role = turn.get("role") if isinstance(turn, dict) else None
+        if role in ("User", "AI") and isinstance(turn.get("text"), str):
+            continue
+        if (
+            role == "API"
+            and isinstance(turn.get("api_name"), str)
+            and isinstance(turn.get("param_dict"), dict)
+            and isinstance(turn.get("result"), dict)
+            and "output" in turn["result"]
+        ):
+            continue
+        return (
+            f"{dialogue['file']}: turn {i} is neither a User or AI turn with a text nor an API turn with api_name, "
+            "param_dict and a result holding an output"
+        )
+    return None
 
 
 def samples_of(dialogue: dict, level: int) -> list[Sample]:
@@ -92,8 +128,7 @@ def load_descriptions(data: str | Path) -> dict[str, str]:
     """API name -> the description text API-Bank shows (`ToolManager.get_api_description`: JSON of name,
     description, input_parameters, output_parameters; data/apibank/api_descriptions.json holds the class
     attributes)."""
-    raw = json.loads((Path(data) / "api_descriptions.json").read_text(encoding="utf-8"))
-    return {name: json.dumps(info) for name, info in raw.items()}
+    return {name: json.dumps(info) for name, info in _described(data).items()}
 
 
 # ------------------------------------------------------------------------------- prompts
@@ -125,5 +160,27 @@ def build_messages(sample: Sample, descriptions: dict[str, str]) -> list[dict]:
 
 def parameter_types(data: str | Path) -> dict[str, dict[str, str]]:
     """API name -> {parameter: declared type} (API-Bank's input_parameters)."""
-    raw = json.loads((Path(data) / "api_descriptions.json").read_text(encoding="utf-8"))
-    return {name: {k: v["type"] for k, v in info["input_parameters"].items()} for name, info in raw.items()}
+    return {
+        name: {k: v["type"] for k, v in info["input_parameters"].items()} for name, info in _described(data).items()
+    }
+
+
+def _described(data: str | Path) -> dict[str, dict]:
+    """api_descriptions.json: API name -> its class attributes; ValueError for another shape."""
+    path = Path(data) / "api_descriptions.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    for name, info in raw.items() if isinstance(raw, dict) else [(None, None)]:
+        parameters = info.get("input_parameters") if isinstance(info, dict) else None
+        if not isinstance(parameters, dict) or not all(
+            isinstance(v, dict) and "type" in v for v in parameters.values()
+        ):
+            raise ValueError(f"{path}: {name or 'the file'} is not an API's description with typed input_parameters")
+    return raw
+
+
+def check_described(dialogues: list[dict], descriptions: dict[str, str]) -> None:
+    """ValueError naming a dialogue that uses an API api_descriptions.json does not describe (its prompt needs it)."""
+    for dialogue in dialogues:
+        missing = sorted({t["api_name"] for t in dialogue["turns"] if t["role"] == "API"} - set(descriptions))
+        if missing:
+            raise ValueError(f"{dialogue['file']}: API(s) {', '.join(missing)} not in api_descriptions.json")

@@ -29,6 +29,7 @@ from mirrorapi.evaluation.benchmarks.apibank.samples import (
     Sample,
     build_messages,
     call_text,
+    check_described,
     load_descriptions,
     load_dialogues,
     parameter_types,
@@ -139,6 +140,7 @@ async def _score(
 async def _evaluate(settings: Settings) -> list[dict]:
     descriptions = load_descriptions(settings.data)
     dialogues = {level: load_dialogues(settings.data, level)[: settings.limit] for level in settings.levels}
+    check_described([d for ds in dialogues.values() for d in ds], descriptions)
     searcher = recorded_results([d for ds in dialogues.values() for d in ds])
     samples = [s for level, ds in dialogues.items() for d in ds for s in samples_of(d, level)]
     done = _done_rows(settings)
