@@ -36,11 +36,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from mirrorapi.engine_client import EngineError
-from mirrorapi.names import api_key_name
+from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.prompts.simulator_formats import keyed_history_line, related_to_call, session_format
 from mirrorapi.records import canonical_json, observation_json
 from mirrorapi.serving.answer import Answer
-from mirrorapi.serving.cache import SIMULATED, CacheError, Store
+from mirrorapi.serving.cache import NO_SESSION, SIMULATED, CacheError, Call, Store
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.observability import ServerMetrics
 from mirrorapi.serving.protocol import (
@@ -142,7 +142,14 @@ class VirtualApi:
                     raise error
             stages["parse"] = (now := clock()) - start
 
-            doc = self.resolve(request.category, request.tool_name, request.api_name)
+            try:
+                doc = self.resolve(request.category, request.tool_name, request.api_name)
+            except UnknownName:
+                if not await self._recorded_without_doc(
+                    answer, request.category, request.tool_name, request.api_name, key
+                ):
+                    raise
+                return answer
             answer.names = (doc.category, doc.tool, doc.api)
             stages["resolve"] = clock() - now
             await self._respond(answer, doc, arguments, key, request.session_id or session_id, client_gone)
@@ -151,6 +158,25 @@ class VirtualApi:
             return _failed(answer, exc)
         finally:
             stages["total"] = clock() - start
+
+    async def _recorded_without_doc(self, answer: Answer, category: str, tool: str, api: str, key: str) -> bool:
+        """Serve a recorded answer of an API the tools folder does not hold, as StableToolBench's server answers a
+        cached call before it looks for any doc (its main.py, "load from cache"): an imported cache folder's entries
+        of such APIs are stored under StableToolBench's own names (`cache.folders`), found here under the names its
+        server derives from the request (`prepare_tool_name_and_url`). Whether it did (else: the unknown name)."""
+        standard_category = standardize_category(category)
+        suffix = f"_for_{standard_category}"
+        standard_tool = standardize(tool[: -len(suffix)] if tool.endswith(suffix) else tool)
+        name = api_key_name(api).split(f"_for_{tool}")[0]
+        found = await self.cache.lookup(
+            Call(standard_category, standard_tool, name, key, NO_SESSION), self.responder.identities[False]
+        )
+        if found is None or not found[1] or found[1].startswith(SIMULATED):
+            return False
+        answer.names = (standard_category, standard_tool, name)
+        answer.body, answer.provenance = found
+        answer.cache, answer.outcome = "hit", "hit"
+        return True
 
     async def answer_call(self, doc: ApiDoc, arguments: dict, session_id: str | None) -> Answer:
         """The answer to a call whose API is known already (an OpenEnv step: a function of its toolset), exactly

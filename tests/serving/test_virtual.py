@@ -183,3 +183,42 @@ def test_engine_down_miss_is_an_error_observation_not_cached(imported):
     assert health["status"] == "unavailable" and health["engine"][0]["reachable"] is False
     assert health["misses"].startswith("not simulated") and "cache hits are still served" in health["misses"]
     assert imported.metric("mirrorapi_engine_calls_total", result="unreachable") >= 2
+
+
+def test_a_cached_answer_of_an_api_the_tools_folder_lacks_is_served_as_stabletoolbench_serves_it(
+    serve, agent, tmp_path
+):
+    """StableToolBench's server answers a cached call before it looks for a doc (server/main.py, "load from
+    cache", its cache path from `prepare_tool_name_and_url`), so its `tool_response_cache` answers APIs its tools
+    folder lacks (a query's own API list: 625 of the 2,490 APIs of the test queries are not in ToolEnv2404). The
+    file is written as its server writes one: `<category>/<tool>_for_<category>/<api>.json`, keys str(arguments)."""
+    folder = tmp_path / "tool_response_cache"
+    (folder / "Tools" / "onboarding_project_v3_for_Tools").mkdir(parents=True)
+    observation = {"error": "", "response": "{'products': [{'id': 7, 'name': 'Widget'}]}"}
+    (folder / "Tools" / "onboarding_project_v3_for_Tools" / "get_products.json").write_text(
+        json.dumps({str({"limit": 5}): observation}, indent=4)
+    )
+    with serve(
+        cache_folder=str(folder),
+        cache_path=str(tmp_path / "c.sqlite"),
+        api_base=[f"http://127.0.0.1:{free_port()}/v1"],
+        engine_timeout=2,
+        engine_retries=0,
+    ) as server:
+        # the names as StableToolBench's client sends them (standardized; the API also as its function name, which
+        # upstream's server cuts at `_for_<tool>`), and as a query's api_list writes them
+        body = agent("Tools", "Onboarding project v3", "Get Products", {"limit": 5})
+        assert (body["tool_name"], body["api_name"]) == ("onboarding_project_v3", "get_products")
+        for tool, api in (
+            (body["tool_name"], "get_products_for_onboarding_project_v3"),
+            ("Onboarding project v3", "Get Products"),
+        ):
+            response = server.virtual({**body, "tool_name": tool, "api_name": api})
+            assert response.status_code == 200 and response.json() == observation
+            assert response.headers["x-mirrorapi-outcome"] == "hit"
+        response = server.virtual(body)
+        assert response.json() == observation and response.headers["x-mirrorapi-outcome"] == "hit"
+        # another call of that API, or another API, is still unknown: no doc to simulate it from
+        for arguments, api in (({"limit": 6}, "get_products"), ({"limit": 5}, "get_orders")):
+            error = server.virtual(agent("Tools", "Onboarding project v3", api, arguments)).json()["error"]
+            assert error.startswith("Unknown category 'Tools'")  # the sample tools folder has no such category
