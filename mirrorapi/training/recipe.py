@@ -109,6 +109,8 @@ class RecipeArguments:
     )
 
     def __post_init__(self):
+        if isinstance(self.eval_splits, str):  # `eval_splits: test_id` in a recipe file: one split, not its letters
+            self.eval_splits = [self.eval_splits]
         # A recipe file says `eval_splits: []`; a command line cannot give an empty list, so it says `none`.
         if self.eval_splits == ["none"]:
             self.eval_splits = []
@@ -148,7 +150,7 @@ def parse_recipe(argv: list[str], prog: str | None = None):
     """`training/sft.py ARGV` -> (RecipeArguments, SFTConfig, ModelConfig), every key known and every value valid
     for this host; `--help` prints the keys and exits."""
     parser = make_parser(prog)
-    check_recipe_file(config_file(argv), parser.dataclass_types)
+    check_recipe_file(config_file(argv), parser)
     try:
         with warnings.catch_warnings():
             # transformers 5.x renamed it activation_checkpointing and maps the old name until v6 (pyproject: <6);
@@ -161,8 +163,10 @@ def parse_recipe(argv: list[str], prog: str | None = None):
     return recipe, training_args, model_args
 
 
-def check_recipe_file(config_file: str | None, dataclass_types) -> None:
-    """A recipe YAML that exists, is a mapping, and uses only known keys (TRL would only say "unused")."""
+def check_recipe_file(config_file: str | None, parser) -> None:
+    """A recipe YAML that exists, is a mapping, uses only known keys (TRL would only say "unused"), and gives each
+    key a value of its type: TRL sets the file's values as argparse defaults, which argparse converts only when
+    they are strings, so a YAML number or list of the wrong kind (`max_steps: 1.5`) would fail deep in a run."""
     import dataclasses
 
     import yaml
@@ -177,12 +181,38 @@ def check_recipe_file(config_file: str | None, dataclass_types) -> None:
         raise RecipeError(f"{config_file} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(config, dict):
         raise RecipeError(f"{config_file} must be a YAML mapping of recipe keys")
-    known = {f.name for cls in dataclass_types for f in dataclasses.fields(cls)} | {"env"}
+    known = {f.name for cls in parser.dataclass_types for f in dataclasses.fields(cls)} | {"env"}
     unknown = sorted(set(config) - known)
     if unknown:
         raise RecipeError(
             f"unknown key(s) in {config_file}: {', '.join(unknown)} (`training/sft.py --help` lists the keys)"
         )
+    actions = {action.dest: action for action in parser._actions}
+    for key, value in config.items():
+        if key in actions and (problem := _value_problem(actions[key], value)):
+            raise RecipeError(f"{config_file}: {key}: {problem}")
+
+
+def _value_problem(action, value) -> str | None:
+    """What makes a recipe file's value unfit for its key (None: fit, or left to the key's own checks)."""
+    convert = action.type if callable(action.type) else str
+    many = action.nargs in ("+", "*")
+    if isinstance(value, str) or value is None or isinstance(value, dict):
+        return None  # a string is argparse's to convert; one for a list key is one item (`all-linear`)
+    if isinstance(value, list):
+        if not many and convert is not str:
+            return f"expected one value, got the list {value!r}"
+        items = value
+    elif many:
+        return f"expected a list, got {value!r}"
+    else:
+        items = [value]
+    for item in items:
+        try:
+            convert(str(item))
+        except (TypeError, ValueError):
+            return f"{item!r} is not a valid value here (e.g. a whole number for a count)"
+    return None
 
 
 def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
@@ -198,6 +228,13 @@ def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
             raise RecipeError(
                 "train_top_layers is full fine-tuning of the top layers; with use_peft, choose the "
                 "layers with lora_target_modules instead"
+            )
+        if training_args.gradient_checkpointing:
+            # transformers then makes the embeddings' output require grad (enable_input_require_grads), so the
+            # backward pass runs through every frozen layer and the top layers' saving is gone.
+            raise RecipeError(
+                "train_top_layers stops the backward pass at the top layers, and gradient_checkpointing would run it "
+                "through every frozen layer again; set gradient_checkpointing: false"
             )
     if recipe.logits_only_where_loss:
         if not compact_lm_head_supported():

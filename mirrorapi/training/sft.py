@@ -75,7 +75,13 @@ def build_trainer(recipe, training_args, model_args):
         from trl.trainer.utils import create_model_from_path  # the base loaded as TRL loads it
 
         base = create_model_from_path(model, **training_args.model_init_kwargs)
-        model, peft_config = PeftModel.from_pretrained(base, recipe.init_adapter, is_trainable=True), None
+        try:
+            model, peft_config = PeftModel.from_pretrained(base, recipe.init_adapter, is_trainable=True), None
+        except RuntimeError as exc:  # torch's state-dict size mismatch: an adapter of another base model
+            raise RecipeError(
+                f"init_adapter {recipe.init_adapter}: its weights do not fit {model_args.model_name_or_path} "
+                f"({str(exc).splitlines()[-1].strip()[:200]}); is it the model the adapter was trained on?"
+            ) from None
         # The saved adapter names the base it trained on now (merge_lora merges into that), not the one the
         # initial adapter names.
         model.peft_config["default"].base_model_name_or_path = model_args.model_name_or_path
@@ -130,7 +136,7 @@ def run_sft(recipe, training_args, model_args, argv: Sequence[str] = ()) -> dict
             "recipe": {
                 "config_file": config_file(list(argv)),
                 "argv": list(argv),
-                "resolved": resolved_keys(recipe, training_args, model_args, trainer.model),
+                "resolved": resolved_keys(recipe, training_args, model_args, trainer),
             },
             "metrics": metrics,
             "log_history": trainer.state.log_history,
@@ -162,10 +168,17 @@ def final_eval_losses(trainer) -> dict[str, float]:
     return logged or {k: v for k, v in trainer.evaluate().items() if k.endswith("_loss")}
 
 
-def resolved_keys(recipe, training_args, model_args, model=None) -> dict:
+def resolved_keys(recipe, training_args, model_args, trainer=None) -> dict:
     """The settings a run actually used (after the recipe file, the command line and the checks' choices); with
-    `init_adapter`, the LoRA settings are the loaded adapter's, not the recipe's."""
+    `init_adapter`, the LoRA settings are the loaded adapter's, not the recipe's; padding-free batches and the
+    completion-only loss as TRL's trainer settled them (packed with bfd is padding-free whatever `padding_free`
+    says; prompt/completion data train on the completions when `completion_only_loss` is unset)."""
+    model = trainer.model if trainer is not None else None
     resolved = {k: getattr(training_args, k) for k in RECORDED_KEYS}
+    if trainer is not None:
+        for key in ("padding_free", "completion_only_loss"):
+            if key in resolved and hasattr(trainer, key):
+                resolved[key] = getattr(trainer, key)
     lora = RECORDED_LORA_KEYS if model_args.use_peft else ()
     resolved.update({k: getattr(model_args, k) for k in (*RECORDED_MODEL_KEYS, *lora)})
     if model_args.use_peft and recipe.init_adapter and model is not None:

@@ -162,3 +162,35 @@ def test_init_adapter_starts_from_the_adapters_weights(
     started_from = json.loads((adapter_dir / "adapter_config.json").read_text())
     resolved = info["recipe"]["resolved"]
     assert (resolved["lora_r"], resolved["lora_alpha"]) == (started_from["r"], started_from["lora_alpha"]) == (8, 16)
+
+
+def test_an_init_adapter_of_another_base_is_one_line(
+    adapter_dir, tiny_model_dir, simulator_sft_dir, tmp_path, entry_script, capsys
+):
+    """An adapter whose weights do not fit the base (trained on another model: here one of its matrices cut, the
+    same size mismatch torch reports) is one `error:` line and status 2, as merge-lora says it, not a traceback."""
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "other-base-adapter"
+    shutil.copytree(adapter_dir, other, ignore=shutil.ignore_patterns("merged"))
+    weights = load_file(other / "adapter_model.safetensors")
+    name = next(k for k in weights if k.endswith("lora_A.weight"))
+    weights[name] = weights[name][:, :-1].contiguous()
+    save_file(weights, other / "adapter_model.safetensors")
+    status = train_lora(
+        entry_script, tiny_model_dir, simulator_sft_dir, tmp_path / "out", "--init_adapter", str(other)
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1].startswith(f"sft.py: error: init_adapter {other}: its weights do not fit")
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_the_record_says_how_trl_batched_and_masked(tiny_model_dir, simulator_sft_dir, tmp_path, entry_script):
+    """Packed with bfd, TRL trains padding-free whatever `padding_free` says (SFTConfig's own doc), and on
+    prompt/completion records it computes the loss on the completions when `completion_only_loss` is unset: the
+    run's record says what was done, not the unset keys (`false`, `null`)."""
+    out = tmp_path / "packed"
+    extra = ("--max_steps", "1", "--packing", "true", "--packing_strategy", "bfd", "--eval_strategy", "no")
+    assert train_lora(entry_script, tiny_model_dir, simulator_sft_dir, out, *extra) == 0
+    resolved = json.loads((out / "mirrorapi_training.json").read_text())["recipe"]["resolved"]
+    assert (resolved["packing"], resolved["padding_free"], resolved["completion_only_loss"]) == (True, True, True)

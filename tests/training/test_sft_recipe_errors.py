@@ -59,6 +59,28 @@ def test_unknown_recipe_key(cli, capsys, tmp_path, tiny_model_dir, simulator_sft
     )
 
 
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("max_steps: 1.5", "max_steps: 1.5 is not a valid value"),
+        ("train_top_layers: true", "train_top_layers: True is not a valid value"),
+        ("learning_rate: [1, 2]", "learning_rate: expected one value, got the list [1, 2]"),
+        ("eval_splits: 5", "eval_splits: expected a list, got 5"),
+    ],
+)
+def test_a_value_of_the_wrong_type_in_a_recipe_file(cli, capsys, tmp_path, tiny_model_dir, line, message):
+    """TRL hands a recipe file's values to argparse as defaults, which it converts only when they are strings: a
+    YAML number or list of the wrong kind used to fail in transformers' trainer or torch's optimizer, after the
+    model was loaded, with a traceback (or, `true` for a count, be taken as 1)."""
+    recipe = tmp_path / "wrong.yaml"
+    key = line.split(":")[0]
+    kept = [row for row in open(TINY_RECIPE).read().splitlines() if not row.startswith(f"{key}:")]
+    recipe.write_text("\n".join([*kept, line]) + "\n")
+    status = cli(["--config", str(recipe), "--model_name_or_path", str(tiny_model_dir)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err.startswith(f"sft.py: error: {recipe}: {message}") and len(err.splitlines()) == 1
+
+
 def test_dataset_without_the_expected_columns(cli, capsys, tiny_model_dir, text_only_dataset, tmp_path):
     status, err, _ = run(
         cli,
@@ -113,6 +135,7 @@ def test_tokenizer_without_a_chat_template(cli, capsys, no_template_model, simul
         (["--eval_splits", "test"], "has no split 'test' (it has: train, test_id, test_ood)"),
         (["--resume", "true"], "--resume: no checkpoint in"),
         (["--merge", "true"], "--merge applies to LoRA training only"),
+        (["--train_top_layers", "1", "--gradient_checkpointing", "true"], "gradient_checkpointing would run it"),
         (["--init_adapter", "runs"], "init_adapter continues a LoRA adapter: it needs use_peft true"),
         (["--use_peft", "true", "--init_adapter", "tests"], "init_adapter: tests is not a LoRA adapter folder"),
         # TRL would take this file for a tokenizer's folder, and fail after loading the model.
