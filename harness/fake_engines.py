@@ -397,6 +397,20 @@ class TokenSessionEngine(_ChatEngine):
         return 200, completion_json(request, json.dumps(observation), "stop", 8)
 
 
+class RecordedAnswerEngine(_ChatEngine):
+    """Chat completions as a perfectly trained simulator writes them: `answers` maps a call's arguments (JSON, keys
+    sorted) to the answer text its training record teaches; a request is answered by the arguments its prompt holds.
+    A stand-in for a simulator when only the prompts it is sent matter. `requests` keeps every request body."""
+
+    def __init__(self, answers: dict[str, str]):
+        self.answers = answers
+        super().__init__()
+
+    def chat(self, request: dict) -> tuple[int, bytes]:
+        arguments = json.loads(request["messages"][-1]["content"].rsplit("Request:\n", 1)[1])
+        return 200, completion_json(request, self.answers[json.dumps(arguments, sort_keys=True)], "stop", 8)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Serve a stub engine on 127.0.0.1 until killed.", allow_abbrev=False)
     parser.add_argument("kind", choices=["stub"])

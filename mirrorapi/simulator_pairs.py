@@ -40,7 +40,7 @@ from mirrorapi.prompts.simulator_formats import (
 )
 from mirrorapi.records import canonical_json
 from mirrorapi.splits import SPLIT_RULES, assign_episodes, heldout_episodes_grouped, split_episodes
-from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
+from mirrorapi.tools import ApiDoc, ArgumentError, ToolRegistry, UnknownName, check_arguments
 from mirrorapi.transport_failures import api_failed, transport_failure
 
 DEFAULT_OOD_FRACTION = 0.05  # share of distinct APIs held out entirely (test_ood)
@@ -113,18 +113,29 @@ def select_pairs(
     id_fraction: float = DEFAULT_ID_FRACTION,
     seed: int = DEFAULT_SPLIT_SEED,
     split_rule: str = "shuffled",
+    missing_required: str = "reject",
+    unknown_arguments: str = "simulate",
     progress: bool = False,
 ) -> PairSelection:
     """Apply the quality rules and split; the kept pairs in input order (`grouped`: recorded sources' first) and
     the split's indices into them. With `history`, each pair's earlier calls are rendered as session format
     `history_format` shows them, chosen by `history_rule` (`select_history`'s rules, as the server's
-    `session_history_rule`)."""
+    `session_history_rule`); an earlier call the server's argument policy (`missing_required`, `unknown_arguments`)
+    refuses is shown with the refusal its session holds, not the real API's answer."""
     if split_rule not in SPLIT_RULES:
         raise ValueError(f"unknown split rule {split_rule!r}; known: {', '.join(SPLIT_RULES)}")
     selection = PairSelection([], {})
     seen: dict[tuple, tuple] = {}
     usable = _with_history(
-        pairs, registry, history, history_char_budget, history_rule, history_format, selection, progress
+        pairs,
+        registry,
+        history,
+        history_char_budget,
+        history_rule,
+        history_format,
+        (missing_required, unknown_arguments),
+        selection,
+        progress,
     )
     if split_rule == "grouped":
         usable.sort(key=lambda item: str(item[0]["source"]).endswith(_GENERATED_SOURCE_SUFFIX))  # stable
@@ -171,6 +182,7 @@ def _with_history(
     char_budget: int,
     rule: str,
     fmt: str,
+    policy: tuple[str, str],
     selection: PairSelection,
     progress: bool,
 ) -> list[tuple[dict, ApiDoc, tuple[str, ...]]]:
@@ -197,9 +209,12 @@ def _with_history(
         return [(pair, doc, ()) for pair, doc in usable]
     episodes: dict[tuple, list[tuple[int, str]]] = {}
     for pair, doc in usable:
-        line = history_line(
-            doc.tool, doc.api, pair["tool_input"], pair["response"]["error"], pair["response"]["response"], fmt
-        )
+        error, response = pair["response"]["error"], pair["response"]["response"]
+        try:
+            check_arguments(doc, pair["tool_input"], *policy)
+        except ArgumentError as refused:  # what the server answered and put in the session (its handler)
+            error, response = str(refused), ""
+        line = history_line(doc.tool, doc.api, pair["tool_input"], error, response, fmt)
         episodes.setdefault((pair["source"], pair["episode"]), []).append((int(pair["step"]), line))
     for steps in episodes.values():
         steps.sort(key=lambda item: item[0])

@@ -85,6 +85,32 @@ class ApiDoc:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+ARGUMENT_POLICIES = ("reject", "simulate")
+
+
+class ArgumentError(ValueError):
+    """Arguments the API would refuse (a missing required argument, an unknown one): per the policy."""
+
+
+def check_arguments(doc: ApiDoc, arguments: dict, missing_required: str, unknown_arguments: str) -> None:
+    """Apply the argument policy (`reject` raises ArgumentError, whose text is the refusal a client gets; `simulate`
+    lets the model answer): the virtual server's check of a call, and the data builder's of a history's calls."""
+    required, optional = doc.parameter_names()
+    if missing_required == "reject":
+        missing = [name for name in required if name not in arguments]
+        if missing:
+            names = ", ".join(repr(n) for n in missing)
+            raise ArgumentError(
+                f"Missing required parameter{'s' if len(missing) > 1 else ''} {names} "
+                f"of {doc.api_title} ({doc.tool_title})."
+            )
+    if unknown_arguments == "reject":
+        known = set(required) | set(optional)
+        unknown = [name for name in arguments if name not in known]
+        if unknown:
+            raise ArgumentError(f"{doc.api}() got an unexpected keyword argument {unknown[0]!r}")
+
+
 @dataclass(slots=True)
 class Tool:
     category: str

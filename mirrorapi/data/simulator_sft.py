@@ -55,7 +55,7 @@ from mirrorapi.simulator_pairs import (
     select_pairs,
 )
 from mirrorapi.splits import SPLIT_RULES
-from mirrorapi.tools import ToolRegistry
+from mirrorapi.tools import ARGUMENT_POLICIES, ToolRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +171,17 @@ class SimulatorDataOptions:
             "(mirrorapi.prompts.simulator_formats.select_history); match the server's `session_history_rule`."
         ),
     )
+    missing_required: Annotated[str, Flag(choices=ARGUMENT_POLICIES)] = Field(
+        default="reject",
+        description=(
+            "The server's `missing_required` policy: with history, an earlier call without a required argument is "
+            "shown with the refusal a server that rejects it puts in its session, as the model will be shown it."
+        ),
+    )
+    unknown_arguments: Annotated[str, Flag(choices=ARGUMENT_POLICIES)] = Field(
+        default="simulate",
+        description="The server's `unknown_arguments` policy, for the history as --missing-required.",
+    )
     stateless_too: bool = Field(
         default=False,
         description=(
@@ -212,6 +223,8 @@ class SimulatorDataOptions:
             ("history rule", self.history_rule, HISTORY_RULES),
             ("split rule", self.split_rule, SPLIT_RULES),
             ("few-shot tie rule", self.few_shot_ties, FEW_SHOT_TIES),
+            ("missing_required policy", self.missing_required, ARGUMENT_POLICIES),
+            ("unknown_arguments policy", self.unknown_arguments, ARGUMENT_POLICIES),
         ):
             if value not in known:
                 raise ValueError(f"unknown {what} {value!r}; known: {', '.join(known)}")
@@ -251,6 +264,8 @@ def build_simulator_records(
         id_fraction=options.id_fraction,
         seed=options.seed,
         split_rule=options.split_rule,
+        missing_required=options.missing_required,
+        unknown_arguments=options.unknown_arguments,
         progress=progress,
     )
     kept, dropped = chosen.kept, chosen.dropped

@@ -195,6 +195,8 @@ SETTINGS_OF_DATA_OPTIONS = {
     "history": "session_history",
     "history_char_budget": "session_char_budget",
     "history_rule": "session_history_rule",
+    "missing_required": "missing_required",
+    "unknown_arguments": "unknown_arguments",
 }
 
 

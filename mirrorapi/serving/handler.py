@@ -48,7 +48,6 @@ from mirrorapi.serving.protocol import (
     CHAT_WITH_USER_REPLY,
     ENGINE_FAILURE,
     TOOL_INPUT_PARSE_ERROR,
-    ArgumentError,
     ReplayMiss,
     ToolInputError,
     VirtualRequest,
@@ -56,7 +55,7 @@ from mirrorapi.serving.protocol import (
 from mirrorapi.serving.responder import Reply, Responder
 from mirrorapi.serving.sessions import History, Session, advance, session_id_problem
 from mirrorapi.serving.simulator import Simulator
-from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
+from mirrorapi.tools import ApiDoc, ArgumentError, ToolRegistry, UnknownName, check_arguments
 from mirrorapi.transport_failures import api_failed
 
 logger = logging.getLogger(__name__)
@@ -443,24 +442,6 @@ def parse_tool_input(value: Any) -> dict:
             return parsed
         raise ToolInputError(f"tool_input must be a JSON object, got {type(parsed).__name__}: {value[:80]}")
     raise ToolInputError(f"tool_input must be a JSON object or a string holding one, got {type(value).__name__}")
-
-
-def check_arguments(doc: ApiDoc, arguments: dict, missing_required: str, unknown_arguments: str) -> None:
-    """Apply the validation policy (`reject` raises ArgumentError; `simulate` lets the model answer)."""
-    required, optional = doc.parameter_names()
-    if missing_required == "reject":
-        missing = [name for name in required if name not in arguments]
-        if missing:
-            names = ", ".join(repr(n) for n in missing)
-            raise ArgumentError(
-                f"Missing required parameter{'s' if len(missing) > 1 else ''} {names} "
-                f"of {doc.api_title} ({doc.tool_title})."
-            )
-    if unknown_arguments == "reject":
-        known = set(required) | set(optional)
-        unknown = [name for name in arguments if name not in known]
-        if unknown:
-            raise ArgumentError(f"{doc.api}() got an unexpected keyword argument {unknown[0]!r}")
 
 
 def observation_bytes(error: str, response: Any) -> bytes:

@@ -65,9 +65,5 @@ class ToolInputError(ValueError):
     """`tool_input` is not a JSON object (nor a string holding one)."""
 
 
-class ArgumentError(ValueError):
-    """Arguments the API would refuse (a missing required argument, an unknown one): per the policy."""
-
-
 class ReplayMiss(LookupError):
     """Replay mode and no cached response for the call."""

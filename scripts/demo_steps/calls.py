@@ -22,9 +22,7 @@ import httpx
 from harness.processes import poll_until
 from mirrorapi.evaluation.fidelity.replay import request_body
 from mirrorapi.records import canonical_json, observation_json
-from mirrorapi.serving.handler import check_arguments
-from mirrorapi.serving.protocol import ArgumentError
-from mirrorapi.tools import ToolRegistry, UnknownName
+from mirrorapi.tools import ArgumentError, ToolRegistry, UnknownName, check_arguments
 
 KIND_TITLES = {
     "hit": "cache hit",

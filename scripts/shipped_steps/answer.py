@@ -167,10 +167,8 @@ def served_answers(
     from mirrorapi.prompts.simulator_formats import stateless_format
     from mirrorapi.records import observation_json
     from mirrorapi.serving.config import ServerSettings
-    from mirrorapi.serving.handler import check_arguments
-    from mirrorapi.serving.protocol import ArgumentError
     from mirrorapi.serving.simulator import ask_engine, response_format
-    from mirrorapi.tools import ToolRegistry
+    from mirrorapi.tools import ArgumentError, ToolRegistry, check_arguments
 
     registry = ToolRegistry.load(tools)
     policy = [ServerSettings.model_fields[key].default for key in ("missing_required", "unknown_arguments")]

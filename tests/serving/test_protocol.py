@@ -2,9 +2,9 @@
 
 import pytest
 
-from mirrorapi.serving.handler import check_arguments, parse_tool_input
-from mirrorapi.serving.protocol import ArgumentError, ToolInputError
-from mirrorapi.tools import ToolRegistry
+from mirrorapi.serving.handler import parse_tool_input
+from mirrorapi.serving.protocol import ToolInputError
+from mirrorapi.tools import ArgumentError, ToolRegistry, check_arguments
 
 
 @pytest.mark.parametrize(

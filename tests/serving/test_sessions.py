@@ -319,6 +319,40 @@ def test_a_call_the_argument_policy_refuses_is_in_its_sessions_history(serve, sa
     assert '"username":"JaneSmith"' in prompt
 
 
+def test_the_training_history_shows_a_refused_call_as_the_server_s_session_does(serve, samples, tmp_path):
+    """api-bank gen-00498 (real pairs): a login without its password (the real API: "GetUserToken.call() missing 1
+    required positional argument"), then three calls. A server with the default policy refuses the login itself and
+    its session holds that refusal; the data builder with the same policy (its default) renders the later calls'
+    histories so, and every prompt the server sends equals the training record of its step. RecordedAnswerEngine
+    stands in for the simulator: it answers each call as its training record teaches, so only the prompts could
+    differ."""
+    from harness.fake_engines import RecordedAnswerEngine
+
+    episode = sorted(
+        (p for p in read_pairs_jsonl(samples / "pairs.jsonl") if p["episode"] == "gen-00498"), key=lambda p: p["step"]
+    )
+    assert episode[0]["response"]["error"].startswith("GetUserToken.call() missing 1 required positional argument")
+    registry = ToolRegistry.load([samples / "tools"])
+    options = SimulatorDataOptions("mirrorapi-session-v2", history=8, ood_fraction=0, id_fraction=0)
+    splits, _ = build_simulator_records(episode, registry, options)
+    records = {r["step"]: r["prompt"] for r in splits["train"]}
+    taught = {
+        json.dumps(json.loads(r["arguments"]), sort_keys=True): r["completion"][0]["content"] for r in splits["train"]
+    }
+    with (
+        RecordedAnswerEngine(taught) as engine,
+        serve(cache_path=str(tmp_path / "c.sqlite"), api_base=[engine.url], few_shot=0, session_history=8) as server,
+    ):
+        for pair in episode:
+            arguments = (pair["category"], pair["tool_name"], pair["api_name"], pair["tool_input"])
+            answer = server.client.post("/virtual", json=body(*arguments), headers={"X-Session-Id": "e"}).json()
+            if pair["step"] == 0:
+                assert answer["error"].startswith("Missing required parameter 'password' of GetUserToken")
+    asked = [r["messages"] for r in engine.requests if r["messages"][0]["role"] == "system"]
+    assert asked == [records[step] for step in (1, 2, 3)]  # the login never reaches the engine
+    assert "Missing required parameter 'password'" in asked[0][-1]["content"]
+
+
 def test_a_long_structured_answer_is_cut_in_the_history_as_its_recorded_text_would_be(serve, tmp_path):
     """`mirrorapi-v2`'s simulator answers JSON objects; one of a few KB was kept whole in the session, longer than
     the session's character budget, so the calls before it were dropped and the next call was asked as a session's
