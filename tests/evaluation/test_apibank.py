@@ -298,6 +298,17 @@ def _resumable_settings(server: str, out, limit: int):
     )
 
 
+def _answered_run(server: str, out, dialogues: int):
+    """A run of the first `dialogues` level-1 dialogues into `out`, its model replying each sample's truth: (its
+    settings, its rows, the rows its samples file holds)."""
+    _, replies = _level_one(dialogues)
+    settings = _resumable_settings(server, out, limit=dialogues)
+    with replayed_model(replies) as engine:
+        settings.base_urls = [engine]
+        rows = apibank.evaluate(settings)
+    return settings, rows, [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
 def test_a_run_resumes_from_its_samples_file(tmp_path):
     """Rows are appended to <out>/samples.jsonl as they come; a rerun asks the model only for the missing ones,
     and a failed model call is reported and asked again."""
@@ -338,14 +349,10 @@ def test_a_run_resumes_from_its_samples_file(tmp_path):
 def test_a_row_written_for_another_sample_under_the_same_number_is_asked_again(tmp_path):
     """A samples file of an earlier run whose rules numbered the samples otherwise (a33dde6 renumbered three
     dialogues): a row is reused only for the sample it was asked for, never scored against another's truth."""
-    samples, replies = _level_one(1)
+    samples, _ = _level_one(1)
     out = tmp_path / "run"
     with replay_server(tmp_path) as server:
-        settings = _resumable_settings(server, out, limit=1)
-        with replayed_model(replies) as engine:
-            settings.base_urls = [engine]
-            apibank.evaluate(settings)
-        rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+        settings, _, rows = _answered_run(server, out, 1)
         call = next(r for r in rows if r["kind"] == "call")
         response = next(r for r in rows if r["kind"] == "response")
         call["sample"], response["sample"] = response["sample"], call["sample"]
@@ -394,14 +401,9 @@ def test_every_annotated_call_is_judged_by_api_bank_s_rule_for_its_sample_s_api(
 def test_a_resumed_run_judges_its_earlier_calls_by_today_s_rules(tmp_path):
     """A samples file of an earlier run keeps each executed call (`result`); a rerun reuses the model's answers but
     judges the calls again, so a corrected rule (the one above) corrects an old run's accuracy without asking again."""
-    samples, replies = _level_one(2)
     out = tmp_path / "run"
     with replay_server(tmp_path) as server:
-        settings = _resumable_settings(server, out, limit=2)
-        with replayed_model(replies) as engine:
-            settings.base_urls = [engine]
-            first = apibank.evaluate(settings)
-        rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+        settings, first, rows = _answered_run(server, out, 2)
         flipped = [{**r, "correct": not r["correct"]} if "result" in r else r for r in rows]
         assert any("result" in r for r in rows)
         (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flipped))

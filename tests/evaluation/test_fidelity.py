@@ -119,14 +119,17 @@ def test_nearest_example_is_the_closest_call_of_the_same_api(sample_pairs):
     assert baseline(dict(target, api_name="NoSuchApi")) is None
 
 
+# Four real calls, two of which failed (one with an error field, one with tau-bench's in-band "Error: ...").
+FOUR_REAL_CALLS = [
+    {"error": "The token is invalid.", "response": ""},
+    {"error": "", "response": "Error: no such user"},
+    {"error": "", "response": "ok"},
+    {"error": "", "response": "ok"},
+]
+
+
 def test_error_precision_and_recall_count_the_calls_they_are_over():
-    # Four real calls, two of which failed (one with an error field, one with tau-bench's in-band "Error: ...").
-    real = [
-        {"error": "The token is invalid.", "response": ""},
-        {"error": "", "response": "Error: no such user"},
-        {"error": "", "response": "ok"},
-        {"error": "", "response": "ok"},
-    ]
+    real = FOUR_REAL_CALLS
     pairs = _one_api(real)
     # The simulator catches the first failure, misses the second, and fails one call that worked.
     simulated = [
@@ -156,13 +159,7 @@ def test_no_answer_is_no_failure_of_the_api():
     """A request that failed, or the server's simulator failure (StableToolBench's `Failed to generate fake
     response`: its placeholder when the model wrote no observation, transport_failures.py), says nothing of whether
     the API fails: a server that answers nothing must not score error recall, nor agreement on the real failures."""
-    real = [
-        {"error": "The token is invalid.", "response": ""},
-        {"error": "", "response": "Error: no such user"},
-        {"error": "", "response": "ok"},
-        {"error": "", "response": "ok"},
-    ]
-    pairs = _one_api(real)
+    pairs = _one_api(FOUR_REAL_CALLS)
     down = [{"error": "HTTP 503: unavailable", "response": "", "failed": True}] * 4
     placeholder = [{"error": "Failed to generate fake response", "response": ""}] * 4
     for unanswered in (down, placeholder):
