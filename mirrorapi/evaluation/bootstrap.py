@@ -41,14 +41,15 @@ def resample_weights(n: int, groups: Sequence[Hashable] | None = None) -> np.nda
     return weights
 
 
-def percentile_interval(values: Sequence[float] | np.ndarray, digits: int = 2) -> list[float] | None:
-    """The 95% percentile interval of a figure's resampled values; None when there are none (undefined on every
-    resample)."""
+def percentile_interval(values: Sequence[float] | np.ndarray, digits: int | None = 2) -> list[float] | None:
+    """The 95% percentile interval of a figure's resampled values, rounded to `digits` (None: not rounded, for
+    figures a report rounds once as it prints them); None when there are none (undefined on every resample)."""
     import numpy as np
 
     if len(values) == 0:
         return None
-    return [round(float(v), digits) for v in np.percentile(values, [2.5, 97.5])]
+    bounds = [float(v) for v in np.percentile(values, [2.5, 97.5])]
+    return bounds if digits is None else [round(v, digits) for v in bounds]
 
 
 def interval_of(

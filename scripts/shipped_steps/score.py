@@ -134,12 +134,20 @@ def score_lines(scores: dict) -> list[str]:
     a run is read without opening the JSON. Differences are simulator minus nearest example, intervals 95%."""
     from mirrorapi.evaluation.fidelity.metrics import difference_text
 
+    def one(value: float | None) -> str:  # rounded once, here (the JSON keeps the figures whole)
+        return "n/a" if value is None else f"{value:.1f}"
+
+    def interval(bounds: list[float] | None) -> str:
+        return "n/a" if bounds is None else f"[{bounds[0]:.1f}, {bounds[1]:.1f}]"
+
     def cells(part: dict) -> str:
         sim, example = part["simulated"], part.get("baseline") or {}
-        found = f"n {part['n']}: ROUGE-L {sim['rouge_l']} / {example.get('rouge_l')}, BLEU-4 {sim['bleu4']} / "
-        found += f"{example.get('bleu4')}, errors answered {sim['error_precision_n']} (precision "
-        found += f"{sim['error_precision']} {sim.get('error_precision_ci95')}), real {sim['error_recall_n']} "
-        found += f"(recall {sim['error_recall']} {sim.get('error_recall_ci95')})"
+        found = f"n {part['n']}: ROUGE-L {one(sim['rouge_l'])} / {one(example.get('rouge_l'))}, BLEU-4 "
+        found += f"{one(sim['bleu4'])} / {one(example.get('bleu4'))}, errors answered {sim['error_precision_n']} "
+        found += f"(precision {one(sim['error_precision'])} {interval(sim.get('error_precision_ci95'))}), real "
+        found += (
+            f"{sim['error_recall_n']} (recall {one(sim['error_recall'])} {interval(sim.get('error_recall_ci95'))})"
+        )
         gap = part.get("simulator_against_example")
         return found + (f"; simulator minus example {difference_text(gap)}" if gap else "")
 

@@ -139,7 +139,7 @@ def test_error_precision_and_recall_count_the_calls_they_are_over():
         {"error": "", "response": "ok"},
     ]
     metrics = slice_metrics(compare(pairs, simulated), "simulated")
-    assert metrics["errors"] == {"both": 1, "real_only": 1, "simulated_only": 1, "neither": 1}
+    assert metrics["errors"] == {"both": 1, "real_only": 1, "simulated_only": 1, "neither": 1, "no_answer": 0}
     assert (metrics["error_precision"], metrics["error_precision_n"]) == (50.0, 2)
     assert (metrics["error_recall"], metrics["error_recall_n"]) == (50.0, 2)
     assert metrics["error_agreement"] == 50.0
@@ -165,7 +165,9 @@ def test_no_answer_is_no_failure_of_the_api():
     for unanswered in (down, placeholder):
         metrics = slice_metrics(compare(pairs, unanswered), "simulated")
         assert metrics["error_agreement"] == 0.0 and metrics["error_recall"] == 0.0
-        assert metrics["errors"] == {"both": 0, "real_only": 2, "simulated_only": 2, "neither": 0}
+        # no error answer at all: no precision (n/a), the real failures missed, the successes not answered
+        assert (metrics["error_precision"], metrics["error_precision_n"]) == (None, 0)
+        assert metrics["errors"] == {"both": 0, "real_only": 2, "simulated_only": 0, "neither": 0, "no_answer": 2}
 
 
 def test_bleu4_gives_its_length_and_brevity_penalty_apart():
@@ -284,6 +286,12 @@ def test_a_missing_baseline_is_wrong_on_every_check_even_where_the_real_answer_i
     rows = compare(pairs, simulated, baseline=lambda pair: None)  # no training call of this API
     baseline = slice_metrics(rows, "baseline")
     assert baseline["rouge_l"] == 0.0 and baseline["error_agreement"] == 0.0
+    # no example is no error answer: none counted for precision (it was 3 "error answers" until 2026-11-30)
+    assert (baseline["error_precision"], baseline["error_precision_n"], baseline["errors"]["no_answer"]) == (
+        None,
+        0,
+        3,
+    )
     # The simulator's empty answer to an empty real answer is a full match; "ok" is none.
     assert [row["simulated_rouge_l"] for row in rows[:2]] == [1.0, 0.0]
 

@@ -253,7 +253,7 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
     rouge = gap["overall"]["rouge_l"]
     assert f"history, overall: with minus without ROUGE-L {rouge['difference']:+.1f} [" in output
     alone = scores["mirrorapi-v2"]["simulated"]["overall"]
-    assert f"mirrorapi-v2, all sources, n {alone['n']}: ROUGE-L {alone['simulated']['rouge_l']} / " in output
+    assert f"mirrorapi-v2, all sources, n {alone['n']}: ROUGE-L {alone['simulated']['rouge_l']:.1f} / " in output
     assert sum(
         part["calls"] for fmt in ("mirrorapi-v2", "mirrorapi-session-v2") for part in scores[fmt].values()
     ) == len(asked)

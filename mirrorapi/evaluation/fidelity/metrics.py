@@ -97,7 +97,8 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
     costs: a side whose n-gram precisions match another's scores lower when it writes less); rouge_l: mean
     ROUGE-L F1 (rouge-score);
     valid_json: share of calls whose real response is a JSON object/array where this side's is one
-    too; error_agreement: share of calls where this side is an error exactly when the real call is;
+    too; error_agreement: share of calls where this side is an error exactly when the real call is (a call it
+    gave no answer to, `{side}_error` None, is wrong either way: `errors["no_answer"]` or a `real_only` miss);
     error_precision: of the calls this side answered with an error, the share whose real call erred
     (`error_precision_n` such calls); error_recall: of the calls whose real call erred, the share this
     side answered with an error (`error_recall_n` such calls); both None without such calls, and each with its
@@ -116,21 +117,26 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
     json_rows = [r for r in rows if r["real_json"]]
     schema_rows = [r for r in rows if r["schema_real"] is not None]
     cosines = [r[f"{side}_cosine"] for r in rows if r.get(f"{side}_cosine") is not None]
-    errors = {"both": 0, "real_only": 0, f"{side}_only": 0, "neither": 0}
+    # `{side}_error` None: no answer at all (a missing example, a failed request): a miss of a real failure, a
+    # wrong call of a success (`no_answer`), and no error answer for precision to count.
+    errors = {"both": 0, "real_only": 0, f"{side}_only": 0, "neither": 0, "no_answer": 0}
     for r in rows:
         real, other = r["real_error"], r[f"{side}_error"]
-        errors["both" if real and other else "real_only" if real else f"{side}_only" if other else "neither"] += 1
+        if other is None and not real:
+            errors["no_answer"] += 1
+        else:
+            errors["both" if real and other else "real_only" if real else f"{side}_only" if other else "neither"] += 1
 
     def pct(count: int, total: int) -> float | None:
-        return round(100.0 * count / total, 2) if total else None
+        return 100.0 * count / total if total else None
 
     bleu = sacrebleu.corpus_bleu(hyps, [refs])
     return {
         "n": n,
-        "bleu4": round(bleu.score, 2),
+        "bleu4": bleu.score,
         "bleu4_length": pct(bleu.sys_len, bleu.ref_len),
-        "bleu4_brevity_penalty": round(100.0 * bleu.bp, 2),
-        "rouge_l": round(100.0 * statistics.fmean(r[f"{side}_rouge_l"] for r in rows), 2),
+        "bleu4_brevity_penalty": 100.0 * bleu.bp,
+        "rouge_l": 100.0 * statistics.fmean(r[f"{side}_rouge_l"] for r in rows),
         "valid_json": pct(sum(r[f"{side}_json"] for r in json_rows), len(json_rows)),
         "valid_json_n": len(json_rows),
         "error_agreement": pct(errors["both"] + errors["neither"], n),
@@ -139,11 +145,11 @@ def slice_metrics(rows: list[dict], side: str) -> dict:
         "error_precision_n": errors["both"] + errors[f"{side}_only"],
         "error_recall": pct(errors["both"], errors["both"] + errors["real_only"]),
         "error_recall_n": errors["both"] + errors["real_only"],
-        **_error_intervals([r["real_error"] for r in rows], [r[f"{side}_error"] for r in rows], episodes(rows)),
+        **_error_intervals([r["real_error"] for r in rows], [bool(r[f"{side}_error"]) for r in rows], episodes(rows)),
         "schema_conformance": pct(sum(r[f"schema_{side}"] for r in schema_rows), len(schema_rows)),
         "schema_conformance_real": pct(sum(r["schema_real"] for r in schema_rows), len(schema_rows)),
         "schema_n": len(schema_rows),
-        "embedding_cosine": round(100.0 * statistics.fmean(cosines), 2) if cosines else None,
+        "embedding_cosine": 100.0 * statistics.fmean(cosines) if cosines else None,
     }
 
 
@@ -172,8 +178,8 @@ def _error_intervals(real: list[bool], answered: list[bool], groups: list[tuple]
     both = weights @ (real_errors * answered_errors)
     answered_n, real_n = weights @ answered_errors, weights @ real_errors
     return {
-        "error_precision_ci95": percentile_interval(100.0 * both[answered_n > 0] / answered_n[answered_n > 0]),
-        "error_recall_ci95": percentile_interval(100.0 * both[real_n > 0] / real_n[real_n > 0]),
+        "error_precision_ci95": percentile_interval(100.0 * both[answered_n > 0] / answered_n[answered_n > 0], None),
+        "error_recall_ci95": percentile_interval(100.0 * both[real_n > 0] / real_n[real_n > 0], None),
     }
 
 
@@ -267,12 +273,12 @@ def paired_difference(
         # what was resampled: "calls", or "N episodes" (with few, an interval is rough however it is drawn)
         "resampled": "calls" if groups is None else f"{len(set(groups))} episodes",
         "bleu4": {
-            "difference": round(corpus_bleu(first_counts.sum(axis=0)) - corpus_bleu(second_counts.sum(axis=0)), 2),
-            "ci95": None if no_interval else percentile_interval(bleu_gaps),
+            "difference": corpus_bleu(first_counts.sum(axis=0)) - corpus_bleu(second_counts.sum(axis=0)),
+            "ci95": None if no_interval else percentile_interval(bleu_gaps, None),
         },
         "rouge_l": {
-            "difference": round(100.0 * (first_f1.mean() - second_f1.mean()), 2),
-            "ci95": None if no_interval else percentile_interval(rouge_gaps),
+            "difference": float(100.0 * (first_f1.mean() - second_f1.mean())),
+            "ci95": None if no_interval else percentile_interval(rouge_gaps, None),
         },
     }
 
@@ -348,7 +354,7 @@ def compare(
             "baseline": baseline(pair) if baseline else None,
         }
         # No answer (the request failed, or the server's simulator failed to write one) is no failure of the API:
-        # on the error measures it is wrong whatever the real call did, as a missing baseline is.
+        # on the error measures it is no answer, as a missing baseline is (`slice_metrics`).
         unanswered = {"simulated": row["request_failed"] or transport_failure(sim["error"], "") == "simulator_failure"}
         for side, obs in observations.items():
             if side == "baseline" and baseline is None:
@@ -364,7 +370,7 @@ def compare(
                 if row[f"{side}_text"] == row["real_text"]
                 else scorer.score(row["real_text"], row[f"{side}_text"])["rougeL"].fmeasure
             )
-            row[f"{side}_error"] = is_error(obs) if obs is not None and not unanswered.get(side) else not real_error
+            row[f"{side}_error"] = is_error(obs) if obs is not None and not unanswered.get(side) else None
             row[f"{side}_json"] = obs is not None and json_structure(obs["response"]) is not None
             row[f"schema_{side}"] = (
                 None if not schema else obs is not None and not is_error(obs) and conforms(schema, obs["response"])

@@ -47,7 +47,8 @@ response; structured responses as compact JSON) with the real one.
   conforms; the real responses' own share is the ceiling (needs `--tools`).
 - **embedding cosine**: mean cosine similarity × 100 of mean-pooled embeddings (needs `--embedding-model`).
 - **nearest example**: the real response of the most similar training call of the same API
-  (Jaccard of the arguments); a call whose API has no training call counts as wrong on every check.
+  (Jaccard of the arguments); a call whose API has no training call counts as wrong on every check (on the
+  error measures as no answer: a miss of a failure, never an error answer for precision).
 - **simulator minus nearest example**: ROUGE-L's and BLEU-4's difference on the same calls, with a 95%
   percentile bootstrap interval (the episodes resampled {BOOTSTRAP_RESAMPLES:,} times, each with all its calls, a
   fixed seed: calls of one episode are no independent draws): with few episodes, a gap whose interval holds 0 may
@@ -76,8 +77,8 @@ def render_markdown(report: dict) -> str:
         f"Server `{report['server']}`: {report['calls']} held-out real calls replayed in episode order. "
         f"{overall['simulator_failures']} answer(s) were the server's simulator failure (`Failed to generate "
         f"fake response`: the model's output was not an observation) and {overall['request_failures']} "
-        "request(s) failed: neither is an answer, so each is wrong on the error measures whatever the real call did "
-        "(an error where it succeeded, none where it failed), and its text is scored as it is.",
+        "request(s) failed: neither is an answer, so on the error measures each is a miss where the call failed and "
+        "wrong where it succeeded, never an error answer, and its text is scored as it is.",
     ]
     if report.get("cache_entries_at_start"):
         lines.append(
