@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from server_load import load_average
+from server_load import http_request, load_average, read_answer
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_STALL_MS = 100.0
@@ -48,24 +48,16 @@ cache.close()
 """
 
 
-def _request(body: bytes) -> bytes:
-    return (
-        b"POST /virtual HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-        % (len(body), body)
-    )
-
-
 async def _client(port: int, schedule: list[tuple[float, str, bytes]], results: list) -> None:
     """One keep-alive connection sending its requests at their scheduled times (latency counts from then)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     for at, kind, body in schedule:
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        writer.write(_request(body))
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
-        )
-        answer = json.loads(await reader.readexactly(length))
+        writer.write(http_request(port, "/virtual", body))
+        status, text = await read_answer(reader)
+        if status != 200:  # a refusal of the benchmark's own request: nothing to measure
+            raise RuntimeError(f"the server refused a request with HTTP {status}: {text[:200]!r}")
+        answer = json.loads(text)
         results.append((at, time.perf_counter() - at, kind, not answer["error"], body))
     writer.close()
 

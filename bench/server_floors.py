@@ -143,7 +143,7 @@ def serve_forwarder(port: int, engine_port: int, client: str) -> None:
     async def call_streams() -> None:
         reader, writer = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", engine_port)
         writer.write(request)
-        json.loads(await read_answer(reader))
+        json.loads((await read_answer(reader))[1])
         idle.append((reader, writer))
 
     call = {"aiohttp": call_aiohttp, "httpx": call_httpx, "streams": call_streams}[client]

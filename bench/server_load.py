@@ -3,7 +3,8 @@ over its run) and what it measures with.
 
 The generator holds `--clients` keep-alive connections over asyncio streams, the cheapest HTTP/1.1 client Python
 has (on these 2 cores it shares the machine with the server it measures; bench/server_floors.py's `forwarder`
-measures it against aiohttp and httpx), and prints one JSON line: requests, requests/s, statuses, p50 and p99.
+measures it against aiohttp and httpx), and prints one JSON line: requests, requests/s, statuses (ok, error: an
+error observation, http_<code>: a refusal, which `run_load` does not measure), p50 and p99.
 Server CPU is the server's own user+system time (/proc, with its child processes) over a workload, divided by its
 requests.
 """
@@ -20,13 +21,23 @@ import time
 from pathlib import Path
 
 
-async def read_answer(reader: asyncio.StreamReader) -> bytes:
-    """The body of the next HTTP/1.1 answer on a kept-alive connection (every server here sends Content-Length)."""
+def http_request(port: int, path: str, body: bytes, headers: bytes = b"") -> bytes:
+    """An HTTP/1.1 POST of JSON `body` to 127.0.0.1:`port`, naming that address as its Host (the server answers a
+    Host that is not this machine's with 421, as it should a DNS-rebinding page: a benchmark must not send one)."""
+    return (
+        b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n%scontent-length: %d\r\n\r\n%s"
+        % (path.encode(), port, headers, len(body), body)
+    )
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """(status, body) of the next HTTP/1.1 answer on a kept-alive connection (every server here sends
+    Content-Length)."""
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(
         int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
     )
-    return await reader.readexactly(length)
+    return int(head.split(b" ", 2)[1]), await reader.readexactly(length)
 
 
 def load(port: int, bodies_file: str, clients: int, requests: int, rate: float = 0, path: str = "/virtual") -> None:
@@ -36,7 +47,6 @@ def load(port: int, bodies_file: str, clients: int, requests: int, rate: float =
     bodies = [b.encode() for b in json.loads(Path(bodies_file).read_text())]
     latencies, statuses = [], {}
     interval = clients / rate if rate else 0.0
-    target = path.encode()
 
     async def client(offset: int, n: int):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -48,13 +58,10 @@ def load(port: int, bodies_file: str, clients: int, requests: int, rate: float =
                 start, scheduled = scheduled, scheduled + interval
             else:
                 start = time.perf_counter()
-            writer.write(
-                b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\n\r\n%s" % (target, len(body), body)
-            )
-            answer = await read_answer(reader)
+            writer.write(http_request(port, path, body))
+            code, answer = await read_answer(reader)
             latencies.append(time.perf_counter() - start)
-            status = "error" if json.loads(answer).get("error") else "ok"
+            status = f"http_{code}" if code != 200 else "error" if json.loads(answer).get("error") else "ok"
             statuses[status] = statuses.get(status, 0) + 1
         writer.close()
 
@@ -144,6 +151,10 @@ def run_load(
         check=True,
     )
     result = json.loads(out.stdout)
+    if refused := {status: n for status, n in result["statuses"].items() if status.startswith("http_")}:
+        # Every server measured here answers 200 (an error observation included): any other status is a refusal of
+        # the benchmark's own requests, and figures over refusals measure nothing.
+        raise RuntimeError(f"the server refused the benchmark's requests ({refused}): nothing was measured")
     result["server_cpu_ms_per_request"] = (cpu_seconds(server_pid) - before) * 1e3 / result["requests"]
     if database_pid:
         result["database_cpu_ms_per_request"] = (

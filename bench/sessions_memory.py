@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+from server_load import http_request, read_answer
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "data" / "samples" / "tools"
@@ -94,18 +95,9 @@ async def drive(port: int, calls: list[bytes], sessions: range | None, per_sessi
         for session, items in work[index::CLIENTS]:
             for body in items if session else [items]:
                 header = b"x-session-id: %s\r\n" % session.encode() if session else b""
-                writer.write(
-                    b"POST /virtual HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n%s"
-                    b"content-length: %d\r\n\r\n%s" % (header, len(body), body)
-                )
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                await reader.readexactly(length)
-                answered[0] += head.startswith(b"HTTP/1.1 200 ")
+                writer.write(http_request(port, "/virtual", body, header))
+                status, _ = await read_answer(reader)
+                answered[0] += status == 200
         writer.close()
 
     start = time.perf_counter()
@@ -161,6 +153,8 @@ def run_variant(name: str, root: Path, store: list[str], work: Path, args, calls
         asyncio.run(drive(port, calls, None, 0, total=500))  # warm-up
         before = memory_mb(process.pid)
         driven = asyncio.run(drive(port, calls, range(args.sessions), args.calls))
+        if driven["answered"] != args.sessions * args.calls:  # a refused request holds no session: nothing measured
+            raise RuntimeError(f"{name}: {driven['answered']} of {args.sessions * args.calls} calls answered")
         after = memory_mb(process.pid)
         sessions, served = health_sessions(port), outcomes(port)
     finally:

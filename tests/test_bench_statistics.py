@@ -34,3 +34,59 @@ def test_the_one_transaction_import_child_runs(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert db.is_file() and "'stored': " in result.stdout and "'unreadable': []" in result.stdout
+
+
+def test_the_load_generator_is_answered_by_the_real_server_and_a_refusal_is_no_measure(tmp_path):
+    """The load generator's requests name this machine as their Host, which the server answers (it refuses another
+    Host with 421: until 2026-11-30 the generators sent `host: bench`, and every server bench measured refusals);
+    a workload the server refuses (here: a server that asks for a key the benchmark does not send, 401) stops the
+    benchmark instead of giving figures."""
+    import json
+    import os
+
+    from server_load import run_load
+
+    from harness.fake_engines import unreachable_engine_url
+    from harness.processes import free_port, serve_in_thread
+    from mirrorapi.serving.app import create_app
+    from mirrorapi.serving.cache import ResponseCache
+    from mirrorapi.serving.config import ServerSettings
+    from mirrorapi.tools import ToolRegistry
+
+    body = {
+        "category": "APIBank",
+        "tool_name": "apibank_account",
+        "api_name": "GetUserToken",
+        "tool_input": json.dumps({"username": "JohnDoe", "password": "pass123"}),
+        "strip": "truncate",
+        "toolbench_key": "",
+    }
+    bodies = tmp_path / "bodies.json"
+    bodies.write_text(json.dumps([json.dumps(body)]))
+    registry = ToolRegistry.load([REPO / "data" / "samples" / "tools"])
+    doc = registry.resolve(body["category"], body["tool_name"], body["api_name"])
+    for key in (None, "secret"):  # the recorded answer each server's cache holds: a hit
+        cache = ResponseCache(tmp_path / f"cache-{key}.sqlite")
+        cache.put_many(
+            [(doc.category, doc.tool, doc.api, json.loads(body["tool_input"]), "", '{"token": "t"}')], "real"
+        )
+        cache.close()
+    for key, expected in ((None, None), ("secret", "refused the benchmark's requests ({'http_401': 8})")):
+        port = free_port()
+        settings = ServerSettings(
+            api_base=unreachable_engine_url(),
+            tools_folder=[REPO / "data" / "samples" / "tools"],
+            cache_path=tmp_path / f"cache-{key}.sqlite",
+            mode="replay",
+            port=port,
+            log_level="warning",
+            server_api_key=key,
+        )
+        with serve_in_thread(create_app(settings), port, timeout=60, access_log=False):
+            try:
+                found = run_load(port, os.getpid(), bodies, clients=2, requests=8)
+            except RuntimeError as exc:
+                assert expected and expected in str(exc)
+            else:
+                assert expected is None, "a refused workload was measured"
+                assert found["requests"] == 8 and found["statuses"] == {"ok": 8}  # answered from the cache
