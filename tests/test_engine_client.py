@@ -3,6 +3,7 @@
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -390,3 +391,52 @@ def test_a_hung_replica_costs_one_attempt_then_is_skipped_and_probed_back(tiny_e
     assert 1.0 <= timings[0] < 1.0 + 5  # attempt timeout + the engine's answer
     assert max(timings[1:]) < 1.0  # no call waited for the hung replica again
     assert hung_engine.relayed >= 1 and hung_engine.relayed_posts >= 1  # the probe, then calls
+
+
+@pytest.mark.slow
+def test_a_call_the_server_gave_up_on_stops_costing_its_engine(tiny_engine, tmp_path):
+    """The virtual server asks its engine streamed: `transformers serve` (and llama.cpp's server) stop generating
+    only for a streamed request whose client left. A miss the server gives up on (engine_timeout 1 s, a
+    2,000-token answer the tiny model writes sampled) must not keep the one-at-a-time engine busy: the next call to
+    the engine is answered at once (not streamed, the server's 10 s or more of leftover generation came first)."""
+    import httpx
+
+    from harness.processes import free_port, serve_in_thread
+    from mirrorapi.serving.app import create_app
+    from mirrorapi.serving.config import ServerSettings
+
+    port = free_port()
+    settings = ServerSettings(
+        api_base=[tiny_engine.base_url],
+        model=tiny_engine.model,
+        tools_folder=[Path(__file__).resolve().parent.parent / "data" / "samples" / "tools"],
+        cache_path=tmp_path / "cache.sqlite",
+        port=port,
+        temperature=1.0,
+        max_tokens=2000,
+        structured_output=False,
+        second_try_temperature=0,
+        engine_timeout=1.0,
+        engine_retries=0,
+        log_level="warning",
+    )
+    body = {
+        "category": "APIBank",
+        "tool_name": "apibank_account",
+        "api_name": "GetUserToken",
+        "tool_input": json.dumps({"username": "JohnDoe", "password": "pass123"}),
+    }
+
+    async def next_call() -> float:
+        patient = EngineClient([tiny_engine.base_url], tiny_engine.model, timeout=60, retries=0)
+        try:
+            start = time.monotonic()
+            await patient.chat([{"role": "user", "content": "ping"}], max_tokens=1)
+            return time.monotonic() - start
+        finally:
+            await patient.aclose()
+
+    with serve_in_thread(create_app(settings), port, timeout=60, access_log=False) as url:
+        answer = httpx.post(f"{url}/virtual", json=body, timeout=30).json()
+        assert answer["error"].startswith("Failed to generate fake response")  # given up after 1 s
+        assert asyncio.run(next_call()) < 5

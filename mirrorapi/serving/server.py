@@ -58,6 +58,10 @@ class VirtualServer:
             # in common), rounded up, so a replica gets at most about the limit from all of them together.
             max_in_flight=-(-settings.engine_max_in_flight // settings.workers),
             max_waiting=-(-settings.engine_max_waiting // settings.workers),
+            # Streamed: llama.cpp's server and `transformers serve` stop generating when the client of a streamed
+            # request goes away, and finish every other one, so a call given up on (engine_timeout) would keep the
+            # one-at-a-time CPU engine busy for nobody and time the next calls out too.
+            stream=True,
         )
         # Servers that share the store simulate a call once between them (a lease per call in the store).
         shared = settings.workers > 1 or is_url(settings.cache_url or "")
