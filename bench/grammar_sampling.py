@@ -44,13 +44,7 @@ WAYS = {"checked_first": ["--check_grammar_first", "true"], "whole_vocabulary": 
 def requests(limit: int, prompt_format: str) -> list[tuple[list[dict], dict]]:
     """(messages, response_format) of the first `limit` distinct APIs of the samples, as the server asks them."""
     return [
-        (
-            simulator_messages(doc, arguments, fmt=prompt_format),
-            {
-                "type": "json_schema",
-                "json_schema": {"name": "observation", "schema": response_format(doc, prompt_format)},
-            },
-        )
+        (simulator_messages(doc, arguments, fmt=prompt_format), response_format(doc, prompt_format))
         for doc, arguments in sample_calls(limit)
     ]
 

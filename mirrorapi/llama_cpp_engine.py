@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -39,6 +40,8 @@ import sys
 from typing import Any
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 REWRITTEN_PATHS = ("/v1/chat/completions", "/v1/completions")
 ANY_JSON = {"type": ["string", "number", "boolean", "object", "array", "null"]}
@@ -59,11 +62,11 @@ ANNOTATIONS = frozenset(
 
 
 def explicit_any(schema):
-    """`schema` with every sub-schema under `properties`, `items`, `additionalProperties`, `anyOf` or `oneOf` that
-    allows any value (empty, or annotations alone: `{"description": "The teams", "format": "jsonb"}`) made ANY_JSON.
-    Why: llama-cpp-python's schema converter refuses such a sub-schema ("Unrecognized schema") and then, without a
-    word, enforces its grammar for any JSON value instead of the whole schema (841 of ToolEnv2404's APIs,
-    2026-11-30)."""
+    """`schema` with every sub-schema under `properties`, `$defs`, `definitions`, `items`, `additionalProperties`,
+    `anyOf`, `oneOf`, `allOf` or `prefixItems` that allows any value (empty, or annotations alone: `{"description":
+    "The teams", "format": "jsonb"}`) made ANY_JSON. Why: llama-cpp-python's schema converter refuses such a
+    sub-schema ("Unrecognized schema") and then, without a word, enforces its grammar for any JSON value instead of
+    the whole schema (841 of ToolEnv2404's APIs, 2026-11-30; 19 more under `allOf`)."""
 
     def rewritten(sub):
         return ANY_JSON if isinstance(sub, dict) and sub.keys() <= ANNOTATIONS else explicit_any(sub)
@@ -71,20 +74,66 @@ def explicit_any(schema):
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
-    if isinstance(out.get("properties"), dict):
-        out["properties"] = {k: rewritten(v) for k, v in out["properties"].items()}
+    for key in ("properties", "$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: rewritten(v) for k, v in out[key].items()}
     for key in ("items", "additionalProperties"):
         if isinstance(out.get(key), dict):
             out[key] = rewritten(out[key])
-    for key in ("anyOf", "oneOf"):
+    for key in ("items", "anyOf", "oneOf", "allOf", "prefixItems"):
         if isinstance(out.get(key), list):
             out[key] = [rewritten(v) for v in out[key]]
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def enforceable(schema_text: str) -> dict:
+    """The schema (JSON text: a cache key) the engine is given: `explicit_any` of it, or, where llama-cpp-python's
+    converter still refuses it (a `pattern` not written `^...$`, a recursive `$ref`: 64 of ToolEnv2404's APIs), the
+    observation with every `response` any JSON value, so that the `{"error", "response"}` envelope stays enforced
+    where the converter would silently enforce nothing but "some JSON"."""
+    schema = explicit_any(json.loads(schema_text))
+    try:
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+    except ImportError:  # not the engine's process (tests, tools): nothing to check against
+        return schema
+
+    def compiles(candidate: dict) -> bool:
+        try:
+            json_schema_to_gbnf(json.dumps(candidate))
+            return True
+        except Exception:  # the converter raises plain Exceptions, AssertionErrors, RecursionErrors
+            return False
+
+    if compiles(schema):
+        return schema
+    envelope = _any_response(schema)
+    if envelope is schema or not compiles(envelope):
+        return schema  # not an observation, or not even its envelope compiles: the engine's own fallback
+    logger.warning("a response schema llama.cpp cannot compile: only the observation's envelope is enforced")
+    return envelope
+
+
+def _any_response(schema: dict) -> dict:
+    """The observation schema (alone, or the `anyOf` of its branches) with each branch's `response` any JSON value;
+    `schema` itself when it has none."""
+
+    def loosened(branch):
+        properties = branch.get("properties") if isinstance(branch, dict) else None
+        if not isinstance(properties, dict) or "response" not in properties:
+            return branch
+        return {**branch, "properties": {**properties, "response": ANY_JSON}}
+
+    if isinstance(schema.get("anyOf"), list):
+        branches = [loosened(b) for b in schema["anyOf"]]
+        return schema if branches == schema["anyOf"] else {**schema, "anyOf": branches}
+    found = loosened(schema)
+    return schema if found is schema else found
+
+
 def openai_request(body: bytes) -> bytes:
-    """The request body in llama-cpp-python's dialect; a body that is not a JSON object is left for the server
-    to refuse."""
+    """The request body in llama-cpp-python's dialect; a body that is not a JSON object is left as it is (for
+    `request_problem` to refuse)."""
     try:
         request = json.loads(body)
     except ValueError:
@@ -94,10 +143,11 @@ def openai_request(body: bytes) -> bytes:
     response_format = request.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
         json_schema = response_format.get("json_schema")
-        if not isinstance(json_schema, dict):  # not OpenAI's shape: the engine's own 4xx, not our 500
+        if not isinstance(json_schema, dict):  # not OpenAI's shape: `request_problem` refuses it
             return body
         schema = json_schema.get("schema")
-        request["response_format"] = {"type": "json_object", **({"schema": explicit_any(schema)} if schema else {})}
+        enforced = enforceable(json.dumps(schema)) if schema else None  # keys in order: the grammar's order
+        request["response_format"] = {"type": "json_object", **({"schema": enforced} if enforced else {})}
     request.setdefault("repeat_penalty", 1.0)
     return json.dumps(request).encode()
 
@@ -120,6 +170,8 @@ class OpenAIDialect:
             body += message.get("body", b"")
             more = message.get("more_body", False)
         body = openai_request(body)
+        if (problem := request_problem(scope["path"], body)) is not None:
+            return await _send_json(send, 400, {"error": {"message": problem, "type": "invalid_request_error"}})
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
         scope = dict(scope, headers=[*headers, (b"content-length", str(len(body)).encode())])
         replayed = False
@@ -132,6 +184,35 @@ class OpenAIDialect:
             return {"type": "http.request", "body": body, "more_body": False}
 
         return await self.app(scope, replay, send)
+
+
+def request_problem(path: str, body: bytes) -> str | None:
+    """Why llama-cpp-python cannot read a completion request, or None: its error handler answers a request its own
+    types refuse with HTTP 500 (an unhandled exception, for a body that is no JSON), where OpenAI's API answers 400
+    `invalid_request_error`, and a client retries a 500 (our engine client three times, then skips the engine)."""
+    from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest
+    from pydantic import ValidationError
+
+    try:
+        request = json.loads(body)
+    except ValueError as exc:
+        return f"the request body is not JSON ({exc})"
+    if not isinstance(request, dict):
+        return "the request body is not a JSON object"
+    kind = CreateChatCompletionRequest if path == "/v1/chat/completions" else CreateCompletionRequest
+    try:
+        kind.model_validate(request)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        return f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']} ({exc.error_count()} problem(s))"
+    return None
+
+
+async def _send_json(send, status: int, payload: dict) -> None:
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class GrammarCheckedGreedy:

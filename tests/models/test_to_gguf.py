@@ -84,6 +84,45 @@ def test_the_openai_request_is_put_in_llama_cpp_python_s_dialect():
     assert openai_request(b"not json") == b"not json"  # the server refuses it with its own error
 
 
+@needs_llama_cpp
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"not json", "the request body is not JSON"),
+        (b"[1]", "the request body is not a JSON object"),
+        (b'{"messages": "hi"}', "messages: Input should be a valid list"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "response_format": "text"}', "response_format"),
+    ],
+)
+def test_a_request_llama_cpp_python_cannot_read_is_a_400_not_its_500(body, message):
+    """llama-cpp-python's error handler answers a request its own types refuse with HTTP 500 (a body that is no
+    JSON: an unhandled exception in the app); OpenAI's API answers 400 `invalid_request_error`, and a client retries
+    a 500 (ours three times, then skips the engine). The wrapper refuses such a body before the app sees it."""
+    import asyncio
+
+    from mirrorapi.llama_cpp_engine import OpenAIDialect
+
+    async def never(scope, receive, send):
+        raise AssertionError("llama-cpp-python's app was asked")
+
+    sent: list[dict] = []
+
+    async def run():
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+        await OpenAIDialect(never)(scope, receive, send)
+
+    asyncio.run(run())
+    assert sent[0]["status"] == 400
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["type"] == "invalid_request_error" and message in error["message"]
+
+
 def test_a_base_gguf_is_parsed_once_and_again_when_replaced_or_rewritten(tmp_path):
     import gguf
 

@@ -88,6 +88,46 @@ def test_a_sub_schema_of_annotations_alone_is_spelt_out_as_any_value():
     assert rewritten["items"] == ANY_JSON and rewritten["anyOf"] == [ANY_JSON, {"type": "string", "description": "d"}]
 
 
+def test_any_value_is_spelt_out_under_definitions_all_of_and_item_lists_too():
+    # ToolEnv2404's gptizer_enterprise documents `{"description": "**Omitted**"}` under `allOf`; `$defs`,
+    # `definitions` and `prefixItems`/list `items` hold sub-schemas the same way (JSON Schema 2020-12, draft-06).
+    schema = {
+        "allOf": [{"description": "**Omitted**"}, {"type": "object"}],
+        "$defs": {"a": {"title": "A"}},
+        "definitions": {"b": {}},
+        "prefixItems": [{"description": "first"}],
+        "items": [{"type": "string"}, {}],
+    }
+    rewritten = explicit_any(schema)
+    assert rewritten["allOf"] == [ANY_JSON, {"type": "object"}]
+    assert rewritten["$defs"] == {"a": ANY_JSON} and rewritten["definitions"] == {"b": ANY_JSON}
+    assert rewritten["prefixItems"] == [ANY_JSON] and rewritten["items"] == [{"type": "string"}, ANY_JSON]
+
+
+def test_a_response_schema_the_engine_cannot_compile_keeps_the_envelope_enforced():
+    """ToolEnv2404's lemurbot `list_all_bots` documents a `pattern` without `^...$`, which llama-cpp-python's
+    converter refuses; it then enforces "any JSON" without a word, the `{"error", "response"}` envelope included.
+    The engine is given the observation with its `response` any value instead."""
+    pytest.importorskip("llama_cpp")  # the CPU engine's own converter (make engine)
+    from llama_cpp import llama_chat_format, llama_grammar
+
+    from mirrorapi.llama_cpp_engine import openai_request
+
+    documented = {"type": "object", "properties": {"id": {"type": "string", "pattern": "[a-z0-9]{24}"}}}
+    schema = observation_schema(doc({"id": "str"}), "mirrorapi-v2")
+    success = schema["anyOf"][0]
+    schema["anyOf"][0] = {**success, "properties": {**success["properties"], "response": documented}}
+    body = json.dumps({"response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}})
+    sent = json.loads(openai_request(body.encode()))["response_format"]["schema"]
+    assert [branch["properties"]["response"] for branch in sent["anyOf"]] == [ANY_JSON] * 3
+    assert [branch["properties"]["error"] for branch in sent["anyOf"]] == [
+        branch["properties"]["error"] for branch in schema["anyOf"]
+    ]
+    sent = {"type": "json_object", "schema": sent}
+    any_json = llama_grammar.LlamaGrammar.from_string(llama_grammar.JSON_GBNF, verbose=False)._grammar
+    assert llama_chat_format._grammar_for_response_format(sent)._grammar != any_json
+
+
 def test_every_sample_api_s_response_format_is_enforced_by_llama_cpp(samples):
     pytest.importorskip("llama_cpp")  # the CPU engine's own converter (make engine)
     from llama_cpp import llama_chat_format, llama_grammar
