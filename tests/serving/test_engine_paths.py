@@ -19,9 +19,13 @@ README_REQUEST = {
     "strip": "truncate",
     "toolbench_key": "",
 }
-# The untrained tiny model's greedy answer decodes to no text at all (special tokens only): the agent is
-# told exactly that, not a vague failure.
-EMPTY = {"error": "Failed to generate fake response (the simulator's output was empty)", "response": ""}
+# The untrained tiny model's greedy answer, streamed as the server asks for it, is 12 newlines (`transformers serve`
+# answers the same request unstreamed with no text at all): the agent is told exactly what it was, not a vague
+# failure.
+GARBAGE = {
+    "error": "Failed to generate fake response (the simulator's output was not JSON (12 characters))",
+    "response": "",
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +41,11 @@ def garbage(serve, tiny_engine, tmp_path_factory):
 
 @pytest.mark.slow
 def test_readme_request_with_a_garbage_engine_is_an_error_never_cached(garbage):
-    calls = garbage.metric("mirrorapi_engine_calls_total", result="empty")
+    calls = garbage.metric("mirrorapi_engine_calls_total", result="garbage")
     for _ in range(2):
         response = garbage.virtual(README_REQUEST)
-        assert (response.status_code, response.json()) == (200, EMPTY)
-    assert garbage.metric("mirrorapi_engine_calls_total", result="empty") == calls + 2  # asked again
+        assert (response.status_code, response.json()) == (200, GARBAGE)
+    assert garbage.metric("mirrorapi_engine_calls_total", result="garbage") == calls + 2  # asked again
     health = garbage.client.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert health.json()["cache"]["entries"] == 0
@@ -53,12 +57,12 @@ def test_readme_request_with_a_garbage_engine_is_an_error_never_cached(garbage):
 @pytest.mark.slow
 def test_identical_concurrent_misses_make_one_engine_call(garbage):
     body = {**README_REQUEST, "tool_input": '{"concurrent": true}'}
-    calls = garbage.metric("mirrorapi_engine_calls_total", result="empty")
+    calls = garbage.metric("mirrorapi_engine_calls_total", result="garbage")
     coalesced = garbage.metric("mirrorapi_coalesced_requests_total")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: garbage.virtual(body).json(), range(8)))
-    assert answers == [EMPTY] * 8
-    assert garbage.metric("mirrorapi_engine_calls_total", result="empty") == calls + 1
+    assert answers == [GARBAGE] * 8
+    assert garbage.metric("mirrorapi_engine_calls_total", result="garbage") == calls + 1
     assert garbage.metric("mirrorapi_coalesced_requests_total") == coalesced + 7
 
 
