@@ -6,8 +6,9 @@ Usage:
 
 Start the server with a fresh (empty) cache: a cache that already holds the held-out calls would be
 measured instead of the simulator. Calls of an episode are sent in `step` order. Writes
-`fidelity.md`, `fidelity.json`, `fidelity.png` and `calls.jsonl` into `--out`. Exit status: 0 done,
-2 bad input or a server that does not answer.
+`fidelity.md`, `fidelity.json`, `fidelity.png` and `calls.jsonl` (one row per call) into `--out`; with
+`--history both`, `calls.jsonl` is the call-by-call pass and `session_calls.jsonl` the same calls in sessions.
+Exit status: 0 done, 2 bad input or a server that does not answer.
 """
 
 import sys

@@ -219,6 +219,19 @@ def test_a_session_replay_sends_the_token_the_simulator_gave(eval_cli, virtual_s
     # Alone, no pass can know the token: refused in both runs.
     assert reports[None]["without"]["per_step"]["1"]["error_agreement"] == 0.0
     assert "2 of the scored requests sent a value" in (tmp_path / "None" / "fidelity.md").read_text()
+    # Each pass's answers, call by call, to read what history changed: calls.jsonl alone, session_calls.jsonl in a
+    # session, with what a request carried.
+    alone, in_session = (
+        [json.loads(line) for line in (tmp_path / "None" / name).read_text().splitlines()]
+        for name in ("calls.jsonl", "session_calls.jsonl")
+    )
+    steps = [p["step"] for p in (login, balance, again)]
+    assert [row["step"] for row in in_session] == [row["step"] for row in alone] == steps
+    assert [row["simulated_error"] for row in alone[1:]] == [True, True]
+    assert [row["simulated_error"] for row in in_session[1:]] == [False, False]
+    real_token = json.loads(login["response"]["response"])["token"]
+    assert in_session[1]["simulated_extra"]["carried_values"] == [[real_token, "simulated0token0001"]]
+    assert in_session[1]["tool_input"] == balance["tool_input"]  # the row names the recorded request
 
 
 def test_a_session_request_that_is_a_training_call_leaves_the_call_by_call_figures_alone(

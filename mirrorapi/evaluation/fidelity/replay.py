@@ -276,7 +276,7 @@ def run_fidelity(settings: FidelitySettings, progress: bool = True) -> dict:
     report.update(cache_entries_at_start=cache_entries, tools=[str(t) for t in tools], history=history)
     if history == "both":
         report["sessions"] = history_report(held_out, passes, settings.include_cache_hits)
-    write_report(Path(settings.out), report, rows)
+    write_report(Path(settings.out), report, rows, passes["with"][1] if history == "both" else None)
     if history == "both":
         with open(Path(settings.out) / "fidelity.md", "a", encoding="utf-8") as fh:
             fh.write(render_history_markdown(report["sessions"]))

@@ -1,4 +1,5 @@
-"""The fidelity report: `fidelity.md`, `fidelity.json`, `fidelity.png` (bars per source) and `calls.jsonl`."""
+"""The fidelity report: `fidelity.md`, `fidelity.json`, `fidelity.png` (bars per source), `calls.jsonl` and, for a
+replay with and without history, `session_calls.jsonl`."""
 
 from __future__ import annotations
 
@@ -208,8 +209,9 @@ def figure(report: dict):
     return fig
 
 
-def write_report(out: Path, report: dict, rows: list[dict]) -> dict[str, Path]:
-    """Write the four report files into `out`; returns their paths."""
+def write_report(out: Path, report: dict, rows: list[dict], session_rows: list[dict] | None = None) -> dict[str, Path]:
+    """Write the four report files into `out`, and `session_calls.jsonl` when `session_rows` (the replay in sessions
+    of a `--history both` run, whose `calls.jsonl` is the call-by-call pass) are given; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {
         "md": out / "fidelity.md",
@@ -221,8 +223,12 @@ def write_report(out: Path, report: dict, rows: list[dict]) -> dict[str, Path]:
         json.dumps({**report, "versions": package_versions()}, ensure_ascii=False, indent=2) + "\n", encoding="utf-8"
     )
     paths["md"].write_text(render_markdown(report), encoding="utf-8")
-    with open(paths["calls"], "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    if session_rows is not None:
+        paths["session_calls"] = out / "session_calls.jsonl"
+    for name, written in (("calls", rows), ("session_calls", session_rows)):
+        if written is not None:
+            with open(paths[name], "w", encoding="utf-8") as fh:
+                for row in written:
+                    fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     plot(report, paths["png"])
     return paths
