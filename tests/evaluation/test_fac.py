@@ -7,6 +7,7 @@ denominators, parsing and resumption, never scores.
 import asyncio
 import csv
 import json
+import shutil
 
 import pytest
 
@@ -225,6 +226,49 @@ def test_failed_judge_calls_stay_pending_until_a_rerun(eval_cli, faulty_judge, s
     assert json.loads((tmp_path / "fac.json").read_text())["complete"]
 
 
+def test_a_changed_answer_whose_judge_call_fails_is_pending_not_its_old_verdict(
+    eval_cli, faulty_judge, stb_answers, samples, tmp_path, capsys
+):
+    """An answer judged once, then changed (a rerun of the agent): its earlier verdict is another answer's, so while
+    the new one's judge call fails it is pending (the module's "failed calls are not recorded"), never scored with
+    the old verdict in a table that says it is complete."""
+    faulty_judge.reply = "Verdict: Solved"
+    answers = tmp_path / "answers"
+    shutil.copytree(stb_answers, answers)
+    argv = [
+        "--answers",
+        str(answers),
+        "--ids",
+        str(_example_ids(samples)),
+        "--base-url",
+        faulty_judge.base_url,
+        "--model",
+        faulty_judge.model,
+        "--out",
+        str(tmp_path / "fac"),
+        "--timeout",
+        "5",
+        "--no-progress",
+    ]
+    assert eval_cli("fac")(argv) == 0
+    dfs_file = answers / "virtual_chatgpt_dfs" / "G1_instruction.json"
+    records = json.loads(dfs_file.read_text())
+    assert records["588"]["answer"]["final_answer"]
+    records["588"]["answer"]["final_answer"] = "I could not find Lionel Messi's career statistics."
+    dfs_file.write_text(json.dumps(records))
+    faulty_judge.failing, faulty_judge.fail_on = True, "could not find Lionel Messi"
+    assert eval_cli("fac")(argv) == 1
+    assert "1 judge call(s) failed" in capsys.readouterr().err
+    table = json.loads((tmp_path / "fac" / "fac.json").read_text())
+    assert (table["complete"], table["pending"]) == (False, 1)
+    dfs_row = next(row for row in table["rows"] if row["model"] == "virtual_chatgpt_dfs")
+    assert dfs_row["groups"]["G1_instruction"]["pending"] == 1 and dfs_row["groups"]["G1_instruction"]["solved"] == 2
+
+    faulty_judge.failing = False
+    assert eval_cli("fac")(argv) == 0
+    assert json.loads((tmp_path / "fac" / "fac.json").read_text())["complete"]
+
+
 def test_user_mistakes_are_one_line_and_exit_2(eval_cli, faulty_judge, stb_answers, samples, tmp_path, capsys):
     from harness.processes import free_port
 
@@ -262,6 +306,10 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, faulty_judge, stb_answe
             "G1_tool.json: no query ids",
         )
     )
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    under_a_file = ["--answers", str(stb_answers), "--ids", ids, "--out", str(a_file / "fac"), "--no-progress"]
+    cases.append((under_a_file + ["--base-url", faulty_judge.base_url, "--model", "m"], "is a file, not a folder"))
     for argv, message in cases:
         assert fac(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mirrorapi.evaluation.answers.items import AnswerItem
+from mirrorapi.evaluation.answers.items import AnswerItem, build_items
 from mirrorapi.evaluation.judge.sowr import decide
 from mirrorapi.prompts.judge_formats import SOWR_SYSTEM_V1, parse_preference, preference_messages
 
@@ -39,6 +39,27 @@ def test_alike_answers_are_a_coin_not_a_call():
     assert decide(item(), item(), "Solved", "Solved") == (None, "identical")
     other_steps = AnswerItem("m", "G1_instruction", "1", "q", "a", "answer", steps="- f() -> 1")
     assert decide(item(), other_steps, "Solved", "Solved") == (None, "compare")
+
+
+def test_two_answers_without_a_final_answer_after_other_calls_are_compared(stb_answers, tmp_path):
+    """StableToolBench's data_example: CoT's query 588 ended without a final answer; DFS's, its final answer taken
+    away, is another trajectory without one. Upstream's check_identity_answers (rtl.py) calls answers alike only when
+    their final answers and their answer_details are, so its judge compares these two; the same trajectory twice
+    is its random pick."""
+    files = {}
+    for model in ("virtual_chatgpt_cot", "virtual_chatgpt_dfs"):
+        records = json.loads((stb_answers / model / "G1_instruction.json").read_text())
+        files[model] = {"G1_instruction": {"588": records["588"]}}
+    assert files["virtual_chatgpt_cot"]["G1_instruction"]["588"]["answer"]["final_answer"] == ""
+    dfs = files["virtual_chatgpt_dfs"]["G1_instruction"]["588"]
+    dfs["answer"] = {**dfs["answer"], "final_answer": ""}
+    ids = {"G1_instruction": ["588"]}
+    cot, dfs_item = build_items(files, ids)
+    assert cot.status == dfs_item.status == "empty" and cot.steps != dfs_item.steps
+    assert decide(cot, dfs_item, "Unsolved", "Unsolved") == (None, "compare")
+    assert "transfermarkt" in cot.steps  # what the preference judge is shown of each
+    twin = build_items({"twin": files["virtual_chatgpt_cot"]}, ids)[0]
+    assert decide(cot, twin, "Unsolved", "Unsolved") == (None, "identical")
 
 
 def test_preference_prompt_and_parser():

@@ -36,7 +36,7 @@ def load_queries(path: str | os.PathLike) -> dict[str, list[dict]]:
             isinstance(q, dict) and "query" in q and "api_list" in q for q in data
         ):
             raise AgentRunError(
-                f"{file}: expected a StableToolBench query file (a list of {{query, api_list, query_id}}}})"
+                f"{file}: expected a StableToolBench query file (a list of {{query, api_list, query_id}})"
             )
         # A query without a query_id is named by its place in the file, as StableToolBench's runner names it
         # (rapidapi_multithread.py); each query writes its own answer file under that name.

@@ -182,7 +182,9 @@ def build_items(answers: dict[str, dict[str, dict]], ids: dict[str, list[str]]) 
                     continue
                 answer = record.get("answer") if isinstance(record.get("answer"), dict) else {}
                 status, text = extract_final_answer(answer.get("final_answer"))
-                steps = render_steps(answer.get("answer_details")) if status == "answer" else ""
+                # Every answer's calls, a final answer or not: SoWR tells two answers without one apart by them, as
+                # upstream's check_identity_answers compares answer_details too.
+                steps = render_steps(answer.get("answer_details"))
                 items.append(AnswerItem(model, group, qid, str(record.get("query") or ""), text, status, steps))
             extra = set(records) - set(ids[group])
             if extra:

@@ -310,6 +310,9 @@ async def score_items(
 
     wanted = [(item, repeat) for item in items for repeat in range(repeats)]
     calls, unjudged = [], 0
+    # Verdicts of an answer that has changed since (judged again below): another answer's, so not this run's records
+    # until the new one is judged; a failed call leaves the key pending. They stay in the file till then.
+    superseded: set[tuple] = set()
     for item, repeat in wanted:
         key = (metric, item.model, item.group, item.query_id, repeat)
         earlier = done.get(key)
@@ -334,6 +337,8 @@ async def score_items(
         shown = shown_digest(messages)
         if earlier is not None and earlier.get("shown") == shown:
             continue  # judged before; a changed answer or trajectory is judged again
+        if earlier is not None:
+            superseded.add(key)
         calls.append(JudgeCall(key, messages, {"item": item, "repeat": repeat, "shown": shown}))
     logger.info(
         "%s: %d judgments: %d from an earlier run, %d Unsolved without a judge call, %d judge calls",
@@ -359,12 +364,13 @@ async def score_items(
             shown=call.payload["shown"],
         )
         done[call.key] = record
+        superseded.discard(call.key)
         store.append(record)
 
     failures = await judge_all(calls, handle, settings, f"{metric} judge", progress)
     store.rewrite(sorted(done.values(), key=_sort_key))
     keys = [(metric, item.model, item.group, item.query_id, repeat) for item, repeat in wanted]
-    return ScoringRun([done[k] for k in keys if k in done], items, ids, failures, len(calls))
+    return ScoringRun([done[k] for k in keys if k in done and k not in superseded], items, ids, failures, len(calls))
 
 
 def run_scoring(
