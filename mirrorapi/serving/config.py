@@ -444,11 +444,13 @@ class ServerSettings(BaseModel):
             raise ValueError(f"log_file: {self.log_file} is a folder, expected a file to append to")
         if self.cache_path.exists() and self.cache_path.is_dir():
             raise ValueError(f"cache_path: {self.cache_path} is a folder, expected a database file")
-        in_memory = self.cache_url is None and str(self.cache_path).startswith((":memory:", "file::memory:"))
-        if self.workers > 1 and in_memory:
+        if self.cache_url is None and str(self.cache_path).startswith((":memory:", "file::memory:")):
+            # The store writes on a connection of its own (sqlite.py's LoopWriter): an in-memory database is each
+            # connection's own, so every write failed ("no such table"), and workers would share nothing either.
             raise ValueError(
-                "cache_path: an in-memory cache is each process's own: with workers, each would start empty and "
-                "share nothing (leases, sessions, imports); give a file or cache_url"
+                f"cache_path: {self.cache_path} is an in-memory database, which the cache cannot use (it reads and "
+                "writes on connections of their own, and each would see another, empty database); give a file "
+                "(a temporary one for a cache thrown away: e.g. /tmp/mirrorapi-cache.sqlite)"
             )
 
     def startup_warnings(self) -> list[str]:

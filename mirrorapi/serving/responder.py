@@ -199,7 +199,13 @@ class Responder:
             now = time.monotonic()
             if now >= retake:
                 if await self.cache.try_lease(call, identity, holder, lease_seconds):
-                    return None
+                    # Another process may have stored the answer and let its lease go since this one missed: asked
+                    # again, the engine would give a second answer (another one, sampled) for a call already answered.
+                    found = await self.cache.lookup(call, identity)
+                    if found is None:
+                        return None
+                    await self._release(call, identity)
+                    return found
                 retake = now + LEASE_RETAKE_SECONDS
             await asyncio.sleep(poll)
             poll = min(poll * 2, LEASE_POLL_SECONDS[1])

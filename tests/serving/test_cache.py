@@ -316,3 +316,27 @@ def test_keys_of_one_call_in_two_argument_orders_are_one_entry_and_the_import_sa
     report = import_stabletoolbench_cache(cache, tmp_path / "cache_folder")
     assert (report["entries"], report["stored"], report["argument_orders_merged"]) == (2, 1, 1)
     cache.close()
+
+
+def test_health_counts_are_the_stores_counts(tmp_path):
+    """/health's three counts (entries, open sessions, answers under a session history), which SQLite counts on a
+    connection of their own in a thread (a large file's scans held the server's loop back)."""
+    import asyncio
+
+    from mirrorapi.serving.cache import new_entry
+    from mirrorapi.serving.sessions import advance
+
+    cache = open_cache(tmp_path / "c.sqlite")
+    now = time.time()
+
+    async def fill_and_count():
+        await cache.store(new_entry(*API, {"n": 1}, "", "alone", "simulated:m", now))
+        for n, history in ((2, "digest-a"), (3, "digest-b")):
+            await cache.store(new_entry(*API, {"n": n}, "", "in a session", "simulated:m", now, history, 1))
+        for session in ("s1", "s2"):
+            await cache.update_session(session, 3600, advance(8, 4096, "login() -> token"))
+        counts = await cache.health_counts(3600)
+        await cache.aclose()
+        return counts
+
+    assert asyncio.run(fill_and_count()) == (3, 2, 2)

@@ -230,7 +230,9 @@ def test_server_script_help_lists_every_setting():
         ({"system_prompt_file": "empty.txt", "prompt_format": "stabletoolbench"}, "empty.txt is empty"),
         ({"system_prompt_file": "latin1.txt", "prompt_format": "stabletoolbench"}, "latin1.txt is not UTF-8 text"),
         ({"log_file": "."}, "is a folder, expected a file to append to"),
-        ({"cache_path": ":memory:", "workers": 2}, "an in-memory cache is each process's own"),
+        # every write went to another connection's empty database ("no such table: entries")
+        ({"cache_path": ":memory:"}, "is an in-memory database, which the cache cannot use"),
+        ({"cache_path": ":memory:", "workers": 2}, "is an in-memory database, which the cache cannot use"),
         ({"api_base": "http://127.0.0.1:8001/v1,http://127.0.0.1:8002/v1"}, "holds a comma"),
         # aiohttp refuses a URL's credentials beside the bearer token: every miss failed, /health answered 500
         ({"api_base": ["http://127.0.0.1:8001/v1", "http://user:s3cret@127.0.0.1:8002/v1"]}, "user:password@"),
