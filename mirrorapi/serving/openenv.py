@@ -51,6 +51,7 @@ from urllib.parse import parse_qsl
 from mirrorapi.serving.answer import Answer
 from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_json
 from mirrorapi.serving.cache import CacheError
+from mirrorapi.serving.handler import MAX_ARGUMENT_DEPTH, nested_deeper_than
 from mirrorapi.serving.mcp_server import json_rpc_error
 from mirrorapi.serving.server import VirtualServer
 from mirrorapi.serving.sessions import EMPTY_HISTORY, session_id_problem
@@ -64,11 +65,11 @@ MAX_EPISODE_TOOLS = 2048  # an agent is given a toolset, not the whole registry 
 MAX_EPISODE_ID_CHARS = 255  # OpenEnv's own bound (ResetRequest.episode_id)
 REFUSAL_WAIT_SECONDS = 10.0  # for the first message of a WebSocket refused for capacity, to answer it
 STATE_CALLS = 256  # the calls `state` lists (the newest); `step_count` counts them all
-# What `state` keeps of a call (an episode holds STATE_CALLS of them): its arguments up to this many characters of
-# JSON, and the answer's bytes up to this many (only its error is shown; a longer answer keeps just that). Whole, a
-# call of a megabyte each gave `state` a 120 MB reply, past OpenEnv's client limit (100 MB): the socket closed.
+# What `state` keeps of a call (an episode holds STATE_CALLS of them): the JSON text of its arguments up to this many
+# characters (whole, a call of a megabyte each gave `state` a 120 MB reply, past OpenEnv's client limit of 100 MB:
+# the socket closed), and of its answer only the error `state` shows. Kept as text, not as the argument objects and
+# answer bodies: 256 simulated steps of 2.8 KB answers held ~1 MB an episode that way (audit of 2026-11-30).
 STATE_ARGUMENT_CHARS = 4096
-STATE_ANSWER_BYTES = 4096
 # What echoes a client's text (tool names, arguments, episode ids) is written in ASCII: a lone surrogate that came
 # in as JSON ("\ud83d") goes out as the same escape, where UTF-8 could not encode it. The tool lists are ours.
 _ENCODE = json.JSONEncoder().encode
@@ -95,7 +96,7 @@ class Episode:
     toolset: Toolset
     task: dict | None
     steps: int = 0
-    # (tool, arguments, the /virtual answer's bytes and its provenance) or (tool, arguments, None, why not called)
+    # (tool, its arguments' JSON text, the API's error ('' for an answer) or why it was not called, provenance or None)
     calls: deque = field(default_factory=lambda: deque(maxlen=STATE_CALLS))
     last_used: float = 0.0
     # One action at a time, as OpenEnv steps an environment: two HTTP steps of one episode sent at once would each
@@ -227,10 +228,7 @@ class Episodes:
         doc = episode.toolset.functions.get(name) if isinstance(name, str) else None
         if doc is not None and isinstance(arguments, dict):
             answer = await self.call(episode, doc, arguments)
-            body = answer.body
-            if len(body) > STATE_ANSWER_BYTES:  # only its error is shown: kept as the JSON of an answer without one
-                body = _ENCODE({"error": json.loads(body).get("error", "")}).encode()
-            episode.calls.append((name, _kept_arguments(arguments), body, answer.provenance))
+            episode.calls.append((name, _kept_arguments(arguments), _answer_error(answer.body), answer.provenance))
             metadata.update(provenance=answer.provenance, cache=answer.cache, outcome=answer.outcome)
             return (
                 f'{{"observation":{{"tool_name":{_ENCODE(name)},"result":{answer.body.decode()},"error":null,'
@@ -249,7 +247,7 @@ class Episodes:
                 "error_type": "invalid_args",
                 "message": (f"arguments must be an object of the tool's parameters, got {type(arguments).__name__}"),
             }
-        episode.calls.append((name, _kept_arguments(arguments), None, error["message"]))
+        episode.calls.append((name, _kept_arguments(arguments), error["message"], None))
         return _ENCODE(
             {
                 "observation": {"tool_name": name, "result": None, "error": error, "metadata": metadata},
@@ -276,14 +274,10 @@ class Episodes:
     def state_of(episode: Episode) -> dict:
         """OpenEnv's State: episode_id and step_count, with the episode's toolset, task and calls so far (each
         call: the tool, its arguments, the API's error ('' for an answer) or why it was not called, provenance)."""
-        calls = []
-        for tool, arguments, body, detail in episode.calls:
-            if body is None:  # not called: `detail` says why
-                calls.append({"tool_name": tool, "arguments": arguments, "error": detail, "provenance": None})
-                continue
-            answer = json.loads(body)
-            error = answer.get("error", "") if isinstance(answer, dict) else ""
-            calls.append({"tool_name": tool, "arguments": arguments, "error": error, "provenance": detail})
+        calls = [
+            {"tool_name": tool, "arguments": json.loads(arguments), "error": error, "provenance": provenance}
+            for tool, arguments, error, provenance in episode.calls
+        ]
         return {
             "episode_id": episode.episode_id,
             "step_count": episode.steps,
@@ -537,10 +531,24 @@ def lock_of(episode: Episode) -> asyncio.Lock:
     return episode.lock
 
 
-def _kept_arguments(arguments: Any) -> Any:
-    """A call's arguments as `state` keeps them: whole up to STATE_ARGUMENT_CHARS characters of JSON, else said."""
-    size = len(_ENCODE(arguments))
-    return arguments if size <= STATE_ARGUMENT_CHARS else f"(arguments of {size:,} characters of JSON, not kept)"
+def _kept_arguments(arguments: Any) -> str:
+    """The JSON text of a call's arguments as `state` keeps them: whole up to STATE_ARGUMENT_CHARS characters, else
+    a string saying so; arguments nested deeper than a call may be (refused as such) are said too: `state` writes
+    them two levels deeper, past Python's recursion limit for the deepest a message can bring."""
+    text = _ENCODE(arguments)
+    if len(text) > STATE_ARGUMENT_CHARS:
+        return _ENCODE(f"(arguments of {len(text):,} characters of JSON, not kept)")
+    if text.count("{") + text.count("[") > MAX_ARGUMENT_DEPTH and nested_deeper_than(text, MAX_ARGUMENT_DEPTH):
+        return _ENCODE(f"(arguments nested more than {MAX_ARGUMENT_DEPTH} levels deep, not kept)")
+    return text
+
+
+def _answer_error(body: bytes) -> str:
+    """The error of an observation the server wrote (compact JSON, `error` first): '' for an answer."""
+    if body.startswith(b'{"error":"",'):  # most answers: no decoding
+        return ""
+    error = json.loads(body).get("error", "")
+    return error if isinstance(error, str) else str(error)
 
 
 def _named_episode_id(episode_id: str) -> str:

@@ -355,6 +355,21 @@ def test_client_mistakes_and_store_failures_never_drop_a_websocket(serve, record
             async with connect(base + "/mcp?" + TOOLSET) as ws:
                 await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
                 seen["mcp"] = json.loads(await ws.recv())
+            # Arguments nested as deep as a message can bring (the deepest the parser takes; the call refuses them
+            # past 100 levels): `state` writes them deeper still, which once passed Python's recursion limit.
+            async with connect(base + "/ws", max_size=None) as ws:
+                await ws.send(json.dumps({"type": "reset", "data": {"toolset": TOOLSET}}))
+                await ws.recv()
+                for depth in range(1000, 900, -1):
+                    nested = "[" * depth + "]" * depth
+                    await ws.send(
+                        '{"type": "step", "data": {"type": "call_tool", "tool_name": "getusertoken", '
+                        f'"arguments": {{"username": {nested}}}}}}}'
+                    )
+                    if json.loads(await ws.recv())["type"] == "observation":
+                        break
+                await ws.send(json.dumps({"type": "state"}))
+                seen["deep_state"] = json.loads(await ws.recv())
             return seen
 
         cache = server.app.server.cache
@@ -378,6 +393,11 @@ def test_client_mistakes_and_store_failures_never_drop_a_websocket(serve, record
     assert store_failed["type"] == "error" and store_failed["data"]["code"] == "EXECUTION_ERROR"
     assert "the database is gone" in store_failed["data"]["message"]
     assert [t["name"] for t in seen["mcp"]["result"]["tools"]] == ACCOUNT_TOOLS
+    assert seen["deep_state"]["type"] == "state", seen["deep_state"]
+    assert (
+        seen["deep_state"]["data"]["calls"][-1]["arguments"]
+        == "(arguments nested more than 100 levels deep, not kept)"
+    )
 
 
 def test_http_episodes_keep_their_bound_under_concurrent_resets_and_end_when_idle(serve, recorded_cache, engine_down):
