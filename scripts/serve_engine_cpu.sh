@@ -27,6 +27,14 @@ if [[ $# -lt 1 || ! -d "$1" ]]; then
     exit 2
 fi
 MODEL_DIR="$(cd "$1" && pwd -L)"  # logical: runs/demo/latest stays a link, as clients type it
+if [[ ! -f "$MODEL_DIR/config.json" ]]; then  # neither engine serves it: one line, not transformers' traceback
+    if [[ -f "$MODEL_DIR/adapter_config.json" ]]; then
+        echo "$0: error: $1 is a LoRA adapter, not a model folder: merge it first (training/merge_lora.py)" >&2
+    else
+        echo "$0: error: $1 is not a model folder (no config.json)" >&2
+    fi
+    exit 2
+fi
 PORT="${2:-12345}"
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-$HERE/.venv/bin/python}"

@@ -462,6 +462,17 @@ def test_every_client_sends_the_name_its_engine_serves():
     assert clients >= 6  # server, FAC, SoPR, judge agreement, fidelity servers, the training page's check
 
 
+def test_the_script_refuses_a_folder_no_engine_serves_in_one_line(tmp_path):
+    """A folder without a model's config.json (a typo'd run folder, an adapter): one line and status 2, where
+    `transformers serve` printed a 45-line traceback after the GGUF export's own line."""
+    (tmp_path / "not-a-model").mkdir()
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    for folder, says in (("not-a-model", "is not a model folder (no config.json)"), ("adapter", "is a LoRA adapter")):
+        done = subprocess.run([str(SCRIPT), folder, "1"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_the_script_serves_the_name_clients_are_told_to_send(tiny_model_dir, tmp_path):
     """The script started on a relative path through a link (as `runs/demo/latest/simulator` is) answers

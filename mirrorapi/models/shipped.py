@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -112,7 +113,9 @@ def _wheel_sha256(base: Path) -> str | None:
 def _build(name: str, adapter: Path, record: dict, base: Path, built: Path, progress: Callable[[str], None]) -> None:
     progress(f"{name}: merging the adapter into {base}")
     merge_adapter(adapter, base, built)
-    shutil.copyfile(adapter / "README.md", built / "README.md")  # the model card: data, recipe, scores, licence
+    (built / "README.md").write_text(
+        merged_card((adapter / "README.md").read_text(encoding="utf-8")), encoding="utf-8"
+    )
     (built / TRAINING_FILE).write_text(
         json.dumps({**record, "adapter": False}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )
@@ -122,6 +125,21 @@ def _build(name: str, adapter: Path, record: dict, base: Path, built: Path, prog
     if base_file is not None:
         progress(f"{name}: exporting {GGUF_FILE} for llama.cpp")
         export_gguf(built, built / GGUF_FILE, base_file, SERVED_TENSOR_TYPE)
+
+
+def merged_card(adapter_card: str) -> str:
+    """The adapter's model card (data, recipe, scores, licence) for the merged folder: the Hub's `library_name` is
+    the library that loads the folder (transformers; `peft` made the Hub and PEFT look for an adapter_config.json
+    it has not), and a line says what the folder is."""
+    front, separator, body = adapter_card.partition("\n---\n") if adapter_card.startswith("---\n") else ("", "", "")
+    if not separator:
+        return adapter_card
+    front = re.sub(r"^library_name:.*$", "library_name: transformers", front, flags=re.M)
+    note = (
+        "\n> This folder is the adapter merged into its base model by `mirrorapi models get` (whole weights, and\n"
+        f"> `{GGUF_FILE}` for llama.cpp); the LoRA adapter itself ships in the `mirrorapi` package.\n"
+    )
+    return front + separator + note + body
 
 
 def _write_card(

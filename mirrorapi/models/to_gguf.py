@@ -149,13 +149,16 @@ def gguf_for_serving(model_dir: str | os.PathLike, tensor_type: str = SERVED_TEN
     own = base_gguf(model_dir) or shipped_gguf(model_dir)
     if own is not None:
         return own
-    base = _base_model_of(model_dir)
+    _refuse_an_adapter(model_dir)
+    named, base = _base_model_of(model_dir)
     base_file = base_gguf(base) if base is not None else None
     if base_file is None:
-        raise GGUFExportError(
-            f"{model_dir}: its base model ({base or 'not named in README.md'}) is not a folder made "
-            "by `mirrorapi models get`, so there is no GGUF to take the tokenizer from"
+        what = (
+            "its README.md names no base_model"
+            if named is None
+            else f"its base model {named} is not a folder made by `mirrorapi models get`"
         )
+        raise GGUFExportError(f"{model_dir}: {what}, so there is no GGUF to take the tokenizer from")
     out = model_dir / f"model-{tensor_type}.gguf"
     weights = list(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]
     if out.is_file() and all(out.stat().st_mtime >= w.stat().st_mtime for w in weights if w.exists()):
@@ -163,23 +166,24 @@ def gguf_for_serving(model_dir: str | os.PathLike, tensor_type: str = SERVED_TEN
     return export_gguf(model_dir, out, base_file, tensor_type)
 
 
-def _base_model_of(model_dir: Path) -> Path | None:
-    """The local folder named by `base_model:` in the front matter of the folder's README.md, or None."""
+def _base_model_of(model_dir: Path) -> tuple[str | None, Path | None]:
+    """(what `base_model:` in the front matter of the folder's README.md says, the local folder it names), each
+    None when there is none."""
     try:
         text = (model_dir / "README.md").read_text(encoding="utf-8")
     except OSError:
-        return None
+        return None, None
     front = text.split("---", 2)[1] if text.startswith("---") and text.count("---") >= 2 else ""
     found = re.search(r"^base_model:\s*(.+?)\s*$", front, re.M)
     if not found:
-        return None
+        return None, None
     name = found.group(1).strip("'\"")
     path = Path(name).expanduser()
     if not path.is_absolute():
         path = (model_dir / path) if (model_dir / path).is_dir() else path
     if not path.is_dir() and name in BASE_MODELS:  # a catalogue name: the folder `models get` made of it
         path = default_models_dir() / name
-    return path if path.is_dir() else None
+    return name, (path if path.is_dir() else None)
 
 
 def _add_tensor(writer, gguf, name: str, tensor: np.ndarray, quant) -> None:
@@ -194,11 +198,15 @@ def _add_tensor(writer, gguf, name: str, tensor: np.ndarray, quant) -> None:
         writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=quant)
 
 
-def _read_config(model_dir: Path) -> dict:
+def _refuse_an_adapter(model_dir: Path) -> None:
     if (model_dir / "adapter_config.json").is_file() and not (model_dir / "config.json").is_file():
         raise GGUFExportError(
             f"{model_dir} is a LoRA adapter: merge it first (training/merge_lora.py) and export the merged folder"
         )
+
+
+def _read_config(model_dir: Path) -> dict:
+    _refuse_an_adapter(model_dir)
     try:
         return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -118,7 +118,12 @@ def test_the_folder_computes_what_base_and_adapter_compute(tiny_adapter, tiny_mo
     assert not (folder / "adapter_config.json").exists()  # merged: a plain model, for `transformers serve`
     template = AutoTokenizer.from_pretrained(tiny_model_dir).chat_template
     assert AutoTokenizer.from_pretrained(folder).chat_template == template
-    assert (folder / "README.md").read_bytes() == (tiny_adapter / "README.md").read_bytes()
+    # The adapter's card, read as the Hub reads a card: the merged folder is loaded by transformers, not PEFT.
+    from huggingface_hub import ModelCard
+
+    merged, shipped = (ModelCard.load(f / "README.md") for f in (folder, tiny_adapter))
+    assert (shipped.data.library_name, merged.data.library_name) == ("peft", "transformers")
+    assert merged.data.base_model == shipped.data.base_model and merged.text.endswith(shipped.text)
     record = json.loads((folder / TRAINING_FILE).read_text())
     assert record["adapter"] is False and record["server_settings"] == SERVER_SETTINGS
     card = json.loads((folder / SHIPPED_CARD_FILE).read_text())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -410,4 +411,34 @@ def test_a_base_named_by_its_catalogue_name_is_the_folder_models_get_made(tmp_pa
     merged = tmp_path / "merged"
     merged.mkdir()
     (merged / "README.md").write_text("---\nbase_model: smollm2-135m-instruct\n---\n# a merge\n")
-    assert _base_model_of(merged) == models / "smollm2-135m-instruct"
+    assert _base_model_of(merged) == ("smollm2-135m-instruct", models / "smollm2-135m-instruct")
+
+
+def test_a_folder_without_a_base_gguf_is_told_why(tmp_path, monkeypatch):
+    """`mirrorapi models gguf` (and the CPU engine script) on a folder it cannot export: the message names what its
+    card says (it said "not named in README.md" of a card naming a base that is not a local folder) and an adapter
+    is told to be merged first."""
+    from mirrorapi.models.catalogue import MODELS_DIR_ENV
+    from mirrorapi.models.to_gguf import GGUFExportError, gguf_for_serving
+
+    monkeypatch.setenv(MODELS_DIR_ENV, str(tmp_path / "models"))
+    cases = {
+        "hub-named": (
+            "---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\n---\n",
+            "config.json",
+            "its base model HuggingFaceTB/SmolLM2-135M-Instruct is not a folder made by `mirrorapi models get`",
+        ),
+        "unnamed": ("# no front matter\n", "config.json", "its README.md names no base_model"),
+        "adapter": (
+            "---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\n---\n",
+            "adapter_config.json",
+            "is a LoRA adapter: merge it first",
+        ),
+    }
+    for name, (card, config, message) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "README.md").write_text(card)
+        (folder / config).write_text("{}")
+        with pytest.raises(GGUFExportError, match=re.escape(message)):
+            gguf_for_serving(folder)
