@@ -47,6 +47,14 @@ def _example_ids(samples):
     return samples / "stabletoolbench" / "solvable_queries_example" / "test_query_ids"
 
 
+def _copied_answers(stb_answers, samples, judge, tmp_path, out: str, *flags: str) -> tuple:
+    """A copy of the example answers to change, and the `eval/fac.py` arguments judging it into `tmp_path/out`."""
+    answers = tmp_path / "answers"
+    shutil.copytree(stb_answers, answers)
+    argv = ["--answers", str(answers), "--ids", str(_example_ids(samples)), "--base-url", judge.base_url]
+    return answers, [*argv, "--model", judge.model, "--out", str(tmp_path / out), *flags, "--no-progress"]
+
+
 @pytest.mark.slow
 def test_fac_scores_every_id_and_resumes(eval_cli, tiny_engine, stb_answers, stb_ids, tmp_path):
     out = tmp_path / "fac"
@@ -233,23 +241,7 @@ def test_a_changed_answer_whose_judge_call_fails_is_pending_not_its_old_verdict(
     the new one's judge call fails it is pending (the module's "failed calls are not recorded"), never scored with
     the old verdict in a table that says it is complete."""
     faulty_judge.reply = "Verdict: Solved"
-    answers = tmp_path / "answers"
-    shutil.copytree(stb_answers, answers)
-    argv = [
-        "--answers",
-        str(answers),
-        "--ids",
-        str(_example_ids(samples)),
-        "--base-url",
-        faulty_judge.base_url,
-        "--model",
-        faulty_judge.model,
-        "--out",
-        str(tmp_path / "fac"),
-        "--timeout",
-        "5",
-        "--no-progress",
-    ]
+    answers, argv = _copied_answers(stb_answers, samples, faulty_judge, tmp_path, "fac", "--timeout", "5")
     assert eval_cli("fac")(argv) == 0
     dfs_file = answers / "virtual_chatgpt_dfs" / "G1_instruction.json"
     records = json.loads(dfs_file.read_text())
@@ -324,23 +316,7 @@ def test_user_mistakes_are_one_line_and_exit_2(eval_cli, faulty_judge, stb_answe
 
 
 def test_a_changed_answer_is_judged_again(eval_cli, faulty_judge, stb_answers, samples, tmp_path):
-    import shutil
-
-    answers = tmp_path / "answers"
-    shutil.copytree(stb_answers, answers)
-    argv = [
-        "--answers",
-        str(answers),
-        "--ids",
-        str(_example_ids(samples)),
-        "--base-url",
-        faulty_judge.base_url,
-        "--model",
-        faulty_judge.model,
-        "--out",
-        str(tmp_path / "out"),
-        "--no-progress",
-    ]
+    answers, argv = _copied_answers(stb_answers, samples, faulty_judge, tmp_path, "out")
     assert eval_cli("fac")(argv) == 0 and faulty_judge.requests == JUDGED_EXAMPLE_ANSWERS
     file = answers / "virtual_chatgpt_cot" / "G1_instruction.json"
     data = json.loads(file.read_text())
