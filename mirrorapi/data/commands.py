@@ -17,6 +17,7 @@ from mirrorapi.command_line import Command, add_group, add_settings_arguments, s
 from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
+from mirrorapi.prompts.judge_formats import JUDGE_VERDICTS
 from mirrorapi.prompts.simulator_formats import DEFAULT_SIMULATOR_FORMAT, STRUCTURED_FORMAT, session_format
 from mirrorapi.records import SourceError, read_labelled, read_pairs_jsonl, read_stabletoolbench_cache
 from mirrorapi.splits import SPLIT_RULES
@@ -141,16 +142,21 @@ def build_judge_sft(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
     bad: list[str] = []
-    records = itertools.chain(*[read_labelled(path, bad.append) for path in args.labelled])
-    splits, stats = build_judge_records(
-        records,
-        args.prompt_format,
-        args.test_fraction,
-        not args.no_balance,
-        args.seed,
-        args.repeat_sources,
-        args.split_rule,
-    )
+    # A label neither verdict is a bad line (its file and line said), as judge agreement reads the same files.
+    verdicts = JUDGE_VERDICTS.get(args.prompt_format)
+    records = itertools.chain(*[read_labelled(path, bad.append, verdicts) for path in args.labelled])
+    try:
+        splits, stats = build_judge_records(
+            records,
+            args.prompt_format,
+            args.test_fraction,
+            not args.no_balance,
+            args.seed,
+            args.repeat_sources,
+            args.split_rule,
+        )
+    except ValueError as exc:  # before --out is replaced: an empty set would take the place of a good one
+        raise ValueError(f"{exc}; {len(bad):,} unreadable line(s), e.g. {bad[0]}" if bad else str(exc)) from None
     _note_unreadable(stats, bad, {"labelled": args.labelled})
     write_sft_dataset(args.out, splits, stats, JUDGE_COLUMNS)
     print(_summary(args.out, stats, start))

@@ -5,7 +5,8 @@ label_kind`, optionally `reason`; read by `mirrorapi.records.read_labelled`). Th
 agreement show it: the text of the final answer (`extract_final_answer`: the inner `final_answer` of Finish JSON),
 cut as `judge_messages` cuts it; targets come from `judge_completion`. Rules, each counted in `stats.json`:
 - an empty final answer (or a give-up) is dropped: FAC scores it Unsolved without asking the judge;
-- the same (query, answer) twice is dropped; twice with different labels is counted apart;
+- the same (query, answer) twice is dropped; twice with different labels, every copy is dropped (which label
+  trained would depend on the files' order) and counted apart;
 - all answers to one query stay on one side of the split (a query's reference answer and its
   synthetic mismatch, or the four trials of a tau-bench task, would otherwise leak); with the `grouped` split
   rule (`mirrorapi.splits`) each query's side is its own seeded draw, and a training record whose answer text a
@@ -18,7 +19,6 @@ cut as `judge_messages` cuts it; targets come from `judge_completion`. Rules, ea
 from __future__ import annotations
 
 import random
-import re
 from collections import Counter
 from collections.abc import Iterable
 
@@ -29,16 +29,13 @@ from mirrorapi.prompts.judge_formats import (
     extract_final_answer,
     judge_completion,
     judge_messages,
+    query_group,
 )
 from mirrorapi.splits import SPLIT_RULES, split_groups
 
 JUDGE_COLUMNS = ("prompt", "completion", "prompt_format", "source", "id", "label", "label_kind")
 # Formats whose prompt needs only the query and the final answer (the judge schema has no tool calls).
 TRAINABLE_JUDGE_FORMATS = ("fac-v1",)
-
-
-def _group(query: str) -> str:
-    return re.sub(r"\s+", " ", query.strip().lower())
 
 
 def build_judge_records(
@@ -65,6 +62,7 @@ def build_judge_records(
     read: Counter = Counter()
     dropped: Counter = Counter()
     seen: dict[tuple[str, str], str] = {}
+    conflicting: set[tuple[str, str]] = set()
     kept: list[dict] = []
     for record in records:
         read[record["source"]] += 1
@@ -74,20 +72,30 @@ def build_judge_records(
         status, answer = extract_final_answer(record["final_answer"])
         if status != "answer":
             dropped["empty_answer"] += 1
-        elif (key := (_group(record["query"]), answer)) in seen:
-            dropped["duplicate" if seen[key] == record["label"] else "duplicate_conflicting"] += 1
+        elif (key := (query_group(record["query"]), answer)) in seen:
+            if seen[key] == record["label"]:
+                dropped["duplicate"] += 1
+            else:
+                dropped["duplicate_conflicting"] += 1 + (key not in conflicting)  # the first copy too
+                conflicting.add(key)
         else:
             seen[key] = record["label"]
             kept.append({**record, "answer": answer})
+    kept = [r for r in kept if (query_group(r["query"]), r["answer"]) not in conflicting]
+    if not kept:
+        reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(dropped.items()))
+        raise ValueError(
+            f"no labelled answer kept of {sum(read.values()):,} read ({reasons or 'none'}): nothing to train on"
+        )
 
     check_repeated_sources(repeats, set(read))
-    indices = split_groups([_group(r["query"]) for r in kept], test_fraction, seed, split_rule)
+    indices = split_groups([query_group(r["query"]) for r in kept], test_fraction, seed, split_rule)
     rng = random.Random(seed)
     train = [kept[i] for i in indices["train"]]
-    if split_rule == "grouped":
-        held_out_answers = {_group(kept[i]["answer"]) for i in indices["test"]}
-        dropped["answer_in_test"] = sum(_group(r["answer"]) in held_out_answers for r in train)
-        train = [r for r in train if _group(r["answer"]) not in held_out_answers]
+    if split_rule == "grouped":  # answer texts compared as queries are (case and spaces aside)
+        held_out_answers = {query_group(kept[i]["answer"]) for i in indices["test"]}
+        dropped["answer_in_test"] = sum(query_group(r["answer"]) in held_out_answers for r in train)
+        train = [r for r in train if query_group(r["answer"]) not in held_out_answers]
     balanced_out = 0
     if balance:
         by_label = {v: [r for r in train if r["label"] == v] for v in verdicts}
@@ -117,7 +125,7 @@ def build_judge_records(
         "splits": {
             name: {
                 "records": len(rs),
-                "groups": len({_group(r["query"]) for r in rs}),
+                "groups": len({query_group(r["query"]) for r in rs}),
                 **Counter(r["label"] for r in rs),
                 "by_source": dict(Counter(r["source"] for r in rs)),
             }

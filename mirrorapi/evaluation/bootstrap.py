@@ -53,11 +53,25 @@ def percentile_interval(values: Sequence[float] | np.ndarray, digits: int | None
 
 
 def interval_of(
-    rows: Sequence[Row], figure: Callable[[list[Row]], float | None], digits: int = 2
+    rows: Sequence[Row],
+    figure: Callable[[list[Row]], float | None],
+    digits: int = 2,
+    groups: Sequence[Hashable] | None = None,
 ) -> list[float] | None:
     """The 95% interval of `figure` (a function of a list of rows) over the resamples of `rows`; resamples where
-    the figure is undefined (None: e.g. kappa where every row has one label) are left out."""
+    the figure is undefined (None: e.g. kappa where every row has one label) are left out. `groups` (each row's):
+    whole groups are drawn instead, as `resample_weights` draws them; None (no interval) for rows of one group."""
     if not rows:
         return None
-    values = [figure([rows[i] for i in draw]) for draw in resamples(len(rows))]
+    if groups is None:
+        draws = ([rows[i] for i in draw] for draw in resamples(len(rows)))
+    else:
+        members: dict = {}
+        for row, group in zip(rows, groups, strict=True):
+            members.setdefault(group, []).append(row)
+        if len(members) < 2:
+            return None
+        clusters = list(members.values())
+        draws = ([row for i in draw for row in clusters[i]] for draw in resamples(len(clusters)))
+    values = [figure(draw) for draw in draws]
     return percentile_interval([v for v in values if v is not None], digits)

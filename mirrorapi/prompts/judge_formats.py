@@ -64,6 +64,15 @@ SOPR_SYSTEM_V1 = (
 )
 
 # The verdicts each judge format may give (what `parse_verdict` accepts for it).
+
+
+def query_group(query: str) -> str:
+    """The unit a query's labelled answers share (its text, case and spaces aside): a tau-bench task's trials, an
+    AnyToolBench reference answer and its mismatch. They stay on one side of the judge's split, and the judge's
+    agreement intervals resample them together: they are no independent draws."""
+    return re.sub(r"\s+", " ", query.strip().lower())
+
+
 JUDGE_VERDICTS = {"fac-v1": ("Solved", "Unsolved"), "sopr-v1": ("Solved", "Unsolved", "Unsure")}
 
 

@@ -57,11 +57,17 @@ def agreement_of(rows: list[dict], column: str | None) -> dict:
 
 
 def agreement_core(predicted: list[str], labels: list[str]) -> dict:
-    n = len(labels)
-    accuracy = sum(p == y for p, y in zip(predicted, labels, strict=True)) / n
-    chance = sum((predicted.count(v) / n) * (labels.count(v) / n) for v in ("Solved", "Unsolved"))
-    kappa = (accuracy - chance) / (1 - chance) if chance < 1 else 0.0
-    return {"n": n, "accuracy": round(100 * accuracy, 1), "kappa": round(kappa, 3)}
+    """Accuracy (%) and Cohen's kappa, judge agreement's own (None where it is undefined: one label everywhere,
+    where a 0 read as a judge at chance)."""
+    from mirrorapi.evaluation.judge.agreement import cohen_kappa
+
+    accuracy = sum(p == y for p, y in zip(predicted, labels, strict=True)) / len(labels)
+    kappa = cohen_kappa(list(zip(labels, predicted, strict=True)))
+    return {
+        "n": len(labels),
+        "accuracy": round(100 * accuracy, 1),
+        "kappa": None if kappa is None else round(kappa, 3),
+    }
 
 
 def score_judge(base: Path, adapter: Path, work: Path, out: Path, device: str) -> dict:

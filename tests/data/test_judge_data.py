@@ -44,10 +44,40 @@ def test_train_is_balanced_and_queries_stay_on_one_side(judge_sft_dir):
 
 
 def test_duplicates_and_conflicts_are_counted():
+    """A copy is dropped; an answer under both labels is dropped whole: which label trained depended on the files'
+    order (either order now builds the same sets)."""
     first = LABELLED[0]
     flipped = {**first, "id": "x", "label": "Unsolved" if first["label"] == "Solved" else "Solved"}
-    _, stats = build_judge_records(LABELLED + [dict(first, id="copy"), flipped], test_fraction=0.2)
-    assert (stats["dropped"]["duplicate"], stats["dropped"]["duplicate_conflicting"]) == (1, 1)
+    splits, stats = build_judge_records(LABELLED + [dict(first, id="copy"), flipped], test_fraction=0.2)
+    assert (stats["dropped"]["duplicate"], stats["dropped"]["duplicate_conflicting"]) == (1, 2)
+    assert not {first["id"], "copy", "x"} & {r["id"] for rs in splits.values() for r in rs}
+    reordered, _ = build_judge_records([flipped, *LABELLED, dict(first, id="copy")], test_fraction=0.2)
+    assert {name: sorted(r["id"] for r in rs) for name, rs in reordered.items()} == {
+        name: sorted(r["id"] for r in rs) for name, rs in splits.items()
+    }
+
+
+def test_a_file_with_nothing_to_train_on_is_refused_and_the_set_it_would_replace_stays(judge_sft_dir, tmp_path):
+    """Every label misspelt (`solved`): one line naming the file and line, exit 2, and an earlier build in --out
+    kept (an empty set, which `load_from_disk` cannot read, took its place with exit 0)."""
+    import shutil
+
+    out = tmp_path / "judge"
+    shutil.copytree(judge_sft_dir, out)
+    lower = tmp_path / "lower.jsonl"
+    lower.write_text("".join(json.dumps({**r, "label": r["label"].lower()}) + "\n" for r in LABELLED[:3]))
+    done = subprocess.run(
+        [sys.executable, str(REPO / "data/build_judge_sft.py"), "--labelled", str(lower), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "build_judge_sft.py: error: no labelled answer kept of 0 read (none): nothing to train on; 3 unreadable "
+        f"line(s), e.g. lower.jsonl:1: label {LABELLED[0]['label'].lower()!r} is not Solved or Unsolved"
+    )
+    assert len(load_from_disk(str(out))["train"]) == len(load_from_disk(str(judge_sft_dir))["train"])
 
 
 def test_repeat_sources_repeats_a_sources_training_answers_after_balancing():

@@ -209,3 +209,19 @@ def test_bad_labelled_files_are_one_line_errors(eval_cli, tmp_path, capsys):
         assert eval_cli("judge_agreement")(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("judge_agreement.py: error:") and f"{name}:1" in err[0]
+
+
+def test_intervals_resample_a_querys_answers_together():
+    """Two tau-bench tasks of four trials each, one judged right on every trial and one wrong on every trial: the
+    trials are no independent draws, so a resample draws both tasks, one twice or the other (accuracy 1, 1/2 or 0:
+    the 95% interval [0, 1]); resampled answer by answer the interval would claim [1/8, 7/8]."""
+    rows = [
+        {"label": "Solved", "prediction": prediction, "group": task}
+        for task, prediction in (("task 1", "Solved"), ("task 2", "Unsolved"))
+        for _ in range(4)
+    ]
+    assert agreement_stats(rows)["accuracy_ci95"] == [0.0, 1.0]
+    by_answer = agreement_stats([{k: v for k, v in r.items() if k != "group"} for r in rows])["accuracy_ci95"]
+    assert 0.0 < by_answer[0] and by_answer[1] < 1.0
+    # One task alone: every resample is the task itself, so there is no interval to give.
+    assert agreement_stats(rows[:4])["accuracy_ci95"] is None

@@ -30,6 +30,7 @@ from mirrorapi.prompts.judge_formats import (
     extract_final_answer,
     judge_messages,
     parse_verdict,
+    query_group,
 )
 from mirrorapi.records import JUDGE_KEYS, SourceError, read_labelled
 from mirrorapi.versions import package_versions
@@ -80,21 +81,23 @@ def cohen_kappa(pairs: list[tuple[str, str]]) -> float | None:
 
 
 def agreement_stats(rows: list[dict]) -> dict:
-    """accuracy and kappa with their 95% bootstrap intervals (`accuracy_ci95`, `kappa_ci95`: the answers resampled,
-    `mirrorapi.evaluation.bootstrap`), confusion matrix (label -> prediction counts) of prediction rows, and
-    `solved_to_all`: the accuracy and kappa of a judge that says Solved to every answer, on the same rows (the trivial
-    judge to beat: its accuracy is the share of Solved labels, its kappa 0, or None where every label is Solved), and
-    the judge's accuracy minus that judge's on the same answers with its interval (`over_solved_to_all`: whether the
-    judge is worth its verdicts beyond the draw of answers)."""
+    """accuracy and kappa with their 95% bootstrap intervals (`accuracy_ci95`, `kappa_ci95`; resampled are the rows'
+    queries, each with all its answers, where rows say their `group` (`query_group`: a tau-bench task's trials are no
+    independent draws), else the answers; `mirrorapi.evaluation.bootstrap`), the confusion matrix (label ->
+    prediction counts) of prediction rows, and `solved_to_all`: the accuracy and kappa of a judge that says Solved to
+    every answer, on the same rows (the trivial judge to beat: its accuracy is the share of Solved labels, its kappa
+    0, or None where every label is Solved), and the judge's accuracy minus that judge's on the same answers with its
+    interval (`over_solved_to_all`: whether the judge is worth its verdicts beyond the draw of answers)."""
     scored = [(r["label"], r["prediction"] if r["prediction"] in LABELS else "Unsolved") for r in rows]
+    groups = [r["group"] for r in rows] if all("group" in r for r in rows) else None
     confusion = {label: {p: 0 for p in (*LABELS, UNPARSEABLE)} for label in LABELS}
     for r in rows:
         confusion[r["label"]][r["prediction"]] += 1
     return {
         "n": len(rows),
         **_accuracy_and_kappa(scored),
-        "accuracy_ci95": interval_of(scored, lambda some: sum(a == b for a, b in some) / len(some), digits=4),
-        "kappa_ci95": interval_of(scored, cohen_kappa, digits=4),
+        "accuracy_ci95": interval_of(scored, _accuracy, digits=4, groups=groups),
+        "kappa_ci95": interval_of(scored, cohen_kappa, digits=4, groups=groups),
         "unparseable": sum(r["prediction"] == UNPARSEABLE for r in rows),
         "labelled_solved": sum(r["label"] == "Solved" for r in rows),
         "predicted_solved": sum(r["prediction"] == "Solved" for r in rows),
@@ -102,9 +105,13 @@ def agreement_stats(rows: list[dict]) -> dict:
         "solved_to_all": _accuracy_and_kappa([(label, "Solved") for label, _ in scored]),
         "over_solved_to_all": {
             "difference": round(_lead_over_solved_to_all(scored), 4) if scored else None,
-            "ci95": interval_of(scored, _lead_over_solved_to_all, digits=4),
+            "ci95": interval_of(scored, _lead_over_solved_to_all, digits=4, groups=groups),
         },
     }
+
+
+def _accuracy(scored: list[tuple[str, str]]) -> float:
+    return sum(a == b for a, b in scored) / len(scored)
 
 
 def _lead_over_solved_to_all(scored: list[tuple[str, str]]) -> float:
@@ -179,7 +186,14 @@ async def predict(
     for record in records:
         key = (settings.model, fmt, record["source"], str(record["id"]))
         if done.get(key, {}).get("judged_text") == _judged_text(record):  # else its judge call failed: pending
-            rows.append({**done[key], "label": record["label"], "label_kind": record.get("label_kind", "")})
+            rows.append(
+                {
+                    **done[key],
+                    "label": record["label"],
+                    "label_kind": record.get("label_kind", ""),
+                    "group": query_group(record["query"]),
+                }
+            )
     return rows, failures
 
 
