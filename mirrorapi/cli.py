@@ -76,8 +76,11 @@ def tools_export(args: argparse.Namespace) -> int:
     schemas = export_toolset(select_toolset(registry, parse_toolset(args.toolset or "") + spec), args.format)
     text = json.dumps(schemas, ensure_ascii=False, indent=2) + "\n"
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        try:
+            with open(args.out, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise ToolsetError(f"cannot write --out {args.out}: {exc.strerror or exc}") from None
         print(f"{len(schemas):,} {args.format} function schemas written to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

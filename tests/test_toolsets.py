@@ -63,9 +63,15 @@ def test_toolsets_by_category_tool_api_and_query(samples):
             select_toolset(registry, spec)
 
 
-def test_export_of_an_unknown_name_is_one_line(samples, capsys):
+def test_export_of_an_unknown_name_is_one_line(samples, capsys, tmp_path):
     assert main(["tools", "export", "--tools", str(samples / "tools"), "--category", "Nope"]) == 2
     assert capsys.readouterr().err.strip() == "mirrorapi tools export: error: Unknown category 'Nope'."
+    # an --out in a folder that does not exist: one line (it was open()'s traceback)
+    out = tmp_path / "missing" / "tools.json"
+    assert main(["tools", "export", "--tools", str(samples / "tools"), "--category", "Data", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"mirrorapi tools export: error: cannot write --out {out}: No such file or directory"
+    )
 
 
 @pytest.mark.shared

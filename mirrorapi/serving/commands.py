@@ -58,11 +58,14 @@ def cache_import(args: argparse.Namespace) -> int:
     from mirrorapi.serving.cache import import_pairs, import_stabletoolbench_cache, open_cache
 
     registry = ToolRegistry.load(args.tools) if args.tools else None
-    if not Path(args.source).exists():  # before the cache is opened: a mistyped source leaves no new database
-        raise CacheError(
-            f"{'pairs file' if args.source.endswith('.jsonl') else 'StableToolBench cache folder'} not found: "
-            f"{args.source}"
-        )
+    pairs = args.source.endswith(".jsonl")
+    # Before the cache is opened: a mistyped source leaves no new database.
+    if not Path(args.source).exists():
+        raise CacheError(f"{'pairs file' if pairs else 'StableToolBench cache folder'} not found: {args.source}")
+    if not pairs and not Path(args.source).is_dir():
+        raise CacheError(f"{args.source} is a file: give a StableToolBench cache folder or a pairs .jsonl file")
+    if pairs and (args.origin or args.force):  # what they name is a folder's import
+        raise CacheError("--origin and --force are for a StableToolBench cache folder, not a pairs .jsonl file")
     cache = open_cache(args.cache)
     try:
         if args.source.endswith(".jsonl"):
@@ -73,6 +76,10 @@ def cache_import(args: argparse.Namespace) -> int:
             )
     finally:
         cache.close()
+    if not report.get("skipped") and not report["entries"] and report["unreadable"]:  # e.g. a judge file as pairs
+        raise CacheError(
+            f"{args.source}: nothing read, {len(report['unreadable']):,} unreadable, e.g. {report['unreadable'][0]}"
+        )
     if args.json:
         print_json(report)
     elif report["skipped"]:

@@ -27,7 +27,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
 from mirrorapi.serving.answer import Answer
-from mirrorapi.serving.config import ServerSettings
+from mirrorapi.serving.config import ConfigError, ServerSettings
 
 logger = logging.getLogger(__name__)
 _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps with arguments builds an encoder per call
@@ -145,8 +145,11 @@ class RequestLogWriter:
         self.files = [2] if settings.log_level in ("debug", "info") else []  # stderr
         self._own: list[int] = []
         if settings.log_file is not None:
-            settings.log_file.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(settings.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                settings.log_file.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(settings.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as exc:  # a user's setting: one line at start, not a traceback
+                raise ConfigError(f"log_file: cannot open {settings.log_file} to append to ({exc.strerror})") from None
             self.files.append(fd)
             self._own.append(fd)
         self.lines: list[str] = []

@@ -92,6 +92,12 @@ class VirtualServer:
             stats["unreadable"],
             ", ".join(stats["indexes"]) or "none",
         )
+        if not stats["apis"]:  # every call would be an unknown API while /health said ok
+            raise ConfigError(
+                f"tools_folder: no API doc in {', '.join(map(str, settings.tools_folder))} (a tools folder holds "
+                "<category>/<tool>.json files, e.g. ToolEnv2404's tools/; or give StableToolBench query files or "
+                "OpenAI function files)"
+            )
         cache = open_server_cache(settings)
         try:
             if settings.cache_folder is not None:

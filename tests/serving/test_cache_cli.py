@@ -1,6 +1,7 @@
 """`mirrorapi cache import | export | stats`, on a SQLite file and on PostgreSQL (`cache_location`)."""
 
 import json
+from pathlib import Path
 
 from harness.fake_engines import STUB_OBSERVATION, StubEngine
 from mirrorapi.cli import main
@@ -100,6 +101,17 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     assert main(["cache", "import", str(pairs), "--cache", "postgresql+psycopg://postgres@127.0.0.1:5/x"]) == 2
     assert "is neither a postgresql:// URL nor a SQLite path" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+    # A file that is no cache folder, flags a pairs file ignored, and a JSONL file of something else (labelled
+    # answers): each one line (the file was "not found", the flags silently ignored, and exit 0 for nothing read).
+    judge = Path(__file__).resolve().parents[2] / "data" / "samples" / "judge.jsonl"
+    for argv, says in (
+        ([str(tmp_path / "a-file")], "is a file: give a StableToolBench cache folder or a pairs .jsonl file"),
+        ([str(pairs), "--origin", "mine"], "--origin and --force are for a StableToolBench cache folder"),
+        ([str(judge)], "nothing read, "),
+    ):
+        assert main(["cache", "import", *argv, "--cache", str(tmp_path / "c.sqlite")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
 
 
 def test_recorded_outages_are_not_imported_and_the_call_is_simulated(

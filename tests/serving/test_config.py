@@ -217,6 +217,24 @@ def test_server_script_bad_config_exits_2_before_serving(tmp_path):
     ]
 
 
+def test_settings_only_the_start_can_check_are_one_line_and_exit_2(tmp_path, capsys):
+    """A tools folder without a doc (one level too high, or empty: every call was an unknown API while /health said
+    ok) and a request log that cannot be opened (a traceback): refused as the server starts, in one line."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a-file").write_text("")
+    base = ["serve", "--mode", "replay", "--cache-path", str(tmp_path / "c.sqlite"), "--port", "1"]
+    for flags, says in (
+        (["--tools-folder", str(tmp_path / "empty")], f"tools_folder: no API doc in {tmp_path / 'empty'}"),
+        (
+            ["--tools-folder", str(SAMPLE_TOOLS), "--log-file", str(tmp_path / "a-file" / "requests.jsonl")],
+            f"log_file: cannot open {tmp_path / 'a-file' / 'requests.jsonl'} to append to",
+        ),
+    ):
+        assert mirrorapi_main([*base, *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mirrorapi serve: error: ") and says in err[0], err
+
+
 def test_server_script_help_lists_every_setting():
     done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
