@@ -333,8 +333,12 @@ def test_second_run_reuses_what_was_built_and_ctrl_c_stops_everything(first_run,
         demo.send_signal(signal.SIGINT)
         assert demo.wait(60) == 130
     finally:
-        if demo.poll() is None:
-            demo.kill()
+        if demo.poll() is None:  # an assertion above failed: stopped as a user stops it, so its engine goes too
+            demo.send_signal(signal.SIGINT)  # (killed outright, the demo left its engine running)
+            try:
+                demo.wait(60)
+            except subprocess.TimeoutExpired:
+                demo.kill()
     error = (tmp_path / "stderr.txt").read_text()
     step = re.search(r"demo interrupted during step (\d) \((\w+)\)", error)
     assert step and int(step.group(1)) >= 3, error
