@@ -362,3 +362,19 @@ def test_index_beside_the_folder_or_in_the_cache_folder_when_read_only(tmp_path,
         folder.parent.chmod(0o755)
     assert not (folder.parent / ".tools.mirrorapi-index").exists()
     assert len(list((tmp_path / "xdg" / "mirrorapi" / "tools-index").iterdir())) == 1
+
+
+def test_an_index_whose_body_was_damaged_is_not_served(tmp_path):
+    """One flipped bit inside a doc's text still loads as a valid index (marshal keeps strings as they are), and its
+    docs were served as the folder's; the body's digest, checked at each load, sends the load back to the folder."""
+    from mirrorapi.tools_index import locations
+
+    folder = _settled_tools_folder(tmp_path)
+    ToolRegistry.load([folder])
+    (index,) = [p for p in locations(folder) if p.exists()]
+    data = index.read_bytes()
+    at = data.index(b"the second API") + len(b"the s")
+    index.write_bytes(data[:at] + bytes([data[at] ^ 0x20]) + data[at + 1 :])  # "e" -> "E": one bit
+    again = ToolRegistry.load([folder])
+    assert again.indexes == [(str(folder), "written")]
+    assert again.resolve("Data", "weather", "second").description == "the second API"

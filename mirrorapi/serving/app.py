@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import gc
 import logging
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -275,10 +277,36 @@ def serve(settings: ServerSettings) -> None:
                 after,
                 settings.max_episodes,
             )
+    check_address_free(settings.host, settings.port)
     if settings.workers > 1:
         return serve_workers(settings)
     app = create_app(settings)
     uvicorn.run(app, **uvicorn_options(settings))
+
+
+def check_address_free(host: str, port: int) -> None:
+    """ConfigError when the server could not listen on host:port: the port taken (another server, a second start),
+    or a host that is no name or address of this machine. Checked before the app is built, which may import a large
+    cache folder first; uvicorn found it only after that, and said so in a line among the INFO lines of its start
+    and shutdown, exit status 3. Bound as uvicorn binds (SO_REUSEADDR) and let go; any other refusal (a port below
+    1024 without the right) is left to uvicorn's own message."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # uvicorn's choice of family for a host
+    try:
+        address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][4]
+    except socket.gaierror as exc:
+        raise ConfigError(f"host: cannot listen on {host!r}: {exc.strerror}") from None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"port: {host}:{port} is in use (another server, or this one started twice): stop it or choose "
+                    "another --port"
+                ) from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(f"host: {host} is not an address of this machine") from None
 
 
 def serve_workers(settings: ServerSettings) -> None:

@@ -35,7 +35,7 @@ from mirrorapi.command_line import (
     settings_values,
 )
 from mirrorapi.few_shot import FEW_SHOT_TIES
-from mirrorapi.models.catalogue import read_training_record, serving_settings
+from mirrorapi.models.catalogue import TRAINING_FILE, read_training_record, serving_settings
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_HISTORY_CALLS,
@@ -501,10 +501,11 @@ class ServerSettings(BaseModel):
     def non_default(self) -> dict:
         """Settings that differ from the defaults, as JSON values (logged at start-up)."""
         fields = type(self).model_fields
+        defaults = {k: f.get_default(call_default_factory=True) for k, f in fields.items() if not f.is_required()}
         return {
             k: v
             for k, v in self.model_dump(mode="json").items()
-            if fields[k].is_required() or v != fields[k].default and str(v) != str(fields[k].default)
+            if k not in defaults or v != defaults[k] and str(v) != str(defaults[k])
         }
 
 
@@ -528,6 +529,13 @@ def model_record_settings(model: str) -> dict:
     record = read_training_record(folder) if folder.is_dir() else None
     if not record:
         return {}
+    if record.get("kind") == "judge":
+        # Its record's settings (16 tokens, a verdict's prompt format) served as a simulator: every miss answered with
+        # a cut verdict, stored in the cache as the API's answer.
+        raise ConfigError(
+            f"model: {model} is a judge (its {TRAINING_FILE} says kind 'judge'), not a simulator: give the "
+            "simulator's folder (model_settings: off serves it without its record)"
+        )
     settings = {k: v for k, v in serving_settings(record).items() if k in MODEL_RECORD_KEYS}
     if isinstance(settings.get("prompt_format"), str):
         settings["prompt_format"] = stateless_format(settings["prompt_format"])

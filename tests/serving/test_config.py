@@ -299,3 +299,47 @@ def test_the_start_up_line_shows_a_database_url_without_its_password():
         "postgresql://bench@db/cache?password=***&sslmode=require"
     )
     assert without_password("postgresql:///cache") == "postgresql:///cache"
+
+
+def test_a_port_in_use_or_an_address_not_of_this_machine_is_one_line_before_anything_is_built(tmp_path, capsys):
+    """A second server on a taken port started, built its app (a cache folder's import first, when given) and then
+    exited 3 with uvicorn's error among the INFO lines of its start-up and shutdown. Now: one line, status 2, and no
+    cache file made."""
+    import socket
+
+    cache = tmp_path / "c.sqlite"
+    base = ["serve", "--tools-folder", str(SAMPLE_TOOLS), "--mode", "replay", "--cache-path", str(cache)]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert mirrorapi_main([*base, "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"mirrorapi serve: error: port: 127.0.0.1:{port} is in use (another server, or this one started twice): "
+        "stop it or choose another --port"
+    ]
+    # 192.0.2.1: TEST-NET-1 (RFC 5737), no machine's own address; `.invalid` names never resolve (RFC 2606).
+    for host, says in (("192.0.2.1", "is not an address of this machine"), ("no-such-host.invalid", "cannot listen")):
+        assert mirrorapi_main([*base, "--host", host, "--port", "8080"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mirrorapi serve: error: host: ") and says in err[0], err
+    assert not cache.exists()
+
+
+def test_a_judge_s_folder_given_as_the_simulator_is_refused(tmp_path):
+    """A judge's record says 16 tokens: served as the simulator, every miss got a cut verdict, cached as the API's
+    answer. `model_settings: off` (the record not read) still serves the folder as the user asks."""
+    judge = a_model_folder(tmp_path, {"kind": "judge", "server_settings": {"max_tokens": 16}})
+    base = {"tools_folder": [str(SAMPLE_TOOLS)], "model": str(judge)}
+    with pytest.raises(ConfigError, match=r"model: .* is a judge \(its mirrorapi_training.json says kind 'judge'\)"):
+        load_settings(overrides=base, environ={})
+    assert load_settings(overrides={**base, "model_settings": "off"}, environ={}).max_tokens == 1024
+
+
+def test_the_start_up_line_lists_only_what_was_given():
+    """`allowed_hosts` (a list whose default is made by a factory) was listed as given, `[]`, on every start."""
+    settings = load_settings(overrides={"tools_folder": [str(SAMPLE_TOOLS)]}, environ={})
+    assert settings.non_default() == {"tools_folder": [str(SAMPLE_TOOLS)]}
+    given = load_settings(overrides={"tools_folder": [str(SAMPLE_TOOLS)], "allowed_hosts": ["a.example"]}, environ={})
+    assert given.non_default()["allowed_hosts"] == ["a.example"]
