@@ -90,9 +90,20 @@ def _choices(field: FieldInfo) -> list | None:
 
 
 def _scalar_type(field: FieldInfo) -> Any:
-    """int or float for a number field, so that argparse refuses `--port x` (other values: pydantic converts)."""
+    """int or float for a number field, so that argparse refuses `--port x` (other values: pydantic converts). A number
+    whose default is None also takes `none` or `null`, kept as text: the layer above reads it as "clear the value
+    the file or the environment gave" (`--seed none`), as it reads the same word from the environment."""
     annotation = _value_type(field)
-    return annotation if annotation in (int, float) else None
+    if annotation not in (int, float):
+        return None
+    if field.default is not None:
+        return annotation
+
+    def number_or_none(text: str):
+        return text if text.lower() in ("none", "null") else annotation(text)
+
+    number_or_none.__name__ = annotation.__name__  # argparse's "invalid int value: 'x'"
+    return number_or_none
 
 
 def _default_text(field: FieldInfo, command_default: Any = None) -> str:
@@ -189,10 +200,22 @@ def one_line(error: ValidationError, model: type, spell: Callable[[str], str] = 
     return "; ".join(parts)
 
 
+def cleared(values: Mapping[str, Any], model: type) -> dict[str, Any]:
+    """`values` with the words `none` and `null` read as None for a field whose default is None: how a flag or an
+    environment variable clears what a layer below gave (`--seed none` over a config file's seed)."""
+    fields = settings_fields(model)
+    return {
+        k: None
+        if isinstance(v, str) and v.lower() in ("null", "none") and k in fields and fields[k].default is None
+        else v
+        for k, v in values.items()
+    }
+
+
 def settings_from_args(args: argparse.Namespace, model: type, /, prefix: str = "", **given: Any):
     """An instance of `model` from its flags (and `given` values, which win); SettingsError in one line."""
     try:
-        return model(**{**settings_values(args, model, prefix), **given})
+        return model(**cleared({**settings_values(args, model, prefix), **given}, model))
     except ValidationError as exc:
         raise SettingsError(one_line(exc, model, lambda name: flag_name(model, name, prefix))) from None
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mirrorapi.command_line import (
     SettingsError,
     add_settings_arguments,
+    cleared,
     environment_values,
     one_line,
     read_yaml_settings,
@@ -562,13 +563,7 @@ def load_settings(
         for key, value in model_record_settings(str(data.get("model", FIELDS["model"].default))).items():
             if key not in data:  # below every source the user gave
                 data[key], given_by[key] = value, "record"
-    # "null"/"none" from the environment or a flag clear a setting whose default is None.
-    data = {
-        k: None
-        if isinstance(v, str) and v.lower() in ("null", "none") and k in FIELDS and FIELDS[k].default is None
-        else v
-        for k, v in data.items()
-    }
+    data = cleared(data, ServerSettings)  # "null"/"none" from the environment or a flag clear a setting
     try:
         settings = ServerSettings.model_validate(data)
     except ValidationError as exc:

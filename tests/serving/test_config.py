@@ -343,3 +343,24 @@ def test_the_start_up_line_lists_only_what_was_given():
     assert settings.non_default() == {"tools_folder": [str(SAMPLE_TOOLS)]}
     given = load_settings(overrides={"tools_folder": [str(SAMPLE_TOOLS)], "allowed_hosts": ["a.example"]}, environ={})
     assert given.non_default()["allowed_hosts"] == ["a.example"]
+
+
+def test_a_flag_clears_a_number_the_file_gave_with_none(tmp_path):
+    """`--seed none` was refused by argparse ("invalid int value"), so a flag could not clear a file's seed, where the
+    variable MIRRORAPI_SEED=none could; a number is still checked as one."""
+    import argparse
+
+    from mirrorapi.serving.config import add_server_arguments, settings_from_args
+
+    config = write(tmp_path / "c.yml", f"tools_folder: {SAMPLE_TOOLS}\nseed: 5\n")
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_server_arguments(parser)
+    assert settings_from_args(parser.parse_args(["--config", str(config)]), environ={}).seed == 5
+    assert settings_from_args(parser.parse_args(["--config", str(config), "--seed", "none"]), environ={}).seed is None
+    assert (
+        settings_from_args(parser.parse_args(["--config", str(config)]), environ={"MIRRORAPI_SEED": "null"}).seed
+        is None
+    )
+    assert settings_from_args(parser.parse_args(["--config", str(config), "--seed", "7"]), environ={}).seed == 7
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--config", str(config), "--seed", "seven"])
