@@ -297,7 +297,7 @@ def add_command(sub, command: Command) -> argparse.ArgumentParser:
     )
     command.add_arguments(parser)
     # errors name the command as called (`mirrorapi eval fac: error: ...`), as argparse's own do
-    parser.set_defaults(mirrorapi_command=command, mirrorapi_prog=parser.prog)
+    parser.set_defaults(mirrorapi_command=command, mirrorapi_prog=parser.prog, mirrorapi_parser=parser)
     return parser
 
 
@@ -314,7 +314,8 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prog
     args, rest = parser.parse_known_args(argv)
     command: Command = args.mirrorapi_command
     if rest and not command.passthrough:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        # by the command's own parser: its usage and `mirrorapi cache stats: error:`, not the top level's
+        getattr(args, "mirrorapi_parser", parser).error(f"unrecognized arguments: {' '.join(rest)}")
     args.passthrough = rest
     return _run(command, args, prog)
 

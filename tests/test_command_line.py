@@ -79,6 +79,19 @@ def test_a_command_with_its_own_parser_names_itself_as_called(capsys, name):
     )
 
 
+@pytest.mark.parametrize("command", [["cache", "stats", "--cache", "c.sqlite"], ["tools", "stats", "tools"]])
+def test_an_unknown_flag_is_told_by_the_command_it_was_given_to(capsys, command):
+    """It was told by the top level (`usage: mirrorapi [-h] {tools,cache,serve} ...`, `mirrorapi: error:`), whose
+    usage shows none of the command's flags."""
+    with pytest.raises(SystemExit) as exited:
+        mirrorapi_main([*command, "--no-such-flag"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    called = "mirrorapi " + " ".join(command[:2])
+    assert err[0].startswith(f"usage: {called} ")
+    assert err[-1] == f"{called}: error: unrecognized arguments: --no-such-flag"
+
+
 def test_the_benchmarks_judge_flags_are_the_judge_settings_with_a_prefix(capsys, tmp_path):
     code = mirrorapi_main(
         [
