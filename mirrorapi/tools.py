@@ -287,8 +287,9 @@ class ToolRegistry:
         tool = tools.get(stem)
         if tool is None:
             tool = tools[stem] = Tool(category, stem, title or stem, description)
-            alias = standardize(title) if title else stem
-            if alias != stem:
+            # Clients send a tool's standardized name: its title's, or its file's where the file's name is not one
+            # (ToolEyes' `API_BASKETBALL.json` is `api_basketball` to them). A file of exactly that name wins.
+            for alias in {standardize(title) if title else stem, standardize(stem)} - {stem}:
                 self._aliases.setdefault((category, alias), stem)
         elif description and not tool.description:
             tool.description = description
@@ -405,7 +406,7 @@ class ToolRegistry:
         name = api_key_name(api_name)
         doc = tool.apis.get(name)
         if doc is None:
-            suffix = "_for_" + tool.name  # a full function name `<api>_for_<tool>`
+            suffix = "_for_" + standardize(tool.name)  # a full function name `<api>_for_<tool>`, standardized whole
             if name.endswith(suffix):
                 doc = tool.apis.get(name[: -len(suffix)])
         if doc is None:

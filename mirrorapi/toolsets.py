@@ -30,13 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from mirrorapi.names import api_key_name, standardize_category
+from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.tools import ApiDoc, ToolRegistry, UnknownName
 
 TOOLSET_KEYS = ("category", "tool", "api", "query")
 MAX_TOOLSET_ITEMS = 256  # distinct items of a spec (a URL's query string): each costs a lookup, some a category's APIs
 NAME_LIMIT = 64
-_INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+# What OpenAI's function names allow (`^[a-zA-Z0-9_-]{1,64}$`); MCP's also allow ".", which OpenAI refuses: one
+# name for both formats.
+_INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 # RapidAPI / ToolBench parameter types -> JSON schema types (anything else is a string: ENUM, DATE, ...)
 _JSON_TYPES = {
     "STRING": "string",
@@ -151,7 +153,7 @@ def function_names(docs: list[ApiDoc]) -> dict[str, ApiDoc]:
         tools_per_api.setdefault(doc.api, set()).add((doc.category, doc.tool))
     named: dict[str, ApiDoc] = {}
     for doc in docs:
-        name = doc.api if len(tools_per_api[doc.api]) == 1 else f"{doc.api}_for_{doc.tool}"
+        name = doc.api if len(tools_per_api[doc.api]) == 1 else f"{doc.api}_for_{standardize(doc.tool)}"
         name = _INVALID_NAME_CHARS.sub("_", name)[:NAME_LIMIT] or "api"
         unique, number = name, 2
         while unique in named:

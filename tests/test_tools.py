@@ -378,3 +378,20 @@ def test_an_index_whose_body_was_damaged_is_not_served(tmp_path):
     again = ToolRegistry.load([folder])
     assert again.indexes == [(str(folder), "written")]
     assert again.resolve("Data", "weather", "second").description == "the second API"
+
+
+def test_a_tool_whose_file_name_is_not_standardized_is_found_as_clients_name_it():
+    """ToolEyes' tools folder (shipped in data/tooleyes) names 70 files as their tools are titled (`API_BASKETBALL`);
+    ToolBench's clients send a tool's standardized name and a function's `<api>_for_<standardized tool>`
+    (StableToolBench's `standardize`, `change_name`), which were unknown APIs for those tools."""
+    from pathlib import Path
+
+    registry = ToolRegistry.load([Path(__file__).resolve().parents[1] / "data" / "tooleyes" / "tools"])
+    for tool, api in (
+        ("API_BASKETBALL", "timezone"),
+        ("api_basketball", "timezone"),
+        ("api_basketball", "timezone_for_api_basketball"),
+        ("API_BASKETBALL", "timezone_for_API_BASKETBALL"),
+    ):
+        doc = registry.resolve("Competition", tool, api)
+        assert (doc.tool, doc.api) == ("API_BASKETBALL", "timezone"), (tool, api)

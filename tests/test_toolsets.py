@@ -129,3 +129,19 @@ def test_a_toolset_item_without_a_value_is_refused_not_every_api(samples, spec):
     """`--toolset foo` (no `=`) and `category=` were dropped as blank, leaving the empty toolset: every API."""
     with pytest.raises(ToolsetError):
         select_toolset(ToolRegistry.load([samples / "tools"]), spec)
+
+
+def test_exported_names_are_names_openai_takes(tmp_path):
+    """OpenAI's function names are `^[a-zA-Z0-9_-]{1,64}$` (its function-calling reference); a tool file whose stem
+    held a dot (`weather.v2.json`, a name ToolBench-style folders may hold) was exported as `search_for_weather.v2`."""
+    import re
+
+    (tmp_path / "tools" / "Weather").mkdir(parents=True)
+    for stem, title in (("weather.v2", "Weather v2"), ("mapper", "Mapper")):
+        tool = {"tool_name": title, "api_list": [{"name": "search", "required_parameters": []}]}
+        (tmp_path / "tools" / "Weather" / f"{stem}.json").write_text(json.dumps(tool))
+    for fmt in ("openai", "mcp"):
+        exported = export(tmp_path, f"{fmt}.json", "--tools", str(tmp_path / "tools"), "--format", fmt)
+        names = [f["function"]["name"] if fmt == "openai" else f["name"] for f in exported]
+        assert len(names) == 2 and len(set(names)) == 2
+        assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name) for name in names), names

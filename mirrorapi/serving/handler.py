@@ -50,7 +50,7 @@ from mirrorapi.serving.protocol import (
     TOOL_INPUT_PARSE_ERROR,
     ReplayMiss,
     ToolInputError,
-    VirtualRequest,
+    read_virtual_request,
 )
 from mirrorapi.serving.responder import Reply, Responder
 from mirrorapi.serving.sessions import History, Session, advance, session_id_problem
@@ -108,7 +108,7 @@ class VirtualApi:
         try:
             parsed = None
             if len(body) < LARGE_BODY_BYTES:
-                request = VirtualRequest.model_validate_json(body)
+                request = read_virtual_request(body)
             else:
                 read = await self.large_bodies.parse(body, self.settings.max_arguments_chars)
                 if isinstance(read, Failure):
@@ -354,7 +354,7 @@ def read_large_body(body: bytes, max_arguments_chars: int):
     """In `LargeBodies`' worker: a Failure (the body is not of the request's shape), or (the request without
     its tool_input, the arguments or None, the key or None, the ToolInputError or None)."""
     try:
-        request = VirtualRequest.model_validate_json(body)
+        request = read_virtual_request(body)
     except ValidationError as exc:  # not picklable: turned into its answer here
         return to_failure(exc)
     tool_input, request.tool_input = request.tool_input, None

@@ -179,6 +179,26 @@ def test_import_export_round_trip(stb_cache, sample_tools, cache_location, tmp_p
     }
 
 
+def test_an_exported_file_keeps_the_order_of_the_file_imported(stb_cache, sample_tools, cache_location, tmp_path):
+    """StableToolBench's GPT server shows the first entries of an API's file as its examples (server/main.py:
+    `list(cache.items())[:example_num]`): an import and export gave the keys sorted, other examples to it."""
+    folder, _ = stb_cache
+    cache = open_cache(cache_location)
+    import_stabletoolbench_cache(cache, folder, registry=ToolRegistry.load([sample_tools]))
+    export_stabletoolbench_cache(cache, tmp_path / "export")
+    reordered = compared = 0
+    for path in folder.glob("*/*/*.json"):
+        calls = {}  # the file's calls in its order, the first of equal calls kept (as the import keeps it)
+        for key in json.loads(path.read_text()):
+            calls.setdefault(canonical_json(parse_repr_key(key)), None)
+        exported = tmp_path / "export" / path.relative_to(folder)
+        keys = [canonical_json(parse_repr_key(key)) for key in json.loads(exported.read_text())]
+        assert keys == list(calls), path
+        reordered += keys != sorted(keys)
+        compared += 1
+    assert compared > 50 and reordered > 5  # files whose order is not the sorted one
+
+
 def test_import_happens_once_per_unchanged_folder(stb_cache, cache_location, tmp_path):
     folder, _ = stb_cache
     copy = tmp_path / "tool_response_cache"

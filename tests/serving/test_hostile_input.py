@@ -112,6 +112,24 @@ def test_deep_nesting_and_lone_surrogates_are_parse_errors(guarded, tool_input, 
     assert guarded.metric("mirrorapi_requests_total", outcome="internal_error") == internal
 
 
+def test_a_lone_surrogate_escaped_in_the_body_is_the_same_observation_not_422(guarded):
+    """StableToolBench's client sends `requests.post(url, json=payload)`: a model's argument text holding half an emoji
+    pair arrives as a `\\ud83d` escape in the body itself (valid JSON, RFC 8259 §8.2, read by upstream's `json.loads`),
+    which pydantic's parser refused as a whole body: HTTP 422, which the client maps to "request invalid". Read as
+    JSON's grammar reads it, the call gets the observation of its arguments, as the same text escaped twice does."""
+    body = json.dumps({**BODY, "tool_input": '{"name": "Lionel \ud83d"}'})  # json.dumps escapes it, as requests does
+    assert "\\ud83d" in body
+    response = guarded.virtual(body)
+    assert response.status_code == 200
+    assert response.json()["error"].startswith(
+        "Tool input parse error...\ntool_input holds a lone surrogate '\\ud83d'"
+    )
+    # In a name: the API is not known (no name holds one), an observation too; cut short, the body is still 422.
+    named = guarded.virtual(json.dumps({**BODY, "api_name": "transfermarkt_search\ud83d"}))
+    assert named.status_code == 200 and named.json()["error"] and named.json()["response"] == ""
+    assert guarded.virtual(body[:-1]).status_code == 422
+
+
 def _trickle(url: str, data: bytes, pause: float, patience: float) -> tuple[bytes, float]:
     """Send `data` a byte every `pause` s on a real socket; (what came back, when the server closed)."""
     host, port = url.removeprefix("http://").split(":")

@@ -230,10 +230,11 @@ def export_stabletoolbench_cache(
         # server answers: a simulated answer stored while an import of the call's recording was under way (two
         # PostgreSQL transactions cannot see each other's row) stays beside it in the store.
         content = {str(json.loads(row[3])): json.loads(row[4]) for row in group}
-        problem = next(
-            filter(None, (unsafe_name(n) for n in (category, f"{tool}_for_{category}", f"{api}.json"))), None
-        )
-        path = root / category / f"{tool}_for_{category}" / f"{api}.json"
+        # The folder StableToolBench's server reads: the client's tool name standardized (`prepare_tool_name_and_url`),
+        # whatever the tools folder's file is called (ToolEyes' `API_BASKETBALL.json`).
+        tool_folder = f"{standardize(tool)}_for_{category}"
+        problem = next(filter(None, (unsafe_name(n) for n in (category, tool_folder, f"{api}.json"))), None)
+        path = root / category / tool_folder / f"{api}.json"
         if problem is None and not path.resolve().is_relative_to(root):  # e.g. a symlink left in the folder
             problem = f"{path} resolves outside {root}"
         if problem is not None:

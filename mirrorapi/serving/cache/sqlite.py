@@ -105,8 +105,11 @@ STATEMENTS = Statements(
     "AND identity = '' ORDER BY arguments LIMIT ?",
     entries="SELECT category, tool, api, arguments, observation, provenance FROM entries WHERE history = ''{where} "
     "ORDER BY category, tool, api, arguments, identity",
+    # Within an API, calls in the order they were first stored (an imported StableToolBench file's own order: its
+    # GPT server shows a file's first entries as examples), a call's recorded answer after its simulated ones.
     served_entries="SELECT category, tool, api, arguments_as_sent, observation FROM entries WHERE history = '' AND "
-    "identity IN ('', ?){where} ORDER BY category, tool, api, arguments, identity DESC",
+    "identity IN ('', ?){where} ORDER BY category, tool, api, "
+    "min(id) OVER (PARTITION BY category, tool, api, arguments), identity DESC",
     provenance_prefix="substr(provenance, 1, length(?)) = ?",
     rows=f"SELECT {_COLUMNS} FROM entries",
     sessions="SELECT id, digest, steps, lines, used FROM sessions",

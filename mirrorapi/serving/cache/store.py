@@ -254,7 +254,8 @@ class Store(abc.ABC):
 
     def served_entries(self, identity: str, provenance: Iterable[str] = ()) -> Iterator[tuple]:
         """(category, tool, api, arguments as first received, observation) of every call outside sessions a
-        server of `identity` answers from the cache, in key order; `provenance`: prefixes to keep. A call
+        server of `identity` answers from the cache, by API, each API's calls in the order they were first stored;
+        `provenance`: prefixes to keep. A call
         has a recorded answer or simulated ones, never both: one row per call."""
         where, parameters = self._provenance_filter(provenance)
         return rows_of(self._execute(self.sql.served_entries.format(where=where), [identity, *parameters]))
