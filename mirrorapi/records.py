@@ -102,7 +102,9 @@ def read_jsonl(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator[
             if not raw.strip():
                 continue
             try:
-                value = json.loads(raw.decode("utf-8"))
+                # A byte-order mark before the first line (Windows editors write one; RFC 8259 §8.1 lets a reader
+                # ignore it) lost that line as "not JSON".
+                value = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
             except UnicodeDecodeError:
                 on_bad(f"{path.name}:{number}: not UTF-8")
                 continue

@@ -8,6 +8,7 @@ Rules, each counted (the builder's `stats.json`):
 - transport failures (rate limits, timeouts, auth, gateway and server errors) are dropped
   (`mirrorapi.transport_failures.transport_failure`, by kind); genuine API errors are kept as error examples;
 - with `need_rationale` (chain-of-thought data), a pair without a `rationale` is dropped (`no_rationale`);
+- a step read again (the same source, episode and step: a file given twice) is a `duplicate`;
 - a call seen before (same API, same canonical arguments, `mirrorapi.records.canonical_json`) is
   dropped; the first one in input order is kept, and conflicting answers are counted apart;
 - responses over the server's budget are cut the way the server cuts them (`truncate_response`).
@@ -189,8 +190,16 @@ def _with_history(
     """(pair, doc, history) of the pairs that resolve and are not transport failures, in input order;
     `history`: the prompt's lines of the episode's earlier steps (empty without `history`)."""
     usable: list[tuple[dict, ApiDoc]] = []
+    steps_read: set[tuple] = set()
     for pair in tqdm(pairs, desc="pairs", unit=" pairs", disable=None if progress else True, mininterval=1.0):
         selection.read[pair["source"]] += 1
+        # A step read again (a file given twice, files that overlap) is that recorded call again: a duplicate, and
+        # not an earlier call of its own episode (its history showed every earlier call twice).
+        step = (pair["source"], str(pair["episode"]), pair["step"])
+        if step in steps_read:
+            selection.dropped["duplicate"] += 1
+            continue
+        steps_read.add(step)
         doc = pair.get("doc")
         try:
             doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])

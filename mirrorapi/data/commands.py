@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 import time
+from pathlib import Path
 
 from mirrorapi.command_line import Command, add_group, add_settings_arguments, settings_from_args
 from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
@@ -43,6 +44,23 @@ def _note_unreadable(stats: dict, bad: list[str], inputs: dict) -> None:
     stats["dropped"]["unreadable"] = len(bad)
     stats["unreadable_examples"] = bad[:10]
     stats["inputs"] = inputs
+
+
+def _check_out(out: str, inputs: list[str]) -> None:
+    """ValueError when the build's replacing `out` would delete what is no earlier output of a builder: a folder that
+    holds an input (`--out` the folder of the pairs, or the tools folder) or a folder of anything else (`--out runs`).
+    Checked before the build, so a long one is not spent first. An empty folder, or a saved dataset
+    (`dataset_dict.json`), is replaced as the help says."""
+    folder = Path(out).resolve()
+    for given in inputs:
+        path = Path(given).resolve()
+        if path == folder or folder in path.parents:
+            raise ValueError(f"--out {out} holds the input {given}: replacing it would delete that")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / "dataset_dict.json").is_file():
+        raise ValueError(
+            f"--out {out} is a folder of something else (no dataset_dict.json of an earlier build): replacing it "
+            "would delete it; give a new folder"
+        )
 
 
 # ------------------------------------------------------------------------------------------- simulator
@@ -80,6 +98,7 @@ def build_simulator_sft(args: argparse.Namespace) -> int:
         raise ValueError("give at least one of --pairs, --stabletoolbench-cache, --alpaca")
     if (args.pairs or args.stabletoolbench_cache) and not args.tools:
         raise ValueError("--pairs and --stabletoolbench-cache need --tools (the API docs)")
+    _check_out(args.out, [*args.pairs, *args.stabletoolbench_cache, *args.alpaca, *args.tools])
     start = time.perf_counter()
     bad: list[str] = []
     given: dict = {}
@@ -97,6 +116,10 @@ def build_simulator_sft(args: argparse.Namespace) -> int:
     sources += [read_stabletoolbench_cache(f, bad.append) for f in args.stabletoolbench_cache]
     sources += [read_alpaca(f, bad.append) for f in args.alpaca]
     splits, stats = build_simulator_records(itertools.chain(*sources), registry, options, progress=True)
+    if not any(splits.values()):  # before --out is replaced: an empty set would take the place of a good one
+        dropped = ", ".join(f"{n:,} {why}" for why, n in stats["dropped"].items() if isinstance(n, int) and n)
+        reason = f"no pair kept of {stats['read']['total']:,} read" + (f" (dropped: {dropped})" if dropped else "")
+        raise ValueError(f"{reason}; {len(bad):,} unreadable line(s), e.g. {bad[0]}" if bad else reason)
     _note_unreadable(
         stats,
         bad,
@@ -140,6 +163,7 @@ def judge_sft_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_judge_sft(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    _check_out(args.out, args.labelled)
     start = time.perf_counter()
     bad: list[str] = []
     # A label neither verdict is a bad line (its file and line said), as judge agreement reads the same files.

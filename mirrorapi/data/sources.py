@@ -38,7 +38,7 @@ def read_alpaca(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator
 
 
 def _alpaca(path: Path, on_bad: OnBad) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:  # a byte-order mark, as a JSONL file's (`read_jsonl`)
         text = fh.read()
     try:
         records = json.loads(text)

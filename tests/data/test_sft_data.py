@@ -104,6 +104,8 @@ def test_each_quality_rule_is_applied_and_counted(registry):
     long_one["tool_input"] = {**success["tool_input"], "page": 2}
     long_one["response"] = {"error": "", "response": "x" * (RESPONSE_CHAR_BUDGET + 500)}
     extra = [reordered, conflicting, rate_limited, unknown, long_one]
+    for number, pair in enumerate(extra, 1):  # each its own recorded call: a step read again is a duplicate
+        pair["episode"] = f"extra-{number}"
 
     splits, stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS) + extra, registry, options)
     assert stats["dropped"]["duplicate"] == base["dropped"]["duplicate"] + 1
@@ -201,6 +203,52 @@ def test_cli_bad_input_is_one_line_and_status_2(tmp_path, args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "d").exists()
+
+
+def test_an_out_folder_that_is_no_earlier_build_is_refused_and_kept(tmp_path):
+    """`--out` replaces the folder when the build succeeds: given the folder holding the pairs (or the tools, or
+    `runs`), the inputs were deleted with exit 0. Refused before the build, for both builders; the folder kept."""
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    pairs = inputs / "pairs.jsonl"
+    pairs.write_bytes((SAMPLES / "pairs.jsonl").read_bytes())
+    held = run_builder("--pairs", pairs, "--tools", SAMPLES / "tools", "--out", inputs)
+    assert held.returncode == 2 and held.stderr.strip().splitlines()[-1].endswith(
+        f"--out {inputs} holds the input {pairs}: replacing it would delete that"
+    )
+    other = tmp_path / "runs"
+    (other / "notes").mkdir(parents=True)
+    for builder, given in (
+        ("build_simulator_sft.py", ["--pairs", pairs, "--tools", SAMPLES / "tools"]),
+        ("build_judge_sft.py", ["--labelled", SAMPLES / "judge.jsonl"]),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "data" / builder), *map(str, given), "--out", str(other)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 2 and "is a folder of something else" in done.stderr, done.stderr
+    assert pairs.read_bytes() == (SAMPLES / "pairs.jsonl").read_bytes() and (other / "notes").is_dir()
+
+
+def test_input_with_no_pair_to_keep_is_refused_and_the_set_it_would_replace_stays(tmp_path):
+    """Every line unreadable (`tool_input` kept as a JSON string, as StableToolBench's logs keep it): an empty dataset
+    replaced a good one with exit 0, where the judge's builder refused the same case."""
+    good = tmp_path / "d"
+    assert run_builder("--pairs", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools", "--out", good).returncode == 0
+    before = {name: len(split) for name, split in load_from_disk(str(good)).items()}
+    as_strings = tmp_path / "strings.jsonl"
+    lines = [json.loads(line) for line in (SAMPLES / "pairs.jsonl").read_text().splitlines()[:5]]
+    as_strings.write_text("".join(json.dumps({**p, "tool_input": json.dumps(p["tool_input"])}) + "\n" for p in lines))
+    done = run_builder("--pairs", as_strings, "--tools", SAMPLES / "tools", "--out", good)
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("no pair kept of 0 read; 5 unreadable line(s), e.g. strings.jsonl:1: tool_input is not an object")
+    )
+    assert {name: len(split) for name, split in load_from_disk(str(good)).items()} == before
 
 
 def test_long_targets_are_shrunk_to_valid_json_not_dropped(registry):
@@ -468,3 +516,24 @@ def test_a_build_whose_train_split_is_empty_says_so(registry, tmp_path, caplog):
     caplog.clear()
     write_sft_dataset(tmp_path / "e", splits, stats)
     assert not any("the train split is empty" in r.getMessage() for r in caplog.records)
+
+
+def test_a_byte_order_mark_does_not_cost_the_first_pair(tmp_path):
+    """A file saved by a Windows editor starts with a BOM, which RFC 8259 §8.1 lets a reader ignore; the first pair
+    was "not JSON" and lost from the dataset, with exit 0."""
+    from mirrorapi.records import read_pairs_jsonl
+
+    with_bom = tmp_path / "bom.jsonl"
+    with_bom.write_bytes(b"\xef\xbb\xbf" + (SAMPLES / "pairs.jsonl").read_bytes())
+    bad: list[str] = []
+    assert list(read_pairs_jsonl(with_bom, bad.append)) == SAMPLE_PAIRS and bad == []
+
+
+def test_a_pairs_file_given_twice_builds_the_same_records(registry):
+    """A file given twice (or files that overlap): each step read again was shown as an earlier call of its own
+    episode, so with history every prompt listed each earlier call twice (the data stage's stats said nothing)."""
+    options = SimulatorDataOptions(prompt_format="mirrorapi-session-v1", history=4)
+    once, once_stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS), registry, options)
+    twice, twice_stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS + SAMPLE_PAIRS), registry, options)
+    assert twice == once
+    assert twice_stats["dropped"]["duplicate"] == once_stats["dropped"]["duplicate"] + len(SAMPLE_PAIRS)

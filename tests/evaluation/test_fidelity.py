@@ -611,3 +611,23 @@ def test_calls_alone_do_not_wait_for_their_episode_and_a_session_s_calls_do(samp
     # once the one before it was answered.
     assert all(came < alone[0][1] for came, _ in alone)
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(in_session))
+
+
+def test_a_server_that_answers_a_null_error_is_read_as_no_error(sample_pairs):
+    # A STAND-IN for a StableToolBench server, named as such: its server/main.py passes the model's JSON through
+    # once it parses, so `"error": null` can come back; the project reads null as no error everywhere
+    # (`records.observation_json`), and the replay scored "null" a failure on every call.
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {"cache": {"entries": 0}}
+
+    @app.post("/virtual")
+    async def virtual(request: Request):
+        return {"error": None, "response": "ok"} if (await request.json())["api_name"] else {}
+
+    calls = sample_pairs[:3]
+    with serve_in_thread(app, free_port(), timeout=20) as server:
+        answers, _ = asyncio.run(replay(calls, server, concurrency=2, progress=False))
+    assert [(a["error"], a["response"]) for a in answers] == [("", "ok")] * len(calls)

@@ -132,7 +132,9 @@ async def _post(client: aiohttp.ClientSession, url: str, pair: dict, session: st
     provenance = answer.headers.get(PROVENANCE_HEADER)
     return {
         **body,
-        "error": error if isinstance(error, str) else json.dumps(error),
+        # null is no error, as the project reads an observation everywhere (`records.observation_json`): a
+        # StableToolBench server passes a model's `"error": null` through, and "null" scored every call a failure
+        "error": error if isinstance(error, str) else "" if error is None else json.dumps(error),
         "response": body.get("response", ""),
         "outcome": answer.headers.get(OUTCOME_HEADER),
         "provenance": urllib.parse.unquote(provenance) if provenance is not None else None,
