@@ -26,7 +26,7 @@ import difflib
 import json
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -63,26 +63,48 @@ class ToolsetError(ValueError):
 @dataclass(frozen=True)
 class Toolset:
     functions: dict[str, ApiDoc]  # function name -> doc, in a stable order
+    # What a door makes of the toolset and answers again and again (OpenEnv's tool list, as JSON): kept with it, so
+    # it is forgotten when the toolset is.
+    made: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 class ToolsetCache:
-    """The toolsets of the specs used last (a spec is a URL's query string or a reset's field: bounded, as a
-    client could send endless distinct ones; the least recently used is forgotten first)."""
+    """The toolsets of the specs used last: bounded, as a client could send endless distinct specs (a URL's query
+    string, a reset's field), by their number and by the functions they hold together (a spec of every category of
+    ToolEnv2404 holds 46,606, ~3.3 MB); the least recently used is forgotten first. Specs are keyed by what they
+    name, not as spelt: `%63ategory=Social`, `category=Social&category=Social` are one toolset."""
 
-    def __init__(self, registry: ToolRegistry, limit: int = 1024):
-        self.registry, self.limit = registry, limit
-        self._toolsets: OrderedDict[str, Toolset] = OrderedDict()
+    def __init__(self, registry: ToolRegistry, limit: int = 1024, functions_limit: int = 200_000):
+        self.registry, self.limit, self.functions_limit = registry, limit, functions_limit
+        self._toolsets: OrderedDict[tuple, Toolset] = OrderedDict()
+        self._functions = 0
 
-    def get(self, spec: str) -> Toolset:
-        """The toolset `spec` names; ToolsetError when it names nothing known."""
-        toolset = self._toolsets.get(spec)
+    def get(self, spec: str, max_functions: int | None = None) -> Toolset:
+        """The toolset `spec` names; ToolsetError when it names nothing known, or more than `max_functions` APIs
+        (then checked before it is made, and not kept)."""
+        items = parse_toolset(spec)
+        key = tuple(sorted(items))
+        toolset = self._toolsets.get(key)
         if toolset is not None:
-            self._toolsets.move_to_end(spec)
-            return toolset
-        toolset = self._toolsets[spec] = select_toolset(self.registry, parse_toolset(spec))
-        if len(self._toolsets) > self.limit:
-            self._toolsets.popitem(last=False)
+            self._toolsets.move_to_end(key)
+        else:
+            toolset = self._toolsets[key] = select_toolset(self.registry, items, max_functions)
+            self._functions += len(toolset.functions)
+            while len(self._toolsets) > 1 and (
+                len(self._toolsets) > self.limit or self._functions > self.functions_limit
+            ):
+                self._functions -= len(self._toolsets.popitem(last=False)[1].functions)
+        if max_functions is not None and len(toolset.functions) > max_functions:
+            raise TooManyFunctions(len(toolset.functions), max_functions)
         return toolset
+
+
+class TooManyFunctions(ToolsetError):
+    """A toolset of more APIs than its user takes."""
+
+    def __init__(self, functions: int, limit: int):
+        super().__init__(f"it names {functions:,} APIs, more than {limit:,}")
+        self.functions, self.limit = functions, limit
 
 
 def parse_toolset(spec: str) -> list[tuple[str, str]]:
@@ -99,8 +121,11 @@ def parse_toolset(spec: str) -> list[tuple[str, str]]:
     return items
 
 
-def select_toolset(registry: ToolRegistry, spec: str | list[tuple[str, str]]) -> Toolset:
-    """The APIs a toolset names, with their function names; raises ToolsetError."""
+def select_toolset(
+    registry: ToolRegistry, spec: str | list[tuple[str, str]], max_functions: int | None = None
+) -> Toolset:
+    """The APIs a toolset names, with their function names; raises ToolsetError (`TooManyFunctions` past
+    `max_functions`, counted before the function names are made: most of a large toolset's cost)."""
     items = parse_toolset(spec) if isinstance(spec, str) else spec
     docs: dict[tuple[str, str, str], ApiDoc] = {}
     try:
@@ -127,6 +152,8 @@ def select_toolset(registry: ToolRegistry, spec: str | list[tuple[str, str]]) ->
             docs.update({(d.category, d.tool, d.api): d for d in found})
     except UnknownName as exc:
         raise ToolsetError(str(exc)) from None
+    if max_functions is not None and len(docs) > max_functions:
+        raise TooManyFunctions(len(docs), max_functions)
     return Toolset(function_names(sorted(docs.values(), key=lambda d: (d.category, d.tool, d.api))))
 
 

@@ -145,3 +145,29 @@ def test_exported_names_are_names_openai_takes(tmp_path):
         names = [f["function"]["name"] if fmt == "openai" else f["name"] for f in exported]
         assert len(names) == 2 and len(set(names)) == 2
         assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name) for name in names), names
+
+
+def test_the_toolset_cache_is_keyed_by_what_a_spec_names_and_bounded_by_functions(samples):
+    """A client's spellings of one toolset (`%63ategory=Sports`, an item twice, another order) were each a toolset
+    made and kept (a spec of every ToolEnv2404 category: ~3.3 MB and 0.3 s of the event loop each, 1,024 kept);
+    a reset's toolset past the episode's limit was made and kept before it was refused."""
+    from mirrorapi.toolsets import TooManyFunctions, ToolsetCache
+
+    registry = ToolRegistry.load([samples / "tools"])
+    cache = ToolsetCache(registry)
+    first = cache.get("category=Sports&tool=APIBank/apibank_account")
+    for spelt in (
+        "%63ategory=Sports&tool=APIBank%2Fapibank_account",
+        "tool=APIBank/apibank_account&category=Sports",
+        "category=Sports&category=Sports&tool=APIBank/apibank_account",
+    ):
+        assert cache.get(spelt) is first
+    assert len(cache._toolsets) == 1
+    everything = len(select_toolset(registry, "").functions)
+    with pytest.raises(TooManyFunctions, match=f"it names {everything:,} APIs, more than 10"):
+        cache.get("", max_functions=10)
+    assert len(cache._toolsets) == 1  # counted, not kept
+    small = ToolsetCache(registry, functions_limit=everything)
+    for spec in ("category=Sports", "tool=APIBank/apibank_account", ""):
+        small.get(spec)
+    assert list(small._toolsets) == [()] and small._functions == everything  # the rest forgotten to make room

@@ -55,7 +55,7 @@ from mirrorapi.serving.handler import MAX_ARGUMENT_DEPTH, nested_deeper_than
 from mirrorapi.serving.mcp_server import json_rpc_error
 from mirrorapi.serving.server import VirtualServer
 from mirrorapi.serving.sessions import EMPTY_HISTORY, session_id_problem
-from mirrorapi.toolsets import Toolset, ToolsetError, description, input_schema
+from mirrorapi.toolsets import Toolset, ToolsetError, TooManyFunctions, description, input_schema
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,9 @@ STATE_CALLS = 256  # the calls `state` lists (the newest); `step_count` counts t
 # the socket closed), and of its answer only the error `state` shows. Kept as text, not as the argument objects and
 # answer bodies: 256 simulated steps of 2.8 KB answers held ~1 MB an episode that way (audit of 2026-11-30).
 STATE_ARGUMENT_CHARS = 4096
+# ... and of a tool name no tool of the toolset has (function names are at most 64 characters): a client's name is any
+# JSON value up to the body limit, which `state` kept whole (a megabyte's list of lists held ~23 MB a step).
+STATE_NAME_CHARS = 256
 # What echoes a client's text (tool names, arguments, episode ids) is written in ASCII: a lone surrogate that came
 # in as JSON ("\ud83d") goes out as the same escape, where UTF-8 could not encode it. The tool lists are ours.
 _ENCODE = json.JSONEncoder().encode
@@ -116,7 +119,6 @@ class Episodes:
         self.max_episodes, self.idle_seconds = settings.max_episodes, settings.episode_idle_timeout
         self.max_body = settings.max_body_bytes
         self.toolsets = server.toolsets
-        self._tool_lists: dict[str, str] = {}  # by toolset spec: the JSON of what reset and list_tools give
         self.over_http: dict[str, Episode] = {}
         # The named episode ids of open WebSockets, and which connection holds each: an id names one live episode
         # (its session: two rollouts under one id would each be answered with the other's calls in its history)
@@ -150,14 +152,14 @@ class Episodes:
                 spec = f"query={task_id}"
         spec = self.default_toolset if spec is None else str(spec)
         try:
-            toolset = self.toolsets.get(spec)
+            toolset = self.toolsets.get(spec, MAX_EPISODE_TOOLS)  # a larger one is counted, not made nor kept
+        except TooManyFunctions as exc:
+            raise EpisodeError(
+                f"reset: toolset {spec[:200]!r} has {exc.functions:,} tools; an episode takes "
+                f"at most {MAX_EPISODE_TOOLS:,}: name a category, tools, APIs or a query (`toolset`)"
+            ) from None
         except ToolsetError as exc:
             raise EpisodeError(f"reset: toolset {spec[:200]!r}: {exc}") from None
-        if len(toolset.functions) > MAX_EPISODE_TOOLS:
-            raise EpisodeError(
-                f"reset: toolset {spec[:200]!r} has {len(toolset.functions):,} tools; an episode takes "
-                f"at most {MAX_EPISODE_TOOLS:,}: name a category, tools, APIs or a query (`toolset`)"
-            )
         if episode_id is None:
             episode_id = uuid.uuid4().hex
         else:
@@ -235,10 +237,12 @@ class Episodes:
                 f'"metadata":{_ENCODE(metadata)}}},"reward":null,"done":false}}'
             )
         if doc is None:
+            # OpenEnv's CallToolAction.tool_name is a string: anything else is named by its type, not kept
+            name = name[:STATE_NAME_CHARS] if isinstance(name, str) else f"({type(name).__name__}, not a name)"
             error = {
                 "error_type": "tool_not_found",
                 "message": (
-                    f"Unknown tool {str(name)[:100]!r} in this episode's toolset of "
+                    f"Unknown tool {name[:100]!r} in this episode's toolset of "
                     f"{len(episode.toolset.functions):,} tools (list_tools names them)."
                 ),
             }
@@ -263,11 +267,9 @@ class Episodes:
 
     def tools_json(self, episode: Episode) -> str:
         """The toolset's tools as OpenEnv's `Tool` list, in JSON (made once per toolset)."""
-        tools = self._tool_lists.get(episode.toolset_spec)
+        tools = episode.toolset.made.get("openenv_tools")
         if tools is None:
-            tools = _ENCODE_TOOLS(tool_list(episode.toolset))
-            if len(self._tool_lists) < 1024:
-                self._tool_lists[episode.toolset_spec] = tools
+            tools = episode.toolset.made["openenv_tools"] = _ENCODE_TOOLS(tool_list(episode.toolset))
         return tools
 
     @staticmethod

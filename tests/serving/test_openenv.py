@@ -532,3 +532,24 @@ def test_http_episodes_keep_state_bounded_metadata_and_their_413s_close(serve, r
     assert call["arguments"] == f"(arguments of {len(json.dumps(big)):,} characters of JSON, not kept)"
     assert call["error"]
     assert too_large.status_code == 413 and too_large.headers["connection"] == "close" and refused == 1
+
+
+def test_a_step_s_unknown_tool_name_is_kept_cut_or_by_its_type(serve, recorded_cache, engine_down):
+    """OpenEnv's CallToolAction.tool_name is a string; a step's unknown name of any JSON value up to the body limit was
+    kept whole in `state` and echoed whole (a megabyte's list of lists held ~23 MB of the episode's memory a step,
+    256 steps an episode). A name is kept and echoed cut to STATE_NAME_CHARS, anything else by its type."""
+    from mirrorapi.serving.openenv import STATE_NAME_CHARS
+
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as server:
+        client = server.client
+        episode = client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+        echoed = []
+        for name in ("n" * 100_000, [[]] * 50_000):
+            action = {"type": "call_tool", "tool_name": name, "arguments": {}}
+            stepped = client.post("/step", json={"action": action, "episode_id": episode})
+            assert stepped.status_code == 200
+            assert stepped.json()["observation"]["error"]["error_type"] == "tool_not_found"
+            echoed.append(stepped.json()["observation"]["tool_name"])
+        calls = client.get("/state", params={"episode_id": episode}).json()["calls"]
+    assert echoed == ["n" * STATE_NAME_CHARS, "(list, not a name)"]
+    assert [call["tool_name"] for call in calls] == echoed
