@@ -151,7 +151,7 @@ def test_the_toolset_cache_is_keyed_by_what_a_spec_names_and_bounded_by_function
     """A client's spellings of one toolset (`%63ategory=Sports`, an item twice, another order) were each a toolset
     made and kept (a spec of every ToolEnv2404 category: ~3.3 MB and 0.3 s of the event loop each, 1,024 kept);
     a reset's toolset past the episode's limit was made and kept before it was refused."""
-    from mirrorapi.toolsets import TooManyFunctions, ToolsetCache
+    from mirrorapi.toolsets import ToolsetCache, TooManyFunctions
 
     registry = ToolRegistry.load([samples / "tools"])
     cache = ToolsetCache(registry)
