@@ -118,7 +118,7 @@ def read_pairs_jsonl(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Ite
     """Pairs of one JSONL file, checked for the keys and types the builder relies on."""
     path = Path(path)
     if not path.is_file():  # checked now, not when the first pair is pulled
-        raise SourceError(f"pairs file not found: {path}")
+        raise SourceError(f"pairs file {'is a folder' if path.is_dir() else 'not found'}: {path}")
     return _pairs_jsonl(path, on_bad)
 
 
@@ -205,35 +205,36 @@ def _cache_folder(folder: Path, on_bad: OnBad) -> Iterator[dict]:
 
 
 def _cache_file(path: str, category: str, tool: str, api: str, on_bad: OnBad) -> Iterator[dict]:
-    where = f"{category}/{tool}/{api}"
+    where = f"{category}/{tool}/{api}"  # the calls' names (their episode ids); reasons name the file as it is
+    shown = "/".join(Path(path).parts[-3:])  # <cat>/<tool>_for_<cat>/<api>.json
     try:
         with open(path, "rb") as fh:
             entries = json.loads(fh.read())
     except (OSError, ValueError) as exc:
-        on_bad(f"{where}.json: unreadable ({type(exc).__name__})")
+        on_bad(f"{shown}: unreadable ({type(exc).__name__})")
         return
     if not isinstance(entries, dict):
-        on_bad(f"{where}.json: not a JSON object")
+        on_bad(f"{shown}: not a JSON object")
         return
     for number, (key, observation) in enumerate(entries.items()):
         try:
             arguments = parse_repr_key(key)
         except ValueError:
-            on_bad(f"{where}: unreadable key {key[:60]!r}")
+            on_bad(f"{shown}: unreadable key {key[:60]!r}")
             continue
         if not isinstance(arguments, dict) or not all(isinstance(name, str) for name in arguments):
-            on_bad(f"{where}: key {key[:60]!r} is not an argument dict (names are strings)")
+            on_bad(f"{shown}: key {key[:60]!r} is not an argument dict (names are strings)")
             continue
         try:
             canonical_json(arguments)  # what the store keys it by
         except (TypeError, ValueError, RecursionError):  # a set, bytes, a dict with mixed keys deeper in it
-            on_bad(f"{where}: key {key[:60]!r} holds values JSON cannot (a set, bytes, mixed keys)")
+            on_bad(f"{shown}: key {key[:60]!r} holds values JSON cannot (a set, bytes, mixed keys)")
             continue
         if utf8_only(arguments) != arguments:  # no request can send these arguments (the server refuses them)
-            on_bad(f"{where}: key {key[:60]!r} holds a lone surrogate")
+            on_bad(f"{shown}: key {key[:60]!r} holds a lone surrogate")
             continue
         if not isinstance(observation, dict) or "response" not in observation:
-            on_bad(f"{where}: value of {key[:60]!r} is not {{error, response}}")
+            on_bad(f"{shown}: value of {key[:60]!r} is not {{error, response}}")
             continue
         error = observation.get("error") or ""
         yield {

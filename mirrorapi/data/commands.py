@@ -111,10 +111,11 @@ def build_simulator_sft(args: argparse.Namespace) -> int:
         given["system_prompt"] = open(args.system_prompt_file, encoding="utf-8").read()
     options = settings_from_args(args, SimulatorDataOptions, **given)
     options.check()
-    registry = ToolRegistry.load(args.tools)
+    # The inputs' paths are checked (each reader does so when called) before the tools load: seconds for ToolEnv2404
     sources = [read_pairs_jsonl(p, bad.append) for p in args.pairs]
     sources += [read_stabletoolbench_cache(f, bad.append) for f in args.stabletoolbench_cache]
     sources += [read_alpaca(f, bad.append) for f in args.alpaca]
+    registry = ToolRegistry.load(args.tools)
     splits, stats = build_simulator_records(itertools.chain(*sources), registry, options, progress=True)
     if not any(splits.values()):  # before --out is replaced: an empty set would take the place of a good one
         dropped = ", ".join(f"{n:,} {why}" for why, n in stats["dropped"].items() if isinstance(n, int) and n)

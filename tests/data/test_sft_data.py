@@ -192,6 +192,7 @@ def test_cli_builds_a_loadable_dataset(tmp_path):
     "args, message",
     [
         (["--pairs", "missing.jsonl", "--tools", SAMPLES / "tools"], "pairs file not found: missing.jsonl"),
+        (["--pairs", SAMPLES / "tools", "--tools", SAMPLES / "tools"], f"pairs file is a folder: {SAMPLES / 'tools'}"),
         (["--pairs", SAMPLES / "pairs.jsonl", "--tools", "no/such/folder"], "tool source not found: no/such/folder"),
         (["--pairs", SAMPLES / "pairs.jsonl"], "need --tools"),
         (["--pairs", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools", "--ood-fraction", "1.5"], "ood_fraction"),

@@ -269,6 +269,8 @@ def test_lone_surrogates_in_a_stabletoolbench_cache_file_neither_stop_the_import
     report = import_stabletoolbench_cache(cache, tmp_path / "cache_folder")
     assert report["stored"] == 2 and len(report["unreadable"]) == 2
     assert any("lone surrogate" in line for line in report["unreadable"])
+    # each named by its file as it is in the folder (was `Data/theclique/transfermarkt_search`, no such file)
+    assert all(line.startswith("Data/theclique_for_Data/transfermarkt_search.json: ") for line in report["unreadable"])
     stored = {json.loads(args)["name"]: json.loads(obs) for _, _, _, args, obs, _ in cache.entries()}
     assert stored == {"Pele": {"error": "", "response": "Pele \ufffd"}, "ok": {"error": "", "response": "fine"}}
 
