@@ -141,7 +141,7 @@ def cache_export(args: argparse.Namespace) -> int:
     simulated = f" (simulated answers of {report['identity']})" if report["identity"] else ""
     print(f"{report['entries']:,} entries written to {report['files']:,} files under {report['folder']}{simulated}")
     for reason in report["refused"]:
-        print(f"refused, would be written outside the folder: {reason}", file=sys.stderr)
+        print(f"refused, no file can be written for it: {reason}", file=sys.stderr)
     return 1 if report["refused"] else 0
 
 

@@ -168,7 +168,7 @@ def test_export_never_writes_outside_its_folder(names, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out.startswith("1 entries written to 1 files")
     (refused,) = captured.err.splitlines()
-    assert refused.startswith(f"refused, would be written outside the folder: {'/'.join(names)} (1 entries): ")
+    assert refused.startswith(f"refused, no file can be written for it: {'/'.join(names)} (1 entries): ")
     written = {p for p in tmp_path.rglob("*")} - before
     assert written and all(p.is_relative_to(out) or p in out.parents for p in written), written
     assert json.loads((out / "Data/theclique_for_Data/transfermarkt_search.json").read_text()) == {
@@ -199,3 +199,20 @@ def test_a_tool_whose_file_name_is_not_standardized_is_exported_where_stabletool
     cache.close()
     body = {"category": "Competition", "tool_name": standardize("API_BASKETBALL"), "api_name": "timezone"}
     assert stabletoolbench_lookup(tmp_path / "export", {**body, "tool_input": "{}"}) == pair["response"]
+
+
+def test_a_name_as_long_as_a_file_name_may_be_is_exported_and_a_nul_is_named_as_such(tmp_path, capsys):
+    """ToolEnv2404 has an API whose file name is 248 bytes, which StableToolBench's server writes; names over 200 bytes
+    were refused. A NUL was reported as "contains a path separator"."""
+    long_api = "a" * (251 - len(".json"))
+    db = tmp_path / "c.sqlite"
+    cache = ResponseCache(db)
+    cache.put("Data", "tool", long_api, canonical_json({"q": "x"}), "", "long", "real")
+    cache.put("Data", "tool", long_api + "b", canonical_json({"q": "x"}), "", "too long", "real")
+    cache.put("Da\0ta", "tool", "api", canonical_json({"q": "x"}), "", "nul", "real")
+    cache.close()
+    assert main(["cache", "export", str(tmp_path / "export"), "--cache", str(db)]) == 1
+    refused = capsys.readouterr().err.splitlines()
+    assert (tmp_path / "export" / "Data" / "tool_for_Data" / f"{long_api}.json").is_file()
+    assert len(refused) == 2 and any("contains a NUL character" in line for line in refused), refused
+    assert any("is longer than a file name may be" in line for line in refused), refused
