@@ -574,6 +574,18 @@ def test_an_out_that_is_a_file_is_one_line_before_any_call(eval_cli, tmp_path, c
     assert a_file.read_text() == "kept"
 
 
+def stand_in_server(virtual) -> FastAPI:
+    """A stand-in for a virtual server (each test says why one): an empty cache on /health, `virtual` on /virtual."""
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {"cache": {"entries": 0}}
+
+    app.post("/virtual")(virtual)
+    return app
+
+
 def test_calls_alone_do_not_wait_for_their_episode_and_a_session_s_calls_do(sample_pairs):
     # A STAND-IN for the virtual server, named as such: what is tested is when the calls arrive, which the real
     # server, answering a replayed call at once, cannot show. It takes 0.5 s over every call and notes when each
@@ -584,18 +596,14 @@ def test_calls_alone_do_not_wait_for_their_episode_and_a_session_s_calls_do(samp
         if len({json.dumps(c["tool_input"], ensure_ascii=False) for c in calls[:3]}) == 3
     )
     seen: list[tuple[str, float, float]] = []
-    app = FastAPI()
 
-    @app.get("/health")
-    async def health():
-        return {"cache": {"entries": 0}}
-
-    @app.post("/virtual")
     async def virtual(request: Request):
         body, came = await request.json(), time.monotonic()
         await asyncio.sleep(0.5)
         seen.append((body["tool_input"], came, time.monotonic()))
         return {"error": "", "response": "ok"}
+
+    app = stand_in_server(virtual)
 
     def arrivals(sessions):
         seen.clear()
@@ -617,16 +625,10 @@ def test_a_server_that_answers_a_null_error_is_read_as_no_error(sample_pairs):
     # A STAND-IN for a StableToolBench server, named as such: its server/main.py passes the model's JSON through
     # once it parses, so `"error": null` can come back; the project reads null as no error everywhere
     # (`records.observation_json`), and the replay scored "null" a failure on every call.
-    app = FastAPI()
-
-    @app.get("/health")
-    async def health():
-        return {"cache": {"entries": 0}}
-
-    @app.post("/virtual")
     async def virtual(request: Request):
-        return {"error": None, "response": "ok"} if (await request.json())["api_name"] else {}
+        return {"error": None, "response": "ok"}
 
+    app = stand_in_server(virtual)
     calls = sample_pairs[:3]
     with serve_in_thread(app, free_port(), timeout=20) as server:
         answers, _ = asyncio.run(replay(calls, server, concurrency=2, progress=False))
