@@ -32,6 +32,8 @@ def tools_stats(args: argparse.Namespace) -> int:
     print(f"categories:   {stats['categories']:,}")
     print(f"tools:        {stats['tools']:,}")
     print(f"APIs:         {stats['apis']:,} ({stats['apis_with_response_schema']:,} with a response schema)")
+    if stats["apis_listed_again"]:  # unreachable: a file's API under a wire name one listed before it has
+        print(f"APIs a file lists again under a name it has (the first kept): {stats['apis_listed_again']:,}")
     print(f"unreadable:   {stats['unreadable']:,}")
     for item in stats["unreadable_files"][:20]:
         print(f"  {item['file']}: {item['reason']}")

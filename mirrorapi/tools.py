@@ -178,6 +178,9 @@ class ToolRegistry:
         self.categories: dict[str, dict[str, Tool]] = {}
         self._aliases: dict[tuple[str, str], str] = {}  # (category, standardize(tool_name)) -> file stem
         self.unreadable: list[tuple[str, str]] = []  # (file, reason): skipped, never fatal
+        # An API a file lists again under a wire name it already has (the first is the API, as upstream takes it):
+        # (category, tool, title); `tools stats` counts them, so that what a folder leaves unreachable is seen.
+        self.listed_again: list[tuple[str, str, str]] = []
         # StableToolBench queries seen in query files: query_id -> the (category, tool, api) of its api_list
         self.queries: dict[str, list[tuple[str, str, str]]] = {}
         self.query_texts: dict[str, str] = {}  # query_id -> the query's text (the task an agent is given)
@@ -308,6 +311,7 @@ class ToolRegistry:
             # second gave 5 real APIs another API's required parameter, and correct calls were refused.
             key = api_key_name(_text(api.get("name")))
             if key in listed:
+                self.listed_again.append((category, stem, _text(api.get("name"))))
                 continue
             listed.add(key)
             self._add_api(tool, api, source)
@@ -435,6 +439,7 @@ class ToolRegistry:
             "apis": sum(len(t.apis) for tools in self.categories.values() for t in tools.values()),
             "apis_with_response_schema": sum(1 for d in self if d.response_schema or d.template_response),
             "unreadable": len(self.unreadable),
+            "apis_listed_again": len(self.listed_again),
             "unreadable_files": [{"file": f, "reason": r} for f, r in self.unreadable],
             "load_seconds": round(self.load_seconds, 3),
             "indexes": [f"{folder} ({how})" for folder, how in self.indexes],

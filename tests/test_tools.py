@@ -31,6 +31,7 @@ def test_loads_the_whole_toolenv2404(toolenv):
     assert stats["tools"] == 12301  # the dotfile `.json` included
     # 46,803 API entries; 197 repeat a standardized name inside their tool (the first one wins).
     assert stats["apis"] == 46803 - 197
+    assert stats["apis_listed_again"] == 197  # told, not silent: `tools stats` prints the count
     assert stats["unreadable"] == 0
 
 
