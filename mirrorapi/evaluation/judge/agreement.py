@@ -235,8 +235,8 @@ def render_markdown(report: dict) -> str:
     lines += [
         "Beside each slice, a judge that says Solved to every answer (its accuracy is the share of Solved "
         "labels, its kappa 0): the judge is worth its verdicts where it beats that. In brackets, the 95% bootstrap "
-        f"interval (the slice's answers resampled {BOOTSTRAP_RESAMPLES:,} times, a fixed seed): on a few dozen "
-        "answers, a figure can move that far by the draw of answers alone.",
+        f"interval (the slice's queries resampled {BOOTSTRAP_RESAMPLES:,} times, each with all its answers, a fixed "
+        "seed): on a few dozen queries, a figure can move that far by the draw of queries alone.",
         "",
         "| Slice | n | accuracy | Cohen's kappa | Solved-to-all accuracy | Solved-to-all kappa "
         "| accuracy minus Solved-to-all's | labelled Solved | predicted Solved | unparseable |",
