@@ -21,5 +21,8 @@ class Answer:
     parsed: str = ""  # simulated: how the model's text was read (json = as written; fenced, ..., repaired)
     second_try: str = ""  # simulated: an answer cut at max_tokens asked again ("kept", "cut again", "failed")
     asked_alone: bool = False  # a session's failure without a cause, answered as the call alone instead
+    # The server's own failure that the same call asked again may not meet (the engine busy, away or slow; the
+    # store away): /virtual answers it as StableToolBench's servers do, an OpenEnv step as an error to retry.
+    transient: bool = False
     extra_fields: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage

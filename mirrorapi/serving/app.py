@@ -161,7 +161,8 @@ class VirtualEndpoint:
         if path.rstrip("/") == MCP_PATH:
             return await self.mcp.asgi(scope, receive, send)
         if path in HTTP_PATHS:
-            return await self.episodes.http(scope, receive, send)
+            deadline = self.connections.of(scope)
+            return await self.episodes.http(scope, receive, send, lambda: deadline.lost)
         return await self.app(scope, receive, send)
 
 

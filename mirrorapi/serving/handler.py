@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -177,15 +177,27 @@ class VirtualApi:
         answer.cache, answer.outcome = "hit", "hit"
         return True
 
-    async def answer_call(self, doc: ApiDoc, arguments: dict, session_id: str | None) -> Answer:
+    async def answer_call(
+        self,
+        doc: ApiDoc,
+        arguments: Any,
+        session_id: str | None,
+        client_gone: Callable[[], bool] | None = None,
+    ) -> Answer:
         """The answer to a call whose API is known already (an OpenEnv step: a function of its toolset), exactly
-        as `answer` gives it for the same call's /virtual body, without writing and parsing that body."""
+        as `answer` gives it for the same call's /virtual body, without writing and parsing that body.
+        `arguments`: the argument object, or a `ParsedArguments` that `LargeBodies` made of it."""
         answer = Answer(200, b"", "", names=(doc.category, doc.tool, doc.api))
         start = time.perf_counter()
         try:
-            arguments, key = parse_arguments(arguments)
+            if isinstance(arguments, ParsedArguments):
+                if arguments.error is not None:
+                    raise arguments.error
+                arguments, key = arguments.arguments, arguments.key
+            else:
+                arguments, key = parse_arguments(arguments)
             answer.stages["parse"] = time.perf_counter() - start
-            await self._respond(answer, doc, arguments, key, session_id)
+            await self._respond(answer, doc, arguments, key, session_id, client_gone)
             return answer
         except Exception as exc:  # as in `answer`
             return _failed(answer, exc)
@@ -326,11 +338,15 @@ class LargeBodies:
         return cls._pool
 
     async def parse(self, body: bytes, max_arguments_chars: int):
+        return await self.run(read_large_body, body, max_arguments_chars)
+
+    async def run(self, read: Callable[..., Any], body: bytes | str, *args: Any) -> Any:
+        """`read(body, *args)` in the worker (a function of a module it can import; what it returns is pickled)."""
         pool = self.start()
         if not self._ready.is_set() and len(body) <= INLINE_WHILE_STARTING:
-            return read_large_body(body, max_arguments_chars)
+            return read(body, *args)
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, read_large_body, body, max_arguments_chars)
+            return await asyncio.get_running_loop().run_in_executor(pool, read, body, *args)
         except BrokenProcessPool:  # the worker died (killed, out of memory): a new one for the next body
             type(self)._pool = None
             raise
@@ -367,6 +383,26 @@ def read_large_body(body: bytes, max_arguments_chars: int):
     return request, arguments if len(key) <= max_arguments_chars else None, key, None
 
 
+class ParsedArguments(NamedTuple):
+    """A call's arguments as `LargeBodies`' worker parsed them (a large OpenEnv step): the object (None when too
+    large to simulate: the key alone finds a recorded answer), the key, the ToolInputError they raised (then both
+    None), and what an episode's `state` keeps of them."""
+
+    arguments: dict | None
+    key: str | None
+    error: Exception | None
+    kept: str
+
+
+def parsed_arguments(arguments: dict, max_arguments_chars: int, kept: str) -> ParsedArguments:
+    """`ParsedArguments` of an argument object (in `LargeBodies`' worker)."""
+    try:
+        arguments, key = parse_arguments(arguments)
+    except ToolInputError as exc:
+        return ParsedArguments(None, None, exc, kept)
+    return ParsedArguments(arguments if len(key) <= max_arguments_chars else None, key, None, kept)
+
+
 def _failed(answer: Answer, exc: Exception) -> Answer:
     failure = to_failure(exc)
     answer.status, answer.outcome, answer.body, answer.detail = (
@@ -377,6 +413,7 @@ def _failed(answer: Answer, exc: Exception) -> Answer:
     )
     if answer.cache is None and "cache_lookup" in answer.stages:
         answer.cache = "miss"
+    answer.transient = failure.transient
     return answer
 
 
@@ -459,12 +496,18 @@ _ENGINE_REASONS = {
 }
 
 
+# Engine failures that the same call asked again may not meet (an engine that is busy, restarting or slow), as against
+# what it gives again (a model's text that is no observation, a request it refuses).
+TRANSIENT_ENGINE_FAILURES = frozenset({"busy", "unreachable", "timeout"})
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     status: int  # HTTP status: 200 for everything but a body of the wrong shape (422)
     outcome: str  # metrics label
     body: bytes
     detail: str  # for the log line
+    transient: bool = False  # the server's own failure (engine, store), not the API's answer: see `Answer.transient`
 
 
 def to_failure(exc: BaseException) -> Failure:
@@ -493,13 +536,20 @@ def to_failure(exc: BaseException) -> Failure:
     if isinstance(exc, CacheError):  # the store is away (a PostgreSQL restarting): /health says so too
         logger.warning("a /virtual call failed on the cache store: %s", exc)
         message = f"{ENGINE_FAILURE} (the cache store is unavailable; try again later)"
-        return Failure(200, "store_error", observation_bytes(message, ""), str(exc))
+        return Failure(200, "store_error", observation_bytes(message, ""), str(exc), transient=True)
     if isinstance(exc, EngineError):
         # The agent gets a short reason; the engine's address and details go to the log only.
         # `garbage`: the message says what the model's text was instead (see the simulator).
         reason = str(exc) if exc.kind == "garbage" else _ENGINE_REASONS.get(exc.kind, "the simulator engine failed")
+        transient = (
+            exc.kind in TRANSIENT_ENGINE_FAILURES or exc.kind == "http" and (exc.status or 0) in (429, 502, 503)
+        )
         return Failure(
-            200, "engine_error", observation_bytes(f"{ENGINE_FAILURE} ({reason})", ""), f"{exc.kind}: {exc}"
+            200,
+            "engine_error",
+            observation_bytes(f"{ENGINE_FAILURE} ({reason})", ""),
+            f"{exc.kind}: {exc}",
+            transient,
         )
     # A bug of ours, not the client's: logged with its traceback, answered as an observation so
     # that the agent's run goes on (StableToolBench's servers answered 500 here).

@@ -1,6 +1,6 @@
 """OpenEnv episodes: the Gym-style `reset` / `step` / `state` that RL trainers drive (OpenEnv's protocol, as its
 client `openenv-core` speaks it and TRL's OpenEnv integration uses it), over the WebSocket session endpoint `/ws`
-and over HTTP (`POST /reset`, `POST /step`, `GET /state`).
+and over HTTP (`POST /reset`, `POST /step`, `GET /state`, and `POST /close`, which OpenEnv's HTTP has not).
 
 An episode is a simulation session on a toolset:
 - `reset` opens one. Its fields (all optional): `toolset`, in the toolset syntax of /mcp (`category=Data&tool=
@@ -14,7 +14,8 @@ An episode is a simulation session on a toolset:
   and its `metadata` tells the provenance, whether the cache had it, and the step. `error` is OpenEnv's
   `ToolError`, for what is not the API's answer (an unknown tool, arguments that are not an object). The
   server gives no reward (`reward` null) and never ends an episode (`done` false): the trainer scores and
-  decides.
+  decides. A call the server failed to answer for a cause that may pass (the engine busy, away, slow; the store
+  away) is not taken: an error to send again (`StepNotTaken`), not an observation.
 - `state` tells the episode's id, its number of steps, its toolset and task, and its calls so far (the newest
   STATE_CALLS of them: tool, arguments, the API's error, provenance).
 The episode id is the simulation session of its calls (`X-Session-Id` of /virtual), so a replayed episode is
@@ -25,10 +26,11 @@ before any `reset` runs in an episode on the default toolset, as OpenEnv's serve
 <JSON-RPC>}` messages (`tools/list`, `tools/call`) are answered in the same episode, and a WebSocket at `/mcp`
 takes JSON-RPC messages alone, on the toolset its URL names (as HTTP /mcp). Over HTTP an episode is named by
 `episode_id` in each request (OpenEnv's own HTTP endpoints keep nothing between requests) and kept in this
-process's memory until idle for `episode_idle_timeout`; with `--workers N` a client's connection stays with one
-worker, so a new connection may not find it: use `/ws`. Open episodes (WebSockets, HTTP, and HTTP resets waiting
-for the store) are bounded by `max_episodes`. A client's mistake is an error reply; a failure of the server's
-own (the store) is OpenEnv's EXECUTION_ERROR on a WebSocket, which stays open, and 503 or 500 over HTTP.
+process's memory until `POST /close` or idle for `episode_idle_timeout`; with `--workers N` a client's
+connection stays with one worker, so a new connection may not find it: use `/ws`. Open episodes (WebSockets,
+HTTP, and HTTP resets waiting for the store) are bounded by `max_episodes`. A client's mistake is an error reply;
+a failure of the server's own (the store) is OpenEnv's EXECUTION_ERROR on a WebSocket, which stays open, and 503
+or 500 over HTTP.
 
 Why not openenv-core's own server (`HTTPEnvServer`): it runs each session's environment on a thread pool of its
 own (a thread per session: 16,384 threads for 16,384 episodes) and its HTTP endpoints keep no episode; this
@@ -41,9 +43,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -51,7 +55,13 @@ from urllib.parse import parse_qsl
 from mirrorapi.serving.answer import Answer
 from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_json
 from mirrorapi.serving.cache import CacheError
-from mirrorapi.serving.handler import MAX_ARGUMENT_DEPTH, nested_deeper_than
+from mirrorapi.serving.handler import (
+    LARGE_BODY_BYTES,
+    MAX_ARGUMENT_DEPTH,
+    ParsedArguments,
+    nested_deeper_than,
+    parsed_arguments,
+)
 from mirrorapi.serving.mcp_server import json_rpc_error
 from mirrorapi.serving.server import VirtualServer
 from mirrorapi.serving.sessions import EMPTY_HISTORY, session_id_problem
@@ -60,7 +70,7 @@ from mirrorapi.toolsets import Toolset, ToolsetError, TooManyFunctions, descript
 logger = logging.getLogger(__name__)
 
 WS_PATH, MCP_WS_PATH = "/ws", "/mcp"
-HTTP_PATHS = ("/reset", "/step", "/state")
+HTTP_PATHS = ("/reset", "/step", "/state", "/close")
 MAX_EPISODE_TOOLS = 2048  # an agent is given a toolset, not the whole registry (46,803 APIs in ToolEnv2404)
 MAX_EPISODE_ID_CHARS = 255  # OpenEnv's own bound (ResetRequest.episode_id)
 REFUSAL_WAIT_SECONDS = 10.0  # for the first message of a WebSocket refused for capacity, to answer it
@@ -77,6 +87,7 @@ STATE_NAME_CHARS = 256
 # in as JSON ("\ud83d") goes out as the same escape, where UTF-8 could not encode it. The tool lists are ours.
 _ENCODE = json.JSONEncoder().encode
 _ENCODE_TOOLS = json.JSONEncoder(ensure_ascii=False).encode
+_ENCODE_FINITE = json.JSONEncoder(allow_nan=False).encode
 JSON_RPC_INVALID_PARAMS, JSON_RPC_METHOD_NOT_FOUND, JSON_RPC_PARSE_ERROR = -32602, -32601, -32700
 
 
@@ -90,6 +101,15 @@ class EpisodeError(ValueError):
 
 class EpisodeIdTaken(EpisodeError):
     """A reset naming the id of another live episode (HTTP 409)."""
+
+
+class StepNotTaken(EpisodeError):
+    """A call the server could not answer for a cause of its own that may pass (the engine busy, away or slow; the
+    store away): no answer of the API, so the episode is left as it was, for the client to send the step again
+    (OpenEnv's EXECUTION_ERROR; HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "EXECUTION_ERROR")
 
 
 @dataclass(slots=True)
@@ -204,10 +224,20 @@ class Episodes:
         )
         return '{"observation":' + head[:-1] + ',"tools":' + self.tools_json(episode) + '},"reward":null,"done":false}'
 
-    async def step(self, episode: Episode, action: Any) -> str:
+    async def step(
+        self,
+        episode: Episode,
+        action: Any,
+        client_gone: Callable[[], bool] | None = None,
+        transient_as_error: bool = True,
+    ) -> str:
         """The observation of one action, as the JSON text of OpenEnv's serialised form (observation, reward,
         done). A tool call's /virtual answer goes into it as the bytes the server answered (never decoded and
-        written again: a step's CPU is what 16,384 episodes at once are made of)."""
+        written again: a step's CPU is what 16,384 episodes at once are made of). A call the server failed to
+        answer for a cause that may pass raises StepNotTaken (with `transient_as_error`; JSON-RPC's tools/call
+        answers it as MCP does, a result with isError), and a step whose client has gone (`client_gone`: an HTTP
+        client that gave up waiting, and will likely send it again) is answered but not taken: neither counts in
+        the episode or its session, so the retry is answered from the cache and enters them once."""
         if not isinstance(action, dict):
             raise EpisodeError(
                 'step takes an action object: {"type": "call_tool", "tool_name", "arguments"} '
@@ -225,12 +255,20 @@ class Episodes:
                 "list_tools (OpenEnv's MCP actions)"
             )
         name, arguments = action.get("tool_name"), action.get("arguments", {})
-        episode.steps += 1
-        metadata: dict[str, Any] = {"episode_id": episode.episode_id, "step": episode.steps}
+        # ParsedArguments: the arguments of a large message, parsed by `LargeBodies`' worker (`read_large_message`)
+        kept = arguments.kept if isinstance(arguments, ParsedArguments) else None
+        metadata: dict[str, Any] = {"episode_id": episode.episode_id, "step": episode.steps + 1}
         doc = episode.toolset.functions.get(name) if isinstance(name, str) else None
-        if doc is not None and isinstance(arguments, dict):
-            answer = await self.call(episode, doc, arguments)
-            episode.calls.append((name, _kept_arguments(arguments), _answer_error(answer.body), answer.provenance))
+        if doc is not None and (kept is not None or isinstance(arguments, dict)):
+            answer = await self.call(episode, doc, arguments, client_gone)
+            if answer.transient and transient_as_error:
+                why = _answer_error(answer.body)
+                raise StepNotTaken(f"{why}. The step was not taken (the episode is as it was): send it again.")
+            if client_gone is None or not client_gone():
+                episode.steps += 1
+                episode.calls.append(
+                    (name, kept or _kept_arguments(arguments), _answer_error(answer.body), answer.provenance)
+                )
             metadata.update(provenance=answer.provenance, cache=answer.cache, outcome=answer.outcome)
             return (
                 f'{{"observation":{{"tool_name":{_ENCODE(name)},"result":{answer.body.decode()},"error":null,'
@@ -249,9 +287,10 @@ class Episodes:
         else:
             error = {
                 "error_type": "invalid_args",
-                "message": (f"arguments must be an object of the tool's parameters, got {type(arguments).__name__}"),
+                "message": f"arguments must be an object of the tool's parameters, got {type(arguments).__name__}",
             }
-        episode.calls.append((name, _kept_arguments(arguments), error["message"], None))
+        episode.steps += 1
+        episode.calls.append((name, kept or _kept_arguments(arguments), error["message"], None))
         return _ENCODE(
             {
                 "observation": {"tool_name": name, "result": None, "error": error, "metadata": metadata},
@@ -260,10 +299,12 @@ class Episodes:
             }
         )
 
-    async def call(self, episode: Episode, doc, arguments: dict) -> Answer:
+    async def call(
+        self, episode: Episode, doc, arguments: dict | ParsedArguments, client_gone: Callable[[], bool] | None = None
+    ) -> Answer:
         """The `Answer` of one tool call in the episode's session, as /virtual gives it; counted in /metrics and
         written to the request log like a /virtual call."""
-        return await self.server.answer_call(doc, arguments, episode.episode_id)
+        return await self.server.answer_call(doc, arguments, episode.episode_id, client_gone)
 
     def tools_json(self, episode: Episode) -> str:
         """The toolset's tools as OpenEnv's `Tool` list, in JSON (made once per toolset)."""
@@ -298,7 +339,8 @@ class Episodes:
         return (
             f"Too many open episodes: {self.open_now():,} of {self.max_episodes:,} "
             f"(max_episodes; {self.connected:,} on WebSockets, {len(self.over_http):,} over HTTP, which end after "
-            f"{self.idle_seconds:g} s without a request). Close one, or try again later."
+            f"{self.idle_seconds:g} s without a request). Close one (a close message on /ws, POST /close over "
+            "HTTP), or try again later."
         )
 
     def open_now(self) -> int:
@@ -364,10 +406,9 @@ class Episodes:
     ) -> tuple[str | None, Episode | None]:
         """The reply to one message of `/ws` (None: close), and the episode from then on (before any reset, one on
         the default toolset, as OpenEnv's servers give a connection)."""
-        try:
-            message = json.loads(text)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
-            return _ws_error(f"Invalid JSON: {_why(exc)}", "INVALID_JSON"), episode
+        message = await self.read_message(text, "data")
+        if isinstance(message, NotJson):
+            return _ws_error(f"Invalid JSON: {message.why}", "INVALID_JSON"), episode
         kind = message.get("type") if isinstance(message, dict) else None
         try:
             if kind == "reset":
@@ -422,6 +463,7 @@ class Episodes:
                     "tool_name": params.get("name"),
                     "arguments": {} if params.get("arguments") is None else params["arguments"],  # [] is a mistake
                 },
+                transient_as_error=False,
             )
         )["observation"]
         if observation["error"] is not None:
@@ -436,9 +478,23 @@ class Episodes:
             }
         )
 
+    async def read_message(self, body: bytes | str, action_at: str) -> Any:
+        """A message's JSON (a NotJson when it is none): one of LARGE_BODY_BYTES or more is parsed in `LargeBodies`'
+        worker (`read_large_message`), as /virtual's bodies are: its parse holds the GIL, and a megabyte's step held
+        the event loop, every other episode's request waiting, for a tenth of a second or more (audit of
+        2026-12-01: a tiny request's p50 137 ms over HTTP, 523 ms on /ws, against 2.6 ms on /virtual)."""
+        if len(body) < LARGE_BODY_BYTES:
+            try:
+                return json.loads(body)
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+                return NotJson(_why(exc))
+        large_bodies = self.server.virtual.large_bodies
+        return await large_bodies.run(read_large_message, body, action_at, self.server.settings.max_arguments_chars)
+
     # ---------------------------------------------------------------------------------------- HTTP
-    async def http(self, scope, receive, send) -> None:
-        """`POST /reset`, `POST /step` (`episode_id` beside the `action`), `GET /state?episode_id=...`."""
+    async def http(self, scope, receive, send, client_gone: Callable[[], bool] | None = None) -> None:
+        """`POST /reset`, `POST /step` (`episode_id` beside the `action`), `GET /state?episode_id=...`, `POST
+        /close` (`episode_id`). `client_gone`: whether the client has closed its connection (see `step`)."""
         path, method = scope["path"], scope["method"]
         if (path == "/state") != (method == "GET") or method not in ("GET", "POST"):
             allowed = b"GET" if path == "/state" else b"POST"
@@ -452,17 +508,20 @@ class Episodes:
                     send, 200, _ENCODE(self.state_of(self._known(query.get("episode_id")))).encode()
                 )
             body = await read_body(scope, receive, self.max_body)
-            try:
-                data = json.loads(body) if body.strip() else {}
-            except (ValueError, RecursionError) as exc:
-                raise EpisodeError(f"the body is not JSON: {_why(exc)}") from None
+            data = await self.read_message(body, "action") if body.strip() else {}
+            if isinstance(data, NotJson):
+                raise EpisodeError(f"the body is not JSON: {data.why}")
             if not isinstance(data, dict):
                 raise EpisodeError("the body must be a JSON object")
             if path == "/reset":
                 return await self._reset_over_http(data, send)
             episode = self._known(data.get("episode_id"))
             async with lock_of(episode):
-                observation = await self.step(episode, data.get("action"))
+                if path == "/close":  # after a step of it that is being answered
+                    self.over_http.pop(episode.episode_id, None)
+                    closed = {"episode_id": episode.episode_id, "step_count": episode.steps}
+                    return await send_json(send, 200, _ENCODE(closed).encode())
+                observation = await self.step(episode, data.get("action"), client_gone)
             return await send_json(send, 200, observation.encode())
         except BodyTooLarge as exc:  # as /virtual answers it: the connection closes (the rest of the body is not read)
             self.server.refused(413, "body_too_large", f"{path}: {exc.args[0]:,} bytes or more")
@@ -481,6 +540,8 @@ class Episodes:
             return await send_json(send, 404, _detail(str(exc.args[0])))
         except EpisodeIdTaken as exc:
             return await send_json(send, 409, _detail(str(exc)))
+        except StepNotTaken as exc:
+            return await send_json(send, 503, _detail(str(exc)), [(b"retry-after", b"1")])
         except EpisodeError as exc:
             return await send_json(send, 422, _detail(str(exc)))
         except CacheError as exc:  # the store failed (a reset naming an episode starts its session over there)
@@ -527,6 +588,26 @@ class Episodes:
         return episode
 
 
+@dataclass(frozen=True, slots=True)
+class NotJson:
+    why: str  # the parser's message
+
+
+def read_large_message(body: bytes | str, action_at: str, max_arguments_chars: int) -> Any:
+    """In `LargeBodies`' worker: an HTTP step's body (its action at `action_at` "action") or a /ws message (at
+    "data"), parsed, with a tool call's arguments made into ParsedArguments (their key and what `state` keeps
+    computed here too); NotJson when it is not JSON."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        return NotJson(_why(exc))
+    action = message.get(action_at) if isinstance(message, dict) else None
+    if isinstance(action, dict) and action.get("type") == "call_tool" and isinstance(action.get("arguments"), dict):
+        arguments = action["arguments"]
+        action["arguments"] = parsed_arguments(arguments, max_arguments_chars, _kept_arguments(arguments))
+    return message
+
+
 def lock_of(episode: Episode) -> asyncio.Lock:
     if episode.lock is None:
         episode.lock = asyncio.Lock()
@@ -536,13 +617,29 @@ def lock_of(episode: Episode) -> asyncio.Lock:
 def _kept_arguments(arguments: Any) -> str:
     """The JSON text of a call's arguments as `state` keeps them: whole up to STATE_ARGUMENT_CHARS characters, else
     a string saying so; arguments nested deeper than a call may be (refused as such) are said too: `state` writes
-    them two levels deeper, past Python's recursion limit for the deepest a message can bring."""
-    text = _ENCODE(arguments)
+    them two levels deeper, past Python's recursion limit for the deepest a message can bring. NaN and Infinity
+    (which Python's JSON reads, as /virtual takes them) are kept as the strings "NaN", "Infinity": RFC 8259 has
+    neither, and a strict client (JavaScript's, Go's) cannot parse a `state` reply holding one."""
+    try:
+        text = _ENCODE_FINITE(arguments)
+    except ValueError:  # a NaN or an Infinity in them
+        text = _ENCODE_FINITE(_finite(arguments))
     if len(text) > STATE_ARGUMENT_CHARS:
         return _ENCODE(f"(arguments of {len(text):,} characters of JSON, not kept)")
     if text.count("{") + text.count("[") > MAX_ARGUMENT_DEPTH and nested_deeper_than(text, MAX_ARGUMENT_DEPTH):
         return _ENCODE(f"(arguments nested more than {MAX_ARGUMENT_DEPTH} levels deep, not kept)")
     return text
+
+
+def _finite(value: Any) -> Any:
+    """`value` with its non-finite floats as the strings JSON's readers write them ("NaN", "Infinity")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _answer_error(body: bytes) -> str:

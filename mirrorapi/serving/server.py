@@ -11,6 +11,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from mirrorapi.engine_client import EngineClient
 from mirrorapi.serving.answer import Answer
@@ -123,9 +124,11 @@ class VirtualServer:
         `client_gone` (the HTTP door's) says whether the client has closed its connection."""
         return self._recorded(await self.virtual.answer(body, session_id, client_gone))
 
-    async def answer_call(self, doc: ApiDoc, arguments: dict, session_id: str | None) -> Answer:
+    async def answer_call(
+        self, doc: ApiDoc, arguments: Any, session_id: str | None, client_gone: Callable[[], bool] | None = None
+    ) -> Answer:
         """The answer to a call of a known API (an OpenEnv step), as /virtual gives it; counted and logged."""
-        return self._recorded(await self.virtual.answer_call(doc, arguments, session_id))
+        return self._recorded(await self.virtual.answer_call(doc, arguments, session_id, client_gone))
 
     def refused(self, status: int, outcome: str, detail: str = "") -> None:
         """A request refused before any handler (401, 405, 408, 413), counted and logged like an answer."""

@@ -507,15 +507,13 @@ def test_http_steps_of_one_episode_are_answered_one_at_a_time(serve, tmp_path):
     assert len(asked) == 2 and sum("Earlier calls in this session" in prompt for prompt in asked) == 1
 
 
-def test_http_episodes_keep_state_bounded_metadata_and_their_413s_close(serve, recorded_cache, engine_down):
+def test_http_episodes_keep_state_bounded_metadata_and_their_413s_close(serve, recorded_cache, engine_stub):
     """What `state` keeps of a call is bounded (a megabyte of arguments each gave a state reply past OpenEnv's
     client limit); a GET /state is a request that keeps its episode; a body too large is answered as /virtual
     answers it (the connection closes: the rest of the body is not read as a next request) and counted."""
     import time as clock
 
-    with serve(
-        api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0, episode_idle_timeout=1.0
-    ) as server:
+    with serve(api_base=[engine_stub()], cache_path=str(recorded_cache), episode_idle_timeout=1.0) as server:
         client = server.client
         episode = client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
         big = {"username": "x" * 10_000, "password": "pw"}
@@ -530,7 +528,7 @@ def test_http_episodes_keep_state_bounded_metadata_and_their_413s_close(serve, r
         refused = server.metric("mirrorapi_requests_total", outcome="body_too_large")
     [call] = state.json()["calls"]
     assert call["arguments"] == f"(arguments of {len(json.dumps(big)):,} characters of JSON, not kept)"
-    assert call["error"]
+    assert call["error"] == STUB_OBSERVATION["error"] and call["provenance"].startswith("simulated")
     assert too_large.status_code == 413 and too_large.headers["connection"] == "close" and refused == 1
 
 
@@ -553,3 +551,194 @@ def test_a_step_s_unknown_tool_name_is_kept_cut_or_by_its_type(serve, recorded_c
         calls = client.get("/state", params={"episode_id": episode}).json()["calls"]
     assert echoed == ["n" * STATE_NAME_CHARS, "(list, not a name)"]
     assert [call["tool_name"] for call in calls] == echoed
+
+
+def test_an_http_step_its_client_gave_up_on_enters_the_episode_once_when_sent_again(serve, tmp_path):
+    """A trainer's HTTP step timed out and was sent again: the abandoned one was counted in the episode (`state` listed
+    the call twice) and its session (the retry was simulated with its own abandoned copy in its history, and every
+    later call too), where /virtual's session leaves a call out whose client has gone. Now a step whose client has
+    closed its connection is answered (and stored) but not taken: the retry is the cache's answer to the same
+    history, and the episode and session hold the call once. A stand-in engine records what each call was shown."""
+    import time as clock
+
+    from harness.fake_engines import FixedReplyEngine
+
+    class Slow(FixedReplyEngine):
+        def chat(self, request):
+            if request["messages"][-1]["content"].count('"user1"') == 1 and not self.slowed:
+                self.slowed = True
+                clock.sleep(1.0)  # the first ask of user1's call: its client gives up first
+            return super().chat(request)
+
+        slowed = False
+
+    def action(i: int) -> dict:
+        return {
+            "type": "call_tool",
+            "tool_name": "getusertoken",
+            "arguments": {"username": f"user{i}", "password": "p"},
+        }
+
+    with (
+        Slow('{"error": "", "response": {"token": "t"}}') as engine,
+        serve(api_base=[engine.url], cache_path=str(tmp_path / "c.sqlite")) as server,
+    ):
+        client = server.client
+        episode = client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+        assert client.post("/step", json={"episode_id": episode, "action": action(0)}).status_code == 200
+        with httpx.Client(base_url=server.url, timeout=0.3) as impatient, pytest.raises(httpx.ReadTimeout):
+            impatient.post("/step", json={"episode_id": episode, "action": action(1)})
+        again = client.post("/step", json={"episode_id": episode, "action": action(1)})
+        last = client.post("/step", json={"episode_id": episode, "action": action(2)})
+        state = client.get("/state", params={"episode_id": episode}).json()
+    assert again.status_code == 200 and again.json()["observation"]["metadata"]["cache"] == "hit"
+    assert again.json()["observation"]["metadata"]["step"] == 2 and last.json()["observation"]["metadata"]["step"] == 3
+    assert state["step_count"] == 3
+    assert [call["arguments"]["username"] for call in state["calls"]] == ["user0", "user1", "user2"]
+    asked = [r["messages"][-1]["content"] for r in engine.requests if r["messages"][0]["role"] == "system"]
+    assert len(asked) == 3  # user0, user1 (once: the retry is a hit), user2
+    assert asked[-1].count('"user1"') == 1 and asked[-1].count('"user0"') == 1
+
+
+def test_a_step_the_engine_fails_for_a_passing_cause_is_an_error_to_retry_not_the_api_s_answer(
+    serve, recorded_cache, engine_down
+):
+    """An engine busy, away or slow gave the step an observation `{"error": "Failed to generate fake response ..."}`
+    like an API's failure, counted in the episode (a trainer scored a rollout on the server's load, and a quiet rerun
+    answered otherwise). Now it is OpenEnv's EXECUTION_ERROR on /ws and 503 with Retry-After over HTTP, and the
+    episode is as it was; MCP's tools/call answers it as MCP does (isError), /virtual as StableToolBench's servers."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    call = {"type": "call_tool", "tool_name": "getusertoken", "arguments": {"username": "nobody", "password": "p"}}
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as server:
+        client = server.client
+        episode = client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+        over_http = client.post("/step", json={"episode_id": episode, "action": call})
+        state = client.get("/state", params={"episode_id": episode}).json()
+        recorded = client.post("/step", json={"episode_id": episode, "action": {**call, "arguments": LOGIN}})
+
+        async def main() -> list:
+            async with connect(server.url.replace("http", "ws") + "/ws") as ws:
+                replies = []
+                for message in (
+                    {"type": "reset", "data": {"toolset": TOOLSET}},
+                    {"type": "step", "data": call},
+                    {
+                        "type": "mcp",
+                        "data": {
+                            "jsonrpc": "2.0",
+                            "id": 1,
+                            "method": "tools/call",
+                            "params": {"name": "getusertoken", "arguments": call["arguments"]},
+                        },
+                    },
+                    {"type": "state"},
+                ):
+                    await ws.send(json.dumps(message))
+                    replies.append(json.loads(await ws.recv()))
+                return replies
+
+        _, on_ws, over_mcp, ws_state = asyncio.run(main())
+        virtual = client.post("/virtual", json={**virtual_body(call["arguments"])})
+    assert over_http.status_code == 503 and over_http.headers["retry-after"] == "1"
+    assert "unreachable" in over_http.json()["detail"] and "send it again" in over_http.json()["detail"]
+    assert state["step_count"] == 0 and state["calls"] == []
+    assert recorded.status_code == 200 and json.loads(recorded.json()["observation"]["result"]["response"]) == {
+        "token": "o8i7u6y5t4r3e2w1q0"
+    }
+    assert on_ws["type"] == "error" and on_ws["data"]["code"] == "EXECUTION_ERROR"
+    assert over_mcp["type"] == "mcp" and over_mcp["data"]["result"]["isError"] is True
+    assert ws_state["data"]["step_count"] == 1  # the tools/call, answered as MCP answers it
+    assert virtual.status_code == 200 and virtual.json()["error"].startswith("Failed to generate fake response")
+
+
+def test_an_http_episode_can_be_closed_and_its_place_taken(serve, recorded_cache, engine_down):
+    """HTTP episodes had no close: an abandoned one held its place for `episode_idle_timeout` (15 minutes), so a
+    trainer opening fresh ids over HTTP was capped at max_episodes per timeout, and the refusal told it to close one.
+    POST /close ends one (after its step being answered) and frees its place."""
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), max_episodes=1) as server:
+        client = server.client
+        first = client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+        step = {"type": "call_tool", "tool_name": "getusertoken", "arguments": LOGIN}
+        assert client.post("/step", json={"episode_id": first, "action": step}).status_code == 200
+        full = client.post("/reset", json={"toolset": TOOLSET})
+        closed = client.post("/close", json={"episode_id": first})
+        gone = client.post("/step", json={"episode_id": first, "action": step})
+        second = client.post("/reset", json={"toolset": TOOLSET})
+        unknown = client.post("/close", json={"episode_id": "never-opened"})
+        wrong_method = client.get("/close")
+    assert full.status_code == 503 and "POST /close" in full.json()["detail"]
+    assert closed.status_code == 200 and closed.json() == {"episode_id": first, "step_count": 1}
+    assert gone.status_code == 404 and second.status_code == 200
+    assert unknown.status_code == 404 and wrong_method.status_code == 405
+
+
+def test_state_writes_a_call_s_nan_as_strict_json_can_read_it(serve, recorded_cache, engine_down):
+    """Arguments holding NaN or Infinity (Python's JSON reads them, as /virtual takes them) came back in `state` as
+    bare NaN, which RFC 8259 has not: a strict client could not parse the reply. They are kept as strings."""
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as server:
+        client = server.client
+        episode = client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+        arguments = '{"token": NaN, "limits": [Infinity, -Infinity, 1.5]}'  # Python's json writes them so too
+        action = f'{{"type": "call_tool", "tool_name": "x", "arguments": {arguments}}}'
+        body = f'{{"episode_id": "{episode}", "action": {action}}}'
+        stepped = client.post("/step", content=body, headers={"content-type": "application/json"})
+        text = client.get("/state", params={"episode_id": episode}).text
+
+    def refuse(constant: str):
+        raise ValueError(f"not JSON (RFC 8259): {constant}")
+
+    assert stepped.status_code == 200
+    [call] = json.loads(text, parse_constant=refuse)["calls"]
+    assert call["arguments"] == {"token": "NaN", "limits": ["Infinity", "-Infinity", 1.5]}
+
+
+def test_large_steps_are_parsed_off_the_event_loop_and_answered_as_small_ones(serve, tmp_path, engine_stub):
+    """A step of LARGE_BODY_BYTES or more is parsed in the server's worker process, as /virtual's bodies are (over
+    HTTP and /ws it held the event loop: a tiny request waited 200 ms and 520 ms behind eight clients' megabyte steps,
+    against 2.5 ms; bench in the closing note of 2026-12-01). Answered as a small one: simulated, its arguments named
+    by size in `state`, refused by the same bound as /virtual's when too large to simulate, and not JSON a 422."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    from mirrorapi.serving.handler import LARGE_BODY_BYTES, LargeBodies
+
+    large = {"username": "u" * LARGE_BODY_BYTES, "password": "p"}
+    huge = {"username": "u" * 300_000, "password": "p"}  # over max_arguments_chars (below): only a hit could answer
+    with serve(api_base=[engine_stub()], cache_path=str(tmp_path / "c.sqlite"), max_arguments_chars=200_000) as server:
+        client = server.client
+        assert LargeBodies._ready.wait(120)  # its worker has started: until then a body under 1 MiB is parsed inline
+        episode = client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+        replies = [
+            client.post(
+                "/step",
+                json={
+                    "episode_id": episode,
+                    "action": {"type": "call_tool", "tool_name": "getusertoken", "arguments": a},
+                },
+            )
+            for a in (large, huge)
+        ]
+        not_json = client.post("/step", content=b'{"episode_id": "' + b"x" * LARGE_BODY_BYTES + b'"')
+        state = client.get("/state", params={"episode_id": episode}).json()
+
+        async def over_ws() -> dict:
+            async with connect(server.url.replace("http", "ws") + "/ws", max_size=None) as ws:
+                action = {"type": "call_tool", "tool_name": "getusertoken", "arguments": large}
+                await ws.send(json.dumps({"type": "step", "data": action}))
+                return json.loads(await ws.recv())
+
+        on_ws = asyncio.run(over_ws())
+        virtual = client.post("/virtual", json=virtual_body(huge))
+    simulated, refused = (reply.json()["observation"] for reply in replies)
+    assert simulated["result"] == STUB_OBSERVATION and simulated["metadata"]["outcome"] == "simulated"
+    assert refused["metadata"]["outcome"] == "validation_error"
+    assert refused["result"]["error"] == virtual.json()["error"] and "too large to simulate" in virtual.json()["error"]
+    assert not_json.status_code == 422 and "not JSON" in not_json.json()["detail"]
+    assert [call["arguments"] for call in state["calls"]] == [
+        f"(arguments of {len(json.dumps(a)):,} characters of JSON, not kept)" for a in (large, huge)
+    ]
+    assert on_ws["type"] == "observation" and on_ws["data"]["observation"]["result"] == STUB_OBSERVATION
