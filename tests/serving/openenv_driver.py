@@ -104,8 +104,12 @@ async def documented_environment(url: str) -> dict:
         prompt = environment.reset(query_id="77", prompt="ignored")
         answer = environment.call_api("getusertoken", json.dumps(LOGIN))
         unknown = environment.call_api("no_such_tool", "{}")
+        try:  # a miss, and the engine is down: sent three times, then the server's error
+            missed = environment.call_api("getusertoken", json.dumps({"username": "nobody", "password": "x"}))
+        except RuntimeError as exc:
+            missed = f"raised: {exc}"
         environment.env.close()
-        return {"prompt": prompt, "answer": json.loads(answer), "unknown": unknown}
+        return {"prompt": prompt, "answer": json.loads(answer), "unknown": unknown, "missed": missed}
 
     return await asyncio.get_running_loop().run_in_executor(None, run)  # the sync client runs its own loop
 

@@ -175,9 +175,13 @@ def test_the_documented_trl_environment_runs_an_episode(
         tools_folder=[str(samples / "tools"), str(query_file)],
     ) as server:
         seen = openenv_client.drive(server.url, "documented_environment")
+        failed = server.metric("mirrorapi_requests_total", outcome="engine_error")
+    assert failed == 3  # the miss, sent three times by the documented class
     assert seen["prompt"].startswith("APIs: ") and json.loads(seen["prompt"][6:])[0]["name"] == "getusertoken"
     assert seen["answer"] == LOGIN_ANSWER
     assert "Unknown tool 'no_such_tool'" in seen["unknown"]
+    assert seen["missed"].startswith("raised: ") and "EXECUTION_ERROR" in seen["missed"]
+    assert "unreachable" in seen["missed"]
 
 
 def test_http_reset_step_state_take_openenvs_request_shapes(serve, recorded_cache, engine_down):
