@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -193,7 +194,8 @@ def function_names(docs: list[ApiDoc]) -> dict[str, ApiDoc]:
 # ------------------------------------------------------------------------------------ schemas
 def _typed_default(value: Any, json_type: str) -> Any:
     """A doc's default as a value of the parameter's type; None when it is empty or does not convert (a schema's
-    default should validate against it: an array's "2" is no array)."""
+    default should validate against it: an array's "2" is no array, a number's [] no number, an integer's "1.5" no
+    integer; NaN and Infinity are no JSON)."""
     if value in ("", None):
         return None
     if json_type in ("array", "object"):
@@ -203,14 +205,24 @@ def _typed_default(value: Any, json_type: str) -> Any:
             except ValueError:
                 return None
         return value if isinstance(value, list if json_type == "array" else dict) else None
-    if json_type in ("number", "integer") and isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
+    if json_type in ("number", "integer"):
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                return None
+            value = int(number) if number.is_integer() and (json_type == "integer" or "." not in value) else number
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return None
-        return int(number) if json_type == "integer" or number.is_integer() and "." not in value else number
-    if json_type == "boolean" and isinstance(value, str):
-        return {"true": True, "false": False}.get(value.strip().lower())
+        if json_type == "integer" and isinstance(value, float):
+            return int(value) if value.is_integer() else None
+        return value
+    if json_type == "boolean":
+        if isinstance(value, str):
+            return {"true": True, "false": False}.get(value.strip().lower())
+        if value in (0, 1) and isinstance(value, int):  # 0 and 1, as docs write a flag
+            return bool(value)
+        return value if isinstance(value, bool) else None
     if json_type == "string" and not isinstance(value, str):
         return str(value)
     return value

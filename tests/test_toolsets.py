@@ -79,23 +79,32 @@ def test_schemas_of_real_docs_are_valid_json_schemas_that_function_callers_take(
     """Two ToolEnv2404 docs as they are: getCVEBySeverity lists its `severity` parameter twice (JSON Schema 2020-12
     §6.5.3: `required`'s elements MUST be unique, and the MCP spec wants a valid schema as `inputSchema`), and
     reqres' user_by_id has an ARRAY parameter with the default "2" (an array's default should be an array; and
-    OpenAI's function calling refuses an array schema without `items`)."""
+    OpenAI's function calling refuses an array schema without `items`). And docs whose defaults are not strings of
+    the parameter's type: a NUMBER's default [] or ["100"] (zeento_cloud, which_postcode), a BOOLEAN's 0 and
+    [false] (aliexpress_unofficial, copa_america), exported as they were (63 in ToolEnv2404)."""
     import jsonschema
 
     for category, file in (
         ("Business_Software", "common_vulnerabilities_and_exposures_cve.json"),
         ("Advertising", "reqres_dont_change.json"),
+        ("Business", "zeento_cloud.json"),
+        ("Location", "which_postcode.json"),
+        ("Commerce", "aliexpress_unofficial.json"),
+        ("Sports", "copa_america.json"),
     ):
         (tmp_path / category).mkdir()
         (tmp_path / category / file).write_bytes((shared_data / "toolenv/toolenv2404" / category / file).read_bytes())
     registry = ToolRegistry.load([tmp_path])
+    defaults = 0
     for doc in registry:
         schema = input_schema(doc)
         jsonschema.Draft202012Validator.check_schema(schema)
         for name, item in schema["properties"].items():
             assert item["type"] != "array" or "items" in item, (doc.api, name)
             if "default" in item:
-                assert jsonschema.Draft202012Validator(item).is_valid(item["default"]), (doc.api, name)
+                defaults += 1
+                assert jsonschema.Draft202012Validator(item).is_valid(item["default"]), (doc.api, name, item)
+    assert defaults > 20  # the converted ones are kept: not every default dropped
     cve = input_schema(
         registry.resolve("Business_Software", "common_vulnerabilities_and_exposures_cve", "getCVEBySeverity")
     )
@@ -171,3 +180,41 @@ def test_the_toolset_cache_is_keyed_by_what_a_spec_names_and_bounded_by_function
     for spec in ("category=Sports", "tool=APIBank/apibank_account", ""):
         small.get(spec)
     assert list(small._toolsets) == [()] and small._functions == everything  # the rest forgotten to make room
+
+
+def test_defaults_json_cannot_hold_are_dropped_not_a_crash_or_nan(tmp_path):
+    """A doc's INTEGER default "1e400" crashed the export (OverflowError: float infinity to integer), a NUMBER's "nan"
+    was written as NaN (RFC 8259 has no NaN: a strict reader refuses the file), an INTEGER's "1.5" became 1."""
+    (tmp_path / "tools" / "Data").mkdir(parents=True)
+    parameters = [
+        {"name": name, "type": json_type, "description": "", "default": default}
+        for name, json_type, default in (
+            ("huge", "INTEGER", "1e400"),
+            ("ratio", "NUMBER", "nan"),
+            ("low", "NUMBER", "-inf"),
+            ("half", "INTEGER", "1.5"),
+            ("count", "INTEGER", "10.0"),
+            ("scale", "NUMBER", "2.5"),
+        )
+    ]
+    tool = {
+        "tool_name": "Nanny",
+        "api_list": [{"name": "measure", "required_parameters": [], "optional_parameters": parameters}],
+    }
+    (tmp_path / "tools" / "Data" / "nanny.json").write_text(json.dumps(tool))
+    out = tmp_path / "functions.json"
+    assert main(["tools", "export", "--tools", str(tmp_path / "tools"), "--out", str(out)]) == 0
+
+    def refuse(constant: str):
+        raise ValueError(f"not JSON (RFC 8259): {constant}")
+
+    [function] = json.loads(out.read_text(encoding="utf-8"), parse_constant=refuse)
+    properties = function["function"]["parameters"]["properties"]
+    assert {name: item.get("default") for name, item in properties.items()} == {
+        "huge": None,
+        "ratio": None,
+        "low": None,
+        "half": None,
+        "count": 10,
+        "scale": 2.5,
+    }
