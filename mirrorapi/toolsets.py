@@ -12,7 +12,9 @@ toolset is every API of the registry.
 
 Function names are the APIs' wire names (`transfermarkt_search`); an API name that two tools of the
 toolset share gets ToolBench's `<api>_for_<tool>` instead. Names are cut to 64 characters
-(OpenAI's limit; MCP allows 128) with a numbered suffix should a cut collide. The input schema is a
+(OpenAI's limit; MCP allows 128) with a numbered suffix should a cut collide; a character OpenAI's names
+refuse (a Chinese API name's) becomes "_", and the name is made a wire name again (underscores run together,
+none at the ends), so that it loads back as itself. The input schema is a
 JSON schema built from the doc: wire parameter names, JSON types (an array's items of any type),
 descriptions, defaults converted to the type (dropped where they do not convert), and `required` (each
 name once). A parameter imported from an OpenAI function file keeps its own
@@ -182,11 +184,13 @@ def function_names(docs: list[ApiDoc]) -> dict[str, ApiDoc]:
     named: dict[str, ApiDoc] = {}
     for doc in docs:
         name = doc.api if len(tools_per_api[doc.api]) == 1 else f"{doc.api}_for_{standardize(doc.tool)}"
-        name = _INVALID_NAME_CHARS.sub("_", name)[:NAME_LIMIT] or "api"
+        # A wire name again (api_key_name leaves it as it is): loaded back from an OpenAI file, each function keeps
+        # its name, where "生日_____" exported as "_______" was read back as "" and merged with every other such name.
+        name = api_key_name(_INVALID_NAME_CHARS.sub("_", name))[:NAME_LIMIT].rstrip("_") or "api"
         unique, number = name, 2
         while unique in named:
             suffix = f"_{number}"
-            unique, number = name[: NAME_LIMIT - len(suffix)] + suffix, number + 1
+            unique, number = name[: NAME_LIMIT - len(suffix)].rstrip("_") + suffix, number + 1
         named[unique] = doc
     return named
 

@@ -218,3 +218,20 @@ def test_defaults_json_cannot_hold_are_dropped_not_a_crash_or_nan(tmp_path):
         "count": 10,
         "scale": 2.5,
     }
+
+
+def test_names_made_of_characters_openai_refuses_load_back_as_themselves(tmp_path):
+    """A Chinese API name is a wire name (StableToolBench's standardize keeps CJK), which OpenAI's function names
+    refuse: exported as underscores ("_______", "notice_____"), it was read back through api_key_name as "" and
+    "notice", merging functions (8 of ToolEnv2404's 46,606 lost, 96 renamed). Exported names are wire names now."""
+    from mirrorapi.names import api_key_name
+
+    (tmp_path / "tools" / "Data").mkdir(parents=True)
+    apis = ["生日", "星座运势", "notice生日", "notice", "3日天气", "^caret^", "ok"]
+    tool = {"tool_name": "Calendar", "api_list": [{"name": name, "required_parameters": []} for name in apis]}
+    (tmp_path / "tools" / "Data" / "calendar.json").write_text(json.dumps(tool, ensure_ascii=False), encoding="utf-8")
+    first = export(tmp_path, "functions.json", "--tools", str(tmp_path / "tools"))
+    again = export(tmp_path, "again.json", "--tools", str(tmp_path / "functions.json"))
+    names = [f["function"]["name"] for f in first]
+    assert len(set(names)) == len(apis) and all(api_key_name(name) == name for name in names), names
+    assert sorted(f["function"]["name"] for f in again) == sorted(names)
