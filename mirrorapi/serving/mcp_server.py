@@ -320,12 +320,8 @@ class McpFrontDoor:
     # ----------------------------------------------------------------------------------- calls
     async def call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         doc = self.toolset(ctx).functions.get(params.name)
-        if doc is None:
-            message = f"Unknown tool {params.name!r} in this toolset."
-            return types.CallToolResult(
-                content=[types.TextContent(type="text", text=json.dumps({"error": message, "response": ""}))],
-                is_error=True,
-            )
+        if doc is None:  # MCP's schema: an error in finding the tool is a protocol error, not the tool's (isError)
+            raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool {params.name[:100]!r} in this toolset.")
         body = json.dumps(
             {
                 "category": doc.category,

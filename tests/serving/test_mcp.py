@@ -83,8 +83,11 @@ def test_calls_are_answered_like_virtual(serve, recorded_cache, engine_down, sam
         async def steps(client):
             hit = await client.call_tool("getusertoken", LOGIN_ARGS)
             invalid = await client.call_tool("getusertoken", {"username": "JaneSmith"})
-            unknown = await client.call_tool("no_such_tool", {})
-            return hit, invalid, unknown
+            try:
+                await client.call_tool("no_such_tool", {})
+            except MCPError as exc:
+                return hit, invalid, exc.error
+            return hit, invalid, None
 
         hit, invalid, unknown = call(server.url + "/mcp", steps)
         virtual = server.virtual(
@@ -101,7 +104,9 @@ def test_calls_are_answered_like_virtual(serve, recorded_cache, engine_down, sam
         assert invalid.is_error and json.loads(invalid.content[0].text)["error"].startswith(
             "Missing required parameter 'password'"
         )
-        assert unknown.is_error and "Unknown tool" in unknown.content[0].text
+        # An unknown tool is a protocol error (MCP's schema, CallToolResult: "errors in finding the tool ... should
+        # be reported as an MCP error response"), as the OpenEnv door's JSON-RPC answers it, not an isError result.
+        assert unknown is not None and unknown.code == -32602 and "Unknown tool 'no_such_tool'" in unknown.message
         assert server.metric("mirrorapi_requests_total", outcome="hit") == 2  # MCP's and /virtual's
         assert server.metric("mirrorapi_requests_total", outcome="validation_error") == 1
 
