@@ -75,13 +75,16 @@ MODEL_RECORD_KEYS = frozenset(
 )
 
 
+NO_API_KEY = "EMPTY"  # what vLLM and llama.cpp's servers take when started without a key
+
+
 class ServerSettings(BaseModel):
     """Everything `python serving/main_mirrorapi.py` / `mirrorapi serve` can be told (one field = one key)."""
 
     model_config = ConfigDict(extra="forbid")
 
     # StableToolBench keys
-    api_key: str = Field("EMPTY", description="Key sent to the engine (vllm serve --api-key).")
+    api_key: str = Field(NO_API_KEY, description="Key sent to the engine (vllm serve --api-key).")
     api_base: list[str] = Field(
         ["http://127.0.0.1:12345/v1"],
         description=("OpenAI-compatible engine URL(s) ending in /v1; several are replicas, used round-robin."),
@@ -368,7 +371,13 @@ class ServerSettings(BaseModel):
     @field_validator("api_base", "tools_folder", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, (str, os.PathLike)) else value
+        return [value] if isinstance(value, (str, os.PathLike)) else [] if value is None else value
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _no_key(cls, value: Any) -> Any:
+        # StableToolBench's own config.yml leaves `api_key:` blank, to be filled in: null is no key, as the default.
+        return NO_API_KEY if value is None else value
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
@@ -376,7 +385,12 @@ class ServerSettings(BaseModel):
         # outside a session are asked in its stateless format, as the data builder renders them and as a model
         # record's value is read.
         self.prompt_format = stateless_format(self.prompt_format)
-        if not self.api_base or any(not b.startswith(("http://", "https://")) for b in self.api_base):
+        if not any(self.api_base):  # StableToolBench's config.yml leaves it blank: its OpenAI client's cloud
+            raise ValueError(
+                "api_base: none given (StableToolBench's blank api_base is OpenAI's cloud, which mirrorapi never "
+                "calls): give the engine's URL, e.g. http://127.0.0.1:12345/v1 (scripts/serve_engine_cpu.sh)"
+            )
+        if any(not b.startswith(("http://", "https://")) for b in self.api_base):
             raise ValueError(f"api_base: expected http(s) URL(s) ending in /v1, got {self.api_base}")
         if any(
             urllib.parse.urlsplit(base).password is not None or "@" in urllib.parse.urlsplit(base).netloc

@@ -54,21 +54,25 @@ def test_released_model_config_asks_for_its_system_prompt_file():
         )
 
 
-def test_stabletoolbench_config_yml_keys_are_accepted(tmp_path):
-    # The keys of StableToolBench's server/config.yml, as its users have them.
+@pytest.mark.parametrize("blank", ["''", ""], ids=["empty-strings", "no-values"])
+def test_stabletoolbench_config_yml_keys_are_accepted(tmp_path, blank):
+    """The keys of StableToolBench's server/config.yml, as its users have them: its own file leaves api_key and
+    api_base with no value (YAML's null), which was refused as "api_key: Input should be a valid string (got
+    None)". A key with no value is no key; a blank api_base is upstream's OpenAI cloud, refused in words."""
     (tmp_path / "tools").mkdir()
     (tmp_path / "tool_response_cache").mkdir()
     config = write(
         tmp_path / "config.yml",
-        "api_key: ''\napi_base: ''\nmodel: gpt-4-turbo\ntemperature: 0\n"
+        f"api_key: {blank}\napi_base: {blank}\nmodel: gpt-4-turbo\ntemperature: 0\n"
         "toolbench_url: http://8.130.32.149:8080/rapidapi\ntools_folder: ./tools\n"
         "cache_folder: ./tool_response_cache\nis_save: true\nport: 8080\nlog_file: ./server.log\n",
     )
-    with pytest.raises(ConfigError, match="api_base: expected http"):  # empty api_base: OpenAI's cloud there
+    with pytest.raises(ConfigError, match="^config .*: api_base: none given .*OpenAI's cloud.* give the engine's URL"):
         load_settings(config, environ={})
     settings = load_settings(config, overrides={"api_base": ["http://127.0.0.1:9/v1"]}, environ={})
     assert settings.cache_folder == tmp_path / "tool_response_cache"
     assert settings.log_file == tmp_path / "server.log"
+    assert settings.api_key == ("" if blank else "EMPTY")  # a blank key as written; none: vLLM's keyless EMPTY
 
 
 def test_precedence_defaults_file_environment_flags(tmp_path):
