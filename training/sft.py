@@ -6,7 +6,7 @@
 Recipes: training/configs/ (the README's training section says which runs where). Every key of a recipe
 can be given on the command line, which wins; `--help` lists them: mirrorapi's `RecipeArguments`
 (mirrorapi/training/recipe.py), TRL's `SFTConfig` and `ModelConfig`. A mistake in the inputs ends in
-one `sft.py: error:` line (status 2) before any model is loaded.
+one `sft.py: error:` line (status 2; 1 under `accelerate launch`) before any model is loaded.
 """
 
 import sys

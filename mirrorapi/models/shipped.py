@@ -112,7 +112,13 @@ def _wheel_sha256(base: Path) -> str | None:
 
 def _build(name: str, adapter: Path, record: dict, base: Path, built: Path, progress: Callable[[str], None]) -> None:
     progress(f"{name}: merging the adapter into {base}")
-    merge_adapter(adapter, base, built)
+    try:
+        merge_adapter(adapter, base, built)
+    except (RuntimeError, OSError) as exc:  # an adapter of another base (`--adapter`): 28 lines of size mismatches
+        raise ModelGetError(
+            f"{name}: cannot merge {adapter} into {base}: the adapter's weights do not fit it "
+            f"({str(exc).strip().splitlines()[0]}; is it an adapter of {base.name}?)"
+        ) from None
     (built / "README.md").write_text(
         merged_card((adapter / "README.md").read_text(encoding="utf-8")), encoding="utf-8"
     )

@@ -40,6 +40,9 @@ def merge_lora(
         )
     base_model = base_model or PeftConfig.from_pretrained(str(adapter_dir)).base_model_name_or_path
     check_model_source(base_model)
+    if Path(base_model).is_dir() and Path(base_model).resolve() == out_dir.resolve():
+        # It replaced the base with the merged model, and the adapter, still naming that folder, merged twice after.
+        raise RecipeError(f"--out {out_dir} is the base model's folder: give --out a new folder for the merged model")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
         raise RecipeError(f"{out_dir} holds files but no model: give --out a new folder, or a model folder to replace")
     # Built beside its place and renamed into it whole (a merge killed half-way left a folder of weights without

@@ -9,6 +9,7 @@ after the model load (or a minute of model-hub retries for a mistyped local path
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import logging
 import warnings
@@ -36,6 +37,14 @@ PACKING_ATTENTION = ("flash_attention_3", "flash_attention_2", "flex_attention",
 # Picked, in this order, when a packed recipe names none. flex_attention is left to an explicit choice: it compiles
 # on first use (minutes on a CPU) and has not been measured here.
 PACKING_ATTENTION_DEFAULTS = ("flash_attention_3", "flash_attention_2", "sdpa")
+
+
+# A dataset's kind (its stats.json, as the data builders write it) -> the recipes of training/configs/ for it and
+# the held-out splits its builder writes.
+KIND_RECIPES = {
+    "simulator": ("training/configs/tiny_cpu.yaml or simulator_*.yaml", ("test_id", "test_ood")),
+    "judge": ("training/configs/tiny_judge_cpu.yaml or judge_*.yaml", ("test",)),
+}
 
 
 class RecipeError(Exception):
@@ -106,6 +115,13 @@ class RecipeArguments:
     merge: bool = field(
         default=False,
         metadata={"help": "LoRA only: also write the base model with the adapter merged in, to output_dir/merged."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace the model and checkpoints an earlier run left in output_dir (refused otherwise: give a "
+            "new folder, or --resume true to go on with that run)."
+        },
     )
 
     def __post_init__(self):
@@ -210,7 +226,7 @@ def _value_problem(action, value) -> str | None:
     for item in items:
         try:
             convert(str(item))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, argparse.ArgumentTypeError):  # the last: TRL's string_to_bool (`use_peft: 2`)
             return f"{item!r} is not a valid value here (e.g. a whole number for a count)"
     return None
 
@@ -219,6 +235,7 @@ def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
     """The keys together, and what this host must have for them; picks the attention for packed batches."""
     if recipe.max_train_seconds is not None and recipe.max_train_seconds <= 0:
         raise RecipeError(f"max_train_seconds must be positive (got {recipe.max_train_seconds})")
+    check_ranges(training_args, model_args)
     if recipe.merge and not model_args.use_peft:
         raise RecipeError("--merge applies to LoRA training only (set use_peft: true)")
     if recipe.train_top_layers is not None:
@@ -250,6 +267,56 @@ def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
     check_quantization(training_args, model_args)
     if training_args.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
         raise RecipeError("use_liger_kernel needs the liger-kernel package: pip install '.[gpu]' (GPU hosts)")
+
+
+def check_ranges(training_args, model_args) -> None:
+    """Numbers out of their range, which transformers, torch or PEFT refuse only inside `trainer.train()`, after the
+    model is loaded, with a traceback (or take silently: `max_steps 0` trained one step and saved the model)."""
+    if training_args.max_steps == 0 or training_args.max_steps < -1:
+        raise RecipeError(
+            f"max_steps must be positive, or -1 for num_train_epochs (got {training_args.max_steps}): "
+            "transformers trains one step for 0 and epochs for any negative"
+        )
+    counts = {
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "per_device_eval_batch_size": training_args.per_device_eval_batch_size,
+        "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
+        "max_length": training_args.max_length,
+    }
+    if model_args.use_peft:
+        counts["lora_r"] = model_args.lora_r
+    for key, value in counts.items():
+        if value is not None and value < 1:
+            raise RecipeError(f"{key} must be at least 1 (got {value})")
+    if training_args.learning_rate < 0:
+        raise RecipeError(f"learning_rate must not be negative (got {training_args.learning_rate})")
+    if model_args.use_peft and not 0 <= model_args.lora_dropout < 1:
+        raise RecipeError(f"lora_dropout is a probability below 1 (got {model_args.lora_dropout})")
+
+
+def check_output_dir(recipe: RecipeArguments, training_args, model_args) -> None:
+    """An output_dir that holds no earlier run's model: training wrote over it without a word (transformers'
+    checkpoint rotation deleting that run's checkpoints too), or over the base model it starts from."""
+    out = Path(training_args.output_dir).resolve()
+    for name, folder in (("the base model", model_args.model_name_or_path), ("init_adapter", recipe.init_adapter)):
+        if folder and Path(folder).is_dir() and Path(folder).resolve() == out:
+            raise RecipeError(
+                f"output_dir {training_args.output_dir} is {name}'s folder: training would write over the model it "
+                "starts from; give another folder"
+            )
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint and not recipe.resume and not Path(checkpoint).is_dir():
+        raise RecipeError(f"resume_from_checkpoint: no checkpoint folder at {checkpoint}")
+    if recipe.resume or checkpoint or recipe.overwrite_output_dir or not out.is_dir():
+        return
+    held = [name for name in ("config.json", "adapter_config.json") if (out / name).is_file()]
+    held += sorted(path.name for path in out.glob("checkpoint-*") if path.is_dir())[:2]
+    if held:
+        raise RecipeError(
+            f"output_dir {training_args.output_dir} holds an earlier run's model or checkpoints "
+            f"({', '.join(held)}): give a new folder, --resume true to go on with that run, or "
+            "--overwrite_output_dir true to replace it"
+        )
 
 
 def check_packing(training_args, model_args) -> None:
@@ -383,6 +450,13 @@ def load_splits(recipe: RecipeArguments):
         raise RecipeError(f"{path} holds a single dataset; expected splits ({recipe.train_split}, ...)")
     for split in [recipe.train_split, *recipe.eval_splits]:
         if split not in dataset:
+            kind = dataset_stats(str(path)).get("kind")
+            if kind in KIND_RECIPES and split not in KIND_RECIPES[kind][1]:  # the other kind's recipe, no typo
+                raise RecipeError(
+                    f"{path} is a {kind} dataset (its splits: {', '.join(dataset)}), and this recipe asks for the "
+                    f"split {split!r} of the other kind's: use a {kind} recipe ({KIND_RECIPES[kind][0]}, whose "
+                    f"eval_splits are {' '.join(KIND_RECIPES[kind][1])})"
+                )
             raise RecipeError(
                 f"{path} has no split {split!r} (it has: {', '.join(dataset)}); set --train_split / --eval_splits"
             )
@@ -410,6 +484,7 @@ def load_splits(recipe: RecipeArguments):
 def check_inputs(recipe: RecipeArguments, training_args, model_args):
     """Every check that needs no model weights; returns (tokenizer, DatasetDict)."""
     check_model_source(model_args.model_name_or_path)
+    check_output_dir(recipe, training_args, model_args)
     dataset = load_splits(recipe)
     tokenizer = load_tokenizer(
         model_args.model_name_or_path,

@@ -171,6 +171,12 @@ def test_an_adapter_of_the_other_kind_is_refused(tiny_adapter, tiny_model_dir, t
     with pytest.raises(ModelGetError, match=f"a judge adapter, where {SIMULATOR} is a simulator"):
         get_shipped_model(SIMULATOR, tmp_path / "models", adapter_dir=judge, base_dir=tiny_model_dir)
     assert not (tmp_path / "models").exists()
+    # An adapter of another base (SmolLM2's, on the tiny model): one line, where it printed 28 size mismatches.
+    shipped = REPO / "mirrorapi" / "models" / "adapters" / SIMULATOR
+    with pytest.raises(ModelGetError, match="the adapter's weights do not fit it") as refused:
+        get_shipped_model(SIMULATOR, tmp_path / "models", adapter_dir=shipped, base_dir=tiny_model_dir)
+    assert "\n" not in str(refused.value)
+    assert [p.name for p in (tmp_path / "models").iterdir()] == []  # no partial folder left
 
 
 def test_an_adapter_not_shipped_yet_is_one_line_and_nothing_is_made(tmp_path, monkeypatch, capsys):

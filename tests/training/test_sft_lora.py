@@ -119,6 +119,13 @@ def test_merge_script(adapter_dir, tmp_path, capsys, entry_script):
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' own loading bar
     assert last.startswith("merge_lora.py: error: ") and "do not fit" in last and not (tmp_path / "z").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # its build folder removed
+    # --out naming the base model's own folder replaced the base with the merged model (and the adapter, still
+    # naming that folder, merged twice after): refused, the base untouched.
+    capsys.readouterr()
+    before = {p.name: p.stat().st_mtime_ns for p in tiny.iterdir()}
+    assert merge(["--adapter", str(adapter_dir), "--out", str(tiny)]) == 2
+    assert f"--out {tiny} is the base model's folder" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in tiny.iterdir()} == before
     capsys.readouterr()
     assert merge(["--adapter", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert (

@@ -66,6 +66,7 @@ def test_unknown_recipe_key(cli, capsys, tmp_path, tiny_model_dir, simulator_sft
         ("train_top_layers: true", "train_top_layers: True is not a valid value"),
         ("learning_rate: [1, 2]", "learning_rate: expected one value, got the list [1, 2]"),
         ("eval_splits: 5", "eval_splits: expected a list, got 5"),
+        ("use_peft: 2", "use_peft: 2 is not a valid value"),  # TRL's bool parser raised ArgumentTypeError
     ],
 )
 def test_a_value_of_the_wrong_type_in_a_recipe_file(cli, capsys, tmp_path, tiny_model_dir, line, message):
@@ -132,7 +133,7 @@ def test_tokenizer_without_a_chat_template(cli, capsys, no_template_model, simul
     "extra, message",
     [
         (["--dataset_path", "nowhere/data"], "dataset folder not found: nowhere/data"),
-        (["--eval_splits", "test"], "has no split 'test' (it has: train, test_id, test_ood)"),
+        (["--eval_splits", "test"], "is a simulator dataset (its splits: train, test_id, test_ood), and this recipe"),
         (["--resume", "true"], "--resume: no checkpoint in"),
         (["--merge", "true"], "--merge applies to LoRA training only"),
         (["--train_top_layers", "1", "--gradient_checkpointing", "true"], "gradient_checkpointing would run it"),
@@ -140,6 +141,16 @@ def test_tokenizer_without_a_chat_template(cli, capsys, no_template_model, simul
         (["--use_peft", "true", "--init_adapter", "tests"], "init_adapter: tests is not a LoRA adapter folder"),
         # TRL would take this file for a tokenizer's folder, and fail after loading the model.
         (["--chat_template_path", "README.md"], "--chat_template_path README.md: a template file named *.jinja"),
+        # Numbers out of range: transformers, torch and PEFT refused them inside trainer.train(), after the model
+        # loaded, with a traceback; max_steps 0 trained one step and saved the model, a negative one trained epochs.
+        (["--max_steps", "0"], "max_steps must be positive, or -1 for num_train_epochs (got 0)"),
+        (["--max_steps", "-3"], "max_steps must be positive, or -1 for num_train_epochs (got -3)"),
+        (["--learning_rate", "-1"], "learning_rate must not be negative (got -1.0)"),
+        (["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be at least 1 (got 0)"),
+        (["--max_length", "0"], "max_length must be at least 1 (got 0)"),
+        (["--use_peft", "true", "--lora_r", "0"], "lora_r must be at least 1 (got 0)"),
+        (["--use_peft", "true", "--lora_dropout", "2"], "lora_dropout is a probability below 1 (got 2.0)"),
+        (["--resume_from_checkpoint", "nowhere/checkpoint-3"], "no checkpoint folder at nowhere/checkpoint-3"),
     ],
 )
 def test_other_mistakes(cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path, extra, message):
@@ -219,3 +230,56 @@ def test_a_dataset_of_a_train_split_alone_trains_from_the_command_line(
     status, err, _ = run(cli, capsys, *argv)
     assert status == 0, err
     assert (tmp_path / "out" / "mirrorapi_training.json").is_file()
+
+
+def test_an_output_dir_holding_an_earlier_run_is_refused_not_written_over(
+    cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path
+):
+    """Training into a folder that held a trained model replaced it without a word, transformers' checkpoint rotation
+    deleting the earlier run's checkpoints (and into the base model's own folder, the base). Refused before any model
+    is loaded, the folder untouched; `--resume true` goes on with that run, `--overwrite_output_dir true` replaces
+    it."""
+    from types import SimpleNamespace
+
+    from mirrorapi.training.recipe import RecipeArguments, check_output_dir
+
+    earlier = tmp_path / "earlier"
+    shutil.copytree(tiny_model_dir, earlier)
+    (earlier / "checkpoint-10").mkdir()
+    before = {p.name: p.stat().st_mtime_ns for p in earlier.iterdir()}
+    common = ["--model_name_or_path", tiny_model_dir, "--dataset_path", simulator_sft_dir]
+    status, err, _ = run(cli, capsys, *common, "--output_dir", earlier)
+    assert status == 2 and err.startswith(f"sft.py: error: output_dir {earlier} holds an earlier run's model")
+    assert "(config.json, checkpoint-10)" in err and "--overwrite_output_dir true" in err
+    assert {p.name: p.stat().st_mtime_ns for p in earlier.iterdir()} == before
+    status, err, _ = run(cli, capsys, *common, "--output_dir", tiny_model_dir, "--overwrite_output_dir", "true")
+    assert status == 2 and err == (
+        f"sft.py: error: output_dir {tiny_model_dir} is the base model's folder: training would write over the model "
+        "it starts from; give another folder"
+    )
+
+    def check(**recipe) -> None:
+        training = SimpleNamespace(output_dir=str(earlier), resume_from_checkpoint=None)
+        check_output_dir(RecipeArguments(**recipe), training, SimpleNamespace(model_name_or_path=str(tiny_model_dir)))
+
+    check(overwrite_output_dir=True)  # said so: replaced
+    check(resume=True)  # that run goes on
+    check_output_dir(
+        RecipeArguments(),
+        SimpleNamespace(output_dir=str(tmp_path / "new"), resume_from_checkpoint=None),
+        SimpleNamespace(model_name_or_path=str(tiny_model_dir)),
+    )
+
+
+def test_a_judge_set_given_to_the_simulator_recipe_names_the_judge_recipe(
+    cli, capsys, tiny_model_dir, judge_sft_dir, tmp_path
+):
+    """The judge set given to tiny_cpu.yaml said "has no split 'test_id' ... set --train_split / --eval_splits", and
+    following that hint trained the simulator recipe on judge data, its card naming a judge in a simulator folder."""
+    argv = ["--model_name_or_path", tiny_model_dir, "--dataset_path", judge_sft_dir, "--output_dir", tmp_path / "out"]
+    status, err, _ = run(cli, capsys, *argv)
+    assert status == 2 and err == (
+        f"sft.py: error: {judge_sft_dir} is a judge dataset (its splits: train, test), and this recipe asks for the "
+        "split 'test_id' of the other kind's: use a judge recipe (training/configs/tiny_judge_cpu.yaml or "
+        "judge_*.yaml, whose eval_splits are test)"
+    )
