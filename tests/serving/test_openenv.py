@@ -702,7 +702,7 @@ def test_state_writes_a_call_s_nan_as_strict_json_can_read_it(serve, recorded_ca
 def test_large_steps_are_parsed_off_the_event_loop_and_answered_as_small_ones(serve, tmp_path, engine_stub):
     """A step of LARGE_BODY_BYTES or more is parsed in the server's worker process, as /virtual's bodies are (over
     HTTP and /ws it held the event loop: a tiny request waited 200 ms and 520 ms behind eight clients' megabyte steps,
-    against 2.5 ms; bench in the closing note of 2026-12-01). Answered as a small one: simulated, its arguments named
+    against 2.5 ms: bench/large_bodies.py). Answered as a small one: simulated, its arguments named
     by size in `state`, refused by the same bound as /virtual's when too large to simulate, and not JSON a 422."""
     import asyncio
 
