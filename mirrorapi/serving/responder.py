@@ -70,6 +70,10 @@ class Responder:
         self.check_miss, self.lease_holder = check_miss, lease_holder
         self.identities = {False: simulator_identity(settings), True: simulator_identity(settings, in_session=True)}
         self._in_flight: dict[tuple[Call, str], asyncio.Task] = {}
+        # Leases this process could not let go (the store away): let go by `release_leases_left` once it is back.
+        # Left to expire, each kept another process asked the same call waiting `engine_timeout` + 10 s (70 s by
+        # default) after a PostgreSQL restart, for an answer never stored (audit of 2026-12-01).
+        self._unreleased: set[tuple[Call, str]] = set()
 
     async def respond(
         self, doc: ApiDoc, arguments: dict | None, key: str, history: History | None, stages: dict[str, float]
@@ -179,6 +183,7 @@ class Responder:
                 logger.warning(
                     "could not store a simulated answer of %s/%s/%s: %s", call.category, call.tool, call.api, exc
                 )
+                await self._release(call, identity)  # the store lets the lease go with the answer: it did neither
         else:
             await self._release(call, identity)
         return Reply(
@@ -218,5 +223,14 @@ class Responder:
             return
         try:
             await self.cache.release_lease(call, identity, self.lease_holder)
-        except CacheError as exc:  # it expires on its own
+        except CacheError as exc:  # let go later (`release_leases_left`), or it expires on its own
+            self._unreleased.add((call, identity))
             logger.warning("could not release the lease on %s/%s/%s: %s", call.category, call.tool, call.api, exc)
+
+    async def release_leases_left(self) -> None:
+        """Let go the leases `_release` could not (the server's cache maintenance, every few seconds); CacheError
+        while the store is still away."""
+        for call, identity in list(self._unreleased):
+            assert self.lease_holder is not None  # only a process that takes leases has one left
+            await self.cache.release_lease(call, identity, self.lease_holder)
+            self._unreleased.discard((call, identity))

@@ -172,10 +172,12 @@ class VirtualServer:
         self.request_log.close()
 
     async def _maintain_cache(self) -> None:
-        """Every few seconds: write the counted hits, forget idle sessions and expired leases, checkpoint."""
+        """Every few seconds: write the counted hits, forget idle sessions and expired leases, let go the leases a
+        failed store left, checkpoint."""
         while True:
             await asyncio.sleep(CACHE_MAINTENANCE_SECONDS)
             try:
+                await self.virtual.responder.release_leases_left()
                 await self.cache.maintain(self.settings.session_ttl)
             except CacheError as exc:  # e.g. the database is away for a moment: next time
                 logger.warning("cache maintenance postponed: %s", exc)

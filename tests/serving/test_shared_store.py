@@ -270,3 +270,34 @@ def test_a_session_call_whose_store_stops_under_it_still_gets_its_answer(serve, 
     assert answered.json() == STUB_OBSERVATION and answered.headers["x-mirrorapi-outcome"] == "simulated"
     assert "the cache store is unavailable" in after.json()["error"]
     assert after.headers["x-mirrorapi-outcome"] == "store_error"
+
+
+def test_a_lease_a_failed_store_left_is_let_go_once_the_store_is_back(serve, postgres_database):
+    """A simulated answer is stored and its lease let go in one statement; when that statement failed (PostgreSQL
+    restarted under the call: here, the server's connections terminated), the lease stayed until it expired
+    (`engine_timeout` + 10 s), and another process asked the same call waited all that time for an answer never
+    stored (36 s in the audit of 2026-12-01). The lease is let go as soon as the store answers again."""
+    import psycopg
+
+    def drop_connections() -> None:
+        with psycopg.connect(postgres_database, autocommit=True) as db:
+            db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid != pg_backend_pid()"
+            )
+
+    def count(table: str) -> int:
+        with psycopg.connect(postgres_database, autocommit=True) as db:
+            return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+    with StubEngine(delay=1.5, model="stub") as engine:
+        url = postgres_database + "?connect_timeout=3"
+        with serve(api_base=[engine.url], model="stub", cache_url=url, engine_timeout=60) as server:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(server.client.post, "/virtual", json=call("Zidane"))
+                poll_until(lambda: engine.answering == 1 or None, 10, "the call did not reach the engine")
+                assert count("leases") == 1
+                drop_connections()
+                answered = pending.result(timeout=60)
+            assert answered.json() == STUB_OBSERVATION and count("entries") == 0  # given, the store failed
+            poll_until(lambda: count("leases") == 0 or None, 20, "the lease was not let go")
