@@ -206,7 +206,7 @@ class Responder:
                 if await self.cache.try_lease(call, identity, holder, lease_seconds):
                     # Another process may have stored the answer and let its lease go since this one missed: asked
                     # again, the engine would give a second answer (another one, sampled) for a call already answered.
-                    found = await self.cache.lookup(call, identity)
+                    found = await self.cache.lookup(call, identity, count_hit=False)
                     if found is None:
                         return None
                     await self._release(call, identity)
@@ -214,7 +214,7 @@ class Responder:
                 retake = now + LEASE_RETAKE_SECONDS
             await asyncio.sleep(poll)
             poll = min(poll * 2, LEASE_POLL_SECONDS[1])
-            found = await self.cache.lookup(call, identity)
+            found = await self.cache.lookup(call, identity, count_hit=False)
             if found is not None:
                 return found
 

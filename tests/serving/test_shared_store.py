@@ -113,7 +113,15 @@ def test_two_servers_on_one_postgresql_share_misses_hits_and_leases(postgres_dat
         assert engine.requests == simulations + 1
         # One of the two waited for the other's answer (or, arriving after it was stored, found it: a hit).
         joined = sum(metric(u, "mirrorapi_coalesced_requests_total") for u in (a, b))
-        assert joined + outcomes(a)["hit"] + outcomes(b)["hit"] - 1 == 1
+        hits = outcomes(a)["hit"] + outcomes(b)["hit"]
+        assert joined + hits - 1 == 1
+    # The store's hit counts agree with the servers' outcomes: a waiter given the other's answer is a coalesced
+    # miss, where the store counted it a hit too (`cache stats` said hits that no server answered as one).
+    cache = open_cache(postgres_database)
+    try:
+        assert cache.stats()["hits"] == hits
+    finally:
+        cache.close()
 
 
 def test_a_server_whose_postgresql_stops_says_so_on_health_and_in_observations(tmp_path):

@@ -13,9 +13,9 @@ Differences from the SQLite file, each for a reason:
   the same order from either store, whatever the database's default locale.
 - Connections ask for `synchronous_commit = off` (unless the URL's `options` set it): a commit returns
   once PostgreSQL has it (every other server sees it at once), without waiting for the disk flush,
-  which follows within a fraction of a second. The SQLite store makes the same trade
-  (`synchronous=NORMAL`): a server process killed at any moment loses no answered entry; a crash of the
-  database host may lose the last fraction of a second, which is re-simulated on the next miss.
+  which follows within a fraction of a second: a server process killed at any moment loses no answered entry
+  (as with SQLite's `synchronous=NORMAL`), but a crash of PostgreSQL itself or of its host may lose the last
+  fraction of a second (up to 3 x wal_writer_delay), which is re-simulated on the next miss.
 - The request path is async (psycopg 3's `AsyncConnection` from a `psycopg_pool` pool, opened on the
   server's event loop at its first use): a query waits for the network without blocking the loop. The
   administrative side (`Store`'s: CLI commands, imports at start-up, /health's counts) uses one plain
@@ -352,10 +352,10 @@ class PostgresCache(Store):
 
     # ------------------------------------------------------------------------ the request path
     # Called on the server's event loop only.
-    async def lookup(self, call: Call, identity: str) -> tuple[bytes, str] | None:
+    async def lookup(self, call: Call, identity: str, count_hit: bool = True) -> tuple[bytes, str] | None:
         keys = _keys(call)
         rows = await self._fetch(_FIND[len(keys)], keys)
-        found = self._served(rows, identity, call.history, True)
+        found = self._served(rows, identity, call.history, count_hit)
         return (found[0].encode(), found[1]) if found is not None else None
 
     async def store(self, entry: Entry, lease_holder: str | None = None) -> bool:

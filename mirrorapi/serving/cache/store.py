@@ -90,9 +90,10 @@ class Store(abc.ABC):
 
     # ---------------------------------------------------------------- the request path (the server's event loop)
     @abc.abstractmethod
-    async def lookup(self, call: Call, identity: str) -> tuple[bytes, str] | None:
+    async def lookup(self, call: Call, identity: str, count_hit: bool = True) -> tuple[bytes, str] | None:
         """(observation JSON as bytes, provenance) a server of `identity` answers `call` with (`served`), or None;
-        counts the hit."""
+        counts the hit unless told not to (an answer another process simulated for a call this one waited on is a
+        coalesced miss, as its metrics say, not a hit)."""
 
     @abc.abstractmethod
     async def store(self, entry: Entry, lease_holder: str | None = None) -> bool:
