@@ -309,3 +309,40 @@ def test_a_lease_a_failed_store_left_is_let_go_once_the_store_is_back(serve, pos
                 answered = pending.result(timeout=60)
             assert answered.json() == STUB_OBSERVATION and count("entries") == 0  # given, the store failed
             poll_until(lambda: count("leases") == 0 or None, 20, "the lease was not let go")
+
+
+def test_a_call_whose_sqlite_lock_another_connection_holds_is_answered_and_stored_after(serve, tmp_path, monkeypatch):
+    """Another connection holding the SQLite file's write lock (an import's transaction, a `sqlite3` shell left in
+    one): a miss, whose answer is committed before it is sent, waited for ever (clients timed out at 120 s in the
+    audit of 2026-12-01). After WRITE_WAIT_SECONDS (here 1 s) it is answered, its writes (the entry, the session)
+    queued; they commit once the lock is free."""
+    import sqlite3
+
+    from mirrorapi.serving.cache import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "WRITE_WAIT_SECONDS", 1.0)
+    path = tmp_path / "c.sqlite"
+    with (
+        StubEngine(model="stub") as engine,
+        serve(api_base=[engine.url], model="stub", cache_path=str(path)) as server,
+    ):
+        assert server.client.post("/virtual", json=call("Messi")).json() == STUB_OBSERVATION  # the writer is open
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            answered = httpx.post(
+                server.url + "/virtual", json=call("Zidane"), headers={"X-Session-Id": "s"}, timeout=30
+            )
+        finally:
+            holder.execute("COMMIT")
+            holder.close()
+        assert answered.json() == STUB_OBSERVATION and answered.headers["x-mirrorapi-outcome"] == "simulated"
+
+        def stored() -> bool | None:
+            cache = open_cache(str(path))
+            try:
+                return cache.count() == 2 and cache.stats()["sessions"] == 1 or None
+            finally:
+                cache.close()
+
+        poll_until(stored, 20, "the queued writes did not commit once the lock was free")

@@ -53,6 +53,9 @@ from mirrorapi.serving.cache.store import (
 
 logger = logging.getLogger(__name__)
 
+# How long a request waits for its write while another connection holds the database lock (then it goes on, the
+# write queued: `ResponseCache._written`); the writer gets in between an import's transactions within milliseconds.
+WRITE_WAIT_SECONDS = 10.0
 CHECKPOINT_WRITES = 250  # writer commits between checkpoints (in a thread) of a server's cache
 # The WAL file's bound: SQLite truncates it to this size whenever a checkpoint starts it over
 # (journal_size_limit), and a server's maintenance truncates it whole (a TRUNCATE checkpoint) when it is found
@@ -260,14 +263,14 @@ class ResponseCache(Store):
 
     # ------------------------------------------------------------------------ the request path
     # Called on the server's event loop only.
-    async def lookup(self, call: Call, identity: str) -> tuple[bytes, str] | None:
+    async def lookup(self, call: Call, identity: str, count_hit: bool = True) -> tuple[bytes, str] | None:
         if call.history:
             rows = self._db.execute(
                 _LOOKUP_IN_SESSION, (call.category, call.tool, call.api, call.arguments, call.history)
             ).fetchall()
         else:
             rows = self._db.execute(_LOOKUP, (call.category, call.tool, call.api, call.arguments)).fetchall()
-        return self._served(rows, identity, call.history, True)
+        return self._served(rows, identity, call.history, count_hit)
 
     async def store(self, entry: Entry, lease_holder: str | None = None) -> bool:
         def job(db: sqlite3.Connection) -> bool:
@@ -276,7 +279,21 @@ class ResponseCache(Store):
                 db.execute(_RELEASE_LEASE, (*_key(entry.call), entry.identity, lease_holder))
             return stored
 
-        return await self._loop_writer().submit(job)
+        return await self._written(self._loop_writer().submit(job))
+
+    async def _written(self, write: asyncio.Future) -> Any:
+        """What a request's write returns once committed; CacheError when another connection has held the database
+        lock for WRITE_WAIT_SECONDS (an import's transaction, a `sqlite3` shell left open): the write stays queued
+        and commits once the lock is free, and the request goes on without waiting for it, as it does when a
+        PostgreSQL store is away (the answer given unstored, the session not advanced yet). It waited for ever."""
+        write.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved: no stray warning
+        try:
+            return await asyncio.wait_for(asyncio.shield(write), WRITE_WAIT_SECONDS)
+        except asyncio.TimeoutError:
+            raise CacheError(
+                f"cache database {self.path}: another connection has held its lock for {WRITE_WAIT_SECONDS:g} s; "
+                "the write is queued and commits once the lock is free"
+            ) from None
 
     async def recorded_examples(self, category: str, tool: str, api: str, limit: int) -> list[tuple[str, str]]:
         return self.examples(category, tool, api, limit)
@@ -309,7 +326,8 @@ class ResponseCache(Store):
         )
 
     async def release_lease(self, call: Call, identity: str, holder: str) -> None:
-        await self._loop_writer().submit(lambda db: db.execute(_RELEASE_LEASE, (*_key(call), identity, holder)))
+        release = self._loop_writer().submit(lambda db: db.execute(_RELEASE_LEASE, (*_key(call), identity, holder)))
+        await self._written(release)
 
     async def session(self, session_id: str, idle_seconds: float) -> SessionState | None:
         row = self._db.execute(_SESSION, (session_id, time.time() - idle_seconds)).fetchone()
@@ -323,7 +341,7 @@ class ResponseCache(Store):
             db.execute(_PUT_SESSION, (session_id, state[0], state[1], json.dumps(state[2], ensure_ascii=False), now))
             return state
 
-        return await self._loop_writer().submit(job)
+        return await self._written(self._loop_writer().submit(job))
 
     async def maintain(self, idle_seconds: float) -> None:
         """Hits are written in slices; then the WAL is checkpointed in a thread."""
