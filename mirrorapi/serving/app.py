@@ -48,7 +48,7 @@ from mirrorapi.serving.asgi import (
 from mirrorapi.serving.config import ConfigError, ServerSettings, is_loopback, model_record_settings
 from mirrorapi.serving.mcp_server import MCP_PATH, McpFrontDoor
 from mirrorapi.serving.openenv import HTTP_PATHS, MCP_WS_PATH, WS_PATH, Episodes
-from mirrorapi.serving.protocol import OUTCOME_HEADER, PROVENANCE_HEADER, SESSION_HEADER
+from mirrorapi.serving.protocol import OUTCOME_HEADER, PROVENANCE_HEADER, RETRY_HEADER, SESSION_HEADER
 from mirrorapi.serving.routes import router
 from mirrorapi.serving.server import VirtualServer
 from mirrorapi.serving.transport import Connections, RequestDeadlineMiddleware, check_uvicorn, uvicorn_options
@@ -154,7 +154,8 @@ class VirtualEndpoint:
                 )
             self.server.refused(503, "shutting_down")
             raise
-        await send_json(send, answer.status, answer.body, answer_headers(answer.outcome, answer.provenance))
+        headers = answer_headers(answer.outcome, answer.provenance, answer.transient)
+        await send_json(send, answer.status, answer.body, headers)
 
     async def dispatch(self, scope, receive, send) -> None:
         path = scope["path"]
@@ -181,9 +182,11 @@ PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")  # what 
 
 
 @functools.lru_cache(maxsize=1024)  # a server gives a handful of outcomes and provenances, over and over
-def answer_headers(outcome: str, provenance: str | None) -> list[tuple[bytes, bytes]]:
+def answer_headers(outcome: str, provenance: str | None, transient: bool = False) -> list[tuple[bytes, bytes]]:
     """The headers that say how a /virtual call was answered (`mirrorapi.serving.protocol`)."""
     headers = [(OUTCOME_HEADER, outcome.encode("ascii"))]
+    if transient:
+        headers.append((RETRY_HEADER, b"1"))
     if provenance is not None:
         headers.append((PROVENANCE_HEADER, urllib.parse.quote(provenance, safe=PRINTABLE).encode("ascii")))
     return headers

@@ -32,6 +32,10 @@ SESSION_HEADER = b"x-session-id"  # as ASGI gives header names: lower case
 # the calls its cache answered from those the simulator did.
 OUTCOME_HEADER = b"x-mirrorapi-outcome"
 PROVENANCE_HEADER = b"x-mirrorapi-provenance"
+# Sent (value "1") with an answer that is the server's own failure that may pass (the engine busy, away or slow; the
+# store away: `Answer.transient`), not the API's: the body is still StableToolBench's `Failed to generate fake
+# response` observation, and a client that reads the header (mirrorapi's agent runner) asks again later.
+RETRY_HEADER = b"x-mirrorapi-retry"
 CHAT_WITH_USER = "chat_with_user"
 CHAT_WITH_USER_REPLY = "Chat with user."
 TOOL_INPUT_PARSE_ERROR = "Tool input parse error...\n"

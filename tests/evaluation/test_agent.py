@@ -278,6 +278,51 @@ def test_a_run_of_another_method_into_the_same_folder_is_refused(recorded_runs, 
     assert not list((out / "answer" / GROUP).glob("*_DFS_woFilter_w2.json"))
 
 
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--temperature", "0.7"], "temperature 0.0 (now 0.7)"),
+        (["--single-chain-max-step", "4"], "single_chain_max_step 12 (now 4)"),
+        (["--max-tokens", "64"], "max_tokens 1024 (now 64)"),
+    ],
+)
+def test_a_rerun_with_other_answer_settings_is_refused_not_mixed_in(
+    recorded_runs, world, eval_cli, capsys, extra, said
+):
+    """A rerun into the same --out with another temperature or budget wrote the missing queries with those settings
+    beside the first run's answers, in one converted file, with no word (the audit of 2026-12-01)."""
+    out, _ = recorded_runs["CoT@1"]
+    converted = (out / f"{GROUP}.json").read_text()
+    assert _run(eval_cli, world, "http://127.0.0.1:9/v1", "CoT@1", out, *extra) == 2
+    err = capsys.readouterr().err
+    assert "holds an answer made with " + said in err and "use another --out" in err
+    assert (out / f"{GROUP}.json").read_text() == converted
+
+
+def test_a_server_whose_simulator_is_away_fails_the_queries_not_writes_them(
+    world, eval_cli, virtual_server, tmp_path, capsys
+):
+    """The virtual server's simulator engine down: every miss answered `Failed to generate fake response (the
+    simulator engine is unreachable)`, which the run took for the APIs' answers and wrote as finished queries (two
+    of three "won"), and a rerun skipped them. The server marks such an answer (`x-mirrorapi-retry`); the query
+    fails, is not written, and the exit status is 1, as for a server that is down."""
+    url, _ = virtual_server(
+        "http://127.0.0.1:9/v1", "no-engine", tools_folder=f"[{world['tools']}, {world['queries']}]"
+    )
+    out = tmp_path / "run"
+    with serve_recorded_agent([world["answers"] / "virtual_chatgpt_cot"], free_port()) as (base_url, _):
+        status = eval_cli("run_agent")(
+            ["--queries", str(world["queries"]), "--server", url + "/virtual", "--base-url", base_url,
+             "--model", "recorded-agent", "--out", str(out), "--tools", str(world["tools"]), "--no-progress"]
+        )  # fmt: skip
+    said = capsys.readouterr()
+    failed = [line for line in (said.out + said.err).splitlines() if "failed:" in line]
+    assert status == 1 and len(failed) == len(IDS)
+    asked = [line for line in failed if "could not answer" in line and "engine is unreachable" in line]
+    assert asked and len(asked) + sum("failed: not started" in line for line in failed) == len(IDS), failed
+    assert not list((out / "answer" / GROUP).glob("*.json")) if (out / "answer" / GROUP).exists() else True
+
+
 def test_failing_engine_is_reported_per_query_and_retried(world, eval_cli, faulty_judge, tmp_path, capsys):
     # The FAKE engine answers text without tool calls and fails (HTTP 503) on query 608 while `failing`.
     faulty_judge.fail_on, faulty_judge.failing = "gmhikaru", True

@@ -35,6 +35,9 @@ import aiohttp
 from mirrorapi.names import api_key_name
 from mirrorapi.tools import ToolRegistry, UnknownName
 
+# The virtual server's header on an answer that is its own failure that may pass (its engine or store away), read
+# as any client reads it: the query is not written, so that a rerun asks again (the stages share no module).
+RETRY_HEADER = "x-mirrorapi-retry"
 FUNCTION_NAME_LIMIT = 64
 DESCRIPTION_LIMIT = 256
 _PARAM_TYPES = {"NUMBER": "integer", "STRING": "string", "BOOLEAN": "boolean"}
@@ -263,7 +266,7 @@ class VirtualClient:
                 self.url, json=payload, timeout=aiohttp.ClientTimeout(total=self.timeout)
             ) as response:
                 body = await response.read()
-                status = response.status
+                status, retry = response.status, response.headers.get(RETRY_HEADER)
         except asyncio.TimeoutError:
             raise VirtualServerError(
                 f"the virtual server at {self.url} did not answer within {self.timeout:g} s"
@@ -272,6 +275,11 @@ class VirtualClient:
             raise VirtualServerError(
                 f"the virtual server at {self.url} is unreachable ({type(exc).__name__}: {exc})"
             ) from None
+        if retry:  # the server's own failure (its simulator engine or store away), not the API's answer
+            raise VirtualServerError(
+                f"the virtual server at {self.url} could not answer for a cause of its own that may pass "
+                f"({body[:200].decode('utf-8', 'replace')})"
+            )
         if status != 200:
             return json.dumps(
                 {"error": f"request invalid, data error. status_code={status}", "response": ""}

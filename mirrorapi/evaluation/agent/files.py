@@ -59,6 +59,19 @@ def finished_answer(path: Path) -> dict | None:
     return data if isinstance(data, dict) and isinstance(data.get("answer_generation"), dict) else None
 
 
+# AgentSettings fields a rerun into the same --out must keep (`check_same_agent`).
+ANSWER_SETTINGS = (
+    "temperature",
+    "max_tokens",
+    "single_chain_max_step",
+    "max_query_count",
+    "max_observation_length",
+    "system_prompt_file",
+    "tool_choice",
+    "react_grammar",
+)
+
+
 def check_same_agent(data: dict, settings: AgentSettings, path: Path) -> None:
     """A rerun resumes a run; it must not mix another model's answers into it."""
     earlier = data.get("agent_settings")
@@ -74,6 +87,13 @@ def check_same_agent(data: dict, settings: AgentSettings, path: Path) -> None:
             f"{path} holds an answer in prompt format {earlier.get('prompt_format', 'agent-v1')!r}, "
             f"not {settings.prompt_format!r}; use another --out"
         )
+    # Settings that change what an answer is: a rerun with other values mixed two runs into one result, silently.
+    # (Not the server's URL, nor the engine's: a server started again on another port is the same simulator.)
+    now = settings.record()
+    differ = [key for key in ANSWER_SETTINGS if key in earlier and earlier[key] != now.get(key)]
+    if differ:
+        said = ", ".join(f"{key} {earlier[key]!r} (now {now.get(key)!r})" for key in differ)
+        raise AgentRunError(f"{path} holds an answer made with {said}; use another --out, or the same settings")
 
 
 def write_atomically(path: Path, data: Any) -> None:
