@@ -59,7 +59,11 @@ def _steps(nodes: list[dict]) -> list[Step]:
         kind = node.get("node_type")
         children = [c for c in node.get("children") or [] if isinstance(c, dict)]
         if kind == "Thought":
-            if len(children) == 1 and children[0].get("node_type") == "Action":
+            # A thought and its call were one model reply, unless the thought was expanded on its own (a reply of
+            # text alone, the call the next reply: `expand_num` set, in DFS trees); merged, the replay made one
+            # model call fewer there and backtracked from another node than the recorded search did.
+            alone = bool(node.get("expand_num"))
+            if len(children) == 1 and children[0].get("node_type") == "Action" and not alone:
                 step = _action_step(children[0])
                 step.content = str(node.get("description") or "")
             else:
@@ -121,7 +125,22 @@ def _steps_of_raw(data: dict) -> list[Step]:
         return _steps(data["tree"]["tree"].get("children") or [])
     trys = data.get("trys")
     if isinstance(trys, list) and trys and isinstance(trys[0], dict):
-        return _steps(_chain_as_tree(trys[0].get("chain") or []))
+        chain = _chain_as_tree(trys[0].get("chain") or [])
+        # A CoT chain sets no `expand_num`: its thoughts that were replies of their own (text and no call) are the
+        # assistant messages of `train_messages` without a call.
+        messages = (data.get("answer_generation") or {}).get("train_messages") or []
+        alone = {
+            str(m.get("content"))
+            for m in (messages[-1] if messages and isinstance(messages[-1], list) else [])
+            if isinstance(m, dict) and m.get("role") == "assistant" and m.get("content")
+            and not (m.get("function_call") or m.get("tool_calls"))
+        }  # fmt: skip
+        node = chain[0] if chain else None
+        while node is not None:
+            if node.get("node_type") == "Thought" and str(node.get("description") or "") in alone:
+                node["expand_num"] = 1
+            node = node["children"][0] if node["children"] else None
+        return _steps(chain)
     return []
 
 

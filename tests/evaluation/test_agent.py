@@ -236,15 +236,35 @@ def test_dfs_backtracks_on_give_up(recorded_runs):
     assert data["forward_args"]["tree_beam_size"] == 2 and data["forward_args"]["max_query_count"] == 200
 
 
+@pytest.mark.parametrize("method", list(FOLDERS))
+def test_a_replay_makes_the_recorded_model_calls_and_search(recorded_runs, world, method):
+    """The recorded agent merged every recorded thought with the call after it into one reply, where a thought may
+    have been a model reply of its own (text, no call): the replay of DFS 588 made 27 model calls where the
+    recording made 30, and backtracked from another node, never exploring a branch of the recorded search (CoT 608
+    and 1073: 3 calls of 4). Against StableToolBench's own files: the same calls, and for DFS the same tree."""
+    out, _ = recorded_runs[method]
+
+    def shape(node: dict) -> list:
+        return [node["node_type"], node["description"], [shape(child) for child in node["children"]]]
+
+    for query in IDS:
+        recorded = json.loads((world["answers"] / FOLDERS[method] / GROUP / f"{query}_{method}.json").read_text())
+        replayed = _raw(out, query, method)
+        calls = (recorded["answer_generation"]["query_count"], replayed["answer_generation"]["query_count"])
+        assert calls[0] == calls[1], (query, calls)
+        if method.startswith("DFS"):
+            assert shape(replayed["tree"]["tree"]) == shape(recorded["tree"]["tree"]), query
+
+
 def test_rerun_skips_finished_queries(recorded_runs, world, eval_cli, capsys):
     out, _ = recorded_runs["CoT@1"]
     (out / "answer" / GROUP / "608_CoT@1.json").unlink()
     with serve_recorded_agent([world["answers"] / "virtual_chatgpt_cot"], free_port()) as (base_url, agent):
         assert _run(eval_cli, world, base_url, "CoT@1", out) == 0
         assert "1 queries answered, 2 done before" in capsys.readouterr().out
-        assert agent.requests == 3  # 608's three recorded steps only
+        assert agent.requests == 4  # 608's four recorded model calls only (its query_count)
         assert _run(eval_cli, world, base_url, "CoT@1", out) == 0
-        assert agent.requests == 3
+        assert agent.requests == 4
         # Another model's run into the same folder is refused, not mixed in.
         assert (
             eval_cli("run_agent")(
