@@ -76,6 +76,9 @@ HEADERS_TOO_LARGE_RESPONSE = (
 # (8-16 KiB) is far below.
 MAX_BYTES_BEFORE_HANDLER = 1 << 20
 LINGER_SECONDS = 2.0
+# uvicorn's timeout_keep_alive (an idle connection between requests is closed after it), and how long a new
+# connection may stay silent before its first byte (`ReceiveDeadline._close_unused`).
+KEEP_ALIVE_SECONDS = 5.0
 # The uvicorn releases this module was tested with (tests/serving/test_transport.py): from the first, up to the
 # second (excluded); pyproject.toml's range.
 TESTED_UVICORN = ("0.35", "0.55")
@@ -172,6 +175,7 @@ class ReceiveDeadline(asyncio.Protocol):
         self._unhandled = 0  # bytes of the request coming in read before its handler started (-1: it has started)
         self._answering = False  # a request is whole and its answer not sent yet: later bytes wait their turn
         self._lingering: asyncio.TimerHandle | None = None
+        self._unused: asyncio.TimerHandle | None = None  # until the connection's first byte (`_close_unused`)
         self.lost = False  # the connection is closed: a client that gave up on its answer (a timeout) is gone
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -182,8 +186,23 @@ class ReceiveDeadline(asyncio.Protocol):
             self._connections.open[self._peer] = self
         self._writes = GatheredWrites(self._transport, self._loop, self._upgraded)
         self._inner.connection_made(cast(asyncio.Transport, self._writes))  # the real one's, bar the writes
+        if self._peer is not None:
+            self._unused = self._loop.call_later(KEEP_ALIVE_SECONDS, self._close_unused)
+
+    def _close_unused(self) -> None:
+        """A connection that has sent no byte since it opened is closed after KEEP_ALIVE_SECONDS, as uvicorn closes
+        one idle between requests: the receive deadline starts at a request's first byte, and uvicorn's keep-alive
+        timer after an answer, so a connection that never sent a byte was held for ever (the audit of 2026-12-01:
+        260 of them took a server's open files, and every other client was refused)."""
+        self._unused = None
+        if self._transport is not None and not self._transport.is_closing():
+            logger.debug("client %s sent nothing in %g s: closed", self._peer, KEEP_ALIVE_SECONDS)
+            self._transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self._unused is not None:
+            self._unused.cancel()
+            self._unused = None
         if self._lingering is not None:  # answered 408 or 431 already: drop what the client still sends
             return
         if not self._receiving and self._peer is not None:  # the first byte of a request
@@ -212,6 +231,9 @@ class ReceiveDeadline(asyncio.Protocol):
     def _upgraded(self) -> None:
         """The connection became a WebSocket, or ended: no receive deadline from now on."""
         self._receiving = False
+        if self._unused is not None:
+            self._unused.cancel()
+            self._unused = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -394,5 +416,5 @@ def uvicorn_options(settings: ServerSettings) -> dict:
         proxy_headers=False,
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
-        timeout_keep_alive=5,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )

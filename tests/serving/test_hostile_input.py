@@ -196,6 +196,30 @@ def test_a_client_that_trickles_is_disconnected(guarded, part):
     assert guarded.virtual(BODY).status_code == 200
 
 
+def test_a_connection_that_never_sends_a_byte_is_closed(serve, tmp_path, monkeypatch):
+    """The receive deadline starts at a request's first byte and uvicorn's keep-alive timer after an answer: a
+    connection that sent nothing was held for ever (260 of them took a server's open files in the audit of
+    2026-12-01, and every other client was refused). It is closed after the keep-alive time (here 0.5 s), silently,
+    as uvicorn closes one idle between requests; one that sends its request in time is answered as ever."""
+    from mirrorapi.serving import transport
+
+    monkeypatch.setattr(transport, "KEEP_ALIVE_SECONDS", 0.5)
+    with serve(cache_path=str(tmp_path / "c.sqlite"), api_base=["http://127.0.0.1:9/v1"]) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with (
+            socket.create_connection((host, int(port))) as silent,
+            socket.create_connection((host, int(port))) as used,
+        ):
+            time.sleep(0.2)
+            used.sendall(b"GET /live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            silent.settimeout(10)
+            closed = silent.recv(4096)  # b"": the server closed it (a timeout here: held)
+            used.settimeout(10)
+            answer = used.recv(4096)
+    assert closed == b""
+    assert answer.startswith(b"HTTP/1.1 200 ")
+
+
 def test_each_request_on_a_connection_has_its_own_deadline(guarded):
     """A whole request, then 0.7 s later a second one on the same connection that trickles: it gets its
     full second (request_timeout 1 s) from its own first byte, not from the first request's."""
