@@ -176,6 +176,26 @@ def test_export_never_writes_outside_its_folder(names, tmp_path, capsys):
     }
 
 
+def test_an_export_never_writes_through_a_link_left_in_its_folder(tmp_path):
+    """The atomic write opened `<api>.json.tmp` as found: a link of that name left in the export folder (by whoever
+    shares it) was followed, and the file it points to, outside the folder, got the export's JSON (audit of
+    2026-12-01). The temporary file is made new; the link is removed, the file outside untouched."""
+    db = tmp_path / "c.sqlite"
+    cache = ResponseCache(db)
+    cache.put("Data", "theclique", "transfermarkt_search", canonical_json({"name": "Messi"}), "", "safe", "real")
+    cache.close()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    folder = tmp_path / "export" / "Data" / "theclique_for_Data"
+    folder.mkdir(parents=True)
+    (folder / "transfermarkt_search.json.tmp").symlink_to(victim)
+    assert main(["cache", "export", str(tmp_path / "export"), "--cache", str(db)]) == 0
+    assert victim.read_text() == "mine"
+    written = folder / "transfermarkt_search.json"
+    assert not written.is_symlink() and json.loads(written.read_text())["{'name': 'Messi'}"]["response"] == "safe"
+    assert sorted(p.name for p in folder.iterdir()) == ["transfermarkt_search.json"]
+
+
 def test_a_tool_whose_file_name_is_not_standardized_is_exported_where_stabletoolbench_reads_it(tmp_path):
     """StableToolBench's server reads `<standardize(tool_name)>_for_<category>` whatever the tools folder's file is
     called; a ToolEyes tool (`API_BASKETBALL.json`, shipped in data/tooleyes) was written under its file's name."""

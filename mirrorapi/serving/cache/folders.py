@@ -8,6 +8,7 @@ writes it back; `import_pairs` loads real pairs (our JSONL schema) with provenan
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -168,7 +169,12 @@ def import_pairs(cache: Store, path: str | os.PathLike, registry: ToolRegistry |
 def _write_json_atomically(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    # Made new, never opened as found: a `<api>.json.tmp` link left in the folder (planted, or by whoever shares it)
+    # was followed, and the export overwrote the file it points to, outside the folder (audit of 2026-12-01).
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    with open(descriptor, "w", encoding="utf-8") as fh:
         json.dump(data, fh, ensure_ascii=False, indent=4)
     os.replace(tmp, path)
 
