@@ -193,8 +193,13 @@ def answer_headers(outcome: str, provenance: str | None, transient: bool = False
 
 
 def without_password(url: str) -> str:
-    """A database URL as logs show it: its password (in the user part or a `password` parameter) as `***`."""
-    parts = urllib.parse.urlsplit(url)
+    """A database URL as logs show it: its password (in the user part or a `password` parameter) as `***`; one
+    that cannot be read as a URL (`postgresql://u:pw@[::1/db`), as its scheme and `***`."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (what raises on a bad port)
+    except ValueError:  # an unclosed IPv6 bracket, a port that is no number: crashed the start with a traceback
+        return url.split(":", 1)[0] + "://***" if "://" in url else "***"
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     if parts.password is None and all(k != "password" for k, _ in query):
         return url

@@ -305,6 +305,24 @@ def test_the_start_up_line_shows_a_database_url_without_its_password():
     assert without_password("postgresql:///cache") == "postgresql:///cache"
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://u:s3cretpw@[::1/db", "postgresql://u:s3cret%zzpw@127.0.0.1:5/db", "postgresql://u:s3cretpw@h:x/d"],
+)
+def test_a_malformed_cache_url_is_one_line_that_never_shows_its_password(url, tmp_path, capsys):
+    """libpq's message quoted the URL's unreadable part (`invalid percent-encoded token: "s3cret%zzpw"`), and the
+    start-up line's password masking crashed `serve` with a traceback on an unclosed IPv6 bracket (audit of
+    2026-12-01). Both say it in one line, without the password."""
+    assert mirrorapi_main(["cache", "stats", "--cache", url]) == 2
+    stats = capsys.readouterr().err
+    argv = ["serve", "--tools-folder", str(SAMPLE_TOOLS), "--mode", "replay", "--cache-url", url, "--port", "0"]
+    assert mirrorapi_main(argv) == 2
+    served = capsys.readouterr().err
+    for said in (stats, served):
+        assert "s3cret" not in said and len(said.strip().splitlines()) == 1, said
+        assert "cache_url is not a PostgreSQL URL" in said or "h:x" in url, said
+
+
 def test_a_port_in_use_or_an_address_not_of_this_machine_is_one_line_before_anything_is_built(tmp_path, capsys):
     """A second server on a taken port started, built its app (a cache folder's import first, when given) and then
     exited 3 with uvicorn's error among the INFO lines of its start-up and shutdown. Now: one line, status 2, and no

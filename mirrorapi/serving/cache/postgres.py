@@ -201,7 +201,9 @@ def connection_string(url: str) -> str:
     try:
         given = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise CacheError(f"cache_url is not a PostgreSQL URL: {_one_line(exc)}") from None
+        # libpq's message quotes the part it could not read, which may be the password (`u:s3cret%zz@...`)
+        why = _one_line(exc) if "@" not in url else "its message is not shown: it may quote the password"
+        raise CacheError(f"cache_url is not a PostgreSQL URL libpq can read ({why})") from None
     extra: dict[str, Any] = {}
     options = str(given.get("options") or "")
     if "synchronous_commit" not in options:
