@@ -28,6 +28,7 @@ import argparse
 import difflib
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -195,9 +196,14 @@ def one_line(error: ValidationError, model: type, spell: Callable[[str], str] = 
             parts.append(f"{shown} is required")
         elif item["type"] in ("value_error", "assertion_error"):
             parts.append(str(item["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, "))
+        elif _SECRET.search(key):  # its value is not echoed: a key YAML read as a number is still the key
+            parts.append(f"{shown}: {item['msg']} (the value is not shown)")
         else:
             parts.append(f"{shown}: {item['msg']} (got {item.get('input')!r})")
     return "; ".join(parts)
+
+
+_SECRET = re.compile(r"key|token|password|secret|cache_url")  # settings whose values a message never shows
 
 
 def cleared(values: Mapping[str, Any], model: type) -> dict[str, Any]:

@@ -386,3 +386,14 @@ def test_a_flag_clears_a_number_the_file_gave_with_none(tmp_path):
     assert settings_from_args(parser.parse_args(["--config", str(config), "--seed", "7"]), environ={}).seed == 7
     with pytest.raises(SystemExit):
         parser.parse_args(["--config", str(config), "--seed", "seven"])
+
+
+@pytest.mark.parametrize("line", ["server_api_key: 123456789", "api_key: {k: ENGINESECRET}", "server_api_key: [1, 2]"])
+def test_a_secret_of_the_wrong_type_is_not_echoed_in_the_error(tmp_path, line):
+    """`server_api_key: 123456789` (a key YAML reads as a number) was refused as "Input should be a valid string
+    (got 123456789)": the key, in the error, in a terminal's scroll-back or a CI log (audit of 2026-12-01)."""
+    config = write(tmp_path / "c.yml", f"tools_folder: {SAMPLE_TOOLS}\n{line}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(config, environ={})
+    message = str(refused.value)
+    assert "the value is not shown" in message and "123456789" not in message and "ENGINESECRET" not in message
