@@ -203,7 +203,9 @@ def one_line(error: ValidationError, model: type, spell: Callable[[str], str] = 
     return "; ".join(parts)
 
 
-_SECRET = re.compile(r"key|token|password|secret|cache_url")  # settings whose values a message never shows
+# Settings whose values a message never shows: `api_key`, `server_api_key`, a `*_token`, `cache_url` (not
+# `max_tokens`).
+_SECRET = re.compile(r"(?:^|_)(?:key|token|password|secret)$|^cache_url$")
 
 
 def cleared(values: Mapping[str, Any], model: type) -> dict[str, Any]:
