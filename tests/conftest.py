@@ -350,10 +350,17 @@ def simulator_engine(trained_simulator_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory) -> Path:
+def fake_hub_token() -> str:
+    """A Hub token given to the judge's training (`trained_judge_dir`), which its model card must not show."""
+    return "hf_NOT_A_REAL_TOKEN_but_one_the_card_must_hide"
+
+
+@pytest.fixture(scope="session")
+def trained_judge_dir(tiny_model_dir, judge_sft_dir, tmp_path_factory, fake_hub_token) -> Path:
     def train(folder: Path) -> Path:
         out = folder / "judge"
-        extra = ("--max_steps", "20", "--max_length", "768", *QUIET_TRAINING)
+        # A hub token on the command line, as a user pushing to the Hub gives one: the card must not show it.
+        extra = ("--max_steps", "20", "--max_length", "768", "--hub_token", fake_hub_token, *QUIET_TRAINING)
         run_sft_recipe(recipe_argv("tiny_judge_cpu.yaml", tiny_model_dir, judge_sft_dir, out, *extra))
         return out
 

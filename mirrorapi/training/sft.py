@@ -135,7 +135,7 @@ def run_sft(recipe, training_args, model_args, argv: Sequence[str] = ()) -> dict
             "dataset_stats": stats,
             "recipe": {
                 "config_file": config_file(list(argv)),
-                "argv": list(argv),
+                "argv": without_secrets(list(argv)),
                 "resolved": resolved_keys(recipe, training_args, model_args, trainer),
             },
             "metrics": metrics,
@@ -166,6 +166,23 @@ def final_eval_losses(trainer) -> dict[str, float]:
         if k.startswith("eval_") and k.endswith("_loss")
     }
     return logged or {k: v for k, v in trainer.evaluate().items() if k.endswith("_loss")}
+
+
+def without_secrets(argv: list[str]) -> list[str]:
+    """A command line as the model card shows it: the value of a `--*_token` or `--*_key` flag (`--hub_token hf_...`,
+    which TRL's parser takes) as `<hidden>`, as transformers' own records show the hub token."""
+    shown, hide_next = [], False
+    for item in argv:
+        flag, equals, _ = item.partition("=")
+        secret = flag.startswith("--") and flag.endswith(("_token", "_key"))
+        if hide_next:
+            shown.append("<hidden>")
+        elif secret and equals:
+            shown.append(f"{flag}=<hidden>")
+        else:
+            shown.append(item)
+        hide_next = secret and not equals and not hide_next
+    return shown
 
 
 def resolved_keys(recipe, training_args, model_args, trainer=None) -> dict:

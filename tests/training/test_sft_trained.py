@@ -87,3 +87,11 @@ def test_trained_judge_gives_one_of_two_verdicts(trained_judge_dir, judge_sft_di
     assert all(v in ("Solved", "Unsolved") for v in verdicts), answers
     info = json.loads((trained_judge_dir / "mirrorapi_training.json").read_text())
     assert (info["kind"], info["prompt_format"]) == ("judge", "fac-v1")
+
+
+def test_a_token_on_the_command_line_is_hidden_in_the_model_card(trained_judge_dir, fake_hub_token):
+    """`--hub_token hf_...`, which TRL's parser takes, was written into the model card's command line and the record
+    (audit of 2026-12-01); both show `<hidden>` for it, as transformers' own records do."""
+    for name in ("README.md", "mirrorapi_training.json"):
+        text = (trained_judge_dir / name).read_text()
+        assert fake_hub_token not in text and "<hidden>" in text, name
