@@ -454,6 +454,8 @@ class EngineClient:
                 health.ok, health.detail = True, f"answered a completion for it {since:.0f} s ago"
             elif health.reachable and not health.ok:
                 answered, how = await self._answers_one_token(replica.base, timeout)
+                if answered:  # as a call's answer: the next checks take it (`since` above), not ask again
+                    replica.answered_at = time.monotonic()
                 health.ok = answered
                 health.detail = how if answered else f"does not serve model {self.model!r} ({health.detail}; {how})"
             health.cooling_down = round(max(0.0, replica.down_until - time.monotonic()), 1)

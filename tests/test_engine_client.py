@@ -209,6 +209,24 @@ def test_health_checks_asked_at_once_share_one_check():
         assert all(a[0].ok for a in answers) and stub.requests == 1
 
 
+def test_health_checks_one_after_another_ask_the_engine_once():
+    """Checks made one after another did not share one: each asked such an engine for its one-token completion, so
+    GET /health, open to every caller, sent the engine one completion per request (1,458 in 5 s from one client in
+    the audit of 2026-12-01). A probe's answer counts as an answer of the engine's, as a call's does."""
+    from harness.fake_engines import StubEngine
+
+    async def run(url):
+        engine = EngineClient([url], "m", timeout=10)
+        try:
+            return [await engine.health(timeout=5) for _ in range(20)]
+        finally:
+            await engine.aclose()
+
+    with StubEngine() as stub:
+        answers = asyncio.run(run(stub.url))
+        assert all(a[0].ok for a in answers) and stub.requests == 1
+
+
 def test_a_call_that_leaves_without_its_slot_passes_it_on():
     """B is told to come back after longer than it has left (a 429 with Retry-After 5, a 3 s timeout): it gives up
     at once instead of holding its client to the deadline, and the calls queued meanwhile are served. B once waited
