@@ -210,7 +210,7 @@ def _cache_file(path: str, category: str, tool: str, api: str, on_bad: OnBad) ->
     try:
         with open(path, "rb") as fh:
             entries = json.loads(fh.read())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, MemoryError) as exc:  # MemoryError: a file larger than memory (a sparse one)
         on_bad(f"{shown}: unreadable ({type(exc).__name__})")
         return
     if not isinstance(entries, dict):

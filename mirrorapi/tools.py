@@ -278,8 +278,9 @@ class ToolRegistry:
         try:
             with open(path, "rb") as fh:
                 return json.loads(fh.read())
-        except (OSError, ValueError, RecursionError) as exc:  # ValueError covers JSONDecodeError and bad UTF-8;
-            # RecursionError: JSON nested past Python's limit (about 1,000 deep), which stopped the whole load
+        except (OSError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: JSONDecodeError, bad UTF-8;
+            # RecursionError: JSON nested past Python's limit (about 1,000 deep), which stopped the whole load;
+            # MemoryError: a file larger than memory (a sparse one), which did too, with a traceback
             reason = f"{type(exc).__name__}: {exc}"
             logger.warning("skipping unreadable tool file %s (%s)", path, reason)
             self.unreadable.append((str(path), reason))

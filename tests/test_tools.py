@@ -153,6 +153,31 @@ def test_a_file_nested_past_the_recursion_limit_is_skipped_not_fatal(tmp_path):
     assert isinstance(registry.resolve("Misc", "fine", "get").template_response, str)  # kept as the text it is
 
 
+def test_a_file_larger_than_memory_is_skipped_not_fatal(tmp_path):
+    """A sparse `.json` of a terabyte (no disk used) in a tools folder or a StableToolBench cache folder stopped the
+    load, `tools stats`, `cache import` and the server's start with a MemoryError traceback (audit of 2026-12-01);
+    it is an unreadable file, named as such, beside the files that are read."""
+    from mirrorapi.records import read_stabletoolbench_cache
+
+    cat = tmp_path / "tools" / "Misc"
+    cat.mkdir(parents=True)
+    with open(cat / "huge.json", "wb") as fh:
+        fh.truncate(1 << 40)
+    (cat / "fine.json").write_text(json.dumps({"tool_name": "Fine", "api_list": [{"name": "Get"}]}))
+    registry = ToolRegistry.load([tmp_path / "tools"])
+    assert [(path.split("/")[-1], reason.split(":")[0]) for path, reason in registry.unreadable] == [
+        ("huge.json", "MemoryError")
+    ]
+    assert registry.resolve("Misc", "fine", "get").api == "get"
+    api = tmp_path / "cache" / "Misc" / "fine_for_Misc"
+    api.mkdir(parents=True)
+    with open(api / "get.json", "wb") as fh:
+        fh.truncate(1 << 40)
+    bad: list[str] = []
+    assert list(read_stabletoolbench_cache(tmp_path / "cache", bad.append)) == []
+    assert bad == ["Misc/fine_for_Misc/get.json: unreadable (MemoryError)"]
+
+
 def test_an_api_listed_twice_in_one_file_is_its_first_entry(tmp_path):
     """197 names of ToolEnv2404 are listed twice in their tool's file. Upstream's client takes the first entry and
     stops (rapidapi.py's fetch_api_json); filling its gaps from the second gave microbooks' `getTaxes` (no
