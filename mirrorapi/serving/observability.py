@@ -67,7 +67,7 @@ class ServerMetrics:
             "/virtual requests by outcome (hit, simulated, replay_miss, "
             "validation_error, engine_error, store_error, chat_with_user, invalid_body, internal_error), "
             "and the refusals of any path answered before a handler (unauthorized, "
-            "method_not_allowed, body_too_large, request_timeout).",
+            "method_not_allowed, body_too_large, request_timeout, headers_too_large, foreign_origin).",
             ["outcome"],
             registry=self.registry,
         )
