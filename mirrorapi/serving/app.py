@@ -64,7 +64,8 @@ MASTER_WATCH_SECONDS = 0.5  # how often a worker of `serve_workers` checks that 
 WORKER_STOP_SECONDS = 15.0  # what a worker whose master is gone is given to stop gracefully before it exits
 OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (probes of orchestrators)
 # The settings of the worker processes (`serve_workers`), as JSON: uvicorn starts them by importing a factory.
-WORKER_SETTINGS_ENV = "_MIRRORAPI_WORKER_SETTINGS"
+WORKER_SETTINGS_ENV = "_MIRRORAPI_WORKER_SETTINGS"  # the path of the settings file of `serve_workers`' workers
+WORKER_SETTINGS_FILE = "worker-settings.json"
 WORKER_FAILED_FILE = "worker-failed"  # in the run's metrics folder: why a worker could not start (`worker_app`)
 MASTER_ENV = "_MIRRORAPI_MASTER_PID"  # the process that starts the workers (it may die before one has started)
 
@@ -335,7 +336,13 @@ def serve_workers(settings: ServerSettings) -> None:
     with tempfile.TemporaryDirectory(prefix="mirrorapi-metrics-") as metrics:
         # Read by prometheus-client when a worker imports it: set before uvicorn starts them (they inherit it).
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
-        os.environ[WORKER_SETTINGS_ENV] = worker_settings.model_dump_json()
+        # The settings (the engine's and the server's keys among them) go to the workers in a file only this user
+        # may read, in the run's private folder; in the environment, every process a worker started inherited
+        # them, and /proc/<pid>/environ showed them (audit of 2026-12-01). Kept for a worker uvicorn restarts.
+        shared = Path(metrics) / WORKER_SETTINGS_FILE
+        with open(os.open(shared, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as fh:
+            fh.write(worker_settings.model_dump_json())
+        os.environ[WORKER_SETTINGS_ENV] = str(shared)
         os.environ[MASTER_ENV] = str(os.getpid())
         options = uvicorn_options(settings)
         logger.info("starting %d worker processes (metrics summed over them in %s)", settings.workers, metrics)
@@ -354,7 +361,7 @@ def worker_app() -> VirtualEndpoint:
     """The app of one worker process of `serve_workers` (uvicorn calls it in the worker)."""
     if WORKER_SETTINGS_ENV not in os.environ:
         raise RuntimeError("worker_app is the app of a worker started by `mirrorapi serve --workers N`; run that")
-    settings = ServerSettings.model_validate_json(os.environ[WORKER_SETTINGS_ENV])
+    settings = ServerSettings.model_validate_json(Path(os.environ[WORKER_SETTINGS_ENV]).read_text(encoding="utf-8"))
     configure_logging(settings)
     gc.set_threshold(*GC_THRESHOLDS)
     master = int(os.environ.get(MASTER_ENV) or os.getppid())

@@ -73,6 +73,8 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
                 str(log_file),
                 "--engine-max-in-flight",  # the replica's limit, which each of the 2 workers takes half of
                 "4",
+                "--api-key",  # the stub takes any: a secret the workers' environment must not hold
+                "ENGINE-SECRET-123",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -81,6 +83,7 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
         try:
             wait_until_ready(url + "/live", 120, process=process, log_path=server_log)
             workers = _workers(process.pid)
+            environments = [Path(f"/proc/{pid}/environ").read_bytes() for pid in workers]
 
             def call(i: int) -> dict:
                 with httpx.Client(timeout=60) as client:  # a connection each: the kernel spreads them over the workers
@@ -103,6 +106,8 @@ def test_workers_share_one_port_cache_request_log_and_metrics_and_a_killed_one_i
             process.send_signal(signal.SIGTERM)
             status = process.wait(60)
     assert len(workers) == 2  # uvicorn's worker processes, children of the one that was started
+    # Their settings came in a file only this user may read, not in the environment every child inherits.
+    assert all(b"ENGINE-SECRET-123" not in environment for environment in environments)
     assert 0 < engine.most_at_once <= 4  # 16 misses at once: within the replica's limit, not 4 per worker
     assert len(replaced) == 2 and after == misses[0]  # uvicorn started another; the cache still answers
     assert hits == misses and all(answer["error"] == "" for answer in misses)
@@ -209,7 +214,8 @@ def test_a_worker_that_cannot_start_stops_the_server_instead_of_being_restarted_
     settings = load_settings(overrides={"tools_folder": [str(sample_tools)], "cache_url": unreachable}, environ={})
     master = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        monkeypatch.setenv(app_module.WORKER_SETTINGS_ENV, settings.model_dump_json())
+        (tmp_path / app_module.WORKER_SETTINGS_FILE).write_text(settings.model_dump_json())
+        monkeypatch.setenv(app_module.WORKER_SETTINGS_ENV, str(tmp_path / app_module.WORKER_SETTINGS_FILE))
         monkeypatch.setenv(app_module.MASTER_ENV, str(master.pid))
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
         monkeypatch.setattr(app_module, "die_with_master", lambda pid: None)
