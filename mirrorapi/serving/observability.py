@@ -144,15 +144,33 @@ class RequestLogWriter:
     def __init__(self, settings: ServerSettings):
         self.files = [2] if settings.log_level in ("debug", "info") else []  # stderr
         self._own: list[int] = []
-        if settings.log_file is not None:
+        self.path = settings.log_file
+        if self.path is not None:
             try:
-                settings.log_file.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(settings.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             except OSError as exc:  # a user's setting: one line at start, not a traceback
-                raise ConfigError(f"log_file: cannot open {settings.log_file} to append to ({exc.strerror})") from None
+                raise ConfigError(f"log_file: cannot open {self.path} to append to ({exc.strerror})") from None
             self.files.append(fd)
             self._own.append(fd)
         self.lines: list[str] = []
+
+    def reopen(self) -> None:
+        """Write what is pending, then open `log_file` again by its name: after logrotate moved it away, the lines
+        go to a new file of that name (the server's SIGHUP, which a logrotate `postrotate` sends; it stopped the
+        server). Kept on the old file when the name cannot be opened."""
+        self.flush()
+        if self.path is None or not self._own:
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            logger.warning("log_file: cannot open %s again (%s): lines go on to the file as it was", self.path, exc)
+            return
+        old = self._own[0]
+        self.files[self.files.index(old)], self._own = fd, [fd]
+        os.close(old)
+        logger.info("log_file %s opened again", self.path)
 
     def record(self, answer: Answer) -> None:
         if not self.files:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -153,11 +154,18 @@ class VirtualServer:
         if settings.max_body_bytes >= LARGE_BODY_BYTES:
             LargeBodies.start()  # its worker process starts in the background, shared by this process's apps
         background = [asyncio.create_task(self._maintain_cache())]
+        try:  # SIGHUP: the request log opened again (log rotation); a server in a thread (tests) cannot have one
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.request_log.reopen)
+            hangup = True
+        except (ValueError, RuntimeError, NotImplementedError, AttributeError):
+            hangup = False
         if settings.mode == "simulate":  # probed in the background: a hanging engine must not delay start-up
             background.append(asyncio.create_task(self._report_engine()))
         try:
             yield
         finally:
+            if hangup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             for task in background:
                 task.cancel()
             # Simulations outlive requests whose client went away; their answers are stored before the store closes.

@@ -81,3 +81,41 @@ def test_the_outcome_headers_carry_any_provenance_as_ascii():
     assert encoded.isascii() and all(0x20 <= c < 0x7F for c in encoded)
     assert unquote(encoded.decode("ascii")) == provenance
     assert answer_headers("validation_error", None) == [(b"x-mirrorapi-outcome", b"validation_error")]
+
+
+def test_sighup_opens_the_log_file_again_after_it_was_moved(tmp_path, sample_tools):
+    """logrotate moves the log and sends SIGHUP (its `postrotate`): the server stopped at once (uvicorn handles only
+    SIGINT and SIGTERM), or, without the signal, went on writing to the moved file. It opens the file again by name
+    and serves on (audit of 2026-12-01)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import httpx
+
+    from harness.processes import free_port, poll_until, stop, wait_until_ready
+
+    repo = Path(__file__).resolve().parents[2]
+    log, port = tmp_path / "requests.jsonl", free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable, "serving/main_mirrorapi.py", "--tools-folder", str(sample_tools), "--mode", "replay",
+        "--cache-path", str(tmp_path / "c.sqlite"), "--port", str(port), "--log-file", str(log),
+    ]  # fmt: skip
+    with open(tmp_path / "server.out", "wb") as out:
+        process = subprocess.Popen(command, cwd=repo, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until_ready(url + "/live", 120, process=process, log_path=tmp_path / "server.out")
+        body = {"category": "Data", "tool_name": "theclique", "api_name": "transfermarkt_search", "tool_input": "{}"}
+        httpx.post(url + "/virtual", json=body, timeout=30)
+        poll_until(lambda: log.exists() and log.read_text().count("\n") == 1 or None, 10, "no first line")
+        log.rename(tmp_path / "requests.jsonl.1")
+        process.send_signal(signal.SIGHUP)
+        poll_until(lambda: log.exists() or None, 10, "the log was not opened again")
+        httpx.post(url + "/virtual", json=body, timeout=30)
+        poll_until(lambda: log.read_text().count("\n") == 1 or None, 10, "no line in the new file")
+        assert process.poll() is None  # still serving
+    finally:
+        stop(process)
+    assert (tmp_path / "requests.jsonl.1").read_text().count("\n") == 1
