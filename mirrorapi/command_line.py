@@ -331,10 +331,21 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prog
 def _run(command: Command, args: argparse.Namespace, prog: str) -> int:
     prog = args.prog = getattr(args, "mirrorapi_prog", prog)
     try:
-        return command.run(args)
+        status = command.run(args)
+        sys.stdout.flush()  # here, where a reader gone is caught, not at the interpreter's exit
+        return status
     except command.errors as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the shell's status for SIGINT, not a traceback
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader of stdout has gone (`| head -1`): quiet, as a program killed by SIGPIPE is, and stdout pointed
+        # at /dev/null so that the interpreter's own flush at exit raises nothing more (Python's docs, "Note on
+        # SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def run_script(command: Command, argv: Sequence[str] | None, usage: str, prog: str) -> int:

@@ -269,3 +269,39 @@ def test_a_count_of_zero_is_refused_not_read_as_every_or_one(capsys, tmp_path, m
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "must be at least 1, got 0" in err[0]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.shared
+def test_ctrl_c_and_a_closed_pipe_end_a_command_in_one_line_not_a_traceback(shared_data, tmp_path):
+    """Ctrl-C printed a traceback from every command (a cache import's ended in sqlite's COMMIT), and a reader that
+    went away (`| head -1`) a BrokenPipeError one (audit of 2026-12-01). Now one line and the shell's status for
+    SIGINT (130); a closed pipe ends the command quietly, as SIGPIPE would (141)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    mirrorapi = str(Path(sys.executable).parent / "mirrorapi")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    cache = tmp_path / "c.sqlite"
+    pairs = shared_data / "pairs" / "api-bank-generated.jsonl"  # 20,000 pairs: seconds to import
+    importing = subprocess.Popen(
+        [mirrorapi, "cache", "import", str(pairs), "--cache", str(cache), "--tools", str(shared_data / "toolenv")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not cache.exists() and importing.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    importing.send_signal(signal.SIGINT)
+    _, err = importing.communicate(timeout=60)
+    assert importing.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "mirrorapi cache import: interrupted"
+
+    exporting = subprocess.Popen(
+        [mirrorapi, "tools", "export", "--tools", str(REPO / "data" / "samples" / "tools")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    exporting.stdout.read(100)  # the reader takes a little of its 180 KB and goes
+    exporting.stdout.close()
+    assert exporting.wait(timeout=60) == 141 and exporting.stderr.read() == b""
