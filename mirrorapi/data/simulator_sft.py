@@ -487,6 +487,9 @@ def write_sft_dataset(
         # Column-wise construction: several times faster than Dataset.from_list on 100k records.
         tables[name] = Dataset.from_dict({c: [r[c] for r in records] for c in columns}, features=_features(columns))
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # as a folder made plainly: mkdtemp's 0700, renamed into place, hid it from others
     try:
         DatasetDict(tables).save_to_disk(str(staging))
         (staging / STATS_FILE).write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

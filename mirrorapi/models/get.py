@@ -159,12 +159,14 @@ def _sha256(path: Path) -> str:
 
 
 def readable_as_the_umask_says(folder: Path) -> None:
-    """Files as if created plainly (0666 less the umask): the safetensors writer makes its file 0600, which
-    would hide a shared models folder from its other users."""
+    """The folder and its files as if created plainly (0777 and 0666 less the umask): the safetensors writer makes
+    its file 0600, and a staging folder of `tempfile.mkdtemp` is 0700 (renamed into place, it hid a merged model
+    from every other user: audit of 2026-12-01), either of which would hide a shared models folder."""
     umask = os.umask(0)
     os.umask(umask)
+    folder.chmod(0o777 & ~umask)
     for path in folder.iterdir():
-        path.chmod(0o666 & ~umask)
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def move_into_place(built: Path, target: Path, complete: Callable[[Path], bool], replace: bool = False) -> None:

@@ -538,3 +538,15 @@ def test_a_pairs_file_given_twice_builds_the_same_records(registry):
     twice, twice_stats = build_simulator_records(copy.deepcopy(SAMPLE_PAIRS + SAMPLE_PAIRS), registry, options)
     assert twice == once
     assert twice_stats["dropped"]["duplicate"] == once_stats["dropped"]["duplicate"] + len(SAMPLE_PAIRS)
+
+
+def test_a_dataset_folder_is_made_as_a_plain_folder_would_be(tmp_path):
+    """The folder is built as a `tempfile.mkdtemp` staging folder (0700) and renamed into place, so every other user
+    (a shared machine's training job) was refused it (audit of 2026-12-01). It takes the umask's mode."""
+    import os
+
+    records = [{"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}]
+    out = write_sft_dataset(tmp_path / "set", {"train": records}, {"kind": "simulator"}, ["prompt", "completion"])
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask

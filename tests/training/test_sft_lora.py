@@ -105,6 +105,7 @@ def test_merge_script(adapter_dir, tmp_path, capsys, entry_script):
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "m/model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o777 & ~umask  # not the staging folder's 0700
     assert merge(["--adapter", str(adapter_dir), "--out", str(tmp_path / "m")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     (tmp_path / "notes").mkdir()
