@@ -46,6 +46,17 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(SEED)
     out = args.out
+    needed = [
+        args.shared / "pairs",
+        args.shared / "toolenv/realtools",
+        args.shared / "toolenv/toolenv2404",
+        args.shared / "judge/labelled.jsonl",
+        args.shared / "stabletoolbench",
+    ]
+    if missing := [str(path) for path in needed if not path.exists()]:  # before anything of --out is removed
+        parser.error(
+            f"--shared {args.shared} is not the shared data folder ({', '.join(missing)} missing); nothing changed"
+        )
     for sub in ("tools", "stabletoolbench"):
         shutil.rmtree(out / sub, ignore_errors=True)
 

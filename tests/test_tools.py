@@ -421,3 +421,25 @@ def test_a_tool_whose_file_name_is_not_standardized_is_found_as_clients_name_it(
     ):
         doc = registry.resolve("Competition", tool, api)
         assert (doc.tool, doc.api) == ("API_BASKETBALL", "timezone"), (tool, api)
+
+
+def test_make_samples_without_the_shared_data_changes_nothing(tmp_path):
+    """`scripts/make_samples.py` removed the samples' tools/ and stabletoolbench/ before it read anything, so run in
+    a clone without `../shared` it ended in a traceback with them gone (audit of 2026-12-01)."""
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "samples"
+    shutil.copytree(repo / "data" / "samples" / "tools", out / "tools")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    result = subprocess.run(
+        [sys.executable, "scripts/make_samples.py", "--shared", str(tmp_path / "no-shared"), "--out", str(out)],
+        cwd=repo, capture_output=True, text=True,
+    )  # fmt: skip
+    assert (
+        result.returncode == 2
+        and "is not the shared data folder" in result.stderr
+        and "Traceback" not in result.stderr
+    )
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
