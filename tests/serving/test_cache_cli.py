@@ -112,6 +112,12 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
         assert main(["cache", "import", *argv, "--cache", str(tmp_path / "c.sqlite")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
+    # A folder of nothing it could read (StableToolBench's answer files: no cache folder) failed, and then the same
+    # command said "imported before and unchanged, nothing done" and exit 0: the failed import was recorded.
+    answers = Path(__file__).resolve().parents[2] / "data" / "samples" / "stabletoolbench" / "data_example"
+    for _ in range(2):
+        assert main(["cache", "import", str(answers), "--cache", str(tmp_path / "c.sqlite")]) == 2
+        assert "nothing read, " in capsys.readouterr().err
 
 
 def test_recorded_outages_are_not_imported_and_the_call_is_simulated(

@@ -131,7 +131,8 @@ def import_stabletoolbench_cache(
         _store(cache, counted(pairs), registry, IMPORTED + (origin or folder.name), report)
     except SourceError as exc:
         raise CacheError(str(exc)) from None
-    cache.record_import(str(folder), fingerprint, report["entries"])
+    if report["entries"] or not report["unreadable"]:  # one that read nothing it could is no import: a rerun tries
+        cache.record_import(str(folder), fingerprint, report["entries"])  # again (it said "imported before")
     logger.info(
         "imported %s: %d entries (%d new), %d unreadable, %d placeholders skipped, %d APIs unknown "
         "to the tools folder",
