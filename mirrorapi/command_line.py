@@ -317,6 +317,21 @@ def add_group(sub, name: str, help: str, commands: Sequence[Command]) -> None:
         add_command(group_sub, command)
 
 
+def out_folder_problem(out: str | os.PathLike) -> str | None:
+    """Why `--out` cannot be a folder a command makes or fills (None: it can), found before the work rather than
+    after it all: a file, a path under a file, or a place this user cannot write."""
+    if Path(out).exists() and not Path(out).is_dir():
+        return f"--out {out} is a file, not a folder"
+    existing = Path(out).absolute()
+    while not existing.exists():  # the folder the command would make it in (nothing is made here)
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"--out {out} cannot be made: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--out {out} cannot be made or written: {existing} is not writable"
+    return None
+
+
 def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prog: str) -> int:
     """Parse `argv` and run the command it names (`args.prog` tells the command how it was called)."""
     args, rest = parser.parse_known_args(argv)

@@ -14,7 +14,7 @@ import logging
 import time
 from pathlib import Path
 
-from mirrorapi.command_line import Command, add_group, add_settings_arguments, settings_from_args
+from mirrorapi.command_line import Command, add_group, add_settings_arguments, out_folder_problem, settings_from_args
 from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
@@ -51,6 +51,8 @@ def _check_out(out: str, inputs: list[str]) -> None:
     holds an input (`--out` the folder of the pairs, or the tools folder) or a folder of anything else (`--out runs`).
     Checked before the build, so a long one is not spent first. An empty folder, or a saved dataset
     (`dataset_dict.json`), is replaced as the help says."""
+    if problem := out_folder_problem(out):  # found after the whole build, as a raw OSError naming its staging folder
+        raise ValueError(problem)
     folder = Path(out).resolve()
     for given in inputs:
         path = Path(given).resolve()

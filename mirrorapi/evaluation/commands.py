@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from mirrorapi.command_line import (
     add_command,
     add_group,
     add_settings_arguments,
+    out_folder_problem,
     settings_from_args,
 )
 from mirrorapi.evaluation.agent.settings import METHODS, AgentRunError, AgentSettings
@@ -32,18 +32,7 @@ USER_ERRORS = (ValueError, AnswersError, JudgeRunError)
 
 def _out_problem(out: str | Path | None) -> str | None:
     """An --out that cannot be a folder, found before any judge or engine call rather than after them all."""
-    if out is None:
-        return None
-    if Path(out).exists() and not Path(out).is_dir():
-        return f"--out {out} is a file, not a folder"
-    existing = Path(out).absolute()
-    while not existing.exists():  # the folder the run would make it in (nothing is made here)
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"--out {out} cannot be made: {existing} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"--out {out} cannot be made or written: {existing} is not writable"
-    return None
+    return None if out is None else out_folder_problem(out)
 
 
 def _count_problem(args: argparse.Namespace) -> str | None:

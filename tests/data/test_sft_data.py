@@ -231,6 +231,15 @@ def test_an_out_folder_that_is_no_earlier_build_is_refused_and_kept(tmp_path):
         )
         assert done.returncode == 2 and "is a folder of something else" in done.stderr, done.stderr
     assert pairs.read_bytes() == (SAMPLES / "pairs.jsonl").read_bytes() and (other / "notes").is_dir()
+    # A file, or a path under a file: found after the whole build was saved, as a raw "[Errno 20] Not a directory:
+    # PosixPath(...)" (audit of 2026-12-01); now before it, in words.
+    a_file = tmp_path / "existing.txt"
+    a_file.write_text("mine")
+    for out, says in ((a_file, "is a file, not a folder"), (a_file / "sub", "is a file, not a folder")):
+        done = run_builder("--pairs", pairs, "--tools", SAMPLES / "tools", "--out", out)
+        assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith(says), done.stderr
+        assert "stats" not in done.stdout  # refused before the build
+    assert a_file.read_text() == "mine"
 
 
 def test_input_with_no_pair_to_keep_is_refused_and_the_set_it_would_replace_stays(tmp_path):
