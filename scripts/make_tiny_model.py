@@ -9,7 +9,8 @@ import argparse
 import time
 from pathlib import Path
 
-from mirrorapi.training.tiny_model import build_tiny_model
+from mirrorapi.command_line import out_folder_problem
+from mirrorapi.training.tiny_model import CorpusError, build_tiny_model
 
 
 def main() -> None:
@@ -26,15 +27,20 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if problem := out_folder_problem(args.out):  # a file, or not writable: said before the build, in one line
+        parser.error(problem)
     start = time.perf_counter()
-    out = build_tiny_model(
-        args.out,
-        corpus=args.corpus,
-        vocab_size=args.vocab_size,
-        hidden_size=args.hidden_size,
-        layers=args.layers,
-        seed=args.seed,
-    )
+    try:
+        out = build_tiny_model(
+            args.out,
+            corpus=args.corpus,
+            vocab_size=args.vocab_size,
+            hidden_size=args.hidden_size,
+            layers=args.layers,
+            seed=args.seed,
+        )
+    except CorpusError as exc:  # a --corpus file that is missing or holds no text: one line, not a traceback
+        parser.error(str(exc))
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(out)

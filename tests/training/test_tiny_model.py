@@ -56,3 +56,18 @@ def test_script_builds_a_loadable_model(tmp_path):
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(out).config.hidden_size == 64
+
+
+def test_script_mistakes_are_one_line_not_a_traceback(tmp_path):
+    """A missing --corpus file, or an --out that is a file, ended in a traceback (audit of 2026-12-01)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    for argv, says in (
+        (["--corpus", str(tmp_path / "none.txt"), "--out", str(tmp_path / "m")], "tokenizer corpus: not a file"),
+        (["--out", str(a_file)], "is a file, not a folder"),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "scripts/make_tiny_model.py"), *argv], capture_output=True, text=True
+        )
+        assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert a_file.read_text() == "mine"
