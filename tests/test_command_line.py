@@ -271,32 +271,34 @@ def test_a_count_of_zero_is_refused_not_read_as_every_or_one(capsys, tmp_path, m
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.shared
-def test_ctrl_c_and_a_closed_pipe_end_a_command_in_one_line_not_a_traceback(shared_data, tmp_path):
+def test_ctrl_c_and_a_closed_pipe_end_a_command_in_one_line_not_a_traceback(tmp_path):
     """Ctrl-C printed a traceback from every command (a cache import's ended in sqlite's COMMIT), and a reader that
     went away (`| head -1`) a BrokenPipeError one (audit of 2026-12-01). Now one line and the shell's status for
-    SIGINT (130); a closed pipe ends the command quietly, as SIGPIPE would (141)."""
+    SIGINT (130); a closed pipe ends the command quietly, as SIGPIPE would (141). The command interrupted: FAC
+    waiting on a judge engine that never answers (a stand-in, so that the signal comes while it runs)."""
     import os
     import signal
-    import subprocess
     import time
+
+    from harness.fake_engines import HungEngine
 
     mirrorapi = str(Path(sys.executable).parent / "mirrorapi")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
-    cache = tmp_path / "c.sqlite"
-    pairs = shared_data / "pairs" / "api-bank-generated.jsonl"  # 20,000 pairs: seconds to import
-    importing = subprocess.Popen(
-        [mirrorapi, "cache", "import", str(pairs), "--cache", str(cache), "--tools", str(shared_data / "toolenv")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not cache.exists() and importing.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    importing.send_signal(signal.SIGINT)
-    _, err = importing.communicate(timeout=60)
-    assert importing.returncode == 130 and "Traceback" not in err, err
-    assert err.strip().splitlines()[-1] == "mirrorapi cache import: interrupted"
+    example = REPO / "data" / "samples" / "stabletoolbench"
+    with HungEngine() as judge:
+        judging = subprocess.Popen(
+            [mirrorapi, "eval", "fac", "--answers", str(example / "data_example" / "model_predictions_converted"),
+             "--ids", str(example / "solvable_queries_example" / "test_query_ids"), "--base-url", judge.url,
+             "--model", "judge", "--out", str(tmp_path / "fac"), "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not judge.connections and judging.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        judging.send_signal(signal.SIGINT)
+        _, err = judging.communicate(timeout=60)
+    assert judging.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "mirrorapi eval fac: interrupted"
 
     exporting = subprocess.Popen(
         [mirrorapi, "tools", "export", "--tools", str(REPO / "data" / "samples" / "tools")],
