@@ -291,6 +291,9 @@ def test_ctrl_c_and_a_closed_pipe_end_a_command_in_one_line_not_a_traceback(tmp_
              "--ids", str(example / "solvable_queries_example" / "test_query_ids"), "--base-url", judge.url,
              "--model", "judge", "--out", str(tmp_path / "fac"), "--no-progress"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+            # A terminal's Ctrl-C: SIGINT handled by default (a run started in the background by a shell, as CI may
+            # be, inherits it ignored, and Python then keeps it ignored)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while not judge.connections and judging.poll() is None and time.monotonic() < deadline:
