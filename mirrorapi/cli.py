@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from mirrorapi.command_line import Command, add_group, print_json, run_parsed
 from mirrorapi.tools import RegistryError, ToolRegistry, UnknownName
 from mirrorapi.toolsets import ToolsetError, export_toolset, parse_toolset, select_toolset
+from mirrorapi.versions import mirrorapi_version
 
 TOOLS_ERRORS = (RegistryError, UnknownName, ToolsetError)
 
@@ -166,6 +167,7 @@ STAGES = {
 def make_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The `mirrorapi` parser, with the stages `argv` can reach (every stage when argv is None)."""
     parser = argparse.ArgumentParser(prog="mirrorapi", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"mirrorapi {mirrorapi_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_group(sub, "tools", "Inspect tool documentation (ToolBench tools folders).", TOOLS_COMMANDS)
     first = argv[0] if argv else None

@@ -48,7 +48,7 @@ def package_versions() -> dict[str, str]:
 
 @functools.cache  # read once per process: the installed software does not change under a run
 def _read_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version(), "mirrorapi": _mirrorapi_version()}
+    versions = {"python": platform.python_version(), "mirrorapi": mirrorapi_version()}
     commit = _git_commit()
     if commit:
         versions["mirrorapi_commit"] = commit
@@ -60,7 +60,7 @@ def _read_versions() -> dict[str, str]:
     return versions
 
 
-def _mirrorapi_version() -> str:
+def mirrorapi_version() -> str:
     """The installed distribution's version; a source checkout put on PYTHONPATH without installing it (a lent GPU
     machine, where nothing can be installed from the index) has none: "source" then, the commit says which."""
     try:

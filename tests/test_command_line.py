@@ -310,3 +310,12 @@ def test_ctrl_c_and_a_closed_pipe_end_a_command_in_one_line_not_a_traceback(tmp_
     exporting.stdout.read(100)  # the reader takes a little of its 180 KB and goes
     exporting.stdout.close()
     assert exporting.wait(timeout=60) == 141 and exporting.stderr.read() == b""
+
+
+def test_version_is_the_installed_distributions(capsys):
+    """`mirrorapi --version` answered "the following arguments are required: command" (audit of 2026-12-01)."""
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as exit_:
+        mirrorapi_main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"mirrorapi {metadata.version('mirrorapi')}"
