@@ -376,11 +376,8 @@ def read_large_body(body: bytes, max_arguments_chars: int):
     tool_input, request.tool_input = request.tool_input, None
     if _is_chat_with_user(request.api_name):
         return request, None, None, None
-    try:
-        arguments, key = parse_arguments(tool_input)
-    except ToolInputError as exc:
-        return request, None, None, exc
-    return request, arguments if len(key) <= max_arguments_chars else None, key, None
+    parsed = parsed_arguments(tool_input, max_arguments_chars)
+    return request, parsed.arguments, parsed.key, parsed.error
 
 
 class ParsedArguments(NamedTuple):
@@ -394,8 +391,9 @@ class ParsedArguments(NamedTuple):
     kept: str
 
 
-def parsed_arguments(arguments: dict, max_arguments_chars: int, kept: str) -> ParsedArguments:
-    """`ParsedArguments` of an argument object (in `LargeBodies`' worker)."""
+def parsed_arguments(arguments: Any, max_arguments_chars: int, kept: str = "") -> ParsedArguments:
+    """`ParsedArguments` of a call's arguments (an object, or /virtual's `tool_input` text), in `LargeBodies`'
+    worker: /virtual's large bodies and OpenEnv's large steps by one rule."""
     try:
         arguments, key = parse_arguments(arguments)
     except ToolInputError as exc:
