@@ -90,9 +90,9 @@ def models_gguf(args: argparse.Namespace) -> int:
             path = export_gguf(args.model_dir, args.out, args.base_gguf, args.type)
         else:
             path = gguf_for_serving(args.model_dir, args.type)
-    except (GGUFExportError, OSError) as exc:
+    except (GGUFExportError, OSError) as exc:  # a folder that is not a model, or one this user cannot write
         print(f"mirrorapi models gguf: error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     print(path)  # the one line on standard output: `GGUF=$(mirrorapi models gguf DIR)`
     return 0
 

@@ -225,7 +225,7 @@ def test_the_served_gguf_of_a_base_and_of_its_fine_tune(smollm2_dir, changed_smo
     assert "output.weight" not in types  # tied: llama.cpp reuses token_embd
     written = exported.stat().st_mtime_ns
     assert gguf_for_serving(changed_smollm2) == exported and exported.stat().st_mtime_ns == written
-    assert main(["models", "gguf", str(smollm2_dir.parent / "nothing")]) == 1
+    assert main(["models", "gguf", str(smollm2_dir.parent / "nothing")]) == 2  # the user's error
     assert "not a model folder" in capsys.readouterr().err
 
 
