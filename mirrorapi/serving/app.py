@@ -42,6 +42,7 @@ from mirrorapi.serving.asgi import (
     authorized,
     error_body,
     foreign_request,
+    header_text,
     read_body,
     send_json,
 )
@@ -166,15 +167,6 @@ class VirtualEndpoint:
             deadline = self.connections.of(scope)
             return await self.episodes.http(scope, receive, send, lambda: deadline.lost)
         return await self.app(scope, receive, send)
-
-
-def header_text(value: bytes) -> str:
-    """A header's text: UTF-8 when it is (what a client sends for the non-ASCII id it also writes in a JSON body,
-    so that both name one session: read as Latin-1, "é" was "Ã©"), else Latin-1 (RFC 9110's obsolete text)."""
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return value.decode("latin-1")
 
 
 SHUTTING_DOWN = "Failed to generate fake response (the server is shutting down; retry in a moment)"

@@ -132,3 +132,12 @@ async def send_json(send, status: int, body: bytes, headers: list | None = None)
 def error_body(message: str) -> bytes:
     """The server's own refusals in StableToolBench's shape, `{"error", "response"}`."""
     return json.dumps({"error": message, "response": ""}, ensure_ascii=False).encode()
+
+
+def header_text(value: bytes) -> str:
+    """A header's text: UTF-8 when it is (what a client sends for the non-ASCII id it also writes in a JSON body,
+    so that both name one session: read as Latin-1, "é" was "Ã©"), else Latin-1 (RFC 9110's obsolete text)."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")

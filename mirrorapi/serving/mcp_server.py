@@ -38,7 +38,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body
+from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, header_text, read_body
+from mirrorapi.serving.protocol import SESSION_HEADER
 from mirrorapi.serving.server import VirtualServer
 from mirrorapi.toolsets import Toolset, ToolsetError, mcp_tool
 
@@ -343,4 +344,8 @@ class McpFrontDoor:
         request = ctx.request
         if request is None:
             return None
-        return request.headers.get("x-session-id") or request.headers.get(MCP_SESSION_ID_HEADER) or None
+        # the raw header read as /virtual reads it (header_text: UTF-8 first), so that a non-ASCII X-Session-Id names
+        # one session on both doors (Starlette's `headers` decode Latin-1: "é" was "Ã©" here)
+        headers = dict(request.scope["headers"])
+        value = headers.get(SESSION_HEADER) or headers.get(_SESSION_HEADER)
+        return header_text(value) if value else None

@@ -210,3 +210,34 @@ def test_a_lone_surrogate_in_a_tool_s_arguments_is_a_tool_error_not_an_internal_
     # parser refused the escape, which JSON allows)
     error = json.loads(result["content"][0]["text"])["error"]
     assert result["isError"] is True and "tool_input holds a lone surrogate '\\ud800'" in error, error
+
+
+def test_a_non_ascii_session_header_names_one_session_on_virtual_and_mcp(serve, tmp_path):
+    """One episode's id in `X-Session-Id`, UTF-8 as clients write it, names the same session whichever door a call
+    comes in by: /mcp read the header as Latin-1 ("épisode" was "Ã©pisode", a second session) where /virtual
+    reads UTF-8."""
+    from harness.fake_engines import StubEngine
+    from mirrorapi.serving.cache import ResponseCache
+
+    from .test_sessions import LOGIN, body
+
+    cache_path = tmp_path / "c.sqlite"
+    header = {"X-Session-Id": "épisode".encode()}
+    with (
+        StubEngine(model="stub") as engine,
+        serve(
+            api_base=[engine.url],
+            model="stub",
+            cache_path=str(cache_path),
+            session_history=8,
+            mcp_toolset="tool=APIBank/apibank_account&tool=APIBank/apibank_finance",
+        ) as server,
+    ):
+        assert server.client.post("/virtual", json=body(*LOGIN[:4]), headers=header).status_code == 200
+
+        async def steps(client):
+            return await client.call_tool("querybalance", {"token": "o8i7u6y5t4r3e2w1q0"})
+
+        call(server.url + "/mcp", steps, headers=header)
+    sessions = {row[0]: row[2] for row in ResponseCache(cache_path).sessions()}
+    assert sessions == {"épisode": 2}
