@@ -64,7 +64,8 @@ GC_THRESHOLDS = (50_000, 20, 10)
 MASTER_WATCH_SECONDS = 0.5  # how often a worker of `serve_workers` checks that the process that started it lives
 WORKER_STOP_SECONDS = 15.0  # what a worker whose master is gone is given to stop gracefully before it exits
 OPEN_PATHS = ("/health", "/live")  # answered without the server's API key (probes of orchestrators)
-# The settings of the worker processes (`serve_workers`), as JSON: uvicorn starts them by importing a factory.
+# The settings of the worker processes (`serve_workers`): uvicorn starts them by importing a factory, which reads
+# them from a file only this user can read (WORKER_SETTINGS_FILE), named by this variable.
 WORKER_SETTINGS_ENV = "_MIRRORAPI_WORKER_SETTINGS"  # the path of the settings file of `serve_workers`' workers
 WORKER_SETTINGS_FILE = "worker-settings.json"
 WORKER_FAILED_FILE = "worker-failed"  # in the run's metrics folder: why a worker could not start (`worker_app`)

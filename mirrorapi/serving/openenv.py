@@ -112,6 +112,11 @@ class StepNotTaken(EpisodeError):
         super().__init__(message, "EXECUTION_ERROR")
 
 
+class UnknownEpisode(LookupError):
+    """An HTTP request naming an episode this process has not opened, or has let go (HTTP 404). Its own class, so
+    that a KeyError of the server's own is not answered as a 404 naming the key."""
+
+
 @dataclass(slots=True)
 class Episode:
     episode_id: str
@@ -536,7 +541,7 @@ class Episodes:
             )
         except ClientGone:
             return
-        except LookupError as exc:
+        except UnknownEpisode as exc:
             return await send_json(send, 404, _detail(str(exc.args[0])))
         except EpisodeIdTaken as exc:
             return await send_json(send, 409, _detail(str(exc)))
@@ -580,7 +585,7 @@ class Episodes:
             del self.over_http[episode_id]  # idle too long: gone, whether or not a sweep came by
             episode = None
         if episode is None:
-            raise LookupError(
+            raise UnknownEpisode(
                 f"unknown episode {episode_id[:100]!r}: not opened by POST /reset on this server "
                 f"process, or idle for more than {self.idle_seconds:g} s"
             )

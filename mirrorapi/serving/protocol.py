@@ -40,15 +40,6 @@ CHAT_WITH_USER = "chat_with_user"
 CHAT_WITH_USER_REPLY = "Chat with user."
 TOOL_INPUT_PARSE_ERROR = "Tool input parse error...\n"
 ENGINE_FAILURE = "Failed to generate fake response"
-# Error strings StableToolBench's agent client maps to status codes 6-11 (notes §1).
-SPECIAL_ERRORS = (
-    "API not working error...",
-    "Unauthorized error...",
-    "Unsubscribed error...",
-    "Too many requests error...",
-    "Rate limit per minute error...",
-    "Message error...",
-)
 
 
 class VirtualRequest(BaseModel):

@@ -217,6 +217,21 @@ def test_http_reset_step_state_take_openenvs_request_shapes(serve, recorded_cach
     assert method.status_code == 405
 
 
+def test_a_lookup_error_of_the_servers_own_is_not_an_unknown_episode(serve, recorded_cache, engine_down, monkeypatch):
+    """Only an episode the server does not hold is a 404: a KeyError raised while a step is taken (a fault injected
+    here, as no request provokes one) is the server's own, a 500 saying so, not "unknown episode" naming the key."""
+    from mirrorapi.serving.openenv import Episodes
+
+    async def broken_step(self, episode, action, client_gone=None):
+        raise KeyError("calls")
+
+    with serve(api_base=[engine_down], cache_path=str(recorded_cache), engine_retries=0) as server:
+        episode = server.client.post("/reset", json={"toolset": TOOLSET}).json()["observation"]["episode_id"]
+        monkeypatch.setattr(Episodes, "step", broken_step)
+        step = server.client.post("/step", json={"action": {"type": "list_tools"}, "episode_id": episode})
+    assert step.status_code == 500 and "KeyError" in step.json()["detail"]
+
+
 def test_open_episodes_are_bounded_and_the_api_key_holds_on_the_websocket(
     serve, engine_down, tmp_path, openenv_client
 ):
