@@ -5,12 +5,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Every `outcome` a request is counted under (metrics' label, the request log's field), declared once: the
+# metrics' help text is written from these, and docs/serving.md lists them.
+ANSWERED = (  # a /virtual call answered by its handler (an observation, or a 422 for a body of the wrong shape)
+    "hit",
+    "simulated",
+    "replay_miss",
+    "validation_error",
+    "engine_error",
+    "store_error",
+    "chat_with_user",
+    "invalid_body",
+    "internal_error",
+)
+REFUSED = (  # a request of any path refused before a handler
+    "unauthorized",
+    "method_not_allowed",
+    "body_too_large",
+    "request_timeout",
+    "headers_too_large",
+    "foreign_origin",
+    "shutting_down",
+)
+OUTCOMES = ANSWERED + REFUSED
+
 
 @dataclass(slots=True)
 class Answer:
     status: int
     body: bytes
-    outcome: str  # hit, simulated, replay_miss, validation_error, engine_error, chat_with_user, invalid_body, ...
+    outcome: str  # one of OUTCOMES
     names: tuple[str, str, str] | None = None  # the API, once resolved
     provenance: str | None = None  # of the response given (hits and simulations)
     cache: str | None = None  # "hit" or "miss" when the cache was looked up

@@ -26,7 +26,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
-from mirrorapi.serving.answer import Answer
+from mirrorapi.serving.answer import ANSWERED, REFUSED, Answer
 from mirrorapi.serving.config import ConfigError, ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -64,10 +64,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "mirrorapi_requests",
-            "/virtual requests by outcome (hit, simulated, replay_miss, "
-            "validation_error, engine_error, store_error, chat_with_user, invalid_body, internal_error), "
-            "and the refusals of any path answered before a handler (unauthorized, "
-            "method_not_allowed, body_too_large, request_timeout, headers_too_large, foreign_origin).",
+            f"/virtual requests by outcome ({', '.join(ANSWERED)}), and the refusals of any path answered "
+            f"before a handler ({', '.join(REFUSED)}).",
             ["outcome"],
             registry=self.registry,
         )

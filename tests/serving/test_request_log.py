@@ -119,3 +119,27 @@ def test_sighup_opens_the_log_file_again_after_it_was_moved(tmp_path, sample_too
     finally:
         stop(process)
     assert (tmp_path / "requests.jsonl.1").read_text().count("\n") == 1
+
+
+def test_every_outcome_the_server_gives_is_declared_and_documented():
+    """The outcomes a request is counted under are declared once (`answer.OUTCOMES`): each one the server's code
+    gives (a refusal before a handler, a failure, an answer) is there, and docs/serving.md's metrics paragraph names
+    each (`shutting_down` was counted but named by neither the metrics' help nor the docs)."""
+    import re
+    from pathlib import Path
+
+    from mirrorapi.serving.answer import OUTCOMES
+
+    serving = Path(__file__).resolve().parents[2] / "mirrorapi" / "serving"
+    given = set()
+    for source in serving.rglob("*.py"):
+        text = source.read_text(encoding="utf-8")
+        given |= set(re.findall(r"(?:refused|_refuse)\(\s*[^,()]+,\s*\"([a-z_]+)\"", text))
+        given |= set(re.findall(r"Failure\(\s*\d+,\s*\"([a-z_]+)\"", text))
+        given |= set(re.findall(r"Failure\(\s*\d+,\s*\n\s*\"([a-z_]+)\"", text))
+        given |= set(re.findall(r"answer\.outcome = (?:\(\"[a-z]+\", )?\"([a-z_]+)\"", text))
+    assert {"shutting_down", "headers_too_large", "invalid_body", "engine_error", "hit"} <= given
+    assert given - set(OUTCOMES) == set()
+    docs = (serving.parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
+    paragraph = docs[docs.index("`mirrorapi_requests_total{outcome}`") :][:2500]
+    assert [name for name in OUTCOMES if name not in paragraph] == []
