@@ -246,6 +246,8 @@ def completion_json(request: dict, content: str, finish_reason: str, tokens: int
 
 
 class _QuietServer(http.server.ThreadingHTTPServer):
+    request_queue_size = 1024  # listen()'s backlog: hundreds of calls connect at once in some tests (5 by default)
+
     def handle_error(self, request, client_address):
         # a client that gave up before the answer (a test of timeouts) is no error of the engine's
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):

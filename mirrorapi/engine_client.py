@@ -44,6 +44,13 @@ RETRYABLE_STATUS = (408, 429)
 REPLICA_STATUS = (401, 403, 404)
 
 
+def transient_status(status: int | None) -> bool:
+    """Whether an engine's HTTP status is one an attempt is made again for (the engine's own failure, busy or
+    restarting: 5xx, 408, 429), as against a request it refuses: the retries here and what the server tells its
+    clients (`x-mirrorapi-retry`, an OpenEnv step not taken) follow this one rule."""
+    return status is not None and (status >= 500 or status in RETRYABLE_STATUS)
+
+
 def _deadline(seconds: float) -> aiohttp.ClientTimeout:
     """aiohttp's timeout of `seconds`, as set: by default it rounds a timeout of 5 s or more up to the next whole
     second of the loop's clock (`ceil_threshold`), so an engine_timeout of 10 ended 10.2-11.0 s after the call."""
@@ -51,9 +58,10 @@ def _deadline(seconds: float) -> aiohttp.ClientTimeout:
 
 
 class EngineError(Exception):
-    """The engine could not give an answer. `kind`: unreachable, timeout, http, not_json (the HTTP body),
-    no_choice (JSON that is not a chat completion), busy (every replica has `max_in_flight` calls and
-    `max_waiting` more wait); the simulator adds empty (no text) and garbage (text that is no observation)."""
+    """The engine could not give an answer. `kind`: unreachable (no connection), cut (the connection or the stream
+    ended in the middle of the answer), timeout, http, not_json (the HTTP body), no_choice (JSON that is not a chat
+    completion), busy (every replica has `max_in_flight` calls and `max_waiting` more wait); the simulator adds
+    empty (no text) and garbage (text that is no observation)."""
 
     def __init__(self, kind: str, message: str, status: int | None = None, retry_after: float | None = None):
         self.kind, self.status = kind, status  # status: the HTTP status of an `http` error
@@ -101,7 +109,8 @@ class _Replica:
 async def _streamed_completion(response: aiohttp.ClientResponse) -> dict:
     """The chat completion that a stream of `data: {chunk}` events adds up to (content deltas joined). A stream
     that ends with neither `[DONE]` nor a finish reason was cut (an engine that died, a proxy's limit): no
-    completion, an `unreachable` attempt (OpenAI's protocol ends every stream with `data: [DONE]`)."""
+    completion, a `cut` attempt (OpenAI's protocol ends every stream with `data: [DONE]`). An error event's `code`
+    is its HTTP status (vLLM's), so that a request the engine refuses mid-stream is not retried."""
     parts: list[str] = []
     finish_reason = None
     done = False
@@ -117,7 +126,10 @@ async def _streamed_completion(response: aiohttp.ClientResponse) -> dict:
         except ValueError:
             raise EngineError("not_json", f"engine streamed an event that is not JSON: {data[:200]!r}") from None
         if isinstance(chunk, dict) and chunk.get("error"):
-            raise EngineError("http", f"engine failed while streaming: {str(chunk['error'])[:200]}")
+            error = chunk["error"]
+            code = error.get("code") if isinstance(error, dict) else None
+            status = code if isinstance(code, int) and 400 <= code < 600 else None
+            raise EngineError("http", f"engine failed while streaming: {str(error)[:200]}", status=status)
         choices = chunk.get("choices") if isinstance(chunk, dict) else None
         choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
         delta = choice.get("delta")
@@ -126,7 +138,7 @@ async def _streamed_completion(response: aiohttp.ClientResponse) -> dict:
         if choice.get("finish_reason"):
             finish_reason = choice["finish_reason"]
     if not done and finish_reason is None:
-        raise EngineError("unreachable", "engine's stream ended before its answer did (no [DONE], no finish reason)")
+        raise EngineError("cut", "engine's stream ended before its answer did (no [DONE], no finish reason)")
     message = {"role": "assistant", "content": "".join(parts)}
     return {"choices": [{"message": message, "finish_reason": finish_reason}]}
 
@@ -163,6 +175,10 @@ class EngineClient:
         self.model, self.timeout, self.retries, self.backoff = model, timeout, retries, backoff
         self.attempt_timeout = min(attempt_timeout or timeout, timeout)
         self.cooldown = cooldown
+        # The pool must not be a tighter limit than the in-flight one, which it would be silently (calls queued in
+        # it spend their attempt's time there): room for every replica's calls, and its probes.
+        if max_in_flight is not None:
+            max_connections = max(max_connections, (max_in_flight + 1) * len(bases))
         self.max_connections, self.stream = max_connections, stream
         self._headers = {"Authorization": f"Bearer {api_key or 'EMPTY'}", "Content-Type": "application/json"}
         self._session: aiohttp.ClientSession | None = None
@@ -332,11 +348,11 @@ class EngineClient:
                 return answer
             except asyncio.TimeoutError:
                 last = EngineError("timeout", f"engine at {base} did not answer within {limit:g} s")
-            except aiohttp.ClientError as exc:  # refused, reset, closed mid-answer
-                last = EngineError("unreachable", f"engine at {base} is unreachable ({type(exc).__name__}: {exc})")
+            except aiohttp.ClientError as exc:
+                last = _connection_failure(base, exc)
             except EngineError as exc:
                 last = exc
-                if exc.status and exc.status < 500 and exc.status not in RETRYABLE_STATUS + REPLICA_STATUS:
+                if exc.status and not transient_status(exc.status) and exc.status not in REPLICA_STATUS:
                     break  # the request itself is wrong: retrying will not help
             finally:
                 replica.in_flight -= 1
@@ -447,6 +463,15 @@ class EngineClient:
 
     async def _health(self, timeout: float) -> list[EngineHealth]:
         async def check(replica: _Replica) -> EngineHealth:
+            if 0 < replica.down_until <= time.monotonic() and not replica.probing:
+                # Cool-down over, and no call has come to probe it (`_pick` does, on a call): a readiness check
+                # that holds traffic back until /health is 200 would otherwise wait for ever.
+                answered, how = await self._answers_one_token(replica.base, timeout)
+                if answered:
+                    replica.down_until, replica.answered_at = 0.0, time.monotonic()
+                    logger.info("engine replica %s is back (%s)", replica.base, how)
+                else:
+                    replica.down_until = time.monotonic() + self.cooldown
             busy = bool(replica.in_flight) or time.monotonic() - replica.answered_at < self.timeout
             health = await self._reachable(replica.base, timeout, busy and not replica.down_until)
             since = time.monotonic() - replica.answered_at
@@ -486,6 +511,15 @@ class EngineClient:
             task.cancel()
         if self._session is not None:
             await self._session.close()
+
+
+def _connection_failure(base: str, exc: aiohttp.ClientError) -> EngineError:
+    """`unreachable` when no connection was made (refused, no route, DNS), `cut` when one was, then reset or closed
+    in the middle of the answer: a judge run stops on the first, not on one answer broken off."""
+    what = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return EngineError("unreachable", f"engine at {base} is unreachable ({what})")
+    return EngineError("cut", f"engine at {base} broke off its answer ({what})")
 
 
 def _json_body(data: bytes) -> Any:

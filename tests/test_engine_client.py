@@ -279,8 +279,10 @@ def test_a_busy_engines_retry_after_is_waited_for():
 
 def test_a_stream_cut_before_its_end_is_no_answer():
     """A stand-in engine streams two deltas and closes the stream without a finish reason or `[DONE]` (an engine
-    that died, a proxy's limit): that is no answer (it was taken as a whole one), and is tried again; an event
-    whose `choices` is not a list is read as no delta (it was a KeyError)."""
+    that died, a proxy's limit): that is no answer (it was taken as a whole one), and is tried again, as a `cut`
+    answer, not an engine `unreachable` (a judge run stopped every call on it), as is an answer whose connection closes
+    before its Content-Length; an event whose `choices` is not a list is read as no delta (it was a KeyError); an
+    error event's `code` is its HTTP status, so a request the engine refuses mid-stream is not asked again."""
     import http.server
     import threading
 
@@ -290,6 +292,7 @@ def test_a_stream_cut_before_its_end_is_no_answer():
             {"choices": {"0": {"delta": {"content": "x"}}}},
             {"choices": [{"delta": {}, "finish_reason": "stop"}]},
         ],
+        "refused": [{"error": {"message": "the prompt is longer than the context", "code": 400}}],
     }
     requests: list[str] = []
 
@@ -299,6 +302,13 @@ def test_a_stream_cut_before_its_end_is_no_answer():
             kind = body["messages"][0]["content"]
             requests.append(kind)
             self.send_response(200)
+            if kind == "broken":  # a body shorter than it said: the connection closed in the middle of the answer
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", "1000")
+                self.end_headers()
+                self.wfile.write(b'{"choices": [')
+                self.close_connection = True
+                return
             self.send_header("content-type", "text/event-stream")
             self.end_headers()
             for event in events[kind]:
@@ -323,8 +333,14 @@ def test_a_stream_cut_before_its_end_is_no_answer():
     try:
         with pytest.raises(EngineError) as cut:
             asyncio.run(run("cut"))
-        assert cut.value.kind == "unreachable" and requests == ["cut", "cut"]
+        assert cut.value.kind == "cut" and requests == ["cut", "cut"]
         assert asyncio.run(run("odd")).finish_reason == "stop"
+        with pytest.raises(EngineError) as broken:
+            asyncio.run(run("broken"))
+        assert broken.value.kind == "cut" and requests[-2:] == ["broken", "broken"]
+        with pytest.raises(EngineError) as refused:
+            asyncio.run(run("refused"))
+        assert refused.value.status == 400 and requests[-1] == "refused" and requests.count("refused") == 1
     finally:
         server.shutdown()
         server.server_close()
@@ -458,3 +474,118 @@ def test_a_call_the_server_gave_up_on_stops_costing_its_engine(tiny_engine, tmp_
         answer = httpx.post(f"{url}/virtual", json=body, timeout=30).json()
         assert answer["error"].startswith("Failed to generate fake response")  # given up after 1 s
         assert asyncio.run(next_call()) < 5
+
+
+def test_health_brings_back_a_replica_whose_cool_down_no_call_ended():
+    """One failed call put the replica in its cool-down, and only a call ended it (its background probe): with no
+    call after it, /health said "unavailable" for good, and a readiness check that holds traffic back until /health is
+    200 never gave it one. A health check after the cool-down asks the replica itself."""
+
+    class FailsOnce(FixedReplyEngine):
+        def chat(self, request):
+            if len(self.requests) == 1:
+                return 500, b'{"error": "out of memory"}'
+            return super().chat(request)
+
+    async def run(url):
+        engine = EngineClient([url], "m", timeout=5, retries=0, cooldown=0.3)
+        try:
+            with pytest.raises(EngineError):
+                await engine.chat([{"role": "user", "content": "hi"}])
+            cooling = await engine.health()
+            await asyncio.sleep(0.4)
+            return cooling, await engine.health()
+        finally:
+            await engine.aclose()
+
+    with FailsOnce("fine") as engine:
+        cooling, after = asyncio.run(run(engine.url))
+        asked = len(engine.requests)
+    assert not cooling[0].ok and cooling[0].cooling_down > 0
+    assert after[0].ok and after[0].cooling_down == 0 and asked >= 2  # its one-token completion
+
+
+def test_the_connection_pool_is_no_tighter_than_the_in_flight_limit():
+    """`max_in_flight` above 256 was capped, silently, by the one pool of 256 connections: the calls past it waited
+    in the pool, their attempt's time running. 300 calls allowed at once now reach the engine at once."""
+    import threading
+
+    class Slow(FixedReplyEngine):
+        def __init__(self):
+            self.now = self.most = 0
+            self.lock = threading.Lock()
+            super().__init__("fine")
+
+        def chat(self, request):
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(1.0)
+            with self.lock:
+                self.now -= 1
+            return super().chat(request)
+
+    async def run(url):
+        engine = EngineClient([url], "m", timeout=30, retries=0, max_in_flight=300)
+        try:
+            await asyncio.gather(*(engine.chat([{"role": "user", "content": str(i)}]) for i in range(300)))
+        finally:
+            await engine.aclose()
+
+    with Slow() as engine:
+        asyncio.run(run(engine.url))
+    assert engine.most == 300
+
+
+def test_a_judge_call_whose_answer_broke_off_does_not_stop_the_run():
+    """A judge run stops sending once its engine is unreachable (each call would wait out the deadline); one
+    answer whose connection closed in the middle was counted as that, and 7 calls that would have been answered
+    were not sent."""
+    import http.server
+    import threading
+
+    from harness.fake_engines import completion_json
+    from mirrorapi.evaluation.judge.scoring import JudgeCall, JudgeSettings, run_judge_calls
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            reply = completion_json(request, "Solved", "stop", 1)
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(reply)))
+            self.end_headers()
+            if request["messages"][0]["content"] == "0":  # the connection closes in the middle of the answer
+                self.wfile.write(reply[:10])
+                self.close_connection = True
+                return
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    answered: list[str] = []
+
+    async def run():
+        engine = EngineClient([url], "m", timeout=10, retries=0)
+        calls = [JudgeCall((i,), [{"role": "user", "content": str(i)}]) for i in range(8)]
+        try:
+            return await run_judge_calls(
+                engine,
+                calls,
+                lambda call, raw: answered.append(raw),
+                JudgeSettings(base_urls=[url], model="m", concurrency=1),
+                progress=False,
+            )
+        finally:
+            await engine.aclose()
+
+    try:
+        failures = asyncio.run(run())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(failures) == 1 and failures[0].startswith("(0,)") and answered == ["Solved"] * 7

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from mirrorapi.engine_client import EngineError
+from mirrorapi.engine_client import EngineError, transient_status
 from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.prompts.simulator_formats import keyed_history_line, related_to_call, session_format
 from mirrorapi.records import canonical_json, observation_json
@@ -486,6 +486,7 @@ def observation_bytes(error: str, response: Any) -> bytes:
 
 _ENGINE_REASONS = {
     "unreachable": "the simulator engine is unreachable",
+    "cut": "the simulator engine broke off its answer",
     "timeout": "the simulator engine did not answer in time",
     "not_json": "the simulator engine's answer is not JSON",
     "no_choice": "the simulator engine's answer is not a chat completion (no choices)",
@@ -494,9 +495,22 @@ _ENGINE_REASONS = {
 }
 
 
+def _http_reason(exc: EngineError) -> str:
+    """An engine's HTTP refusal in words the agent can act on (the engine's own text, which may name its address
+    or model path, goes to the log only)."""
+    if exc.status is None:
+        return "the simulator engine failed"
+    text = str(exc).lower()
+    if exc.status == 400 and ("context" in text or "too long" in text or "maximum" in text and "token" in text):
+        return "the call is too long for the simulator's context (the engine answered HTTP 400)"
+    if exc.status == 404:
+        return "the simulator engine does not serve the configured model (HTTP 404)"
+    return f"the simulator engine answered HTTP {exc.status}"
+
+
 # Engine failures that the same call asked again may not meet (an engine that is busy, restarting or slow), as against
 # what it gives again (a model's text that is no observation, a request it refuses).
-TRANSIENT_ENGINE_FAILURES = frozenset({"busy", "unreachable", "timeout"})
+TRANSIENT_ENGINE_FAILURES = frozenset({"busy", "unreachable", "cut", "timeout"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,10 +552,8 @@ def to_failure(exc: BaseException) -> Failure:
     if isinstance(exc, EngineError):
         # The agent gets a short reason; the engine's address and details go to the log only.
         # `garbage`: the message says what the model's text was instead (see the simulator).
-        reason = str(exc) if exc.kind == "garbage" else _ENGINE_REASONS.get(exc.kind, "the simulator engine failed")
-        transient = (
-            exc.kind in TRANSIENT_ENGINE_FAILURES or exc.kind == "http" and (exc.status or 0) in (429, 502, 503)
-        )
+        reason = str(exc) if exc.kind == "garbage" else _ENGINE_REASONS.get(exc.kind) or _http_reason(exc)
+        transient = exc.kind in TRANSIENT_ENGINE_FAILURES or exc.kind == "http" and transient_status(exc.status)
         return Failure(
             200,
             "engine_error",
