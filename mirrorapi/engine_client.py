@@ -40,6 +40,7 @@ _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps with argumen
 # Statuses worth another attempt (elsewhere); any other 4xx means the request itself is wrong, but those of
 # REPLICA_STATUS, which say the replica refuses the key or serves another model (vLLM: 401, 404 for a model it does
 # not serve): another replica may take the call, and this one is skipped as a failing one is.
+NO_API_KEY = "EMPTY"  # the key sent to an engine that needs none (what vLLM and llama.cpp's servers take)
 RETRYABLE_STATUS = (408, 429)
 REPLICA_STATUS = (401, 403, 404)
 
@@ -156,7 +157,7 @@ class EngineClient:
         self,
         api_bases: list[str] | str,
         model: str,
-        api_key: str = "EMPTY",
+        api_key: str = NO_API_KEY,
         timeout: float = 60.0,
         retries: int = 2,
         backoff: float = 0.5,
@@ -180,7 +181,7 @@ class EngineClient:
         if max_in_flight is not None:
             max_connections = max(max_connections, (max_in_flight + 1) * len(bases))
         self.max_connections, self.stream = max_connections, stream
-        self._headers = {"Authorization": f"Bearer {api_key or 'EMPTY'}", "Content-Type": "application/json"}
+        self._headers = {"Authorization": f"Bearer {api_key or NO_API_KEY}", "Content-Type": "application/json"}
         self._session: aiohttp.ClientSession | None = None
         self._turn = 0  # round-robin position
         self._probes: set[asyncio.Task] = set()
@@ -496,15 +497,12 @@ class EngineClient:
         (`vllm` for vLLM); None when the list does not name the model or cannot be read."""
         try:
             async with self._http().get(self.api_bases[0] + "/models", timeout=_deadline(timeout)) as response:
-                listing = await response.json(content_type=None) if response.status == 200 else {}
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                data = await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
-        models = listing.get("data") if isinstance(listing, dict) else None
-        for model in models if isinstance(models, list) else []:
-            if isinstance(model, dict) and model.get("id") == self.model:
-                owner = model.get("owned_by")
-                return owner if isinstance(owner, str) else None
-        return None
+        entries = _model_entries(data) if response.status == 200 else None
+        owner = next((e.get("owned_by") for e in entries or [] if e.get("id") == self.model), None)
+        return owner if isinstance(owner, str) else None
 
     async def aclose(self) -> None:
         for task in list(self._probes):
@@ -547,8 +545,9 @@ def _message(completion: object) -> Completion:
     )
 
 
-def _model_ids(data: bytes) -> list[str] | None:
-    """Model ids of an OpenAI `GET /models` answer (`{"data": [{"id": ...}]}`), or None for another shape."""
+def _model_entries(data: bytes) -> list[dict] | None:
+    """The entries of an OpenAI `GET /models` answer (`{"data": [{"id": ..., "owned_by": ...}]}`), or None for
+    another shape."""
     try:
         listing = json.loads(data)
     except ValueError:
@@ -556,7 +555,13 @@ def _model_ids(data: bytes) -> list[str] | None:
     entries = listing.get("data") if isinstance(listing, dict) else None
     if not isinstance(entries, list):
         return None
-    return [str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e]
+    return [e for e in entries if isinstance(e, dict)]
+
+
+def _model_ids(data: bytes) -> list[str] | None:
+    """Model ids of an OpenAI `GET /models` answer, or None for another shape."""
+    entries = _model_entries(data)
+    return None if entries is None else [str(e["id"]) for e in entries if "id" in e]
 
 
 # Requests in flight by engine (the `owned_by` of its /v1/models), for judges and agents; others get

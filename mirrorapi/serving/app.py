@@ -132,11 +132,8 @@ class VirtualEndpoint:
             body = await read_body(scope, receive, self.max_body)
         except BodyTooLarge as exc:
             deadline.received()
-            message = (
-                f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to {self.max_body:,})"
-            )
-            await send_json(send, 413, error_body(message), [(b"connection", b"close")])
-            return self.server.refused(413, "body_too_large", f"{exc.args[0]:,} bytes or more")
+            await send_json(send, 413, error_body(str(exc)), [(b"connection", b"close")])
+            return self.server.refused(413, "body_too_large", f"{exc.size:,} bytes or more")
         except ClientGone:
             return
         deadline.received()

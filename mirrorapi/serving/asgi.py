@@ -68,7 +68,12 @@ def authorized(scope, key: bytes) -> bool:
 
 
 class BodyTooLarge(Exception):
-    pass
+    """A body over the bound: `size` bytes or more of it came (or were declared), `limit` are taken. Its text is
+    what every door says in its 413."""
+
+    def __init__(self, size: int, limit: int):
+        self.size, self.limit = size, limit
+        super().__init__(f"Request body too large: {size:,} bytes or more (this server takes up to {limit:,})")
 
 
 class ClientGone(Exception):
@@ -96,7 +101,7 @@ async def read_body(scope, receive, limit: int) -> bytes:
     is still sending, gets the answer rather than a reset connection."""
     length = declared_length(scope)
     if length is not None and length > limit:
-        raise BodyTooLarge(length)
+        raise BodyTooLarge(length, limit)
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -112,7 +117,7 @@ async def read_body(scope, receive, limit: int) -> bytes:
                     raise ClientGone
                 size += len(message.get("body", b""))
                 more = message.get("more_body", False)
-            raise BodyTooLarge(size)
+            raise BodyTooLarge(size, limit)
         chunks.append(chunk)
         if not more:
             return b"".join(chunks)

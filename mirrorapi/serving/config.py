@@ -35,11 +35,13 @@ from mirrorapi.command_line import (
     read_yaml_settings,
     settings_values,
 )
+from mirrorapi.engine_client import NO_API_KEY
 from mirrorapi.few_shot import FEW_SHOT_TIES
 from mirrorapi.models.catalogue import TRAINING_FILE, read_training_record, serving_settings
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     DEFAULT_HISTORY_CALLS,
+    DEFAULT_SIMULATOR_FORMAT,
     HISTORY_CHAR_BUDGET,
     HISTORY_RULES,
     SIMULATOR_FORMATS,
@@ -73,9 +75,6 @@ MODEL_RECORD_KEYS = frozenset(
         "temperature",
     }
 )
-
-
-NO_API_KEY = "EMPTY"  # what vLLM and llama.cpp's servers take when started without a key
 
 
 class ServerSettings(BaseModel):
@@ -245,7 +244,7 @@ class ServerSettings(BaseModel):
     max_tokens: int = Field(1024, gt=0, description="Most tokens the simulator may generate per response.")
     # A Literal of the formats' tuple (pydantic spreads it; a static checker cannot).
     prompt_format: Literal[SIMULATOR_FORMATS] = Field(  # type: ignore[valid-type]
-        "mirrorapi-v1",
+        DEFAULT_SIMULATOR_FORMAT,
         description=(
             "Simulator prompt format (mirrorapi/prompts/simulator_formats.py): the one the model was trained with."
         ),

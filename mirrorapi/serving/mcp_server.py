@@ -239,12 +239,7 @@ class McpFrontDoor:
         try:
             body = await read_body(scope, receive, self.max_body)
         except BodyTooLarge as exc:
-            return await send_refusal(
-                send,
-                413,
-                f"Request body too large: {exc.args[0]:,} bytes or more (this server takes up to {self.max_body:,})",
-                [(b"connection", b"close")],
-            )
+            return await send_refusal(send, 413, str(exc), [(b"connection", b"close")])
         except ClientGone:
             return
         tracked = BoundedRequest(self.bounds, scope)

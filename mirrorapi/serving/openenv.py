@@ -529,16 +529,8 @@ class Episodes:
                 observation = await self.step(episode, data.get("action"), client_gone)
             return await send_json(send, 200, observation.encode())
         except BodyTooLarge as exc:  # as /virtual answers it: the connection closes (the rest of the body is not read)
-            self.server.refused(413, "body_too_large", f"{path}: {exc.args[0]:,} bytes or more")
-            return await send_json(
-                send,
-                413,
-                _detail(
-                    f"Request body too large: {exc.args[0]:,} bytes or more (this "
-                    f"server takes up to {self.max_body:,})"
-                ),
-                [(b"connection", b"close")],
-            )
+            self.server.refused(413, "body_too_large", f"{path}: {exc.size:,} bytes or more")
+            return await send_json(send, 413, _detail(str(exc)), [(b"connection", b"close")])
         except ClientGone:
             return
         except UnknownEpisode as exc:

@@ -1,4 +1,5 @@
-"""The wire contract of StableToolBench's `POST /virtual`, and the one mapping of failures into it.
+"""The wire contract of StableToolBench's `POST /virtual` (the mapping of failures into it is
+`mirrorapi.serving.handler.to_failure`).
 
 Request: `category`, `tool_name`, `api_name`, `tool_input` (a JSON string, or an object), and
 optionally `strip` and `toolbench_key` (both ignored, as by every StableToolBench virtual server),

@@ -47,7 +47,6 @@ together bring the clients' next requests back together, so each wake-up of the 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -57,7 +56,7 @@ from typing import Any, cast
 import uvicorn.config
 import uvicorn.importer
 
-from mirrorapi.serving.asgi import has_body
+from mirrorapi.serving.asgi import error_body, has_body
 from mirrorapi.serving.config import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -288,7 +287,7 @@ class ReceiveDeadline(asyncio.Protocol):
         else:
             message = f"Request Header Fields Too Large: {detail} before the request's end of headers"
             response = HEADERS_TOO_LARGE_RESPONSE
-        body = json.dumps({"error": message, "response": ""}).encode()
+        body = error_body(message)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -22,6 +22,7 @@ from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mirrorapi.command_line import Flag
+from mirrorapi.engine_client import NO_API_KEY
 from mirrorapi.prompts.agent_formats import AGENT_FORMATS, DEFAULT_AGENT_FORMAT
 
 METHODS = ("CoT@1", "DFS_woFilter_w2")
@@ -43,7 +44,7 @@ class AgentSettings:
     )
     model: str = Field(description="The agent's model name on that engine.")
     method: str = Field(default="CoT@1", description=" or ".join(METHODS) + " (DFS_woFilter_w<width>).")
-    api_key: str = Field(default="EMPTY", description="API key of the agent engine.")
+    api_key: str = Field(default=NO_API_KEY, description="API key of the agent engine.")
     temperature: float = Field(default=0.0, ge=0, description="Agent temperature.")
     max_tokens: int = Field(default=1024, ge=1, description="Tokens per agent step.")
     single_chain_max_step: int = Field(

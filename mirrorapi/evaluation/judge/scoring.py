@@ -28,7 +28,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from tqdm import tqdm
 
 from mirrorapi.command_line import Flag
-from mirrorapi.engine_client import DEFAULT_CONCURRENCY, EngineClient, EngineError, engine_concurrency
+from mirrorapi.engine_client import DEFAULT_CONCURRENCY, NO_API_KEY, EngineClient, EngineError, engine_concurrency
 from mirrorapi.evaluation.answers.items import AnswerItem, build_items, load_answers, load_ids
 from mirrorapi.evaluation.score_tables import MetricTable, metric_table, score_table
 from mirrorapi.prompts.judge_formats import JUDGE_VERDICTS, judge_messages, parse_verdict
@@ -62,7 +62,7 @@ class JudgeSettings:
         description=("OpenAI-compatible base URL(s) of the judge engine, e.g. http://127.0.0.1:12345/v1.")
     )
     model: str = Field(description="The judge's model name on that engine.")
-    api_key: str = Field(default="EMPTY", description="API key of the judge engine.")
+    api_key: str = Field(default=NO_API_KEY, description="API key of the judge engine.")
     concurrency: int | None = Field(
         default=None,
         ge=1,

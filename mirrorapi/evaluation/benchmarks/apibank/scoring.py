@@ -14,7 +14,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from tqdm import tqdm
 
 from mirrorapi.command_line import Flag, add_settings_arguments, settings_fields, settings_from_args, settings_values
-from mirrorapi.engine_client import EngineClient, EngineError
+from mirrorapi.engine_client import NO_API_KEY, EngineClient, EngineError
 from mirrorapi.evaluation.benchmarks.apibank.execution import (
     VirtualApiBank,
     recorded_results,
@@ -60,7 +60,7 @@ class Settings:
         default=Path("data/samples/tools"),
         description=("The tools folder the server serves; its APIBank/ category names the tools."),
     )
-    api_key: str = Field(default="EMPTY", description="API key of the model's engine.")
+    api_key: str = Field(default=NO_API_KEY, description="API key of the model's engine.")
     levels: Annotated[tuple[int, ...], Flag(choices=tuple(sorted(LEVELS)))] = Field(
         default=tuple(sorted(LEVELS)), description="API-Bank levels: 1 (Call), 2 (Retrieve+Call)."
     )
