@@ -3,8 +3,8 @@
 `tools/list` gives the APIs of a toolset (`mirrorapi.toolsets`): the URL's query string when it has
 one (`/mcp?category=Data`, `/mcp?tool=APIBank/apibank_account&tool=APIBank/apibank_finance`,
 `/mcp?query=<StableToolBench query_id>`), else the `mcp_toolset` setting, else every API. Each API is
-an MCP tool with the input JSON schema of its doc. `tools/call` is turned into the /virtual body of
-that API and answered by the same `VirtualApi.answer` (validation, cache, simulator, provenance);
+an MCP tool with the input JSON schema of its doc. `tools/call` is answered as the /virtual call of
+that API with those arguments is (`VirtualApi.answer_call`: validation, cache, simulator, provenance);
 it is counted in /metrics and written to the request log like a /virtual call. The text content is
 the observation /virtual would give, byte for byte; `isError` is set when its `error` is not empty
 (the API refused the call, a validation error, an engine failure).
@@ -318,15 +318,8 @@ class McpFrontDoor:
         doc = self.toolset(ctx).functions.get(params.name)
         if doc is None:  # MCP's schema: an error in finding the tool is a protocol error, not the tool's (isError)
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool {params.name[:100]!r} in this toolset.")
-        body = json.dumps(
-            {
-                "category": doc.category,
-                "tool_name": doc.tool,
-                "api_name": doc.api,
-                "tool_input": params.arguments or {},
-            }  # ASCII: a lone surrogate in the arguments (valid JSON text) reaches /virtual's check as its escape
-        ).encode()
-        answer = await self.virtual_server.answer(body, self._session_id(ctx))
+        # The function's API is known: answered as /virtual answers the same call, without writing and parsing its body
+        answer = await self.virtual_server.answer_call(doc, params.arguments or {}, self._session_id(ctx))
         text = answer.body.decode()
         try:
             failed = bool(json.loads(text).get("error"))
