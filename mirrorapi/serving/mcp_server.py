@@ -42,6 +42,7 @@ from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, header_text, read_b
 from mirrorapi.serving.protocol import SESSION_HEADER
 from mirrorapi.serving.server import VirtualServer
 from mirrorapi.toolsets import Toolset, ToolsetError, mcp_tool
+from mirrorapi.versions import mirrorapi_version
 
 logger = logging.getLogger(__name__)
 
@@ -197,9 +198,9 @@ class McpFrontDoor:
     def __init__(self, server: VirtualServer):
         self.virtual_server = server
         self.toolsets = server.toolsets
-        self.server = Server(
+        self.sdk_server = Server(
             "mirrorapi",
-            version="0.1.0",
+            version=mirrorapi_version(),  # the serverInfo an initialize answers
             instructions=(
                 "Simulated web APIs: each tool answers as the real API would, with a JSON object "
                 '{"error": str, "response": ...}.'
@@ -214,7 +215,7 @@ class McpFrontDoor:
         settings = server.settings
         self.max_body = settings.max_body_bytes
         self.sessions = StreamableHTTPSessionManager(
-            app=self.server,
+            app=self.sdk_server,
             json_response=True,
             # No SDK check of Host and Origin: the server's front door (app.VirtualEndpoint) checks them on every
             # path and transport, /mcp included, by one rule (`allowed_hosts`).

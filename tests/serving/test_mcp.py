@@ -5,6 +5,7 @@ simulator, metrics), and the MCP session is the simulation session."""
 import asyncio
 import json
 import sqlite3
+from importlib import metadata
 
 import pytest
 from mcp import Client
@@ -70,6 +71,13 @@ def test_toolset_by_url_lists_schemas_from_the_docs(serve, recorded_cache, engin
 
         error = call(server.url + "/mcp?category=NoSuchCategory", unknown)
         assert isinstance(error, MCPError) and "Unknown category 'NoSuchCategory'" in str(error)
+
+        async def server_info(client):
+            return client.server_info
+
+        info = call(server.url + "/mcp", server_info, mode="legacy")
+    # the installed package's version (a literal "0.1.0" before, which a release would have left behind)
+    assert info.name == "mirrorapi" and info.version == metadata.version("mirrorapi")
 
 
 def test_calls_are_answered_like_virtual(serve, recorded_cache, engine_down, samples):
