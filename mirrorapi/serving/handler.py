@@ -23,7 +23,6 @@ import json
 import logging
 import multiprocessing
 import os
-import re
 import signal
 import threading
 import time
@@ -31,15 +30,16 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import ValidationError
 
 from mirrorapi.engine_client import EngineError, transient_status
 from mirrorapi.names import api_key_name, standardize, standardize_category
 from mirrorapi.prompts.simulator_formats import keyed_history_line, related_to_call, session_format
-from mirrorapi.records import canonical_json, observation_json
+from mirrorapi.records import observation_json
 from mirrorapi.serving.answer import Answer
+from mirrorapi.serving.arguments import LARGE_BODY_BYTES, ParsedArguments, parse_arguments, parsed_arguments
 from mirrorapi.serving.cache import NO_SESSION, SIMULATED, CacheError, Call, Store
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.observability import ServerMetrics
@@ -60,18 +60,11 @@ from mirrorapi.transport_failures import api_failed
 
 logger = logging.getLogger(__name__)
 
-MAX_ARGUMENT_DEPTH = 100  # nesting of tool_input objects/arrays; real APIs take a few levels
-# Bodies this large are parsed in a worker process (`LargeBodies`): JSON parsing holds the GIL, so a thread
-# would stall the event loop as much; a 3 MB argument held it 2-3 s (4.9 s through /mcp).
-LARGE_BODY_BYTES = 64 * 1024
 INLINE_WHILE_STARTING = 1024 * 1024  # see `LargeBodies`
 MAX_SESSION_ID_CHARS = 256  # a session id (body or X-Session-Id): a name, kept in the store (OpenEnv's bound: 255)
 LOGGED_NAME_CHARS = 200  # of a name as sent, in the request log line (a name may be a megabyte of junk)
 # Names of a body's fields that StableToolBench does not define, in the log line (a body may hold 60,000 of them).
 LOGGED_EXTRA_FIELDS = 20
-# One decoder for every tool_input: `json.loads(text, strict=False)` builds a new one per call.
-# strict=False: raw model output often holds literal newlines inside strings.
-_DECODE_LENIENT = json.JSONDecoder(strict=False).decode
 
 
 def _is_chat_with_user(api_name: str) -> bool:
@@ -106,20 +99,14 @@ class VirtualApi:
         stages, clock = answer.stages, time.perf_counter
         start = clock()
         try:
-            parsed = None
+            parsed: ParsedArguments | None = None
             if len(body) < LARGE_BODY_BYTES:
                 request = read_virtual_request(body)
             else:
                 read = await self.large_bodies.parse(body, self.settings.max_arguments_chars)
                 if isinstance(read, Failure):
-                    answer.status, answer.outcome, answer.body, answer.detail = (
-                        read.status,
-                        read.outcome,
-                        read.body,
-                        read.detail,
-                    )
-                    return answer
-                request, parsed = read[0], read[1:]
+                    return _with_failure(answer, read)
+                request, parsed = read
             if request.model_extra:
                 names = list(request.model_extra)
                 answer.extra_fields = [name[:LOGGED_NAME_CHARS] for name in names[:LOGGED_EXTRA_FIELDS]]
@@ -133,12 +120,7 @@ class VirtualApi:
                 request.tool_name[:LOGGED_NAME_CHARS],
                 request.api_name[:LOGGED_NAME_CHARS],
             )
-            if parsed is None:
-                arguments, key = parse_arguments(request.tool_input)
-            else:  # None for arguments too large to simulate: only a recorded answer can serve them
-                arguments, key, error = parsed
-                if error is not None:
-                    raise error
+            arguments, key = arguments_and_key(request.tool_input if parsed is None else parsed)
             stages["parse"] = (now := clock()) - start
 
             try:
@@ -190,12 +172,7 @@ class VirtualApi:
         answer = Answer(200, b"", "", names=(doc.category, doc.tool, doc.api))
         start = time.perf_counter()
         try:
-            if isinstance(arguments, ParsedArguments):
-                if arguments.error is not None:
-                    raise arguments.error
-                arguments, key = arguments.arguments, arguments.key
-            else:
-                arguments, key = parse_arguments(arguments)
+            arguments, key = arguments_and_key(arguments)
             answer.stages["parse"] = time.perf_counter() - start
             await self._respond(answer, doc, arguments, key, session_id, client_gone)
             return answer
@@ -368,49 +345,41 @@ def exit_with_parent(parent: int) -> None:
 
 def read_large_body(body: bytes, max_arguments_chars: int):
     """In `LargeBodies`' worker: a Failure (the body is not of the request's shape), or (the request without
-    its tool_input, the arguments or None, the key or None, the ToolInputError or None)."""
+    its tool_input, its ParsedArguments; None for `chat_with_user`, which takes none)."""
     try:
         request = read_virtual_request(body)
     except ValidationError as exc:  # not picklable: turned into its answer here
         return to_failure(exc)
     tool_input, request.tool_input = request.tool_input, None
     if _is_chat_with_user(request.api_name):
-        return request, None, None, None
-    parsed = parsed_arguments(tool_input, max_arguments_chars)
-    return request, parsed.arguments, parsed.key, parsed.error
+        return request, None
+    return request, parsed_arguments(tool_input, max_arguments_chars)
 
 
-class ParsedArguments(NamedTuple):
-    """A call's arguments as `LargeBodies`' worker parsed them (a large OpenEnv step): the object (None when too
-    large to simulate: the key alone finds a recorded answer), the key, the ToolInputError they raised (then both
-    None), and what an episode's `state` keeps of them."""
-
-    arguments: dict | None
-    key: str | None
-    error: Exception | None
-    kept: str
-
-
-def parsed_arguments(arguments: Any, max_arguments_chars: int, kept: str = "") -> ParsedArguments:
-    """`ParsedArguments` of a call's arguments (an object, or /virtual's `tool_input` text), in `LargeBodies`'
-    worker: /virtual's large bodies and OpenEnv's large steps by one rule."""
-    try:
-        arguments, key = parse_arguments(arguments)
-    except ToolInputError as exc:
-        return ParsedArguments(None, None, exc, kept)
-    return ParsedArguments(arguments if len(key) <= max_arguments_chars else None, key, None, kept)
+def arguments_and_key(arguments: Any) -> tuple[dict | None, str]:
+    """A call's argument object and key: its `ParsedArguments` as the worker made them (the object None when too
+    large to simulate: only a recorded answer can serve them), else parsed here. Raises their ToolInputError."""
+    if isinstance(arguments, ParsedArguments):
+        if arguments.error is not None:
+            raise arguments.error
+        return arguments.arguments, arguments.key  # type: ignore[return-value]  # a key whenever no error
+    return parse_arguments(arguments)
 
 
 def _failed(answer: Answer, exc: Exception) -> Answer:
-    failure = to_failure(exc)
+    _with_failure(answer, to_failure(exc))
+    if answer.cache is None and "cache_lookup" in answer.stages:
+        answer.cache = "miss"
+    return answer
+
+
+def _with_failure(answer: Answer, failure: Failure) -> Answer:
     answer.status, answer.outcome, answer.body, answer.detail = (
         failure.status,
         failure.outcome,
         failure.body,
         failure.detail,
     )
-    if answer.cache is None and "cache_lookup" in answer.stages:
-        answer.cache = "miss"
     answer.transient = failure.transient
     return answer
 
@@ -419,64 +388,6 @@ def _failed(answer: Answer, exc: Exception) -> Answer:
 class SessionIdError(ValueError):
     """A session id too long to be one, or holding a control character (an id names a session; it is kept in the
     store)."""
-
-
-def parse_arguments(value: Any) -> tuple[dict, str]:
-    """`tool_input` -> (the argument object, its canonical JSON: the cache key); raises ToolInputError
-    for anything that is not an object of valid Unicode text nested at most MAX_ARGUMENT_DEPTH deep."""
-    arguments = parse_tool_input(value)
-    try:
-        key = canonical_json(arguments)
-    except RecursionError:
-        raise ToolInputError(f"tool_input is nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)") from None
-    if not key.isascii():  # a lone surrogate ("\ud800" in the JSON) is not text SQLite or a model can take
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ToolInputError(
-                f"tool_input holds a lone surrogate {key[exc.start : exc.end]!r} at character "
-                f"{exc.start}: not valid Unicode text"
-            ) from None
-    # Counting brackets is cheap; only a key with many of them is looked at closer.
-    if key.count("{") + key.count("[") > MAX_ARGUMENT_DEPTH and nested_deeper_than(key, MAX_ARGUMENT_DEPTH):
-        raise ToolInputError(f"tool_input is nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)")
-    return arguments, key
-
-
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
-_BRACKETS_ONLY = str.maketrans("", "", "".join(chr(c) for c in range(128) if chr(c) not in "[]{}"))
-
-
-def nested_deeper_than(key: str, limit: int) -> bool:
-    """Whether the objects/arrays of a canonical JSON text nest more than `limit` levels: its brackets outside
-    strings, their innermost pairs removed once per level, in C (walking the objects in Python took 1.7 s for
-    `[[1]] * 600,000`)."""
-    skeleton = _JSON_STRING.sub("", key).translate(_BRACKETS_ONLY)  # outside strings all is ASCII
-    for _ in range(limit):
-        skeleton = _INNERMOST_PAIR.sub("", skeleton)
-        if not skeleton:
-            return False
-    return True
-
-
-def parse_tool_input(value: Any) -> dict:
-    """`tool_input` -> the argument object; raises ToolInputError for anything that is not an object."""
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str):
-        if value == "":  # StableToolBench's servers map "" alone to {}; whitespace is a parse error there
-            return {}
-        try:
-            parsed = _DECODE_LENIENT(value)
-        except ValueError as exc:
-            raise ToolInputError(f"tool_input is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise ToolInputError(f"tool_input is nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)") from None
-        if isinstance(parsed, dict):
-            return parsed
-        raise ToolInputError(f"tool_input must be a JSON object, got {type(parsed).__name__}: {value[:80]}")
-    raise ToolInputError(f"tool_input must be a JSON object or a string holding one, got {type(value).__name__}")
 
 
 def observation_bytes(error: str, response: Any) -> bytes:

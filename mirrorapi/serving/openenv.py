@@ -53,15 +53,15 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from mirrorapi.serving.answer import Answer
-from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_json
-from mirrorapi.serving.cache import CacheError
-from mirrorapi.serving.handler import (
+from mirrorapi.serving.arguments import (
     LARGE_BODY_BYTES,
     MAX_ARGUMENT_DEPTH,
     ParsedArguments,
     nested_deeper_than,
     parsed_arguments,
 )
+from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_json
+from mirrorapi.serving.cache import CacheError
 from mirrorapi.serving.mcp_server import json_rpc_error
 from mirrorapi.serving.server import VirtualServer
 from mirrorapi.serving.sessions import EMPTY_HISTORY, session_id_problem

@@ -16,6 +16,7 @@ from typing import Any
 
 from mirrorapi.engine_client import EngineClient
 from mirrorapi.serving.answer import Answer
+from mirrorapi.serving.arguments import LARGE_BODY_BYTES
 from mirrorapi.serving.cache import (
     CacheError,
     Store,
@@ -25,7 +26,7 @@ from mirrorapi.serving.cache import (
     open_cache,
 )
 from mirrorapi.serving.config import ConfigError, ServerSettings
-from mirrorapi.serving.handler import LARGE_BODY_BYTES, LargeBodies, VirtualApi
+from mirrorapi.serving.handler import LargeBodies, VirtualApi
 from mirrorapi.serving.observability import RequestLogWriter, ServerMetrics
 from mirrorapi.serving.simulator import Simulator
 from mirrorapi.tools import ApiDoc, ToolRegistry

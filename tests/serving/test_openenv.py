@@ -723,7 +723,8 @@ def test_large_steps_are_parsed_off_the_event_loop_and_answered_as_small_ones(se
 
     from websockets.asyncio.client import connect
 
-    from mirrorapi.serving.handler import LARGE_BODY_BYTES, LargeBodies
+    from mirrorapi.serving.arguments import LARGE_BODY_BYTES
+    from mirrorapi.serving.handler import LargeBodies
 
     large = {"username": "u" * LARGE_BODY_BYTES, "password": "p"}
     huge = {"username": "u" * 300_000, "password": "p"}  # over max_arguments_chars (below): only a hit could answer

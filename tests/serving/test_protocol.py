@@ -2,7 +2,7 @@
 
 import pytest
 
-from mirrorapi.serving.handler import parse_tool_input
+from mirrorapi.serving.arguments import parse_tool_input
 from mirrorapi.serving.protocol import ToolInputError
 from mirrorapi.tools import ArgumentError, ToolRegistry, check_arguments
 
