@@ -49,14 +49,13 @@ logger = logging.getLogger(__name__)
 MCP_PATH = "/mcp"
 PAGE_SIZE = 500  # tools per tools/list page (ToolEnv2404 has 46,803 APIs)
 MAX_CURSOR_DIGITS = 9  # a tools/list cursor is an offset into at most a few hundred thousand tools
-JSON_RPC_INVALID_REQUEST, JSON_RPC_INTERNAL_ERROR = -32600, -32603
 _SESSION_HEADER = MCP_SESSION_ID_HEADER.lower().encode()
 _VERSION_HEADER = MCP_PROTOCOL_VERSION_HEADER.encode()
 
 
 def json_rpc_error(status: int, message: str) -> bytes:
     """A JSON-RPC error object without a request id: the body of an HTTP refusal at /mcp."""
-    code = JSON_RPC_INVALID_REQUEST if status < 500 else JSON_RPC_INTERNAL_ERROR
+    code = types.INVALID_REQUEST if status < 500 else types.INTERNAL_ERROR
     return json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}).encode()
 
 

@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
+from mcp import types
+
 from mirrorapi.serving.answer import Answer
 from mirrorapi.serving.arguments import (
     LARGE_BODY_BYTES,
@@ -88,7 +90,6 @@ STATE_NAME_CHARS = 256
 _ENCODE = json.JSONEncoder().encode
 _ENCODE_TOOLS = json.JSONEncoder(ensure_ascii=False).encode
 _ENCODE_FINITE = json.JSONEncoder(allow_nan=False).encode
-JSON_RPC_INVALID_PARAMS, JSON_RPC_METHOD_NOT_FOUND, JSON_RPC_PARSE_ERROR = -32602, -32601, -32700
 
 
 class EpisodeError(ValueError):
@@ -445,13 +446,13 @@ class Episodes:
             try:
                 request = json.loads(request)
             except (ValueError, RecursionError) as exc:
-                return _rpc_error(None, JSON_RPC_PARSE_ERROR, f"Parse error: {_why(exc)}")
+                return _rpc_error(None, types.PARSE_ERROR, f"Parse error: {_why(exc)}")
         if not isinstance(request, dict) or not isinstance(request.get("method"), str):
             return json_rpc_error(400, "Invalid Request: a JSON-RPC 2.0 request object").decode()
         request_id, method, params = request.get("id"), request["method"], request.get("params")
         params = {} if params is None else params
         if not isinstance(params, dict):
-            return _rpc_error(request_id, JSON_RPC_INVALID_PARAMS, "params must be an object")
+            return _rpc_error(request_id, types.INVALID_PARAMS, "params must be an object")
         if method == "tools/list":
             tools = [
                 {"name": t["name"], "description": t["description"], "inputSchema": t["input_schema"]}
@@ -459,7 +460,7 @@ class Episodes:
             ]
             return _ENCODE({"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}})
         if method != "tools/call":
-            return _rpc_error(request_id, JSON_RPC_METHOD_NOT_FOUND, f"Method not found: {method[:60]}")
+            return _rpc_error(request_id, types.METHOD_NOT_FOUND, f"Method not found: {method[:60]}")
         observation = json.loads(
             await self.step(
                 episode,
@@ -472,7 +473,7 @@ class Episodes:
             )
         )["observation"]
         if observation["error"] is not None:
-            return _rpc_error(request_id, JSON_RPC_INVALID_PARAMS, observation["error"]["message"])
+            return _rpc_error(request_id, types.INVALID_PARAMS, observation["error"]["message"])
         result = observation["result"]
         failed = not isinstance(result, dict) or bool(result.get("error"))
         return _ENCODE(
