@@ -3,7 +3,7 @@
 Order of the steps (StableToolBench's, plus validation): `chat_with_user` is answered first;
 `tool_input` is parsed; the names are resolved in the in-memory registry (unknown ones come back
 with the closest known names, and the engine is never called); then `Responder.respond` gives the
-answer (look up -> on a miss the validation policy of `check_miss`, then simulate -> store; a
+answer (look up -> on a miss the validation policy of `Responder.check_miss`, then simulate -> store; a
 recorded answer is returned even for a call the policy would reject: it is what the API said). Every
 outcome, failures included, is an `Answer` ready to send (see `to_failure`).
 
@@ -55,7 +55,7 @@ from mirrorapi.serving.protocol import (
 from mirrorapi.serving.responder import Reply, Responder
 from mirrorapi.serving.sessions import History, Session, advance, session_id_problem
 from mirrorapi.serving.simulator import Simulator
-from mirrorapi.tools import ApiDoc, ArgumentError, ToolRegistry, UnknownName, check_arguments
+from mirrorapi.tools import ApiDoc, ArgumentError, ToolRegistry, UnknownName
 from mirrorapi.transport_failures import api_failed
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class VirtualApi:
         self.settings, self.registry, self.cache = settings, registry, cache
         # Name normalisation is regex work; the same few thousand names come back all the time.
         self.resolve = functools.lru_cache(maxsize=65536)(registry.resolve)
-        self.responder = Responder(settings, cache, simulator, metrics, self.check_miss, lease_holder)
+        self.responder = Responder(settings, cache, simulator, metrics, lease_holder)
         self.large_bodies = LargeBodies()
 
     async def answer(
@@ -211,7 +211,7 @@ class VirtualApi:
             # training data's histories show every earlier call of an episode. Not the refusal of arguments over the
             # server's own size bound: no answer of the API, and its line (the whole request) would push every
             # earlier call out of the session's character budget.
-            if session is not None and session_id and arguments is not None and not self._too_large(key):
+            if session is not None and session_id and arguments is not None and not self.responder.too_large(key):
                 await self._advance_session(session_id, doc, key, to_failure(exc).body)
             raise
         if (
@@ -273,19 +273,6 @@ class VirtualApi:
                 answer.stages[stage] = answer.stages.get(stage, 0.0) + seconds
         answer.asked_alone = True
         return alone
-
-    def _too_large(self, key: str) -> bool:
-        return len(key) > self.settings.max_arguments_chars
-
-    def check_miss(self, doc: ApiDoc, arguments: dict | None, key: str) -> None:
-        """Before a miss is simulated: the bound on what reaches the engine, and the validation policy
-        (`arguments` is None only for arguments over the bound)."""
-        if self._too_large(key) or arguments is None:  # never sent to the engine, never stored
-            raise ArgumentError(
-                f"tool_input is too large to simulate: {len(key):,} characters of JSON "
-                f"(this server simulates calls of up to {self.settings.max_arguments_chars:,})."
-            )
-        check_arguments(doc, arguments, self.settings.missing_required, self.settings.unknown_arguments)
 
 
 class LargeBodies:

@@ -4,7 +4,7 @@
 session's history) and gives the answer: the cache's (`mirrorapi.serving.cache.entries.served`: the
 recorded answer, else this simulator identity's under the call's history), else a simulation, which
 it stores under the call with provenance `simulated:<identity>` (unless `is_save` is off). Before
-simulating a miss it applies the request policy it was given (`check_miss`: validation, size bound)
+simulating a miss it applies the server's request policy (`check_miss`: validation, size bound)
 and, in replay mode, refuses.
 
 Identical misses share one engine call: in one process the first starts it as a task of its own and
@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from mirrorapi.engine_client import EngineError
@@ -33,7 +32,7 @@ from mirrorapi.serving.observability import ServerMetrics
 from mirrorapi.serving.protocol import ReplayMiss
 from mirrorapi.serving.sessions import History
 from mirrorapi.serving.simulator import Simulator, simulator_identity
-from mirrorapi.tools import ApiDoc
+from mirrorapi.tools import ApiDoc, ArgumentError, check_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -61,19 +60,33 @@ class Responder:
         cache: Store,
         simulator: Simulator,
         metrics: ServerMetrics,
-        check_miss: Callable[[ApiDoc, dict | None, str], None],
         lease_holder: str | None = None,
     ):
         """`metrics`: counts engine calls and coalesced misses; `lease_holder`: this process's name in the store's
         leases when the store is shared, else None."""
         self.settings, self.cache, self.simulator, self.metrics = settings, cache, simulator, metrics
-        self.check_miss, self.lease_holder = check_miss, lease_holder
+        self.lease_holder = lease_holder
         self.identities = {False: simulator_identity(settings), True: simulator_identity(settings, in_session=True)}
         self._in_flight: dict[tuple[Call, str], asyncio.Task] = {}
         # Leases this process could not let go (the store away): let go by `release_leases_left` once it is back.
         # Left to expire, each kept another process asked the same call waiting `engine_timeout` + 10 s (70 s by
         # default) after a PostgreSQL restart, for an answer never stored (audit of 2026-12-01).
         self._unreleased: set[tuple[Call, str]] = set()
+
+    def too_large(self, key: str) -> bool:
+        """Arguments (their canonical JSON) over the bound on what reaches the engine: only a recorded answer
+        serves them."""
+        return len(key) > self.settings.max_arguments_chars
+
+    def check_miss(self, doc: ApiDoc, arguments: dict | None, key: str) -> None:
+        """Before a miss is simulated: the bound on what reaches the engine, and the validation policy
+        (`arguments` is None only for arguments over the bound)."""
+        if self.too_large(key) or arguments is None:  # never sent to the engine, never stored
+            raise ArgumentError(
+                f"tool_input is too large to simulate: {len(key):,} characters of JSON "
+                f"(this server simulates calls of up to {self.settings.max_arguments_chars:,})."
+            )
+        check_arguments(doc, arguments, self.settings.missing_required, self.settings.unknown_arguments)
 
     async def respond(
         self, doc: ApiDoc, arguments: dict | None, key: str, history: History | None, stages: dict[str, float]

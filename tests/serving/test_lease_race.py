@@ -69,9 +69,7 @@ def test_a_miss_answered_by_another_process_before_the_lease_is_not_simulated_ag
         store = open_cache(cache_location)
         simulator = CountingSimulator()
         metrics = ServerMetrics()
-        responder = Responder(
-            settings, OtherProcessLandsFirst(store, theirs), simulator, metrics, lambda *_: None, "this-process"
-        )
+        responder = Responder(settings, OtherProcessLandsFirst(store, theirs), simulator, metrics, "this-process")
         try:
             reply = await responder.respond(doc, ARGUMENTS, canonical_json(ARGUMENTS), None, {})
             # The lease this process took to look again is let go: a third process's miss is not held up by it.
