@@ -35,10 +35,31 @@ def canonical_json(arguments: Any) -> str:
     return _CANONICAL(arguments)
 
 
+# Levels of arrays/objects a record may nest: real ones take a few (the shared pairs at most 5), and the code that
+# walks a record recurses a level at a time (`utf8_only` twice), which Python stops at about 1,000 frames.
+MAX_DEPTH = 200
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value`'s arrays/objects nest more than `limit` levels, walked a level at a time (no recursion)."""
+    level = [value] if isinstance(value, (list, dict)) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [
+            item
+            for container in level
+            for item in (container.values() if isinstance(container, dict) else container)
+            if isinstance(item, (list, dict))
+        ]
+    return bool(level)
+
+
 def utf8_only(value: Any) -> Any:
     """`value` (JSON data) with every string's surrogates made UTF-8: a pair (as a Python literal leaves it) joined
     into its character, a lone one ("\\ud83d" in JSON: half an emoji's pair) replaced by U+FFFD. No store, log or
-    client body can hold a lone surrogate."""
+    client body can hold a lone surrogate. Recursive, two frames a level: the readers below refuse what nests more than
+    MAX_DEPTH, and the simulator's parser takes a RecursionError for an unreadable answer."""
     if isinstance(value, str):
         return value if value.isascii() else value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     if isinstance(value, list):
@@ -108,8 +129,16 @@ def read_jsonl(path: str | os.PathLike, on_bad: OnBad = ignore_bad) -> Iterator[
             except UnicodeDecodeError:
                 on_bad(f"{path.name}:{number}: not UTF-8")
                 continue
-            except (ValueError, RecursionError):  # RecursionError: nested past Python's limit (about 1,000 deep)
+            except ValueError:
                 on_bad(f"{path.name}:{number}: not JSON")
+                continue
+            except RecursionError:  # nested past Python's limit (about 1,000 deep)
+                on_bad(f"{path.name}:{number}: nested more than {MAX_DEPTH} levels deep")
+                continue
+            # Between MAX_DEPTH and Python's limit the parser reads it, and the code that walks it later raised
+            # RecursionError mid-build; brackets are counted first, as walking every line would cost.
+            if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and nested_deeper_than(value, MAX_DEPTH):
+                on_bad(f"{path.name}:{number}: nested more than {MAX_DEPTH} levels deep")
                 continue
             yield number, value
 
@@ -210,7 +239,8 @@ def _cache_file(path: str, category: str, tool: str, api: str, on_bad: OnBad) ->
     try:
         with open(path, "rb") as fh:
             entries = json.loads(fh.read())
-    except (OSError, ValueError, MemoryError) as exc:  # MemoryError: a file larger than memory (a sparse one)
+    # MemoryError: a file larger than memory (a sparse one); RecursionError: nested past Python's limit
+    except (OSError, ValueError, MemoryError, RecursionError) as exc:
         on_bad(f"{shown}: unreadable ({type(exc).__name__})")
         return
     if not isinstance(entries, dict):
@@ -221,6 +251,9 @@ def _cache_file(path: str, category: str, tool: str, api: str, on_bad: OnBad) ->
             arguments = parse_repr_key(key)
         except ValueError:
             on_bad(f"{shown}: unreadable key {key[:60]!r}")
+            continue
+        if nested_deeper_than([arguments, observation], MAX_DEPTH - 1):  # as `read_jsonl` refuses a line
+            on_bad(f"{shown}: entry {key[:60]!r} nested more than {MAX_DEPTH} levels deep")
             continue
         if not isinstance(arguments, dict) or not all(isinstance(name, str) for name in arguments):
             on_bad(f"{shown}: key {key[:60]!r} is not an argument dict (names are strings)")

@@ -559,3 +559,15 @@ def test_a_dataset_folder_is_made_as_a_plain_folder_would_be(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_a_pair_nested_500_deep_is_one_unreadable_line_of_a_build(tmp_path, capsys):
+    """Its `tool_input` 500 deep: a RecursionError traceback, exit 1, and no dataset (audit of the data stage)."""
+    from mirrorapi.cli import main
+
+    deep = json.dumps(SAMPLE_PAIRS[0] | {"tool_input": "DEEP"})
+    deep = deep.replace('"DEEP"', '{"a": ' + "[" * 499 + "]" * 499 + "}")  # json.dumps stops short of such depths
+    (tmp_path / "one.jsonl").write_text(deep + "\n", encoding="utf-8")
+    given = ["--pairs", tmp_path / "one.jsonl", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools"]
+    assert main(["data", "build-simulator-sft", *map(str, given), "--out", str(tmp_path / "d")]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["dropped"]["unreadable"] == 1

@@ -70,9 +70,35 @@ def test_pairs_jsonl_skips_bad_lines_and_reports_them(tmp_path):
     assert [b.split(":")[1] for b in bad] == ["2", "3", "5", "6", "7", "8", "9", "10"]
     assert "missing" in bad[1] and "tool_input" in bad[2] and "lone surrogate" in bad[3]
     assert "non-string category" in bad[4] and "step is not" in bad[5] and "episode is not" in bad[6]
-    assert "not JSON" in bad[7]
+    assert "nested more than 200 levels deep" in bad[7]
     with pytest.raises(SourceError, match="not found"):
         list(read_pairs_jsonl(tmp_path / "absent.jsonl"))
+
+
+@pytest.mark.parametrize("levels", [500, 990])
+def test_a_pair_nested_deeper_than_the_code_that_walks_it_goes_is_a_bad_line(tmp_path, levels):
+    """A `tool_input` nested 500 deep passed the parser and stopped the whole build with a RecursionError
+    (`utf8_only` recurses twice a level): now a bad line, as one nested past the parser's own limit."""
+    good = open(SAMPLES / "pairs.jsonl", encoding="utf-8").readline()
+    path = tmp_path / "pairs.jsonl"
+    deep = json.dumps(json.loads(good) | {"tool_input": "DEEP"})  # json.dumps itself stops short of 990
+    deep = deep.replace('"DEEP"', '{"a": ' * (levels - 1) + "{}" + "}" * (levels - 1))
+    path.write_text(deep + "\n" + good, encoding="utf-8")
+    bad = []
+    assert list(read_pairs_jsonl(path, bad.append)) == [json.loads(good)]
+    assert bad == ["pairs.jsonl:1: nested more than 200 levels deep"]
+
+
+def test_a_cache_entry_nested_too_deep_is_a_bad_entry(tmp_path):
+    api_dir = tmp_path / "cache" / "Data" / "deep_for_Data"
+    api_dir.mkdir(parents=True)
+    deep = "[" * 500 + "]" * 500
+    entries = '{"{\'q\': 1}": {"error": "", "response": ' + deep + '}, "{\'q\': 2}": {"error": "", "response": "ok"}}'
+    (api_dir / "search.json").write_text(entries, encoding="utf-8")
+    bad = []
+    pairs = list(read_stabletoolbench_cache(tmp_path / "cache", bad.append))
+    assert [p["tool_input"] for p in pairs] == [{"q": 2}]
+    assert bad == ["Data/deep_for_Data/search.json: entry \"{'q': 1}\" nested more than 200 levels deep"]
 
 
 def test_stabletoolbench_cache_gives_the_same_records_as_the_pairs(tmp_path, registry, rapidapi_pairs):

@@ -149,6 +149,17 @@ def test_parse_simulator_output_variants(text, expected, how):
     assert parse_simulator_output(text) == (expected, how)
 
 
+@pytest.mark.parametrize("levels", [300, 500, 999, 5000])
+def test_an_answer_nested_past_what_the_parser_walks_is_unparseable_text(levels):
+    """A model's answer nested hundreds deep: the parser reads it (or not), and no RecursionError leaves it."""
+    for inner in ("[" * levels + "]" * levels, '{"a": ' * levels + "1" + "}" * levels):
+        obs, how = parse_simulator_output('{"error": "", "response": ' + inner + "}")
+        if levels < 500:
+            assert how == "json" and obs is not None
+        else:
+            assert (obs, how) == (None, "failed")
+
+
 @pytest.mark.parametrize(
     "text",
     [
