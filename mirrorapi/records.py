@@ -185,12 +185,13 @@ def _pair_problem(pair: Any) -> str | None:
 
 
 JUDGE_KEYS = ("source", "id", "query", "final_answer", "label")
+JUDGE_OPTIONAL_KEYS = ("reason", "label_kind")
 
 
 def read_labelled(path: str | os.PathLike, on_bad: OnBad, labels: Collection[str] | None = None) -> Iterator[dict]:
     """Labelled final answers, the judge schema of `../shared/data/judge` (JUDGE_KEYS, optionally `reason`,
-    `label_kind`): what the judge's training data is built from and judge agreement is measured on. A bad line
-    (or, with `labels`, a label outside them) goes to `on_bad` as `<file>:<line>: <reason>`."""
+    `label_kind`, strings or null): what the judge's training data is built from and judge agreement is measured on.
+    A bad line (or, with `labels`, a label outside them) goes to `on_bad` as `<file>:<line>: <reason>`."""
     path = Path(path)
     if not path.is_file():  # checked now, not when the first record is pulled
         raise SourceError(f"labelled answers file not found: {path}")
@@ -202,6 +203,11 @@ def _labelled(path: Path, on_bad: OnBad, labels: Collection[str] | None) -> Iter
         missing = [k for k in JUDGE_KEYS if not isinstance(record, dict) or not isinstance(record.get(k), str)]
         if missing:
             on_bad(f"{path.name}:{number}: missing or non-string " + ", ".join(missing))
+            continue
+        # the optional keys go into prompts and a string column as they are (null is their absence)
+        odd = [k for k in JUDGE_OPTIONAL_KEYS if record.get(k) is not None and not isinstance(record[k], str)]
+        if odd:
+            on_bad(f"{path.name}:{number}: non-string " + ", ".join(odd))
             continue
         if labels is not None and record["label"] not in labels:
             on_bad(f"{path.name}:{number}: label {record['label']!r} is not " + " or ".join(labels))

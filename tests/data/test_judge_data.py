@@ -139,6 +139,20 @@ def test_reader_reports_bad_lines(tmp_path):
     assert len(bad) == 2 and "label" in bad[1]
 
 
+def test_a_non_string_reason_or_label_kind_is_a_bad_line(tmp_path, capsys):
+    """A list as `reason` stopped the build with an AttributeError traceback (`reason.strip()` in its target)."""
+    from mirrorapi.cli import main
+
+    path = tmp_path / "labelled.jsonl"
+    odd = [{**LABELLED[0], "reason": ["a", "list"]}, {**LABELLED[1], "label_kind": {"a": 1}}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*odd, {**LABELLED[2], "reason": None}, *LABELLED[3:]]))
+    bad: list[str] = []
+    assert len(list(read_labelled(path, bad.append))) == len(LABELLED) - 2  # null: no reason, as before
+    assert bad == ["labelled.jsonl:1: non-string reason", "labelled.jsonl:2: non-string label_kind"]
+    assert main(["data", "build-judge-sft", "--labelled", str(path), "--out", str(tmp_path / "judge")]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["dropped"]["unreadable"] == 2
+
+
 def test_a_repeated_source_no_record_has_is_refused():
     """A misspelt source (`--repeat-sources tau-bench/airlines=4`) repeated nothing, silently."""
     with pytest.raises(ValueError, match="no record has the source 'nosuch'"):
