@@ -174,6 +174,8 @@ def _pair_problem(pair: Any) -> str | None:
         return "episode is not a string or an integer"
     if not isinstance(pair["step"], int) or isinstance(pair["step"], bool):
         return "step is not an integer"
+    if not 0 <= pair["step"] < 2**63:  # 0-based (the pairs schema); the dataset's and the stores' columns are int64
+        return "step is not from 0 to 2**63 - 1"
     if not isinstance(pair["tool_input"], dict):
         return "tool_input is not an object"
     response = pair["response"]

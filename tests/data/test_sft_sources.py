@@ -44,6 +44,8 @@ def test_pairs_jsonl_skips_bad_lines_and_reports_them(tmp_path):
     half_a_pair = json.loads(good) | {"response": {"error": "", "response": json.loads('"Messi \\ud83d"')}}
     no_category = json.loads(good) | {"category": None}  # once a traceback of `cache import`
     odd_step, odd_episode = json.loads(good) | {"step": "x"}, json.loads(good) | {"episode": [1]}  # of a build
+    # past int64 a traceback of pyarrow once the whole build was done; below 0 no order of the pairs schema
+    huge_step, negative_step = json.loads(good) | {"step": 10**30}, json.loads(good) | {"step": -1}
     deep = '{"source": ' + "[" * 5000  # nested past Python's recursion limit
     path.write_text(
         good
@@ -61,16 +63,21 @@ def test_pairs_jsonl_skips_bad_lines_and_reports_them(tmp_path):
         + json.dumps(odd_episode)
         + "\n"
         + deep
+        + "\n"
+        + json.dumps(huge_step)
+        + "\n"
+        + json.dumps(negative_step)
         + "\n",
         encoding="utf-8",
     )
     bad = []
     pairs = list(read_pairs_jsonl(path, bad.append))
     assert len(pairs) == 1 and pairs[0] == json.loads(good)
-    assert [b.split(":")[1] for b in bad] == ["2", "3", "5", "6", "7", "8", "9", "10"]
+    assert [b.split(":")[1] for b in bad] == ["2", "3", "5", "6", "7", "8", "9", "10", "11", "12"]
     assert "missing" in bad[1] and "tool_input" in bad[2] and "lone surrogate" in bad[3]
     assert "non-string category" in bad[4] and "step is not" in bad[5] and "episode is not" in bad[6]
     assert "nested more than 200 levels deep" in bad[7]
+    assert bad[8:] == [f"pairs.jsonl:{n}: step is not from 0 to 2**63 - 1" for n in (11, 12)]
     with pytest.raises(SourceError, match="not found"):
         list(read_pairs_jsonl(tmp_path / "absent.jsonl"))
 
