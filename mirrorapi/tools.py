@@ -143,7 +143,8 @@ def _params(value: Any) -> list[dict]:
         return []
     out = []
     for p in value:
-        if not isinstance(p, dict) or not p.get("name"):
+        # "" is a name: the wire name of ToolEnv2404's `/` (apk_downloader), which an exported file holds
+        if not isinstance(p, dict) or not isinstance(p.get("name"), str):
             continue
         if all(isinstance(p.get(k), str) for k in ("name", "type", "description")) and "default" in p:
             out.append(p)  # the common case: keep the parsed dict as is (load speed)

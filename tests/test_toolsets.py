@@ -235,3 +235,25 @@ def test_names_made_of_characters_openai_refuses_load_back_as_themselves(tmp_pat
     names = [f["function"]["name"] for f in first]
     assert len(set(names)) == len(apis) and all(api_key_name(name) == name for name in names), names
     assert sorted(f["function"]["name"] for f in again) == sorted(names)
+
+
+def test_a_parameter_whose_wire_name_is_empty_loads_back(tmp_path):
+    """ToolEnv2404's apk_downloader (Tools) has an optional parameter named `/`, whose wire name is "": exported as
+    the property "", it was dropped on load (a falsy name skipped), so export -> load -> export lost it."""
+    (tmp_path / "tools" / "Tools").mkdir(parents=True)
+    api = {
+        "name": "Get Apps by package name",
+        "url": "https://apk-downloader.p.rapidapi.com/",
+        "description": "Generate apk file by package name",
+        "method": "GET",
+        "required_parameters": [
+            {"name": "id", "type": "STRING", "description": "Package name", "default": "com.freevpn.lite"}
+        ],
+        "optional_parameters": [{"name": "/", "type": "STRING", "description": "", "default": ""}],
+    }
+    tool = {"tool_name": "APK Downloader", "api_list": [api]}
+    (tmp_path / "tools" / "Tools" / "apk_downloader.json").write_text(json.dumps(tool), encoding="utf-8")
+    first = export(tmp_path, "functions.json", "--tools", str(tmp_path / "tools"))
+    assert set(first[0]["function"]["parameters"]["properties"]) == {"is_id", ""}
+    again = export(tmp_path, "again.json", "--tools", str(tmp_path / "functions.json"))
+    assert (tmp_path / "again.json").read_text() == (tmp_path / "functions.json").read_text() and again == first
