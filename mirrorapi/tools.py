@@ -161,6 +161,25 @@ def _params(value: Any) -> list[dict]:
     return out
 
 
+def _layout_hint(folder: Path) -> str:
+    """Where the tools of a folder without any may be: its subfolders laid out as a tools folder, or its parent when
+    it holds tool files itself (a category folder)."""
+
+    def holds_tool_files(path: str) -> bool:
+        return any(entry.name.endswith(".json") and entry.is_file() for entry in os.scandir(path))
+
+    try:
+        children = sorted(entry.path for entry in os.scandir(folder) if entry.is_dir())
+        layouts = [c for c in children if any(e.is_dir() and holds_tool_files(e.path) for e in os.scandir(c))]
+        if layouts:
+            return "; did you mean " + " or ".join(layouts[:3]) + "?"
+        if holds_tool_files(str(folder)):
+            return f" (it holds <tool>.json files itself, as a category folder does); did you mean {folder.parent}?"
+    except OSError:  # only a hint
+        pass
+    return ""
+
+
 def _closest(name: str, known: Iterable[str], n: int = 3) -> list[str]:
     """Up to `n` known names most similar to `name` (rapidfuzz: C speed, on names capped at MAX_NAME_CHARS)."""
     if len(name) > MAX_NAME_CHARS:
@@ -235,6 +254,8 @@ class ToolRegistry:
         if not folder.is_dir():
             raise RegistryError(f"tools folder not found: {folder}")
         files, unlisted = tools_index.scan(folder)
+        if not files and not unlisted:  # one level too high or too low, or empty: 0 tools and exit 0 said nothing
+            raise RegistryError(f"tools folder {folder} holds no <Category>/<tool>.json file{_layout_hint(folder)}")
         for path, reason in unlisted:
             logger.warning("skipping tools folder %s (%s)", path, reason)
         self.unreadable.extend(unlisted)

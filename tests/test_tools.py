@@ -201,6 +201,28 @@ def test_missing_folder_is_a_clear_error(tmp_path):
         ToolRegistry.load([tmp_path / "nope"])
 
 
+def test_a_folder_without_tool_files_is_an_error_that_says_where_they_are(samples, tmp_path, capsys):
+    """`tools stats` of a folder one level too high (or empty) printed 0 tools with exit 0, and `tools export` wrote
+    `[]`: one line now, naming the layout and a subfolder (or the parent) that has it."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "high").mkdir()
+    (tmp_path / "high" / "tools").symlink_to(samples / "tools")
+    out = tmp_path / "functions.json"
+    for folder, hint in (
+        (tmp_path / "empty", ""),
+        (tmp_path / "high", f"; did you mean {tmp_path / 'high' / 'tools'}?"),
+        (
+            samples / "tools" / "Data",
+            f" (it holds <tool>.json files itself, as a category folder does); did you mean {samples / 'tools'}?",
+        ),
+    ):
+        for command in (["stats", str(folder)], ["export", "--tools", str(folder), "--out", str(out)]):
+            assert cli_main(["tools", *command]) == 2
+            says = f"tools folder {folder} holds no <Category>/<tool>.json file{hint}"
+            assert capsys.readouterr().err.splitlines() == [f"mirrorapi tools {command[0]}: error: {says}"]
+    assert not out.exists()
+
+
 def test_openai_function_files(tmp_path):
     functions = [
         {

@@ -225,10 +225,14 @@ def test_settings_only_the_start_can_check_are_one_line_and_exit_2(tmp_path, cap
     """A tools folder without a doc (one level too high, or empty: every call was an unknown API while /health said
     ok) and a request log that cannot be opened (a traceback): refused as the server starts, in one line."""
     (tmp_path / "empty").mkdir()
+    (tmp_path / "high" / "tools" / "Data").mkdir(parents=True)
+    (tmp_path / "high" / "tools" / "Data" / "x.json").write_text('{"tool_name": "X", "api_list": []}')
     (tmp_path / "a-file").write_text("")
     base = ["serve", "--mode", "replay", "--cache-path", str(tmp_path / "c.sqlite"), "--port", "1"]
     for flags, says in (
-        (["--tools-folder", str(tmp_path / "empty")], f"tools_folder: no API doc in {tmp_path / 'empty'}"),
+        (["--tools-folder", str(tmp_path / "empty")], f"tools folder {tmp_path / 'empty'} holds no <Category>/"),
+        (["--tools-folder", str(tmp_path / "high")], f"did you mean {tmp_path / 'high' / 'tools'}?"),
+        (["--tools-folder", str(tmp_path / "high" / "tools")], f"tools_folder: no API doc in {tmp_path / 'high'}"),
         (
             ["--tools-folder", str(SAMPLE_TOOLS), "--log-file", str(tmp_path / "a-file" / "requests.jsonl")],
             f"log_file: cannot open {tmp_path / 'a-file' / 'requests.jsonl'} to append to",
