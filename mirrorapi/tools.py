@@ -233,9 +233,16 @@ class ToolRegistry:
             return
         if not path.exists():
             raise RegistryError(f"tool source not found: {path} (expected a tools folder or a JSON file)")
-        data = self._read_json(path)
-        if data is None:
-            raise RegistryError(f"cannot read {path}: {self.unreadable[-1][1]}")
+        try:  # a source alone: one line of error, and no "skipping unreadable tool file" warning before it
+            with open(path, "rb") as fh:
+                data = json.loads(fh.read())
+        except (OSError, ValueError, RecursionError, MemoryError) as exc:
+            if isinstance(exc, json.JSONDecodeError) and exc.msg == "Extra data" and exc.lineno > 1:
+                raise RegistryError(
+                    f"{path} is JSON Lines (one record a line), not a tool source: give a tools folder "
+                    "(<Category>/<tool>.json), a StableToolBench query file or an OpenAI function list"
+                ) from None
+            raise RegistryError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
         if isinstance(data, list) and data and all(isinstance(q, dict) and "api_list" in q for q in data):
             self.add_query_list(data, source=str(path))
         elif _looks_like_functions(data):

@@ -223,6 +223,18 @@ def test_a_folder_without_tool_files_is_an_error_that_says_where_they_are(sample
     assert not out.exists()
 
 
+def test_a_json_lines_file_given_as_a_tool_source_is_one_line(samples):
+    """A pairs file given to `tools stats`: a "skipping unreadable tool file" warning, then a JSONDecodeError ("Extra
+    data: line 2 column 1"). One line now, saying what the file is and what is taken."""
+    for command in (["stats", str(samples / "pairs.jsonl")], ["export", "--tools", str(samples / "judge.jsonl")]):
+        run = [sys.executable, "-m", "mirrorapi.cli", "tools", *command]
+        done, given = subprocess.run(run, capture_output=True, text=True), command[-1]
+        assert done.returncode == 2 and done.stderr.splitlines() == [
+            f"mirrorapi tools {command[0]}: error: {given} is JSON Lines (one record a line), not a tool source: give "
+            "a tools folder (<Category>/<tool>.json), a StableToolBench query file or an OpenAI function list"
+        ]
+
+
 def test_openai_function_files(tmp_path):
     functions = [
         {
