@@ -135,7 +135,8 @@ def select_toolset(
         if not items:
             docs = {(d.category, d.tool, d.api): d for d in registry}
         for key, value in items:
-            parts = value.split("/")
+            # an API title may hold "/" (`packages/v2/track`); a category or tool name as clients send it cannot
+            parts = value.split("/", 2)
             if key == "category":
                 found = [
                     d for tool in registry.categories[_category(registry, value)].values() for d in tool.apis.values()

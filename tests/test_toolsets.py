@@ -63,6 +63,21 @@ def test_toolsets_by_category_tool_api_and_query(samples):
             select_toolset(registry, spec)
 
 
+def test_an_api_whose_title_holds_a_slash_is_named_by_its_title(samples, tmp_path):
+    """`api=Logistics/trackingmore_v2/packages/v2/track` was split at every "/" and refused as not
+    <Category>/<tool>/<api>; the title is the rest after the second "/" (category and tool names hold none)."""
+    registry = ToolRegistry.load([samples / "tools"])
+    named = [("packages/v2/track",) * 2, ("carriers/detect",) * 2, ("packages_v2_track", "packages/v2/track")]
+    for given, title in named:
+        chosen = select_toolset(registry, f"api=Logistics/trackingmore_v2/{given}").functions
+        assert [d.api_title for d in chosen.values()] == [title]
+    spec = ["--api", "Data/theclique/List Artist Albums/Singles/Compilations"]
+    (exported,) = export(tmp_path, "one.json", "--tools", str(samples / "tools"), *spec)
+    assert exported["function"]["name"] == "list_artist_albums_singles_compilations"
+    with pytest.raises(ToolsetError, match="expected <Category>/<tool>"):
+        select_toolset(registry, "tool=Logistics/trackingmore_v2/extra")
+
+
 def test_export_of_an_unknown_name_is_one_line(samples, capsys, tmp_path):
     assert main(["tools", "export", "--tools", str(samples / "tools"), "--category", "Nope"]) == 2
     assert capsys.readouterr().err.strip() == "mirrorapi tools export: error: Unknown category 'Nope'."
