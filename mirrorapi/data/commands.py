@@ -25,6 +25,7 @@ from mirrorapi.splits import SPLIT_RULES
 from mirrorapi.tools import RegistryError, ToolRegistry
 
 USER_ERRORS = (SourceError, RegistryError, ValueError, OSError)
+logger = logging.getLogger(__name__)
 
 
 def _summary(out: str, stats: dict, start: float, **extra) -> str:
@@ -41,6 +42,8 @@ def _summary(out: str, stats: dict, start: float, **extra) -> str:
 
 
 def _note_unreadable(stats: dict, bad: list[str], inputs: dict) -> None:
+    if bad:  # a count in the summary alone went unseen: lost lines are said where errors are
+        logger.warning("%s unreadable line(s) skipped, e.g. %s", f"{len(bad):,}", bad[0])
     stats["dropped"]["unreadable"] = len(bad)
     stats["unreadable_examples"] = bad[:10]
     stats["inputs"] = inputs

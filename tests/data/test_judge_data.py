@@ -111,6 +111,11 @@ def test_cli(tmp_path):
     )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout.strip().splitlines()[-1])["dropped"]["unreadable"] == 1
+    # said on stderr too, not only counted in the summary
+    assert [line for line in ok.stderr.splitlines() if line.startswith("WARNING")] == [
+        "WARNING mirrorapi.data.commands: 1 unreadable line(s) skipped, e.g. labelled.jsonl:77: missing or non-string "
+        "source, id, final_answer, label"
+    ]
     assert set(load_from_disk(str(tmp_path / "judge"))) == {"train", "test"}
     missing = subprocess.run(
         [

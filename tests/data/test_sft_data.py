@@ -571,3 +571,14 @@ def test_a_pair_nested_500_deep_is_one_unreadable_line_of_a_build(tmp_path, caps
     given = ["--pairs", tmp_path / "one.jsonl", SAMPLES / "pairs.jsonl", "--tools", SAMPLES / "tools"]
     assert main(["data", "build-simulator-sft", *map(str, given), "--out", str(tmp_path / "d")]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["dropped"]["unreadable"] == 1
+
+
+def test_unreadable_lines_are_said_on_stderr_not_only_counted(tmp_path):
+    """Bad lines were dropped with nothing on stderr: only `"unreadable": N` in the JSON summary on stdout."""
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("not json\n" + (SAMPLES / "pairs.jsonl").read_text() + '{"source": "x"}\n', encoding="utf-8")
+    done = run_builder("--pairs", mixed, "--tools", SAMPLES / "tools", "--out", tmp_path / "d")
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
+    assert warnings == ["WARNING mirrorapi.data.commands: 2 unreadable line(s) skipped, e.g. mixed.jsonl:1: not JSON"]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["dropped"]["unreadable"] == 2
