@@ -95,6 +95,35 @@ def test_template_skeletons_check_real_responses(registry, sample_pairs):
     assert conforms(skeleton_schema({"status": "str"}), "{'status': 'success'}")
 
 
+def test_valid_json_and_schema_conformance_score_the_simulated_answers_not_the_real_ones(registry):
+    """docs/evaluation.md: valid JSON is, over the calls whose real response is a JSON object/array, the share whose
+    simulated response is one too; schema conformance is, over the successful real calls of an API with a
+    documented response schema, the share whose simulated response conforms (the real responses' own share apart,
+    the ceiling). Here the real and simulated answers differ, so a metric that counted the real side would show."""
+    fits = '{"restaurants": [{"coordinates": [40.7128, 74.006], "name": "Restaurant A"}]}'
+    real = [
+        {"error": "", "response": fits},
+        {"error": "", "response": fits},
+        {"error": "", "response": fits},
+        {"error": "", "response": "No restaurants nearby."},  # a success, but neither JSON nor the documented object
+        {"error": "Invalid coordinates.", "response": ""},  # a failure: in neither share
+    ]
+    simulated = [
+        {"error": "", "response": fits},  # JSON, conforms
+        {"error": "", "response": '{"restaurants": [{"name": "Restaurant A"}]}'},  # JSON, `coordinates` missing
+        {"error": "", "response": "Restaurant A, Restaurant B"},  # not JSON, does not conform
+        {"error": "", "response": fits},  # JSON where the real one is not (outside valid JSON's calls), conforms
+        {"error": "", "response": fits},  # answers a failed call: outside both
+    ]
+    pairs = [dict(p, tool_name="apibank_lv3_location", api_name="NearbyRestaurants") for p in _one_api(real)]
+    metrics = slice_metrics(compare(pairs, simulated, registry=registry), "simulated")
+    # valid JSON: real JSON on calls 0, 1, 2; the simulator's is JSON on 0 and 1.
+    assert (metrics["valid_json_n"], metrics["valid_json"]) == (3, pytest.approx(200 / 3))
+    # schema: successful real calls 0, 1, 2, 3; the simulator conforms on 0 and 3, the real answers on 0, 1 and 2.
+    assert metrics["schema_n"] == 4
+    assert (metrics["schema_conformance"], metrics["schema_conformance_real"]) == (50.0, 75.0)
+
+
 def test_errors_include_tau_bench_in_band_replies(sample_pairs):
     in_band = next(p for p in sample_pairs if p["response"]["response"].startswith("Error:"))
     assert in_band["response"]["error"] == "" and is_error(in_band["response"])
