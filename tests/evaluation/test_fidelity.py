@@ -148,6 +148,23 @@ def test_nearest_example_is_the_closest_call_of_the_same_api(sample_pairs):
     assert baseline(dict(target, api_name="NoSuchApi")) is None
 
 
+def test_the_nearest_example_is_the_call_that_shares_the_most_argument_values():
+    """Three training calls of one API, none with the held-out call's exact arguments: the one sharing two of its
+    three values is its baseline, not the earliest one (which shares only the names) nor the one sharing one value."""
+    held = {"city": "Paris", "days": 3, "units": "metric"}
+    train = [
+        {"city": "London", "days": 5, "units": "imperial"},  # the same names, no value
+        {"city": "Paris", "days": 3, "units": "imperial"},  # two values of three
+        {"city": "Paris", "days": 7},  # one value
+    ]
+    pairs = [
+        dict(p, tool_input=args)
+        for p, args in zip(_one_api([{"error": "", "response": f"call {i}"} for i in range(3)]), train, strict=True)
+    ]
+    target = dict(pairs[0], episode="held", tool_input=held, response={"error": "", "response": "real"})
+    assert NearestExample(pairs, [target])(target) == {"error": "", "response": "call 1"}
+
+
 # Four real calls, two of which failed (one with an error field, one with tau-bench's in-band "Error: ...").
 FOUR_REAL_CALLS = [
     {"error": "The token is invalid.", "response": ""},
