@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from harness.processes import poll_until
 from mirrorapi.records import canonical_json, parse_repr_key
 from mirrorapi.serving.cache import (
     CacheError,
@@ -128,17 +129,29 @@ while True:
 def test_process_killed_mid_write_leaves_every_committed_entry(cache_location):
     path = cache_location
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
-    committed = []
-    try:
+    lines: list[str] = []  # what the writer printed: read by a thread, so that every wait here has a deadline
+
+    def read() -> None:
         for line in writer.stdout:
-            committed.append(int(line))
-            if len(committed) >= 300:
-                break
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def enough_committed() -> bool | None:
+        if writer.poll() is not None:
+            raise AssertionError(f"the writer exited ({writer.returncode}) after {len(lines)} entries")
+        return True if len(lines) >= 300 else None
+
+    try:
+        poll_until(enough_committed, timeout=60, what="300 entries committed by the writer", interval=0.05)
         writer.send_signal(signal.SIGKILL)  # while it is writing the next entries
-        committed += [int(line) for line in writer.stdout]
+        reader.join(10)  # its output ends with it: the reader reads what it printed before the kill, then stops
+        assert not reader.is_alive(), "the writer's output did not end within 10 s of its kill"
     finally:
         writer.kill()
         writer.wait(10)
+    committed = [int(line) for line in lines]
     assert writer.returncode == -signal.SIGKILL
     if not is_url(path):
         assert os.path.exists(str(path) + "-wal")  # the committed entries may live only in the WAL
