@@ -1,10 +1,11 @@
 """A mistake in a recipe ends in one clear `error:` line and status 2, before any model is loaded."""
 
+import http.server
 import json
 import shutil
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,9 @@ def text_only_dataset(tmp_path_factory):
 
 
 def run(cli, capsys, *argv):
-    start = time.monotonic()
     status = cli(["--config", TINY_RECIPE, *map(str, argv)])
     err = capsys.readouterr().err.strip().splitlines()
-    return status, err[-1] if err else "", time.monotonic() - start
+    return status, err[-1] if err else ""
 
 
 def test_unknown_recipe_key(cli, capsys, tmp_path, tiny_model_dir, simulator_sft_dir):
@@ -83,7 +83,7 @@ def test_a_value_of_the_wrong_type_in_a_recipe_file(cli, capsys, tmp_path, tiny_
 
 
 def test_dataset_without_the_expected_columns(cli, capsys, tiny_model_dir, text_only_dataset, tmp_path):
-    status, err, _ = run(
+    status, err = run(
         cli,
         capsys,
         "--model_name_or_path",
@@ -100,7 +100,7 @@ def test_dataset_without_the_expected_columns(cli, capsys, tiny_model_dir, text_
 
 
 def test_base_model_that_does_not_exist(cli, capsys, simulator_sft_dir, tmp_path):
-    status, err, _ = run(
+    status, err = run(
         cli,
         capsys,
         "--model_name_or_path",
@@ -114,7 +114,7 @@ def test_base_model_that_does_not_exist(cli, capsys, simulator_sft_dir, tmp_path
 
 
 def test_tokenizer_without_a_chat_template(cli, capsys, no_template_model, simulator_sft_dir, tmp_path):
-    status, err, _ = run(
+    status, err = run(
         cli,
         capsys,
         "--model_name_or_path",
@@ -163,42 +163,65 @@ def test_other_mistakes(cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path
         tmp_path / "out",
         *extra,
     ]
-    status, err, _ = run(cli, capsys, *argv)
+    status, err = run(cli, capsys, *argv)
     assert status == 2 and message in err and err.startswith("sft.py: error: ")
+
+
+class _RecordingHub(http.server.BaseHTTPRequestHandler):
+    """A model hub that has nothing: every request is recorded (`server.requests`) and answered 404."""
+
+    def _record(self):
+        self.server.requests.append(f"{self.command} {self.path}")
+        self.send_response(404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = do_POST = _record
+
+    def log_message(self, *args):
+        pass
 
 
 def test_typo_in_a_relative_local_path_one_line_under_accelerate(tmp_path, monkeypatch, simulator_sft_dir):
     """As a command under `accelerate launch -q`: `runs/tiny-bse` while `runs/` exists is a local path, so one
-    line and no model-hub retries (HF_HUB_OFFLINE unset; the hub's retries took 58 s and 40 lines)."""
+    line and no model-hub request (HF_HUB_OFFLINE unset; the hub's retries took 58 s and 40 lines). The hub is a
+    local server that records what it is asked (HF_ENDPOINT): nothing."""
     (tmp_path / "runs/tiny-base").mkdir(parents=True)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RecordingHub)
+    hub.requests = []
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.server_port}")
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-    start = time.monotonic()
-    result = subprocess.run(
-        [
-            accelerate,
-            "launch",
-            "-q",
-            "--num_cpu_threads_per_process",
-            "1",
-            "--config_file",
-            str(REPO / "training/accelerate/cpu.yaml"),
-            str(REPO / "training/sft.py"),
-            "--config",
-            TINY_RECIPE,
-            "--model_name_or_path",
-            "runs/tiny-bse",
-            "--dataset_path",
-            str(simulator_sft_dir),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    try:
+        result = subprocess.run(
+            [
+                accelerate,
+                "launch",
+                "-q",
+                "--num_cpu_threads_per_process",
+                "1",
+                "--config_file",
+                str(REPO / "training/accelerate/cpu.yaml"),
+                str(REPO / "training/sft.py"),
+                "--config",
+                TINY_RECIPE,
+                "--model_name_or_path",
+                "runs/tiny-bse",
+                "--dataset_path",
+                str(simulator_sft_dir),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        hub.shutdown()
+        hub.server_close()
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["sft.py: error: base model folder not found: runs/tiny-bse"]
-    assert time.monotonic() - start < 60  # imports only (≈ 8 s of CPU); no network wait
+    assert hub.requests == []
 
 
 @pytest.mark.parametrize(
@@ -224,10 +247,10 @@ def test_a_dataset_of_a_train_split_alone_trains_from_the_command_line(
     train_only = tmp_path / "train-only"
     DatasetDict({"train": load_from_disk(str(simulator_sft_dir))["train"].select(range(4))}).save_to_disk(train_only)
     argv = ["--model_name_or_path", tiny_model_dir, "--dataset_path", train_only, "--output_dir", tmp_path / "out"]
-    status, err, _ = run(cli, capsys, *argv)
+    status, err = run(cli, capsys, *argv)
     assert status == 2 and "has no split 'test_id'" in err and "--eval_splits" in err
     argv += ["--eval_splits", "none", "--eval_strategy", "no", "--eval_on_start", "false", "--max_steps", "1"]
-    status, err, _ = run(cli, capsys, *argv)
+    status, err = run(cli, capsys, *argv)
     assert status == 0, err
     assert (tmp_path / "out" / "mirrorapi_training.json").is_file()
 
@@ -248,11 +271,11 @@ def test_an_output_dir_holding_an_earlier_run_is_refused_not_written_over(
     (earlier / "checkpoint-10").mkdir()
     before = {p.name: p.stat().st_mtime_ns for p in earlier.iterdir()}
     common = ["--model_name_or_path", tiny_model_dir, "--dataset_path", simulator_sft_dir]
-    status, err, _ = run(cli, capsys, *common, "--output_dir", earlier)
+    status, err = run(cli, capsys, *common, "--output_dir", earlier)
     assert status == 2 and err.startswith(f"sft.py: error: output_dir {earlier} holds an earlier run's model")
     assert "(config.json, checkpoint-10)" in err and "--overwrite_output_dir true" in err
     assert {p.name: p.stat().st_mtime_ns for p in earlier.iterdir()} == before
-    status, err, _ = run(cli, capsys, *common, "--output_dir", tiny_model_dir, "--overwrite_output_dir", "true")
+    status, err = run(cli, capsys, *common, "--output_dir", tiny_model_dir, "--overwrite_output_dir", "true")
     assert status == 2 and err == (
         f"sft.py: error: output_dir {tiny_model_dir} is the base model's folder: training would write over the model "
         "it starts from; give another folder"
@@ -277,7 +300,7 @@ def test_a_judge_set_given_to_the_simulator_recipe_names_the_judge_recipe(
     """The judge set given to tiny_cpu.yaml said "has no split 'test_id' ... set --train_split / --eval_splits", and
     following that hint trained the simulator recipe on judge data, its card naming a judge in a simulator folder."""
     argv = ["--model_name_or_path", tiny_model_dir, "--dataset_path", judge_sft_dir, "--output_dir", tmp_path / "out"]
-    status, err, _ = run(cli, capsys, *argv)
+    status, err = run(cli, capsys, *argv)
     assert status == 2 and err == (
         f"sft.py: error: {judge_sft_dir} is a judge dataset (its splits: train, test), and this recipe asks for the "
         "split 'test_id' of the other kind's: use a judge recipe (training/configs/tiny_judge_cpu.yaml or "
