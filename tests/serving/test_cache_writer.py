@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from harness.fake_engines import STUB_OBSERVATION
+from harness.fake_engines import STUB_OBSERVATION, FixedReplyEngine
+from harness.processes import poll_until
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import Call, ResponseCache, new_entry
 from mirrorapi.serving.cache.entries import CacheError
@@ -115,7 +116,7 @@ def test_shutdown_stores_simulations_still_in_flight(serve, engine_stub, tmp_pat
     assert json.loads(observation) == STUB_OBSERVATION and provenance.startswith("simulated:")
 
 
-def test_a_request_still_running_when_the_stop_is_over_gets_an_answer_in_the_apis_shape(serve, engine_stub, tmp_path):
+def test_a_request_still_running_when_the_stop_is_over_gets_an_answer_in_the_apis_shape(serve, tmp_path):
     """uvicorn cancels what still runs when its graceful stop is over; the client got uvicorn's plain-text 500,
     uncounted and unlogged. It gets a 503 in the `{"error", "response"}` shape, and its answer is stored for the
     retry (the engine answers after the stop)."""
@@ -128,15 +129,25 @@ def test_a_request_still_running_when_the_stop_is_over_gets_an_answer_in_the_api
         "tool_input": '{"name": "Kaka"}',
     }
     log = tmp_path / "requests.jsonl"
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+
+    class SlowEngine(FixedReplyEngine):  # answers 1.5 s after it is asked: after the stop
+        def chat(self, request):
+            time.sleep(1.5)
+            return super().chat(request)
+
+    def the_miss_is_with_the_engine() -> bool | None:  # its prompt names Kaka (the start-up probe's does not)
+        return True if any("Kaka" in json.dumps(request) for request in engine.requests) else None
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, SlowEngine(json.dumps(STUB_OBSERVATION)) as engine:
         with serve(
-            api_base=[engine_stub(delay=1.5)],
+            api_base=[engine.url],
             cache_path=str(tmp_path / "c.sqlite"),
             log_file=str(log),
             graceful_shutdown=0.3,
         ) as server:
             pending = pool.submit(httpx.post, server.url + "/virtual", json=body, timeout=10)
-            time.sleep(0.5)  # the miss is with the engine when the stop begins
+            # the stop begins once the miss is with the engine
+            poll_until(the_miss_is_with_the_engine, timeout=10, what="the miss at the engine", interval=0.02)
         answered = pending.result()
     assert answered.status_code == 503 and answered.headers["content-type"] == "application/json"
     assert answered.json()["response"] == "" and "shutting down" in answered.json()["error"]

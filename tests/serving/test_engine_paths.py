@@ -2,6 +2,8 @@
 garbage), an engine that hangs (fake: cannot be provoked with a real one), and replay mode."""
 
 import concurrent.futures
+import json
+import threading
 import time
 
 import pytest
@@ -219,6 +221,7 @@ def test_health_says_busy_not_down_while_a_llama_cpp_like_engine_answers_a_long_
 
     engine = FastAPI()
     lock = asyncio.Lock()
+    generating = threading.Event()  # set once the engine holds its lock for the call below (not a start-up probe)
 
     @engine.get("/v1/models")
     async def models() -> dict:
@@ -226,9 +229,11 @@ def test_health_says_busy_not_down_while_a_llama_cpp_like_engine_answers_a_long_
             return {"object": "list", "data": [{"id": "simulator", "object": "model", "owned_by": "llama-cpp"}]}
 
     @engine.post("/v1/chat/completions")
-    async def chat() -> dict:
+    async def chat(request: dict) -> dict:
         async with lock:
-            await asyncio.sleep(3)  # past /health's 2 s look at the engine, asked 0.5 s into it
+            if "Messi" in json.dumps(request):
+                generating.set()
+            await asyncio.sleep(3)  # past /health's 2 s look at the engine, asked once this holds the lock
             message = {"role": "assistant", "content": '{"error": "", "response": "ok"}'}
             return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": {}}
 
@@ -245,7 +250,7 @@ def test_health_says_busy_not_down_while_a_llama_cpp_like_engine_answers_a_long_
     ):
         assert server.client.get("/health").status_code == 200  # idle: it lists the model
         call = pool.submit(server.client.post, "/virtual", json=body, timeout=30)
-        time.sleep(0.5)
+        poll_until(lambda: generating.is_set() or None, 10, "the call's completion at the engine", interval=0.02)
         busy = server.client.get("/health")
         assert call.result().json() == {"error": "", "response": "ok"}
     assert busy.status_code == 200 and busy.json()["status"] == "ok", busy.text

@@ -502,6 +502,7 @@ def test_a_call_whose_client_gave_up_enters_its_session_once_when_asked_again(se
     import httpx
 
     from harness.fake_engines import FixedReplyEngine
+    from harness.processes import poll_until
 
     class SlowBalance(FixedReplyEngine):  # the balance call takes 1.5 s: the client below waits 0.3 s
         def chat(self, request):
@@ -518,7 +519,13 @@ def test_a_call_whose_client_gave_up_enters_its_session_once_when_asked_again(se
         assert server.client.post("/virtual", json=body(*LOGIN[:4]), headers=session).status_code == 200
         with pytest.raises(httpx.TimeoutException):
             httpx.post(server.url + "/virtual", json=body(*BALANCE), headers=session, timeout=0.3)
-        time.sleep(2.0)  # the server has finished that call
+        # the server has finished that call: counted in /metrics once its answer was made, the client gone
+        poll_until(
+            lambda: True if server.metric("mirrorapi_requests_total", outcome="simulated") >= 2 else None,
+            timeout=30,
+            what="the server finishing the balance call its client gave up on",
+            interval=0.05,
+        )
         retried = server.client.post("/virtual", json=body(*BALANCE), headers=session)
         assert retried.status_code == 200 and retried.headers["x-mirrorapi-outcome"] == "hit"
         assert server.client.post("/virtual", json=body(*stock), headers=session).status_code == 200
