@@ -78,6 +78,9 @@ TIMES_ITSELF = frozenset(
         "tests/serving/test_engine_paths.py",
         "tests/serving/test_fair_clients.py",
         "tests/serving/test_hostile_input.py",
+        "tests/serving/test_second_try.py",
+        "tests/serving/test_cache_writer.py",
+        "tests/serving/test_shared_store_deadline.py",
     }
 )
 
