@@ -55,6 +55,11 @@ def test_transport_error_strings(error, kind):
         ("Oops, an error in the gateway has occurred.", "gateway"),
         ("Access restricted. Check credits balance or enter the correct API key.", "rate_limit"),
         ("{'type': 'about:blank', 'title': 'Forbidden', 'status': 403}", "auth"),  # RFC 9457 problem details
+        # StableToolBench's client writes a non-200 as "request invalid, data error. status_code=<n>", and its
+        # check_result rejects a response holding `status_code=429` or `status_code=50...` (notes/stabletoolbench.md
+        # §1, §3); 429 is Too Many Requests (RFC 6585 §4): a rate limit, 5xx the server's own failure (RFC 9110 §15.6).
+        ("request invalid, data error. status_code=429", "rate_limit"),
+        ("request invalid, data error. status_code=503", "server_error"),
     ],
 )
 def test_transport_failures_in_the_message(response, kind):

@@ -118,6 +118,9 @@ def test_parse_call_follows_api_banks_argument_pattern():
             {"receiver": "a@b.com", "subject": "Hi", "content": "x"},
             False,
         ),
+        # delete_scene.py: the name stripped and lower-cased, then output and exception equal.
+        ("DeleteScene", {"name": " Morning Routine "}, {"name": "morning routine"}, True),
+        ("DeleteScene", {"name": "Evening Routine"}, {"name": "morning routine"}, False),
         # the default (e.g. add_alarm.py): input exactly equal.
         (
             "AddAlarm",
@@ -138,6 +141,10 @@ def test_special_outputs_of_api_banks_rules():
     assert apibank.call_is_correct(result("DeleteAgenda", other, "success"), gt)
     # get_today.py: any output without exception, called without arguments.
     assert apibank.call_is_correct(result("GetToday", None, "2023-11-25"), result("GetToday", None, "2023-03-31"))
+    # ...and only so: its rule asks `response['input'] == None` too.
+    assert not apibank.call_is_correct(
+        result("GetToday", {"date": "2023-03-31"}, "2023-03-31"), result("GetToday", None, "2023-03-31")
+    )
     # register_user.py: a random token, so only "no output where none was recorded" is checked.
     gt = result("RegisterUser", {"username": "u", "password": "p", "email": "e"}, {"token": "abc"})
     assert apibank.call_is_correct(result("RegisterUser", gt["input"], {"token": "other"}), gt)
