@@ -140,6 +140,11 @@ def test_on_the_shared_pairs_only_live_rapidapi_calls_have_transport_failures(sh
         ('{"statusCode": 404, "message": "Not Found"}', True),
         ('{"status": 200, "message": "OK", "data": [1]}', False),
         ('{"code": 404, "city": "Lyon", "population": 516092}', False),  # a payload's field called code
+        # JSend (github.com/omniti-labs/jsend), the envelope many JSON APIs answer in: "fail" for a call whose data
+        # was refused, "error" for the server's failure, "success" for neither
+        ('{"status": "fail", "data": {"title": "A title is required"}}', True),
+        ('{"status": "error", "message": "Unable to communicate with database"}', True),
+        ('{"status": "success", "data": {"post": {"id": 1}}}', False),
     ],
 )
 def test_in_band_errors(response, expected):
