@@ -72,7 +72,7 @@ class VirtualServer:
             settings,
             registry,
             cache,
-            Simulator(self.engine, cache, settings),
+            Simulator(self.engine, settings),
             self.metrics,
             lease_holder() if shared else None,
         )

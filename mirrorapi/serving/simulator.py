@@ -20,7 +20,7 @@ import time
 from typing import NamedTuple
 
 from mirrorapi.engine_client import Completion, EngineClient, EngineError
-from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
+from mirrorapi.few_shot import select_examples
 from mirrorapi.prompts.simulator_formats import (
     COT_FORMAT,
     OBSERVATION_SCHEMA,
@@ -30,7 +30,6 @@ from mirrorapi.prompts.simulator_formats import (
     truncate_response,
 )
 from mirrorapi.prompts.simulator_output import cot_rationale, parse_simulator_output
-from mirrorapi.serving.cache import Store
 from mirrorapi.serving.config import ServerSettings
 from mirrorapi.serving.sessions import History
 from mirrorapi.tools import ApiDoc
@@ -101,11 +100,11 @@ class Simulated(NamedTuple):
 
 
 class Simulator:
-    """`cache`: where few-shot candidates are read when `messages` is not given them (None without few-shot
-    examples)."""
+    """The prompt of a call and the engine's answer to it, read as an observation. Few-shot examples are chosen
+    from the candidates the caller read from the store (`Responder`: the API's recorded answers)."""
 
-    def __init__(self, engine: EngineClient, cache: Store | None, settings: ServerSettings):
-        self.engine, self.cache, self.settings = engine, cache, settings
+    def __init__(self, engine: EngineClient, settings: ServerSettings):
+        self.engine, self.settings = engine, settings
         self.system_prompt = settings.system_prompt()
 
     def messages(
@@ -116,11 +115,9 @@ class Simulator:
         candidates: list[tuple[str, str]] | None = None,
     ) -> list[dict]:
         """The chat messages for a call; `candidates`: the API's recorded (arguments, observation) pairs
-        to choose few-shot examples from (read from the cache when not given)."""
+        to choose few-shot examples from."""
         examples = []
         if self.settings.few_shot:
-            if candidates is None and self.cache is not None:
-                candidates = self.cache.examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
             examples = select_examples(
                 candidates or [],
                 arguments,

@@ -2,12 +2,14 @@
 one selection function (`select_examples`) over one candidate order (`candidate_pool`), whatever
 order the calls were recorded in."""
 
+import asyncio
 import json
 import random
 
 import pytest
 
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records
+from mirrorapi.few_shot import FEW_SHOT_CANDIDATES
 from mirrorapi.records import canonical_json, read_pairs_jsonl
 from mirrorapi.serving.cache import ResponseCache, import_pairs
 from mirrorapi.serving.config import load_settings
@@ -16,6 +18,11 @@ from mirrorapi.tools import ToolRegistry
 
 # An API with more distinct recorded calls (331) than the 256 candidates read per API.
 APIS = {("APIBank", "apibank_account", "GetUserToken")}
+
+
+def served_candidates(cache, doc) -> list[tuple[str, str]]:
+    """The few-shot candidates the server reads from its store for a call's API (`Responder`)."""
+    return asyncio.run(cache.recorded_examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES))
 
 
 @pytest.mark.shared
@@ -63,14 +70,14 @@ def test_builder_and_server_show_the_same_examples(shared_data, tmp_path, prompt
         },
         environ={},
     )
-    simulator = Simulator(engine=None, cache=cache, settings=settings)
+    simulator = Simulator(engine=None, settings=settings)
 
     records = splits["train"]
     assert len(records) == sum(distinct.values())
     with_examples = shrunk = 0
     for record in records:
         doc = registry.get(record["category"], record["tool"], record["api"])
-        served = simulator.messages(doc, json.loads(record["arguments"]))
+        served = simulator.messages(doc, json.loads(record["arguments"]), candidates=served_candidates(cache, doc))
         assert served == record["prompt"], record["arguments"]
         with_examples += "Examples:\n" in served[1]["content"]
         shrunk += '..."}' in served[1]["content"]
@@ -99,10 +106,11 @@ def test_with_history_the_builder_shows_what_the_server_s_cache_holds(shared_dat
     settings = load_settings(
         overrides={"tools_folder": [str(tools)], "few_shot": 2, "prompt_format": "mirrorapi-v2"}, environ={}
     )
-    simulator = Simulator(engine=None, cache=cache, settings=settings)
+    simulator = Simulator(engine=None, settings=settings)
     stateless = [r for split in ("train", "test_id") for r in splits[split] if r["prompt_format"] == "mirrorapi-v2"]
     assert len(stateless) > 300
     for record in stateless:
         doc = registry.get(record["category"], record["tool"], record["api"])
-        assert simulator.messages(doc, json.loads(record["arguments"])) == record["prompt"], record["arguments"]
+        served = simulator.messages(doc, json.loads(record["arguments"]), candidates=served_candidates(cache, doc))
+        assert served == record["prompt"], record["arguments"]
     cache.close()

@@ -17,6 +17,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mirrorapi.cli import main
+from mirrorapi.few_shot import FEW_SHOT_CANDIDATES
 from mirrorapi.models import shipped
 from mirrorapi.models.catalogue import (
     ADAPTER_FILES,
@@ -373,8 +374,9 @@ def test_the_shipped_simulator_is_shown_a_real_reservation_whole(shared_data, tm
     values = leaves(json.loads(example["response"]["response"]))
     shown = {}
     for name, overrides in (("served", served), ("as trained", {**served, **as_trained})):
-        simulator = Simulator(engine=None, cache=cache, settings=load_settings(overrides=overrides, environ={}))
-        prompt = simulator.messages(doc, {"reservation_id": "ZZZ999"})[1]["content"]
+        simulator = Simulator(engine=None, settings=load_settings(overrides=overrides, environ={}))
+        candidates = cache.examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)  # what the server reads
+        prompt = simulator.messages(doc, {"reservation_id": "ZZZ999"}, candidates=candidates)[1]["content"]
         shown[name] = sum(value in prompt for value in values)
     cache.close()
     assert shown["served"] == len(values) > shown["as trained"]

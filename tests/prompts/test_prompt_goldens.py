@@ -122,7 +122,7 @@ def test_stabletoolbench_request_settings_are_upstreams(registry, samples, tmp_p
     settings = load_settings(overrides=base, environ={})
     engine = RecordingEngine()
     doc = registry.resolve("Business", "email_regex_for_lazy", "email_regex")
-    asyncio.run(Simulator(engine, cache=None, settings=settings).simulate(doc, {"value": "a"}))
+    asyncio.run(Simulator(engine, settings=settings).simulate(doc, {"value": "a"}))
     sent = engine.requests[0]
     assert (sent["seed"], sent["max_tokens"], sent["response_format"]) == (42, 2048, None)
     assert sent["messages"][1]["content"].endswith("\n\nRequest:\n{'value': 'a'}")

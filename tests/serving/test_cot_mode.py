@@ -231,7 +231,7 @@ def test_the_simulator_keeps_the_rationale_apart(samples, tmp_path):
             return Completion({"role": "assistant", "content": UPSTREAM_ANSWER}, {}, "stop")
 
     doc = ToolRegistry.load([samples / "tools"]).resolve("Logistics", "transitaires", "transitaire")
-    observation, _, rationale, _ = asyncio.run(Simulator(Engine(), cache=None, settings=settings).simulate(doc, {}))
+    observation, _, rationale, _ = asyncio.run(Simulator(Engine(), settings=settings).simulate(doc, {}))
     assert rationale.startswith(UPSTREAM_MECHANISM)
     assert set(observation) == {"error", "response"}
 

@@ -94,7 +94,7 @@ def test_history_digest_names_the_whole_history():
 def test_simulator_prompts_session_calls_in_the_session_format(samples, tmp_path):
     settings = load_settings(overrides={"tools_folder": [str(samples / "tools")]}, environ={})
     doc = ToolRegistry.load(settings.tools_folder).resolve(*BALANCE[:3])
-    simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    simulator = Simulator(engine=None, settings=settings)
     session = Session(keep=8)
     session.record("apibank_account", "getusertoken", LOGIN[3], **LOGIN[4])
     stateless = simulator.messages(doc, BALANCE[3])
@@ -182,7 +182,7 @@ def test_data_builder_renders_episodes_as_the_server_prompts_them(samples, tmp_p
         overrides={"tools_folder": [str(samples / "tools")], "session_history": 2, "prompt_format": server_format},
         environ={},
     )
-    simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    simulator = Simulator(engine=None, settings=settings)
     assert simulator_identity(settings, in_session=True).split(",")[0] == f"{settings.model}@{session_format}"
     session = Session(keep=settings.session_history)
     for pair in episode:
@@ -245,7 +245,7 @@ def test_the_data_builder_and_the_server_apply_the_related_rule_alike(samples, t
         },
         environ={},
     )
-    simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    simulator = Simulator(engine=None, settings=settings)
     session = Session(keep=settings.session_history)
     for pair in episode:
         doc = registry.resolve(pair["category"], pair["tool_name"], pair["api_name"])
@@ -478,7 +478,7 @@ def test_a_system_prompt_file_is_the_stateless_calls_in_the_data_as_on_the_serve
         },
         environ={},
     )
-    simulator = Simulator(engine=None, cache=ResponseCache(tmp_path / "c.sqlite"), settings=settings)
+    simulator = Simulator(engine=None, settings=settings)
     session = Session(keep=settings.session_history)
     served = {}
     for pair in episode:

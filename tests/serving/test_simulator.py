@@ -1,10 +1,11 @@
 """Few-shot examples: recorded entries of the same API only, chosen by similarity, within a budget."""
 
+import asyncio
 import json
 
 import pytest
 
-from mirrorapi.few_shot import select_examples
+from mirrorapi.few_shot import FEW_SHOT_CANDIDATES, select_examples
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.serving.config import load_settings
@@ -93,11 +94,15 @@ def cache_with_provenances(tmp_path):
 def test_simulator_prompt_shows_recorded_examples_only(cache_with_provenances, samples):
     settings = load_settings(overrides={"tools_folder": [str(samples / "tools")], "few_shot": 3}, environ={})
     doc = ToolRegistry.load(settings.tools_folder).resolve("Data", "theclique", "transfermarkt_search")
-    simulator = Simulator(engine=None, cache=cache_with_provenances, settings=settings)
-    user = simulator.messages(doc, {"name": "Messi"})[1]["content"]
+    simulator = Simulator(engine=None, settings=settings)
+    # the candidates the server reads from its store for the API (`Responder`)
+    candidates = asyncio.run(
+        cache_with_provenances.recorded_examples(doc.category, doc.tool, doc.api, FEW_SHOT_CANDIDATES)
+    )
+    user = simulator.messages(doc, {"name": "Messi"}, candidates=candidates)[1]["content"]
     assert "imported Messi Jr" in user and "recorded Messi" not in user  # the call itself is not its example
     assert "invented Messy" not in user and "other API" not in user
-    user = simulator.messages(doc, {"name": "Lionel"})[1]["content"]
+    user = simulator.messages(doc, {"name": "Lionel"}, candidates=candidates)[1]["content"]
     assert "recorded Messi" in user and "imported Messi Jr" in user and "invented" not in user
     assert user.index("Examples:") < user.index('Request:\n{"name":"Lionel"}')
 
@@ -113,7 +118,7 @@ def test_stabletoolbench_format_uses_the_users_system_prompt(cache_with_provenan
         environ={},
     )
     doc = ToolRegistry.load(settings.tools_folder).resolve("Data", "theclique", "transfermarkt_search")
-    system, user = Simulator(engine=None, cache=cache_with_provenances, settings=settings).messages(doc, {"name": "x"})
+    system, user = Simulator(engine=None, settings=settings).messages(doc, {"name": "x"})
     assert system == {"role": "system", "content": "You are the API server of the released model."}
     assert user["content"].startswith("API doc:\n{'api_name': 'Transfermarkt search'")
     assert user["content"].endswith("\n\nRequest:\n{'name': 'x'}")
