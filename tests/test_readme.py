@@ -511,3 +511,51 @@ def test_the_script_serves_the_name_clients_are_told_to_send(tiny_model_dir, tmp
     finally:
         stop(process)
     assert sorted(p.name for p in temporary.iterdir()) == []
+
+
+def github_anchor(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: the rendered text (links and code marks dropped to their text) lower
+    case, every character but letters, digits, `_`, `-` and spaces dropped, spaces to `-`."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def page_anchors(page: Path) -> set[str]:
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            anchor = github_anchor(heading.group(1))
+            anchors.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")  # GitHub numbers repeats
+            seen[anchor] = seen.get(anchor, 0) + 1
+    return anchors
+
+
+def test_every_link_between_the_pages_reaches_its_file_and_heading():
+    """A link to another page's section whose anchor lost a character (`taubenchs` for the heading's "tau-bench's")
+    opens the page at its top on GitHub; nothing else notices."""
+    assert github_anchor("The fifth run and the judge's second run") == "the-fifth-run-and-the-judges-second-run"
+    assert github_anchor("vLLM, on this CPU and on GPUs") == "vllm-on-this-cpu-and-on-gpus"
+    broken, checked = [], 0
+    for page in PAGES:
+        fenced = False
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if line.startswith("```"):
+                fenced = not fenced
+            if fenced:
+                continue
+            for target in re.findall(r"\]\(([^)\s]+)\)", line):
+                if re.match(r"[a-z]+:", target):  # https:, mailto:
+                    continue
+                path, _, anchor = target.partition("#")
+                linked = (page.parent / path).resolve() if path else page
+                checked += 1
+                if not linked.exists():
+                    broken.append(f"{page.name}:{number}: no file {target}")
+                elif anchor and linked.suffix == ".md" and anchor not in page_anchors(linked):
+                    broken.append(f"{page.name}:{number}: no heading {target}")
+    assert checked > 100 and broken == []
