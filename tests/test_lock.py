@@ -199,3 +199,48 @@ def test_the_venv_is_the_lock():
     assert {name: installed.get(name) for name in tools} == tools, "installed vs the tools lock; rerun make venv"
     unlocked = set(installed) - set(LOCKED) - set(engine) - set(tools) - {"torch", "mirrorapi"}
     assert unlocked == set(), "installed but not in the lock"
+
+
+MAKEFILE = (REPO / "Makefile").read_text(encoding="utf-8")
+
+
+def test_what_builds_from_source_is_built_with_the_locks_own_tools():
+    """rouge-score ships only a source archive: uv built it with the newest setuptools of the day, hash unchecked, so a
+    setuptools release could turn a clean clone's `make venv` red with no change of ours. The lock is also its build
+    constraints, and it pins setuptools with hashes; `make lock`'s own uv comes from the tools lock, hashes checked."""
+    install = re.search(r"^\t\$\(BIN\)/uv pip install .*?-r \$\(LOCK\)(.*?)$", MAKEFILE.replace("\\\n", " "), re.M)
+    assert install and "--build-constraints $(LOCK)" in install.group(1)
+    assert "setuptools" in LOCKED and LOCKED["setuptools"][1]
+    tools = re.search(r"^\$\(LOCK_TOOLS\)/uv-\$\(UV_VERSION\):\n((?:\t.*\n)+)", MAKEFILE, re.M).group(1)
+    assert "--require-hashes -r $(TOOLS_LOCK)" in tools and '"uv==' not in tools
+
+
+def test_the_makefiles_tool_versions_are_the_tools_lock():
+    """`make lock` writes the tools lock from PIP_VERSION and UV_VERSION; a version moved in the Makefile alone
+    would leave every venv installing the old one."""
+    for name in ("pip", "uv"):
+        version = re.search(rf"^{name.upper()}_VERSION := (\S+)$", MAKEFILE, re.M).group(1)
+        assert str(_pin(TOOLS_LOCKED[name][0])) == version
+
+
+def test_a_python_other_than_the_locks_is_refused_before_anything_is_removed(tmp_path):
+    """The locks are for CPython 3.11; `make venv` with 3.12 took PyPI's CUDA torch (several GB) and then blamed the
+    package index. A stand-in interpreter that says it is 3.12 (no 3.12 here) is refused in one line, and the venv
+    folder the target would have replaced is left alone."""
+    import subprocess
+
+    fake = tmp_path / "python3.12"
+    fake.write_text("#!/bin/sh\necho 3.12\n")
+    fake.chmod(0o755)
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "kept").write_text("")
+    done = subprocess.run(
+        ["make", "-s", f"PYTHON={fake}", f"VENV={venv}", f"{venv}/.installed"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "is Python 3.12; the locks are for CPython 3.11" in done.stdout + done.stderr
+    assert (venv / "kept").exists()
