@@ -60,7 +60,8 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK) $(TOOLS_LOCK)
 	touch $@
 
 # llama.cpp's OpenAI-compatible server (llama-cpp-python[server]), the CPU engine scripts/serve_engine_cpu.sh
-# starts. Built from the sdist pinned in $(ENGINE_LOCK) (hash checked): 3-9 min on 2 idle cores (9 min 17 s
+# starts. Built from the sdist pinned in $(ENGINE_LOCK) (hash checked), by the build tools pinned in
+# constraints-engine-build.txt (pip's build isolation took the newest of the day): 3-9 min on 2 idle cores (9 min 17 s
 # on the 2-core AMD EPYC without AVX-512, 2026-11-30), once; pip keeps the built wheel in its cache, so a new venv
 # installs it in seconds (after changing the flags below:
 # `.venv/bin/pip cache remove llama_cpp_python`). CPU only, AVX2 (any x86-64 CPU since 2013), without the
@@ -72,9 +73,10 @@ ENGINE_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=O
 
 engine: $(VENV)/.engine-installed
 
-$(VENV)/.engine-installed: $(VENV)/.installed $(ENGINE_LOCK)
+$(VENV)/.engine-installed: $(VENV)/.installed $(ENGINE_LOCK) constraints-engine-build.txt
 	@echo "make engine: llama.cpp's server, built from source the first time (3-9 min on 2 cores), then from pip's cache"
-	CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(BIN)/pip install -q --no-deps --require-hashes -r $(ENGINE_LOCK)
+	CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(BIN)/pip install -q --no-deps --require-hashes -r $(ENGINE_LOCK) \
+		--build-constraint constraints-engine-build.txt
 	$(BIN)/pip check
 	touch $@
 

@@ -244,3 +244,13 @@ def test_a_python_other_than_the_locks_is_refused_before_anything_is_removed(tmp
     )
     assert done.returncode != 0 and "is Python 3.12; the locks are for CPython 3.11" in done.stdout + done.stderr
     assert (venv / "kept").exists()
+
+
+def test_the_engines_source_build_takes_pinned_tools():
+    """`make engine` builds llama-cpp-python from its source archive; pip's build isolation fetched the newest
+    scikit-build-core (and cmake and ninja where the machine has none) on the day. They are pinned."""
+    install = re.search(r"^\t.*pip install .*-r \$\(ENGINE_LOCK\)(.*?)$", MAKEFILE.replace("\\\n", " "), re.M)
+    assert install and "--build-constraint constraints-engine-build.txt" in install.group(1)
+    pins = read_lock((REPO / "constraints-engine-build.txt").read_text(encoding="utf-8"))
+    assert {"scikit-build-core", "cmake", "ninja"} <= set(pins)
+    assert all(str(requirement.specifier).startswith("==") for requirement, _ in pins.values())
