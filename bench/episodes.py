@@ -280,7 +280,7 @@ def main() -> None:
     import uvloop
 
     from harness.postgres_server import temporary_postgres
-    from mirrorapi.serving.transport import raise_open_file_limit
+    from mirrorapi.serving.app import raise_open_file_limit
 
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     limits = raise_open_file_limit()
