@@ -48,7 +48,7 @@ def serve_variant(variant: str, argv: list[str]) -> None:
     settings = settings_from_args(add_server_arguments(argparse.ArgumentParser(allow_abbrev=False)).parse_args(argv))
     if variant == "endpoint":
 
-        async def constant(self, body, session_id=None):
+        async def constant(self, body, session_id=None, client_gone=None):  # VirtualApi.answer's arguments
             return Answer(200, server_floors.BARE_BODY, "hit", stages={"total": 0.0})
 
         VirtualApi.answer = constant
