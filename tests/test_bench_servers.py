@@ -42,3 +42,32 @@ def test_hit_parts_endpoint_variant_answers_the_constant(tmp_path):
     assert answer.status_code == 200, answer.text[:300]
     assert answer.content == server_floors.BARE_BODY
     assert json.loads(answer.content)["error"] == ""
+
+
+def test_sessions_memory_sends_only_calls_the_cache_holds(tmp_path):
+    """bench/sessions_memory.py measures the session path on cache hits: its bodies are the calls the import
+    stored (until 2026-12 they were every distinct call of the pairs, 19 of them recorded transport failures the
+    import leaves out, sent to an engine that is down and counted as answered), and a run whose calls are not all
+    hits fails."""
+    import sessions_memory
+
+    from mirrorapi.transport_failures import transport_failure
+
+    calls = sessions_memory.bodies(tmp_path)
+    pairs = [json.loads(line) for line in sessions_memory.PAIRS.read_text(encoding="utf-8").splitlines()]
+
+    def call(tool: str, api: str, arguments: dict) -> tuple:  # the body's names are the registry's spelling
+        return tool.lower(), api.lower(), json.dumps(arguments, sort_keys=True)
+
+    answered = {}  # call -> whether one of its recorded answers is no transport failure
+    for p in pairs:
+        key = call(p["tool_name"], p["api_name"], p["tool_input"])
+        genuine = not transport_failure(p["response"]["error"], p["response"]["response"])
+        answered[key] = answered.get(key, False) or genuine
+    failed = {key for key, genuine in answered.items() if not genuine}
+    sent = {call(b["tool_name"], b["api_name"], json.loads(b["tool_input"])) for b in map(json.loads, calls)}
+    assert len(calls) == len(sent) and failed and not failed & sent
+    store = ["--cache-path", str(tmp_path / "sqlite.sqlite")]
+    result = sessions_memory.run_variant("sqlite", REPO, store, tmp_path, SimpleNamespace(sessions=8, calls=4), calls)
+    assert result["answered"] == 32
+    assert {outcome for outcome, n in result["outcomes"].items() if n} == {"hit"}  # the warm-up sent every call
