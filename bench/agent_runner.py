@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from server_load import load_average  # noqa: E402
 
 from harness.fake_engines import stub_engine_process  # noqa: E402
-from harness.processes import free_port, stop, wait_until_ready  # noqa: E402
+from harness.processes import checkout_env, free_port, stop, wait_until_ready  # noqa: E402
 from mirrorapi.evaluation.agent.run import run_agent_async  # noqa: E402
 from mirrorapi.evaluation.agent.settings import AgentSettings
 from mirrorapi.versions import package_versions  # noqa: E402
@@ -80,6 +80,7 @@ def main() -> None:
         [sys.executable, str(REPO / "serving" / "main_mirrorapi.py"), "--config", str(config)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=checkout_env(),
     )
     try:
         wait_until_ready(f"http://127.0.0.1:{agent_port}/stats", 60)

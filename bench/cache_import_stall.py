@@ -216,11 +216,11 @@ def main() -> None:
             sys.exit(f"bench/cache_import_stall.py: pairs file not found: {path}")
     sys.path.insert(0, str(REPO))
     from harness.fake_engines import stub_engine_process
-    from harness.processes import free_port
+    from harness.processes import checkout_env, free_port
     from mirrorapi.versions import package_versions
 
     # The server and the import run this checkout's code.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = checkout_env()["PYTHONPATH"]
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-stall-"))
     engine_port = free_port()
     engine = stub_engine_process(engine_port, ENGINE_LATENCY)

@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness.processes import (  # noqa: E402
+    checkout_env,
     free_port,
     llama_cpp_available,
     llama_cpp_serve,
@@ -334,6 +335,7 @@ def server_misses(engine, agents: int, window: float, max_tokens: int, work: Pat
     server = subprocess.Popen(
         [sys.executable, "serving/main_mirrorapi.py", "--config", str(config)],
         cwd=REPO,
+        env=checkout_env(),
         stdout=subprocess.DEVNULL,
         stderr=open(work / "server.log", "wb"),
         start_new_session=True,

@@ -206,7 +206,7 @@ async def run_episodes(
 
 def run_variant(name: str, args, store: list[str], work: Path, calls: list) -> dict:
     from harness.fake_engines import stub_engine_process
-    from harness.processes import free_port, stop, wait_until_ready
+    from harness.processes import checkout_env, free_port, stop, wait_until_ready
 
     stub = name == "stub"
     engine_port = free_port()
@@ -240,7 +240,9 @@ def run_variant(name: str, args, store: list[str], work: Path, calls: list) -> d
     ]
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
-        server = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            command, cwd=REPO, env=checkout_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     results = []
     try:
         wait_until_ready(url + "/live", 300, process=server, log_path=log)

@@ -72,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from harness.fake_engines import HungEngine, stub_engine_process
-    from harness.processes import free_port, wait_until_ready
+    from harness.processes import checkout_env, free_port, wait_until_ready
     from mirrorapi.versions import package_versions
 
     work = Path(tempfile.mkdtemp(prefix="mirrorapi-failover-"))
@@ -105,7 +105,7 @@ def main() -> None:
         "warning",
     ]
     log = open(work / "server.log", "w")
-    processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+    processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=checkout_env()))
     try:
         wait_until_ready(f"http://127.0.0.1:{port}/live", 60, process=processes[-1], log_path=work / "server.log")
         load_before = load_average()

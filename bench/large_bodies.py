@@ -111,7 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from harness.fake_engines import stub_engine_process
-    from harness.processes import free_port, stop, wait_until_ready
+    from harness.processes import checkout_env, free_port, stop, wait_until_ready
 
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -134,7 +134,9 @@ def main() -> None:
         ]  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         with open(log, "w") as out:
-            server = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            server = subprocess.Popen(
+                command, cwd=REPO, env=checkout_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         try:
             wait_until_ready(url + "/live", 300, process=server, log_path=log)
             time.sleep(5)  # the worker process that parses large bodies starts in the background

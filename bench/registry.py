@@ -49,11 +49,13 @@ def main() -> None:
     if not Path(args.tools).is_dir():
         sys.exit(f"bench/registry.py: tools folder not found: {args.tools}")
     sys.path.insert(0, str(REPO))
+    from harness.processes import checkout_env
+
     load_before = [round(x, 2) for x in os.getloadavg()]
     runs = {"cold": [], "warm": []}
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as index_dir:  # empty at each cold load
-            env = dict(os.environ, MIRRORAPI_TOOLS_INDEX_DIR=index_dir)
+            env = checkout_env(env=dict(os.environ, MIRRORAPI_TOOLS_INDEX_DIR=index_dir))
             for kind in ("cold", "warm"):
                 out = subprocess.run(
                     [sys.executable, "-c", ONE_RUN, args.tools], capture_output=True, text=True, check=True, env=env

@@ -14,7 +14,6 @@ process and children) is what to compare; a machine's drift shows in how the rou
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
@@ -29,7 +28,7 @@ import server_load  # noqa: E402
 import server_workloads  # noqa: E402
 
 from harness.fake_engines import stub_engine_process  # noqa: E402
-from harness.processes import free_port  # noqa: E402
+from harness.processes import checkout_env, free_port  # noqa: E402
 
 
 def main() -> int:
@@ -82,7 +81,7 @@ def main() -> int:
                     script=checkout / "serving" / "main_mirrorapi.py",
                 )
                 live = f"http://127.0.0.1:{port}/live"
-                env = dict(os.environ, PYTHONPATH=str(checkout))
+                env = checkout_env(checkout)
                 with server_workloads.started(command, work, name, live, cwd=checkout, env=env) as (process, _):
                     server_load.run_load(port, process.pid, hits, 16, 2000)
                     hit = server_load.run_load(port, process.pid, hits, 64, 16000)

@@ -22,7 +22,7 @@ from pathlib import Path
 from server_floors import ENGINE_REQUEST
 from server_load import run_load
 
-from harness.processes import free_port, stop, wait_until_ready
+from harness.processes import checkout_env, free_port, stop, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
 FLOORS = Path(__file__).with_name("server_floors.py")
@@ -87,12 +87,18 @@ def count_entries(location: Path | str) -> int:
 def started(
     command: list[str], work: Path, name: str, ready_url: str, cwd: Path | None = None, env: dict | None = None
 ):
-    """A server process, ready when the block starts (yields (process, seconds until ready)); stopped after."""
+    """A server process, ready when the block starts (yields (process, seconds until ready)); stopped after.
+    `env`: by default this process's with this clone first on PYTHONPATH (`checkout_env`)."""
     log_path = work / f"{name}.log"
     with open(log_path, "w") as log:
         start = time.perf_counter()
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=checkout_env() if env is None else env,
+            start_new_session=True,
         )
         try:
             wait_until_ready(ready_url, 180, process=process, log_path=log_path, interval=0.02)

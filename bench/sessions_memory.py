@@ -111,9 +111,9 @@ async def drive(port: int, calls: list[bytes], sessions: range | None, per_sessi
 
 
 def run_variant(name: str, root: Path, store: list[str], work: Path, args, calls: list[bytes]) -> dict:
-    from harness.processes import free_port, stop, wait_until_ready
+    from harness.processes import checkout_env, free_port, stop, wait_until_ready
 
-    env = dict(os.environ, PYTHONPATH=str(root))
+    env = checkout_env(root)
     subprocess.run(
         [
             sys.executable,

@@ -83,6 +83,8 @@ def main() -> None:
         sys.exit(f"bench/sft_data.py: needs {args.tools} and {SHARED / 'pairs'} (the shared data package)")
     with tempfile.TemporaryDirectory(prefix="bench-sft-") as tmp:
         workload = make_workload(args.tools, SHARED / "pairs", args.pairs, Path(tmp) / "pairs.jsonl")
+        from harness.processes import checkout_env  # make_workload put this checkout on sys.path
+
         load_before = load_average()
         seconds, summary = [], {}
         for run in range(args.runs):
@@ -101,6 +103,7 @@ def main() -> None:
                 capture_output=True,
                 text=True,
                 check=True,
+                env=checkout_env(),
             )
             seconds.append(time.perf_counter() - start)
             summary = json.loads(result.stdout.strip().splitlines()[-1])

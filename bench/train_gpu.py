@@ -94,6 +94,8 @@ def build_model(out_dir: str, shape: str, on_gpu: bool) -> int:
 
 
 def build_records(out_dir: Path, tiny: bool) -> None:
+    from harness.processes import checkout_env  # main put this checkout on sys.path
+
     pairs, tools = sorted((SHARED / "pairs").glob("*.jsonl")), SHARED / "toolenv" / "realtools"
     if tiny or not pairs:
         pairs, tools = [REPO / "data/samples/pairs.jsonl"], REPO / "data/samples/tools"
@@ -110,6 +112,7 @@ def build_records(out_dir: Path, tiny: bool) -> None:
         ],
         check=True,
         capture_output=True,
+        env=checkout_env(),
     )
 
 
@@ -159,6 +162,9 @@ def main() -> None:
     parser.add_argument("--keep", help="keep model, data and output in this folder")
     args, overrides = parser.parse_known_args()
     overrides = [o for o in overrides if o != "--"]
+    sys.path.insert(0, str(REPO))
+    from harness.processes import checkout_env  # the children run this checkout's library
+
     gpu = None if args.tiny else gpu_name()
     shape = "tiny" if args.tiny else args.shape or _shape_of(args.recipe)
     if args.steps <= args.warmup:
@@ -221,7 +227,8 @@ def main() -> None:
     log_times, tail = [], []
     load_before = load_average()
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # log lines arrive as they are printed: their times bound gpu_busy
+    # Log lines arrive as they are printed: their times bound gpu_busy.
+    env = {**checkout_env(), "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     for line in process.stdout:
         tail = (tail + [line])[-40:]

@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--launcher", choices=("python", "accelerate"), default="accelerate")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
+    from harness.processes import checkout_env
     from mirrorapi.training.tiny_model import build_tiny_model
     from mirrorapi.versions import package_versions
 
@@ -50,6 +51,7 @@ def main() -> None:
             ],
             check=True,
             capture_output=True,
+            env=checkout_env(),
         )
         launcher = (
             [sys.executable]
@@ -92,6 +94,7 @@ def main() -> None:
                 ],
                 check=True,
                 capture_output=True,
+                env=checkout_env(),
             )
             wall = time.perf_counter() - start
             info = json.loads((out / "mirrorapi_training.json").read_text())

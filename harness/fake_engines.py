@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import http.server
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -36,8 +35,7 @@ import threading
 import time
 from typing import Self
 
-from harness import REPO
-from harness.processes import free_port
+from harness.processes import checkout_env, free_port
 from mirrorapi.prompts.simulator_formats import HISTORY_HEADING, shown_history
 
 # The observation a stub engine answers with unless told otherwise: a StableToolBench-shaped answer.
@@ -170,10 +168,9 @@ class StubEngine:
 
 def stub_engine_process(port: int, delay: float) -> subprocess.Popen:
     """A StubEngine in its own process (a benchmark's engine must not share the measured interpreter)."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return subprocess.Popen(
         [sys.executable, "-m", "harness.fake_engines", "stub", "--port", str(port), "--delay", str(delay)],
-        env={**os.environ, "PYTHONPATH": path},
+        env=checkout_env(),
     )
 
 

@@ -26,13 +26,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
+from harness import REPO
 from mirrorapi.models.to_gguf import GGUFExportError, gguf_for_serving
 from mirrorapi.vllm_engine import VllmNotInstalled, installed_build, vllm_command, vllm_environment, vllm_python
 
@@ -66,6 +67,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         _next_ports[worker] = (offset + step + 1) % WORKER_PORTS
         return port
     raise OSError(f"no free port in {base}-{base + WORKER_PORTS - 1} for pytest-xdist worker {worker}")
+
+
+def checkout_env(root: str | os.PathLike = REPO, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's environment) with `root` (default: this clone) first on PYTHONPATH: a child
+    that runs a script of the checkout (`python serving/main_mirrorapi.py`) imports that checkout's library, not
+    the one the venv's editable install points at (another clone or worktree sharing the venv)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    return env
 
 
 @dataclass

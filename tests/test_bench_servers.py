@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -71,3 +72,42 @@ def test_sessions_memory_sends_only_calls_the_cache_holds(tmp_path):
     result = sessions_memory.run_variant("sqlite", REPO, store, tmp_path, SimpleNamespace(sessions=8, calls=4), calls)
     assert result["answered"] == 32
     assert {outcome for outcome, n in result["outcomes"].items() if n} == {"hit"}  # the warm-up sent every call
+
+
+PROBE = """
+import http.server, json, sys
+import mirrorapi
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"mirrorapi": mirrorapi.__file__}).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_a_server_a_bench_starts_imports_this_checkout(tmp_path, monkeypatch):
+    """A script run as `python serving/main_mirrorapi.py` has its own folder on sys.path, not the clone's: without
+    the clone on PYTHONPATH its `import mirrorapi` is whatever the venv's editable install points at (another clone
+    sharing the venv; until 2026-12 the benches measured that one's server). `started` gives the child this clone."""
+    from harness.processes import checkout_env
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # as a bench is run: `python bench/server.py`
+    script = tmp_path / "probe.py"  # a script outside the clone, as serving/main_mirrorapi.py is outside bench/
+    script.write_text(PROBE)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/live"
+    with server_workloads.started([sys.executable, str(script), str(port)], tmp_path, "probe", url, cwd=tmp_path):
+        imported = Path(httpx.get(url, timeout=30).json()["mirrorapi"])
+    assert imported.is_relative_to(REPO / "mirrorapi"), imported
+    # Prepended to what the environment had; a bench of another checkout (server_commits) names its root.
+    env = checkout_env(tmp_path, {"PYTHONPATH": "/elsewhere", "HOME": "/h"})
+    assert env == {"PYTHONPATH": f"{tmp_path}{os.pathsep}/elsewhere", "HOME": "/h"}
+    assert checkout_env(env={})["PYTHONPATH"] == str(REPO)
