@@ -4,7 +4,8 @@ over its run) and what it measures with.
 The generator holds `--clients` keep-alive connections over asyncio streams, the cheapest HTTP/1.1 client Python
 has (on these 2 cores it shares the machine with the server it measures; bench/server_floors.py's `forwarder`
 measures it against aiohttp and httpx), and prints one JSON line: requests, requests/s, statuses (ok, error: an
-error observation, http_<code>: a refusal, which `run_load` does not measure), p50 and p99.
+error observation, http_<code>: a refusal, connection_error: a connection refused, reset or closed before the
+answer; `run_load` measures neither of the last two), p50 and p99 (of the answered requests).
 Server CPU is the server's own user+system time (/proc, with its child processes) over a workload, divided by its
 requests.
 """
@@ -33,11 +34,17 @@ def http_request(port: int, path: str, body: bytes, headers: bytes = b"") -> byt
 async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     """(status, body) of the next HTTP/1.1 answer on a kept-alive connection (every server here sends
     Content-Length)."""
+    status, body, _ = await _read_answer(reader)
+    return status, body
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """(status, body, whether the server closes the connection after it: `connection: close`)."""
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
-    )
-    return int(head.split(b" ", 2)[1]), await reader.readexactly(length)
+    lines = [line.lower() for line in head.split(b"\r\n")]
+    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:"))
+    closes = any(line.startswith(b"connection:") and b"close" in line for line in lines)
+    return int(head.split(b" ", 2)[1]), await reader.readexactly(length), closes
 
 
 def load(port: int, bodies_file: str, clients: int, requests: int, rate: float = 0, path: str = "/virtual") -> None:
@@ -49,7 +56,7 @@ def load(port: int, bodies_file: str, clients: int, requests: int, rate: float =
     interval = clients / rate if rate else 0.0
 
     async def client(offset: int, n: int):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        connection = None  # (reader, writer), opened again after the server closed it
         scheduled = time.perf_counter() + interval * offset / clients
         for i in range(n):
             body = bodies[(offset + i * clients) % len(bodies)]
@@ -58,12 +65,24 @@ def load(port: int, bodies_file: str, clients: int, requests: int, rate: float =
                 start, scheduled = scheduled, scheduled + interval
             else:
                 start = time.perf_counter()
-            writer.write(http_request(port, path, body))
-            code, answer = await read_answer(reader)
+            try:
+                connection = connection or await asyncio.open_connection("127.0.0.1", port)
+                connection[1].write(http_request(port, path, body))
+                code, answer, closes = await _read_answer(connection[0])
+            except (OSError, EOFError, ValueError, StopIteration):  # refused, reset, closed, or no HTTP answer
+                statuses["connection_error"] = statuses.get("connection_error", 0) + 1
+                if connection:
+                    connection[1].close()
+                connection = None
+                continue
             latencies.append(time.perf_counter() - start)
             status = f"http_{code}" if code != 200 else "error" if json.loads(answer).get("error") else "ok"
             statuses[status] = statuses.get(status, 0) + 1
-        writer.close()
+            if closes:  # a refusal may close the connection (a 500 with `connection: close`): the next opens one
+                connection[1].close()
+                connection = None
+        if connection:
+            connection[1].close()
 
     async def main():
         start = time.perf_counter()
@@ -78,8 +97,8 @@ def load(port: int, bodies_file: str, clients: int, requests: int, rate: float =
                 "requests": len(latencies),
                 "rps": len(latencies) / elapsed,
                 "statuses": statuses,
-                "p50_ms": latencies[len(latencies) // 2] * 1e3,
-                "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+                "p50_ms": latencies[len(latencies) // 2] * 1e3 if latencies else None,
+                "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3 if latencies else None,
             }
         )
     )
@@ -148,13 +167,18 @@ def run_load(
         ],
         capture_output=True,
         text=True,
-        check=True,
     )
+    if out.returncode:
+        tail = out.stderr.strip()[-2000:]
+        raise RuntimeError(f"the load generator (bench/server_load.py) exited with status {out.returncode}:\n{tail}")
     result = json.loads(out.stdout)
-    if refused := {status: n for status, n in result["statuses"].items() if status.startswith("http_")}:
-        # Every server measured here answers 200 (an error observation included): any other status is a refusal of
+    if refused := {status: n for status, n in result["statuses"].items() if status not in ("ok", "error")}:
+        # Every server measured here answers 200 (an error observation included): any other status (http_<code>, or
+        # connection_error: a server that closed or reset the connection, or is gone) is a refusal of
         # the benchmark's own requests, and figures over refusals measure nothing.
         raise RuntimeError(f"the server refused the benchmark's requests ({refused}): nothing was measured")
+    if not result["requests"]:
+        raise RuntimeError(f"no request was sent ({requests} requests over {clients} clients): nothing was measured")
     result["server_cpu_ms_per_request"] = (cpu_seconds(server_pid) - before) * 1e3 / result["requests"]
     if database_pid:
         result["database_cpu_ms_per_request"] = (

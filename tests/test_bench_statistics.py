@@ -90,3 +90,77 @@ def test_the_load_generator_is_answered_by_the_real_server_and_a_refusal_is_no_m
             else:
                 assert expected is None, "a refused workload was measured"
                 assert found["requests"] == 8 and found["statuses"] == {"ok": 8}  # answered from the cache
+
+
+def _answering_server(answer):
+    """A ThreadingHTTPServer on 127.0.0.1 whose POST handler is `answer(handler)`; serve_forever in a thread."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive unless the answer says `connection: close`
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            answer(self)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _refuse_and_close(handler):
+    body = b'{"detail": "Internal Server Error"}'
+    handler.send_response(500)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(body)))
+    handler.send_header("connection", "close")
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def _close_without_answering(handler):
+    handler.close_connection = True
+
+
+def test_a_refusal_that_closes_the_connection_or_a_dropped_one_is_no_measure(tmp_path):
+    """A 500 with `connection: close` (until 2026-12 the load generator then crashed on the closed connection, and
+    run_load raised a bare CalledProcessError) and a connection closed without an answer are statuses: run_load
+    stops the benchmark saying so."""
+    import os
+
+    import pytest
+    from server_load import run_load
+
+    bodies = tmp_path / "bodies.json"
+    bodies.write_text('["{}"]')
+    for answer, expected in (
+        (_refuse_and_close, "refused the benchmark's requests ({'http_500': 8})"),
+        (_close_without_answering, "refused the benchmark's requests ({'connection_error': 8})"),
+    ):
+        server = _answering_server(answer)
+        try:
+            with pytest.raises(RuntimeError) as raised:
+                run_load(server.server_address[1], os.getpid(), bodies, clients=2, requests=8)
+        finally:
+            server.shutdown()
+            server.server_close()
+        assert expected in str(raised.value)
+
+
+def test_a_load_generator_that_fails_is_reported_with_its_error(tmp_path):
+    import os
+
+    import pytest
+    from server_load import run_load
+
+    server = _answering_server(_refuse_and_close)  # never reached: the generator fails reading its bodies
+    try:
+        with pytest.raises(RuntimeError, match=r"(?s)exited with status 1:.*FileNotFoundError.*missing\.json"):
+            run_load(server.server_address[1], os.getpid(), tmp_path / "missing.json", clients=2, requests=8)
+    finally:
+        server.shutdown()
+        server.server_close()
