@@ -19,9 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
 from server_load import load_average
 
 REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "training/configs/tiny_cpu.yaml"
 
 
 def main() -> None:
@@ -30,6 +32,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--launcher", choices=("python", "accelerate"), default="accelerate")
     args = parser.parse_args()
+    # The figures are the log lines after the first (warm-up): fewer than two lines would leave none.
+    logging_steps = yaml.safe_load(RECIPE.read_text())["logging_steps"]
+    if args.steps < 2 * logging_steps:
+        parser.error(f"--steps must be at least {2 * logging_steps} (the recipe logs every {logging_steps} steps)")
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     sys.path.insert(0, str(REPO))
     from harness.processes import checkout_env
     from mirrorapi.training.tiny_model import build_tiny_model
@@ -68,7 +76,7 @@ def main() -> None:
         for run in range(args.runs):
             out = tmp / f"out{run}"
             start = time.perf_counter()
-            recipe = str(REPO / "training/configs/tiny_cpu.yaml")
+            recipe = str(RECIPE)
             subprocess.run(
                 [
                     *launcher,
@@ -101,7 +109,7 @@ def main() -> None:
             logs = [e for e in info["log_history"] if "tokens_per_second" in e]
             runs.append(
                 {
-                    "tokens_per_second": statistics.median(e["tokens_per_second"] for e in logs[1:] or logs),
+                    "tokens_per_second": statistics.median(e["tokens_per_second"] for e in logs[1:]),
                     "train_seconds": info["metrics"]["train_seconds"],
                     "wall_seconds": round(wall, 1),
                     "tokens": logs[-1]["num_tokens"] if logs else None,

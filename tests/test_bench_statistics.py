@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -132,7 +134,6 @@ def test_a_refusal_that_closes_the_connection_or_a_dropped_one_is_no_measure(tmp
     stops the benchmark saying so."""
     import os
 
-    import pytest
     from server_load import run_load
 
     bodies = tmp_path / "bodies.json"
@@ -154,7 +155,6 @@ def test_a_refusal_that_closes_the_connection_or_a_dropped_one_is_no_measure(tmp
 def test_a_load_generator_that_fails_is_reported_with_its_error(tmp_path):
     import os
 
-    import pytest
     from server_load import run_load
 
     server = _answering_server(_refuse_and_close)  # never reached: the generator fails reading its bodies
@@ -164,3 +164,21 @@ def test_a_load_generator_that_fails_is_reported_with_its_error(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "5"], "--steps must be at least 20 (the recipe logs every 10 steps)"),
+        (["--steps", "15"], "--steps must be at least 20"),  # one log line, the warm-up: it was the figure
+        (["--runs", "0"], "--runs must be at least 1"),
+    ],
+)
+def test_train_tiny_refuses_settings_that_give_no_figure(argv, message):
+    """bench/train_tiny.py's figure is the median of the recipe's log lines after the first (every 10 steps): with
+    fewer than 20 steps there is none (until 2026-12: a StatisticsError traceback after the training, or the
+    warm-up line taken as the figure). Refused before anything is built."""
+    command = [sys.executable, str(REPO / "bench" / "train_tiny.py"), *argv]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"train_tiny.py: error: {message}" in result.stderr and result.stdout == ""
