@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 
 from shipped_steps.answer import HELD_OUT_SPLITS, answer_stage
-from shipped_steps.common import REPO, SHARED, log
+from shipped_steps.common import REPO, SHARED, StageError, log
 from shipped_steps.data import build_data
 from shipped_steps.decisions import decision_stage
 from shipped_steps.judge import judge_stage
@@ -71,6 +71,39 @@ def refuse_what_cannot_run(parser: argparse.ArgumentParser, args: argparse.Names
         parser.error("the judge stage needs --adapter DIR (a judge adapter)")
     if args.stage == "decisions" and not args.adapter:
         parser.error("the decisions stage needs --adapter DIR (a simulator adapter)")
+
+
+def usage_error(parser: argparse.ArgumentParser, message: str) -> None:
+    """One line on stderr and exit status 2: a mistake in what was asked, before anything runs."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def default_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--pairs, --tools and --labelled not given: every shared file (../shared/data), or with --tiny the samples
+    (data/samples). Without ../shared and without --tiny a stage that reads them is refused: it would train or
+    score on the samples as if they were the shared data."""
+    samples = REPO / "data" / "samples"
+    if args.tiny:
+        args.pairs = args.pairs or [str(samples / "pairs.jsonl")]
+        args.tools = args.tools or [str(samples / "tools")]
+        args.labelled = args.labelled or [str(samples / "judge.jsonl")]
+        return
+    if SHARED.is_dir():
+        args.pairs = args.pairs or [str(p) for p in sorted((SHARED / "pairs").glob("*.jsonl"))]
+        args.tools = args.tools or [str(SHARED / "toolenv" / "realtools")]
+        args.labelled = args.labelled or [str(SHARED / "judge" / "labelled.jsonl")]
+        return
+    every = ("pairs", "tools", "labelled")
+    needed = {"data": every, "all": every, "score": ("pairs", "tools")}
+    if args.stage == "answer" and args.engine:
+        needed["answer"] = ("tools",)  # the server's tool docs
+    missing = [f"--{name}" for name in needed.get(args.stage, ()) if not getattr(args, name)]
+    if missing:
+        usage_error(
+            parser,
+            f"the {args.stage} stage reads the shared data and {SHARED} is not there: give {' '.join(missing)} "
+            "(or --tiny for the few samples of data/samples, to check the path)",
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,15 +284,17 @@ def main(argv: list[str] | None = None) -> int:
         "--judge-set", nargs="+", default=[], metavar="KEY=VALUE", help="Recipe keys for the judge's run."
     )
     args = parser.parse_args(argv)
-    work = Path(args.work)
-    samples = REPO / "data" / "samples"
-    shared = SHARED.is_dir() and not args.tiny
-    args.pairs = args.pairs or (
-        [str(p) for p in sorted((SHARED / "pairs").glob("*.jsonl"))] if shared else [str(samples / "pairs.jsonl")]
-    )
-    args.tools = args.tools or [str(SHARED / "toolenv" / "realtools" if shared else samples / "tools")]
-    args.labelled = args.labelled or [str(SHARED / "judge" / "labelled.jsonl" if shared else samples / "judge.jsonl")]
+    default_inputs(parser, args)
     refuse_what_cannot_run(parser, args)
+    try:
+        return run_stages(args)
+    except StageError as exc:
+        usage_error(parser, str(exc))
+        return 2
+
+
+def run_stages(args: argparse.Namespace) -> int:
+    work = Path(args.work)
     if args.tiny:
         args.per_stratum, args.max_new_tokens, args.batch_size = 2, 16, 4
     if args.stage in ("all", "data"):

@@ -14,6 +14,11 @@ SHARED = REPO.parent / "shared" / "data"
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}
 
 
+class StageError(Exception):
+    """A mistake in what a stage was asked (inputs that do not fit together): the script says it in one line and
+    exits with status 2, without a traceback."""
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 

@@ -7,6 +7,8 @@ import json
 import lzma
 from pathlib import Path
 
+from shipped_steps.common import StageError
+
 
 def served_observation(text: str) -> tuple[dict, str]:
     """A model's text as a virtual server serves it, and how it was read: the observation it holds, else the server's
@@ -53,6 +55,13 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
             (r["source"], r["episode"], r["step"])
             for r in dataset[split].select_columns(["source", "episode", "step"])
         }
+        missing = sorted(ids - by_id.keys())
+        if missing:  # the data stage read other pairs than these
+            raise StageError(
+                f"{len(missing)} of the {len(ids)} {split} calls of {work / 'data' / 'simulator'} are in none of the "
+                f"pairs read ({' '.join(pairs)}), e.g. {missing[0]}: score with the --pairs the data stage built from "
+                "(without ../shared, name them; --tiny only with data built with --tiny)"
+            )
         return [by_id[i] for i in sorted(ids)]
 
     train_pairs = pairs_of("train")

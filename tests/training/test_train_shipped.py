@@ -427,3 +427,32 @@ def test_the_decisions_stage_asks_the_answer_stage_s_records_against_their_real_
         assert list(parts)[0] == "overall" and list(parts)[-len(states) :] == states  # then sources, then states
         answered = [t["answered"] for t in parts["overall"]["thresholds"]]
         assert answered == sorted(answered, reverse=True)  # a higher threshold never answers more failures
+
+
+def test_without_the_shared_data_only_tiny_reads_the_samples(tmp_path, entry_script, capsys, monkeypatch):
+    # No ../shared/data (a lent machine, a fresh clone): the data stage does not quietly build from data/samples,
+    # which would train the shipped models on a few samples; it names the flags to give, in one line, status 2
+    script = entry_script("scripts/train_shipped_models.py")
+    monkeypatch.setattr(script, "SHARED", tmp_path / "no-shared")
+    for stage in ("data", "all", "score"):
+        with pytest.raises(SystemExit) as refused:
+            script.main(["--stage", stage, "--work", str(tmp_path / "work"), "--base", str(tmp_path)])
+        assert refused.value.code == 2
+        error = capsys.readouterr().err
+        assert len(error.strip().splitlines()) == 1 and "--pairs --tools" in error and "--tiny" in error
+    assert not (tmp_path / "work").exists()
+
+
+def test_scoring_against_other_pairs_than_the_data_s_is_one_line(shipped_run, tmp_path, run_stage, capsys):
+    # the pairs read hold none of the data stage's calls (the data built from other pairs): one line, status 2,
+    # not a KeyError's traceback
+    one_pair = tmp_path / "one.jsonl"
+    one_pair.write_text((REPO / "data/samples/pairs.jsonl").read_text().splitlines()[0] + "\n")
+    with pytest.raises(SystemExit) as refused:
+        run_stage(
+            "--stage", "score", "--work", str(shipped_run), "--pairs", str(one_pair),
+            "--generations", str(shipped_run / "out" / "generations.jsonl.xz"),
+        )  # fmt: skip
+    assert refused.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "score with the --pairs the data stage built from" in error
