@@ -3,10 +3,13 @@ simulator and the judge at once, then their offline scores, and what a lent mach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import lzma
 import math
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -18,9 +21,11 @@ from shipped_steps.answer import generate, held_out_sample
 from shipped_steps.common import REPO, base_model, load_trained, log, machine
 from shipped_steps.decisions import failure_decisions
 from shipped_steps.judge import score_judge
+from shipped_steps.results import Results
 
 SIMULATOR_RECIPE = "training/configs/simulator_smollm2_gpu_lora.yaml"
 JUDGE_RECIPE = "training/configs/judge_smollm2_gpu_lora.yaml"
+LOG_REFRESH_SECONDS = 30.0  # how often the train stage refreshes logs.tar.xz and report.json in `out`
 
 
 def launch(kind: str, recipe: str, base: Path, work: Path, on_gpu: bool, extra: list[str]) -> subprocess.Popen:
@@ -52,6 +57,7 @@ def launch(kind: str, recipe: str, base: Path, work: Path, on_gpu: bool, extra: 
         stdout=handle,
         stderr=subprocess.STDOUT,
         cwd=REPO,
+        process_group=0,  # its own group (not session): stopped whole with the launcher's children (`stop`)
         env={
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -104,14 +110,27 @@ def write_adapters(out: Path, work: Path, kinds: list[str]) -> None:
 
 
 def write_report(out: Path, work: Path, report: dict) -> None:
-    """report.json and the logs; checked against what a lent machine hands back (8 files, 16 MiB each)."""
-    with tarfile.open(out / "logs.tar.xz", "w:xz") as tar:
+    """report.json and the child processes' logs so far (logs.tar.xz), into `out`."""
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    with tarfile.open(work / "logs.tar.xz", "w:xz") as tar:
         tar.add(work / "logs", arcname="logs")
+    shutil.move(work / "logs.tar.xz", out / "logs.tar.xz")
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    files = list(out.iterdir())
-    too_big = [p.name for p in files if p.stat().st_size > 16 * 2**20]
-    if len(files) > 8 or too_big:
-        log(f"WARNING: {len(files)} files in {out}, over 16 MiB: {too_big}: a lent machine hands back 8, under 16 MiB")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """A training's whole process group: `accelerate launch` leaves its training process running when it is
+    stopped alone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+
+
+class Terminated(SystemExit):
+    """SIGTERM (a lent machine's time limit, `timeout`), raised in the stage so that what it has is written out."""
+
+
+def raise_terminated(signum, frame) -> None:
+    raise Terminated(f"terminated by signal {signum}")
 
 
 def recipe_flags(settings: list[str]) -> list[str]:
@@ -126,12 +145,47 @@ def recipe_flags(settings: list[str]) -> list[str]:
 
 
 def train_stage(args, work: Path) -> dict:
+    """Both trainings, then their scores. Everything reaches `out` as it lands, so that a failed or killed run
+    still hands back what it had: report.json (its `status`, and `failed` saying what failed) and logs.tar.xz at
+    once and every LOG_REFRESH_SECONDS, each adapter as soon as its training ends, each score when done."""
     import transformers
 
-    stage_start = time.perf_counter()
     where = machine()
+    report: dict = {
+        "status": "started",
+        "machine": where,
+        "transformers": transformers.__version__,
+        "argv": sys.argv[1:],
+        "seconds": {},
+    }
+    out = Path(args.out or work / "out")
+    results = Results(out)
+
+    def publish(status: str | None = None) -> None:
+        if status:
+            report["status"] = status
+        write_report(out, work, report)
+        results.landed()
+
+    publish()
+    processes: dict[str, subprocess.Popen] = {}
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        return train_and_score(args, work, out, report, publish, processes)
+    except BaseException as exc:  # a kill, an interrupt, a failed training: said, with what there is
+        for process in processes.values():
+            stop(process)
+        report.setdefault("failed", f"{type(exc).__name__}: {exc}")
+        publish("failed")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def train_and_score(args, work: Path, out: Path, report: dict, publish, processes: dict) -> dict:
+    stage_start = time.perf_counter()
+    where = report["machine"]
     on_gpu = where["device"] == "cuda"
-    report: dict = {"machine": where, "transformers": transformers.__version__, "argv": sys.argv[1:], "seconds": {}}
     started = time.perf_counter()
     base = base_model(work, args.base, args.base_gguf)
     report["seconds"]["base"] = round(time.perf_counter() - started, 1)
@@ -155,29 +209,51 @@ def train_stage(args, work: Path) -> dict:
                 "1",
                 *extra[kind],
             ]
-    started = time.perf_counter()
-    recipes = {"simulator": SIMULATOR_RECIPE, "judge": JUDGE_RECIPE}
-    processes = {kind: launch(kind, recipes[kind], base, work, on_gpu, extra[kind]) for kind in args.kinds}
-    failed = [kind for kind, process in processes.items() if process.wait() != 0]
-    report["seconds"]["train"] = round(time.perf_counter() - started, 1)
-    if failed:
-        tail = "\n".join((work / "logs" / f"{failed[0]}.log").read_text(encoding="utf-8").splitlines()[-30:])
-        raise SystemExit(f"training failed: {', '.join(failed)}\n{tail}")
     parameters = base_parameters(base)
     report["base_parameters"] = parameters
-    for kind in processes:
-        report[kind] = training_figures(work / kind, parameters, where["peak_tflops_bf16"])
+    recipes = {"simulator": SIMULATOR_RECIPE, "judge": JUDGE_RECIPE}
+    started = time.perf_counter()
+    for kind in args.kinds:
+        processes[kind] = launch(kind, recipes[kind], base, work, on_gpu, extra[kind])
+    publish("training")
+    failed: list[str] = []
+    ended: set[str] = set()
+    refreshed = time.monotonic()
+    while len(ended) < len(processes):
+        for kind, process in processes.items():
+            if kind in ended or process.poll() is None:
+                continue
+            ended.add(kind)
+            try:
+                if process.returncode != 0:
+                    raise RuntimeError(f"exit status {process.returncode}")
+                write_adapters(out, work, [kind])
+                report[kind] = training_figures(work / kind, parameters, where["peak_tflops_bf16"])
+                log(f"{kind}: trained, in {out / f'{kind}-adapter.tar'}")
+            except Exception as exc:  # noqa: BLE001 (said in the report; the other kind trains on)
+                failed.append(kind)
+                report[kind] = {"failed": f"{type(exc).__name__}: {exc}"}
+                log(f"{kind}: training failed ({exc}), its log: {work / 'logs' / f'{kind}.log'}")
+            publish()
+        if time.monotonic() - refreshed > LOG_REFRESH_SECONDS:
+            publish()
+            refreshed = time.monotonic()
+        time.sleep(0.5)
+    report["seconds"]["train"] = round(time.perf_counter() - started, 1)
+    if failed:  # what trained is out already, and is scored below
+        logs = {kind: (work / "logs" / f"{kind}.log").read_text(encoding="utf-8") for kind in failed}
+        tails = {kind: text.splitlines()[-30:] for kind, text in logs.items()}
+        report["failed"] = {"training": failed, "log_tails": tails}
 
-    out = Path(args.out or work / "out")
-    write_adapters(out, work, args.kinds)
-    write_report(out, work, report)
     device = where["device"]
+    publish("scoring")
     try:  # the adapters are out already: a failure from here on costs only these scores
-        if "judge" in args.kinds:
+        if "judge" in args.kinds and "judge" not in failed:
             started = time.perf_counter()
             report["judge"]["offline_agreement"] = score_judge(base, work / "judge", work, out, device)
             report["seconds"]["judge_scores"] = round(time.perf_counter() - started, 1)
-        if "simulator" in args.kinds:
+            publish()
+        if "simulator" in args.kinds and "simulator" not in failed:
             started = time.perf_counter()
             records = held_out_sample(work / "data" / "simulator", args.per_stratum)
             generations = generate(
@@ -191,6 +267,7 @@ def train_stage(args, work: Path) -> dict:
                 "max_new_tokens": args.max_new_tokens,
             }
             report["seconds"]["generate"] = round(time.perf_counter() - started, 1)
+            publish()
             started = time.perf_counter()
             tokenizer, model = load_trained(base, work / "simulator", device)
             asked = records[: len(generations)]  # the records answered within the time limit
@@ -204,7 +281,10 @@ def train_stage(args, work: Path) -> dict:
         report["scoring_failed"] = f"{type(exc).__name__}: {exc}"
         log(f"scoring failed: {report['scoring_failed']}")
     report["seconds"]["train_stage"] = round(time.perf_counter() - stage_start, 1)
-    write_report(out, work, report)
+    if failed:
+        tail = "\n".join(report["failed"]["log_tails"][failed[0]])
+        raise SystemExit(f"training failed: {', '.join(failed)} (what there is: {out})\n{tail}")
+    publish("done")
     return report
 
 

@@ -7,6 +7,7 @@ import io
 import json
 import lzma
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -456,3 +457,24 @@ def test_scoring_against_other_pairs_than_the_data_s_is_one_line(shipped_run, tm
     assert refused.value.code == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "score with the --pairs the data stage built from" in error
+
+
+def test_a_failed_training_still_hands_back_what_trained(shipped_run, tiny_model_dir, tmp_path, run_stage):
+    # the simulator's training fails in its process (a dataset folder that is not there: only training/sft.py
+    # finds it); the judge trains on: its adapter, the logs and a report naming the failure are in --out, and the
+    # stage ends with the failure
+    work, out = tmp_path / "work", tmp_path / "out"
+    shutil.copytree(shipped_run / "data", work / "data")
+    with pytest.raises(SystemExit, match="training failed: simulator"):
+        run_stage(
+            "--stage", "train", "--work", str(work), "--base", str(tiny_model_dir), "--out", str(out),
+            "--simulator-set", f"dataset_path={tmp_path / 'no-such-data'}",
+        )  # fmt: skip
+    assert {"judge-adapter.tar", "logs.tar.xz", "report.json", "judge_scores.jsonl"} <= {p.name for p in out.iterdir()}
+    assert not (out / "simulator-adapter.tar").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and report["failed"]["training"] == ["simulator"]
+    assert any("dataset folder not found" in line for line in report["failed"]["log_tails"]["simulator"])
+    assert report["judge"]["metrics"]["steps"] == 3 and report["judge"]["offline_agreement"]
+    with tarfile.open(out / "logs.tar.xz") as tar:
+        assert {"logs/simulator.log", "logs/judge.log"} <= set(tar.getnames())
