@@ -154,6 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generations", help="generations.jsonl.xz of a train or answer stage (--stage score).")
     parser.add_argument("--work", required=True, help="Work folder: data/, base/, the runs, logs/.")
     parser.add_argument("--out", help="Where the results go (default WORK/out); on a lent machine, $OUT.")
+    parser.add_argument(
+        "--pack",
+        metavar="FILE.tar",
+        help="Also keep the stage's results as this one tar file (each file under a folder named after it), "
+        "rewritten whole as each result lands: for several runs in one call of a lent machine, whose $OUT hands "
+        'back at most 8 files (e.g. --pack "$OUT/seed1.tar", --out left in WORK). The limits are then checked '
+        "over all of $OUT.",
+    )
     parser.add_argument("--base", help="Base model folder (mirrorapi models get smollm2-135m-instruct).")
     parser.add_argument("--base-gguf", help="Or the base's GGUF file, converted here as `models get` converts it.")
     parser.add_argument("--pairs", nargs="+", help="Pair files (default: every ../shared/data/pairs file).")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from shipped_steps.common import base_model, load_trained, log, machine
+from shipped_steps.results import Results
 
 HELD_OUT_SPLITS = ("test_id", "test_ood")
 
@@ -274,9 +275,10 @@ def answer_stage(args, work: Path) -> dict:
             base, Path(args.adapter), records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
         )
     out = Path(args.out or work / "out")
-    out.mkdir(parents=True, exist_ok=True)
+    results = Results(out, args.pack)
     with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
         fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in generations)
+    results.landed()
     return {
         "answers": len(generations),
         "sampled": len(records),

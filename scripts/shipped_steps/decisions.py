@@ -9,6 +9,7 @@ from pathlib import Path
 
 from shipped_steps.answer import sampled_records
 from shipped_steps.common import base_model, load_trained, log, machine
+from shipped_steps.results import Results
 
 
 def failure_decisions(model, tokenizer, records: list[dict], dataset_path: Path) -> dict:
@@ -106,8 +107,9 @@ def decision_stage(args, work: Path) -> dict:
     tokenizer, model = load_trained(base_model(work, args.base, args.base_gguf), Path(args.adapter), device)
     found = failure_decisions(model.merge_and_unload(), tokenizer, records, work / "data" / "simulator")
     out = Path(args.out or work / "out")
-    out.mkdir(parents=True, exist_ok=True)
+    results = Results(out, args.pack)
     (out / "decisions.json").write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
+    results.landed()
     for line in decision_lines(found["tables"]):
         log(line)
     return {

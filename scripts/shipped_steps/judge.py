@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from shipped_steps.common import base_model, load_trained, machine
+from shipped_steps.results import Results
 
 VERDICT_LINES = ("Verdict: Solved", "Verdict: Unsolved")
 
@@ -84,9 +85,11 @@ def judge_stage(args, work: Path) -> dict:
     to score an adapter trained elsewhere (on the CPU, or by an earlier call) on the data stage's split."""
     started = time.perf_counter()
     out = Path(args.out or work / "out")
+    results = Results(out, args.pack)
     base = base_model(work, args.base, args.base_gguf)
     agreement = score_judge(base, Path(args.adapter), work, out, machine()["device"])
     (out / "judge-agreement.json").write_text(json.dumps(agreement, indent=2) + "\n", encoding="utf-8")
+    results.landed()
     return {"agreement": agreement["trained"], "seconds": round(time.perf_counter() - started, 1)}
 
 

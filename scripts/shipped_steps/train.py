@@ -159,13 +159,16 @@ def train_stage(args, work: Path) -> dict:
         "seconds": {},
     }
     out = Path(args.out or work / "out")
-    results = Results(out)
+    results = Results(out, args.pack)
+    names = {"report.json", "logs.tar.xz", *(f"{kind}-adapter.tar" for kind in args.kinds)}
+    names |= {"judge_scores.jsonl"} if "judge" in args.kinds else set()
+    names |= {"generations.jsonl.xz", "decisions.json"} if "simulator" in args.kinds else set()
 
     def publish(status: str | None = None) -> None:
         if status:
             report["status"] = status
         write_report(out, work, report)
-        results.landed()
+        results.landed(planned=len(names - {p.name for p in out.iterdir()}))
 
     publish()
     processes: dict[str, subprocess.Popen] = {}

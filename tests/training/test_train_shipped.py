@@ -478,3 +478,35 @@ def test_a_failed_training_still_hands_back_what_trained(shipped_run, tiny_model
     assert report["judge"]["metrics"]["steps"] == 3 and report["judge"]["offline_agreement"]
     with tarfile.open(out / "logs.tar.xz") as tar:
         assert {"logs/simulator.log", "logs/judge.log"} <= set(tar.getnames())
+
+
+def test_several_runs_of_one_call_pack_within_what_a_lent_machine_hands_back(
+    shipped_run, tiny_model_dir, tmp_path, run_stage, monkeypatch
+):
+    # two runs of one call, each --pack'ed into one file of $OUT: $OUT holds 2 files, each archive its run's results
+    # (under a folder named after it), the same files as its --out
+    out = tmp_path / "OUT"
+    monkeypatch.setenv("OUT", str(out))
+    base = ["--work", str(shipped_run), "--base", str(tiny_model_dir)]
+    run_stage(
+        "--stage", "judge", *base, "--adapter", str(shipped_run / "judge"), "--out", str(tmp_path / "a"),
+        "--pack", str(out / "a.tar"),
+    )  # fmt: skip
+    run_stage(
+        "--stage", "answer", *base, "--adapter", str(shipped_run / "simulator"), "--answers", "2",
+        "--out", str(tmp_path / "b"), "--pack", str(out / "b.tar"),
+    )  # fmt: skip
+    assert sorted(p.name for p in out.rglob("*")) == ["a.tar", "b.tar"]
+    for name in ("a", "b"):
+        with tarfile.open(out / f"{name}.tar") as tar:
+            packed = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        assert packed == {f"{name}/{p.name}": p.read_bytes() for p in (tmp_path / name).iterdir()}
+    # a run writing its files into a sibling folder of $OUT is counted with everything under $OUT: 7 files of an
+    # earlier run there, and this run's 2 more are over 8; said as they land
+    (out / "seed1").mkdir()
+    for i in range(7):
+        (out / "seed1" / f"file{i}").write_text("x")
+    output = run_stage(
+        "--stage", "judge", *base, "--adapter", str(shipped_run / "judge"), "--out", str(out / "c"),
+    )  # fmt: skip
+    assert f"WARNING: {out} holds 11 files" in output
