@@ -42,6 +42,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from shipped_steps.answer import HELD_OUT_SPLITS, answer_stage
 from shipped_steps.common import REPO, SHARED, StageError, log
@@ -73,7 +74,7 @@ def refuse_what_cannot_run(parser: argparse.ArgumentParser, args: argparse.Names
         parser.error("the decisions stage needs --adapter DIR (a simulator adapter)")
 
 
-def usage_error(parser: argparse.ArgumentParser, message: str) -> None:
+def usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     """One line on stderr and exit status 2: a mistake in what was asked, before anything runs."""
     parser.exit(2, f"{parser.prog}: error: {message}\n")
 
@@ -104,6 +105,33 @@ def default_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             f"the {args.stage} stage reads the shared data and {SHARED} is not there: give {' '.join(missing)} "
             "(or --tiny for the few samples of data/samples, to check the path)",
         )
+
+
+def check_recipe_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--simulator-set and --judge-set checked before anything trains, against the keys training/sft.py takes (its
+    own parser: mirrorapi.training.recipe.make_parser) and each value against its key's type: a wrong one would
+    otherwise fail only in the training process, after the other kind's training and its imports."""
+    if args.stage not in ("all", "train") or not (args.simulator_set or args.judge_set):
+        return
+    try:
+        from mirrorapi.training.recipe import make_parser
+
+        keys = make_parser()._option_string_actions
+    except ImportError as exc:
+        usage_error(parser, f"the train stage needs TRL and PEFT importable here ({exc})")
+    for flag, settings in (("--simulator-set", args.simulator_set), ("--judge-set", args.judge_set)):
+        for entry in settings:
+            key, sep, value = entry.partition("=")
+            action = keys.get(f"--{key}")
+            if not sep or not key:
+                usage_error(parser, f"{flag} takes KEY=VALUE, got {entry!r}")
+            if action is None:
+                usage_error(parser, f"{flag} {entry}: training/sft.py has no key {key!r} (`training/sft.py --help`)")
+            if callable(action.type) and action.nargs not in ("+", "*"):
+                try:
+                    action.type(value)
+                except (TypeError, ValueError, argparse.ArgumentTypeError):
+                    usage_error(parser, f"{flag} {entry}: {value!r} is not a valid value of {key}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,11 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     default_inputs(parser, args)
     refuse_what_cannot_run(parser, args)
+    check_recipe_settings(parser, args)
     try:
         return run_stages(args)
     except StageError as exc:
         usage_error(parser, str(exc))
-        return 2
 
 
 def run_stages(args: argparse.Namespace) -> int:
