@@ -179,9 +179,17 @@ def main(argv: list[str] | None = None) -> int:
         "is a failure, none of whose shown calls is related to the call, is replaced by its twin's answer, as a "
         "server so set answers it; the row keeps the session's own as `session_generated`).",
     )
-    parser.add_argument("--generations", help="generations.jsonl.xz of a train or answer stage (--stage score).")
+    parser.add_argument(
+        "--generations",
+        help="generations.jsonl.xz of a train or answer stage (--stage score; default the train stage's, "
+        "WORK/out/generations.jsonl.xz, or --out's).",
+    )
     parser.add_argument("--work", required=True, help="Work folder: data/, base/, the runs, logs/.")
-    parser.add_argument("--out", help="Where the results go (default WORK/out); on a lent machine, $OUT.")
+    parser.add_argument(
+        "--out",
+        help="Where the results go; on a lent machine, $OUT. Default: each stage its own folder of WORK (train: "
+        "out, answer: answers, decisions: decisions, judge: judge-scores), so that one does not overwrite another's.",
+    )
     parser.add_argument(
         "--pack",
         metavar="FILE.tar",

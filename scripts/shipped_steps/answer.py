@@ -274,7 +274,7 @@ def answer_stage(args, work: Path) -> dict:
         generations = generate(
             base, Path(args.adapter), records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
         )
-    out = Path(args.out or work / "out")
+    out = Path(args.out or work / "answers")
     results = Results(out, args.pack)
     with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
         fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in generations)

@@ -106,7 +106,7 @@ def decision_stage(args, work: Path) -> dict:
     device = machine()["device"]
     tokenizer, model = load_trained(base_model(work, args.base, args.base_gguf), Path(args.adapter), device)
     found = failure_decisions(model.merge_and_unload(), tokenizer, records, work / "data" / "simulator")
-    out = Path(args.out or work / "out")
+    out = Path(args.out or work / "decisions")
     results = Results(out, args.pack)
     (out / "decisions.json").write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
     results.landed()

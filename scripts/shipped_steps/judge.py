@@ -84,7 +84,7 @@ def judge_stage(args, work: Path) -> dict:
     """A judge adapter's verdicts on the held-out answers, scored as the train stage scores them, without training:
     to score an adapter trained elsewhere (on the CPU, or by an earlier call) on the data stage's split."""
     started = time.perf_counter()
-    out = Path(args.out or work / "out")
+    out = Path(args.out or work / "judge-scores")
     results = Results(out, args.pack)
     base = base_model(work, args.base, args.base_gguf)
     agreement = score_judge(base, Path(args.adapter), work, out, machine()["device"])

@@ -527,3 +527,18 @@ def test_recipe_settings_are_checked_before_anything_trains(tiny_model_dir, tmp_
     error = run_script(*work, "--judge-set", "max_steps=abc", exit_code=2).stderr
     assert "'abc' is not a valid value of max_steps" in error
     assert not (tmp_path / "work").exists()
+
+
+def test_each_stage_writes_to_its_own_folder_by_default(shipped_run, tiny_model_dir, tmp_path, run_stage):
+    # the answer stage after a train stage, without --out: its answers in WORK/answers, the train stage's
+    # generations in WORK/out left as they were (they were overwritten: both defaulted to WORK/out)
+    work = tmp_path / "work"
+    for folder in ("data", "out"):
+        shutil.copytree(shipped_run / folder, work / folder)
+    trained = (work / "out" / "generations.jsonl.xz").read_bytes()
+    run_stage(
+        "--stage", "answer", "--work", str(work), "--base", str(tiny_model_dir),
+        "--adapter", str(shipped_run / "simulator"), "--answers", "2",
+    )  # fmt: skip
+    assert (work / "out" / "generations.jsonl.xz").read_bytes() == trained
+    assert len(generations(work / "answers")) == 2
