@@ -17,7 +17,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from shipped_steps.answer import generate, held_out_sample
+from shipped_steps.answer import generate, sampled_records
 from shipped_steps.common import REPO, base_model, load_trained, log, machine
 from shipped_steps.decisions import failure_decisions
 from shipped_steps.judge import score_judge
@@ -189,6 +189,9 @@ def train_and_score(args, work: Path, out: Path, report: dict, publish, processe
     stage_start = time.perf_counter()
     where = report["machine"]
     on_gpu = where["device"] == "cuda"
+    # the held-out records the simulator answers: the answer stage's sample (--splits, --sources, --answers,
+    # --history-twins), drawn before anything trains so that a source it lacks is said at once
+    records = sampled_records(args, work) if "simulator" in args.kinds else []
     started = time.perf_counter()
     base = base_model(work, args.base, args.base_gguf)
     report["seconds"]["base"] = round(time.perf_counter() - started, 1)
@@ -258,7 +261,6 @@ def train_and_score(args, work: Path, out: Path, report: dict, publish, processe
             publish()
         if "simulator" in args.kinds and "simulator" not in failed:
             started = time.perf_counter()
-            records = held_out_sample(work / "data" / "simulator", args.per_stratum)
             generations = generate(
                 base, work / "simulator", records, device, args.generate_seconds, args.max_new_tokens, args.batch_size
             )

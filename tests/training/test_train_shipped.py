@@ -542,3 +542,20 @@ def test_each_stage_writes_to_its_own_folder_by_default(shipped_run, tiny_model_
     )  # fmt: skip
     assert (work / "out" / "generations.jsonl.xz").read_bytes() == trained
     assert len(generations(work / "answers")) == 2
+
+
+def test_the_train_stage_answers_the_answer_stage_s_sample(shipped_run, tiny_model_dir, tmp_path, run_stage):
+    # --answers (and --splits, --sources, --history-twins) choose the train stage's records as the answer stage's:
+    # the sample's first 3 (the train stage took the whole sample, whatever was asked)
+    work = tmp_path / "work"
+    shutil.copytree(shipped_run / "data", work / "data")
+    run_stage(
+        "--stage", "train", "--kinds", "simulator", "--work", str(work), "--base", str(tiny_model_dir),
+        "--answers", "3", "--simulator-set", "max_steps=1",
+    )  # fmt: skip
+    call = ("split", "episode", "step", "prompt_format")
+    answered = generations(work / "out")
+    assert [[r[k] for k in call] for r in answered] == [
+        [r[k] for k in call] for r in generations(shipped_run / "out")[:3]
+    ]
+    assert len(json.loads((work / "out" / "decisions.json").read_text())["records"]) == 3
