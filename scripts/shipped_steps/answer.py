@@ -279,6 +279,7 @@ def answer_stage(args, work: Path) -> dict:
     with lzma.open(out / "generations.jsonl.xz", "wt", encoding="utf-8") as fh:
         fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in generations)
     results.landed()
+    results.log_summary()
     return {
         "answers": len(generations),
         "sampled": len(records),

@@ -110,6 +110,7 @@ def decision_stage(args, work: Path) -> dict:
     results = Results(out, args.pack)
     (out / "decisions.json").write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
     results.landed()
+    results.log_summary()
     for line in decision_lines(found["tables"]):
         log(line)
     return {

@@ -90,6 +90,7 @@ def judge_stage(args, work: Path) -> dict:
     agreement = score_judge(base, Path(args.adapter), work, out, machine()["device"])
     (out / "judge-agreement.json").write_text(json.dumps(agreement, indent=2) + "\n", encoding="utf-8")
     results.landed()
+    results.log_summary()
     return {"agreement": agreement["trained"], "seconds": round(time.perf_counter() - started, 1)}
 
 

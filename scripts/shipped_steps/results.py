@@ -81,3 +81,18 @@ class Results:
         if problem and problem not in self.warned:
             self.warned.add(problem)
             log(problem)
+
+    def summary(self) -> list[str]:
+        """The closing lines: where the results are, each file with its size, and a warning over the limits."""
+        folder = self.pack.parent if self.pack else self.out
+        shown = [self.pack] if self.pack and self.pack.is_file() else [] if self.pack else files_under(self.out)
+        lines = [f"results: {self.pack or self.out}" + (f" (packed from {self.out})" if self.pack else "")]
+        lines += [f"  {p.relative_to(folder)} {size_text(p.stat().st_size)}" for p in shown]
+        problem = limit_problem(self.root)
+        if problem:
+            lines.append(problem)
+        return lines
+
+    def log_summary(self) -> None:
+        for line in self.summary():
+            log(line)

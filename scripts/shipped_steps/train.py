@@ -174,12 +174,15 @@ def train_stage(args, work: Path) -> dict:
     processes: dict[str, subprocess.Popen] = {}
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        return train_and_score(args, work, out, report, publish, processes)
+        report = train_and_score(args, work, out, report, publish, processes)
+        results.log_summary()
+        return report
     except BaseException as exc:  # a kill, an interrupt, a failed training: said, with what there is
         for process in processes.values():
             stop(process)
         report.setdefault("failed", f"{type(exc).__name__}: {exc}")
         publish("failed")
+        results.log_summary()
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -559,3 +559,22 @@ def test_the_train_stage_answers_the_answer_stage_s_sample(shipped_run, tiny_mod
         [r[k] for k in call] for r in generations(shipped_run / "out")[:3]
     ]
     assert len(json.loads((work / "out" / "decisions.json").read_text())["records"]) == 3
+
+
+def test_a_stage_ends_with_its_results_and_their_sizes(shipped_run, tiny_model_dir, tmp_path, run_stage):
+    # the closing lines: the folder, each file with its size, and a warning line once over a lent machine's limits
+    out = tmp_path / "out"
+    argv = ["--stage", "judge", "--work", str(shipped_run), "--base", str(tiny_model_dir)]
+    output = run_stage(*argv, "--adapter", str(shipped_run / "judge"), "--out", str(out))
+    closing = output.splitlines()[-4:-1]  # then the stage's `done:` line
+    assert closing[0].endswith(f"] results: {out}")
+    kib = {
+        name: f"{(out / name).stat().st_size / 1024:.1f} KiB"
+        for name in ("judge-agreement.json", "judge_scores.jsonl")
+    }
+    assert [line.split("] ", 1)[1] for line in closing[1:]] == [f"  {name} {size}" for name, size in kib.items()]
+    assert "WARNING" not in output
+    for i in range(8):
+        (out / f"extra{i}").write_text("x")
+    output = run_stage(*argv, "--adapter", str(shipped_run / "judge"), "--out", str(out))
+    assert f"WARNING: {out} holds 10 files" in output.splitlines()[-2]
