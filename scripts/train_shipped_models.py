@@ -3,8 +3,9 @@ pair and label, in one run of a lent GPU machine; or on a tiny slice on the CPU,
 
     # here, where ../shared/data is: the SFT sets (the data builders' splits: held-out APIs and episodes stay out)
     .venv/bin/python scripts/train_shipped_models.py --stage data --work runs/shipped
-    # on the GPU machine (docs/training.md says how the work folder, the base GGUF and the wheels travel there)
-    python scripts/train_shipped_models.py --stage train --work runs/shipped --base-gguf BASE.gguf --out "$OUT"
+    # on the GPU machine (docs/training.md, "One call of a lent machine: what to carry and run": the data, the
+    # base GGUF in parts and the wheels carried; python3 with PYTHONPATH=/tmp/site:$PWD)
+    python3 scripts/train_shipped_models.py --stage train --work runs/shipped --base-gguf BASE.gguf --out "$OUT"
     # the shipped simulator's answers as a virtual server asks its engine (response_format), then scored (CPU)
     .venv/bin/python scripts/train_shipped_models.py --stage answer --work runs/shipped --engine URL \
         --engine-model NAME --max-new-tokens 1024
