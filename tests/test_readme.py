@@ -26,6 +26,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -535,29 +536,34 @@ def page_anchors(page: Path) -> set[str]:
     return anchors
 
 
+def prose_lines() -> Iterator[tuple[Path, int, str]]:
+    """Every line of the pages outside their fenced blocks, with its page and number."""
+    for page in PAGES:
+        fenced = False
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if line.startswith("```"):
+                fenced = not fenced
+            elif not fenced:
+                yield page, number, line
+
+
 def test_every_link_between_the_pages_reaches_its_file_and_heading():
     """A link to another page's section whose anchor lost a character (`taubenchs` for the heading's "tau-bench's")
     opens the page at its top on GitHub; nothing else notices."""
     assert github_anchor("The fifth run and the judge's second run") == "the-fifth-run-and-the-judges-second-run"
     assert github_anchor("vLLM, on this CPU and on GPUs") == "vllm-on-this-cpu-and-on-gpus"
     broken, checked = [], 0
-    for page in PAGES:
-        fenced = False
-        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
-            if line.startswith("```"):
-                fenced = not fenced
-            if fenced:
+    for page, number, line in prose_lines():
+        for target in re.findall(r"\]\(([^)\s]+)\)", line):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
                 continue
-            for target in re.findall(r"\]\(([^)\s]+)\)", line):
-                if re.match(r"[a-z]+:", target):  # https:, mailto:
-                    continue
-                path, _, anchor = target.partition("#")
-                linked = (page.parent / path).resolve() if path else page
-                checked += 1
-                if not linked.exists():
-                    broken.append(f"{page.name}:{number}: no file {target}")
-                elif anchor and linked.suffix == ".md" and anchor not in page_anchors(linked):
-                    broken.append(f"{page.name}:{number}: no heading {target}")
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not linked.exists():
+                broken.append(f"{page.name}:{number}: no file {target}")
+            elif anchor and linked.suffix == ".md" and anchor not in page_anchors(linked):
+                broken.append(f"{page.name}:{number}: no heading {target}")
     assert checked > 100 and broken == []
 
 
@@ -596,27 +602,21 @@ def test_every_flag_named_in_the_pages_prose_is_one_its_command_takes(monkeypatc
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     helps: dict[tuple, str] = {}
     problems, checked = [], 0
-    for page in PAGES:
-        fenced = False
-        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
-            if line.startswith("```"):
-                fenced = not fenced
-            if fenced:
+    for page, number, line in prose_lines():
+        for target, rest in INLINE_COMMAND.findall(line):
+            words = rest.split()
+            flags = [w.split("=")[0] for w in words if re.fullmatch(r"--[a-z][\w-]*(=.*)?", w)]
+            if not flags:
                 continue
-            for target, rest in INLINE_COMMAND.findall(line):
-                words = rest.split()
-                flags = [w.split("=")[0] for w in words if re.fullmatch(r"--[a-z][\w-]*(=.*)?", w)]
-                if not flags:
-                    continue
-                subcommand = []
-                if target == "mirrorapi":  # its group and command: the words before the first flag or stand-in
-                    subcommand = [w for w in words[:2] if re.fullmatch(r"[a-z][a-z-]*", w)]
-                    subcommand = subcommand[: next((i for i, w in enumerate(words) if w.startswith("-")), 2)]
-                key = (target, *subcommand)
-                if key not in helps:
-                    helps[key] = help_text(target, subcommand)
-                for flag in flags:
-                    checked += 1
-                    if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[key]):
-                        problems.append(f"{page.name}:{number}: {target} {' '.join(subcommand)} has no {flag}")
+            subcommand = []
+            if target == "mirrorapi":  # its group and command: the words before the first flag or stand-in
+                subcommand = [w for w in words[:2] if re.fullmatch(r"[a-z][a-z-]*", w)]
+                subcommand = subcommand[: next((i for i, w in enumerate(words) if w.startswith("-")), 2)]
+            key = (target, *subcommand)
+            if key not in helps:
+                helps[key] = help_text(target, subcommand)
+            for flag in flags:
+                checked += 1
+                if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[key]):
+                    problems.append(f"{page.name}:{number}: {target} {' '.join(subcommand)} has no {flag}")
     assert checked > 20 and problems == [], "\n".join(problems)
