@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -514,12 +513,10 @@ def test_several_runs_of_one_call_pack_within_what_a_lent_machine_hands_back(
 
 
 def test_recipe_settings_are_checked_before_anything_trains(tiny_model_dir, tmp_path):
-    # a key training/sft.py does not take, or a value its key's type refuses: one line, status 2, within seconds,
-    # nothing written (it failed only in the training process, ~20 s in, after the other kind trained whole)
+    # a key training/sft.py does not take, or a value its key's type refuses: one line, status 2, before anything
+    # trains and nothing written (it failed only in the training process, ~20 s in, after the other kind trained whole)
     work = ["--stage", "train", "--work", str(tmp_path / "work"), "--base", str(tiny_model_dir)]
-    started = time.monotonic()
     error = run_script(*work, "--simulator-set", "no_such_key=1", exit_code=2).stderr
-    assert time.monotonic() - started < 15
     assert error.strip().splitlines() == [
         "train_shipped_models.py: error: --simulator-set no_such_key=1: training/sft.py has no key 'no_such_key' "
         "(`training/sft.py --help`)"
