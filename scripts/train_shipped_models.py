@@ -68,7 +68,10 @@ def refuse_what_cannot_run(parser: argparse.ArgumentParser, args: argparse.Names
     if args.stage == "answer" and not (args.adapter or args.engine):
         parser.error("the answer stage needs --adapter DIR, or --engine URL")
     if args.session_failure_rule != "any" and not (args.engine and args.history_twins):
-        parser.error("--session-failure-rule related needs --engine URL and --history-twins (a call's answer alone)")
+        parser.error(
+            f"--session-failure-rule {args.session_failure_rule} needs --engine URL and --history-twins (a call's "
+            "answer alone)"
+        )
     if args.stage == "judge" and not args.adapter:
         parser.error("the judge stage needs --adapter DIR (a judge adapter)")
     if args.stage == "decisions" and not args.adapter:
@@ -174,11 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--session-failure-rule",
-        choices=["any", "related"],
+        choices=["any", "related", "alone"],
         default="any",
         help="With --engine and --history-twins: the server's session_failure_rule (related: a session answer that "
         "is a failure, none of whose shown calls is related to the call, is replaced by its twin's answer, as a "
-        "server so set answers it; the row keeps the session's own as `session_generated`).",
+        "server so set answers it; alone: every session answer that is a failure where its twin's is none; the row "
+        "keeps the session's own as `session_generated`).",
     )
     parser.add_argument(
         "--generations",

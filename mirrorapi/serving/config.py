@@ -310,13 +310,14 @@ class ServerSettings(BaseModel):
             "option history_rule)."
         ),
     )
-    session_failure_rule: Literal["any", "related"] = Field(
+    session_failure_rule: Literal["any", "related", "alone"] = Field(
         "any",
         description=(
-            "Which failures a simulated answer in a session may give: any the model answers (any), or only those the "
+            "Which failures a simulated answer in a session may give: any the model answers (any); only those the "
             "calls it was shown could cause (related: a failure answered to a call none of whose shown earlier calls "
             "is related to it, as session_history_rule's related rule tells, is replaced by the call's answer alone: "
-            "the stateless call's, recorded, cached or simulated)."
+            "the stateless call's, recorded, cached or simulated); or only those the call alone gives too (alone: "
+            "every failure is checked against the call's answer alone, which replaces it where that is no failure)."
         ),
     )
     session_ttl: float = Field(

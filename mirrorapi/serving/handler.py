@@ -11,7 +11,8 @@ A call with a session id (and `session_history` > 0) is the same path with the s
 its digest is part of the call's cache key (outside a session that part is empty), and the prompt
 shows its newest calls; a call with no earlier call to show (the session's first) is asked as the stateless
 call it is. With `session_failure_rule: related`, a simulated failure in a session none of whose shown calls is
-related to the call is replaced by the call's answer alone (docs/training.md, "A failure needs a related call").
+related to the call is replaced by the call's answer alone (docs/training.md, "A failure needs a related call");
+with `alone`, every simulated failure in a session whose call alone is answered without one.
 Every answered call (hit or simulation) is then added to the session, in the store (`mirrorapi.serving.sessions`).
 """
 
@@ -214,11 +215,7 @@ class VirtualApi:
             if session is not None and session_id and arguments is not None and not self.responder.too_large(key):
                 await self._advance_session(session_id, doc, key, to_failure(exc).body)
             raise
-        if (
-            history is not None
-            and arguments is not None
-            and self._failure_without_cause(reply, doc, arguments, history)
-        ):
+        if history is not None and arguments is not None and self._failure_to_check(reply, doc, arguments, history):
             reply = await self._answer_alone(reply, doc, arguments, key, answer)
         answer.body, answer.provenance, answer.coalesced = reply.observation, reply.provenance, reply.coalesced
         answer.rationale, answer.parsed, answer.second_try = reply.rationale, reply.parsed, reply.second_try
@@ -245,34 +242,42 @@ class VirtualApi:
             session_id, settings.session_ttl, advance(settings.session_history, settings.session_char_budget, line)
         )
 
-    def _failure_without_cause(self, reply: Reply, doc: ApiDoc, arguments: dict, history: History) -> bool:
-        """With `session_failure_rule: related`: the session's simulation answered a failure, and none of the earlier
-        calls its prompt showed is related to the call (`related_to_call`), so nothing the model saw could have
-        caused it. A recorded answer is what the API said, and never doubted."""
-        if self.settings.session_failure_rule != "related":
+    def _failure_to_check(self, reply: Reply, doc: ApiDoc, arguments: dict, history: History) -> bool:
+        """Whether the session's simulation answered a failure that `session_failure_rule` checks against the call
+        alone: with `alone` every one; with `related` one after earlier shown calls none of which is related to the
+        call (`related_to_call`), so that nothing the model saw could have caused it. A recorded answer is what the
+        API said, and never doubted."""
+        rule = self.settings.session_failure_rule
+        if rule == "any" or reply.provenance != SIMULATED + self.responder.identities[True]:
             return False
-        if reply.provenance != SIMULATED + self.responder.identities[True]:
+        if not is_api_failure(reply):
             return False
-        observation = json.loads(reply.observation)
-        if not api_failed(observation.get("error", ""), observation.get("response", "")):
-            return False
-        return not any(related_to_call(line, doc.api, arguments) for line in history.lines)
+        return rule == "alone" or not any(related_to_call(line, doc.api, arguments) for line in history.lines)
 
     async def _answer_alone(self, reply: Reply, doc: ApiDoc, arguments: dict, key: str, answer: Answer) -> Reply:
         """The call's answer alone (the stateless call: recorded, cached or simulated), in place of a session's
-        failure without a cause; the session's own answer stays where the stateless ask cannot answer (a replay
-        server without it, an engine that fails), as the first of two tries does."""
+        failure the rule checks. Under `alone`, where the call alone fails too, the session's failure stays (its
+        words may name what the session holds). The session's answer also stays where the stateless ask cannot
+        answer (a replay server without it, an engine that fails), as the first of two tries does."""
         stages: dict[str, float] = {}
         try:
             alone = await self.responder.respond(doc, arguments, key, None, stages)
         except (ReplayMiss, EngineError) as exc:
-            logger.warning("a session's failure without a cause was kept: the call alone was not answered: %s", exc)
+            logger.warning("a session's failure was kept: the call alone was not answered: %s", exc)
             return reply
         finally:
             for stage, seconds in stages.items():
                 answer.stages[stage] = answer.stages.get(stage, 0.0) + seconds
+        if self.settings.session_failure_rule == "alone" and is_api_failure(alone):
+            return reply
         answer.asked_alone = True
         return alone
+
+
+def is_api_failure(reply: Reply) -> bool:
+    """Whether a reply's observation is the API's failure (`transport_failures.api_failed`)."""
+    observation = json.loads(reply.observation)
+    return api_failed(observation.get("error", ""), observation.get("response", ""))
 
 
 class LargeBodies:

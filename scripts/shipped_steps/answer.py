@@ -121,11 +121,13 @@ def history_twins(dataset_path: Path, records: list[dict]) -> list[dict]:
     return twins
 
 
-def with_failures_needing_a_related_call(rows: list[dict], records: list[dict]) -> list[dict]:
-    """`rows` (answers to `records`, in order, history twins among them) as a server with `session_failure_rule:
-    related` gives them: a session answer that is a failure, where none of the earlier calls its prompt shows is
-    related to the call (`related_to_call`), replaced by its history twin's answer, the same call asked alone
-    (`mirrorapi.serving.handler`). The row says `asked_alone` and keeps its own answer as `session_generated`."""
+def with_the_session_failure_rule(rows: list[dict], records: list[dict], rule: str) -> list[dict]:
+    """`rows` (answers to `records`, in order, history twins among them) as a server with that
+    `session_failure_rule` gives them (`mirrorapi.serving.handler`): a session answer that is a failure the rule
+    checks (`related`: where none of the earlier calls its prompt shows is related to the call, `related_to_call`;
+    `alone`: every one) is replaced by its history twin's answer, the same call asked alone, except under `alone`
+    where that is a failure too. A replaced row says `asked_alone` and keeps its own answer as
+    `session_generated`."""
     from mirrorapi.evaluation.fidelity.metrics import is_error
     from mirrorapi.prompts.simulator_formats import SESSION_FORMATS, related_to_call, shown_history
     from mirrorapi.prompts.simulator_output import parse_simulator_output
@@ -133,15 +135,22 @@ def with_failures_needing_a_related_call(rows: list[dict], records: list[dict]) 
     def call(row: dict) -> tuple:
         return row["split"], row["source"], row["episode"], row["step"]
 
+    def failure(text: str) -> bool:
+        return is_error(parse_simulator_output(text)[0])
+
     alone = {call(row): row for row in rows if row.get("history_twin")}
     out = []
     for record, row in zip(records, rows, strict=True):
         twin = alone.get(call(row))
         if row["prompt_format"] in SESSION_FORMATS and not row.get("history_twin") and twin is not None:
-            observation, _ = parse_simulator_output(row["generated"])
-            arguments = json.loads(record["arguments"])
-            shown = shown_history(record["prompt"])
-            if is_error(observation) and not any(related_to_call(line, record["api"], arguments) for line in shown):
+            if rule == "alone":
+                checked = failure(row["generated"]) and not failure(twin["generated"])
+            else:
+                arguments = json.loads(record["arguments"])
+                shown = shown_history(record["prompt"])
+                unrelated = not any(related_to_call(line, record["api"], arguments) for line in shown)
+                checked = rule == "related" and failure(row["generated"]) and unrelated
+            if checked:
                 answered = {"generated": twin["generated"], "cut": twin["cut"], "session_generated": row["generated"]}
                 row = row | answered | {"asked_alone": True}
         out.append(row)
@@ -266,8 +275,7 @@ def answer_stage(args, work: Path) -> dict:
         generations = served_answers(
             args.engine, args.engine_model, records, args.tools, args.max_new_tokens, args.structured_output
         )
-        if args.session_failure_rule == "related":
-            generations = with_failures_needing_a_related_call(generations, records)
+        generations = with_the_session_failure_rule(generations, records, args.session_failure_rule)
     else:
         device = machine()["device"]
         base = base_model(work, args.base, args.base_gguf)

@@ -1,5 +1,6 @@
 """`session_failure_rule: related`: a simulated failure in a session stands only where an earlier call the prompt
 showed is related to the call; after unrelated calls only, the call gets its answer alone (the stateless call).
+`session_failure_rule: alone`: a simulated failure in a session stands only where the call alone fails too.
 
 The engine is `SessionFailingEngine` (a stand-in: a real model answers a failure by chance, never to a call chosen
 beforehand): a failure to every prompt that shows earlier session calls, a success to every call asked alone. The
@@ -128,3 +129,26 @@ def test_the_session_s_failure_stays_when_the_call_alone_cannot_be_answered(serv
         assert login.status_code == 200 and login.json() == FAILURE  # the engine failed the call alone
         assert asked(engine) == [True, False]
     assert "asked_alone" not in log_lines(tmp_path)[-1]
+
+
+def test_under_the_alone_rule_a_failure_after_a_related_call_is_checked_too(serve, tmp_path):
+    alone_identity, _ = identities(session_failure_rule="alone")
+    with server_on(serve, tmp_path, session_failure_rule="alone") as (server, engine):
+        server.virtual(body(*STOCK, session="s"))
+        assert server.virtual(body(*LOGIN, session="s")).json() == ALONE
+        # Shown the token it needs (a related call, where `related` lets the failure stand), but alone it succeeds.
+        assert server.virtual(body(*MODIFY, session="s")).json() == ALONE
+        assert asked(engine) == [False, True, False, True, False]
+    lines = log_lines(tmp_path)
+    assert [line.get("asked_alone") for line in lines] == [None, True, True]
+    assert lines[-1]["provenance"] == "simulated:" + alone_identity
+
+
+def test_under_the_alone_rule_a_failure_the_call_alone_gives_too_stands_in_the_session_s_words(serve, tmp_path):
+    failure_alone = {"error": "The token is incorrect.", "response": ""}
+    with server_on(serve, tmp_path, alone=failure_alone, session_failure_rule="alone") as (server, engine):
+        assert server.virtual(body(*STOCK, session="s")).json() == failure_alone  # a first call is asked alone
+        assert server.virtual(body(*LOGIN, session="s")).json() == FAILURE
+        assert asked(engine) == [False, True, False]
+    last = log_lines(tmp_path)[-1]
+    assert "asked_alone" not in last and "history=8" in last["provenance"]
