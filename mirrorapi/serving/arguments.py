@@ -59,7 +59,7 @@ def parse_arguments(value: Any) -> tuple[dict, str]:
                 f"{exc.start}: not valid Unicode text"
             ) from None
     # Counting brackets is cheap; only a key with many of them is looked at closer.
-    if key.count("{") + key.count("[") > MAX_ARGUMENT_DEPTH and nested_deeper_than(key, MAX_ARGUMENT_DEPTH):
+    if key.count("{") + key.count("[") > MAX_ARGUMENT_DEPTH and json_text_nested_deeper_than(key, MAX_ARGUMENT_DEPTH):
         raise ToolInputError(f"tool_input is nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)")
     return arguments, key
 
@@ -69,7 +69,7 @@ _INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
 _BRACKETS_ONLY = str.maketrans("", "", "".join(chr(c) for c in range(128) if chr(c) not in "[]{}"))
 
 
-def nested_deeper_than(key: str, limit: int) -> bool:
+def json_text_nested_deeper_than(key: str, limit: int) -> bool:
     """Whether the objects/arrays of a canonical JSON text nest more than `limit` levels: its brackets outside
     strings, their innermost pairs removed once per level, in C (walking the objects in Python took 1.7 s for
     `[[1]] * 600,000`)."""

@@ -59,7 +59,7 @@ from mirrorapi.serving.arguments import (
     LARGE_BODY_BYTES,
     MAX_ARGUMENT_DEPTH,
     ParsedArguments,
-    nested_deeper_than,
+    json_text_nested_deeper_than,
     parsed_arguments,
 )
 from mirrorapi.serving.asgi import BodyTooLarge, ClientGone, read_body, send_json
@@ -624,7 +624,9 @@ def _kept_arguments(arguments: Any) -> str:
         text = _ENCODE_FINITE(_finite(arguments))
     if len(text) > STATE_ARGUMENT_CHARS:
         return _ENCODE(f"(arguments of {len(text):,} characters of JSON, not kept)")
-    if text.count("{") + text.count("[") > MAX_ARGUMENT_DEPTH and nested_deeper_than(text, MAX_ARGUMENT_DEPTH):
+    if text.count("{") + text.count("[") > MAX_ARGUMENT_DEPTH and json_text_nested_deeper_than(
+        text, MAX_ARGUMENT_DEPTH
+    ):
         return _ENCODE(f"(arguments nested more than {MAX_ARGUMENT_DEPTH} levels deep, not kept)")
     return text
 
