@@ -44,7 +44,7 @@ class Answer:
     rationale: str = ""  # CoT mode: the simulator's reasoning (for the log line; the agent gets error/response)
     parsed: str = ""  # simulated: how the model's text was read (json = as written; fenced, ..., repaired)
     second_try: str = ""  # simulated: an answer cut at max_tokens asked again ("kept", "cut again", "failed")
-    asked_alone: bool = False  # a session's failure without a cause, answered as the call alone instead
+    asked_alone: bool = False  # a session's failure the session_failure_rule checked, answered as the call alone
     # The server's own failure that the same call asked again may not meet (the engine busy, away or slow; the
     # store away): /virtual answers it as StableToolBench's servers do, an OpenEnv step as an error to retry.
     transient: bool = False

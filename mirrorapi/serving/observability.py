@@ -9,8 +9,9 @@ in one write() each (O_APPEND), so the log is one file of whole lines.
 A request log line: `time`, `outcome` (the metrics label), `status`, `api` (category/tool/api),
 `provenance` (where the answer came from), `ms`; `engine_ms` and `coalesced` when the engine was
 asked; `parsed` (how the model's text was read) and `second_try` (an answer cut at `max_tokens` asked
-again: kept, cut again, failed) of a simulation; `asked_alone` (true) of a session call whose simulated failure had no
-related call to cause it and was answered as the call alone (`session_failure_rule`); `detail` of a failure;
+again: kept, cut again, failed) of a simulation; `asked_alone` (true) of a session call whose simulated failure the
+`session_failure_rule` checked (no related call to cause it; or, under `alone`, any) and answered as the call alone;
+`detail` of a failure;
 `extra_fields` of the body that StableToolBench does not define;
 `session` when the call belongs to a simulation session; `rationale` of a CoT-mode simulation
 (prompt format stabletoolbench-cot: the model's `mechanism_of_the_api`, which the agent does not see).
