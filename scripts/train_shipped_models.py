@@ -53,6 +53,7 @@ from shipped_steps.judge import judge_stage
 from shipped_steps.score import score_generations, score_lines
 from shipped_steps.train import train_stage
 
+from mirrorapi.data.judge_sft import BALANCE_RULES
 from mirrorapi.few_shot import FEW_SHOT_TIES
 from mirrorapi.prompts.simulator_formats import HISTORY_RULES
 from mirrorapi.splits import SPLIT_RULES
@@ -291,6 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         help="The data stage: share of the judge's queries held out (the shipped judge: 0.1; 0.3 holds out more of "
         "tau-bench's few).",
     )
+    parser.add_argument(
+        "--judge-balance",
+        choices=BALANCE_RULES,
+        default="drop",
+        help="The data stage: how the judge's training verdicts are balanced (data/build_judge_sft.py --balance): "
+        "drop, the shipped judge's, or per-source, each source's rarer verdict repeated, the next run's "
+        "(docs/training.md).",
+    )
     parser.add_argument("--tiny", action="store_true", help="A few steps on data/samples: checks the path on a CPU.")
     parser.add_argument(
         "--per-stratum",
@@ -362,6 +371,7 @@ def run_stages(args: argparse.Namespace) -> int:
             args.seed,
             args.split_rule,
             args.judge_test_fraction,
+            args.judge_balance,
         )
         log(f"data: {json.dumps(built)}")
     if args.stage in ("all", "train"):

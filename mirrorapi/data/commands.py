@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from mirrorapi.command_line import Command, add_group, add_settings_arguments, out_folder_problem, settings_from_args
-from mirrorapi.data.judge_sft import JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
+from mirrorapi.data.judge_sft import BALANCE_RULES, JUDGE_COLUMNS, TRAINABLE_JUDGE_FORMATS, build_judge_records
 from mirrorapi.data.simulator_sft import SimulatorDataOptions, build_simulator_records, write_sft_dataset
 from mirrorapi.data.sources import read_alpaca
 from mirrorapi.prompts.judge_formats import JUDGE_VERDICTS
@@ -148,7 +148,14 @@ def judge_sft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="Output folder (replaced when the build succeeds).")
     parser.add_argument("--prompt-format", default="fac-v1", choices=TRAINABLE_JUDGE_FORMATS)
     parser.add_argument("--test-fraction", type=float, default=0.1, help="Share of queries held out (test).")
-    parser.add_argument("--no-balance", action="store_true", help="Keep the training split's natural balance.")
+    parser.add_argument(
+        "--balance",
+        default="drop",
+        choices=BALANCE_RULES,
+        help="How the training split's verdicts are balanced: drop, the more frequent verdict's answers dropped "
+        "(before --repeat-sources; the shipped judge's data); per-source, the rarer verdict's answers of each "
+        "source repeated until both weigh the same there (after --repeat-sources; nothing dropped); none.",
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument(
         "--split-rule",
@@ -180,7 +187,7 @@ def build_judge_sft(args: argparse.Namespace) -> int:
             records,
             args.prompt_format,
             args.test_fraction,
-            not args.no_balance,
+            args.balance,
             args.seed,
             args.repeat_sources,
             args.split_rule,

@@ -43,6 +43,7 @@ def build_data(
     seed: int,
     split_rule: str,
     judge_test_fraction: float,
+    judge_balance: str,
 ) -> dict:
     started = time.perf_counter()
     data = work / "data"
@@ -92,6 +93,8 @@ def build_data(
             split_rule,
             "--test-fraction",
             str(judge_test_fraction),
+            "--balance",
+            judge_balance,
             "--out",
             str(data / "judge"),
         ],

@@ -162,3 +162,54 @@ def test_a_repeated_source_no_record_has_is_refused():
     """A misspelt source (`--repeat-sources tau-bench/airlines=4`) repeated nothing, silently."""
     with pytest.raises(ValueError, match="no record has the source 'nosuch'"):
         build_judge_records(LABELLED, repeat_sources=["nosuch=3"])
+
+
+def _answers(source: str, solved: int, unsolved: int) -> list[dict]:
+    labels = ["Solved"] * solved + ["Unsolved"] * unsolved
+    return [
+        {
+            "source": source,
+            "id": f"{source}-{i}",
+            "query": f"{source} task {i}: book the flight",
+            "final_answer": f"Answer {i} of {source}: the flight is booked as asked.",
+            "label": label,
+            "label_kind": "test",
+        }
+        for i, label in enumerate(labels)
+    ]
+
+
+def test_per_source_balance_repeats_each_sources_rarer_verdict_and_drops_nothing():
+    """`drop` balances the whole training side before a source's repeats, so a repeated source keeps its skew;
+    `per-source` repeats, after the repeats, each source's rarer verdict until both weigh the same there."""
+    labelled = _answers("skewed", 3, 7) + _answers("even", 5, 5) + _answers("one-sided", 2, 0)
+    dropped, _ = build_judge_records(labelled, test_fraction=0.0, repeat_sources=["skewed=2"])
+    kept = {r["id"] for r in dropped["train"]}
+    assert len(kept) == 22 - 2  # 10 Solved and 12 Unsolved answers: 2 Unsolved ones dropped
+    splits, stats = build_judge_records(
+        labelled, test_fraction=0.0, repeat_sources=["skewed=2"], balance="per-source", seed=7
+    )
+    counts = {
+        (source, label): sum(r["source"] == source and r["label"] == label for r in splits["train"])
+        for source in ("skewed", "even", "one-sided")
+        for label in ("Solved", "Unsolved")
+    }
+    assert counts == {
+        ("skewed", "Solved"): 14,  # 3 answers twice, then repeated to the 7 Unsolved answers' 14 records
+        ("skewed", "Unsolved"): 14,
+        ("even", "Solved"): 5,
+        ("even", "Unsolved"): 5,
+        ("one-sided", "Solved"): 2,  # nothing to repeat on the other side
+        ("one-sided", "Unsolved"): 0,
+    }
+    assert {r["id"] for r in splits["train"]} == {r["id"] for r in labelled}  # every answer trains
+    copies = [sum(r["id"] == f"skewed-{i}" for r in splits["train"]) for i in range(3)]
+    assert sorted(copies) == [4, 5, 5]  # 14 records of 3 answers: each 4 times, two drawn once more
+    assert (stats["repeated_to_balance"], stats["dropped"]["balancing"]) == (8, 0)
+    assert stats["options"]["balance"] == "per-source"
+    again, _ = build_judge_records(
+        labelled, test_fraction=0.0, repeat_sources=["skewed=2"], balance="per-source", seed=7
+    )
+    assert again == splits  # seeded
+    with pytest.raises(ValueError, match="unknown balance rule 'both'"):
+        build_judge_records(labelled, balance="both")

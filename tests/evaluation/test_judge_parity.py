@@ -54,7 +54,7 @@ def test_fac_agreement_and_training_show_the_same_prompt(faulty_judge, tmp_path)
     faulty_judge.received.clear()
     run_agreement([tmp_path / "labelled.jsonl"], settings, tmp_path / "agreement", progress=False)
     agreement = sorted(messages[1]["content"] for messages in faulty_judge.received)
-    splits, _ = build_judge_records(labelled, test_fraction=0.0, balance=False)
+    splits, _ = build_judge_records(labelled, test_fraction=0.0, balance="none")
     training = sorted(record["prompt"][1]["content"] for record in splits["train"])
 
     expected = sorted(

@@ -358,7 +358,7 @@ def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_pat
     assert options["simulator"]["seed"] == 42 and options["simulator"]["test_ood_shown"] is True
     assert (options["judge"]["seed"], options["judge"]["test_fraction"]) == (42, 0.1)
     assert options["simulator"]["split_rule"] == options["judge"]["split_rule"] == "shuffled"
-    assert options["judge"]["repeat_sources"] == ["tau-bench/airline=4"]
+    assert options["judge"]["repeat_sources"] == ["tau-bench/airline=4"] and options["judge"]["balance"] == "drop"
     # the examples the shipped simulator trained on: shrunk to 600 characters within 1,024
     assert (options["simulator"]["few_shot_char_budget"], options["simulator"]["few_shot_response_chars"]) == (
         1024,
@@ -367,7 +367,7 @@ def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_pat
     run_stage(
         "--stage", "data", "--work", str(tmp_path), "--target-response-chars", "200", "--seed", "7",
         "--judge-test-fraction", "0.3", "--few-shot-char-budget", "3000", "--few-shot-response-chars", "2000",
-        "--split-rule", "grouped",
+        "--split-rule", "grouped", "--judge-balance", "per-source",
     )  # fmt: skip
     options = data_options(tmp_path)
     assert options["simulator"]["seed"] == 7 and options["simulator"]["target_response_chars"] == 200
@@ -376,7 +376,11 @@ def test_the_data_stage_passes_its_options_to_both_builders(shipped_run, tmp_pat
         3000,
         2000,
     )
-    assert (options["judge"]["seed"], options["judge"]["test_fraction"]) == (7, 0.3)
+    assert (options["judge"]["seed"], options["judge"]["test_fraction"], options["judge"]["balance"]) == (
+        7,
+        0.3,
+        "per-source",
+    )
     # the fixture's data stage shrank answers at the default 1,024 characters: the samples' longest (a tau-bench
     # user, 1,866 characters) keeps its keys with values cut to "..." (mirrorapi.few_shot.shrink_response: "about"
     # that many); at 200 less of it is left
