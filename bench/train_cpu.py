@@ -2,11 +2,14 @@
 
     python bench/train_cpu.py --model-dir MODEL --dataset-path SFT_SET [--steps 6] [--max-length 768]
                               [--variants full top8 lora lora_top8 top10 top10_fused top10_keep]
+                              [--bf16] [--dtype float32|bfloat16]
 
 Each variant runs in a fresh process (so its peak RSS is its own) on the same records of the SFT set's train
 split (the first `--steps` + 1 that fit in `--max-length`, chat template applied as training/sft.py does), one
 record per step with no padding (what `padding_free` packing gives), AdamW, loss on the completion tokens only.
-The first step is warm-up and not timed. Variants:
+The first step is warm-up and not timed. `--bf16` and `--dtype bfloat16` are a recipe's `bf16: true` (autocast)
+and `dtype: bfloat16` (the weights), the GPU recipes' precision: on a CPU without bfloat16 instructions
+(AVX512-BF16 or AMX) torch emulates it, which training/sft.py refuses (docs/training.md). Variants:
 
   full        every weight trained (the recipes' full fine-tune)
   topK        full fine-tune of the top K decoder layers and the final norm; embeddings (tied to the LM head)
@@ -108,7 +111,9 @@ def run_variant(args) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     records = load_records(args.dataset_path, args.model_dir, args.max_length, args.steps + 1)
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model_dir, dtype=getattr(torch, args.dtype), attn_implementation="sdpa"
+    )
     model.config.use_cache = False
     head = model.lm_head.weight.numel()
     body = sum(p.numel() for p in model.model.layers.parameters())
@@ -172,6 +177,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=768)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (AVX2 has no bf16 FMA: expect slower)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the weights' dtype")
     parser.add_argument("--peak-gflops", type=float, default=150.0)
     args = parser.parse_args()
     if args.variant:
@@ -201,6 +207,7 @@ def main() -> None:
                 "max_length": args.max_length,
                 "threads": args.threads,
                 "bf16_autocast": args.bf16,
+                "dtype": args.dtype,
                 "peak_gflops": args.peak_gflops,
                 "loadavg_before": load_before,
                 "loadavg_after": os.getloadavg(),

@@ -265,6 +265,7 @@ def check_values(recipe: RecipeArguments, training_args, model_args) -> None:
             )
     check_packing(training_args, model_args)
     check_quantization(training_args, model_args)
+    check_cpu_precision(training_args, model_args)
     if training_args.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
         raise RecipeError("use_liger_kernel needs the liger-kernel package: pip install '.[gpu]' (GPU hosts)")
 
@@ -372,6 +373,42 @@ def check_quantization(training_args, model_args) -> None:
         raise RecipeError(f"{flag} needs the bitsandbytes package: pip install '.[gpu]' (GPU hosts)")
     if training_args.use_cpu or not torch.cuda.is_available():
         raise RecipeError(f"{flag} needs a CUDA GPU (bitsandbytes quantization); this run has none")
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 itself (x86-64: AVX512-BF16 or AMX, as torch's cpuinfo reads them).
+    True where it cannot tell (another architecture, a torch without these probes): `check_cpu_precision` refuses
+    only what it knows torch would emulate."""
+    import platform
+
+    import torch
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    has_avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    if has_avx512_bf16 is None or has_amx is None:
+        return True
+    return bool(has_avx512_bf16() or has_amx())
+
+
+def check_cpu_precision(training_args, model_args) -> None:
+    """The GPU recipes' bfloat16 (`bf16: true`, `dtype: bfloat16`) in a run on a CPU without bfloat16 instructions:
+    torch emulates every product there, 10-30x slower than float32 (SmolLM2-135M's steps, bench/train_cpu.py on a
+    2-core AMD EPYC with AVX2, docs/training.md), so a recipe of an hour would take a day. Refused before the model
+    loads, with the keys that train in float32."""
+    import torch
+
+    if torch.cuda.is_available() and not training_args.use_cpu:
+        return
+    asked = {"bf16": training_args.bf16, "dtype bfloat16": model_args.dtype == "bfloat16"}
+    keys = [key for key, on in asked.items() if on]
+    if keys and not cpu_has_bfloat16():
+        raise RecipeError(
+            f"{' and '.join(keys)} on a CPU without bfloat16 instructions (AVX512-BF16 or AMX; this one has "
+            f"{torch.backends.cpu.get_cpu_capability()}): torch would emulate them, 10-30x slower than float32; "
+            "pass --bf16 false --dtype float32"
+        )
 
 
 def model_init_kwargs(training_args, model_args) -> dict:

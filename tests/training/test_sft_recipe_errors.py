@@ -167,6 +167,38 @@ def test_other_mistakes(cli, capsys, tiny_model_dir, simulator_sft_dir, tmp_path
     assert status == 2 and message in err and err.startswith("sft.py: error: ")
 
 
+def test_bfloat16_on_a_cpu_without_it_ends_before_the_model_loads(
+    cli, capsys, monkeypatch, tiny_model_dir, simulator_sft_dir, tmp_path
+):
+    """The GPU recipes' precision run with --use_cpu on a CPU that would emulate bfloat16 (10-30x slower than float32):
+    status 2 and one line naming the keys that train in float32, nothing written."""
+    from mirrorapi.training import recipe
+
+    # A stand-in for the hardware (named as such): a CPU without AVX512-BF16 or AMX cannot be had on one with them.
+    monkeypatch.setattr(recipe, "cpu_has_bfloat16", lambda: False)
+    out = tmp_path / "out"
+    status, err = run(
+        cli,
+        capsys,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_path",
+        simulator_sft_dir,
+        "--output_dir",
+        out,
+        "--use_cpu",
+        "true",
+        "--bf16",
+        "true",
+        "--dtype",
+        "bfloat16",
+    )
+    assert status == 2
+    assert err.startswith("sft.py: error: bf16 and dtype bfloat16 on a CPU without bfloat16 instructions")
+    assert err.endswith("pass --bf16 false --dtype float32")
+    assert not out.exists()
+
+
 class _RecordingHub(http.server.BaseHTTPRequestHandler):
     """A model hub that has nothing: every request is recorded (`server.requests`) and answered 404."""
 

@@ -1,15 +1,25 @@
 """Every recipe file passes training/sft.py's checks on the CPU (keys known, values valid, the keys together);
 the GPU recipes pack; packing, attention, QLoRA and liger settings that cannot work are refused in one line;
-the model is loaded with TRL's ModelConfig forwarded as TRL's own scripts/sft.py forwards it."""
+the model is loaded with TRL's ModelConfig forwarded as TRL's own scripts/sft.py forwards it; bfloat16 on a CPU
+that would emulate it is refused."""
 
 import importlib.util
+import platform
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import BitsAndBytesConfig
 
-from mirrorapi.training.recipe import PACKING_ATTENTION, RecipeError, make_parser, model_init_kwargs, parse_recipe
+from mirrorapi.training import recipe as recipe_module
+from mirrorapi.training.recipe import (
+    PACKING_ATTENTION,
+    RecipeError,
+    cpu_has_bfloat16,
+    make_parser,
+    model_init_kwargs,
+    parse_recipe,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "training/configs").glob("*.yaml"))
@@ -17,8 +27,10 @@ TINY = str(REPO / "training/configs/tiny_cpu.yaml")
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
-def test_every_recipe_file_passes_the_checks(recipe):
-    # --use_cpu: the GPU recipes' bf16 is refused by transformers on a host without a GPU unless told so.
+def test_every_recipe_file_passes_the_checks(recipe, monkeypatch):
+    # --use_cpu: the GPU recipes' bf16 is refused by transformers on a host without a GPU unless told so. Their keys
+    # are checked here, not this host's bfloat16 instructions (the tests of check_cpu_precision below do that).
+    monkeypatch.setattr(recipe_module, "cpu_has_bfloat16", lambda: True)
     _, training_args, model_args = parse_recipe(["--config", str(recipe), "--use_cpu", "true"])
     if "qwen" in recipe.name:  # the GPU recipes pack whole records (issue 14)
         assert (training_args.packing, training_args.packing_strategy) == (True, "bfd")
@@ -45,6 +57,45 @@ def test_settings_that_cannot_work_are_refused(extra, message):
     with pytest.raises(RecipeError) as error:
         parse_recipe(["--config", TINY, *extra])
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.machine() != "x86_64", reason="reads Linux's x86-64 CPU flags"
+)
+def test_the_bfloat16_probe_says_what_the_kernel_says():
+    """The kernel's CPU flags (/proc/cpuinfo, what the CPU or the hypervisor reports) decide, not our code."""
+    flags = next(
+        line.split(":", 1)[1].split()
+        for line in Path("/proc/cpuinfo").read_text().splitlines()
+        if line.startswith("flags")
+    )
+    assert cpu_has_bfloat16() is bool({"avx512_bf16", "amx_bf16", "amx_tile"} & set(flags))
+
+
+@pytest.mark.parametrize(
+    "extra, keys",
+    [
+        (["--bf16", "true"], "bf16"),
+        (["--dtype", "bfloat16"], "dtype bfloat16"),
+        (["--bf16", "true", "--dtype", "bfloat16"], "bf16 and dtype bfloat16"),
+    ],
+)
+def test_bfloat16_on_a_cpu_that_would_emulate_it_is_refused(monkeypatch, extra, keys):
+    # A stand-in for the hardware (named as such): a CPU without AVX512-BF16 or AMX cannot be had on one with them.
+    monkeypatch.setattr(recipe_module, "cpu_has_bfloat16", lambda: False)
+    with pytest.raises(RecipeError) as error:
+        parse_recipe(["--config", TINY, "--use_cpu", "true", *extra])
+    message = str(error.value)
+    assert message.startswith(f"{keys} on a CPU without bfloat16 instructions (AVX512-BF16 or AMX; this one has ")
+    assert message.endswith("pass --bf16 false --dtype float32") and "\n" not in message
+    # float32, what the message says to pass, is this CPU's precision
+    _, training_args, model_args = parse_recipe(
+        ["--config", TINY, "--use_cpu", "true", *extra, "--bf16", "false", "--dtype", "float32"]
+    )
+    assert (training_args.bf16, model_args.dtype) == (False, "float32")
+    # where the CPU has the instructions, bfloat16 stays the recipe's choice
+    monkeypatch.setattr(recipe_module, "cpu_has_bfloat16", lambda: True)
+    parse_recipe(["--config", TINY, "--use_cpu", "true", *extra])
 
 
 def test_packing_without_an_attention_takes_one_that_keeps_records_apart():
