@@ -8,8 +8,9 @@ Each variant runs in a fresh process (so its peak RSS is its own) on the same re
 split (the first `--steps` + 1 that fit in `--max-length`, chat template applied as training/sft.py does), one
 record per step with no padding (what `padding_free` packing gives), AdamW, loss on the completion tokens only.
 The first step is warm-up and not timed. `--bf16` and `--dtype bfloat16` are a recipe's `bf16: true` (autocast)
-and `dtype: bfloat16` (the weights), the GPU recipes' precision: on a CPU without bfloat16 instructions
-(AVX512-BF16 or AMX) torch emulates it, which training/sft.py refuses (docs/training.md). Variants:
+and `dtype: bfloat16` (the weights), the GPU recipes' precision: on a CPU where oneDNN has no bfloat16 (AVX2
+without AVX-512) torch multiplies it with its slow fallback kernels, which training/sft.py refuses (docs/training.md).
+Variants:
 
   full        every weight trained (the recipes' full fine-tune)
   topK        full fine-tune of the top K decoder layers and the final norm; embeddings (tied to the LM head)

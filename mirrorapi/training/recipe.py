@@ -376,27 +376,23 @@ def check_quantization(training_args, model_args) -> None:
 
 
 def cpu_has_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 itself (x86-64: AVX512-BF16 or AMX, as torch's cpuinfo reads them).
-    True where it cannot tell (another architecture, a torch without these probes): `check_cpu_precision` refuses
-    only what it knows torch would emulate."""
-    import platform
-
+    """Whether torch multiplies bfloat16 on this CPU with oneDNN (`torch.ops.mkldnn._is_mkldnn_bf16_supported`, the
+    test torch's own compiler makes: AVX-512 cores, AVX2-VNNI-2 or AMX on x86-64, BF16 on Arm) rather than with its
+    fallback kernels, 10-30x slower than float32 (measured on AVX2, docs/training.md). True where torch has no such
+    probe: `check_cpu_precision` refuses only what it knows torch would run slowly."""
     import torch
 
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    probe = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    if probe is None:
         return True
-    has_avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    if has_avx512_bf16 is None or has_amx is None:
-        return True
-    return bool(has_avx512_bf16() or has_amx())
+    return bool(probe())
 
 
 def check_cpu_precision(training_args, model_args) -> None:
-    """The GPU recipes' bfloat16 (`bf16: true`, `dtype: bfloat16`) in a run on a CPU without bfloat16 instructions:
-    torch emulates every product there, 10-30x slower than float32 (SmolLM2-135M's steps, bench/train_cpu.py on a
-    2-core AMD EPYC with AVX2, docs/training.md), so a recipe of an hour would take a day. Refused before the model
-    loads, with the keys that train in float32."""
+    """The GPU recipes' bfloat16 (`bf16: true`, `dtype: bfloat16`) in a run on a CPU where torch has no fast bfloat16
+    path (`cpu_has_bfloat16`): 10-30x slower than float32 there (SmolLM2-135M's steps, bench/train_cpu.py on a 2-core
+    AMD EPYC with AVX2, docs/training.md), so a recipe of an hour would take a day. Refused before the model loads,
+    with the keys that train in float32."""
     import torch
 
     if torch.cuda.is_available() and not training_args.use_cpu:
@@ -405,8 +401,8 @@ def check_cpu_precision(training_args, model_args) -> None:
     keys = [key for key, on in asked.items() if on]
     if keys and not cpu_has_bfloat16():
         raise RecipeError(
-            f"{' and '.join(keys)} on a CPU without bfloat16 instructions (AVX512-BF16 or AMX; this one has "
-            f"{torch.backends.cpu.get_cpu_capability()}): torch would emulate them, 10-30x slower than float32; "
+            f"{' and '.join(keys)} on a CPU without oneDNN's bfloat16 (AVX-512, AMX or Arm BF16; this one has "
+            f"{torch.backends.cpu.get_cpu_capability()}): torch's fallback is 10-30x slower than float32; "
             "pass --bf16 false --dtype float32"
         )
 

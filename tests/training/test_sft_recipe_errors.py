@@ -174,7 +174,7 @@ def test_bfloat16_on_a_cpu_without_it_ends_before_the_model_loads(
     status 2 and one line naming the keys that train in float32, nothing written."""
     from mirrorapi.training import recipe
 
-    # A stand-in for the hardware (named as such): a CPU without AVX512-BF16 or AMX cannot be had on one with them.
+    # A stand-in for the hardware (named as such): a CPU without oneDNN's bfloat16 cannot be had on one with it.
     monkeypatch.setattr(recipe, "cpu_has_bfloat16", lambda: False)
     out = tmp_path / "out"
     status, err = run(
@@ -194,7 +194,7 @@ def test_bfloat16_on_a_cpu_without_it_ends_before_the_model_loads(
         "bfloat16",
     )
     assert status == 2
-    assert err.startswith("sft.py: error: bf16 and dtype bfloat16 on a CPU without bfloat16 instructions")
+    assert err.startswith("sft.py: error: bf16 and dtype bfloat16 on a CPU without oneDNN's bfloat16")
     assert err.endswith("pass --bf16 false --dtype float32")
     assert not out.exists()
 

@@ -4,6 +4,7 @@ the model is loaded with TRL's ModelConfig forwarded as TRL's own scripts/sft.py
 that would emulate it is refused."""
 
 import importlib.util
+import os
 import platform
 from pathlib import Path
 
@@ -29,7 +30,7 @@ TINY = str(REPO / "training/configs/tiny_cpu.yaml")
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_file_passes_the_checks(recipe, monkeypatch):
     # --use_cpu: the GPU recipes' bf16 is refused by transformers on a host without a GPU unless told so. Their keys
-    # are checked here, not this host's bfloat16 instructions (the tests of check_cpu_precision below do that).
+    # are checked here, not this host's bfloat16 path (the tests of check_cpu_precision below do that).
     monkeypatch.setattr(recipe_module, "cpu_has_bfloat16", lambda: True)
     _, training_args, model_args = parse_recipe(["--config", str(recipe), "--use_cpu", "true"])
     if "qwen" in recipe.name:  # the GPU recipes pack whole records (issue 14)
@@ -60,16 +61,26 @@ def test_settings_that_cannot_work_are_refused(extra, message):
 
 
 @pytest.mark.skipif(
-    platform.system() != "Linux" or platform.machine() != "x86_64", reason="reads Linux's x86-64 CPU flags"
+    platform.system() != "Linux" or platform.machine() != "x86_64" or "ONEDNN_MAX_CPU_ISA" in os.environ,
+    reason="reads Linux's x86-64 CPU flags; oneDNN's ISA left to the CPU",
 )
-def test_the_bfloat16_probe_says_what_the_kernel_says():
-    """The kernel's CPU flags (/proc/cpuinfo, what the CPU or the hypervisor reports) decide, not our code."""
-    flags = next(
-        line.split(":", 1)[1].split()
-        for line in Path("/proc/cpuinfo").read_text().splitlines()
-        if line.startswith("flags")
+def test_the_bfloat16_probe_says_what_the_kernel_and_onednn_say():
+    """The kernel's CPU flags (/proc/cpuinfo: what the CPU or the hypervisor reports) against oneDNN's documented rule,
+    not our code: oneDNN computes bfloat16 from its `avx512_core` ISA (AVX-512 F, BW, VL, DQ) and on `avx2_vnni_2`
+    (AVX-VNNI, AVX-VNNI-INT8, AVX-NE-CONVERT); AMX CPUs have AVX-512."""
+    flags = set(
+        next(
+            line.split(":", 1)[1].split()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        )
     )
-    assert cpu_has_bfloat16() is bool({"avx512_bf16", "amx_bf16", "amx_tile"} & set(flags))
+    onednn_bf16 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags or {
+        "avx_vnni",
+        "avx_vnni_int8",
+        "avx_ne_convert",
+    } <= flags
+    assert cpu_has_bfloat16() is onednn_bf16
 
 
 @pytest.mark.parametrize(
@@ -81,12 +92,12 @@ def test_the_bfloat16_probe_says_what_the_kernel_says():
     ],
 )
 def test_bfloat16_on_a_cpu_that_would_emulate_it_is_refused(monkeypatch, extra, keys):
-    # A stand-in for the hardware (named as such): a CPU without AVX512-BF16 or AMX cannot be had on one with them.
+    # A stand-in for the hardware (named as such): a CPU without oneDNN's bfloat16 cannot be had on one with it.
     monkeypatch.setattr(recipe_module, "cpu_has_bfloat16", lambda: False)
     with pytest.raises(RecipeError) as error:
         parse_recipe(["--config", TINY, "--use_cpu", "true", *extra])
     message = str(error.value)
-    assert message.startswith(f"{keys} on a CPU without bfloat16 instructions (AVX512-BF16 or AMX; this one has ")
+    assert message.startswith(f"{keys} on a CPU without oneDNN's bfloat16 (AVX-512, AMX or Arm BF16; this one has ")
     assert message.endswith("pass --bf16 false --dtype float32") and "\n" not in message
     # float32, what the message says to pass, is this CPU's precision
     _, training_args, model_args = parse_recipe(
