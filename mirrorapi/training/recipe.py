@@ -389,15 +389,18 @@ def cpu_has_bfloat16() -> bool:
 
 
 def check_cpu_precision(training_args, model_args) -> None:
-    """The GPU recipes' bfloat16 (`bf16: true`, `dtype: bfloat16`) in a run on a CPU where torch has no fast bfloat16
-    path (`cpu_has_bfloat16`): 10-30x slower than float32 there (SmolLM2-135M's steps, bench/train_cpu.py on a 2-core
-    AMD EPYC with AVX2, docs/training.md), so a recipe of an hour would take a day. Refused before the model loads,
-    with the keys that train in float32."""
+    """The GPU recipes' bfloat16 (`bf16: true`, `dtype: bfloat16`, or `dtype: auto` on a bfloat16 checkpoint) in a
+    run on a CPU where torch has no fast bfloat16 path (`cpu_has_bfloat16`): 10-30x slower than float32 there
+    (SmolLM2-135M's steps, bench/train_cpu.py on a 2-core AMD EPYC with AVX2, docs/training.md), so a recipe of an
+    hour would take a day. Refused before the model loads, with the keys that train in float32."""
     import torch
 
     if torch.cuda.is_available() and not training_args.use_cpu:
         return
-    asked = {"bf16": training_args.bf16, "dtype bfloat16": model_args.dtype == "bfloat16"}
+    dtype = model_args.dtype
+    if dtype == "auto":  # from_pretrained then loads the checkpoint's own dtype: bfloat16 for most released models
+        dtype = f"auto (the checkpoint's {checkpoint_dtype(model_args.model_name_or_path)})"
+    asked = {"bf16": training_args.bf16, f"dtype {dtype}": "bfloat16" in str(dtype)}
     keys = [key for key, on in asked.items() if on]
     if keys and not cpu_has_bfloat16():
         raise RecipeError(
@@ -405,6 +408,20 @@ def check_cpu_precision(training_args, model_args) -> None:
             f"{torch.backends.cpu.get_cpu_capability()}): torch's fallback is 10-30x slower than float32; "
             "pass --bf16 false --dtype float32"
         )
+
+
+def checkpoint_dtype(model_name_or_path: str | None) -> str | None:
+    """The dtype a local model folder's config.json was saved in, as transformers reads it (None where the folder
+    does not say, or is not a local folder: a hub id is not fetched for this check)."""
+    from transformers import AutoConfig
+
+    if not model_name_or_path or not (Path(model_name_or_path).expanduser() / "config.json").is_file():
+        return None
+    try:
+        dtype = AutoConfig.from_pretrained(Path(model_name_or_path).expanduser()).dtype
+    except (OSError, ValueError):  # an unreadable config: check_model_source and from_pretrained say why
+        return None
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def model_init_kwargs(training_args, model_args) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BitsAndBytesConfig
+from transformers import BitsAndBytesConfig, LlamaConfig
 
 from mirrorapi.training import recipe as recipe_module
 from mirrorapi.training.recipe import (
@@ -109,6 +109,23 @@ def test_bfloat16_on_a_cpu_that_would_emulate_it_is_refused(monkeypatch, extra, 
     # where the CPU has the instructions, bfloat16 stays the recipe's choice
     monkeypatch.setattr(recipe_module, "cpu_has_bfloat16", lambda: True)
     parse_recipe(["--config", TINY, "--use_cpu", "true", *extra])
+
+
+@pytest.mark.parametrize("saved_dtype, refused", [("bfloat16", True), ("float32", False)])
+def test_dtype_auto_is_refused_where_the_checkpoint_is_bfloat16(monkeypatch, tmp_path, saved_dtype, refused):
+    """`dtype: auto` loads the checkpoint's own dtype: the folder's config as transformers saves it decides, as it
+    decides for from_pretrained. A stand-in for the hardware, as above."""
+    monkeypatch.setattr(recipe_module, "cpu_has_bfloat16", lambda: False)
+    LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, dtype=saved_dtype
+    ).save_pretrained(tmp_path)
+    argv = ["--config", TINY, "--use_cpu", "true", "--model_name_or_path", str(tmp_path), "--dtype", "auto"]
+    if not refused:
+        assert parse_recipe(argv)[2].dtype == "auto"
+        return
+    with pytest.raises(RecipeError) as error:
+        parse_recipe(argv)
+    assert str(error.value).startswith("dtype auto (the checkpoint's bfloat16) on a CPU without oneDNN's bfloat16")
 
 
 def test_packing_without_an_attention_takes_one_that_keeps_records_apart():
