@@ -172,6 +172,24 @@ def test_init_adapter_starts_from_the_adapters_weights(
     assert (resolved["lora_r"], resolved["lora_alpha"]) == (started_from["r"], started_from["lora_alpha"]) == (8, 16)
 
 
+@pytest.mark.slow
+def test_the_same_seed_trains_the_same_adapter_to_the_bit(
+    adapter_dir, tiny_model_dir, simulator_sft_dir, tmp_path, entry_script
+):
+    """A recipe run again on the same machine with the same seed saves the same adapter, every tensor equal to the
+    bit (what lets a figure be reproduced, and tells a machine's difference from a run's); another seed draws
+    other LoRA weights and another order of the records, so it differs (the comparison can fail)."""
+    from safetensors.torch import load_file
+
+    first = load_file(adapter_dir / "adapter_model.safetensors")
+    for seed, same in (("42", True), ("7", False)):
+        out = tmp_path / f"seed{seed}"
+        assert train_lora(entry_script, tiny_model_dir, simulator_sft_dir, out, "--merge", "true", "--seed", seed) == 0
+        again = load_file(out / "adapter_model.safetensors")
+        assert again.keys() == first.keys()
+        assert all(torch.equal(again[k], first[k]) for k in first) is same
+
+
 def test_an_init_adapter_of_another_base_is_one_line(
     adapter_dir, tiny_model_dir, simulator_sft_dir, tmp_path, entry_script, capsys
 ):
