@@ -263,6 +263,12 @@ def test_held_out_episodes_are_replayed_with_and_without_session_history(first_r
     sessions = report["fidelity"]["sessions"]
     assert (sessions["episodes"], sessions["calls"]) == (len(episodes), len(heldout))
     assert sessions["without"]["overall"] == report["fidelity"]["overall"]["simulated"]  # the table's row
+    # The nearest example on the same calls, with its consistency: the row a session has to beat (issue 32).
+    assert sessions["nearest_example"]["overall"] == report["fidelity"]["overall"]["baseline"]
+    assert (
+        sessions["nearest_example"]["consistency"]["values_carried"]
+        == sessions["with"]["consistency"]["values_carried"]
+    )
     # The server saw every held-out call twice: once alone, once in its episode's session (one session each).
     lines = [
         json.loads(line)
@@ -275,6 +281,7 @@ def test_held_out_episodes_are_replayed_with_and_without_session_history(first_r
         line["provenance"].split(",")[0].split("@")[1] for line in in_session if line["outcome"] == "simulated"
     } <= {report["session_format"]}
     assert "### With and without session history" in markdown and "| with history |" in markdown
+    assert "| nearest example |" in markdown
     gap = sessions["with_minus_without"]["rouge_l"]  # the two passes compared call by call, with the interval
     assert f"ROUGE-L {gap['difference']:+.1f} {interval_text(gap['ci95'])}" in markdown
     assert report["parsing"]["with_history"]["simulated"] + report["parsing"]["with_history"]["engine_errors"] <= len(

@@ -196,12 +196,16 @@ def history_summary(sessions: dict, fmt: str) -> str:
         + ", ".join(HISTORY_KEYS.values())
         + ", consistency):"
     ]
-    for name in ("without", "with"):
+    for name, label in (
+        ("without", "without history"),
+        ("with", "with history"),
+        ("nearest_example", "nearest example"),
+    ):
+        if name not in sessions:  # a report written before the nearest example had a row
+            continue
         overall, score = sessions[name]["overall"], sessions[name]["consistency"]["score"]
         lines.append(
-            f"  {name + ' history':<36}"
-            + "  ".join(f"{_num(overall.get(k)):>5}" for k in HISTORY_KEYS)
-            + f"  {_num(score):>5}"
+            f"  {label:<36}" + "  ".join(f"{_num(overall.get(k)):>5}" for k in HISTORY_KEYS) + f"  {_num(score):>5}"
         )
     if gap := sessions.get("with_minus_without"):
         lines.append(f"  with history minus without (95% bootstrap interval): {difference_text(gap)}")
@@ -233,10 +237,16 @@ def history_markdown(sessions: dict, fmt: str, shipped: bool = False) -> list[st
         "| replay | " + " | ".join(HISTORY_KEYS.values()) + " | consistency | values carried |",
         "|---|" + "---|" * (len(HISTORY_KEYS) + 2),
     ]
-    for name in ("without", "with"):
+    for name, label in (
+        ("without", "without history"),
+        ("with", "with history"),
+        ("nearest_example", "nearest example"),
+    ):
+        if name not in sessions:  # a report written before the nearest example had a row
+            continue
         overall, c = sessions[name]["overall"], sessions[name]["consistency"]
         rows.append(
-            f"| {name} history | "
+            f"| {label} | "
             + " | ".join(_cell(overall, k) for k in HISTORY_KEYS)
             + f" | {_num(c['score'])} | {c['values_repeated']} of {c['values_carried']} |"
         )
@@ -245,7 +255,8 @@ def history_markdown(sessions: dict, fmt: str, shipped: bool = False) -> list[st
     rows += [
         "",
         "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, the "
-        "share the simulated answer repeats; per step: [fidelity/fidelity.md](fidelity/fidelity.md).",
+        "share the simulated answer repeats (the nearest example's: the share its training answers repeat, copied "
+        "from other episodes); per step: [fidelity/fidelity.md](fidelity/fidelity.md).",
     ]
     return rows
 

@@ -8,7 +8,13 @@ from harness.processes import free_port
 from mirrorapi.evaluation.fidelity.carried_values import EpisodeValues
 from mirrorapi.evaluation.fidelity.metrics import compare
 from mirrorapi.evaluation.fidelity.replay import load_pairs
-from mirrorapi.evaluation.fidelity.session_history import consistency, heldout_episodes, history_report, values
+from mirrorapi.evaluation.fidelity.session_history import (
+    consistency,
+    heldout_episodes,
+    history_report,
+    render_history_markdown,
+    values,
+)
 from mirrorapi.records import canonical_json
 from mirrorapi.serving.cache import ResponseCache
 from mirrorapi.tools import ToolRegistry
@@ -47,6 +53,55 @@ def test_history_is_compared_with_the_call_by_call_pass_on_the_same_calls(sample
     gap = history_report(pairs, passes)["with_minus_without"]
     assert gap["rouge_l"]["ci95"][0] > 0 and gap["bleu4"]["ci95"][0] > 0
     assert gap["rouge_l"]["difference"] > 90
+
+
+def test_the_nearest_example_is_scored_beside_both_passes_with_a_consistency_of_its_own():
+    """A login's token and the user's name, both repeated by the episode's next answer: the session pass's
+    simulator repeats its own token and the name (consistency 100), the call-by-call one only the name (50), and
+    the nearest example, a training episode's answers, neither (0): its row is what a session has to beat (issue
+    32). Worked out by hand from the definition: one step carries two values, "amy" from a request and the token
+    from an answer ("09:00" is a request's value the answer does not repeat)."""
+    call = {"source": "api-bank", "episode": "e1", "category": "Alarm", "tool_name": "alarm"}
+    pairs = [
+        call
+        | {
+            "step": 0,
+            "api_name": "Login",
+            "tool_input": {"username": "amy"},
+            "response": {"error": "", "response": {"token": "tok111aa"}},
+        },
+        call
+        | {
+            "step": 1,
+            "api_name": "AddAlarm",
+            "tool_input": {"time": "09:00"},
+            "response": {"error": "", "response": {"alarm": "alm777x", "owner": "tok111aa", "user": "amy"}},
+        },
+    ]
+    with_history = [
+        {"error": "", "response": {"token": "sim999zz"}},
+        {"error": "", "response": {"alarm": "x1234", "owner": "sim999zz", "user": "amy"}},
+    ]
+    without = [with_history[0], {"error": "", "response": {"alarm": "x1234", "owner": "sim000qq", "user": "amy"}}]
+    examples = [
+        {"error": "", "response": {"token": "tok000bb"}},
+        {"error": "", "response": {"alarm": "alm555", "owner": "tok222cc", "user": "bob"}},
+    ]
+    passes = {
+        name: (answers, compare(pairs, answers, baseline=lambda pair: examples[pair["step"]]))
+        for name, answers in (("without", without), ("with", with_history))
+    }
+    report = history_report(pairs, passes)
+    one_step = {"steps": 1, "values_carried": 2}
+    assert report["with"]["consistency"] == {"score": 100.0, **one_step, "values_repeated": 2}
+    assert report["without"]["consistency"] == {"score": 50.0, **one_step, "values_repeated": 1}
+    assert report["nearest_example"]["consistency"] == {"score": 0.0, **one_step, "values_repeated": 0}
+    assert report["nearest_example"]["overall"]["n"] == 2
+    markdown = render_history_markdown(report)
+    assert "| nearest example | 0.0 | 1 | 2 | 0 |" in markdown and "| nearest example | all | 2 |" in markdown
+    # A replay without a baseline (no training pairs given) has no such row.
+    passes = {name: (answers, compare(pairs, answers)) for name, (answers, _) in passes.items()}
+    assert "nearest_example" not in history_report(pairs, passes)
 
 
 def test_heldout_episodes_are_whole_and_follow_the_builder_split(samples):

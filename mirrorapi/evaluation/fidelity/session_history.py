@@ -186,6 +186,15 @@ def history_report(
         report["with_minus_without"] = paired_difference(
             scored_rows["with"], scored_rows["without"], "simulated", "simulated"
         )
+    # The nearest training example of each call (the replay's baseline: the same in both passes) scored on the same
+    # calls, with its own consistency: a simulator whose session helps must carry more of the episode's values than
+    # an answer copied from another episode does.
+    first_rows = next(iter(passes.values()))[1]
+    if first_rows and "baseline" in first_rows[0]:
+        report["nearest_example"] = {
+            "overall": slice_metrics([row for row, keep in zip(first_rows, kept, strict=True) if keep], "baseline"),
+            "consistency": consistency(pairs, [row["baseline"] for row in first_rows], kept),
+        }
     return report
 
 
@@ -216,6 +225,13 @@ def render_history_markdown(report: dict) -> str:
                 + " | ".join(_cell(metrics.get(key)) for key in HISTORY_METRICS)
                 + " |"
             )
+    if example := report.get("nearest_example"):
+        metrics = example["overall"]
+        lines.append(
+            f"| nearest example | all | {metrics['n']} | "
+            + " | ".join(_cell(metrics.get(key)) for key in HISTORY_METRICS)
+            + " |"
+        )
     if gap := report.get("with_minus_without"):
         lines += [
             "",
@@ -235,16 +251,20 @@ def render_history_markdown(report: dict) -> str:
         "| replay | consistency | steps that carry values | values carried | values repeated |",
         "|---|---|---|---|---|",
     ]
-    for name in ("without", "with"):
+    for name, label in (
+        ("without", "without history"),
+        ("with", "with history"),
+        ("nearest_example", "nearest example"),
+    ):
         if name in report:
             c = report[name]["consistency"]
             lines.append(
-                f"| {name} history | {_cell(c['score'])} | {c['steps']} | {c['values_carried']} | "
-                f"{c['values_repeated']} |"
+                f"| {label} | {_cell(c['score'])} | {c['steps']} | {c['values_carried']} | {c['values_repeated']} |"
             )
     lines += [
         "",
         "Consistency: of the values (ids, tokens, names) a real answer repeats from earlier in its episode, "
-        "the share the simulated answer repeats (`mirrorapi.evaluation.fidelity.session_history`).",
+        "the share the simulated answer repeats (the nearest example: the share its training answers repeat; "
+        "`mirrorapi.evaluation.fidelity.session_history`).",
     ]
     return "\n".join(lines) + "\n"
