@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import lzma
+from collections import defaultdict
 from pathlib import Path
 
 from shipped_steps.common import StageError
@@ -43,11 +44,15 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
 
     from mirrorapi.evaluation.fidelity.metrics import api_id, build_report, compare, paired_difference
     from mirrorapi.evaluation.fidelity.replay import NearestExample, load_pairs
+    from mirrorapi.evaluation.fidelity.session_history import consistency_after_recorded_history
     from mirrorapi.prompts.simulator_formats import SESSION_FORMATS
     from mirrorapi.records import canonical_json
     from mirrorapi.tools import ToolRegistry
 
     by_id = {(p["source"], str(p["episode"]), int(p["step"])): p for p in load_pairs(pairs)}
+    episodes: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for pair in by_id.values():
+        episodes[(pair["source"], str(pair["episode"]))].append(pair)
     dataset = load_from_disk(str(work / "data" / "simulator"))
 
     def pairs_of(split: str) -> list[dict]:
@@ -115,6 +120,23 @@ def score_generations(generations_path: Path, work: Path, pairs: list[str], tool
                     [twins[(r["source"], r["episode"], r["step"])] for r in in_session], pool, without_rows
                 ),
             }
+            if with_rows:  # the values the recorded history showed, repeated by each side (issue 32's consistency)
+                earlier = [
+                    sorted(
+                        (p for p in episodes[(r["source"], str(r["episode"]))] if p["step"] < r["step"]),
+                        key=lambda p: p["step"],
+                    )
+                    for r in with_rows
+                ]
+                held = [by_id[(r["source"], str(r["episode"]), int(r["step"]))] for r in with_rows]
+                reports["history"]["consistency"] = {
+                    side: consistency_after_recorded_history(earlier, held, [r[column] for r in side_rows])
+                    for side, side_rows, column in (
+                        ("with_history", with_rows, "simulated"),
+                        ("without_history", without_rows, "simulated"),
+                        ("nearest_example", with_rows, "baseline"),
+                    )
+                }
             if with_rows:  # the same calls in the same order (a twin is its call again): a paired comparison
                 reports["history"]["with_minus_without"] = {
                     source: paired_difference(
@@ -171,4 +193,12 @@ def score_lines(scores: dict) -> list[str]:
         lines += [f"{name}, {source}, {cells(part)}" for source, part in report["per_source"].items()]
     for source, gap in scores.get("history", {}).get("with_minus_without", {}).items():
         lines.append(f"history, {source}: with minus without {difference_text(gap)}")
+    if consistency := scores.get("history", {}).get("consistency"):
+        lines.append(
+            "history, consistency (values of the recorded history the real answer repeats, repeated): "
+            + ", ".join(
+                f"{side.replace('_', ' ')} {one(c['score'])} ({c['values_repeated']} of {c['values_carried']})"
+                for side, c in consistency.items()
+            )
+        )
     return lines

@@ -10,6 +10,7 @@ from mirrorapi.evaluation.fidelity.metrics import compare
 from mirrorapi.evaluation.fidelity.replay import load_pairs
 from mirrorapi.evaluation.fidelity.session_history import (
     consistency,
+    consistency_after_recorded_history,
     heldout_episodes,
     history_report,
     render_history_markdown,
@@ -102,6 +103,23 @@ def test_the_nearest_example_is_scored_beside_both_passes_with_a_consistency_of_
     # A replay without a baseline (no training pairs given) has no such row.
     passes = {name: (answers, compare(pairs, answers)) for name, (answers, _) in passes.items()}
     assert "nearest_example" not in history_report(pairs, passes)
+
+
+def test_offline_consistency_counts_the_recorded_values_an_answer_repeats():
+    """An offline answer stage shows its session records the recorded history, so a value counts only where the
+    answer writes that literal. By hand: the login's token and the user's name (from its request) are shown and the
+    real answer repeats both (2 carried); an answer with the token and another name repeats 1; no answer (a missing
+    nearest example) none; a first call (nothing shown) carries nothing."""
+    login = {"tool_input": {"username": "amy"}, "response": {"error": "", "response": {"token": "tok111aa"}}}
+    alarm = {
+        "tool_input": {"time": "09:00"},
+        "response": {"error": "", "response": {"alarm": "alm777x", "owner": "tok111aa", "user": "amy"}},
+    }
+    answer = {"error": "", "response": {"alarm": "a1", "owner": "tok111aa", "user": "bob"}}
+    found = consistency_after_recorded_history(
+        [[], [login], [login]], [login, alarm, alarm], [login["response"], answer, None]
+    )
+    assert found == {"score": 25.0, "steps": 2, "values_carried": 4, "values_repeated": 1}
 
 
 def test_heldout_episodes_are_whole_and_follow_the_builder_split(samples):

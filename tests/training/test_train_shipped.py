@@ -243,6 +243,12 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
     assert set(scores) == {"mirrorapi-v2", "mirrorapi-session-v2", "history"}
     history = scores["history"]
     gap = history.pop("with_minus_without")  # the first pass minus the second, on the calls each simulated
+    # The values the recorded history showed that each real answer repeats: the same calls, so the same values, for
+    # the answers with and without their history and the nearest example, each repeating its share of them.
+    consistency = history.pop("consistency")
+    assert set(consistency) == {"with_history", "without_history", "nearest_example"}
+    assert len({(c["steps"], c["values_carried"]) for c in consistency.values()}) == 1
+    assert all(c["values_repeated"] <= c["values_carried"] for c in consistency.values())
     calls = {name: sum(part["calls"] for part in report.values()) for name, report in history.items()}
     assert calls == {"with_history": len(sessions), "without_history": len(sessions)}
     with_, without = (history[name]["simulated"]["overall"] for name in ("with_history", "without_history"))
@@ -253,6 +259,10 @@ def test_history_twins_ask_each_session_call_again_without_its_history(shipped_r
     # The same figures in the stage's output, one line per prompt format and source, and per source for history.
     rouge = gap["overall"]["rouge_l"]
     assert f"history, overall: with minus without ROUGE-L {rouge['difference']:+.1f} [" in output
+    assert (
+        "history, consistency (values of the recorded history the real answer repeats, repeated): with history "
+        in output
+    )
     alone = scores["mirrorapi-v2"]["simulated"]["overall"]
     assert f"mirrorapi-v2, all sources, n {alone['n']}: ROUGE-L {alone['simulated']['rouge_l']:.1f} / " in output
     assert sum(

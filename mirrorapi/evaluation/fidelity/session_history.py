@@ -143,6 +143,33 @@ def consistency(pairs: list[dict], observations: list[dict], scored: list[bool] 
     }
 
 
+def consistency_after_recorded_history(
+    earlier: list[list[dict]], pairs: list[dict], observations: list[dict | None]
+) -> dict:
+    """Consistency of answers to calls asked after their episode's *recorded* earlier calls (`earlier[i]`: the real
+    pairs before `pairs[i]`), as an offline answer stage asks its session records, whose prompts show the real
+    history: there a value the real answer repeats from an earlier request or answer is the same literal the prompt
+    showed, so a side repeats it only by writing that literal (no simulated counterpart, unlike `consistency`). Of
+    those values, the share each answer repeats; `observations[i]` None (no answer: a nearest example missing)
+    repeats none."""
+    carried = repeated = steps = 0
+    for before, pair, observation in zip(earlier, pairs, observations, strict=True):
+        shown: set[str] = set()
+        for earlier_pair in before:
+            shown |= values(earlier_pair["tool_input"]) | values(earlier_pair["response"]["response"])
+        from_history = values(pair["response"]["response"]) & shown
+        if from_history:
+            steps += 1
+            carried += len(from_history)
+            repeated += len(from_history & values((observation or {}).get("response")))
+    return {
+        "score": round(100.0 * repeated / carried, 2) if carried else None,
+        "steps": steps,
+        "values_carried": carried,
+        "values_repeated": repeated,
+    }
+
+
 def step_bucket(step: int) -> str:
     return STEP_BUCKETS[min(int(step), 3)]
 
