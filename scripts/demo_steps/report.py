@@ -188,6 +188,13 @@ HISTORY_KEYS = {
 }
 
 
+def history_rows(sessions: dict) -> list[tuple[str, dict, dict]]:
+    """(label, overall metrics, consistency) of each row of the session tables: both replays, then the nearest example
+    on the same calls (absent from a report written before it had a row)."""
+    names = {"without": "without history", "with": "with history", "nearest_example": "nearest example"}
+    return [(label, sessions[n]["overall"], sessions[n]["consistency"]) for n, label in names.items() if n in sessions]
+
+
 def history_summary(sessions: dict, fmt: str) -> str:
     """The main simulator's held-out episodes with and without session history (`fidelity/fidelity.md`)."""
     lines = [
@@ -196,16 +203,11 @@ def history_summary(sessions: dict, fmt: str) -> str:
         + ", ".join(HISTORY_KEYS.values())
         + ", consistency):"
     ]
-    for name, label in (
-        ("without", "without history"),
-        ("with", "with history"),
-        ("nearest_example", "nearest example"),
-    ):
-        if name not in sessions:  # a report written before the nearest example had a row
-            continue
-        overall, score = sessions[name]["overall"], sessions[name]["consistency"]["score"]
+    for label, overall, c in history_rows(sessions):
         lines.append(
-            f"  {label:<36}" + "  ".join(f"{_num(overall.get(k)):>5}" for k in HISTORY_KEYS) + f"  {_num(score):>5}"
+            f"  {label:<36}"
+            + "  ".join(f"{_num(overall.get(k)):>5}" for k in HISTORY_KEYS)
+            + f"  {_num(c['score']):>5}"
         )
     if gap := sessions.get("with_minus_without"):
         lines.append(f"  with history minus without (95% bootstrap interval): {difference_text(gap)}")
@@ -231,20 +233,13 @@ def history_markdown(sessions: dict, fmt: str, shipped: bool = False) -> list[st
         "sends the values those answers gave (a token, an id) where the recorded one sent the real answers', as an "
         f"agent reading them would ({sessions['with'].get('requests_carrying_simulated_values', 0)} requests here; "
         f"the answers scored with the values named back: docs/evaluation.md). {trained_on} The calls either replay "
-        "got from the cache are left out of both rows: those of the table above, and any whose request here sent a "
+        "got from the cache are left out of every row: those of the table above, and any whose request here sent a "
         f"value the simulator gave that a training call holds ({sessions.get('cache_hits', 0)} in all).",
         "",
         "| replay | " + " | ".join(HISTORY_KEYS.values()) + " | consistency | values carried |",
         "|---|" + "---|" * (len(HISTORY_KEYS) + 2),
     ]
-    for name, label in (
-        ("without", "without history"),
-        ("with", "with history"),
-        ("nearest_example", "nearest example"),
-    ):
-        if name not in sessions:  # a report written before the nearest example had a row
-            continue
-        overall, c = sessions[name]["overall"], sessions[name]["consistency"]
+    for label, overall, c in history_rows(sessions):
         rows.append(
             f"| {label} | "
             + " | ".join(_cell(overall, k) for k in HISTORY_KEYS)
